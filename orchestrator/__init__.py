@@ -1,0 +1,1 @@
+"""dflashctl controller: inventory, transports, run lifecycle, data sources."""

@@ -1,0 +1,57 @@
+"""The one exception root of dflashctl, and the exit code each kind of failure maps to.
+
+Third-party errors (paramiko, socket, subprocess, pydantic, yaml) are converted into these at the boundary
+where they happen; nothing else escapes orchestrator/. Only the CLI root turns them into exit codes.
+"""
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_UNREACHABLE = 3
+
+
+class DflashError(Exception):
+    """Root of every error dflashctl raises on purpose."""
+
+    exit_code = EXIT_FAILED
+
+
+class OperationFailed(DflashError):
+    """The operation ran but did not succeed (a run failed, something survived a kill)."""
+
+
+class UsageError(DflashError):
+    """Bad arguments, a bad inventory or config: the user can fix it by changing what they typed."""
+
+    exit_code = EXIT_USAGE
+
+
+class InventoryError(UsageError):
+    """The inventory file is invalid. The message names the file, the line and the field."""
+
+
+class TargetNotFound(UsageError):
+    """A TARGET or RUN that the inventory or the hosts do not know."""
+
+
+class TransportError(DflashError):
+    """A command could not be run or its output could not be read."""
+
+
+class CommandTimeout(TransportError):
+    """A remote command did not finish within its timeout."""
+
+
+class Unreachable(TransportError):
+    """The host cannot be reached or will not let us in (network, host key, authentication)."""
+
+    exit_code = EXIT_UNREACHABLE
+
+
+class HostKeyError(Unreachable):
+    """The host's key is unknown or does not match known_hosts."""
+
+
+class AuthError(Unreachable):
+    """The host refused every credential we offered."""

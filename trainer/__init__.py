@@ -1,0 +1,1 @@
+"""The DFlash drafter trainer. Runs inside the container; imports nothing from orchestrator or tui."""

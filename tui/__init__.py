@@ -1,0 +1,1 @@
+"""The `dflashctl watch` Textual dashboard."""
