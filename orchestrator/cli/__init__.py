@@ -1,0 +1,62 @@
+"""The `dflashctl` command line. This module only wires the commands and turns errors into exit codes."""
+from __future__ import annotations
+
+import sys
+
+import click
+import typer
+
+from ..errors import EXIT_USAGE, DflashError
+from . import doctor, pending
+from .state import AppState
+
+HELP = (
+    "Launch, watch, stop and clean up long GPU training runs in Proxmox LXC containers, on plain SSH hosts "
+    "and on this machine.\n\n"
+    "TARGET is HOST/CTID (a container), HOST (a host used without containers) or `local`. Hosts and containers "
+    "come from the inventory: --inventory, else ./inventory.yaml, else $DFLASHCTL_INVENTORY, else just `local`."
+    "\n\n"
+    "Exit codes: 0 success, 1 the operation failed, 2 bad usage or bad inventory/config, 3 a target unreachable."
+)
+
+app = typer.Typer(name="dflashctl", help=HELP, no_args_is_help=True, add_completion=False,
+                  pretty_exceptions_enable=False, context_settings={"help_option_names": ["-h", "--help"]})
+
+
+@app.callback()
+def _root(
+    ctx: typer.Context,
+    inventory: str = typer.Option(None, "--inventory", "-i", metavar="PATH",
+                                  help="Inventory file (default: ./inventory.yaml, else $DFLASHCTL_INVENTORY)."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log every remote operation to stderr."),
+) -> None:
+    ctx.obj = AppState(inventory_path=inventory, verbose=verbose)
+
+
+app.command("doctor")(doctor.doctor)
+pending.register(app)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; return the exit code (the console script exits with it)."""
+    command = typer.main.get_command(app)
+    try:
+        result = command.main(args=argv, prog_name="dflashctl", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except click.exceptions.Abort:
+        print("dflashctl: aborted", file=sys.stderr)
+        return 130
+    except DflashError as exc:
+        print(f"dflashctl: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("dflashctl: interrupted", file=sys.stderr)
+        return 130
+    return result if isinstance(result, int) else 0
+
+
+__all__ = ["app", "main", "EXIT_USAGE"]

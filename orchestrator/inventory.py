@@ -1,0 +1,302 @@
+"""The inventory: which hosts and containers exist and how to reach them.
+
+Loaded from YAML and validated by pydantic. Every error names the file, the line and the field, because a
+person fixes it in an editor; a traceback would only tell them where our code was.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+
+from .errors import InventoryError, TargetNotFound
+from .yaml_lines import LocatedYaml, load_located
+
+LOCAL = "local"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Defaults(_Strict):
+    user: str = "root"
+    port: int = Field(22, ge=1, le=65535)
+    workdir: str = "/workspace"
+    python: str = "python3"
+    pct: str = "pct"
+    connect_timeout: float = Field(10.0, gt=0)
+    host_key_policy: Literal["reject", "accept-new"] = "reject"
+
+
+class ContainerSpec(_Strict):
+    gpus: int = Field(0, ge=0, description="how many GPUs the container sees")
+    workdir: str | None = None
+    python: str | None = None
+
+
+class HostSpec(_Strict):
+    # transport first: the validators of later fields read it
+    transport: Literal["ssh", "local"] = "ssh"
+    address: str | None = Field(None, validate_default=True)
+    port: int | None = Field(None, ge=1, le=65535)
+    user: str | None = None
+    identity_file: str | None = None
+    known_hosts: str | None = None
+    host_key_policy: Literal["reject", "accept-new"] | None = None
+    connect_timeout: float | None = Field(None, gt=0)
+    pct: str | None = None
+    workdir: str | None = None
+    python: str | None = None
+    gpus: int = Field(0, ge=0, description="GPUs of the host itself, when used without containers")
+    containers: dict[int, ContainerSpec] = Field(default_factory=dict)
+
+    @field_validator("address")
+    @classmethod
+    def _address_for_ssh(cls, value: str | None, info: ValidationInfo) -> str | None:
+        transport = info.data.get("transport", "ssh")
+        if transport == "ssh" and not value:
+            raise ValueError("an SSH host needs an address (an IP, a DNS name or an ~/.ssh/config alias)")
+        if transport == "local" and value:
+            raise ValueError("a local host has no address")
+        return value
+
+    @field_validator("containers")
+    @classmethod
+    def _no_containers_on_local(cls, value: dict, info: ValidationInfo) -> dict:
+        if info.data.get("transport") == "local" and value:
+            raise ValueError("a local host has no containers (it runs on this machine, without pct)")
+        return value
+
+
+class InventoryModel(_Strict):
+    defaults: Defaults = Field(default_factory=Defaults)
+    hosts: dict[str, HostSpec] = Field(default_factory=dict)
+
+    @field_validator("hosts")
+    @classmethod
+    def _host_names(cls, value: dict[str, HostSpec]) -> dict[str, HostSpec]:
+        for name in value:
+            if not name or "/" in name or name.startswith("-") or any(c.isspace() for c in name):
+                raise ValueError(f"host name {name!r} must be non-empty, without '/', spaces or a leading '-'")
+        return value
+
+
+@dataclass(frozen=True)
+class HostConfig:
+    """One host with the defaults filled in."""
+
+    name: str
+    transport: Literal["ssh", "local"]
+    address: str | None
+    port: int | None  # None: let ~/.ssh/config decide, else 22
+    user: str | None
+    identity_file: str | None
+    known_hosts: str | None
+    host_key_policy: Literal["reject", "accept-new"]
+    connect_timeout: float
+    pct: str
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a run lives: `HOST/CTID`, `HOST` (no container) or `local`."""
+
+    host: HostConfig
+    ctid: int | None
+    workdir: str
+    python: str
+    gpus: int
+
+    @property
+    def name(self) -> str:
+        return self.host.name if self.ctid is None else f"{self.host.name}/{self.ctid}"
+
+
+@dataclass(frozen=True)
+class Inventory:
+    path: Path | None
+    model: InventoryModel
+
+    @property
+    def host_names(self) -> list[str]:
+        return list(self.model.hosts)
+
+    def host(self, name: str) -> HostConfig:
+        spec = self.model.hosts.get(name)
+        if spec is None:
+            known = ", ".join(self.model.hosts) or "none"
+            raise TargetNotFound(f"unknown host {name!r} (hosts in {self._where()}: {known})")
+        d = self.model.defaults
+        return HostConfig(
+            name=name,
+            transport=spec.transport,
+            address=spec.address,
+            port=spec.port if spec.port is not None else (d.port if "port" in d.model_fields_set else None),
+            user=spec.user if spec.user is not None else d.user,
+            identity_file=_expand(spec.identity_file),
+            known_hosts=_expand(spec.known_hosts),
+            host_key_policy=spec.host_key_policy or d.host_key_policy,
+            connect_timeout=spec.connect_timeout or d.connect_timeout,
+            pct=spec.pct or d.pct,
+        )
+
+    def target(self, text: str) -> Target:
+        """Resolve `HOST/CTID`, `HOST` or `local`."""
+        host_name, _, ctid_text = text.partition("/")
+        host = self.host(host_name)
+        spec = self.model.hosts[host_name]
+        d = self.model.defaults
+        if not ctid_text:
+            if spec.containers:
+                ids = ", ".join(f"{host_name}/{c}" for c in spec.containers)
+                raise TargetNotFound(f"{host_name} has containers; name one: {ids}")
+            workdir = spec.workdir or (_local_workdir() if host.transport == "local" else d.workdir)
+            return Target(host=host, ctid=None, workdir=workdir, python=spec.python or d.python, gpus=spec.gpus)
+        if not ctid_text.isdigit():
+            raise TargetNotFound(f"bad target {text!r}: the container id after '/' must be a number")
+        ctid = int(ctid_text)
+        container = spec.containers.get(ctid)
+        if container is None:
+            known = ", ".join(str(c) for c in spec.containers) or "none"
+            raise TargetNotFound(f"{host_name} has no container {ctid} in {self._where()} (known: {known})")
+        return Target(
+            host=host,
+            ctid=ctid,
+            workdir=container.workdir or spec.workdir or d.workdir,
+            python=container.python or spec.python or d.python,
+            gpus=container.gpus,
+        )
+
+    def all_targets(self) -> list[Target]:
+        out: list[Target] = []
+        for name, spec in self.model.hosts.items():
+            if spec.containers:
+                out.extend(self.target(f"{name}/{ctid}") for ctid in spec.containers)
+            else:
+                out.append(self.target(name))
+        return out
+
+    def targets(self, names: list[str] | None) -> list[Target]:
+        """The named targets, or every target of the inventory; duplicates dropped, order kept."""
+        found = [self.target(n) for n in names] if names else self.all_targets()
+        unique: dict[str, Target] = {}
+        for t in found:
+            unique.setdefault(t.name, t)
+        return list(unique.values())
+
+    def _where(self) -> str:
+        return str(self.path) if self.path else "the built-in inventory"
+
+
+def _expand(path: str | None) -> str | None:
+    return os.path.expanduser(path) if path else None
+
+
+def _local_workdir() -> str:
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return os.path.join(base, "dflashctl")
+
+
+def builtin_inventory() -> Inventory:
+    """What a machine with no inventory file has: just this machine."""
+    return Inventory(path=None, model=InventoryModel(hosts={LOCAL: HostSpec(transport="local")}))
+
+
+def find_inventory(explicit: str | None, *, cwd: Path | None = None) -> Path | None:
+    """--inventory, else ./inventory.yaml, else $DFLASHCTL_INVENTORY, else None (built-in)."""
+    if explicit:
+        return Path(explicit)
+    here = (cwd or Path.cwd()) / "inventory.yaml"
+    if here.is_file():
+        return here
+    env = os.environ.get("DFLASHCTL_INVENTORY")
+    return Path(env) if env else None
+
+
+def load_inventory(path: Path | None) -> Inventory:
+    if path is None:
+        return builtin_inventory()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InventoryError(f"{path}: cannot read the inventory: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise InventoryError(f"{path}: the inventory is not UTF-8 text") from exc
+    return parse_inventory(text, path)
+
+
+def parse_inventory(text: str, path: Path) -> Inventory:
+    located = load_located(text, str(path))
+    data = located.data if located.data is not None else {}
+    if not isinstance(data, dict):
+        raise InventoryError(f"{path}:1: the inventory must be a mapping with `hosts:` (and optional `defaults:`)")
+    _check_container_ids(data, located, path)
+    try:
+        model = InventoryModel.model_validate(data)
+    except ValidationError as exc:
+        raise InventoryError(_describe_validation(exc, located, path)) from None
+    inv = Inventory(path=path, model=model)
+    if LOCAL not in model.hosts:
+        model.hosts[LOCAL] = HostSpec(transport="local")
+    return inv
+
+
+def _check_container_ids(data: dict, located: LocatedYaml, path: Path) -> None:
+    """CTIDs are integers (duplicates, `200` beside `"200"` too, were refused while loading the YAML)."""
+    hosts = data.get("hosts")
+    if not isinstance(hosts, dict):
+        return
+    for host_name, spec in hosts.items():
+        containers = spec.get("containers") if isinstance(spec, dict) else None
+        if not isinstance(containers, dict):
+            continue
+        converted: dict[int, Any] = {}
+        for key, value in containers.items():
+            where = located.line_of(("hosts", host_name, "containers", key))
+            field = f"hosts.{host_name}.containers.{key}"
+            if isinstance(key, bool) or not (isinstance(key, int) or (isinstance(key, str) and key.isdigit())):
+                raise InventoryError(f"{path}:{where}: {field}: a container id must be an integer CTID, got {key!r}")
+            converted[int(key)] = value
+        spec["containers"] = converted
+
+
+def _describe_validation(exc: ValidationError, located: LocatedYaml, path: Path) -> str:
+    lines = []
+    for err in exc.errors():
+        loc = tuple(err["loc"])
+        line = located.line_of(loc)
+        field = ".".join(str(p) for p in loc) or "(top level)"
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = f"unknown key {loc[-1]!r}" + _suggest(loc, located)
+        elif err["type"] == "missing":
+            msg = "required field is missing"
+        lines.append(f"{path}:{line}: {field}: {msg}")
+    return "\n".join(lines)
+
+
+def _suggest(loc: tuple, located: LocatedYaml) -> str:
+    import difflib
+
+    model = _model_at(loc[:-1])
+    if model is None:
+        return ""
+    close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _model_at(loc: tuple) -> type[BaseModel] | None:
+    """Which model validates the mapping at `loc` (to suggest a key for a typo)."""
+    if not loc:
+        return InventoryModel
+    if loc == ("defaults",):
+        return Defaults
+    if len(loc) == 2 and loc[0] == "hosts":
+        return HostSpec
+    if len(loc) == 4 and loc[0] == "hosts" and loc[2] == "containers":
+        return ContainerSpec
+    return None

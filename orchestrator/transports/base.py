@@ -1,0 +1,87 @@
+"""The transport interface: run a command, start a streaming one, send a file.
+
+Commands are argv lists, never shell strings. Each transport is responsible for getting the argv to the other
+end unchanged (the SSH transport quotes it for the remote shell; `pct exec` passes it on without a shell).
+"""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Sequence
+
+from ..errors import TransportError
+
+DEFAULT_TIMEOUT = 60.0
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    argv: tuple[str, ...]
+    exit_code: int
+    stdout: bytes
+    stderr: bytes
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+    @property
+    def out(self) -> str:
+        return self.stdout.decode("utf-8", "replace")
+
+    @property
+    def err(self) -> str:
+        return self.stderr.decode("utf-8", "replace")
+
+    def describe(self) -> str:
+        """One line for an error message: the command, its exit code and the end of its stderr."""
+        tail = self.err.strip().splitlines()[-1:] or self.out.strip().splitlines()[-1:]
+        return f"`{' '.join(self.argv)[:120]}` exited {self.exit_code}" + (f": {tail[0]}" if tail else "")
+
+
+class RemoteProcess(abc.ABC):
+    """A started command whose output is read as it comes."""
+
+    @abc.abstractmethod
+    def read(self, timeout: float | None = None) -> bytes:
+        """The next chunk of stdout; b"" at end of stream; raises CommandTimeout if nothing came in time."""
+
+    @abc.abstractmethod
+    def write(self, data: bytes) -> None: ...
+
+    @abc.abstractmethod
+    def close_stdin(self) -> None: ...
+
+    @abc.abstractmethod
+    def poll(self) -> int | None:
+        """The exit code once the command has ended, else None."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Stop the command (if still running) and release the channel."""
+
+
+class Transport(abc.ABC):
+    """Where commands run: this machine, an SSH host, or a container of one."""
+
+    label: str
+
+    @abc.abstractmethod
+    def run(self, argv: Sequence[str], *, stdin: bytes | None = None,
+            timeout: float | None = DEFAULT_TIMEOUT) -> CommandResult:
+        """Run argv to completion and return its exit code and output."""
+
+    @abc.abstractmethod
+    def start(self, argv: Sequence[str]) -> RemoteProcess:
+        """Start argv and return a handle to stream its output."""
+
+    def write_file(self, path: str, data: bytes, *, mode: int = 0o644, timeout: float | None = 300.0) -> None:
+        """Write `data` to `path` atomically (temp file + rename) through the command channel."""
+        script = 'set -e; d=$(dirname -- "$1"); mkdir -p -- "$d"; t="$1.tmp.$$"; ' \
+                 'cat > "$t"; chmod "$2" "$t"; mv -f -- "$t" "$1"'
+        result = self.run(["sh", "-c", script, "sh", path, format(mode, "o")], stdin=data, timeout=timeout)
+        if not result.ok:
+            raise TransportError(f"{self.label}: cannot write {path}: {result.describe()}")
+
+    def close(self) -> None:
+        """Release what the transport holds (connections are shared and closed by their pool)."""

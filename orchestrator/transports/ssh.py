@@ -1,0 +1,260 @@
+"""SSH to a host: one persistent connection per host, shared by every operation on it.
+
+fabric builds the connection (it reads ~/.ssh/config: HostName, Port, User, IdentityFile, ProxyJump, and uses
+ssh-agent); paramiko channels run the commands. Host keys are checked against known_hosts with a policy object:
+an unknown key is refused with instructions unless the inventory opts into `accept-new` for that host. Every
+paramiko and socket error is converted here into an orchestrator error.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import select
+import shlex
+import socket
+import threading
+import time
+from typing import Sequence
+
+import fabric
+import paramiko
+
+from ..errors import AuthError, CommandTimeout, HostKeyError, TransportError, Unreachable
+from ..inventory import HostConfig
+from .base import DEFAULT_TIMEOUT, CommandResult, RemoteProcess, Transport
+
+log = logging.getLogger("dflashctl.ssh")
+KEEPALIVE_S = 15
+
+
+class UnknownHostKey(paramiko.SSHException):
+    def __init__(self, hostname: str, key: paramiko.PKey) -> None:
+        super().__init__(f"{hostname} not found in known_hosts")
+        self.hostname = hostname
+        self.key = key
+
+
+class RejectUnknownHostKey(paramiko.MissingHostKeyPolicy):
+    """OpenSSH's StrictHostKeyChecking=yes, keeping the offered key so the error can show its fingerprint."""
+
+    def missing_host_key(self, client, hostname, key):  # noqa: D401 - paramiko's signature
+        raise UnknownHostKey(hostname, key)
+
+
+class AcceptNewHostKey(paramiko.MissingHostKeyPolicy):
+    """OpenSSH's StrictHostKeyChecking=accept-new: trust a new host once and remember it; a changed key still fails."""
+
+    def __init__(self, known_hosts: str) -> None:
+        self.known_hosts = known_hosts
+
+    def missing_host_key(self, client, hostname, key):
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        os.makedirs(os.path.dirname(self.known_hosts) or ".", exist_ok=True)
+        with open(self.known_hosts, "a", encoding="ascii") as f:
+            f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+        log.warning("added the host key of %s to %s", hostname, self.known_hosts)
+
+
+def _policy_for(host: HostConfig, known_hosts: str) -> paramiko.MissingHostKeyPolicy:
+    return AcceptNewHostKey(known_hosts) if host.host_key_policy == "accept-new" else RejectUnknownHostKey()
+
+
+class SSHHost:
+    """The lazily opened, reused connection to one host. Thread-safe; reconnects after a drop."""
+
+    def __init__(self, host: HostConfig) -> None:
+        self.host = host
+        self._lock = threading.Lock()
+        self._conn: fabric.Connection | None = None
+
+    @property
+    def label(self) -> str:
+        return self.host.name
+
+    def transport(self) -> paramiko.Transport:
+        with self._lock:
+            if self._conn is not None and self._conn.transport is not None and self._conn.transport.is_active():
+                return self._conn.transport
+            self._close_locked()
+            self._conn = self._open()
+            return self._conn.transport
+
+    def close(self) -> None:
+        with self._lock:
+            self._close_locked()
+
+    def _close_locked(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except Exception:  # closing a dead connection must never mask the real error
+                pass
+            self._conn = None
+
+    def _open(self) -> fabric.Connection:
+        h = self.host
+        kwargs = {"key_filename": [h.identity_file]} if h.identity_file else {}
+        conn = fabric.Connection(h.address, user=h.user, port=h.port, connect_timeout=h.connect_timeout,
+                                 connect_kwargs={**kwargs, "banner_timeout": h.connect_timeout,
+                                                 "auth_timeout": h.connect_timeout})
+        _install_host_key_checks(conn, h)
+        started = time.monotonic()
+        try:
+            conn.open()
+        except UnknownHostKey as exc:
+            raise HostKeyError(_unknown_key_message(h, conn, exc)) from None
+        except paramiko.BadHostKeyException as exc:
+            raise HostKeyError(
+                f"{h.name}: the host key of {exc.hostname} does NOT match known_hosts (offered "
+                f"{exc.key.get_name()} {exc.key.fingerprint}). The host was reinstalled or someone is in between; "
+                f"check it, then remove the old line with `ssh-keygen -R {exc.hostname}`.") from None
+        except paramiko.AuthenticationException as exc:
+            raise AuthError(f"{h.name}: authentication failed for {conn.user}@{conn.host}:{conn.port}: {exc}. "
+                            f"Check identity_file, ssh-agent or ~/.ssh/config.") from None
+        except (socket.timeout, TimeoutError) as exc:
+            raise Unreachable(f"{h.name}: no answer from {conn.host}:{conn.port} within "
+                              f"{h.connect_timeout:g}s ({exc or 'timed out'})") from None
+        except (OSError, paramiko.SSHException, EOFError) as exc:
+            raise Unreachable(f"{h.name}: cannot connect to {conn.host}:{conn.port}: {_reason(exc)}") from None
+        conn.transport.set_keepalive(KEEPALIVE_S)
+        log.info("connected to %s (%s:%s) in %.0f ms", h.name, conn.host, conn.port,
+                 (time.monotonic() - started) * 1000)
+        return conn
+
+
+def _install_host_key_checks(conn: fabric.Connection, host: HostConfig) -> None:
+    """fabric trusts every host key by default; put known_hosts and a strict policy in place (gateways too)."""
+    known_hosts = host.known_hosts or conn.ssh_config.get("userknownhostsfile", "").split(" ")[0] \
+        or os.path.expanduser("~/.ssh/known_hosts")
+    known_hosts = os.path.expanduser(known_hosts)
+    client = paramiko.SSHClient()
+    if os.path.exists(known_hosts):
+        try:
+            client.load_host_keys(known_hosts)
+        except (OSError, paramiko.SSHException) as exc:
+            raise HostKeyError(f"{host.name}: cannot read known_hosts {known_hosts}: {exc}") from None
+    client.set_missing_host_key_policy(_policy_for(host, known_hosts))
+    conn.client = client
+    if isinstance(conn.gateway, fabric.Connection):
+        _install_host_key_checks(conn.gateway, host)
+
+
+def _unknown_key_message(host: HostConfig, conn: fabric.Connection, exc: UnknownHostKey) -> str:
+    key = exc.key
+    target = f"-p {conn.port} {conn.host}" if conn.port and conn.port != 22 else conn.host
+    where = host.known_hosts or "~/.ssh/known_hosts"
+    return (f"{host.name}: unknown host key for {exc.hostname} ({key.get_name()} {key.fingerprint}); refusing to "
+            f"connect. If that fingerprint is right, accept it with `ssh-keyscan {target} >> {where}` (or connect "
+            f"once with ssh), or set `host_key_policy: accept-new` for this host in the inventory.")
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
+        return "; ".join(sorted({e.strerror or str(e) for e in exc.errors.values()})) or "refused"
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc) or type(exc).__name__
+
+
+class SSHTransport(Transport):
+    """Commands on the host itself, through its shared connection."""
+
+    def __init__(self, conn: SSHHost) -> None:
+        self.conn = conn
+        self.label = conn.label
+
+    def _session(self) -> paramiko.Channel:
+        transport = self.conn.transport()
+        try:
+            return transport.open_session(timeout=self.conn.host.connect_timeout)
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            self.conn.close()
+            raise Unreachable(f"{self.label}: the connection dropped: {_reason(exc)}") from None
+
+    def run(self, argv: Sequence[str], *, stdin: bytes | None = None,
+            timeout: float | None = DEFAULT_TIMEOUT) -> CommandResult:
+        argv = tuple(argv)
+        started = time.monotonic()
+        chan = self._session()
+        try:
+            chan.exec_command(shlex.join(argv))
+            if stdin:
+                chan.sendall(stdin)
+            chan.shutdown_write()
+            out, err, code = _drain(chan, timeout, self.label, argv)
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            self.conn.close()
+            raise Unreachable(f"{self.label}: the connection dropped while running {argv[0]}: {_reason(exc)}") \
+                from None
+        finally:
+            chan.close()
+        log.debug("%s: %s -> %d in %.0f ms", self.label, argv[0], code, (time.monotonic() - started) * 1000)
+        return CommandResult(argv, code, out, err)
+
+    def start(self, argv: Sequence[str]) -> RemoteProcess:
+        chan = self._session()
+        try:
+            chan.exec_command(shlex.join(argv))
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            self.conn.close()
+            raise Unreachable(f"{self.label}: the connection dropped: {_reason(exc)}") from None
+        return SSHProcess(chan, self.label)
+
+
+def _drain(chan: paramiko.Channel, timeout: float | None, label: str,
+           argv: tuple[str, ...]) -> tuple[bytes, bytes, int]:
+    """Read stdout and stderr until the remote side closes them, then take the exit status.
+
+    Like OpenSSH, this waits for end-of-file, not just for the command's exit: a background child still holding
+    the output keeps the channel open (the timeout then reports it instead of hanging forever).
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    out, err = bytearray(), bytearray()
+    while True:
+        while chan.recv_ready():
+            out += chan.recv(65536)
+        while chan.recv_stderr_ready():
+            err += chan.recv_stderr(65536)
+        if chan.eof_received and not chan.recv_ready() and not chan.recv_stderr_ready():
+            break
+        if chan.closed:
+            raise EOFError("channel closed before end of output")
+        remaining = None if deadline is None else deadline - time.monotonic()
+        if remaining is not None and remaining <= 0:
+            raise CommandTimeout(f"{label}: `{' '.join(argv)[:120]}` did not finish in {timeout:g}s")
+        select.select([chan], [], [], min(remaining, 1.0) if remaining is not None else 1.0)
+    remaining = None if deadline is None else max(deadline - time.monotonic(), 0.01)
+    if not chan.status_event.wait(remaining):
+        raise CommandTimeout(f"{label}: `{' '.join(argv)[:120]}` closed its output but did not exit in time")
+    return bytes(out), bytes(err), chan.recv_exit_status()
+
+
+class SSHProcess(RemoteProcess):
+    def __init__(self, chan: paramiko.Channel, label: str) -> None:
+        self._chan = chan
+        self._label = label
+
+    def read(self, timeout: float | None = None) -> bytes:
+        try:
+            if not self._chan.recv_ready() and not self._chan.eof_received:
+                ready, _, _ = select.select([self._chan], [], [], timeout)
+                if not ready:
+                    raise CommandTimeout(f"{self._label}: no output in {timeout:g}s")
+            return self._chan.recv(65536)
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise Unreachable(f"{self._label}: the connection dropped: {_reason(exc)}") from None
+
+    def write(self, data: bytes) -> None:
+        try:
+            self._chan.sendall(data)
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise TransportError(f"{self._label}: cannot send to the command: {_reason(exc)}") from None
+
+    def close_stdin(self) -> None:
+        self._chan.shutdown_write()
+
+    def poll(self) -> int | None:
+        return self._chan.recv_exit_status() if self._chan.exit_status_ready() else None
+
+    def close(self) -> None:
+        self._chan.close()
