@@ -36,7 +36,8 @@ def doctor(
         stdout().print(_table(reports))
         for r in reports:
             for message in ([r.error] if r.error else []) + r.warnings:
-                stdout().print(f"[bold]{r.target}[/]: {message}", markup=True)
+                stdout().print(message if message.startswith(r.target.split("/")[0]) else f"{r.target}: {message}",
+                               markup=False)
     if any(r.unreachable for r in reports):
         return EXIT_UNREACHABLE
     return EXIT_OK if all(r.ok for r in reports) else EXIT_FAILED

@@ -117,6 +117,9 @@ class SSHHost:
         except (OSError, paramiko.SSHException, EOFError) as exc:
             raise Unreachable(f"{h.name}: cannot connect to {conn.host}:{conn.port}: {_reason(exc)}") from None
         conn.transport.set_keepalive(KEEPALIVE_S)
+        if isinstance(conn.transport.sock, socket.socket):  # not through a ProxyJump channel
+            # small request/response exchanges; don't let Nagle hold them back
+            conn.transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         log.info("connected to %s (%s:%s) in %.0f ms", h.name, conn.host, conn.port,
                  (time.monotonic() - started) * 1000)
         return conn

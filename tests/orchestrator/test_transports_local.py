@@ -1,0 +1,62 @@
+"""The local transport and the parts every transport shares (argv fidelity, files, exit codes)."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator.errors import CommandTimeout
+from orchestrator.transports.local import LocalTransport
+from orchestrator.transports.mock import MockTransport, answer
+from orchestrator.transports.pct import PctTransport
+
+HOSTILE = ["a b", "it's", '"dq"', "$(touch /tmp/dflash-pwned)", "; echo x", "`id`", "new\nline", "", "-n", "*"]
+ECHO_ARGS = "import json,sys; print(json.dumps(sys.argv[1:])); sys.stderr.write('to-stderr'); sys.exit(5)"
+
+
+def test_argv_stdout_stderr_exit_code_intact() -> None:
+    result = LocalTransport().run([sys.executable, "-c", ECHO_ARGS, *HOSTILE])
+    assert json.loads(result.out) == HOSTILE
+    assert (result.err, result.exit_code) == ("to-stderr", 5)
+    assert not Path("/tmp/dflash-pwned").exists()
+
+
+def test_missing_command_is_127_and_signals_are_128_plus() -> None:
+    t = LocalTransport()
+    assert t.run(["no-such-command-dflash"]).exit_code == 127
+    assert t.run([sys.executable, "-c", "import os; os.kill(os.getpid(), 9)"]).exit_code == 137
+
+
+def test_timeout_raises() -> None:
+    with pytest.raises(CommandTimeout):
+        LocalTransport().run(["sleep", "5"], timeout=0.3)
+
+
+def test_write_file_is_atomic_and_creates_dirs(tmp_path: Path) -> None:
+    target = tmp_path / "deep" / "dir" / "f.bin"
+    data = bytes(range(256)) * 1000
+    LocalTransport().write_file(str(target), data, mode=0o600)
+    assert target.read_bytes() == data
+    assert oct(target.stat().st_mode & 0o777) == "0o600"
+    assert [p.name for p in target.parent.iterdir()] == ["f.bin"]
+
+
+def test_streaming_process_reads_as_output_comes() -> None:
+    proc = LocalTransport().start([sys.executable, "-u", "-c", "import sys\nfor l in sys.stdin: print(l.upper(), end='')"])
+    proc.write(b"hello\n")
+    assert proc.read(timeout=5) == b"HELLO\n"
+    proc.close_stdin()
+    assert proc.read(timeout=5) == b""
+    proc.close()
+    assert proc.poll() == 0
+
+
+def test_pct_wraps_argv_without_a_shell() -> None:
+    host = MockTransport(lambda argv, stdin: answer("ok")(argv))
+    ct = PctTransport(host, 200, pct_command="sudo /usr/sbin/pct")
+    result = ct.run(["python3", "-c", "print(1)", "a b"], stdin=b"in")
+    assert host.calls == [(("sudo", "/usr/sbin/pct", "exec", "200", "--", "python3", "-c", "print(1)", "a b"), b"in")]
+    assert result.argv == ("python3", "-c", "print(1)", "a b") and result.out == "ok"
+    assert ct.label == "mock/200"
