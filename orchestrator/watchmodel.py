@@ -1,0 +1,117 @@
+"""What the dashboard shows, as plain immutable data: the contract between data sources and the TUI.
+
+A data source (live SSH streams, or a fake in tests) produces Snapshots; the TUI renders them and never does
+IO itself. `dflashctl watch --once --json` prints `Snapshot.as_dict()`.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class MetricPoint:
+    step: int
+    loss: float | None = None
+    acc: float | None = None
+    streak: float | None = None
+    tok_per_s: float | None = None
+
+
+@dataclass(frozen=True)
+class RunView:
+    run_id: str
+    target: str
+    name: str
+    state: str                       # starting / running / succeeded / failed / killed / lost
+    phase: str | None = None         # loading_dataset ... training, finished (from the log)
+    pid: int | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    created_at: str | None = None
+    ended_at: str | None = None
+    log_path: str | None = None
+    gpus: tuple[int, ...] = ()
+    last_step: int | None = None
+    loss: float | None = None
+    acc: float | None = None
+    streak: float | None = None
+    lr: float | None = None
+    tok_per_s: float | None = None
+    eta_s: float | None = None
+    q_pre: tuple[int, ...] = ()
+    q_hs: tuple[int, ...] = ()
+    exceptions: int = 0
+    history: tuple[MetricPoint, ...] = ()     # one point per step line, oldest first (bounded by the source)
+    log_tail: tuple[str, ...] = ()            # the last lines of the log, oldest first
+    exception_texts: tuple[str, ...] = ()     # whole tracebacks / error lines, oldest first
+
+
+@dataclass(frozen=True)
+class GpuView:
+    target: str
+    index: int
+    memory_used_mib: float | None
+    memory_total_mib: float | None
+    utilization_pct: float | None
+    utilization_history: tuple[float, ...] = ()   # recent samples, oldest first
+    memory_history: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class HostView:
+    name: str
+    connected: bool
+    error: str | None = None
+    retry_in_s: float | None = None
+
+
+@dataclass(frozen=True)
+class AlertView:
+    time: str            # ISO 8601 UTC
+    run_id: str | None
+    target: str | None
+    kind: str            # exception / ended / stall / gpu_idle / throughput / nan / starvation / ...
+    severity: str        # info / warning / error
+    message: str
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    taken_at: str
+    runs: tuple[RunView, ...] = ()
+    gpus: tuple[GpuView, ...] = ()
+    hosts: tuple[HostView, ...] = ()
+    alerts: tuple[AlertView, ...] = ()   # newest last
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ActionResult:
+    ok: bool
+    message: str
+    details: dict = field(default_factory=dict)
+
+
+class DashboardSource(Protocol):
+    """What the TUI needs from the controller. Methods may block: the TUI calls them from worker threads."""
+
+    def snapshot(self) -> Snapshot:
+        """The current state of everything watched."""
+
+    def wait_for_change(self, timeout: float) -> bool:
+        """Block until something changed (True) or the timeout passed (False)."""
+
+    def kill(self, run_id: str, *, grace: float) -> ActionResult: ...
+
+    def cleanup(self, target: str, *, dry_run: bool) -> ActionResult: ...
+
+    def log_line_count(self, run_id: str) -> int:
+        """Lines of the run's whole log known so far (for the full-log screen's scrollbar)."""
+
+    def log_lines(self, run_id: str, start: int, stop: int) -> list[str]:
+        """Lines [start, stop) of the run's log; only what is visible is ever asked for."""
+
+    def close(self) -> None: ...

@@ -1,0 +1,136 @@
+"""Transports and doctor against the lab: real sshd in network namespaces, the pct stand-in, fake nvidia-smi."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.cli import main
+from orchestrator.connections import Connections
+from orchestrator.errors import HostKeyError, Unreachable
+from orchestrator.inventory import load_inventory
+
+pytestmark = pytest.mark.lab
+
+HOSTILE = ["a b", "it's", '"dq"', "$(touch /tmp/dflash-pwned)", "; touch /tmp/dflash-pwned2;", "`id`",
+           "new\nline", "", "-n", "*", "\\", "'; rm -rf /tmp/x; '"]
+ECHO_ARGS = "import json,sys; print(json.dumps(sys.argv[1:])); sys.stderr.write('to-stderr'); sys.exit(5)"
+
+
+@pytest.fixture(scope="module")
+def inventory_path(lab, tmp_path_factory) -> Path:
+    return lab.write_inventory(tmp_path_factory.mktemp("inv") / "inventory.yaml")
+
+
+@pytest.fixture()
+def conns():
+    with Connections() as c:
+        yield c
+
+
+def test_argv_and_streams_survive_ssh_and_pct(lab, inventory_path: Path, conns: Connections) -> None:
+    inv = load_inventory(inventory_path)
+    target = inv.target("pve1/200")
+    for transport in (conns.for_target(target), conns.host_transport(target.host)):
+        result = transport.run([target.python, "-c", ECHO_ARGS, *HOSTILE])
+        assert json.loads(result.out) == HOSTILE, transport.label
+        assert (result.err, result.exit_code) == ("to-stderr", 5)
+    for pwned in ("/tmp/dflash-pwned", "/tmp/dflash-pwned2"):
+        assert not Path(pwned).exists()
+        assert lab.ct_run("pve1", 200, ["test", "-e", pwned]).returncode != 0
+
+
+def test_commands_run_inside_the_container(lab, inventory_path: Path, conns: Connections) -> None:
+    inv = load_inventory(inventory_path)
+    ct = conns.for_target(inv.target("pve1/200"))
+    assert ct.run(["hostname"]).out.strip() == "ct200"
+    ct.write_file("/workspace/probe.bin", b"\x00\xffdata")
+    seen = lab.ct_run("pve1", 200, ["cat", "/workspace/probe.bin"])
+    assert seen.stdout == b"\x00\xffdata"
+    # another container of the same host does not see it
+    other = conns.for_target(inv.target("pve2/300"))
+    assert other.run(["test", "-e", "/workspace/probe.bin"]).exit_code == 1
+
+
+def test_one_connection_per_host_is_reused(inventory_path: Path, conns: Connections) -> None:
+    inv = load_inventory(inventory_path)
+    first = conns.host_transport(inv.host("pve1"))
+    first.run(["true"])
+    transport = first.conn.transport()
+    for _ in range(5):
+        conns.for_target(inv.target("pve1/200")).run(["true"])
+    assert conns.host_transport(inv.host("pve1")).conn.transport() is transport
+
+
+def test_unknown_host_key_is_refused_with_instructions(lab, tmp_path: Path) -> None:
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    path = lab.write_inventory(tmp_path / "inv.yaml")
+    text = path.read_text().replace(str(lab.known_hosts), str(empty))
+    path.write_text(text)
+    inv = load_inventory(path)
+    with Connections() as conns, pytest.raises(HostKeyError) as info:
+        conns.connect(inv.host("pve1"))
+    assert "unknown host key" in str(info.value) and "ssh-keyscan" in str(info.value)
+    assert empty.read_text() == ""  # never silently added
+
+
+def test_accept_new_records_the_key_once(lab, tmp_path: Path) -> None:
+    recorded = tmp_path / "kh"
+    path = lab.write_inventory(tmp_path / "inv.yaml")
+    path.write_text(path.read_text().replace(str(lab.known_hosts), str(recorded)).replace(
+        "defaults: {", "defaults: {host_key_policy: accept-new, "))
+    inv = load_inventory(path)
+    with Connections() as conns:
+        assert conns.host_transport(inv.host("pve2")).run(["true"]).ok
+    assert recorded.read_text().count("\n") == 1
+    # and with the key now known, the strict policy accepts it
+    path.write_text(path.read_text().replace("host_key_policy: accept-new, ", ""))
+    with Connections() as conns:
+        assert conns.host_transport(load_inventory(path).host("pve2")).run(["true"]).ok
+
+
+def test_doctor_reports_every_container(lab, inventory_path: Path, capsys) -> None:
+    code = main(["--inventory", str(inventory_path), "doctor", "--json"])
+    report = json.loads(capsys.readouterr().out)["targets"]
+    assert set(report) == {"pve1/200", "pve1/201", "pve2/300", "local"}
+    ct200 = report["pve1/200"]
+    assert ct200["ok"] and ct200["pct"] and ct200["container"] == "running" and ct200["python"]
+    assert len(ct200["gpus"]) == 8 and ct200["gpus"][1]["memory_used_mib"] == 96779
+    assert report["pve2/300"]["ok"] and report["pve2/300"]["gpus"][0]["name"] == "NVIDIA H200"
+    assert not report["pve1/201"]["ok"] and report["pve1/201"]["container"] == "stopped"
+    assert code == 1  # a stopped container is a failed check, not an unreachable host
+
+
+def test_doctor_with_a_host_link_down(lab, inventory_path: Path, tmp_path: Path, capsys) -> None:
+    path = tmp_path / "inv.yaml"
+    path.write_text(inventory_path.read_text().replace("defaults: {", "defaults: {connect_timeout: 2, "))
+    lab.link_down("pve2")
+    try:
+        started = time.monotonic()
+        code = main(["--inventory", str(path), "doctor", "--json", "pve1/200", "pve2/300", "local"])
+        elapsed = time.monotonic() - started
+    finally:
+        lab.link_up("pve2")
+    report = json.loads(capsys.readouterr().out)["targets"]
+    assert code == 3
+    assert report["pve2/300"]["reachable"] is False and "within 2s" in report["pve2/300"]["error"]
+    assert report["pve1/200"]["ok"] and report["local"]["ok"]
+    assert elapsed < 2 + 5  # the connect timeout, not some TCP default
+
+
+def test_connection_drop_is_unreachable_not_a_traceback(lab, inventory_path: Path, tmp_path: Path) -> None:
+    path = tmp_path / "inv.yaml"
+    path.write_text(inventory_path.read_text().replace("defaults: {", "defaults: {connect_timeout: 2, "))
+    inv = load_inventory(path)
+    with Connections() as conns:
+        ct = conns.for_target(inv.target("pve2/300"))
+        assert ct.run(["true"]).ok
+        lab.link_down("pve2")
+        try:
+            with pytest.raises(Unreachable):
+                ct.run(["sleep", "1"], timeout=3)
+        finally:
+            lab.link_up("pve2")
