@@ -1,0 +1,46 @@
+"""Shared fixtures. `lab`: the fake Proxmox lab (tests/lab/lab.py), one per test session."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+
+import pytest
+
+from tests.lab.lab import Lab, lab_unavailable_reason
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Every test that uses the lab carries the `lab` marker, so `-m "not lab"` deselects them all.
+    for item in items:
+        if "lab" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.lab)
+
+
+def _interrupt_on_sigterm(signum: int, _frame: object) -> None:
+    # pytest stops the session on KeyboardInterrupt and still tears the fixtures down.
+    raise KeyboardInterrupt(f"terminated by signal {signum}")
+
+
+@pytest.fixture(scope="session")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    """The fake Proxmox lab: hosts pve1 (CT 200 running with 8 GPUs, CT 201 stopped) and pve2 (CT 300
+    running, 1 GPU), real sshd on each. Torn down at the end of the session, on failure, on Ctrl-C and
+    SIGTERM, and at interpreter exit as a last resort (Lab.start registers an atexit handler).
+    Skipped where the lab cannot run (not root, tools missing) unless DFLASHCTL_LAB_REQUIRED=1 (for CI)."""
+    reason = lab_unavailable_reason()
+    if reason and os.environ.get("DFLASHCTL_LAB_REQUIRED") == "1":
+        pytest.fail(f"DFLASHCTL_LAB_REQUIRED=1 but {reason}")
+    if reason:
+        pytest.skip(reason)
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _interrupt_on_sigterm)
+    instance = Lab.start(tmp_path_factory.mktemp("lab"))
+    try:
+        yield instance
+    finally:
+        instance.stop()
+        if previous is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)

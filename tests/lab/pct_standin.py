@@ -1,0 +1,331 @@
+#!/usr/bin/python3
+"""Stand-in for Proxmox VE's `pct` on a fake lab host (installed as <lab>/hosts/<host>/bin/pct).
+
+A container is a PID + mount + UTS namespace made by `unshare`. Its PID 1 is `sleep infinity`, which never
+calls wait(), so orphans that exit stay zombies until the container stops, as in the seed run. Its mount
+namespace has the container's persistent directory on /workspace, a fresh tmpfs on /dev/shm (lost on stop
+and reboot) and its lab directory on /opt/lab (bin/nvidia-smi, gpus.json). The init's host pid and start
+time are kept in <lab>/hosts/<host>/ct/<id>/init.json while it runs.
+
+`pct exec CTID [--] CMD [ARG...]` behaves like `lxc-attach --clear-env`, bad habits included:
+  - CMD is exec'd directly (no shell, argv untouched) in the container's pid, mount and UTS namespaces, cwd /,
+    with stdin/stdout/stderr inherited and this environment only:
+        PATH=/opt/lab/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+        HOME=/root
+        container=lxc
+    (no TERM, no LANG, nothing of the caller's environment);
+  - CMD leads its own process group; when CMD returns, whatever is left in that group is SIGKILLed;
+  - anything that still holds the inherited stdout/stderr keeps the caller's SSH session open;
+  - on SIGHUP, SIGTERM or SIGINT pct SIGKILLs CMD's process group and exits 128+signal.
+
+Exit codes: `exec` returns CMD's exit code, 128+N if CMD died of signal N, 127 if CMD was not found, 126 if
+it could not be executed. Every error of pct itself exits 2: unknown CT (Proxmox's "Configuration file
+'nodes/<host>/lxc/<id>.conf' does not exist"), `CT <id> not running`, `CT <id> already running`, bad usage,
+a file push/pull could not copy.
+
+Which host and lab this is comes from LAB_ROOT and LAB_HOST (set by the host's sshd), else from where this
+file is installed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+CONTAINER_ENV = {
+    "PATH": "/opt/lab/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "HOME": "/root",
+    "container": "lxc",
+}
+STOP_SIGNALS = (signal.SIGHUP, signal.SIGTERM, signal.SIGINT)
+CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWPID = 0x00020000, 0x04000000, 0x20000000
+MS_BIND, MS_REC = 4096, 16384
+USAGE = """USAGE: pct <COMMAND> [ARGS] [OPTIONS]
+       pct list
+       pct status <vmid>
+       pct start <vmid>
+       pct stop <vmid>
+       pct reboot <vmid>
+       pct exec <vmid> [--] <command> [<args>...]
+       pct push <vmid> <file> <destination> [--perms <octal>]
+       pct pull <vmid> <path> <destination>
+       pct config <vmid>
+       pct help
+"""
+
+
+class PctError(Exception):
+    """An error of pct itself: message on stderr, exit 2."""
+
+
+def host_dirs() -> tuple[Path, str]:
+    if os.environ.get("LAB_ROOT") and os.environ.get("LAB_HOST"):
+        return Path(os.environ["LAB_ROOT"]), os.environ["LAB_HOST"]
+    host_dir = Path(__file__).resolve().parent.parent
+    return host_dir.parent.parent, host_dir.name
+
+
+class Container:
+    def __init__(self, ctid_text: str) -> None:
+        if not ctid_text.isdigit():
+            raise PctError(f"400 Parameter verification failed.\nvmid: type check ('integer') failed - got '{ctid_text}'")
+        self.ctid = int(ctid_text)
+        root, host = host_dirs()
+        self.conf = root / "hosts" / host / "lxc" / f"{self.ctid}.conf"
+        self.dir = root / "hosts" / host / "ct" / str(self.ctid)
+        self.init_file = self.dir / "init.json"
+        if not self.conf.is_file():
+            raise PctError(f"Configuration file 'nodes/{host}/lxc/{self.ctid}.conf' does not exist")
+
+    def config(self) -> dict[str, str]:
+        pairs = (line.split(":", 1) for line in self.conf.read_text().splitlines() if ":" in line)
+        return {key.strip(): value.strip() for key, value in pairs}
+
+    def init_pid(self) -> int | None:
+        try:
+            info = json.loads(self.init_file.read_text())
+        except (OSError, ValueError):
+            return None
+        return info["pid"] if process_start_time(info["pid"]) == info["start_time"] else None
+
+    def running_pid(self) -> int:
+        pid = self.init_pid()
+        if pid is None:
+            raise PctError(f"CT {self.ctid} not running")
+        return pid
+
+
+def process_start_time(pid: int) -> int | None:
+    """Start time in clock ticks, or None for a pid that is gone or a zombie."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] in "ZX" else int(fields[19])
+
+
+# ---- exec ---------------------------------------------------------------------------------------------
+
+def enter_namespaces(init_pid: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    try:
+        fds = [(os.open(f"/proc/{init_pid}/ns/{name}", os.O_RDONLY), flag)
+               for name, flag in (("uts", CLONE_NEWUTS), ("pid", CLONE_NEWPID), ("mnt", CLONE_NEWNS))]
+    except FileNotFoundError:
+        raise PctError("container stopped while attaching") from None
+    for fd, flag in fds:
+        if libc.setns(fd, flag) != 0:
+            raise PctError(f"setns failed: {os.strerror(ctypes.get_errno())}")
+        os.close(fd)
+
+
+def exec_child(argv: list[str]) -> None:
+    """In the forked child: become a process group leader and exec CMD; never returns."""
+    code = 126
+    try:
+        os.setpgid(0, 0)
+        for sig in (signal.SIGPIPE, signal.SIGXFSZ, *STOP_SIGNALS):
+            signal.signal(sig, signal.SIG_DFL)  # Python ignores SIGPIPE; an exec'd CMD must not
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
+        os.chdir("/")
+        os.execvpe(argv[0], argv, CONTAINER_ENV)
+    except OSError as exc:
+        code = 127 if isinstance(exc, FileNotFoundError) else 126
+        os.write(2, f'lxc-attach: Failed to exec "{argv[0]}": {exc.strerror}\n'.encode())
+    finally:
+        os._exit(code)
+
+
+def kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def cmd_exec(args: list[str]) -> int:
+    if not args:
+        raise PctError("400 not enough arguments\n" + USAGE)
+    container = Container(args[0])
+    argv = args[2:] if args[1:2] == ["--"] else args[1:]
+    if not argv:
+        raise PctError("missing command")
+    enter_namespaces(container.running_pid())
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    child = os.fork()
+    if child == 0:
+        exec_child(argv)
+    try:
+        os.setpgid(child, child)
+    except OSError:
+        pass  # the child already did it, or already exec'd
+
+    def on_stop_signal(signum: int, _frame: object) -> None:
+        kill_group(child)
+        os._exit(128 + signum)
+
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, on_stop_signal)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+    _, status = os.waitpid(child, 0)
+    kill_group(child)
+    return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
+
+
+# ---- lifecycle ------------------------------------------------------------------------------------------
+
+def libc_mount(source: str, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    enc = (lambda s: s.encode() if s is not None else None)
+    if libc.mount(enc(source), enc(target), enc(fstype), flags, enc(data)) != 0:
+        raise OSError(ctypes.get_errno(), f"mount {source} on {target}: {os.strerror(ctypes.get_errno())}")
+
+
+def container_init(ctid_text: str) -> None:
+    """Runs as the new namespaces' PID 1: set up the mounts, record itself, become a non-reaping init."""
+    container = Container(ctid_text)
+    host_pid = int(os.readlink("/proc/self"))  # still the host's /proc: our pid as the host sees it
+    start_time = process_start_time(host_pid)
+    libc_mount("proc", "/proc", "proc", 0)
+    socket.sethostname(container.config().get("hostname", f"ct{container.ctid}"))
+    for path in ("/workspace", "/opt/lab"):
+        os.makedirs(path, exist_ok=True)
+    libc_mount(str(container.dir / "workspace"), "/workspace", None, MS_BIND | MS_REC)
+    libc_mount(str(container.dir / "lab"), "/opt/lab", None, MS_BIND | MS_REC)
+    libc_mount("tmpfs", "/dev/shm", "tmpfs", 0, "mode=1777")
+    tmp = container.init_file.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"pid": host_pid, "start_time": start_time}))
+    os.replace(tmp, container.init_file)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    os.chdir("/")
+    os.execvpe("sleep", ["sleep", "infinity"], {"PATH": CONTAINER_ENV["PATH"], "container": "lxc"})
+
+
+def cmd_start(args: list[str]) -> int:
+    container = Container(args[0])
+    if container.init_pid() is not None:
+        raise PctError(f"CT {container.ctid} already running")
+    container.init_file.unlink(missing_ok=True)
+    with open(container.dir / "console.log", "ab") as console:
+        starter = subprocess.Popen(
+            ["unshare", "--pid", "--fork", "--mount", "--uts", "--propagation", "private", "--",
+             sys.executable, "-S", os.path.abspath(__file__), "__init", str(container.ctid)],
+            stdin=subprocess.DEVNULL, stdout=console, stderr=console, start_new_session=True,
+        )
+    deadline = time.monotonic() + 10
+    while container.init_pid() is None:
+        if starter.poll() is not None or time.monotonic() > deadline:
+            raise PctError(f"CT {container.ctid} failed to start (see {container.dir / 'console.log'})")
+        time.sleep(0.005)
+    return 0
+
+
+def cmd_stop(args: list[str]) -> int:
+    container = Container(args[0])
+    pid = container.running_pid()
+    start_time = process_start_time(pid)
+    os.kill(pid, signal.SIGKILL)  # PID 1 of a pid namespace dying takes every process inside with it
+    deadline = time.monotonic() + 10
+    while process_start_time(pid) == start_time and time.monotonic() < deadline:
+        time.sleep(0.005)
+    container.init_file.unlink(missing_ok=True)
+    return 0
+
+
+def cmd_reboot(args: list[str]) -> int:
+    cmd_stop(args)
+    return cmd_start(args)
+
+
+# ---- queries and files ----------------------------------------------------------------------------------
+
+def cmd_list(_args: list[str]) -> int:
+    root, host = host_dirs()
+    confs = sorted((root / "hosts" / host / "lxc").glob("*.conf"), key=lambda p: int(p.stem))
+    print("%-10s %-10s %-12s %-20s" % ("VMID", "Status", "Lock", "Name"))
+    for conf in confs:
+        container = Container(conf.stem)
+        status = "running" if container.init_pid() is not None else "stopped"
+        print("%-10s %-10s %-12s %-20s" % (container.ctid, status, "", container.config().get("hostname", "")))
+    return 0
+
+
+def cmd_status(args: list[str]) -> int:
+    container = Container(args[0])
+    print("status: " + ("running" if container.init_pid() is not None else "stopped"))
+    return 0
+
+
+def cmd_config(args: list[str]) -> int:
+    sys.stdout.write(Container(args[0]).conf.read_text())
+    return 0
+
+
+def copy_file(src: str, dst: str, perms: int | None) -> None:
+    try:
+        data = Path(src).read_bytes()
+        fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644 if perms is None else perms)
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+            if perms is not None:
+                os.fchmod(out.fileno(), perms)
+    except OSError as exc:
+        raise PctError(f"failed to copy '{src}' to '{dst}': {exc.strerror}") from None
+
+
+def cmd_push(args: list[str]) -> int:
+    perms = None
+    if "--perms" in args:
+        at = args.index("--perms")
+        perms, args = int(args[at + 1], 8), args[:at] + args[at + 2:]
+    if len(args) != 3:
+        raise PctError("400 wrong number of arguments\n" + USAGE)
+    root = f"/proc/{Container(args[0]).running_pid()}/root"
+    copy_file(args[1], root + os.path.join("/", args[2]), perms)
+    return 0
+
+
+def cmd_pull(args: list[str]) -> int:
+    if len(args) != 3:
+        raise PctError("400 wrong number of arguments\n" + USAGE)
+    root = f"/proc/{Container(args[0]).running_pid()}/root"
+    copy_file(root + os.path.join("/", args[1]), args[2], None)
+    return 0
+
+
+def cmd_help(_args: list[str]) -> int:
+    sys.stdout.write(USAGE)
+    return 0
+
+
+COMMANDS = {
+    "exec": cmd_exec, "list": cmd_list, "status": cmd_status, "start": cmd_start, "stop": cmd_stop,
+    "reboot": cmd_reboot, "push": cmd_push, "pull": cmd_pull, "config": cmd_config, "help": cmd_help,
+}
+NEEDS_CTID = {"exec", "status", "start", "stop", "reboot", "push", "pull", "config"}
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["__init"]:
+        container_init(argv[1])
+    if not argv or argv[0] not in COMMANDS:
+        sys.stderr.write(("unknown command 'pct %s'\n" % argv[0] if argv else "") + USAGE)
+        return 2
+    try:
+        if argv[0] in NEEDS_CTID and len(argv) < 2:
+            raise PctError("400 not enough arguments\n" + USAGE)
+        return COMMANDS[argv[0]](argv[1:])
+    except PctError as exc:
+        sys.stderr.write(f"{exc}\n")
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
