@@ -1,0 +1,49 @@
+"""Shared pieces of the model tests: the devices to run on and a tiny target written once per session."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.fixture(scope="session")
+def tiny_target_dir(tmp_path_factory):
+    from trainer.tiny import write_tiny_target
+
+    return write_tiny_target(tmp_path_factory.mktemp("tiny_target"), seed=0)
+
+
+@pytest.fixture(scope="session", params=DEVICES)
+def device(request) -> torch.device:
+    return torch.device(request.param)
+
+
+@pytest.fixture(scope="session")
+def tiny_target(tiny_target_dir, device):
+    from trainer.target import TargetModel
+
+    # fp32 on every device so that comparisons between code paths are tight
+    return TargetModel.load(tiny_target_dir, layer_ids=None, num_taps=3, device=device, dtype=torch.float32)
+
+
+def make_drafter(target, *, num_layers: int = 2, block_size: int = 8, sliding_window: int | None = None,
+                 layer_types: list[str] | None = None, seed: int = 0):
+    from trainer.drafter import DFlashDrafter, DrafterConfig
+
+    config = DrafterConfig.from_target(
+        target.config, num_layers=num_layers, block_size=block_size, target_layer_ids=target.layer_ids,
+        mask_token_id=target.mask_token_id, sliding_window=sliding_window, layer_types=layer_types)
+    torch.manual_seed(seed)
+    drafter = DFlashDrafter(config, embed_tokens=target.embed_tokens, lm_head=target.lm_head)
+    return drafter.to(target.device)
+
+
+def random_ids(target, shape, seed: int = 0) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    # below the special tokens' range is not needed: any id is a valid input
+    return torch.randint(0, target.config.vocab_size, shape, generator=generator).to(target.device)

@@ -1,0 +1,158 @@
+"""The frozen target LLM: tapped hidden states for the drafter, and full logits for speculative decoding."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from trainer.errors import TrainerError
+
+MASK_TOKEN = "<|MASK|>"
+
+
+def default_target_layer_ids(num_target_layers: int, num_taps: int) -> list[int]:
+    """Taps spread evenly from layer 1 to layer N-3 (rounded); a single tap sits at layer N//2."""
+    if num_taps < 1:
+        raise TrainerError(f"the number of tapped target layers must be at least 1, got {num_taps}")
+    if num_taps == 1:
+        return [num_target_layers // 2]
+    start, end = 1, num_target_layers - 3
+    if end - start + 1 < num_taps:
+        raise TrainerError(
+            f"a {num_target_layers}-layer target has too few layers for {num_taps} taps between 1 and N-3")
+    span = end - start
+    return [int(round(start + i * span / (num_taps - 1))) for i in range(num_taps)]
+
+
+def validate_layer_ids(layer_ids: list[int], num_target_layers: int) -> list[int]:
+    """Checks explicit tap ids against the target's depth; they must be distinct and ascending."""
+    ids = [int(i) for i in layer_ids]
+    if not ids:
+        raise TrainerError("target_layer_ids is empty")
+    bad = [i for i in ids if not 0 <= i < num_target_layers]
+    if bad:
+        raise TrainerError(
+            f"target_layer_ids {bad} out of range: the target has {num_target_layers} layers (0..{num_target_layers - 1})")
+    if ids != sorted(set(ids)):
+        raise TrainerError(f"target_layer_ids must be distinct and ascending, got {ids}")
+    return ids
+
+
+def resolve_mask_token_id(tokenizer, vocab_size: int) -> int:
+    """The tokenizer's mask token, else `<|MASK|>`, else the first id past the tokenizer (Qwen3: 151669)."""
+    if tokenizer.mask_token_id is not None:
+        return int(tokenizer.mask_token_id)
+    vocab = tokenizer.get_vocab()
+    if MASK_TOKEN in vocab:
+        return int(vocab[MASK_TOKEN])
+    # the embedding matrix is usually padded past the tokenizer; the drafter only embeds the id, never decodes it
+    mask_id = len(tokenizer)
+    if mask_id >= vocab_size:
+        raise TrainerError(
+            f"the tokenizer has no mask token and no spare embedding row for one (vocab {vocab_size})")
+    return mask_id
+
+
+def check_target_dir(path: Path) -> None:
+    if not path.is_dir():
+        raise TrainerError(f"target directory {path} does not exist")
+    if not (path / "config.json").is_file():
+        raise TrainerError(f"{path} is not a Hugging Face model directory (no config.json)")
+
+
+class TargetModel:
+    """A frozen HF causal LM. `features` runs only the embedding and the layers up to the last tap."""
+
+    def __init__(self, hf_model: nn.Module, *, layer_ids: list[int], mask_token_id: int, tokenizer=None):
+        implementation = getattr(hf_model.config, "_attn_implementation", "sdpa")
+        if implementation != "sdpa":
+            # features() hands the layers boolean masks, which only the SDPA implementation reads as such
+            raise ValueError(f"the target must use attn_implementation='sdpa', not {implementation!r}")
+        self.hf_model = hf_model.eval().requires_grad_(False)
+        self.config = hf_model.config
+        self.layer_ids = list(layer_ids)
+        self.mask_token_id = mask_token_id
+        self.tokenizer = tokenizer
+        self.decoder = hf_model.base_model
+        self.embed_tokens: nn.Embedding = self.decoder.embed_tokens
+        self.lm_head: nn.Linear = hf_model.get_output_embeddings()
+
+    @classmethod
+    def load(cls, path: str | Path, *, layer_ids: list[int] | None, num_taps: int,
+             device: torch.device | str = "cpu", dtype: torch.dtype | None = None) -> "TargetModel":
+        """Load a local HF model directory; dtype defaults to bf16 on GPU and fp32 on CPU."""
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        path = Path(path)
+        check_target_dir(path)
+        device = torch.device(device)
+        if dtype is None:
+            dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        hf_model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
+        num_layers = hf_model.config.num_hidden_layers
+        if layer_ids is None:
+            layer_ids = default_target_layer_ids(num_layers, num_taps)
+        layer_ids = validate_layer_ids(layer_ids, num_layers)
+        mask_id = resolve_mask_token_id(tokenizer, hf_model.get_input_embeddings().num_embeddings)
+        return cls(hf_model.to(device), layer_ids=layer_ids, mask_token_id=mask_id, tokenizer=tokenizer)
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.weight.device
+
+    @property
+    def num_layers(self) -> int:
+        return self.config.num_hidden_layers
+
+    @property
+    def hidden_size(self) -> int:
+        return self.config.hidden_size
+
+    def _layer_masks(self, seq_len: int, attention_mask: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        """Boolean [B|1, 1, S, S] masks (True = attend) for SDPA, one per layer type.
+
+        Built here rather than with transformers' mask helpers, whose signatures change between releases."""
+        positions = torch.arange(seq_len, device=self.device)
+        causal = positions[None, :] <= positions[:, None]
+        masks = {"full_attention": causal}
+        window = getattr(self.config, "sliding_window", None)
+        if "sliding_attention" in self._layer_types() and window:
+            masks["sliding_attention"] = causal & (positions[:, None] - positions[None, :] < window)
+        keep = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
+        return {name: mask[None, None] if keep is None else mask[None, None] & keep for name, mask in masks.items()}
+
+    def _layer_types(self) -> list[str]:
+        return getattr(self.config, "layer_types", None) or ["full_attention"] * self.num_layers
+
+    @torch.no_grad()
+    def features(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """[B, S, k*H]: the tapped layers' outputs (layer i's output is HF's hidden_states[i + 1]), concatenated."""
+        input_ids = input_ids.to(self.device)
+        if attention_mask is not None:
+            attention_mask = attention_mask.to(self.device)
+        hidden = self.embed_tokens(input_ids)
+        position_ids = torch.arange(input_ids.shape[1], device=self.device).unsqueeze(0)
+        position_embeddings = self.decoder.rotary_emb(hidden, position_ids)
+        masks = self._layer_masks(input_ids.shape[1], attention_mask)
+        layer_types = self._layer_types()
+        tapped, wanted = [], set(self.layer_ids)
+        # layers past the last tap never run: their outputs would be thrown away
+        for i in range(self.layer_ids[-1] + 1):
+            hidden = self.decoder.layers[i](
+                hidden, attention_mask=masks[layer_types[i]], position_ids=position_ids,
+                position_embeddings=position_embeddings)
+            if isinstance(hidden, tuple):  # older transformers return (hidden,)
+                hidden = hidden[0]
+            if i in wanted:
+                tapped.append(hidden)
+        return torch.cat(tapped, dim=-1)
+
+    @torch.no_grad()
+    def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """[B, S, V]: a full forward pass (for generation and verification)."""
+        input_ids = input_ids.to(self.device)
+        if attention_mask is not None:
+            attention_mask = attention_mask.to(self.device)
+        return self.hf_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
