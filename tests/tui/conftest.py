@@ -1,0 +1,53 @@
+"""Fixtures for driving the real dashboard app against a FakeSource."""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+from textual.pilot import Pilot
+
+from tui.app import DashboardApp
+from tui.widgets.runs_table import RunsTable
+
+from . import scenario
+from .fake_source import FakeSource
+
+TIMEOUT_S = 5.0
+
+
+@pytest.fixture
+def source() -> FakeSource:
+    return FakeSource(scenario.snapshot())
+
+
+@pytest.fixture
+def app(source: FakeSource) -> DashboardApp:
+    return DashboardApp(source, refresh_s=0.02)
+
+
+async def wait_until(pilot: Pilot, condition: Callable[[], object], *, timeout: float = TIMEOUT_S,
+                     what: str = "condition") -> None:
+    """Let the app run until `condition()` is true; fail naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        await pilot.pause(0.02)
+
+
+async def wait_for_rows(pilot: Pilot, count: int) -> RunsTable:
+    table = pilot.app.query_one(RunsTable)
+    await wait_until(pilot, lambda: table.row_count == count, what=f"{count} rows")
+    return table
+
+
+def cell(table: RunsTable, run_id: str, column: str) -> str:
+    return table.get_cell(run_id, column).plain
+
+
+async def select_run(pilot: Pilot, run_id: str) -> None:
+    table = pilot.app.query_one(RunsTable)
+    table.move_cursor(row=table.get_row_index(run_id), animate=False)
+    await wait_until(pilot, lambda: table.selected_run_id == run_id, what=f"{run_id} selected")
+    await pilot.pause()

@@ -1,0 +1,121 @@
+"""`k` kill and `c` cleanup: confirmation modals, the calls they make, and what the table shows after."""
+from __future__ import annotations
+
+import pytest
+from textual.content import Content
+from textual.widgets import Label, Static
+
+from tui.screens.cleanup_confirm import CleanupConfirmScreen
+from tui.screens.kill_confirm import KillConfirmScreen
+from tui.screens.main_screen import MainScreen
+
+from .conftest import cell, select_run, wait_for_rows, wait_until
+
+pytestmark = pytest.mark.asyncio
+
+
+async def open_kill_prompt(pilot, run_id: str) -> KillConfirmScreen:
+    await wait_for_rows(pilot, 4)
+    await select_run(pilot, run_id)
+    await pilot.press("k")
+    await wait_until(pilot, lambda: isinstance(pilot.app.screen, KillConfirmScreen), what="the kill prompt")
+    return pilot.app.screen
+
+
+@pytest.mark.parametrize("confirm_key", ["y", "enter"])
+async def test_kill_confirmed_kills_the_run_and_the_row_turns_killed(app, source, confirm_key):
+    async with app.run_test(size=(120, 40)) as pilot:
+        prompt = await open_kill_prompt(pilot, "r-0001")
+        question = prompt.query_one("#question", Label).content
+        assert str(question) == "Kill run qwen3-8b-drafter (r-0001) on pve1/200? TERM now, KILL after 30 s"
+        assert source.kill_calls == []
+        await pilot.press(confirm_key)
+        table = app.query_one("RunsTable")
+        await wait_until(pilot, lambda: cell(table, "r-0001", "state") == "killed", what="state killed")
+        assert source.kill_calls == [("r-0001", 30.0)]
+        assert isinstance(app.screen, MainScreen)
+        assert cell(table, "r-0003", "state") == "running"
+
+
+@pytest.mark.parametrize("cancel_key", ["n", "escape"])
+async def test_kill_cancelled_calls_nothing(app, source, cancel_key):
+    async with app.run_test(size=(120, 40)) as pilot:
+        await open_kill_prompt(pilot, "r-0003")
+        await pilot.press(cancel_key)
+        await wait_until(pilot, lambda: isinstance(app.screen, MainScreen), what="the prompt closed")
+        await pilot.pause(0.2)
+        assert source.kill_calls == []
+        assert cell(app.query_one("RunsTable"), "r-0003", "state") == "running"
+
+
+async def test_kill_grace_is_the_apps(source):
+    from tui.app import DashboardApp
+
+    app = DashboardApp(source, refresh_s=0.02, kill_grace_s=2.5)
+    async with app.run_test(size=(120, 40)) as pilot:
+        prompt = await open_kill_prompt(pilot, "r-0003")
+        assert str(prompt.query_one("#question", Label).content).endswith("TERM now, KILL after 2.5 s")
+        await pilot.press("y")
+        await wait_until(pilot, lambda: source.kill_calls == [("r-0003", 2.5)], what="kill called")
+
+
+async def test_kill_of_an_ended_run_asks_nothing(app, source):
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for_rows(pilot, 4)
+        await select_run(pilot, "r-0004")
+        await pilot.press("k")
+        await pilot.pause(0.2)
+        assert isinstance(app.screen, MainScreen)
+        assert source.kill_calls == []
+
+
+async def test_cleanup_shows_the_dry_run_then_runs_it_on_confirm(app, source):
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for_rows(pilot, 4)
+        await select_run(pilot, "r-0003")
+        await pilot.press("c")
+        await wait_until(pilot, lambda: isinstance(app.screen, CleanupConfirmScreen), what="the cleanup plan")
+        assert source.cleanup_calls == [("pve2/300", True)]
+        plan = app.screen.query_one("#details-text", Static).content.plain
+        assert "end_stuck_parent pid 4242" in plan and "2 zombie child(ren) it never reaps" in plan
+        assert "zombies_of_init count 3" in plan and "only a container restart clears them" in plan
+        await pilot.press("y")
+        await wait_until(pilot, lambda: len(source.cleanup_calls) == 2, what="the real cleanup")
+        assert source.cleanup_calls == [("pve2/300", True), ("pve2/300", False)]
+        assert isinstance(app.screen, MainScreen)
+
+
+async def test_cleanup_cancelled_after_the_dry_run_changes_nothing(app, source):
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for_rows(pilot, 4)
+        await pilot.press("c")
+        await wait_until(pilot, lambda: isinstance(app.screen, CleanupConfirmScreen), what="the cleanup plan")
+        await pilot.press("n")
+        await wait_until(pilot, lambda: isinstance(app.screen, MainScreen), what="the prompt closed")
+        await pilot.pause(0.2)
+        assert source.cleanup_calls == [("pve1/200", True)]
+
+
+async def test_hostile_run_name_is_shown_literally(app, source):
+    hostile = "[bold]x[/bold] $(touch /tmp/pwned) '; rm -rf /tmp/x; '"
+    source.update_run("r-0001", name=hostile)
+    async with app.run_test(size=(120, 40)) as pilot:
+        prompt = await open_kill_prompt(pilot, "r-0001")
+        assert str(prompt.query_one("#question", Label).content).startswith(f"Kill run {hostile[:24]}")
+        await pilot.press("n")
+        await wait_until(pilot, lambda: isinstance(app.screen, MainScreen), what="the prompt closed")
+        assert cell(app.query_one("RunsTable"), "r-0001", "run") == hostile[:23] + "…"
+        title = Content.from_markup(app.query_one("#log-tail").border_title).plain
+        assert f"log tail · {hostile} (r-0001)" == title
+        assert source.kill_calls == []
+
+
+async def test_enter_on_the_focused_cancel_button_cancels(app, source):
+    async with app.run_test(size=(120, 40)) as pilot:
+        prompt = await open_kill_prompt(pilot, "r-0001")
+        prompt.query_one("#no").focus()
+        await pilot.pause()
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: isinstance(app.screen, MainScreen), what="the prompt closed")
+        await pilot.pause(0.2)
+        assert source.kill_calls == []

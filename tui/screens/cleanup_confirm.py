@@ -1,0 +1,58 @@
+"""Shows what a cleanup of a target would do (its dry run) and asks before doing it."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from rich.text import Text
+
+from orchestrator.watchmodel import ActionResult
+
+from .confirm import ConfirmScreen
+
+# Fields that name what an action or finding is about, in the order they read best.
+SUBJECT_FIELDS = ("pid", "run_id", "count", "pids", "gpus", "cmdline")
+
+
+class CleanupConfirmScreen(ConfirmScreen):
+    def __init__(self, target: str, plan: ActionResult) -> None:
+        super().__init__(f"Clean up {target}? This is what it would do:", plan_text(plan), yes_label="Clean up")
+        self.target = target
+        self.plan = plan
+
+
+def plan_text(plan: ActionResult) -> Text:
+    """The dry run's message, its planned actions and what it cannot fix."""
+    text = Text(plan.message or "")
+    actions = list(plan.details.get("actions") or [])
+    findings = list(plan.details.get("findings") or [])
+    text.append(f"\n\nPlanned actions ({len(actions)}):", style="bold")
+    if not actions:
+        text.append("\n  nothing to do", style="dim")
+    for action in actions:
+        text.append("\n  • ")
+        text.append(describe(action, name_field="action"))
+    if findings:
+        text.append(f"\n\nCannot fix from here ({len(findings)}):", style="bold yellow")
+        for finding in findings:
+            text.append("\n  • ")
+            text.append(describe(finding, name_field="kind"), style="yellow")
+    return text
+
+
+def describe(entry: object, *, name_field: str) -> str:
+    """One line for an action or finding, a dict as the cleanup reports them (or already a string)."""
+    if not isinstance(entry, Mapping):
+        return str(entry)
+    parts = [str(entry.get(name_field, "?"))]
+    parts += [f"{field} {_short(entry[field])}" for field in SUBJECT_FIELDS if entry.get(field) not in (None, "")]
+    reason = entry.get("detail") or entry.get("advice")
+    if reason:
+        parts.append(f"— {reason}")
+    return " ".join(parts)
+
+
+def _short(value: object, limit: int = 60) -> str:
+    if isinstance(value, (list, tuple)):
+        value = ",".join(str(item) for item in value)
+    text = str(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"

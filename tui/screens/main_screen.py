@@ -1,0 +1,141 @@
+"""The main screen: hosts, the runs table, and the selected run's charts, queues, GPUs, log tail and alerts."""
+from __future__ import annotations
+
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.markup import escape
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer
+
+from orchestrator.watchmodel import RunView, Snapshot
+
+from ..messages import CleanupRequested, KillRequested, LogRequested
+from ..runcells import run_label
+from ..widgets.alerts_list import AlertsList
+from ..widgets.filter_bar import FilterBar, run_matches
+from ..widgets.gpu_panel import GpuPanel
+from ..widgets.host_status import HostStatus
+from ..widgets.log_tail import LogTail
+from ..widgets.metric_charts import MetricCharts
+from ..widgets.queue_bars import QueueBars
+from ..widgets.runs_table import RunsTable
+
+
+class MainScreen(Screen):
+    BINDINGS = [
+        Binding("k", "kill", "Kill"),
+        Binding("l", "log", "Log"),
+        Binding("c", "cleanup", "Cleanup"),
+        Binding("slash", "filter", "Filter", key_display="/"),
+        Binding("q", "app.quit", "Quit"),
+    ]
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (32, "-tall")]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.snapshot = Snapshot(taken_at="")
+        self.filter_text = ""
+        self._composed = False  # a snapshot may arrive before the widgets exist; it is shown on mount
+
+    def compose(self) -> ComposeResult:
+        yield HostStatus(id="hosts")
+        yield RunsTable(id="runs")
+        with Horizontal(id="detail"):
+            with Vertical(id="detail-main"):
+                yield MetricCharts(id="charts")
+                yield LogTail(id="log-tail")
+            with Vertical(id="detail-side"):
+                yield QueueBars(id="queues")
+                yield GpuPanel(id="gpus")
+                yield AlertsList(id="alerts")
+        yield FilterBar(id="filter")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#queues").border_title = "queues"
+        self.query_one("#alerts").border_title = "alerts"
+        self.query_one(RunsTable).focus()
+        self._composed = True
+        self.show_snapshot(self.snapshot)
+
+    def show_snapshot(self, snapshot: Snapshot) -> None:
+        self.snapshot = snapshot
+        if not self._composed:
+            return
+        self.query_one(HostStatus).show(snapshot.hosts, snapshot.taken_at)
+        self.query_one(AlertsList).show_alerts(snapshot.alerts)
+        self._show_runs()
+
+    def show_source_error(self, error: str) -> None:
+        if self._composed:
+            self.query_one(HostStatus).source_error = error
+
+    def selected_run(self) -> RunView | None:
+        run_id = self.query_one(RunsTable).selected_run_id
+        return next((run for run in self.snapshot.runs if run.run_id == run_id), None)
+
+    def visible_runs(self) -> list[RunView]:
+        return [run for run in self.snapshot.runs
+                if run_matches(self.filter_text, run.target, run.name, run.run_id, run.state)]
+
+    def _show_runs(self) -> None:
+        table = self.query_one(RunsTable)
+        table.show_runs(self.visible_runs())
+        filtered = f" · filter '{escape(self.filter_text)}'" if self.filter_text else ""
+        table.border_title = f"runs ({table.row_count}/{len(self.snapshot.runs)}){filtered}"
+        self._show_selected()
+
+    def _show_selected(self) -> None:
+        run = self.selected_run()
+        gpus = () if run is None else [gpu for gpu in self.snapshot.gpus if gpu.target == run.target]
+        self.query_one(MetricCharts).show_run(run)
+        self.query_one(QueueBars).show_run(run)
+        self.query_one(GpuPanel).show(gpus, () if run is None else run.gpus)
+        self.query_one(LogTail).show_run(run)
+        label = "" if run is None else f" · {escape(run_label(run))}"
+        exceptions = f" · [b red]{run.exceptions} exception(s)[/]" if run is not None and run.exceptions else ""
+        self.query_one("#log-tail").border_title = f"log tail{label}{exceptions}"
+        self.query_one("#charts").border_title = f"metrics{label}"
+        self.query_one("#gpus").border_title = "GPUs" if run is None else f"GPUs · {escape(run.target)}"
+
+    @on(DataTable.RowHighlighted, "#runs")
+    def _row_highlighted(self) -> None:
+        self._show_selected()
+
+    @on(FilterBar.FilterChanged)
+    def _filter_changed(self, message: FilterBar.FilterChanged) -> None:
+        self.filter_text = message.text
+        self._show_runs()
+
+    @on(FilterBar.FilterDone)
+    def _filter_done(self) -> None:
+        self.query_one(RunsTable).focus()
+        self._composed = True
+        self.show_snapshot(self.snapshot)
+
+    def action_filter(self) -> None:
+        self.query_one(FilterBar).open()
+
+    def action_kill(self) -> None:
+        run = self._require_selected("kill")
+        if run is not None:
+            self.post_message(KillRequested(run))
+
+    def action_log(self) -> None:
+        run = self._require_selected("show the log of")
+        if run is not None:
+            self.post_message(LogRequested(run))
+
+    def action_cleanup(self) -> None:
+        run = self._require_selected("clean up the target of")
+        if run is not None:
+            self.post_message(CleanupRequested(run.target))
+
+    def _require_selected(self, verb: str) -> RunView | None:
+        run = self.selected_run()
+        if run is None:
+            self.notify(f"Select a run to {verb} first", severity="warning")
+        return run

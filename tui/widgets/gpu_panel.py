@@ -1,0 +1,89 @@
+"""The GPUs of the selected run's target: memory, utilisation, and a utilisation history sparkline."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.text import Text
+from textual.widget import Widget
+
+from orchestrator.watchmodel import GpuView
+
+SPARK_BLOCKS = "▁▂▃▄▅▆▇█"
+# Memory held at no utilisation is the symptom of a stalled run (the seed run sat like this for hours).
+IDLE_UTIL_PCT = 1.0
+HELD_MEMORY_MIB = 1024.0
+PREFIX_CHARS = 21
+
+
+class GpuPanel(Widget):
+    DEFAULT_CSS = """
+    GpuPanel { height: auto; text-wrap: nowrap; text-overflow: clip; }
+    """
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self._gpus: tuple[GpuView, ...] = ()
+        self._run_gpus: tuple[int, ...] = ()
+
+    def show(self, gpus: Sequence[GpuView], run_gpus: Sequence[int] = ()) -> None:
+        gpus, run_gpus = tuple(gpus), tuple(run_gpus)
+        if (gpus, run_gpus) != (self._gpus, self._run_gpus):
+            self._gpus, self._run_gpus = gpus, run_gpus
+            self.refresh(layout=True)
+
+    def render(self) -> Text:
+        if not self._gpus:
+            return Text("no GPU samples", style="dim")
+        if self.screen.has_class("-short"):  # no room for a line per GPU: one line for all of them
+            return gpu_summary(self._gpus)
+        spark_width = max(self.size.width - PREFIX_CHARS, 0)
+        lines = [gpu_line(gpu, gpu.index in self._run_gpus, spark_width) for gpu in self._gpus]
+        return Text("\n", no_wrap=True, overflow="crop").join(lines)
+
+
+def gpu_summary(gpus: Sequence[GpuView]) -> Text:
+    """`util ▁▁▁▁ 0% mem ▇█▇█ 341/383G`: a block per GPU, idle ones holding memory in yellow."""
+    line = Text("util ", no_wrap=True, overflow="crop")
+    for gpu in gpus:
+        style = "bold yellow" if is_idle_holding_memory(gpu) else "green"
+        line.append(sparkline([gpu.utilization_pct or 0.0], 1), style)
+    utils = [gpu.utilization_pct for gpu in gpus if gpu.utilization_pct is not None]
+    line.append(f" {sum(utils) / len(utils):.0f}% " if utils else " -% ")
+    line.append("mem ")
+    for gpu in gpus:
+        share = 100.0 * (gpu.memory_used_mib or 0.0) / (gpu.memory_total_mib or 1.0)
+        line.append(sparkline([share], 1), "blue")
+    used = sum(gpu.memory_used_mib or 0.0 for gpu in gpus)
+    total = sum(gpu.memory_total_mib or 0.0 for gpu in gpus)
+    line.append(f" {used / 1024:.0f}/{total / 1024:.0f}G")
+    return line
+
+
+def gpu_line(gpu: GpuView, used_by_run: bool, spark_width: int) -> Text:
+    marker = "▸" if used_by_run else " "
+    memory = f"{_gib(gpu.memory_used_mib)}/{_gib(gpu.memory_total_mib)}G"
+    util = "  -%" if gpu.utilization_pct is None else f"{gpu.utilization_pct:3.0f}%"
+    style = "bold yellow" if is_idle_holding_memory(gpu) else ("bold" if used_by_run else "")
+    prefix = f"{marker}{gpu.index:>2} {memory:>11} {util:>4} "
+    return Text.assemble((prefix.ljust(PREFIX_CHARS), style),
+                         (sparkline(gpu.utilization_history, spark_width), "green"))
+
+
+def is_idle_holding_memory(gpu: GpuView) -> bool:
+    return (gpu.utilization_pct is not None and gpu.utilization_pct < IDLE_UTIL_PCT
+            and (gpu.memory_used_mib or 0.0) >= HELD_MEMORY_MIB)
+
+
+def sparkline(values: Sequence[float], width: int, *, top: float = 100.0) -> str:
+    """The newest `width` values on a fixed 0..top scale, so that an idle GPU reads as idle, not as noise."""
+    if width <= 0:
+        return ""
+    blocks = []
+    for value in list(values)[-width:]:
+        share = min(max(value / top, 0.0), 1.0)
+        blocks.append(SPARK_BLOCKS[round(share * (len(SPARK_BLOCKS) - 1))])
+    return "".join(blocks)
+
+
+def _gib(mib: float | None) -> str:
+    return "-" if mib is None else f"{mib / 1024:.1f}"

@@ -1,0 +1,87 @@
+"""Loss, acc/streak and throughput of the selected run over its steps (plotext)."""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from textual.app import ComposeResult
+from textual.containers import Horizontal
+from textual_plotext import PlotextPlot
+
+from orchestrator.watchmodel import MetricPoint, RunView
+
+# (label, field, colour, y axis side)
+Series = tuple[str, Callable[[MetricPoint], float | None], str, str]
+
+LOSS: tuple[Series, ...] = (("loss", lambda p: p.loss, "red", "left"),)
+ACCURACY: tuple[Series, ...] = (
+    ("acc", lambda p: p.acc, "green", "left"),
+    ("streak", lambda p: p.streak, "cyan", "right"),
+)
+THROUGHPUT: tuple[Series, ...] = (("Ktok/s", lambda p: None if p.tok_per_s is None else p.tok_per_s / 1e3,
+                                   "yellow", "left"),)
+
+
+class MetricCharts(Horizontal):
+    DEFAULT_CSS = """
+    MetricCharts { height: 12; }
+    MetricCharts > PlotextPlot { width: 1fr; height: 1fr; }
+    """
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self._shown: tuple | None = None
+
+    def compose(self) -> ComposeResult:
+        yield PlotextPlot(id="chart-loss")
+        yield PlotextPlot(id="chart-acc")
+        yield PlotextPlot(id="chart-toks")
+
+    def show_run(self, run: RunView | None) -> None:
+        history = () if run is None else run.history
+        # Redraw only when the points changed: plotext rebuilds the whole figure on every render.
+        shown = (None if run is None else run.run_id, len(history), history[-1] if history else None)
+        if shown == self._shown:
+            return
+        self._shown = shown
+        self._draw(self.query_one("#chart-loss", PlotextPlot), "loss", history, LOSS)
+        self._draw(self.query_one("#chart-acc", PlotextPlot), "acc · streak", history, ACCURACY)
+        self._draw(self.query_one("#chart-toks", PlotextPlot), "Ktok/s", history, THROUGHPUT)
+
+    @staticmethod
+    def _draw(plot: PlotextPlot, title: str, history: tuple[MetricPoint, ...], series: tuple[Series, ...]) -> None:
+        plt = plot.plt
+        plt.clear_figure()
+        plt.title(title)
+        all_steps: list[int] = []
+        for label, field, colour, side in series:
+            steps, values = finite_points(history, field)
+            if steps:
+                plt.plot(steps, values, label=label if len(series) > 1 else None, color=colour,
+                         yside=side, marker="braille")
+                all_steps.extend(steps)
+        if all_steps:
+            ticks = step_ticks(min(all_steps), max(all_steps))
+            plt.xticks(ticks, [str(tick) for tick in ticks])
+        plot.refresh()
+
+
+def finite_points(history: tuple[MetricPoint, ...], field: Callable[[MetricPoint], float | None]
+                  ) -> tuple[list[int], list[float]]:
+    """The points where `field` has a finite value: NaN and inf are alerts, not chart points."""
+    steps: list[int] = []
+    values: list[float] = []
+    for point in history:
+        value = field(point)
+        if value is not None and math.isfinite(value):
+            steps.append(point.step)
+            values.append(value)
+    return steps, values
+
+
+def step_ticks(first: int, last: int, *, count: int = 3) -> list[int]:
+    """A few whole, evenly spread steps from first to last (plotext would label steps with decimals)."""
+    if last <= first:
+        return [first]
+    spread = (last - first) / (count - 1)
+    return sorted({round(first + spread * i) for i in range(count)})
