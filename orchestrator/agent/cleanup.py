@@ -1,0 +1,169 @@
+"""`cleanup`: reap zombies by ending their stuck parents, end orphans of ended runs, mark dead runs `lost`,
+and report what cannot be fixed from inside the container."""
+from __future__ import annotations
+
+import os
+import time
+
+from . import gpus, procfs, terminate
+from .keeper import KeeperPaths
+from .rundir import RunPaths, list_run_ids, read_json
+from .runstate import is_live, read_run, read_state, settle_liveness
+
+ZOMBIE_CONFIRM_S = 0.3  # a zombie seen twice this far apart is not one its parent is about to reap
+REPARENT_WAIT_S = 0.5
+ADVICE_INIT_ZOMBIES = ("PID 1 of this container does not reap its children, so nothing inside the container can "
+                       "clear these zombies: only a container restart does. A restart wipes /dev/shm (copy anything "
+                       "kept there, such as model weights, to disk first). They hold pids, not memory or GPUs.")
+ADVICE_OUTSIDE = "their parent lives outside this PID namespace (e.g. the host's pct/lxc-attach); it reaps them when it exits"
+ADVICE_GPU = ("GPU memory is held while no run of this runs directory is live on that GPU. nvidia-smi inside a "
+              "container cannot name the process: look for a stuck process (here or in another container of "
+              "the host) or restart the container.")
+
+
+class Cleanup:
+    def __init__(self, runs_dir: str, *, dry_run: bool, grace: float) -> None:
+        self.runs_dir = os.path.abspath(runs_dir)
+        self.dry_run = dry_run
+        self.grace = grace
+        self.actions = []
+        self.findings = []
+
+    def action(self, **fields) -> dict:
+        fields.setdefault("done", not self.dry_run)
+        fields.setdefault("ok", True)
+        self.actions.append(fields)
+        return fields
+
+    def mark_dead_runs(self) -> None:
+        for run_id in list_run_ids(self.runs_dir):
+            _, newly_lost = settle_liveness(RunPaths(self.runs_dir, run_id), dry_run=self.dry_run)
+            if newly_lost:
+                self.action(action="mark_lost", run_id=run_id, detail="supervisor gone without a terminal state",
+                            description="mark run {} lost: its supervisor is gone".format(run_id))
+
+    def live_runs(self) -> dict:
+        live = {}
+        for run_id in list_run_ids(self.runs_dir):
+            paths = RunPaths(self.runs_dir, run_id)
+            run, state = read_run(paths), read_state(paths)
+            if is_live(run, state):
+                live[run_id] = (run, state)
+        return live
+
+    def end_orphans(self, live: dict) -> None:
+        known = set(list_run_ids(self.runs_dir))
+        targets, planned = [], []
+        for pid, (run_id, env) in sorted(procfs.processes_with_env("DFLASH_RUN_ID").items()):
+            if env.get("DFLASH_RUNS_DIR", self.runs_dir) != self.runs_dir or run_id in live:
+                continue
+            start = procfs.start_time(pid)
+            if start is None:
+                continue
+            reason = "run {} has ended".format(run_id) if run_id in known else "no run {} here".format(run_id)
+            cmdline = procfs.read_cmdline(pid)
+            planned.append(self.action(action="end_orphan", pid=pid, run_id=run_id, cmdline=cmdline, detail=reason,
+                                       description="end orphan {} ({}): {}".format(pid, cmdline[:60], reason)))
+            targets.append((pid, start))
+        if targets and not self.dry_run:
+            survivors, _ = terminate.end_processes(targets, grace=self.grace)
+            for entry in planned:
+                entry["ok"] = entry["pid"] not in survivors
+
+    def protected_pids(self, live: dict, table: dict) -> dict:
+        """pid -> why we must not end it although it has zombie children."""
+        protected = {pid: "the agent itself" for pid in procfs.own_lineage()}
+        keeper = read_json(KeeperPaths(self.runs_dir).info) or {}
+        if procfs.is_alive(keeper.get("pid"), keeper.get("start_time")):
+            protected[keeper["pid"]] = "the keeper (it reaps)"
+        for run_id, (_, state) in live.items():
+            sup = state.get("supervisor_pid")
+            if sup:
+                protected[sup] = "supervisor of live run {} (it reaps)".format(run_id)
+                for pid in procfs.descendants(table, sup):
+                    protected[pid] = "process of live run {}".format(run_id)
+        return protected
+
+    def fix_zombies(self, live: dict) -> None:
+        zombies, table = persistent_zombies()
+        protected = self.protected_pids(live, table)
+        by_parent = {}
+        for stat in zombies.values():
+            by_parent.setdefault(stat.ppid, []).append(stat.pid)
+        stuck = []
+        for parent, pids in sorted(by_parent.items()):
+            if parent == 1:
+                continue  # reported from the final snapshot below
+            if parent == 0 or parent not in table:
+                self.findings.append({"kind": "zombies_parent_outside", "count": len(pids), "pids": sorted(pids),
+                                      "advice": ADVICE_OUTSIDE, "description": "{} zombie(s): {}".format(
+                                          len(pids), ADVICE_OUTSIDE)})
+            elif parent in protected:
+                if "live run" in protected[parent] and "supervisor" not in protected[parent]:
+                    self.findings.append({"kind": "zombies_in_live_run", "parent": procfs.describe(parent),
+                                          "count": len(pids), "pids": sorted(pids), "detail": protected[parent],
+                                          "description": "{} zombie(s) under pid {}, a {}: left alone".format(
+                                              len(pids), parent, protected[parent])})
+            else:
+                cmdline = procfs.read_cmdline(parent)
+                stuck.append(self.action(action="end_stuck_parent", pid=parent, cmdline=cmdline, zombies=sorted(pids),
+                                         detail="{} zombie child(ren) it never reaps".format(len(pids)),
+                                         description="end stuck parent {} ({}) of {} zombie(s)".format(
+                                             parent, cmdline[:60], len(pids))))
+        if stuck and not self.dry_run:
+            self._end_stuck_parents(stuck, zombies)
+        self._report_init_zombies(zombies if self.dry_run else None)
+
+    def _end_stuck_parents(self, stuck: list, zombies: dict) -> None:
+        targets = terminate.identities(entry["pid"] for entry in stuck)
+        survivors, _ = terminate.end_processes(targets, grace=self.grace)
+        time.sleep(REPARENT_WAIT_S)  # let the new parent (a subreaper or PID 1) reap what it adopted
+        for entry in stuck:
+            left = [z for z in entry["zombies"] if procfs.exists_as(z, zombies[z].start_time)]
+            entry.update(ok=entry["pid"] not in survivors, reaped=len(entry["zombies"]) - len(left),
+                         still_zombies=left)
+            if left:
+                entry["description"] += "; {} still zombies (now PID 1's, which does not reap)".format(len(left))
+
+    def _report_init_zombies(self, table: dict | None) -> None:
+        table = persistent_zombies()[0] if table is None else table
+        pids = sorted(pid for pid, stat in table.items() if stat.ppid == 1)
+        if pids:
+            self.findings.append({"kind": "zombies_of_init", "count": len(pids), "pids": pids,
+                                  "init": procfs.describe(1), "advice": ADVICE_INIT_ZOMBIES,
+                                  "description": "{} zombie(s) of PID 1: {}".format(len(pids), ADVICE_INIT_ZOMBIES)})
+
+    def check_gpus(self, live: dict) -> dict:
+        result = gpus.query_gpus()
+        held = gpus.held_without_run(result["gpus"], [run.get("gpus") for run, _ in live.values()])
+        if held:
+            self.findings.append({"kind": "gpu_memory_held", "gpus": held, "advice": ADVICE_GPU,
+                                  "description": "GPU {} hold{} memory ({}): {}".format(
+                                      ",".join(str(g["index"]) for g in held), "s" if len(held) == 1 else "",
+                                      ", ".join("{} MiB at {} %".format(g["memory_used_mib"], g["utilization_pct"])
+                                                for g in held), ADVICE_GPU)})
+        return result
+
+    def run(self) -> dict:
+        self.mark_dead_runs()
+        live = self.live_runs()
+        self.end_orphans(live)
+        self.fix_zombies(live)
+        gpu_result = self.check_gpus(live)
+        return {"ok": all(a["ok"] for a in self.actions), "dry_run": self.dry_run, "actions": self.actions,
+                "findings": self.findings, "gpus": gpu_result, "live_runs": sorted(live)}
+
+
+def persistent_zombies() -> tuple:
+    """(pid -> ProcStat of zombies seen in two snapshots, the later full snapshot)."""
+    first = {pid: stat for pid, stat in procfs.snapshot().items() if stat.is_zombie}
+    if first:
+        time.sleep(ZOMBIE_CONFIRM_S)
+    table = procfs.snapshot()
+    zombies = {pid: stat for pid, stat in table.items()
+               if stat.is_zombie and pid in first and first[pid].start_time == stat.start_time}
+    return zombies, table
+
+
+def cleanup(runs_dir: str, *, dry_run: bool, grace: float) -> dict:
+    return Cleanup(runs_dir, dry_run=dry_run, grace=grace).run()

@@ -1,0 +1,172 @@
+"""The agent's command line: parse, dispatch, print exactly one JSON object, map errors to exit codes.
+
+    launch   --runs-dir D --run-id ID --name N --target T [--cwd DIR] [--env K=V]... [--gpus 0,1] [--force]
+             [--grace S] [--verify-timeout S] [--settle S] [--input NAME]... -- CMD...
+             (with --input, stdin is one JSON object {NAME: base64 content}; each file lands in the run dir)
+    ps       --runs-dir D [--run-id ID]... [--tail-bytes N]
+    kill     --runs-dir D --run-id ID... [--grace S]
+    cleanup  --runs-dir D [--dry-run] [--grace S]
+    version
+    supervise --runs-dir D --run-id ID [--grace S]     (internal: started by the keeper)
+    keeper    --runs-dir D                             (internal: started by launch)
+
+Every answer is one line of JSON with "version": 1 and "ok"; exit 0 ok, 1 operation failed, 2 bad input.
+Errors: {"ok": false, "error": MESSAGE, "code": CODE, ...details}. Answers (keys may be added, never renamed):
+    launch   {"run": RECORD}; failure: code run_ended | not_verified | gpus_busy (+ "busy": {run: [gpus]}),
+             with "run", "exit_code", "signal", "log_tail" (last 40 lines), "supervisor_log_tail", "keeper_log_tail"
+    ps       {"runs": [RECORD (+ "log_tail": str with --tail-bytes)]}
+    kill     {"runs": [{"run_id", "ok", "state", "signal", "exit_code", "already_ended", "survivors":
+             [{"pid", "cmdline", "state"}], "actions": [str], "run": RECORD}]}
+    cleanup  {"dry_run", "actions": [{"action", "done", "ok", "description", ...}], "findings": [{"kind",
+             "description", ...}], "gpus": {"available", "gpus": [{"index", "memory_used_mib",
+             "utilization_pct"}], "error"}, "live_runs": [run ids]}
+RECORD: run_id, target, name, state, pid, pgid, exit_code, signal, signal_name, created_at, started_at, ended_at,
+log_path, run_dir, gpus, command, cwd, grace_s, supervisor_pid, supervisor_start_time, error.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+
+from . import AGENT_VERSION, PROTOCOL_VERSION
+from .errors import EXIT_FAILED, EXIT_OK, AgentError, BadInput
+
+
+class _HelpShown(Exception):
+    """--help was asked for: the text went to stderr, stdout still gets its one JSON object."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        raise BadInput("{}: {}".format(self.prog, message), code="bad_usage")
+
+    def print_help(self, file=None) -> None:
+        super().print_help(sys.stderr)
+
+    def exit(self, status: int = 0, message: str | None = None):
+        if message:
+            sys.stderr.write(message)
+        if status == 0:
+            raise _HelpShown()
+        raise BadInput(message or "bad usage", code="bad_usage")
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("not a number of seconds: {!r}".format(text))
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError("seconds must be a finite number >= 0: {!r}".format(text))
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="agent", description="dflashctl's in-container agent (one JSON object on stdout)")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+    launch = sub.add_parser("launch", help="start a supervised run and return once it is verified running")
+    launch.add_argument("--runs-dir", required=True)
+    launch.add_argument("--run-id", required=True)
+    launch.add_argument("--name", required=True)
+    launch.add_argument("--target", required=True)
+    launch.add_argument("--cwd")
+    launch.add_argument("--env", action="append", default=[], metavar="K=V")
+    launch.add_argument("--gpus")
+    launch.add_argument("--force", action="store_true", help="start even if a live run holds the GPUs")
+    launch.add_argument("--grace", type=_seconds, default=30.0, help="default grace of a kill (s)")
+    launch.add_argument("--verify-timeout", type=_seconds, default=10.0)
+    launch.add_argument("--settle", type=_seconds, default=1.0, help="how long the workload must stay up (s)")
+    launch.add_argument("--input", action="append", default=[], metavar="NAME",
+                        help="a file put into the run directory; stdin is a JSON object NAME -> base64 content")
+    ps = sub.add_parser("ps", help="every run's record")
+    ps.add_argument("--runs-dir", required=True)
+    ps.add_argument("--run-id", action="append", default=[])
+    ps.add_argument("--tail-bytes", type=int, default=0, help="add each log's last N bytes as log_tail")
+    kill = sub.add_parser("kill", help="end runs completely and verify nothing is left")
+    kill.add_argument("--runs-dir", required=True)
+    kill.add_argument("--run-id", nargs="+", action="extend", required=True)
+    kill.add_argument("--grace", type=_seconds)
+    cleanup = sub.add_parser("cleanup", help="reap zombies, end orphans, mark dead runs lost, report the rest")
+    cleanup.add_argument("--runs-dir", required=True)
+    cleanup.add_argument("--dry-run", action="store_true")
+    cleanup.add_argument("--grace", type=_seconds, default=3.0)
+    sub.add_parser("version", help="agent and protocol version")
+    supervise = sub.add_parser("supervise", help=argparse.SUPPRESS)
+    supervise.add_argument("--runs-dir", required=True)
+    supervise.add_argument("--run-id", required=True)
+    supervise.add_argument("--grace", type=_seconds)
+    keeper = sub.add_parser("keeper", help=argparse.SUPPRESS)
+    keeper.add_argument("--runs-dir", required=True)
+    return parser
+
+
+def split_command(argv: list) -> tuple:
+    """launch's CMD is everything after the first `--`, passed on untouched."""
+    if argv and argv[0] == "launch":
+        if "--" not in argv:
+            if "-h" in argv or "--help" in argv:
+                return argv, []
+            raise BadInput("launch needs the command after --", code="no_command")
+        cut = argv.index("--")
+        return argv[:cut], argv[cut + 1:]
+    return argv, []
+
+
+def dispatch(args: argparse.Namespace, command: list) -> dict:
+    # Imported here so that `keeper` and `supervise` load only what they need.
+    if args.command == "launch":
+        from .launch import LaunchRequest, launch, read_inputs
+        inputs = read_inputs(args.input, sys.stdin.buffer.read()) if args.input else {}
+        req = LaunchRequest(runs_dir=args.runs_dir, run_id=args.run_id, name=args.name, target=args.target,
+                            command=command, cwd=args.cwd, env_pairs=args.env, gpus=args.gpus, force=args.force,
+                            grace=args.grace, inputs=inputs)
+        return dict(ok=True, **launch(req, verify_timeout=args.verify_timeout, settle=args.settle))
+    if args.command == "ps":
+        from .ps import list_runs
+        return list_runs(args.runs_dir, args.run_id, tail=args.tail_bytes)
+    if args.command == "kill":
+        from .kill import kill_runs
+        return kill_runs(args.runs_dir, args.run_id, grace=args.grace)
+    if args.command == "cleanup":
+        from .cleanup import cleanup
+        return cleanup(args.runs_dir, dry_run=args.dry_run, grace=args.grace)
+    if args.command == "supervise":
+        from .supervisor import supervise
+        return {"ok": True, "state": supervise(args.runs_dir, args.run_id, grace=args.grace)}
+    if args.command == "keeper":
+        from .keeper import run_keeper
+        return {"ok": run_keeper(args.runs_dir) == 0}
+    if args.command == "version":
+        return {"ok": True, "agent_version": AGENT_VERSION, "python": sys.version.split()[0]}
+    raise BadInput("no subcommand given (launch, ps, kill, cleanup, version)", code="bad_usage")
+
+
+def emit(payload: dict) -> None:
+    out = {"version": PROTOCOL_VERSION}
+    out.update(payload)
+    sys.stdout.write(json.dumps(out, sort_keys=False, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def main(argv: list | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        head, command = split_command(argv)
+        args = build_parser().parse_args(head)
+        result = dispatch(args, command)
+    except _HelpShown:
+        emit({"ok": True, "help": "shown on stderr"})
+        return EXIT_OK
+    except AgentError as exc:
+        payload = {"ok": False, "error": str(exc), "code": exc.code}
+        payload.update(exc.details)
+        emit(payload)
+        return exc.exit_status
+    except Exception as exc:  # noqa: BLE001 - the caller must always get one JSON object
+        traceback.print_exc()
+        emit({"ok": False, "error": "{}: {}".format(type(exc).__name__, exc), "code": "internal_error"})
+        return EXIT_FAILED
+    emit(result)
+    return EXIT_OK if result.get("ok") else EXIT_FAILED

@@ -1,0 +1,168 @@
+"""The keeper: one long-lived reaper per runs directory that starts every supervisor as its own child.
+
+Why it exists: a daemon started from `pct exec` ends up a child of the container's PID 1, and when it exits
+it becomes PID 1's zombie; a PID 1 that never reaps keeps it forever. Supervisors started by the keeper are
+reaped by the keeper instead, and as a child subreaper it also adopts and reaps whatever a dead supervisor
+leaves behind. Launch starts the keeper (detached, double-forked) when none holds its lock.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import signal
+import sys
+import time
+
+from . import AGENT_VERSION, procfs
+from .childwatch import Wakeup, ignore_signal, reap_children, set_child_subreaper
+from .rundir import file_lock, read_json, utc_now_iso, write_json_atomic
+from .spawn import detach, exec_detached
+
+POLL_S = 1.0
+START_TIMEOUT_S = 5.0
+LOCK_RETRY_S = 1.0
+
+
+class KeeperPaths:
+    def __init__(self, runs_dir: str) -> None:
+        self.dir = os.path.join(os.path.abspath(runs_dir), ".keeper")
+        self.lock = os.path.join(self.dir, "keeper.lock")
+        self.start_lock = os.path.join(self.dir, "start.lock")
+        self.info = os.path.join(self.dir, "keeper.json")
+        self.log = os.path.join(self.dir, "keeper.log")
+        self.spawn_dir = os.path.join(self.dir, "spawn")
+
+    def request(self, run_id: str) -> str:
+        return os.path.join(self.spawn_dir, run_id + ".json")
+
+
+def keeper_running(paths: KeeperPaths) -> bool:
+    """A keeper holds an flock on keeper.lock for its whole life; the kernel drops it when it dies."""
+    try:
+        fd = os.open(paths.lock, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def ensure_keeper(runs_dir: str, *, entry: list, env: dict) -> dict:
+    paths = KeeperPaths(runs_dir)
+    os.makedirs(paths.spawn_dir, mode=0o700, exist_ok=True)
+    with file_lock(paths.start_lock):
+        if not keeper_running(paths):
+            detach(entry + ["keeper", "--runs-dir", os.path.abspath(runs_dir)], env, paths.log)
+            deadline = time.monotonic() + START_TIMEOUT_S
+            while not keeper_running(paths) and time.monotonic() < deadline:
+                time.sleep(0.01)
+    return read_json(paths.info) or {}
+
+
+def request_spawn(runs_dir: str, run_id: str, *, entry: list, env: dict, log_path: str) -> None:
+    """Ask the keeper to start `supervise` for run_id, then wake it."""
+    paths = KeeperPaths(runs_dir)
+    argv = entry + ["supervise", "--runs-dir", os.path.abspath(runs_dir), "--run-id", run_id]
+    write_json_atomic(paths.request(run_id), {"version": 1, "argv": argv, "env": env, "log": log_path}, mode=0o600)
+    info = read_json(paths.info) or {}
+    if procfs.is_alive(info.get("pid"), info.get("start_time")):
+        try:
+            os.kill(info["pid"], signal.SIGUSR1)
+        except OSError:
+            pass  # it polls the spawn directory anyway
+
+
+def cancel_spawn(runs_dir: str, run_id: str) -> bool:
+    try:
+        os.unlink(KeeperPaths(runs_dir).request(run_id))
+    except OSError:
+        return False
+    return True
+
+
+class Keeper:
+    def __init__(self, runs_dir: str) -> None:
+        self.paths = KeeperPaths(runs_dir)
+        self.stopping = False
+        self.children = set()
+
+    def run(self) -> int:
+        # Handlers first: a launch may SIGUSR1 us as soon as keeper.json names us, and its default kills.
+        wakeup = Wakeup({signal.SIGCHLD: ignore_signal, signal.SIGUSR1: ignore_signal,
+                         signal.SIGTERM: self._on_term, signal.SIGINT: self._on_term, signal.SIGHUP: ignore_signal})
+        os.makedirs(self.paths.spawn_dir, mode=0o700, exist_ok=True)
+        if not _take_lock(self.paths.lock):
+            return 1  # another keeper owns this runs directory
+        set_child_subreaper()
+        pid = os.getpid()
+        write_json_atomic(self.paths.info, {"version": 1, "pid": pid, "start_time": procfs.start_time(pid),
+                                            "started_at": utc_now_iso(), "agent_version": AGENT_VERSION})
+        while not (self.stopping and not self.children):
+            self._reap()
+            if not self.stopping:
+                self._spawn_requested()
+            wakeup.wait(POLL_S)
+        return 0
+
+    def _on_term(self, signum, frame) -> None:
+        # Leave only once every supervisor we started is gone: they must have a parent that reaps them.
+        self.stopping = True
+
+    def _reap(self) -> None:
+        for pid, status in reap_children():
+            self.children.discard(pid)
+            _log("reaped pid {} (status {})".format(pid, status))
+
+    def _spawn_requested(self) -> None:
+        try:
+            names = sorted(os.listdir(self.paths.spawn_dir))
+        except OSError:
+            return
+        for name in names:
+            if name.endswith(".json"):
+                self._spawn_one(os.path.join(self.paths.spawn_dir, name))
+
+    def _spawn_one(self, path: str) -> None:
+        request = read_json(path)
+        try:
+            os.unlink(path)
+        except OSError:
+            return
+        if not request or not isinstance(request.get("argv"), list) or not isinstance(request.get("env"), dict):
+            _log("ignored malformed spawn request {}".format(path))
+            return
+        child = os.fork()
+        if child == 0:
+            os.setsid()
+            exec_detached([str(a) for a in request["argv"]],
+                          {str(k): str(v) for k, v in request["env"].items()}, str(request.get("log") or os.devnull))
+        self.children.add(child)
+        _log("started supervisor pid {}: {}".format(child, json.dumps(request["argv"][-4:])))
+
+
+def _take_lock(path: str) -> bool:
+    """Hold keeper.lock for life. Retry briefly: a launch's liveness probe may hold it for an instant."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    deadline = time.monotonic() + LOCK_RETRY_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True  # fd stays open (and locked) until we exit
+        except OSError:
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                return False
+            time.sleep(0.01)
+
+
+def _log(message: str) -> None:
+    print("{} {}".format(utc_now_iso(), message), file=sys.stderr, flush=True)
+
+
+def run_keeper(runs_dir: str) -> int:
+    return Keeper(runs_dir).run()

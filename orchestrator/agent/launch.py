@@ -1,0 +1,166 @@
+"""`launch`: create the run directory, have the keeper start its supervisor, and return once it is verified."""
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import os
+import time
+
+from . import keeper, procfs
+from .errors import BadInput, OperationFailed
+from .rundir import (RUN_DIR_FILES, RunPaths, file_lock, list_run_ids, parse_env_pairs, parse_gpus, tail_lines,
+                     utc_now_iso, validate_name, validate_target, write_json_atomic)
+from .runstate import (LOST, RUNNING, STARTING, TERMINAL, finish, is_live, load_record, read_run, read_state,
+                       supervisor_alive)
+from .spawn import agent_entry, entry_env
+
+MAX_INPUT_BYTES = 16 * 1024 * 1024
+LOG_TAIL_LINES = 40
+DIAGNOSTIC_TAIL_LINES = 10
+POLL_S = 0.02
+
+
+class LaunchRequest:
+    def __init__(self, *, runs_dir: str, run_id: str, name: str, target: str, command: list, cwd: str | None,
+                 env_pairs: list, gpus: str | None, force: bool, grace: float, inputs: dict | None = None) -> None:
+        self.paths = RunPaths(runs_dir, run_id)
+        self.name = validate_name(name, what="name")
+        self.target = validate_target(target)
+        if not command or not command[0]:
+            raise BadInput("nothing to run: give the command after --", code="no_command")
+        self.command = list(command)
+        self.cwd = os.path.abspath(cwd or os.getcwd())
+        if not os.path.isdir(self.cwd):
+            raise BadInput("--cwd {!r} is not a directory".format(self.cwd), code="bad_cwd")
+        self.env = parse_env_pairs(env_pairs)
+        self.gpus = parse_gpus(gpus) if gpus is not None else None
+        self.force = force
+        if grace < 0:
+            raise BadInput("--grace must not be negative", code="bad_grace")
+        self.grace = grace
+        self.inputs = inputs or {}
+
+    def run_json(self) -> dict:
+        return {"version": 1, "run_id": self.paths.run_id, "name": self.name, "target": self.target,
+                "command": self.command, "cwd": self.cwd, "env": self.env, "gpus": self.gpus,
+                "grace_s": self.grace, "created_at": utc_now_iso(), "created_ts": time.time(),
+                "supervisor_pid": None, "supervisor_start_time": None}
+
+
+def read_inputs(names: list, raw: bytes) -> dict:
+    """name -> bytes from stdin's JSON object {name: base64}; exactly the names given with --input."""
+    if len(raw) > MAX_INPUT_BYTES:
+        raise BadInput("--input data larger than {} bytes".format(MAX_INPUT_BYTES), code="bad_input")
+    try:
+        packed = json.loads(raw.decode("utf-8"))
+        inputs = {str(k): base64.b64decode(v, validate=True) for k, v in packed.items()}
+    except (ValueError, AttributeError, TypeError, binascii.Error):
+        raise BadInput("--input needs a JSON object {name: base64 content} on stdin", code="bad_input")
+    for name in names:
+        validate_name(name, what="input name")
+        if name in RUN_DIR_FILES:
+            raise BadInput("input name {} is one of the run's own files".format(name), code="bad_input")
+    if sorted(inputs) != sorted(set(names)):
+        raise BadInput("stdin holds {} but --input names {}".format(sorted(inputs), sorted(set(names))),
+                       code="bad_input")
+    return inputs
+
+
+def busy_gpus(runs_dir: str, gpus: list, *, exclude: str) -> dict:
+    """run id -> the requested GPUs that a live run of this runs directory holds."""
+    wanted, clashes = set(gpus), {}
+    for run_id in list_run_ids(runs_dir):
+        if run_id == exclude:
+            continue
+        paths = RunPaths(runs_dir, run_id)
+        run, state = read_run(paths), read_state(paths)
+        held = set(run.get("gpus") or [])
+        if held & wanted and is_live(run, state):
+            clashes[run_id] = sorted(held & wanted)
+    return clashes
+
+
+def create_run(req: LaunchRequest) -> None:
+    runs_dir = req.paths.runs_dir
+    os.makedirs(runs_dir, mode=0o700, exist_ok=True)
+    # One launch at a time decides about GPUs and creates its directory, so two cannot take the same GPU.
+    with file_lock(os.path.join(runs_dir, ".launch.lock")):
+        if req.gpus and not req.force:
+            clashes = busy_gpus(runs_dir, req.gpus, exclude=req.paths.run_id)
+            if clashes:
+                raise OperationFailed("GPUs already held by a live run: {}".format(
+                    ", ".join("{} ({})".format(r, ",".join(map(str, g))) for r, g in sorted(clashes.items()))),
+                    code="gpus_busy", details={"busy": clashes})
+        try:
+            os.mkdir(req.paths.dir, 0o755)
+        except FileExistsError:
+            raise BadInput("run {} already exists".format(req.paths.run_id), code="run_exists")
+        for name, data in sorted(req.inputs.items()):
+            with open(os.path.join(req.paths.dir, name), "wb") as handle:
+                handle.write(data)
+        write_json_atomic(req.paths.run_json, req.run_json())
+        write_json_atomic(req.paths.state_json, {"version": 1, "run_id": req.paths.run_id, "state": STARTING,
+                                                 "updated_at": utc_now_iso()})
+
+
+def start_supervisor(req: LaunchRequest) -> None:
+    entry, pythonpath = agent_entry()
+    env = entry_env(os.environ, pythonpath)
+    keeper.ensure_keeper(req.paths.runs_dir, entry=entry, env=env)
+    keeper.request_spawn(req.paths.runs_dir, req.paths.run_id, entry=entry, env=env, log_path=req.paths.supervisor_log)
+
+
+def verified(paths: RunPaths, state: dict) -> bool:
+    return (state.get("state") == RUNNING and supervisor_alive(state)
+            and procfs.is_alive(state.get("pid"), state.get("pid_start_time")) and os.path.exists(paths.log))
+
+
+def wait_verified(paths: RunPaths, *, timeout: float, settle: float) -> str:
+    """'verified', 'ended' or 'unverified'. Verified = still running `settle` s after we first saw it run."""
+    deadline = time.monotonic() + timeout
+    running_since = None
+    while True:
+        state = read_state(paths)
+        now = time.monotonic()
+        if state.get("state") in TERMINAL:
+            return "ended"
+        if verified(paths, state):
+            running_since = running_since if running_since is not None else now
+            if now - running_since >= settle:
+                return "verified"
+        elif state.get("supervisor_pid") and not supervisor_alive(state):
+            finish(paths, LOST, error="supervisor died during launch")
+            return "ended"
+        if now >= deadline:
+            return _give_up(paths)
+        time.sleep(POLL_S)
+
+
+def _give_up(paths: RunPaths) -> str:
+    state = read_state(paths)
+    if state.get("state") == STARTING and not state.get("supervisor_pid"):
+        keeper.cancel_spawn(paths.runs_dir, paths.run_id)
+        finish(paths, LOST, error="the supervisor did not start in time")
+        return "ended"
+    return "unverified"
+
+
+def launch(req: LaunchRequest, *, verify_timeout: float, settle: float) -> dict:
+    create_run(req)
+    start_supervisor(req)
+    outcome = wait_verified(req.paths, timeout=verify_timeout, settle=settle)
+    record = load_record(req.paths)
+    if outcome == "verified":
+        return {"run": record}
+    details = {"run": record, "exit_code": record.get("exit_code"), "signal": record.get("signal"),
+               "log_tail": tail_lines(req.paths.log, LOG_TAIL_LINES),
+               # why a supervisor never started or died is in these, not in the workload's log
+               "supervisor_log_tail": tail_lines(req.paths.supervisor_log, DIAGNOSTIC_TAIL_LINES),
+               "keeper_log_tail": tail_lines(keeper.KeeperPaths(req.paths.runs_dir).log, DIAGNOSTIC_TAIL_LINES)}
+    if outcome == "ended":
+        raise OperationFailed("run {} ended during launch: state {}, exit code {}, signal {}".format(
+            req.paths.run_id, record["state"], record.get("exit_code"), record.get("signal")),
+            code="run_ended", details=details)
+    raise OperationFailed("run {} could not be verified running within {} s".format(req.paths.run_id, verify_timeout),
+                          code="not_verified", details=details)

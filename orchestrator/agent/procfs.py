@@ -1,0 +1,150 @@
+"""Reading /proc: process identity (pid + start time), parents, environments, zombies."""
+from __future__ import annotations
+
+import os
+
+
+class ProcStat:
+    """The fields of /proc/PID/stat the agent needs."""
+
+    __slots__ = ("pid", "comm", "state", "ppid", "pgid", "sid", "start_time")
+
+    def __init__(self, pid: int, comm: str, state: str, ppid: int, pgid: int, sid: int, start_time: int) -> None:
+        self.pid = pid
+        self.comm = comm
+        self.state = state
+        self.ppid = ppid
+        self.pgid = pgid
+        self.sid = sid
+        self.start_time = start_time
+
+    @property
+    def is_zombie(self) -> bool:
+        return self.state in ("Z", "X", "x")
+
+
+def parse_stat(pid: int, data: bytes) -> ProcStat:
+    # comm may contain spaces and parentheses: it ends at the LAST ')'.
+    close = data.rindex(b")")
+    comm = data[data.index(b"(") + 1:close].decode("utf-8", "replace")
+    fields = data[close + 2:].split()
+    # fields[0] is field 3 of proc(5); start time is field 22.
+    return ProcStat(pid, comm, fields[0].decode(), int(fields[1]), int(fields[2]), int(fields[3]), int(fields[19]))
+
+
+def read_stat(pid: int) -> ProcStat | None:
+    try:
+        with open("/proc/{}/stat".format(pid), "rb") as handle:
+            return parse_stat(pid, handle.read())
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def start_time(pid: int) -> int | None:
+    stat = read_stat(pid)
+    return stat.start_time if stat else None
+
+
+def is_alive(pid: int | None, expected_start: int | None) -> bool:
+    """True when `pid` runs (not a zombie) and is the same process that had `expected_start`."""
+    if not pid:
+        return False
+    stat = read_stat(pid)
+    if stat is None or stat.is_zombie:
+        return False
+    return expected_start is None or stat.start_time == expected_start
+
+
+def exists_as(pid: int, expected_start: int) -> bool:
+    """True while the process (even as a zombie) still occupies its pid."""
+    stat = read_stat(pid)
+    return stat is not None and stat.start_time == expected_start
+
+
+def boot_id() -> str | None:
+    """Changes at every boot of the kernel: with it, a pid + start time from before a reboot never matches."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as handle:
+            return handle.read().strip()
+    except OSError:
+        return None
+
+
+def list_pids() -> list:
+    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+
+
+def snapshot() -> dict:
+    """pid -> ProcStat for every process visible now."""
+    table = {}
+    for pid in list_pids():
+        stat = read_stat(pid)
+        if stat is not None:
+            table[pid] = stat
+    return table
+
+
+def descendants(table: dict, root: int) -> list:
+    """Every process whose parent chain reaches `root` (root itself excluded)."""
+    children = {}
+    for stat in table.values():
+        children.setdefault(stat.ppid, []).append(stat.pid)
+    found, frontier = [], [root]
+    while frontier:
+        kids = children.get(frontier.pop(), [])
+        found.extend(kids)
+        frontier.extend(kids)
+    return found
+
+
+def own_lineage() -> set:
+    """This process and its ancestors: never signalled by the agent, whatever their environment says."""
+    lineage, pid = set(), os.getpid()
+    while pid > 0 and pid not in lineage:
+        lineage.add(pid)
+        stat = read_stat(pid)
+        pid = stat.ppid if stat else 0
+    return lineage
+
+
+def read_environ(pid: int) -> dict | None:
+    try:
+        with open("/proc/{}/environ".format(pid), "rb") as handle:
+            data = handle.read()
+    except OSError:
+        return None
+    env = {}
+    for entry in data.split(b"\0"):
+        key, sep, value = entry.partition(b"=")
+        if sep:
+            env[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+    return env
+
+
+def read_cmdline(pid: int) -> str:
+    try:
+        with open("/proc/{}/cmdline".format(pid), "rb") as handle:
+            data = handle.read()
+    except OSError:
+        return ""
+    return " ".join(part.decode("utf-8", "replace") for part in data.split(b"\0") if part)
+
+
+def processes_with_env(key: str, table: dict | None = None) -> dict:
+    """pid -> (value of `key`, environment) for every live process whose environment sets `key`."""
+    table = snapshot() if table is None else table
+    skip = own_lineage()
+    found = {}
+    for pid, stat in table.items():
+        if pid in skip or stat.is_zombie:
+            continue
+        env = read_environ(pid)
+        if env and key in env:
+            found[pid] = (env[key], env)
+    return found
+
+
+def describe(pid: int) -> dict:
+    stat = read_stat(pid)
+    return {"pid": pid, "cmdline": read_cmdline(pid) or (stat.comm if stat else ""),
+            "state": stat.state if stat else None}

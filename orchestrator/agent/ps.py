@@ -1,0 +1,21 @@
+"""`ps`: the record of every run (or of the named ones), with dead supervisors turned into `lost`."""
+from __future__ import annotations
+
+from .rundir import RunPaths, existing_run, list_run_ids, tail_bytes
+from .runstate import load_record, settle_liveness
+
+
+def list_runs(runs_dir: str, run_ids: list, *, tail: int = 0) -> dict:
+    """`tail` > 0 adds `log_tail`: the log's last `tail` bytes, for the controller's step/tok/s parsing."""
+    if run_ids:
+        targets = [existing_run(runs_dir, run_id) for run_id in run_ids]
+    else:
+        targets = [RunPaths(runs_dir, run_id) for run_id in list_run_ids(runs_dir)]
+    records = []
+    for paths in targets:
+        settle_liveness(paths)
+        record = load_record(paths)
+        if tail > 0:
+            record["log_tail"] = tail_bytes(paths.log, tail)
+        records.append(record)
+    return {"ok": True, "runs": records}

@@ -1,0 +1,170 @@
+"""Layout of a runs directory, validation of what names a run, and crash-safe JSON files."""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import fcntl
+import json
+import os
+import re
+import tempfile
+
+from .errors import BadInput
+
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+ENV_KEY_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+RESERVED_ENV_KEYS = ("DFLASH_RUN_ID", "DFLASH_RUNS_DIR", "DFLASH_RUN_DIR", "CUDA_VISIBLE_DEVICES")
+MAX_GPU_INDEX = 1023
+
+
+def utc_now_iso() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def validate_name(value: str, *, what: str) -> str:
+    # fullmatch, not match + $: `$` would accept a trailing newline.
+    if not isinstance(value, str) or NAME_PATTERN.fullmatch(value) is None:
+        raise BadInput(
+            "invalid {}: {!r} (allowed: a letter or digit, then up to 63 of letters, digits, '.', '_', '-')".format(
+                what, value),
+            code="bad_" + what.replace(" ", "_"),
+        )
+    return value
+
+
+def validate_target(value: str) -> str:
+    if not value or len(value) > 200 or any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
+        raise BadInput("invalid target: {!r}".format(value), code="bad_target")
+    return value
+
+
+def parse_gpus(text: str) -> list:
+    try:
+        gpus = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise BadInput("invalid --gpus {!r}: expected a comma-separated list like 0,1".format(text), code="bad_gpus")
+    if any(g < 0 or g > MAX_GPU_INDEX for g in gpus) or len(set(gpus)) != len(gpus):
+        raise BadInput("invalid --gpus {!r}: indices must be distinct and in 0..{}".format(text, MAX_GPU_INDEX),
+                       code="bad_gpus")
+    return gpus
+
+
+def parse_env_pairs(pairs: list) -> dict:
+    env = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or ENV_KEY_PATTERN.fullmatch(key) is None:
+            raise BadInput("invalid --env {!r}: expected KEY=VALUE".format(pair), code="bad_env")
+        if key in RESERVED_ENV_KEYS:
+            raise BadInput("--env may not set {} (the agent sets it)".format(key), code="bad_env")
+        env[key] = value
+    return env
+
+
+RUN_DIR_FILES = ("run.json", "state.json", "train.log", "supervisor.log", "kill_request.json", "metrics.jsonl")
+
+
+class RunPaths:
+    """Where one run's files live: `{runs_dir}/{run_id}/`."""
+
+    def __init__(self, runs_dir: str, run_id: str) -> None:
+        self.runs_dir = os.path.abspath(runs_dir)
+        self.run_id = validate_name(run_id, what="run id")
+        self.dir = os.path.join(self.runs_dir, run_id)
+        self.run_json = os.path.join(self.dir, "run.json")
+        self.state_json = os.path.join(self.dir, "state.json")
+        self.log = os.path.join(self.dir, "train.log")
+        self.supervisor_log = os.path.join(self.dir, "supervisor.log")
+        self.kill_request = os.path.join(self.dir, "kill_request.json")
+        self.lock = os.path.join(self.dir, ".lock")
+
+    def exists(self) -> bool:
+        return os.path.isfile(self.run_json)
+
+
+def list_run_ids(runs_dir: str) -> list:
+    try:
+        names = os.listdir(runs_dir)
+    except FileNotFoundError:
+        return []
+    return sorted(n for n in names if NAME_PATTERN.fullmatch(n) and os.path.isfile(os.path.join(runs_dir, n, "run.json")))
+
+
+def existing_run(runs_dir: str, run_id: str) -> RunPaths:
+    paths = RunPaths(runs_dir, run_id)
+    if not paths.exists():
+        raise BadInput("unknown run: {}".format(run_id), code="unknown_run")
+    return paths
+
+
+def write_json_atomic(path: str, data: dict, *, mode: int = 0o644) -> None:
+    """Write so that a reader (or a crash) sees the old file or the new one, never half of one."""
+    directory = os.path.dirname(path)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(data, handle, indent=1, sort_keys=True)
+            handle.write("\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, mode)
+        os.rename(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(directory)
+
+
+def _fsync_dir(directory: str) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def read_json(path: str) -> dict | None:
+    try:
+        with open(path) as handle:
+            data = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+@contextlib.contextmanager
+def file_lock(path: str):
+    """An exclusive flock, released when the block ends (or the holder dies)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def tail_bytes(path: str, count: int) -> str:
+    """The last `count` bytes of a file, decoded leniently ("" when it does not exist)."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - count))
+            return handle.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def tail_lines(path: str, count: int, *, max_bytes: int = 256 * 1024) -> list:
+    """The last `count` lines of a file, reading at most `max_bytes` from its end."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - max_bytes))
+            data = handle.read()
+    except OSError:
+        return []
+    lines = data.decode("utf-8", "replace").splitlines()
+    return lines[-count:] if count > 0 else []

@@ -1,0 +1,105 @@
+"""A run's state machine on disk: reading records, locked transitions, and deciding `lost`."""
+from __future__ import annotations
+
+import time
+
+from . import procfs
+from .rundir import RunPaths, file_lock, read_json, utc_now_iso, write_json_atomic
+
+STARTING, RUNNING = "starting", "running"
+SUCCEEDED, FAILED, KILLED, LOST = "succeeded", "failed", "killed", "lost"
+TERMINAL = (SUCCEEDED, FAILED, KILLED, LOST)
+# A run may sit in `starting` without a supervisor pid while the keeper spawns it; after this it is lost.
+SPAWN_DEADLINE_S = 60.0
+
+RECORD_FROM_RUN = ("run_id", "target", "name", "gpus", "command", "cwd", "created_at", "grace_s")
+RECORD_FROM_STATE = ("state", "pid", "pgid", "exit_code", "signal", "signal_name", "started_at", "ended_at",
+                     "supervisor_pid", "supervisor_start_time", "error")
+
+
+def read_run(paths: RunPaths) -> dict:
+    return read_json(paths.run_json) or {}
+
+
+def read_state(paths: RunPaths) -> dict:
+    return read_json(paths.state_json) or {"state": STARTING}
+
+
+def update_state(paths: RunPaths, mutate) -> dict:
+    """Apply `mutate(state) -> new state | None` under the run's lock; None leaves the file alone."""
+    with file_lock(paths.lock):
+        current = read_state(paths)
+        changed = mutate(dict(current))
+        if changed is None:
+            return current
+        changed["version"] = 1
+        changed["run_id"] = paths.run_id
+        changed["updated_at"] = utc_now_iso()
+        write_json_atomic(paths.state_json, changed)
+        return changed
+
+
+def finish(paths: RunPaths, state_name: str, **fields) -> dict:
+    """Move a run to a terminal state unless it already has one (every run ends exactly once)."""
+    def mutate(state: dict):
+        if state.get("state") in TERMINAL:
+            return None
+        state.update(fields)
+        state["state"] = state_name
+        state.setdefault("ended_at", None)
+        state["ended_at"] = state["ended_at"] or utc_now_iso()
+        return state
+    return update_state(paths, mutate)
+
+
+def supervisor_alive(state: dict) -> bool:
+    recorded_boot = state.get("supervisor_boot_id")
+    if recorded_boot and recorded_boot != procfs.boot_id():
+        return False
+    return procfs.is_alive(state.get("supervisor_pid"), state.get("supervisor_start_time"))
+
+
+def spawn_pending(run: dict, state: dict) -> bool:
+    """Still waiting for the keeper to start the supervisor, and not for too long."""
+    if state.get("state") != STARTING or state.get("supervisor_pid"):
+        return False
+    return time.time() - float(run.get("created_ts") or 0) < SPAWN_DEADLINE_S
+
+
+def is_live(run: dict, state: dict) -> bool:
+    if state.get("state") in TERMINAL:
+        return False
+    return supervisor_alive(state) or spawn_pending(run, state)
+
+
+def settle_liveness(paths: RunPaths, *, dry_run: bool = False) -> tuple:
+    """(state, newly_lost): a non-terminal run whose supervisor is gone is `lost`, and is written so."""
+    run, state = read_run(paths), read_state(paths)
+    if state.get("state") in TERMINAL or is_live(run, state):
+        return state, False
+    if dry_run:
+        return state, True
+
+    def mutate(current: dict):
+        # Re-check under the lock: the supervisor may have written its terminal state meanwhile.
+        if current.get("state") in TERMINAL or is_live(run, current):
+            return None
+        current.update(state=LOST, ended_at=utc_now_iso(),
+                       error=current.get("error") or "supervisor gone without a terminal state")
+        return current
+    new_state = update_state(paths, mutate)
+    return new_state, new_state.get("state") == LOST and state.get("state") != LOST
+
+
+def build_record(paths: RunPaths, run: dict, state: dict) -> dict:
+    record = {key: run.get(key) for key in RECORD_FROM_RUN}
+    record.update({key: state.get(key) for key in RECORD_FROM_STATE})
+    record["run_id"] = paths.run_id
+    record["state"] = state.get("state", STARTING)
+    record["log_path"] = paths.log
+    record["run_dir"] = paths.dir
+    return record
+
+
+def load_record(paths: RunPaths) -> dict:
+    return build_record(paths, read_run(paths), read_state(paths))
