@@ -30,8 +30,10 @@ class LaunchRequest:
         if not command or not command[0]:
             raise BadInput("nothing to run: give the command after --", code="no_command")
         self.command = list(command)
-        self.cwd = os.path.abspath(cwd or os.getcwd())
-        if not os.path.isdir(self.cwd):
+        # By default a run works in its own directory: its inputs (the trainer config) are there, and relative
+        # output paths land beside its log instead of wherever pct exec happened to start.
+        self.cwd = os.path.abspath(cwd) if cwd else self.paths.dir
+        if cwd and not os.path.isdir(self.cwd):
             raise BadInput("--cwd {!r} is not a directory".format(self.cwd), code="bad_cwd")
         self.env = parse_env_pairs(env_pairs)
         self.gpus = parse_gpus(gpus) if gpus is not None else None

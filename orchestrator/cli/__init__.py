@@ -7,7 +7,7 @@ import click
 import typer
 
 from ..errors import EXIT_USAGE, DflashError
-from . import doctor, pending
+from . import cleanup, doctor, kill, launch, logs, pending, ps
 from .state import AppState
 
 HELP = (
@@ -19,7 +19,7 @@ HELP = (
     "Exit codes: 0 success, 1 the operation failed, 2 bad usage or bad inventory/config, 3 a target unreachable."
 )
 
-app = typer.Typer(name="dflashctl", help=HELP, no_args_is_help=True, add_completion=False,
+app = typer.Typer(name="dflashctl", help=HELP, no_args_is_help=True, add_completion=False, rich_markup_mode="markdown",
                   pretty_exceptions_enable=False, context_settings={"help_option_names": ["-h", "--help"]})
 
 
@@ -34,6 +34,11 @@ def _root(
 
 
 app.command("doctor")(doctor.doctor)
+app.command("launch")(launch.launch)
+app.command("ps")(ps.ps)
+app.command("logs")(logs.logs)
+app.command("kill")(kill.kill)
+app.command("cleanup")(cleanup.cleanup)
 pending.register(app)
 
 

@@ -6,11 +6,6 @@ import typer
 from ..errors import UsageError
 
 PLANNED = {
-    "launch": "Deploy the bundled trainer (or run -- CMD) on TARGET, detached under a supervisor.",
-    "ps": "List runs with state, pid, age, exit code, last step and tok/s.",
-    "logs": "Show (or follow with -f) the log of RUN.",
-    "kill": "Stop RUN completely: TERM, KILL after the grace, verify nothing is left.",
-    "cleanup": "Reap zombies, end orphans of ended runs, mark dead runs lost on TARGET.",
     "watch": "The live dashboard of every run and GPU (--once --json: one snapshot).",
     "demo": "Make a tiny model and data, launch a short run on `local` and watch it.",
 }

@@ -43,3 +43,33 @@ def print_json(payload: dict[str, Any]) -> None:
     """One versioned JSON object on stdout."""
     sys.stdout.write(json.dumps({"version": JSON_VERSION, **payload}, indent=2, default=str) + "\n")
     sys.stdout.flush()
+
+
+def parse_gpus(text: str | None) -> list[int] | None:
+    """`0,1,3` or `0-7` (or a mix: `0-3,6`) into sorted distinct indices."""
+    if text is None:
+        return None
+    from ..errors import UsageError
+
+    indices: set[int] = set()
+    for part in text.split(","):
+        lo, sep, hi = part.strip().partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()):
+            raise UsageError(f"bad --gpus {text!r}: use indices like 0,1 or a range like 0-7")
+        start, stop = int(lo), int(hi) if sep else int(lo)
+        if stop < start:
+            raise UsageError(f"bad --gpus {text!r}: range {part} runs backwards")
+        indices.update(range(start, stop + 1))
+    return sorted(indices)
+
+
+def parse_env(pairs: list[str] | None) -> dict[str, str]:
+    from ..errors import UsageError
+
+    env: dict[str, str] = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.replace("_", "a").isalnum() or key[0].isdigit():
+            raise UsageError(f"bad --env {pair!r}: use KEY=VALUE with KEY made of letters, digits and _")
+        env[key] = value
+    return env

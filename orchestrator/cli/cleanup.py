@@ -1,0 +1,49 @@
+"""`dflashctl cleanup TARGET [--dry-run] [--json]`."""
+from __future__ import annotations
+
+from typing import List
+
+import typer
+
+from ..connections import Connections
+from ..fanout import per_host
+from ..runs import RunClient
+from .state import AppState, print_json, stderr, stdout
+
+
+def cleanup(
+    ctx: typer.Context,
+    targets: List[str] = typer.Argument(..., metavar="TARGET...", help="HOST/CTID, HOST or local."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Change nothing; list what would be done."),
+    as_json: bool = typer.Option(False, "--json", help="Print {\"targets\": {...}} as JSON."),
+) -> int:
+    """Clean up after runs: reap zombies by ending their stuck parents, end orphans of ended runs, mark dead
+    runs `lost`, and report what cannot be fixed here (zombies of a PID 1 that never reaps; GPU memory held
+    while no run is live)."""
+    state: AppState = ctx.obj
+    resolved = state.inventory().targets(targets)
+    stderr().print(("planning" if dry_run else "cleaning up") + f" {len(resolved)} target(s)...")
+    with Connections() as conns:
+        client = RunClient(state.inventory(), conns)
+        outcomes = per_host(resolved, lambda t: client.cleanup(t, dry_run=dry_run))
+    report = {o.target.name: (o.value if o.ok else {"ok": False, "error": str(o.error)}) for o in outcomes}
+    if as_json:
+        print_json({"targets": report})
+    else:
+        _print(report, dry_run)
+    if any(not o.ok and o.error.exit_code == 3 for o in outcomes):
+        return 3
+    return 0 if all(o.ok and o.value.get("ok") for o in outcomes) else 1
+
+
+def _print(report: dict, dry_run: bool) -> None:
+    out = stdout()
+    for target, result in report.items():
+        if result.get("error") and not result.get("ok"):
+            out.print(f"{target}: {result['error']}", markup=False)
+        actions = result.get("actions") or []
+        out.print(f"{target}: {len(actions)} action(s) {'planned' if dry_run else 'taken'}", markup=False)
+        for action in actions:
+            out.print(f"  - {action.get('description') or action}", markup=False)
+        for finding in result.get("unfixable") or result.get("findings") or []:
+            out.print(f"  ! {finding.get('description') or finding}", markup=False)

@@ -1,0 +1,141 @@
+"""`dflashctl demo [--steps N] [--no-watch]`: the quick start on this machine, CPU only, nothing downloaded.
+
+Makes a tiny random Qwen3 target and a dataset of its own answers (the DFlash recipe), launches a real short
+training run on the `local` target through the same path as `dflashctl launch local --config`, and watches it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+import typer
+import yaml
+
+from ..connections import Connections
+from ..errors import EXIT_FAILED, EXIT_OK, OperationFailed, UsageError
+from ..livesource import LiveSource
+from ..runs import RunClient
+from ..watchmodel import RunView
+from .launch import _spec
+from .state import AppState, stderr, stdout
+
+PROMPTS = 48
+ANSWER_TOKENS = 64
+WAIT_LIMIT_S = 1800.0
+TERMINAL_STATES = ("succeeded", "failed", "killed", "lost")
+
+
+def demo(
+    ctx: typer.Context,
+    steps: int = typer.Option(160, "--steps", min=1, help="Training steps of the demo run."),
+    no_watch: bool = typer.Option(False, "--no-watch", help="Wait for the run to end and print its summary "
+                                                            "instead of opening the dashboard."),
+) -> int:
+    """Make a tiny model and data, launch a short CPU training run on `local`, and watch it.
+
+    Everything lands in the local target's workdir under demo/ (the model and data are made once and reused).
+    """
+    state: AppState = ctx.obj
+    inventory = state.inventory()
+    # the run must find torch: use this interpreter, not whatever `python3` is first on PATH
+    target = dataclasses.replace(inventory.target("local"), python=sys.executable)
+    base = Path(target.workdir) / "demo"
+    target_dir, dataset = prepare_demo_data(base)
+    config = write_demo_config(base, target_dir, dataset, steps=steps)
+    spec = _spec(target, [], name="demo", config=config, gpus=None, env={"OMP_NUM_THREADS": "2"},
+                 force=True, grace=5.0)
+    with Connections() as conns:
+        record = RunClient(inventory, conns).launch(spec)
+    run_id = record["run_id"]
+    stderr().print(f"launched {run_id} on local ({steps} steps); "
+                   f"`dflashctl watch local` or `dflashctl logs -f {run_id}` to follow it")
+    source = LiveSource(inventory, [target])
+    if not no_watch:
+        from tui import run_dashboard
+
+        run_dashboard(source)
+        return EXIT_OK
+    with source:
+        run = wait_until_ended(source, run_id)
+    print_summary(run)
+    return EXIT_OK if run.state == "succeeded" else EXIT_FAILED
+
+
+def prepare_demo_data(base: Path) -> tuple[Path, Path]:
+    """The tiny target and its self-generated, prepared dataset (made once, reused after)."""
+    try:
+        from trainer.data import prepare
+        from trainer.generate import generate
+        from trainer.tiny import tokenizer_corpus, write_tiny_target
+    except ImportError as exc:
+        raise UsageError(f"the demo needs the training extra: pip install -e '.[train]' ({exc})") from None
+    target_dir, dataset = base / "target", base / "dataset"
+    if (dataset / "done").is_file():
+        return target_dir, dataset
+    err = stderr()
+    err.print(f"making a tiny random Qwen3 target in {target_dir}...")
+    write_tiny_target(target_dir, seed=0)
+    prompts, chats = base / "prompts.jsonl", base / "chats.jsonl"
+    write_prompts(prompts, tokenizer_corpus())
+    err.print(f"letting it answer {PROMPTS} prompts (the drafter learns to predict its own answers)...")
+    generate(target=target_dir, prompts=prompts, output=chats, max_new_tokens=ANSWER_TOKENS, batch_size=PROMPTS,
+             device="cpu")
+    prepare(target=target_dir, input_path=chats, output=dataset, block_size=8)
+    (dataset / "done").write_text("ok\n")
+    return target_dir, dataset
+
+
+def write_prompts(path: Path, corpus: list[str]) -> None:
+    rng = random.Random(1)
+    words = " ".join(corpus).split()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as sink:
+        for _ in range(PROMPTS):
+            prompt = " ".join(rng.choice(words) for _ in range(rng.randint(6, 16)))
+            sink.write(json.dumps({"messages": [{"role": "user", "content": prompt}]}) + "\n")
+
+
+def write_demo_config(base: Path, target_dir: Path, dataset: Path, *, steps: int) -> Path:
+    output = base / f"out-{time.strftime('%Y%m%d-%H%M%S')}"
+    config = {
+        "target_path": str(target_dir), "data_path": str(dataset), "output_dir": str(output),
+        "max_steps": steps, "block_size": 8, "num_anchors": 16, "drafter_layers": 1, "token_budget": 2048,
+        "buckets": [0, 128, 256, 512], "lr": 3e-3, "warmup_ratio": 0.1, "log_every": 5, "checkpoint_every": 0,
+        "seed": 0, "device": "cpu", "num_workers": 1, "prefetch": 2,
+    }
+    path = base / "demo.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def wait_until_ended(source: LiveSource, run_id: str) -> RunView:
+    deadline = time.monotonic() + WAIT_LIMIT_S
+    while time.monotonic() < deadline:
+        run = _find(source, run_id)
+        if run is not None and run.state in TERMINAL_STATES:
+            time.sleep(1.0)  # the log's last bytes may trail the state change by a poll
+            return _find(source, run_id) or run
+        source.wait_for_change(1.0)
+    raise OperationFailed(f"{run_id} did not end within {WAIT_LIMIT_S:.0f}s")
+
+
+def _find(source: LiveSource, run_id: str) -> RunView | None:
+    return next((run for run in source.snapshot().runs if run.run_id == run_id), None)
+
+
+def print_summary(run: RunView) -> None:
+    out = stdout()
+    out.print(f"{run.run_id}: {run.state}" + (f" (exit code {run.exit_code})" if run.exit_code else ""),
+              markup=False)
+    if run.history:
+        first, last = run.history[0], run.history[-1]
+        out.print(f"steps {first.step}..{last.step}: loss {first.loss} -> {last.loss}, acc {first.acc} -> "
+                  f"{last.acc}, {(last.tok_per_s or 0) / 1000:.1f}K tok/s", markup=False)
+    out.print(f"exceptions: {run.exceptions}; log: {run.log_path}", markup=False)
+    for line in run.log_tail[-5:]:
+        out.print(f"  {line}", markup=False)
+

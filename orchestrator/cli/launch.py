@@ -1,0 +1,110 @@
+"""`dflashctl launch TARGET [options] [-- CMD...]`."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from ..connections import Connections
+from ..errors import UsageError
+from ..inventory import Target
+from ..runs import LaunchFailed, LaunchSpec, RunClient, check_name, default_name
+from .state import AppState, parse_env, parse_gpus, print_json, stderr
+
+
+def launch(
+    ctx: typer.Context,
+    target: str = typer.Argument(..., metavar="TARGET", help="HOST/CTID, HOST or local."),
+    command: Optional[List[str]] = typer.Argument(None, metavar="[-- CMD...]",
+                                                  help="Run this command instead of the bundled trainer."),
+    name: Optional[str] = typer.Option(None, "--name", "-n", help="Run name (default: from the command)."),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", metavar="FILE",
+                                          help="Trainer config (YAML) for the bundled trainer."),
+    gpus: Optional[str] = typer.Option(None, "--gpus", metavar="0,1|0-7",
+                                       help="GPUs of the target the run may use (sets CUDA_VISIBLE_DEVICES)."),
+    env: Optional[List[str]] = typer.Option(None, "--env", "-e", metavar="K=V", help="Extra environment (repeat)."),
+    force: bool = typer.Option(False, "--force", help="Start even if a live run holds the GPUs."),
+    grace: float = typer.Option(30.0, "--grace", min=0, help="Seconds a later `kill` waits after TERM."),
+    as_json: bool = typer.Option(False, "--json", help="Print the run record as JSON."),
+) -> int:
+    """Start a run detached under a supervisor so it survives the SSH session, pct and this command.
+
+    Without CMD, deploys the bundled DFlash trainer (once per version) and runs it with --config (under torchrun
+    when the run has several GPUs). Returns once the run is verified running and prints its run id; if it ends
+    during verification, exits 1 with its exit code and the last lines of its log.
+
+    Examples:
+
+        dflashctl launch pve1/200 --config qwen3-8b.yaml --gpus 0-7
+        dflashctl launch local --name sweep1 -- python train.py --lr 3e-4
+    """
+    state: AppState = ctx.obj
+    resolved = state.inventory().target(target)
+    spec = _spec(resolved, command or [], name=name, config=config, gpus=parse_gpus(gpus), env=parse_env(env),
+                 force=force, grace=grace)
+    err = stderr()
+    err.print(f"launching {spec.name} on {resolved.name}...")
+    with Connections() as conns:
+        try:
+            record = RunClient(state.inventory(), conns).launch(spec)
+        except LaunchFailed as failed:
+            _report_failure(failed)
+            raise
+    if as_json:
+        print_json({"run": record, **record})
+    else:
+        err.print(f"{record['run_id']} is {record.get('state')} on {resolved.name} (pid {record.get('pid')}); "
+                  f"`dflashctl logs -f {record['run_id']}` to follow it")
+        typer.echo(record["run_id"])
+    return 0
+
+
+def _spec(target: Target, command: list[str], *, name: str | None, config: Path | None, gpus: list[int] | None,
+          env: dict[str, str], force: bool, grace: float) -> LaunchSpec:
+    if command and config:
+        raise UsageError("give either --config (the bundled trainer) or -- CMD (your own command), not both")
+    if gpus is not None and target.gpus and any(g >= target.gpus for g in gpus):
+        raise UsageError(f"--gpus {','.join(map(str, gpus))}: {target.name} has {target.gpus} GPU(s) "
+                         f"(0-{target.gpus - 1}) in the inventory")
+    if command:
+        return LaunchSpec(target=target, command=command, name=check_name(name or default_name(command)),
+                          env=env, gpus=gpus, force=force, grace=grace)
+    if config is None:
+        raise UsageError("nothing to run: give --config FILE for the bundled trainer, or -- CMD")
+    return _trainer_spec(target, config, name=name, gpus=gpus, env=env, force=force, grace=grace)
+
+
+def _trainer_spec(target: Target, config: Path, *, name: str | None, gpus: list[int] | None,
+                  env: dict[str, str], force: bool, grace: float) -> LaunchSpec:
+    from trainer.config import load_config  # torch-free: catches a typo here, before anything is deployed
+    from trainer.errors import TrainerError
+
+    try:
+        load_config(config)
+        text = config.read_bytes()
+    except TrainerError as exc:
+        raise UsageError(str(exc)) from None
+    except OSError as exc:
+        raise UsageError(f"cannot read --config {config}: {exc.strerror or exc}") from None
+    nproc = len(gpus) if gpus is not None else max(target.gpus, 1)
+    train = ["-m", "trainer", "train", "--config", "config.yaml"]
+    command = [target.python, *(["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+                                if nproc > 1 else []), *train]
+    return LaunchSpec(target=target, command=command, name=check_name(name or config.stem.replace(" ", "-")),
+                      env=env, gpus=gpus, force=force, grace=grace, inputs={"config.yaml": text},
+                      uses_trainer=True)
+
+
+def _report_failure(failed: LaunchFailed) -> None:
+    payload = failed.payload
+    run = payload.get("run") or {}
+    err = stderr()
+    code, sig = run.get("exit_code", payload.get("exit_code")), run.get("signal", payload.get("signal"))
+    err.print(f"run {run.get('run_id', '?')} ended during start-up: exit code {code}"
+              + (f", signal {sig}" if sig else ""), markup=False)
+    lines = payload.get("log_tail") or []
+    if lines:
+        err.print("last lines of its log:", markup=False)
+        for line in lines[-40:]:
+            err.print(f"  {line}", markup=False)

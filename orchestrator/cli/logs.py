@@ -1,0 +1,63 @@
+"""`dflashctl logs RUN [-f] [-n N]`."""
+from __future__ import annotations
+
+import sys
+import time
+
+import typer
+
+from ..connections import Connections
+from ..errors import CommandTimeout
+from ..runs import RunClient, runs_dir
+from .state import AppState
+
+TERMINAL = {"succeeded", "failed", "killed", "lost"}
+STATE_POLL_S = 2.0
+
+
+def logs(
+    ctx: typer.Context,
+    run_id: str = typer.Argument(..., metavar="RUN", help="The run id (see `dflashctl ps`)."),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines until the run ends."),
+    lines: int = typer.Option(100, "--lines", "-n", min=0, help="How many of the last lines to show first."),
+) -> int:
+    """Print the end of a run's log (its stdout and stderr); with -f, follow it until the run ends."""
+    state: AppState = ctx.obj
+    with Connections() as conns:
+        client = RunClient(state.inventory(), conns)
+        target, record = client.find([run_id])[run_id]
+        transport = conns.for_target(target)
+        log_path = record["log_path"]
+        if not follow:
+            result = transport.run(["tail", "-n", str(lines), "--", log_path], timeout=60)
+            sys.stdout.buffer.write(result.stdout)
+            sys.stdout.flush()
+            return 0 if result.ok else 1
+        return _follow(client, transport, target, run_id, log_path, lines)
+
+
+def _follow(client: RunClient, transport, target, run_id: str, log_path: str, lines: int) -> int:
+    """tail -F until the run is in a terminal state (checked every few seconds), then drain and stop."""
+    proc = transport.start(["tail", "-n", str(lines), "-F", "--", log_path])
+    ended_at: float | None = None
+    next_check = time.monotonic() + STATE_POLL_S
+    try:
+        while True:
+            try:
+                chunk = proc.read(timeout=0.5)
+            except CommandTimeout:
+                chunk = None
+            if chunk == b"":
+                return 0
+            if chunk:
+                sys.stdout.buffer.write(chunk)
+                sys.stdout.flush()
+            if ended_at is not None and time.monotonic() - ended_at > 1.0:
+                return 0  # the run ended and its last output has had time to arrive
+            if ended_at is None and time.monotonic() >= next_check:
+                next_check = time.monotonic() + STATE_POLL_S
+                payload = client.agent(target, ["ps", "--runs-dir", runs_dir(target), "--run-id", run_id])
+                if any(r.get("state") in TERMINAL for r in payload.get("runs", [])):
+                    ended_at = time.monotonic()
+    finally:
+        proc.close()

@@ -1,0 +1,86 @@
+"""`dflashctl ps [TARGET...] [--all] [--json]`."""
+from __future__ import annotations
+
+import datetime
+from typing import List, Optional
+
+import typer
+from rich.table import Table
+
+from ..connections import Connections
+from ..errors import EXIT_OK, EXIT_UNREACHABLE
+from ..runs import RunClient
+from .state import AppState, print_json, stderr, stdout
+
+LIVE = {"starting", "running"}
+RECENT = datetime.timedelta(hours=24)
+
+
+def ps(
+    ctx: typer.Context,
+    targets: Optional[List[str]] = typer.Argument(None, metavar="[TARGET]...",
+                                                  help="Only these targets (default: every target)."),
+    show_all: bool = typer.Option(False, "--all", "-a", help="Also runs that ended more than 24 h ago."),
+    as_json: bool = typer.Option(False, "--json", help="Print {\"runs\": [...]} as JSON."),
+) -> int:
+    """List runs: state, pid, age, exit code, last step and tok/s. Hosts are asked in parallel.
+
+    A run whose supervisor died without recording an end (the container rebooted, say) shows as `lost`.
+    """
+    state: AppState = ctx.obj
+    resolved = state.inventory().targets(targets)
+    with Connections() as conns:
+        outcomes = RunClient(state.inventory(), conns).list_runs(resolved)
+    now = datetime.datetime.now(datetime.timezone.utc)
+    runs = [r for o in outcomes for r in (o.value or []) if show_all or _recent(r, now)]
+    runs.sort(key=lambda r: r.get("created_at") or "")
+    failures = {o.target.name: str(o.error) for o in outcomes if not o.ok}
+    if as_json:
+        print_json({"runs": runs, "errors": failures})
+    else:
+        stdout().print(_table(runs, now) if runs else "no runs" + ("" if show_all else " (--all shows older ones)"))
+    for name, error in failures.items():
+        stderr().print(f"{name}: {error}", markup=False)
+    unreachable = any(getattr(o.error, "exit_code", 0) == EXIT_UNREACHABLE for o in outcomes)
+    return EXIT_UNREACHABLE if unreachable else (1 if failures else EXIT_OK)
+
+
+def _recent(run: dict, now: datetime.datetime) -> bool:
+    if run.get("state") in LIVE or not run.get("ended_at"):
+        return True
+    return now - _parse_time(run["ended_at"]) < RECENT
+
+
+def _parse_time(text: str) -> datetime.datetime:
+    try:
+        return datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return datetime.datetime.now(datetime.timezone.utc)
+
+
+def age(created_at: str | None, now: datetime.datetime) -> str:
+    if not created_at:
+        return "-"
+    seconds = int((now - _parse_time(created_at)).total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{max(seconds, 0)}s"
+
+
+def _table(runs: list[dict], now: datetime.datetime) -> Table:
+    table = Table(box=None, header_style="bold")
+    for col in ("RUN", "TARGET", "NAME", "STATE", "PID", "AGE", "EXIT", "STEP", "TOK/S"):
+        table.add_column(col, no_wrap=True)
+    colors = {"running": "green", "starting": "cyan", "succeeded": "blue", "failed": "red", "killed": "yellow",
+              "lost": "magenta"}
+    for r in runs:
+        exit_text = f"sig {r['signal']}" if r.get("signal") else ("-" if r.get("exit_code") is None
+                                                                 else str(r["exit_code"]))
+        tok = r.get("tok_per_s")
+        table.add_row(r["run_id"], r.get("target") or "-", r.get("name") or "-",
+                      f"[{colors.get(r.get('state'), 'white')}]{r.get('state')}[/]", str(r.get("pid") or "-"),
+                      age(r.get("created_at"), now), exit_text,
+                      "-" if r.get("last_step") is None else str(r["last_step"]),
+                      "-" if tok is None else f"{tok / 1000:.1f}K")
+    return table

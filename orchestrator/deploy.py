@@ -1,0 +1,88 @@
+"""Ship the in-container agent and the bundled trainer to a target, once per version.
+
+Both are content-addressed: the agent as `{workdir}/.dflash/agent/agent-<digest>.pyz`, the trainer unpacked in
+`{workdir}/.dflash/pkg/<digest>/`. A version already there is not sent again, so a launch costs one round trip
+when nothing changed. Archives are built deterministically so the digest changes only with the code.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import io
+import logging
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import trainer
+
+from .agent.bundle import build_zipapp
+from .errors import TransportError
+from .transports.base import Transport
+
+log = logging.getLogger("dflashctl.deploy")
+
+UNPACK = ('set -e; rm -rf -- "$1.tmp"; mkdir -p -- "$1.tmp"; tar -xzf - -C "$1.tmp"; '
+          'rm -rf -- "$1"; mv -- "$1.tmp" "$1"')
+PRESENT = 'test -f "$1" && echo agent; test -d "$2/trainer" && echo pkg; true'
+
+
+@dataclass(frozen=True)
+class Bundle:
+    data: bytes
+    digest: str
+
+
+@dataclass(frozen=True)
+class Deployment:
+    agent_path: str
+    pkg_dir: str      # put on PYTHONPATH so `python -m trainer` finds the bundled trainer
+    sent: tuple[str, ...]  # what had to be sent this time ("agent", "pkg")
+
+
+@functools.lru_cache(maxsize=1)
+def agent_bundle() -> Bundle:
+    data = build_zipapp()
+    return Bundle(data, hashlib.sha256(data).hexdigest()[:16])
+
+
+@functools.lru_cache(maxsize=1)
+def trainer_bundle() -> Bundle:
+    root = Path(trainer.__file__).resolve().parent
+    buf = io.BytesIO()
+    # mtime 0 and sorted names: the same sources always give the same bytes, so the same digest
+    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=6) as tar:
+        for path in sorted(p for p in root.rglob("*") if _shipped(p)):
+            info = tar.gettarinfo(str(path), arcname=str(Path("trainer") / path.relative_to(root)))
+            info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
+            with path.open("rb") as f:
+                tar.addfile(info, f)
+    data = buf.getvalue()
+    return Bundle(data, hashlib.sha256(data).hexdigest()[:16])
+
+
+def _shipped(path: Path) -> bool:
+    return path.is_file() and "__pycache__" not in path.parts and path.suffix in {".py", ".yaml", ".json", ".txt"}
+
+
+def deploy(transport: Transport, workdir: str, *, with_trainer: bool) -> Deployment:
+    """Make sure the agent (and, for trainer runs, the trainer) of this version are on the target."""
+    agent, pkg = agent_bundle(), trainer_bundle()
+    agent_path = f"{workdir}/.dflash/agent/agent-{agent.digest}.pyz"
+    pkg_dir = f"{workdir}/.dflash/pkg/{pkg.digest}"
+    present = transport.run(["sh", "-c", PRESENT, "sh", agent_path, pkg_dir], timeout=60)
+    if not present.ok:
+        raise TransportError(f"{transport.label}: cannot inspect {workdir}: {present.describe()}")
+    have = set(present.out.split())
+    sent = []
+    if "agent" not in have:
+        transport.write_file(agent_path, agent.data, mode=0o644)
+        sent.append("agent")
+    if with_trainer and "pkg" not in have:
+        result = transport.run(["sh", "-c", UNPACK, "sh", pkg_dir], stdin=pkg.data, timeout=300)
+        if not result.ok:
+            raise TransportError(f"{transport.label}: cannot unpack the trainer in {pkg_dir}: {result.describe()}")
+        sent.append("pkg")
+    if sent:
+        log.info("%s: deployed %s", transport.label, ", ".join(sent))
+    return Deployment(agent_path=agent_path, pkg_dir=pkg_dir, sent=tuple(sent))

@@ -1,0 +1,213 @@
+"""The run lifecycle seen from the controller: launch, list, find, kill and clean up runs on targets.
+
+Everything that happens inside a container is done by the agent (orchestrator/agent/), shipped once per version
+and invoked over the target's transport with one command per operation; it answers one JSON object. This module
+only decides what to ask where, and turns answers into run records and errors.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import re
+import secrets
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from .connections import Connections
+from .deploy import Deployment, deploy
+from .errors import DflashError, OperationFailed, TargetNotFound, TransportError, UsageError
+from .fanout import Outcome, per_host
+from .inventory import Inventory, Target
+from .logparse import LogParser, StepEvent
+from .transports.base import Transport
+
+RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+NAME_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
+LAUNCH_TIMEOUT_S = 120.0
+DEFAULT_GRACE_S = 30.0
+
+
+def runs_dir(target: Target) -> str:
+    return f"{target.workdir}/.dflash/runs"
+
+
+def new_run_id(name: str, *, now: datetime.datetime | None = None) -> str:
+    """`<name>-<yymmdd>-<hhmmss>-<4 hex>`: sortable by time, readable, unique without coordination."""
+    now = now or datetime.datetime.now(datetime.timezone.utc)
+    return f"{name[:36]}-{now:%y%m%d-%H%M%S}-{secrets.token_hex(2)}"
+
+
+def default_name(command: Sequence[str]) -> str:
+    """A run name from a command: its program's base name, reduced to the characters a name may have."""
+    if not command:
+        return "train"
+    base = command[0].rsplit("/", 1)[-1]
+    if base.startswith("python") and len(command) > 2 and command[1] == "-m":
+        base = command[2]
+    cleaned = NAME_CHARS.sub("-", base).strip("-._")
+    return (cleaned or "run")[:36]
+
+
+def check_run_id(run_id: str) -> str:
+    if not RUN_ID.fullmatch(run_id):
+        raise UsageError(f"invalid run id {run_id!r}: run ids are letters, digits, '.', '_' and '-' "
+                         f"(see `dflashctl ps`)")
+    return run_id
+
+
+def check_name(name: str) -> str:
+    if not RUN_ID.fullmatch(name):
+        raise UsageError(f"invalid run name {name!r}: use up to 64 letters, digits, '.', '_' or '-', "
+                         f"starting with a letter or digit")
+    return name
+
+
+@dataclass
+class LaunchSpec:
+    target: Target
+    command: list[str]
+    name: str
+    env: dict[str, str] = field(default_factory=dict)
+    gpus: list[int] | None = None
+    force: bool = False
+    grace: float = DEFAULT_GRACE_S
+    inputs: dict[str, bytes] = field(default_factory=dict)   # files put into the run directory before start
+    uses_trainer: bool = False
+    settle: float | None = None   # how long the workload must stay up to count as started (agent default 1 s)
+
+
+class RunClient:
+    """All run operations of one dflashctl invocation (deployments are cached per target)."""
+
+    def __init__(self, inventory: Inventory, conns: Connections) -> None:
+        self.inventory = inventory
+        self.conns = conns
+        self._deployed: dict[tuple[str, bool], Deployment] = {}
+
+    # -- agent plumbing -------------------------------------------------------------------------------------
+
+    def _deployment(self, target: Target, transport: Transport, *, with_trainer: bool = False) -> Deployment:
+        key = (target.name, with_trainer)
+        if key not in self._deployed:
+            self._deployed[key] = deploy(transport, target.workdir, with_trainer=with_trainer)
+        return self._deployed[key]
+
+    def agent(self, target: Target, args: list[str], *, timeout: float = 60.0, stdin: bytes | None = None,
+              with_trainer: bool = False) -> dict:
+        """Run one agent subcommand on the target and return its JSON answer (ok true or false)."""
+        transport = self.conns.for_target(target)
+        deployment = self._deployment(target, transport, with_trainer=with_trainer)
+        result = transport.run([target.python, deployment.agent_path, *args], timeout=timeout, stdin=stdin)
+        payload = _agent_json(result.out)
+        if payload is None:
+            raise TransportError(f"{target.name}: the agent gave no answer ({result.describe()})")
+        if result.exit_code == 2 or payload.get("code") in {"bad_usage", "unknown_run", "bad_run_id"}:
+            raise (TargetNotFound if payload.get("code") == "unknown_run" else UsageError)(
+                f"{target.name}: {payload.get('error', 'bad input')}")
+        return payload
+
+    # -- operations -----------------------------------------------------------------------------------------
+
+    def launch(self, spec: LaunchSpec) -> dict:
+        run_id = new_run_id(spec.name)
+        args = ["launch", "--runs-dir", runs_dir(spec.target), "--run-id", run_id, "--name", spec.name,
+                "--target", spec.target.name, "--grace", f"{spec.grace:g}"]
+        env = dict(spec.env)
+        if spec.uses_trainer:
+            transport = self.conns.for_target(spec.target)
+            pkg_dir = self._deployment(spec.target, transport, with_trainer=True).pkg_dir
+            env["PYTHONPATH"] = pkg_dir + (f":{env['PYTHONPATH']}" if env.get("PYTHONPATH") else "")
+        for key, value in env.items():
+            args += ["--env", f"{key}={value}"]
+        if spec.gpus is not None:
+            args += ["--gpus", ",".join(map(str, spec.gpus))]
+        if spec.force:
+            args.append("--force")
+        if spec.settle is not None:
+            args += ["--settle", f"{spec.settle:g}"]
+        for name in spec.inputs:
+            args += ["--input", name]
+        payload = self.agent(spec.target, [*args, "--", *spec.command], timeout=LAUNCH_TIMEOUT_S,
+                             stdin=_pack_inputs(spec.inputs) if spec.inputs else None,
+                             with_trainer=spec.uses_trainer)
+        run = payload.get("run") or {}
+        if not payload.get("ok") and run.get("state") != "succeeded":  # finishing at once with 0 is no failure
+            raise LaunchFailed(payload, spec.target.name)
+        return with_metrics(run or payload)
+
+    def list_runs(self, targets: list[Target]) -> list[Outcome[list[dict]]]:
+        def one(target: Target) -> list[dict]:
+            payload = self.agent(target, ["ps", "--runs-dir", runs_dir(target), "--tail-bytes", "8192"])
+            return [with_metrics(r) for r in payload.get("runs", [])]
+        return per_host(targets, one)
+
+    def find(self, run_ids: list[str]) -> dict[str, tuple[Target, dict]]:
+        """Which target holds each run: one sweep over every target (hosts in parallel)."""
+        for run_id in run_ids:
+            check_run_id(run_id)
+        outcomes = self.list_runs(self.inventory.all_targets())
+        found: dict[str, tuple[Target, dict]] = {}
+        for outcome in outcomes:
+            for record in outcome.value or []:
+                if record.get("run_id") in run_ids:
+                    found[record["run_id"]] = (outcome.target, record)
+        missing = [r for r in run_ids if r not in found]
+        if missing:
+            down = [f"{o.target.name} ({o.error})" for o in outcomes if not o.ok]
+            hint = f"; not searched, unreachable: {'; '.join(down)}" if down else ""
+            raise TargetNotFound(f"no run {', '.join(map(repr, missing))} on any target{hint}")
+        return found
+
+    def kill(self, target: Target, run_ids: list[str], *, grace: float | None) -> dict:
+        args = ["kill", "--runs-dir", runs_dir(target), "--run-id", *run_ids]
+        if grace is not None:
+            args += ["--grace", f"{grace:g}"]
+        return self.agent(target, args, timeout=(grace or DEFAULT_GRACE_S) + 60)
+
+    def cleanup(self, target: Target, *, dry_run: bool) -> dict:
+        args = ["cleanup", "--runs-dir", runs_dir(target)] + (["--dry-run"] if dry_run else [])
+        return self.agent(target, args, timeout=120)
+
+
+class LaunchFailed(OperationFailed):
+    """The run ended (or never started) during verification; carries the agent's answer."""
+
+    def __init__(self, payload: dict, target: str) -> None:
+        self.payload = payload
+        super().__init__(f"{target}: {payload.get('error') or 'the run did not start'}")
+
+
+def _agent_json(stdout: str) -> dict | None:
+    for line in reversed(stdout.strip().splitlines()):
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            return value
+    return None
+
+
+def _pack_inputs(inputs: dict[str, bytes]) -> bytes:
+    """The inputs as one JSON document on the agent's stdin (small files: configs)."""
+    import base64
+
+    return json.dumps({name: base64.b64encode(data).decode() for name, data in inputs.items()}).encode()
+
+
+def with_metrics(record: dict) -> dict:
+    """Add last_step and tok_per_s from the log tail the agent sent along (dropped from the record)."""
+    tail = record.pop("log_tail", None)
+    record.setdefault("last_step", None)
+    record.setdefault("tok_per_s", None)
+    if tail:
+        parser = LogParser()
+        events = parser.feed(tail.encode("utf-8", "replace")) + parser.flush()
+        steps = [e for e in events if isinstance(e, StepEvent) and e.step is not None]
+        if steps:
+            record["last_step"], record["tok_per_s"] = steps[-1].step, steps[-1].tok_per_s
+    return record
+
+
+__all__ = ["RunClient", "LaunchSpec", "LaunchFailed", "new_run_id", "default_name", "check_run_id", "check_name",
+           "runs_dir", "with_metrics", "DflashError"]

@@ -1,0 +1,222 @@
+"""The run lifecycle through the real CLI against the lab: launch, ps, logs, kill, cleanup over SSH + pct."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.cli import main
+
+pytestmark = pytest.mark.lab
+CT = ("pve1", 200)
+TARGET = "pve1/200"
+
+
+@pytest.fixture(scope="module")
+def inv(lab, tmp_path_factory) -> str:
+    return str(lab.write_inventory(tmp_path_factory.mktemp("inv") / "inventory.yaml"))
+
+
+def cli(inv: str, *args: str, capsys) -> tuple[int, dict | str, str]:
+    code = main(["--inventory", inv, *args])
+    out = capsys.readouterr()
+    try:
+        return code, json.loads(out.out), out.err
+    except ValueError:
+        return code, out.out, out.err
+
+
+def launch(inv: str, capsys, *cmd: str, name: str | None = None, extra: tuple[str, ...] = ()) -> dict:
+    args = ["launch", TARGET, "--json", *extra] + (["--name", name] if name else []) + ["--", *cmd]
+    code, record, err = cli(inv, *args, capsys=capsys)
+    assert code == 0, err
+    return record
+
+
+def run_procs(lab, run_id: str) -> list:
+    return [p for p in lab.ct_processes(*CT) if p.environ.get("DFLASH_RUN_ID") == run_id]
+
+
+def zombies(lab) -> list:
+    return [p for p in lab.ct_processes(*CT) if p.state == "Z"]
+
+
+def wait_state(inv: str, capsys, run_id: str, states: set[str], timeout: float = 15) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        code, payload, _ = cli(inv, "ps", TARGET, "--all", "--json", capsys=capsys)
+        run = next(r for r in payload["runs"] if r["run_id"] == run_id)
+        if run["state"] in states or time.monotonic() > deadline:
+            return run
+        time.sleep(0.3)
+
+
+def test_launch_returns_verified_and_the_run_outlives_ssh_and_pct(lab, inv: str, capsys) -> None:
+    record = launch(inv, capsys, "python3", "-c", "import time; print('hello', flush=True); time.sleep(60)")
+    assert record["state"] == "running" and record["target"] == TARGET and record["pid"]
+    # the pct exec and the SSH connection of that launch are gone (main() closed them); the run is not
+    assert run_procs(lab, record["run_id"]), "workload died with the session"
+    code, out, _ = cli(inv, "logs", record["run_id"], "-n", "5", capsys=capsys)
+    assert code == 0 and "hello" in out
+    code, result, _ = cli(inv, "kill", record["run_id"], "--grace", "2", "--json", capsys=capsys)
+    assert code == 0 and result["targets"][TARGET]["ok"]
+    assert run_procs(lab, record["run_id"]) == []
+
+
+def test_run_survives_dflashctl_killed_right_after_launch(lab, inv: str) -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "--inventory", inv, "launch", TARGET,
+                             "--name", "sigkilled", "--", "sleep", "120"], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL)
+    run_id = proc.stdout.readline().decode().strip()
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert run_id.startswith("sigkilled-")
+    time.sleep(0.5)
+    survivors = run_procs(lab, run_id)
+    assert any("sleep" in p.cmdline for p in survivors)
+    assert main(["--inventory", inv, "kill", run_id, "--grace", "1"]) == 0
+
+
+def test_twenty_launches_in_a_row_all_verified_none_hung(lab, inv: str, capsys) -> None:
+    ids = []
+    for i in range(20):
+        started = time.monotonic()
+        record = launch(inv, capsys, "sleep", "300", name=f"burst{i}")
+        assert record["state"] == "running"
+        assert time.monotonic() - started < 10
+        ids.append(record["run_id"])
+    code, payload, _ = cli(inv, "ps", TARGET, "--json", capsys=capsys)
+    live = {r["run_id"] for r in payload["runs"] if r["state"] == "running"}
+    assert set(ids) <= live
+    code, result, _ = cli(inv, "kill", *ids, "--grace", "1", "--json", capsys=capsys)
+    assert code == 0
+    assert all(run_procs(lab, r) == [] for r in ids)
+
+
+FAMILY = r"""
+import os, signal, subprocess, sys, time
+subprocess.Popen(["sleep", "300"])                                   # a plain child
+subprocess.Popen(["setsid", "sh", "-c", "sleep 300 & wait"])          # a grandchild that leaves the session
+if os.fork() == 0:                                                   # a child that ignores TERM
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    time.sleep(300)
+    os._exit(0)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)                         # and so does the workload itself
+print("family up", flush=True)
+time.sleep(300)
+"""
+
+
+def test_kill_leaves_nothing_of_a_family_that_fights_back(lab, inv: str, capsys) -> None:
+    record = launch(inv, capsys, "python3", "-c", FAMILY, name="family")
+    time.sleep(1.0)
+    assert len(run_procs(lab, record["run_id"])) >= 5
+    started = time.monotonic()
+    code, result, _ = cli(inv, "kill", record["run_id"], "--grace", "2", "--json", capsys=capsys)
+    assert code == 0, result
+    assert time.monotonic() - started < 2 + 8
+    assert run_procs(lab, record["run_id"]) == []
+    assert zombies(lab) == []
+    run = wait_state(inv, capsys, record["run_id"], {"killed"})
+    assert run["state"] == "killed" and run["signal"] == signal.SIGKILL
+
+
+@pytest.mark.parametrize("cmd, state, exit_code, sig", [
+    (["python3", "-c", "import time; time.sleep(1.5)"], "succeeded", 0, None),
+    (["python3", "-c", "import time; time.sleep(1.5); raise SystemExit(3)"], "failed", 3, None),
+    (["python3", "-c", "import os, signal, time; time.sleep(1.5); os.kill(os.getpid(), signal.SIGSEGV)"],
+     "failed", None, signal.SIGSEGV),
+])
+def test_exit_codes_become_states(lab, inv: str, capsys, cmd, state, exit_code, sig) -> None:
+    record = launch(inv, capsys, *cmd)
+    run = wait_state(inv, capsys, record["run_id"], {"succeeded", "failed"})
+    assert (run["state"], run["exit_code"], run["signal"]) == (state, exit_code, sig)
+
+
+def test_a_run_that_dies_during_start_up_fails_the_launch_with_its_log(lab, inv: str, capsys) -> None:
+    code = main(["--inventory", inv, "launch", TARGET, "--", "python3", "-c",
+                 "print('boom coming'); raise RuntimeError('bad config')"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "RuntimeError: bad config" in err and "boom coming" in err and "exit code 1" in err
+
+
+def test_container_reboot_mid_run_is_lost(lab, inv: str, capsys) -> None:
+    record = launch(inv, capsys, "sleep", "300", name="reboot")
+    lab.pct("pve1", "reboot", "200", check=True)
+    run = wait_state(inv, capsys, record["run_id"], {"lost"})
+    assert run["state"] == "lost"
+
+
+def test_gpu_clash_is_refused_unless_forced(lab, inv: str, capsys) -> None:
+    first = launch(inv, capsys, "sleep", "300", name="gpu01", extra=("--gpus", "0,1"))
+    code, _, err = cli(inv, "launch", TARGET, "--gpus", "1-2", "--", "sleep", "300", capsys=capsys)
+    assert code == 1 and first["run_id"] in err
+    forced = launch(inv, capsys, "sleep", "300", name="gpu12", extra=("--gpus", "1-2", "--force"))
+    assert main(["--inventory", inv, "kill", first["run_id"], forced["run_id"], "--grace", "1"]) == 0
+
+
+def test_hostile_names_and_arguments_are_inert(lab, inv: str, capsys, tmp_path: Path) -> None:
+    for name in ["'; rm -rf /tmp/x; '", "$(touch /tmp/pwned)", "`id`", "a\nb", "../up"]:
+        code, _, err = cli(inv, "launch", TARGET, "--name", name, "--", "true", capsys=capsys)
+        assert code == 2, (name, err)
+    args = ["'; touch /tmp/pwned1; '", "$(touch /tmp/pwned2)", "`touch /tmp/pwned3`", "x\ntouch /tmp/pwned4"]
+    record = launch(inv, capsys, "python3", "-c", "import sys, json; print(json.dumps(sys.argv[1:]))", *args)
+    run = wait_state(inv, capsys, record["run_id"], {"succeeded"})
+    assert run["state"] == "succeeded"
+    assert main(["--inventory", inv, "logs", record["run_id"]]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == args
+    for i in range(1, 5):
+        assert lab.ct_run(*CT, ["test", "-e", f"/tmp/pwned{i}"]).returncode != 0
+        assert not os.path.exists(f"/tmp/pwned{i}")
+
+
+@pytest.mark.parametrize("run_id", ["../../etc", "nope-000000", "a/b", "..", "x;y"])
+def test_bad_run_ids_are_usage_errors(inv: str, capsys, run_id: str) -> None:
+    for command in (["kill", run_id], ["logs", run_id]):
+        code, _, err = cli(inv, *command, capsys=capsys)
+        assert code == 2, (command, err)
+        assert "Traceback" not in err
+
+
+def test_cleanup_reaps_zombies_of_a_stuck_parent_and_reports_pid1_ones(lab, inv: str, capsys) -> None:
+    # a parent that never waits: its children become zombies it holds
+    lab.ct_run(*CT, ["sh", "-c", "setsid python3 -c \"import os,time\nfor _ in range(3):\n"
+                     "    os.fork() or os._exit(0)\ntime.sleep(300)\" </dev/null >/dev/null 2>&1 &"])
+    # an orphan that exits after its parent: PID 1 inherits it and never reaps it
+    lab.ct_run(*CT, ["sh", "-c", "(sleep 0.2 &) ; true"])
+    time.sleep(1.0)
+    assert len(zombies(lab)) >= 4
+    code, plan, _ = cli(inv, "cleanup", TARGET, "--dry-run", "--json", capsys=capsys)
+    assert code == 0 and len(zombies(lab)) >= 4  # a dry run changes nothing
+    code, done, _ = cli(inv, "cleanup", TARGET, "--json", capsys=capsys)
+    report = done["targets"][TARGET]
+    time.sleep(0.5)
+    left = zombies(lab)
+    assert left and all(p.ppid == 1 for p in left)  # only PID 1's remain...
+    assert "restart" in json.dumps(report)           # ...and they are reported with the advice
+
+
+def test_fifty_launch_kill_cycles_leave_no_zombie(lab, inv: str) -> None:
+    from orchestrator.connections import Connections
+    from orchestrator.inventory import load_inventory
+    from orchestrator.runs import LaunchSpec, RunClient
+
+    inventory = load_inventory(Path(inv))
+    target = inventory.target(TARGET)
+    before = len(zombies(lab))
+    with Connections() as conns:
+        client = RunClient(inventory, conns)
+        for i in range(50):
+            spec = LaunchSpec(target=target, name=f"cycle{i}", settle=0.1,
+                              command=["sh", "-c", "sleep 300 & sleep 300 & wait"])
+            record = client.launch(spec)
+            result = client.kill(target, [record["run_id"]], grace=1)
+            assert result["ok"], result
+    assert len(zombies(lab)) == before  # none added (PID 1 here never reaps: any leak would stay)
