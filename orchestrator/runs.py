@@ -15,7 +15,7 @@ from typing import Sequence
 
 from .connections import Connections
 from .deploy import Deployment, deploy
-from .errors import DflashError, OperationFailed, TargetNotFound, TransportError, UsageError
+from .errors import OperationFailed, TargetNotFound, TransportError, UsageError
 from .fanout import Outcome, per_host
 from .inventory import Inventory, Target
 from .logparse import LogParser, StepEvent
@@ -210,4 +210,4 @@ def with_metrics(record: dict) -> dict:
 
 
 __all__ = ["RunClient", "LaunchSpec", "LaunchFailed", "new_run_id", "default_name", "check_run_id", "check_name",
-           "runs_dir", "with_metrics", "DflashError"]
+           "runs_dir", "with_metrics"]

@@ -99,6 +99,8 @@ def _trainer_spec(target: Target, config: Path, *, name: str | None, gpus: list[
 def _report_failure(failed: LaunchFailed) -> None:
     payload = failed.payload
     run = payload.get("run") or {}
+    if not run:  # refused before anything started (e.g. GPUs busy): the error says it all
+        return
     err = stderr()
     code, sig = run.get("exit_code", payload.get("exit_code")), run.get("signal", payload.get("signal"))
     err.print(f"run {run.get('run_id', '?')} ended during start-up: exit code {code}"
