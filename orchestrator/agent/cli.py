@@ -99,6 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     supervise.add_argument("--grace", type=_seconds)
     keeper = sub.add_parser("keeper", help=argparse.SUPPRESS)
     keeper.add_argument("--runs-dir", required=True)
+    from .watchstream import add_lines_arguments, add_watch_arguments
+    add_watch_arguments(sub.add_parser("watch", help="stream run records, log bytes and GPU samples as JSON lines"))
+    add_lines_arguments(sub.add_parser("lines", help="lines [start, stop) of a run's train.log (sparse index)"))
     return parser
 
 
@@ -138,6 +141,13 @@ def dispatch(args: argparse.Namespace, command: list) -> dict:
     if args.command == "keeper":
         from .keeper import run_keeper
         return {"ok": run_keeper(args.runs_dir) == 0}
+    if args.command == "watch":
+        from .watchstream import watch
+        return {"ok": watch(args.runs_dir, gpu_interval=args.gpu_interval, idle_exit=args.idle_exit,
+                            heartbeat=args.heartbeat) == 0}
+    if args.command == "lines":
+        from .lineindex import read_lines
+        return read_lines(args.runs_dir, args.run_id, args.start, args.stop)
     if args.command == "version":
         return {"ok": True, "agent_version": AGENT_VERSION, "python": sys.version.split()[0]}
     raise BadInput("no subcommand given (launch, ps, kill, cleanup, version)", code="bad_usage")

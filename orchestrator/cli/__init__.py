@@ -7,7 +7,7 @@ import click
 import typer
 
 from ..errors import EXIT_USAGE, DflashError
-from . import cleanup, doctor, kill, launch, logs, pending, ps
+from . import cleanup, demo, doctor, kill, launch, logs, ps, watch
 from .state import AppState
 
 HELP = (
@@ -39,7 +39,8 @@ app.command("ps")(ps.ps)
 app.command("logs")(logs.logs)
 app.command("kill")(kill.kill)
 app.command("cleanup")(cleanup.cleanup)
-pending.register(app)
+app.command("watch")(watch.watch)
+app.command("demo")(demo.demo)
 
 
 def main(argv: list[str] | None = None) -> int:

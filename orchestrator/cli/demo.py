@@ -20,7 +20,7 @@ from ..errors import EXIT_FAILED, EXIT_OK, OperationFailed, UsageError
 from ..livesource import LiveSource
 from ..runs import RunClient
 from ..watchmodel import RunView
-from .launch import _spec
+from .launch import launch_spec
 from .state import AppState, stderr, stdout
 
 PROMPTS = 48
@@ -46,7 +46,7 @@ def demo(
     base = Path(target.workdir) / "demo"
     target_dir, dataset = prepare_demo_data(base)
     config = write_demo_config(base, target_dir, dataset, steps=steps)
-    spec = _spec(target, [], name="demo", config=config, gpus=None, env={"OMP_NUM_THREADS": "2"},
+    spec = launch_spec(target, [], name="demo", config=config, gpus=None, env={"OMP_NUM_THREADS": "2"},
                  force=True, grace=5.0)
     with Connections() as conns:
         record = RunClient(inventory, conns).launch(spec)

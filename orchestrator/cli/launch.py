@@ -41,8 +41,8 @@ def launch(
     """
     state: AppState = ctx.obj
     resolved = state.inventory().target(target)
-    spec = _spec(resolved, command or [], name=name, config=config, gpus=parse_gpus(gpus), env=parse_env(env),
-                 force=force, grace=grace)
+    spec = launch_spec(resolved, command or [], name=name, config=config, gpus=parse_gpus(gpus),
+                       env=parse_env(env), force=force, grace=grace)
     err = stderr()
     err.print(f"launching {spec.name} on {resolved.name}...")
     with Connections() as conns:
@@ -60,8 +60,9 @@ def launch(
     return 0
 
 
-def _spec(target: Target, command: list[str], *, name: str | None, config: Path | None, gpus: list[int] | None,
-          env: dict[str, str], force: bool, grace: float) -> LaunchSpec:
+def launch_spec(target: Target, command: list[str], *, name: str | None, config: Path | None,
+                gpus: list[int] | None, env: dict[str, str], force: bool, grace: float) -> LaunchSpec:
+    """What to start for `launch`: CMD as given, or the bundled trainer with the (validated) config."""
     if command and config:
         raise UsageError("give either --config (the bundled trainer) or -- CMD (your own command), not both")
     if gpus is not None and target.gpus and any(g >= target.gpus for g in gpus):

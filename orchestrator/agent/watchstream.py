@@ -1,0 +1,374 @@
+"""`watch`: one long-lived process per container that streams what the dashboard needs as JSON lines.
+
+    agent watch --runs-dir D [--gpu-interval S] [--idle-exit S]
+    agent lines --runs-dir D --run-id ID --start S --stop E
+
+stdin (one JSON object a line, from the controller):
+    {"follow": {RUN_ID: OFFSET | {"offset": OFFSET, "ino": INODE}}}   OFFSET -1: the last 256 KiB (from a line start)
+    {"unfollow": [RUN_ID, ...]}      {"ping": 1}
+stdout (one JSON object a line, flushed):
+    {"t": "runs", "runs": [RECORD...]}          at start and whenever a state.json or the set of runs changes
+    {"t": "log", "run": ID, "offset": N, "ino": I, "data": BASE64}   new bytes of train.log from byte N
+    {"t": "reset", "run": ID, "size": N}        the log was truncated or replaced: restart its parser
+    {"t": "synced", "runs": [ID...]}            these followed logs have been sent up to their current end
+    {"t": "gpu", "csv": TEXT} | {"t": "gpu", "error": TEXT}    one sample of one looping nvidia-smi
+    {"t": "hb"}                                 every HEARTBEAT_S, so the controller can tell a dead link
+The process ends when stdin closes (or no command came for --idle-exit seconds: a controller behind a dead
+link never closes it), and takes its nvidia-smi child with it.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+from .rundir import NAME_PATTERN, RunPaths, list_run_ids
+from .runstate import TERMINAL, load_record, settle_liveness
+
+TAIL_BYTES = 256 * 1024
+MAX_MESSAGE_BYTES = 1024 * 1024
+LOG_POLL_S = 0.1
+RUNS_POLL_S = 0.5
+LIVENESS_POLL_S = 2.0
+HEARTBEAT_S = 5.0
+GPU_FIELDS = "index,uuid,name,memory.used,memory.total,utilization.gpu"
+
+
+class Output:
+    """JSON lines on stdout. Blocking writes: a controller that reads slowly slows the agent, nothing is lost."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+
+    def send(self, message: dict) -> None:
+        self.stream.write((json.dumps(message, separators=(",", ":")) + "\n").encode())
+        self.stream.flush()
+
+
+class FollowedLog:
+    """Where the controller's copy of one run's train.log ends."""
+
+    def __init__(self, path: str, offset: int, ino: int | None) -> None:
+        self.path = path
+        self.offset = offset  # -1 until the file exists: then its last TAIL_BYTES
+        self.ino = ino
+        self.synced = False
+
+
+def tail_start(handle, size: int) -> int:
+    """Where the last TAIL_BYTES of a file begin, moved to the start of a line."""
+    if size <= TAIL_BYTES:
+        return 0
+    handle.seek(size - TAIL_BYTES)
+    window = handle.read(TAIL_BYTES)
+    cut = window.find(b"\n")
+    return size - TAIL_BYTES + (cut + 1 if cut >= 0 else 0)
+
+
+class LogPump:
+    """Polls the followed logs by size and sends what is new, at most MAX_MESSAGE_BYTES a message."""
+
+    def __init__(self, runs_dir: str, out: Output) -> None:
+        self.runs_dir = runs_dir
+        self.out = out
+        self.followed: dict = {}
+
+    def follow(self, wanted: dict) -> None:
+        for run_id, where in wanted.items():
+            if not isinstance(run_id, str) or NAME_PATTERN.fullmatch(run_id) is None:
+                continue
+            offset, ino = (where.get("offset"), where.get("ino")) if isinstance(where, dict) else (where, None)
+            offset = offset if isinstance(offset, int) and not isinstance(offset, bool) else -1
+            self.followed[run_id] = FollowedLog(RunPaths(self.runs_dir, run_id).log, offset,
+                                                ino if isinstance(ino, int) else None)
+
+    def unfollow(self, run_ids: list) -> None:
+        for run_id in run_ids if isinstance(run_ids, list) else []:
+            self.followed.pop(run_id, None)
+
+    def poll(self) -> None:
+        synced = []
+        for run_id, log in list(self.followed.items()):
+            if self._pump(run_id, log) and not log.synced:
+                log.synced = True
+                synced.append(run_id)
+        if synced:
+            self.out.send({"t": "synced", "runs": synced})
+
+    def _pump(self, run_id: str, log: FollowedLog) -> bool:
+        """Send one message of new bytes; True once the log has been sent up to its current end."""
+        try:
+            handle = open(log.path, "rb")
+        except OSError:
+            return True  # no log yet: nothing to send, nothing missing
+        with handle:
+            info = os.fstat(handle.fileno())
+            if log.offset >= 0 and (info.st_size < log.offset or (log.ino is not None and log.ino != info.st_ino)):
+                self.out.send({"t": "reset", "run": run_id, "size": info.st_size})
+                log.offset = -1
+            if log.offset < 0:
+                log.offset = tail_start(handle, info.st_size)
+            log.ino = info.st_ino
+            if info.st_size == log.offset:
+                return True
+            handle.seek(log.offset)
+            data = handle.read(min(MAX_MESSAGE_BYTES, info.st_size - log.offset))
+        self.out.send({"t": "log", "run": run_id, "offset": log.offset, "ino": log.ino,
+                       "data": base64.b64encode(data).decode("ascii")})
+        log.offset += len(data)
+        return log.offset >= info.st_size
+
+
+class RunsWatcher:
+    """Sends every run's record when a state.json or the set of runs changes; settles dead supervisors."""
+
+    def __init__(self, runs_dir: str, out: Output) -> None:
+        self.runs_dir = runs_dir
+        self.out = out
+        self.signature: tuple | None = None
+        self.live: list = []
+        self.next_liveness = 0.0
+
+    def poll(self, now: float) -> None:
+        run_ids = list_run_ids(self.runs_dir)
+        if now >= self.next_liveness:
+            self.next_liveness = now + LIVENESS_POLL_S
+            for run_id in self.live:
+                if run_id in run_ids:
+                    settle_liveness(RunPaths(self.runs_dir, run_id))
+        if self._signature(run_ids) == self.signature:
+            return
+        records = []
+        for run_id in run_ids:
+            paths = RunPaths(self.runs_dir, run_id)
+            settle_liveness(paths)
+            records.append(load_record(paths))
+        self.signature = self._signature(run_ids)  # after settling, which may have rewritten a state.json
+        self.live = [r["run_id"] for r in records if r.get("state") not in TERMINAL]
+        self.out.send({"t": "runs", "runs": records})
+
+    def _signature(self, run_ids: list) -> tuple:
+        return tuple((run_id, _stamp(RunPaths(self.runs_dir, run_id).state_json)) for run_id in run_ids)
+
+
+def _stamp(path: str) -> tuple:
+    """Changes whenever the file is rewritten (state files are replaced by rename: a new inode)."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return ()
+    return (info.st_ino, info.st_mtime_ns, info.st_size)
+
+
+class GpuSampler:
+    """One `nvidia-smi --query-gpu=... -l S` child; its rows grouped into one message per sample."""
+
+    def __init__(self, out: Output, interval: float) -> None:
+        self.out = out
+        self.proc = None
+        self.buffer = b""
+        self.rows: list = []
+        self.indices: set = set()
+        self.last_row_at = 0.0
+        binary = shutil.which("nvidia-smi")
+        if binary is None:
+            out.send({"t": "gpu", "error": "nvidia-smi not found"})
+            return
+        # whole seconds with --loop (every nvidia-smi has it); --loop-ms only for sub-second sampling
+        loop = "--loop={}".format(int(interval)) if interval >= 1 and interval == int(interval) \
+            else "--loop-ms={}".format(max(1, int(interval * 1000)))
+        try:
+            self.proc = subprocess.Popen([binary, "--query-gpu=" + GPU_FIELDS, "--format=csv,noheader,nounits", loop],
+                                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                         stderr=subprocess.STDOUT)
+        except OSError as exc:
+            out.send({"t": "gpu", "error": "cannot run nvidia-smi: {}".format(exc)})
+
+    def fileno(self) -> int:
+        return self.proc.stdout.fileno()
+
+    def read(self, now: float) -> None:
+        data = os.read(self.fileno(), 65536)
+        if not data:
+            self._ended()
+            return
+        self.buffer += data
+        *lines, self.buffer = self.buffer.split(b"\n")
+        for raw in lines:
+            line = raw.decode("utf-8", "replace").strip()
+            index = line.split(",", 1)[0].strip()
+            if not index.isdigit():
+                self.rows.append(line)  # an error message; sent with the sample (or at the end)
+                continue
+            if index in self.indices:  # the next sample began
+                self.flush()
+            self.indices.add(index)
+            self.rows.append(line)
+            self.last_row_at = now
+
+    def flush_if_quiet(self, now: float) -> None:
+        # the rows of one sample come in one burst; a short silence ends the sample
+        if self.rows and now - self.last_row_at >= 0.05:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.rows:
+            self.out.send({"t": "gpu", "csv": "\n".join(self.rows)})
+        self.rows, self.indices = [], set()
+
+    def _ended(self) -> None:
+        code = self.proc.wait()
+        text = "\n".join(self.rows + [self.buffer.decode("utf-8", "replace")]).strip()
+        self.rows, self.buffer = [], b""
+        self.out.send({"t": "gpu", "error": "nvidia-smi exited {}: {}".format(code, text[-500:])})
+        self.proc.stdout.close()
+        self.proc = None
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        try:
+            self.proc.kill()
+        except OSError:
+            pass
+        self.proc.wait()  # reaped: no zombie left behind, whatever PID 1 does
+        self.proc.stdout.close()
+        self.proc = None
+
+
+class Commands:
+    """The controller's JSON lines on stdin."""
+
+    def __init__(self, pump: LogPump) -> None:
+        self.pump = pump
+        self.buffer = b""
+        self.closed = False
+        self.last_at = time.monotonic()
+
+    def read(self, now: float) -> None:
+        data = os.read(0, 65536)
+        self.last_at = now
+        if not data:
+            self.closed = True
+            return
+        self.buffer += data
+        *lines, self.buffer = self.buffer.split(b"\n")
+        for line in lines:
+            self._apply(line)
+
+    def _apply(self, line: bytes) -> None:
+        try:
+            command = json.loads(line)
+        except ValueError:
+            return
+        if not isinstance(command, dict):
+            return
+        if isinstance(command.get("follow"), dict):
+            self.pump.follow(command["follow"])
+        if "unfollow" in command:
+            self.pump.unfollow(command["unfollow"])
+
+
+def watch(runs_dir: str, *, gpu_interval: float = 1.0, idle_exit: float = 0.0,
+          heartbeat: float = HEARTBEAT_S) -> int:
+    out = Output(sys.stdout.buffer)
+    pump, runs = LogPump(runs_dir, out), RunsWatcher(runs_dir, out)
+    commands = Commands(pump)
+    for signum in (signal.SIGTERM, signal.SIGHUP):  # unwind through `finally`, which ends nvidia-smi
+        signal.signal(signum, _exit_on_signal)
+    gpus = GpuSampler(out, gpu_interval)
+    try:
+        _loop(commands, pump, runs, gpus, out, idle_exit=idle_exit, heartbeat=heartbeat or HEARTBEAT_S)
+    except BrokenPipeError:
+        pass
+    finally:
+        gpus.stop()
+    return 0
+
+
+def _exit_on_signal(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _loop(commands: Commands, pump: LogPump, runs: RunsWatcher, gpus: GpuSampler, out: Output, *,
+          idle_exit: float, heartbeat: float) -> None:
+    next_runs = next_log = 0.0
+    next_beat = time.monotonic() + heartbeat
+    while not commands.closed:
+        now = time.monotonic()
+        if idle_exit and now - commands.last_at > idle_exit:
+            return
+        if now >= next_runs:
+            runs.poll(now)
+            next_runs = now + RUNS_POLL_S
+        if now >= next_log:
+            pump.poll()
+            next_log = now + LOG_POLL_S
+        if now >= next_beat:
+            out.send({"t": "hb"})
+            next_beat = now + heartbeat
+        readers = [0] + ([gpus] if gpus.proc is not None else [])
+        wait = max(0.0, min(next_runs, next_log) - time.monotonic())
+        ready, _, _ = select.select(readers, [], [], min(wait, 0.05) if gpus.rows else wait)
+        now = time.monotonic()
+        if 0 in ready:
+            commands.read(now)
+        if gpus in ready:
+            gpus.read(now)
+        gpus.flush_if_quiet(now)
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError("seconds must be a finite number >= 0")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="agent")
+    sub = parser.add_subparsers(dest="command")
+    add_watch_arguments(sub.add_parser("watch"))
+    add_lines_arguments(sub.add_parser("lines"))
+    return parser
+
+
+def add_watch_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--runs-dir", required=True)
+    parser.add_argument("--gpu-interval", type=_seconds, default=1.0, help="seconds between nvidia-smi samples")
+    parser.add_argument("--heartbeat", type=_seconds, default=HEARTBEAT_S, help="seconds between heartbeats")
+    parser.add_argument("--idle-exit", type=_seconds, default=0.0,
+                        help="exit when no command came for this long (0 = only when stdin closes)")
+
+
+def add_lines_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--runs-dir", required=True)
+    parser.add_argument("--run-id", required=True)
+    parser.add_argument("--start", type=int, required=True)
+    parser.add_argument("--stop", type=int, required=True)
+
+
+def main(argv: list | None = None) -> int:
+    """Entry point for both subcommands when run outside the agent's cli (`lines` prints one JSON object)."""
+    args = build_parser().parse_args(argv)
+    if args.command == "watch":
+        return watch(args.runs_dir, gpu_interval=args.gpu_interval, idle_exit=args.idle_exit,
+                     heartbeat=args.heartbeat)
+    if args.command == "lines":
+        from .errors import AgentError
+        from .lineindex import read_lines
+        try:
+            answer = read_lines(args.runs_dir, args.run_id, args.start, args.stop)
+        except AgentError as exc:
+            answer = {"ok": False, "error": str(exc), "code": exc.code}
+        sys.stdout.write(json.dumps(dict({"version": 1}, **answer)) + "\n")
+        return 0 if answer.get("ok") else 2
+    sys.stderr.write("usage: agent watch|lines ...\n")
+    return 2

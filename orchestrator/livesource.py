@@ -1,0 +1,288 @@
+"""The dashboard's live data source: one watch stream per container over one SSH connection per host.
+
+Each stream's thread feeds what its agent sends (run records, log bytes from byte offsets, GPU samples) into
+per-run trackers (parser + health) under one lock; `snapshot()` only assembles views the trackers cached. A
+lost host shows as disconnected with its retry countdown while the other hosts keep updating, and on
+reconnect every log resumes from the byte where its parser stopped.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from .alerts import Alert
+from .connections import Connections
+from .errors import DflashError, TargetNotFound, TransportError
+from .inventory import Inventory, Target
+from .runs import RunClient, runs_dir
+from .watch_runs import TERMINAL, GpuTracker, RunTracker, alert_view, iso
+from .watch_stream import ContainerStream, StreamOptions, agent_argv
+from .watchmodel import ActionResult, AlertView, HostView, Snapshot
+
+MAX_ALERTS = 500
+LINE_COUNT_CACHE_S = 1.0
+
+
+@dataclass
+class TargetState:
+    """One container as the source sees it."""
+
+    target: Target
+    runs: dict[str, RunTracker] = field(default_factory=dict)
+    gpus: GpuTracker | None = None
+    connected: bool = False
+    error: str | None = None
+    retry_at: float | None = None
+    got_runs: bool = False
+    got_gpus: bool = False
+    failed_once: bool = False
+
+    @property
+    def answered(self) -> bool:
+        """Answered once (runs, their logs up to date, a GPU sample or error), or failed trying."""
+        if self.failed_once:
+            return True
+        return self.got_runs and self.got_gpus and all(t.synced for t in self.runs.values())
+
+
+class LiveSource:
+    def __init__(self, inventory: Inventory, targets: list[Target], *, gpu_interval: float = 1.0,
+                 history: int = 2000, log_tail: int = 200, gpu_history: int = 120, heartbeat_s: float = 5.0,
+                 conns: Connections | None = None) -> None:
+        self.inventory = inventory
+        self.conns = conns or Connections()
+        self._own_conns = conns is None
+        self.client = RunClient(inventory, self.conns)
+        self._history, self._tail = history, log_tail
+        self._lock = threading.Condition(threading.RLock())
+        self._version = self._seen_version = 0
+        self._alerts: deque[AlertView] = deque(maxlen=MAX_ALERTS)
+        self._targets = {t.name: TargetState(t, gpus=GpuTracker(t.name, history=gpu_history)) for t in targets}
+        self._line_counts: dict[str, tuple[float, int]] = {}
+        options = StreamOptions(gpu_interval=gpu_interval, heartbeat_s=heartbeat_s)
+        self._streams = {t.name: ContainerStream(t, self.conns, self, options) for t in targets}
+        for stream in self._streams.values():
+            stream.start()
+
+    # -- DashboardSource ------------------------------------------------------------------------------------
+
+    def snapshot(self) -> Snapshot:
+        with self._lock:
+            self._seen_version = self._version
+            states = list(self._targets.values())
+            runs = sorted((t.view() for s in states for t in s.runs.values()),
+                          key=lambda v: (v.created_at or "", v.run_id))
+            gpus = tuple(g for s in states for g in s.gpus.views())
+            return Snapshot(taken_at=iso(time.time()), runs=tuple(runs), gpus=gpus, hosts=self._host_views(),
+                            alerts=tuple(self._alerts))
+
+    def wait_for_change(self, timeout: float) -> bool:
+        with self._lock:
+            return self._lock.wait_for(lambda: self._version != self._seen_version, timeout)
+
+    def wait_until_answered(self, timeout: float) -> bool:
+        """Block until every target has answered once or failed; False if the timeout came first."""
+        with self._lock:
+            return self._lock.wait_for(lambda: all(s.answered for s in self._targets.values()), timeout)
+
+    def unreachable(self) -> dict[str, str]:
+        """Targets not connected now, with the reason."""
+        with self._lock:
+            return {name: s.error or "not connected" for name, s in self._targets.items() if not s.connected}
+
+    def kill(self, run_id: str, *, grace: float) -> ActionResult:
+        try:
+            target = self._target_of(run_id)
+            payload = self.client.kill(target, [run_id], grace=grace)
+        except DflashError as exc:
+            return ActionResult(ok=False, message=str(exc))
+        runs = payload.get("runs") or [{}]
+        state = runs[0].get("state")
+        message = f"{run_id} is {state}" if payload.get("ok") else payload.get("error") or f"{run_id}: not all gone"
+        return ActionResult(ok=bool(payload.get("ok")), message=message, details=payload)
+
+    def cleanup(self, target: str, *, dry_run: bool) -> ActionResult:
+        state = self._targets.get(target)
+        if state is None:
+            return ActionResult(ok=False, message=f"{target} is not watched")
+        try:
+            payload = self.client.cleanup(state.target, dry_run=dry_run)
+        except DflashError as exc:
+            return ActionResult(ok=False, message=str(exc))
+        actions = payload.get("actions") or []
+        verb = "planned" if dry_run else "taken"
+        return ActionResult(ok=bool(payload.get("ok")), message=f"{target}: {len(actions)} action(s) {verb}",
+                            details=payload)
+
+    def log_line_count(self, run_id: str) -> int:
+        cached = self._line_counts.get(run_id)
+        if cached is not None and time.monotonic() - cached[0] < LINE_COUNT_CACHE_S:
+            return cached[1]
+        return self._lines(run_id, 0, 0)["total"]
+
+    def log_lines(self, run_id: str, start: int, stop: int) -> list[str]:
+        return list(self._lines(run_id, start, stop)["lines"])
+
+    def close(self) -> None:
+        for stream in self._streams.values():
+            stream.stop()
+        for stream in self._streams.values():
+            stream.join(5.0)
+        if self._own_conns:
+            self.conns.close()
+
+    def __enter__(self) -> "LiveSource":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- StreamSink (called from the stream threads) ---------------------------------------------------------
+
+    def connected(self, target: Target) -> dict[str, object]:
+        with self._lock:
+            state = self._targets[target.name]
+            for tracker in state.runs.values():
+                tracker.synced = False
+            return {run_id: _resume_point(t) for run_id, t in state.runs.items()}
+
+    def message(self, target: Target, message: dict) -> dict[str, object] | None:
+        kind, now = message.get("t"), time.time()
+        with self._lock:
+            state = self._targets[target.name]
+            if not state.connected:  # connected once the agent speaks, not when the command was sent
+                state.connected, state.error, state.retry_at = True, None, None
+                self._changed()
+            if kind == "runs":
+                return self._on_runs(state, message.get("runs") or [], now)
+            if kind == "log":
+                self._on_log(state, message, now)
+            elif kind == "reset":
+                tracker = state.runs.get(str(message.get("run")))
+                if tracker is not None:
+                    tracker.reset()
+            elif kind == "synced":
+                for run_id in message.get("runs") or []:
+                    if run_id in state.runs:
+                        state.runs[run_id].synced = True
+            elif kind == "gpu":
+                self._on_gpu(state, message, now)
+            else:
+                return None  # heartbeats change nothing
+            self._changed()
+        return None
+
+    def tick(self, target: Target) -> None:
+        now = time.time()
+        with self._lock:
+            state = self._targets[target.name]
+            alerts = [a for t in state.runs.values() for a in t.settle(now)]
+            self._add_alerts(state, alerts)
+
+    def disconnected(self, target: Target, error: str, retry_at: float) -> None:
+        with self._lock:
+            state = self._targets[target.name]
+            state.connected, state.error, state.retry_at, state.failed_once = False, error, retry_at, True
+            self._changed()
+
+    # -- message handling -----------------------------------------------------------------------------------
+
+    def _on_runs(self, state: TargetState, records: list[dict], now: float) -> dict[str, object]:
+        follow: dict[str, object] = {}
+        seen = set()
+        for record in records:
+            run_id = record.get("run_id")
+            if not isinstance(run_id, str):
+                continue
+            seen.add(run_id)
+            tracker = state.runs.get(run_id)
+            if tracker is None:
+                tracker = state.runs[run_id] = RunTracker(state.target.name, record, history=self._history,
+                                                          tail=self._tail)
+                follow[run_id] = -1
+            self._add_alerts(state, tracker.update_record(record, now))
+        for gone in set(state.runs) - seen:  # its run directory was removed
+            del state.runs[gone]
+        state.got_runs = True
+        self._changed()
+        return follow
+
+    def _on_log(self, state: TargetState, message: dict, now: float) -> None:
+        tracker = state.runs.get(str(message.get("run")))
+        offset = message.get("offset")
+        if tracker is None or not isinstance(offset, int):
+            return
+        try:
+            data = base64.b64decode(message.get("data") or "", validate=True)
+        except (binascii.Error, ValueError):
+            return
+        self._add_alerts(state, tracker.feed(offset, message.get("ino"), data, now))
+
+    def _on_gpu(self, state: TargetState, message: dict, now: float) -> None:
+        state.got_gpus = True
+        if "error" in message:
+            state.gpus.error = str(message["error"])
+            return
+        samples = state.gpus.sample(str(message.get("csv") or ""), now)
+        for tracker in state.runs.values():
+            if tracker.record.get("state") not in TERMINAL:
+                self._add_alerts(state, tracker.observe_gpus(samples, now))
+
+    def _add_alerts(self, state: TargetState, alerts: list[Alert]) -> None:
+        if alerts:
+            self._alerts.extend(alert_view(a, state.target.name) for a in alerts)
+            self._changed()
+
+    def _changed(self) -> None:
+        self._version += 1
+        self._lock.notify_all()
+
+    def _host_views(self) -> tuple[HostView, ...]:
+        now = time.time()
+        hosts: dict[str, list[TargetState]] = {}
+        for state in self._targets.values():
+            hosts.setdefault(state.target.host.name, []).append(state)
+        views = []
+        for name, states in hosts.items():
+            down = [s for s in states if not s.connected]
+            retry = [s.retry_at for s in down if s.retry_at is not None]
+            views.append(HostView(name=name, connected=not down, error=next((s.error for s in down if s.error), None),
+                                  retry_in_s=max(0.0, min(retry) - now) if retry else None))
+        return tuple(views)
+
+    # -- actions --------------------------------------------------------------------------------------------
+
+    def _target_of(self, run_id: str) -> Target:
+        with self._lock:
+            for state in self._targets.values():
+                if run_id in state.runs:
+                    return state.target
+        raise TargetNotFound(f"no run {run_id!r} on the watched targets")
+
+    def _lines(self, run_id: str, start: int, stop: int) -> dict:
+        target = self._target_of(run_id)
+        agent_path = self._streams[target.name].agent_path
+        if agent_path is None:
+            raise TransportError(f"{target.name}: not connected yet")
+        args = ["lines", "--runs-dir", runs_dir(target), "--run-id", run_id, "--start", str(start),
+                "--stop", str(stop)]
+        result = self.conns.for_target(target).run(agent_argv(target, agent_path, *args), timeout=60)
+        try:
+            answer = json.loads(result.out.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            raise TransportError(f"{target.name}: the agent gave no answer ({result.describe()})") from None
+        if not answer.get("ok"):
+            raise TransportError(f"{target.name}: {answer.get('error', 'lines failed')}")
+        self._line_counts[run_id] = (time.monotonic(), int(answer["total"]))
+        return answer
+
+
+def _resume_point(tracker: RunTracker) -> object:
+    if tracker.offset is None:
+        return -1
+    return {"offset": tracker.offset, "ino": tracker.ino}

@@ -1,0 +1,176 @@
+"""What the live source knows of each run and each GPU: parser and health fed from the watch stream, and the
+bounded histories the dashboard draws. Pure state: no IO, no threads, no clock (callers pass `now`)."""
+from __future__ import annotations
+
+import datetime
+from collections import deque
+
+from .alerts import Alert, GpuSample, RunHealth
+from .gpus import GpuInfo, parse_query_csv
+from .logparse import ExceptionEvent, LogLine, LogParser, PhaseEvent, StepEvent
+from .watchmodel import AlertView, GpuView, MetricPoint, RunView
+
+TERMINAL = frozenset({"succeeded", "failed", "killed", "lost"})
+# The parser's fine-grained start-up phases, folded into the few the dashboard shows.
+PHASE_SHOWN = {"loading_dataset": "loading_dataset", "dataset_loaded": "loading_dataset",
+               "batches_per_epoch": "buckets", "bucket": "buckets", "loading_targets": "loading_targets",
+               "target_loading": "loading_targets", "training": "training", "finished": "finished"}
+STEP_VALUES = ("loss", "acc", "streak", "lr", "tok_per_s", "eta_s")
+MAX_EXCEPTION_TEXTS = 20
+
+
+def iso(seconds: float) -> str:
+    stamp = datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc)
+    return stamp.isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+class RunTracker:
+    """One run: its record from the agent, its log parsed incrementally from byte offsets, its health."""
+
+    def __init__(self, target: str, record: dict, *, history: int, tail: int) -> None:
+        self.target = target
+        self.run_id: str = record["run_id"]
+        self.record = record
+        # a run that had ended before we looked raises no alerts: they would all be old news
+        self.quiet = record.get("state") in TERMINAL
+        self.parser = LogParser()
+        self.health = RunHealth(self.run_id, gpu_indices=record.get("gpus") or None)
+        self.offset: int | None = None  # the next byte of train.log we expect: the resume point
+        self.ino: int | None = None
+        self.synced = False
+        self.history: deque[MetricPoint] = deque(maxlen=history)
+        self.tail: deque[str] = deque(maxlen=tail)
+        self.exception_texts: deque[str] = deque(maxlen=MAX_EXCEPTION_TEXTS)
+        self.exception_count = 0
+        self.phase: str | None = None
+        self.last_step: int | None = None
+        self.q_pre: tuple[int, ...] = ()
+        self.q_hs: tuple[int, ...] = ()
+        self.values: dict[str, float | None] = dict.fromkeys(STEP_VALUES)
+        self._view: RunView | None = None
+
+    # -- inputs
+
+    def update_record(self, record: dict, now: float) -> list[Alert]:
+        changed = record != self.record
+        self.record = record
+        self._view = None if changed else self._view
+        return self._keep(self.health.observe_state(record.get("state") or "starting", now,
+                                                    exit_code=record.get("exit_code"), signal=record.get("signal")))
+
+    def feed(self, offset: int, ino: int | None, data: bytes, now: float) -> list[Alert]:
+        """New log bytes starting at `offset`; bytes we already have (a resend) are dropped."""
+        if self.offset is not None and offset < self.offset:
+            data = data[self.offset - offset:]
+            offset = self.offset
+        if not data:
+            return []
+        self.offset, self.ino = offset + len(data), ino
+        return self._events(self.parser.feed(data), now)
+
+    def reset(self) -> None:
+        """The log was truncated or replaced: read the new one from scratch (metrics history is kept)."""
+        self.parser = LogParser()
+        self.offset = self.ino = None
+        self.tail.clear()
+        self._view = None
+
+    def settle(self, now: float) -> list[Alert]:
+        return self._events(self.parser.settle(), now) + self._keep(self.health.check(now))
+
+    def observe_gpus(self, samples: list[GpuSample], now: float) -> list[Alert]:
+        return self._keep(self.health.observe_gpus(samples, now))
+
+    # -- events
+
+    def _events(self, events: list, now: float) -> list[Alert]:
+        if not events:
+            return []
+        self._view = None
+        for event in events:
+            self._take(event)
+        return self._keep(self.health.observe_events(events, now))
+
+    def _take(self, event: object) -> None:
+        if isinstance(event, StepEvent):
+            self._take_step(event)
+        elif isinstance(event, ExceptionEvent):
+            self.exception_count += 1
+            self.exception_texts.append(event.text)
+            self.tail.extend(event.text.split("\n"))
+            return
+        elif isinstance(event, PhaseEvent):
+            self.phase = PHASE_SHOWN.get(event.phase, self.phase)
+        if isinstance(event, (StepEvent, PhaseEvent, LogLine)):
+            self.tail.append(event.text)
+
+    def _take_step(self, step: StepEvent) -> None:
+        if self.phase != "finished":
+            self.phase = "training"
+        if step.step is not None:
+            self.last_step = step.step
+            self.history.append(MetricPoint(step.step, step.loss, step.acc, step.streak, step.tok_per_s))
+        for name in STEP_VALUES:
+            value = getattr(step, name)
+            if value is not None:
+                self.values[name] = value
+        self.q_pre = step.q_pre if step.q_pre is not None else self.q_pre
+        self.q_hs = step.q_hs if step.q_hs is not None else self.q_hs
+
+    def _keep(self, alerts: list[Alert]) -> list[Alert]:
+        return [] if self.quiet else alerts
+
+    # -- output
+
+    def view(self) -> RunView:
+        if self._view is None:
+            self._view = self._build_view()
+        return self._view
+
+    def _build_view(self) -> RunView:
+        r, v = self.record, self.values
+        return RunView(
+            run_id=self.run_id, target=self.target, name=r.get("name") or "", state=r.get("state") or "starting",
+            phase=self.phase, pid=r.get("pid"), exit_code=r.get("exit_code"), signal=r.get("signal"),
+            created_at=r.get("created_at"), ended_at=r.get("ended_at"), log_path=r.get("log_path"),
+            gpus=tuple(r.get("gpus") or ()), last_step=self.last_step, loss=v["loss"], acc=v["acc"],
+            streak=v["streak"], lr=v["lr"], tok_per_s=v["tok_per_s"], eta_s=v["eta_s"], q_pre=self.q_pre,
+            q_hs=self.q_hs, exceptions=self.exception_count, history=tuple(self.history),
+            log_tail=tuple(self.tail), exception_texts=tuple(self.exception_texts))
+
+
+class GpuTracker:
+    """The GPUs of one target: the latest sample of each and a short history for the sparklines."""
+
+    def __init__(self, target: str, *, history: int) -> None:
+        self.target = target
+        self.history = history
+        self.latest: dict[int, GpuInfo] = {}
+        self.util: dict[int, deque[float]] = {}
+        self.memory: dict[int, deque[float]] = {}
+        self.error: str | None = None
+        self._views: tuple[GpuView, ...] | None = ()
+
+    def sample(self, csv: str, now: float) -> list[GpuSample]:
+        gpus = parse_query_csv(csv)
+        for gpu in gpus:
+            self.latest[gpu.index] = gpu
+            if gpu.utilization_pct is not None:
+                self.util.setdefault(gpu.index, deque(maxlen=self.history)).append(gpu.utilization_pct)
+            if gpu.memory_used_mib is not None:
+                self.memory.setdefault(gpu.index, deque(maxlen=self.history)).append(gpu.memory_used_mib)
+        self._views = None
+        return [GpuSample(g.index, g.memory_used_mib, g.memory_total_mib, g.utilization_pct, now) for g in gpus]
+
+    def views(self) -> tuple[GpuView, ...]:
+        if self._views is None:
+            self._views = tuple(
+                GpuView(self.target, index, gpu.memory_used_mib, gpu.memory_total_mib, gpu.utilization_pct,
+                        tuple(self.util.get(index, ())), tuple(self.memory.get(index, ())))
+                for index, gpu in sorted(self.latest.items()))
+        return self._views
+
+
+def alert_view(alert: Alert, target: str) -> AlertView:
+    return AlertView(time=iso(alert.time), run_id=alert.run_id, target=target, kind=alert.kind,
+                     severity=alert.severity, message=alert.message)

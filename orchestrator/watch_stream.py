@@ -1,0 +1,172 @@
+"""One container's watch stream: a thread that deploys the agent, runs `agent watch` over the host's shared
+connection, hands every message to the source, and reconnects with exponential backoff when it is lost."""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+from .connections import Connections
+from .deploy import deploy
+from .errors import CommandTimeout, DflashError, Unreachable
+from .inventory import Target
+from .runs import runs_dir
+from .transports.base import RemoteProcess, Transport
+from .transports.pct import PctTransport
+from .transports.ssh import SSHTransport
+
+log = logging.getLogger("dflashctl.watch")
+
+# Runs the agent's watch module straight from the zipapp, whatever subcommands its cli has.
+AGENT_BOOT = ("import sys; sys.path.insert(0, sys.argv[1]); from dflash_agent.watchstream import main; "
+              "sys.exit(main(sys.argv[2:]))")
+BACKOFF_FIRST_S = 1.0
+BACKOFF_CAP_S = 30.0
+READ_TICK_S = 1.0
+PING_EVERY_S = 10.0
+AGENT_IDLE_EXIT_S = 60.0  # the agent's own limit: a controller behind a dead link never closes its stdin
+STEADY_S = 30.0  # a session that lasted this long starts the next backoff from the beginning
+
+
+class StreamSink(Protocol):
+    """What the stream reports to (the live source); called from the stream's thread."""
+
+    def connected(self, target: Target) -> dict[str, object]: ...   # -> follow offsets to resume from
+    def message(self, target: Target, message: dict) -> dict[str, object] | None: ...  # -> new follows
+    def tick(self, target: Target) -> None: ...
+    def disconnected(self, target: Target, error: str, retry_at: float) -> None: ...
+
+
+def agent_argv(target: Target, agent_path: str, *args: str) -> list[str]:
+    return [target.python, "-c", AGENT_BOOT, agent_path, *args]
+
+
+def drop_connection(transport: Transport) -> None:
+    """Close the SSH connection under a transport: a link that went silent is dead for every container."""
+    base = transport.host if isinstance(transport, PctTransport) else transport
+    if isinstance(base, SSHTransport):
+        base.conn.close()
+
+
+@dataclass
+class StreamOptions:
+    gpu_interval: float = 1.0
+    heartbeat_s: float = 5.0
+
+    @property
+    def silence_limit_s(self) -> float:
+        return 3 * self.heartbeat_s + 1.0
+
+
+class ContainerStream:
+    def __init__(self, target: Target, conns: Connections, sink: StreamSink, options: StreamOptions) -> None:
+        self.target = target
+        self.conns = conns
+        self.sink = sink
+        self.options = options
+        self.agent_path: str | None = None
+        self._stop = threading.Event()
+        self._proc: RemoteProcess | None = None
+        self._thread = threading.Thread(target=self._run, name=f"watch {target.name}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        proc = self._proc
+        if proc is not None:
+            try:
+                proc.close()
+            except DflashError:
+                pass
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+
+    # -- the loop
+
+    def _run(self) -> None:
+        failures = 0
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                error = self._session()
+            except DflashError as exc:
+                error = str(exc)
+            except Exception as exc:  # noqa: BLE001 - a bug in one stream must not end the dashboard
+                log.debug("%s: watch stream failed", self.target.name, exc_info=True)  # not over the TUI
+                error = f"{type(exc).__name__}: {exc}"
+            if self._stop.is_set():
+                return
+            failures = 1 if time.monotonic() - started > STEADY_S else failures + 1
+            delay = min(BACKOFF_CAP_S, BACKOFF_FIRST_S * 2 ** (failures - 1))
+            self.sink.disconnected(self.target, error, time.time() + delay)
+            self._stop.wait(delay)
+            self.conns.reset(self.target.host.name)
+
+    def _session(self) -> str:
+        transport = self.conns.for_target(self.target)
+        self.agent_path = deploy(transport, self.target.workdir, with_trainer=False).agent_path
+        argv = agent_argv(self.target, self.agent_path, "watch", "--runs-dir", runs_dir(self.target),
+                          "--gpu-interval", f"{self.options.gpu_interval:g}",
+                          "--heartbeat", f"{self.options.heartbeat_s:g}", "--idle-exit", f"{AGENT_IDLE_EXIT_S:g}")
+        self._proc = proc = transport.start(argv)
+        try:
+            self._send(proc, {"follow": self.sink.connected(self.target)})
+            return self._pump(proc, transport)
+        finally:
+            self._proc = None
+            proc.close()
+
+    def _pump(self, proc: RemoteProcess, transport: Transport) -> str:
+        buffer = b""
+        last_data = last_tick = last_ping = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                chunk = proc.read(READ_TICK_S)
+            except CommandTimeout:
+                chunk = None
+            now = time.monotonic()
+            if chunk == b"":
+                return "the watch agent ended" + _exit_note(proc)
+            if chunk:
+                last_data = now
+                *lines, buffer = (buffer + chunk).split(b"\n")
+                self._dispatch(proc, lines)
+            elif now - last_data > self.options.silence_limit_s:
+                drop_connection(transport)
+                raise Unreachable(f"{self.target.name}: no word from the watch agent for "
+                                  f"{now - last_data:.0f}s (connection lost)")
+            if now - last_tick >= READ_TICK_S:
+                last_tick = now
+                self.sink.tick(self.target)
+            if now - last_ping >= PING_EVERY_S:
+                last_ping = now
+                self._send(proc, {"ping": 1})
+        return "stopped"
+
+    def _dispatch(self, proc: RemoteProcess, lines: list[bytes]) -> None:
+        for line in lines:
+            try:
+                message = json.loads(line)
+            except ValueError:
+                continue  # e.g. a warning the container's Python printed; the stream goes on
+            if not isinstance(message, dict):
+                continue
+            follow = self.sink.message(self.target, message)
+            if follow:
+                self._send(proc, {"follow": follow})
+
+    @staticmethod
+    def _send(proc: RemoteProcess, command: dict) -> None:
+        proc.write((json.dumps(command) + "\n").encode())
+
+
+def _exit_note(proc: RemoteProcess) -> str:
+    code = proc.poll()
+    return "" if code is None else f" (exit code {code})"
+

@@ -1,0 +1,33 @@
+"""`dflashctl demo --no-watch`: a tiny target, its own data, a real short CPU training run on `local`."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from orchestrator.cli import main as run_cli
+
+pytest.importorskip("torch")
+
+
+@pytest.mark.slow
+def test_demo_trains_on_local_and_summarises(tmp_path: Path, capsys, monkeypatch) -> None:
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(f"hosts:\n  local:\n    transport: local\n    workdir: {json.dumps(str(tmp_path / 'work'))}\n")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    code = run_cli(["--inventory", str(inventory), "demo", "--no-watch", "--steps", "20"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    run_id, state = out.splitlines()[0].split(": ")
+    assert state == "succeeded" and run_id.startswith("demo-")
+    assert "steps 5..20" in out
+    first_loss, last_loss = map(float, re.search(r"loss (\S+) -> (\S+),", out).groups())
+    assert last_loss < first_loss  # it trained
+    code = run_cli(["--inventory", str(inventory), "watch", "--once", "--json"])
+    snapshot = json.loads(capsys.readouterr().out)
+    assert code == 0
+    run = next(r for r in snapshot["runs"] if r["run_id"] == run_id)
+    assert (run["state"], run["last_step"], run["phase"]) == ("succeeded", 20, "finished")
+    assert snapshot["hosts"] == [{"name": "local", "connected": True, "error": None, "retry_in_s": None}]

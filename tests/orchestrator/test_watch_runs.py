@@ -1,0 +1,54 @@
+"""RunTracker: resume from byte offsets without loss or duplicates, resets, alerts kept quiet for old runs."""
+from __future__ import annotations
+
+from orchestrator.watch_runs import GpuTracker, RunTracker
+
+STEP = ("[{i}s] step={i} loss=2.5 acc=0.1 streak=0.5 lr=1e-4 noise=0.0 | tgt=1.0b/s dft=1.0b/s (11.7Ktok/s) | "
+        "q_pre=[5] q_hs=[2] | epoch~0.01 ETA=1h\n")
+
+
+def tracker(state: str = "running") -> RunTracker:
+    return RunTracker("pve1/200", {"run_id": "r", "state": state, "gpus": [0]}, history=100, tail=10)
+
+
+def test_overlapping_resends_are_dropped_and_split_lines_join() -> None:
+    log = "".join(STEP.format(i=i) for i in range(1, 21)).encode()
+    run = tracker()
+    run.feed(0, 1, log[:500], now=0.0)
+    run.feed(250, 1, log[250:1000], now=1.0)  # overlaps what came: only bytes from 500 on count
+    run.feed(1000, 1, log[1000:], now=2.0)
+    run.feed(0, 1, log[:300], now=3.0)  # a full resend changes nothing
+    assert [p.step for p in run.history] == list(range(1, 21))
+    assert run.offset == len(log) and run.view().last_step == 20 and len(run.view().log_tail) == 10
+
+
+def test_reset_restarts_the_parser_and_exceptions_alert() -> None:
+    run = tracker()
+    run.feed(0, 1, b"half a li", now=0.0)
+    run.reset()
+    alerts = run.feed(0, 2, b"Traceback (most recent call last):\n  File \"x\", line 1\nValueError: bad\n",
+                      now=1.0)
+    alerts += run.settle(now=2.0)
+    assert [a.kind for a in alerts] == ["exception"]
+    assert run.view().exceptions == 1 and run.view().log_tail[0].startswith("Traceback")
+
+
+def test_runs_ended_before_watching_raise_no_alerts_but_new_ends_do() -> None:
+    old = tracker("failed")
+    assert old.update_record({"run_id": "r", "state": "failed", "exit_code": 1}, now=0.0) == []
+    assert old.feed(0, 1, b"RuntimeError: boom\n", now=0.0) == []
+    assert old.view().exceptions == 1
+    live = tracker()
+    alerts = live.update_record({"run_id": "r", "state": "killed", "signal": 15}, now=0.0)
+    assert [(a.kind, a.severity) for a in alerts] == [("ended", "warning")]
+    assert live.view().state == "killed"
+
+
+def test_gpu_tracker_keeps_bounded_history() -> None:
+    gpus = GpuTracker("pve2/300", history=3)
+    for util in (10, 20, 30, 40):
+        samples = gpus.sample(f"0, GPU-x, NVIDIA H200, 1000, 143771, {util}\n1, GPU-y, NVIDIA H200, 0, 143771, 0",
+                              now=float(util))
+    assert [s.utilization_pct for s in samples] == [40.0, 0.0]
+    view = gpus.views()[0]
+    assert (view.index, view.utilization_history, view.memory_total_mib) == (0, (20.0, 30.0, 40.0), 143771.0)
