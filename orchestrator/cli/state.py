@@ -31,7 +31,9 @@ class AppState:
 
 
 def stdout() -> Console:
-    return Console(file=sys.stdout, highlight=False, soft_wrap=True)
+    # piped into grep or a file, tables should not be squeezed to the 80 columns rich assumes there
+    width = None if sys.stdout.isatty() else 160
+    return Console(file=sys.stdout, highlight=False, soft_wrap=True, width=width)
 
 
 def stderr() -> Console:
