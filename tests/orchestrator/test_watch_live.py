@@ -4,33 +4,25 @@ from __future__ import annotations
 import json
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from orchestrator.connections import Connections
-from orchestrator.inventory import load_inventory
 from orchestrator.livesource import LiveSource
-from orchestrator.runs import LaunchSpec, RunClient, runs_dir
+from orchestrator.runs import LaunchSpec, RunClient
+from tests.lab.workloads import QUIET, STEP, counter, log_path, quick_inventory
+from tests.lab.workloads import TRACEBACK as TRACEBACK_TEMPLATE
 
 pytestmark = pytest.mark.lab
 
-STEP = ("[{i}s] step={i} loss=2.5 acc=0.1 streak=0.5 lr=1e-4 noise=0.0 | tgt=1.0b/s dft=1.0b/s (11.7Ktok/s) | "
-        "q_pre=[5] q_hs=[2] | epoch~0.01 ETA=1h")
 # Prints numbered step lines for as long as it runs: the stream must deliver each exactly once.
-COUNTER = ("import time\ni = 0\nwhile True:\n    i += 1\n    print(" + repr(STEP) + ".format(i=i), flush=True)\n"
-           "    time.sleep(0.1)")
-QUIET = "import time; print('Loading dataset from /data...', flush=True); time.sleep(3600)"
-TRACEBACK = ('Traceback (most recent call last):\n  File "train.py", line 3, in <module>\n    step()\n'
-             'RuntimeError: CUDA error: an illegal memory access was encountered\n')
+COUNTER = counter(0.1)
+TRACEBACK = TRACEBACK_TEMPLATE.format(message="CUDA error: an illegal memory access was encountered")
 
 
 @pytest.fixture(scope="module")
 def inventory(lab, tmp_path_factory):
-    path = lab.write_inventory(tmp_path_factory.mktemp("inv") / "inventory.yaml")
-    # a dead link should cost the reconnect attempts seconds, not the default 10 s each
-    path.write_text(path.read_text().replace("defaults: {", "defaults: {connect_timeout: 2, ", 1))
-    return load_inventory(path)
+    return quick_inventory(lab, tmp_path_factory.mktemp("inv") / "inventory.yaml")
 
 
 @pytest.fixture(scope="module")
@@ -51,11 +43,6 @@ def source(inventory, launched):
     with LiveSource(inventory, targets, heartbeat_s=1.0) as live:
         assert live.wait_until_answered(30)
         yield live
-
-
-def log_path(lab, inventory, host: str, ctid: int, run_id: str) -> Path:
-    inside = runs_dir(inventory.target(f"{host}/{ctid}"))
-    return lab.hosts[host].containers[ctid].workspace / inside.removeprefix("/workspace/") / run_id / "train.log"
 
 
 def wait_for(source: LiveSource, predicate, timeout: float):

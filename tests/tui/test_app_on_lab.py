@@ -3,14 +3,14 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from orchestrator.connections import Connections
-from orchestrator.inventory import load_inventory
 from orchestrator.livesource import LiveSource
-from orchestrator.runs import LaunchSpec, RunClient, runs_dir
+from orchestrator.runs import LaunchSpec, RunClient
+from tests.lab.workloads import QUIET, STEP, counter, log_path, quick_inventory
+from tests.lab.workloads import TRACEBACK as TRACEBACK_TEMPLATE
 from tui.app import DashboardApp
 from tui.screens.kill_confirm import KillConfirmScreen
 from tui.widgets.host_status import HostStatus
@@ -20,20 +20,13 @@ from .conftest import cell, select_run, wait_until
 
 pytestmark = [pytest.mark.lab, pytest.mark.asyncio]
 
-STEP = ("[{i}s] step={i} loss=2.5 acc=0.1 streak=0.5 lr=1e-4 noise=0.0 | tgt=1.0b/s dft=1.0b/s (11.7Ktok/s) | "
-        "q_pre=[5] q_hs=[2] | epoch~0.01 ETA=1h")
-COUNTER = ("import time\ni = 0\nwhile True:\n    i += 1\n    print(" + repr(STEP) + ".format(i=i), flush=True)\n"
-           "    time.sleep(0.2)")
-QUIET = "import time; print('Loading dataset from /data...', flush=True); time.sleep(3600)"
-TRACEBACK = ('Traceback (most recent call last):\n  File "train.py", line 3, in <module>\n    step()\n'
-             'RuntimeError: NCCL watchdog timed out\n')
+COUNTER = counter(0.2)
+TRACEBACK = TRACEBACK_TEMPLATE.format(message="NCCL watchdog timed out")
 
 
 @pytest.fixture(scope="module")
 def inventory(lab, tmp_path_factory):
-    path = lab.write_inventory(tmp_path_factory.mktemp("inv") / "inventory.yaml")
-    path.write_text(path.read_text().replace("defaults: {", "defaults: {connect_timeout: 2, ", 1))
-    return load_inventory(path)
+    return quick_inventory(lab, tmp_path_factory.mktemp("inv") / "inventory.yaml")
 
 
 @pytest.fixture()
@@ -46,11 +39,6 @@ def runs(inventory):
         yield quiet["run_id"], counter["run_id"]
         client.kill(inventory.target("pve1/200"), [quiet["run_id"]], grace=1)
         client.kill(inventory.target("pve2/300"), [counter["run_id"]], grace=1)
-
-
-def log_of(lab, inventory, host: str, ctid: int, run_id: str) -> Path:
-    inside = runs_dir(inventory.target(f"{host}/{ctid}"))
-    return lab.hosts[host].containers[ctid].workspace / inside.removeprefix("/workspace/") / run_id / "train.log"
 
 
 def step_of(table: RunsTable, run_id: str) -> int:
@@ -73,7 +61,7 @@ async def test_dashboard_on_two_lab_hosts(lab, inventory, runs) -> None:
             await wait_until(pilot, lambda: step_of(table, counter) > first + 3, timeout=10, what="steps")
 
             # an injected traceback raises an alert
-            with log_of(lab, inventory, "pve1", 200, quiet).open("a") as handle:
+            with log_path(lab, inventory, "pve1", 200, quiet).open("a") as handle:
                 handle.write(TRACEBACK)
             await wait_until(pilot, lambda: any(a.kind == "exception" and a.run_id == quiet
                                                 for a in source.snapshot().alerts), timeout=10, what="the alert")
@@ -89,7 +77,7 @@ async def test_dashboard_on_two_lab_hosts(lab, inventory, runs) -> None:
                                                     for h in source.snapshot().hosts), timeout=15, what="pve2 down")
                 await wait_until(pilot, lambda: "pve2" in str(hosts.render()) and "pve1" in str(hosts.render()),
                                  timeout=5, what="host line")
-                with log_of(lab, inventory, "pve1", 200, quiet).open("a") as handle:
+                with log_path(lab, inventory, "pve1", 200, quiet).open("a") as handle:
                     handle.write(STEP.format(i=4242) + "\n")
                 await wait_until(pilot, lambda: step_of(table, quiet) == 4242, timeout=5, what="pve1 updating")
                 stalled = step_of(table, counter)

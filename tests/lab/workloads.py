@@ -1,0 +1,32 @@
+"""Workloads and paths shared by the tests that run things in lab containers and watch them."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from orchestrator.inventory import Inventory, load_inventory
+from orchestrator.runs import runs_dir
+
+STEP = ("[{i}s] step={i} loss=2.5 acc=0.1 streak=0.5 lr=1e-4 noise=0.0 | tgt=1.0b/s dft=1.0b/s (11.7Ktok/s) | "
+        "q_pre=[5] q_hs=[2] | epoch~0.01 ETA=1h")
+QUIET = "import time; print('Loading dataset from /data...', flush=True); time.sleep(3600)"
+TRACEBACK = ('Traceback (most recent call last):\n  File "train.py", line 3, in <module>\n    step()\n'
+             'RuntimeError: {message}\n')
+
+
+def counter(period_s: float = 0.1) -> str:
+    """A workload printing numbered step lines for as long as it runs: each must arrive exactly once."""
+    return ("import time\ni = 0\nwhile True:\n    i += 1\n    print(" + repr(STEP) + ".format(i=i), flush=True)\n"
+            f"    time.sleep({period_s})")
+
+
+def quick_inventory(lab, path: Path) -> Inventory:
+    """The lab's inventory with a 2 s connect timeout: a dead link costs each reconnect attempt 2 s, not 10."""
+    lab.write_inventory(path)
+    path.write_text(path.read_text().replace("defaults: {", "defaults: {connect_timeout: 2, ", 1))
+    return load_inventory(path)
+
+
+def log_path(lab, inventory: Inventory, host: str, ctid: int, run_id: str) -> Path:
+    """Where a run's train.log is, seen from outside the container."""
+    inside = runs_dir(inventory.target(f"{host}/{ctid}"))
+    return lab.hosts[host].containers[ctid].workspace / inside.removeprefix("/workspace/") / run_id / "train.log"
