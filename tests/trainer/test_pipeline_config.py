@@ -1,0 +1,97 @@
+"""The training config: every field documented and shown by --help; typos and bad values are clear errors."""
+from __future__ import annotations
+
+import pytest
+
+from tests.trainer.conftest import run_trainer, write_config
+from trainer.config import TrainConfig, config_from_dict, default_gamma, load_config
+from trainer.errors import TrainerError
+
+REQUIRED = {"target_path": "t", "data_path": "d", "output_dir": "o"}
+
+
+def test_defaults_follow_the_recipe():
+    config = config_from_dict(REQUIRED, source="x.yaml")
+    assert (config.block_size, config.num_anchors, config.gamma, config.drafter_layers) == (16, 512, 7.0, 5)
+    assert (config.lr, config.warmup_ratio, config.weight_decay, config.grad_clip) == (6e-4, 0.04, 0.0, 1.0)
+    assert config.buckets == [0, 770, 1216, 1728, 2432, 3296, 8193] and config.token_budget == 49152
+    assert config.max_length == 8192 and config.resume == "auto" and config.compile is False
+
+
+@pytest.mark.parametrize(("block_size", "gamma"), [(16, 7.0), (10, 5.0), (8, 4.0), (12, 5.0)])
+def test_gamma_default_depends_on_block_size(block_size, gamma):
+    assert default_gamma(block_size) == gamma
+    assert config_from_dict({**REQUIRED, "block_size": block_size}, source="x").gamma == gamma
+    assert config_from_dict({**REQUIRED, "block_size": block_size, "gamma": 2.5}, source="x").gamma == 2.5
+
+
+def test_every_field_has_a_description():
+    undocumented = [name for name, info in TrainConfig.model_fields.items() if not info.description]
+    assert undocumented == []
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"lrr": 1e-3}, "unknown key 'lrr' (did you mean 'lr'?)"),
+    ({"output_dir": None}, "output_dir"),
+    ({"token_budget": 4096}, "token_budget=4096 is smaller than the longest bucket (8192 tokens)"),
+    ({"buckets": [0, 500, 400]}, "ascending"),
+    ({"max_length": 9000}, "max_length=9000 does not fit"),
+    ({"lr": "fast"}, "lr: Input should be a valid number"),
+    ({"target_layer_ids": []}, "must not be empty"),
+])
+def test_bad_values_name_the_key(tmp_path, values, message):
+    data = {**REQUIRED, **values}
+    data = {key: value for key, value in data.items() if value is not None}
+    path = write_config(tmp_path / "run.yaml", **data)
+    with pytest.raises(TrainerError) as error:
+        load_config(path)
+    assert str(path) in str(error.value) and message in str(error.value)
+
+
+def test_yaml_syntax_error_is_a_trainer_error(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("target_path: [unclosed\n")
+    with pytest.raises(TrainerError, match="invalid YAML"):
+        load_config(path)
+
+
+def test_cli_typo_exits_2_without_traceback(tmp_path):
+    path = write_config(tmp_path / "run.yaml", **REQUIRED, epochz=3)
+    result = run_trainer("train", "--config", path)
+    assert result.returncode == 2
+    assert "unknown key 'epochz' (did you mean 'epochs'?)" in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_train_help_lists_every_config_key():
+    result = run_trainer("train", "--help")
+    assert result.returncode == 0
+    for name in TrainConfig.model_fields:
+        assert f"  {name} (" in result.stdout, name
+
+
+def test_every_command_has_help():
+    result = run_trainer("--help")
+    assert result.returncode == 0
+    for command in ("train", "prepare", "generate", "eval", "tiny-target"):
+        assert command in result.stdout
+        sub = run_trainer(command, "--help")
+        assert sub.returncode == 0 and "usage:" in sub.stdout
+
+
+def test_tiny_target_command_writes_a_loadable_model(tmp_path):
+    result = run_trainer("tiny-target", tmp_path / "tiny", "--seed", "3")
+    assert result.returncode == 0, result.stderr[-2000:]
+    from transformers import AutoConfig, AutoTokenizer
+
+    assert AutoConfig.from_pretrained(str(tmp_path / "tiny")).model_type == "qwen3"
+    assert AutoTokenizer.from_pretrained(str(tmp_path / "tiny")).mask_token == "<|MASK|>"
+
+
+@pytest.mark.parametrize(("budget", "batch", "anchors"), [(None, 64, 512), (4096, 4, 512), (4096, 16, 256),
+                                                           (100, 300, 1)])
+def test_anchor_budget_caps_blocks_per_batch(budget, batch, anchors):
+    from trainer.train import anchors_per_sequence
+
+    config = config_from_dict({**REQUIRED, "anchor_budget": budget}, source="x")
+    assert anchors_per_sequence(config, batch) == anchors

@@ -1,0 +1,85 @@
+"""GPU variants (skipped without CUDA): the tiny end-to-end run on a GPU in bf16, and a short training on a
+random target of a real shape (Qwen3-8B's config) that must log step lines; its throughput is printed."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.trainer.conftest import run_trainer, write_config
+from tests.trainer.test_pipeline_training import step_records
+
+torch = pytest.importorskip("torch")
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+QWEN3_8B = dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+                num_key_value_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=40960,
+                rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, rms_norm_eps=1e-6,
+                tie_word_embeddings=False)
+
+
+def test_gpu_training_and_eval(base_config, tiny_target, self_generated, tmp_path):
+    config = {**base_config, "device": "cuda", "drafter_layers": 2, "max_steps": 150, "log_every": 50}
+    result = run_trainer("train", "--config", write_config(tmp_path / "run.yaml", **config), gpu=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Target 0 on cuda:0..." in result.stdout
+    records = step_records(Path(config["output_dir"]))
+    assert records[-1]["loss"] < records[0]["loss"]
+    for dtype in ("float32", "bfloat16"):
+        report = run_trainer("eval", "--target", tiny_target, "--drafter", Path(config["output_dir"]) / "step_150",
+                             "--prompts", self_generated["eval_prompts"], "--max-new-tokens", "64", "--json",
+                             "--dtype", dtype, gpu=True)
+        print(dtype, report.stdout.strip())
+        if dtype == "float32":
+            assert report.returncode == 0, report.stderr[-3000:]
+            assert json.loads(report.stdout)["tau"] > 1.2
+
+
+def write_real_shape_target(out_dir: Path) -> Path:
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from trainer.tiny import build_tokenizer
+
+    tokenizer = build_tokenizer(320)
+    config = Qwen3Config(**QWEN3_8B, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = Qwen3ForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    del model
+    torch.cuda.empty_cache()
+    return out_dir
+
+
+def write_random_dataset(out_dir: Path, *, samples: int, min_len: int, max_len: int, vocab: int) -> Path:
+    import datasets
+
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(min_len, max_len + 1, samples)
+    ids = [rng.integers(0, vocab, n).astype(np.int32) for n in lengths]
+    masks = [np.r_[np.zeros(n // 4, np.int8), np.ones(n - n // 4, np.int8)] for n in lengths]
+    datasets.Dataset.from_dict({"input_ids": ids, "loss_mask": masks}).save_to_disk(str(out_dir))
+    return out_dir
+
+
+@pytest.mark.slow
+def test_real_shape_target_logs_step_lines(tmp_path):
+    target = write_real_shape_target(tmp_path / "qwen3-8b-random")
+    data = write_random_dataset(tmp_path / "data", samples=3000, min_len=256, max_len=3072, vocab=151936)
+    steps = int(os.environ.get("DFLASH_GPU_STEPS", "30"))
+    config = {"target_path": str(target), "data_path": str(data), "output_dir": str(tmp_path / "out"),
+              "max_steps": steps, "buckets": [0, 1024, 2048, 3073], "max_length": 3072, "token_budget": 8192,
+              "log_every": 5,
+              "checkpoint_every": 0, "device": "cuda", "num_workers": 4}
+    result = run_trainer("train", "--config", write_config(tmp_path / "run.yaml", **config), gpu=True,
+                         timeout=900)
+    print(result.stdout[-6000:])
+    assert result.returncode == 0, result.stderr[-5000:]
+    records = step_records(Path(config["output_dir"]))
+    assert len(records) == steps // 5 and all(np.isfinite(r["loss"]) for r in records)
+    print("tok/s per log interval:", [round(r["tok_per_s"]) for r in records])

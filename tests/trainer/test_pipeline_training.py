@@ -1,0 +1,141 @@
+"""End-to-end CPU runs as real processes: learning on self-generated data with eval tau and greedy equality,
+resume after SIGKILL giving the same losses, and torchrun with two gloo ranks keeping identical weights."""
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.trainer.conftest import REPO_ROOT, run_trainer, trainer_env, write_config
+
+
+def step_records(output_dir: Path) -> list[dict]:
+    lines = (output_dir / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines if json.loads(line)["event"] == "step"]
+
+
+def write_untrained_drafter(target: Path, out_dir: Path, *, layers: int, block_size: int) -> Path:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trainer.checkpoint import save_drafter
+    from trainer.drafter import DFlashDrafter, DrafterConfig
+    from trainer.target import default_target_layer_ids
+
+    model = AutoModelForCausalLM.from_pretrained(str(target))
+    tokenizer = AutoTokenizer.from_pretrained(str(target))
+    config = DrafterConfig.from_target(
+        model.config, num_layers=layers, block_size=block_size, mask_token_id=tokenizer.mask_token_id,
+        target_layer_ids=default_target_layer_ids(model.config.num_hidden_layers, layers))
+    torch.manual_seed(0)
+    drafter = DFlashDrafter(config, embed_tokens=model.get_input_embeddings(), lm_head=model.get_output_embeddings())
+    save_drafter(drafter, out_dir)
+    return out_dir
+
+
+def test_training_on_self_generated_data_raises_eval_tau(base_config, tiny_target, self_generated, tmp_path):
+    config = {**base_config, "drafter_layers": 2, "max_steps": 150, "log_every": 10}
+    result = run_trainer("train", "--config", write_config(tmp_path / "run.yaml", **config))
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = step_records(Path(config["output_dir"]))
+    assert [r["step"] for r in records] == list(range(10, 151, 10))
+    assert records[-1]["loss"] < records[0]["loss"] - 0.8, [r["loss"] for r in records]
+    assert "Loading dataset from" in result.stdout and "Batches per epoch:" in result.stdout
+
+    trained = run_trainer("eval", "--target", tiny_target, "--drafter", Path(config["output_dir"]) / "step_150",
+                          "--prompts", self_generated["eval_prompts"], "--max-new-tokens", "64", "--json")
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    trained_report = json.loads(trained.stdout)
+    untrained_dir = write_untrained_drafter(tiny_target, tmp_path / "untrained", layers=2, block_size=8)
+    untrained = run_trainer("eval", "--target", tiny_target, "--drafter", untrained_dir,
+                            "--prompts", self_generated["eval_prompts"], "--max-new-tokens", "64", "--json")
+    untrained_report = json.loads(untrained.stdout)
+    assert trained_report["identical_to_greedy"] and untrained_report["identical_to_greedy"]
+    assert trained_report["tau"] > untrained_report["tau"] + 0.25, (trained_report, untrained_report)
+
+
+def _start_training(config_path: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "trainer", "train", "--config", str(config_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=trainer_env(),
+                            cwd=REPO_ROOT)
+
+
+def _kill_after_first_checkpoint(process: subprocess.Popen, output_dir: Path, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not (output_dir / "step_10" / "training_state.pt").exists():
+        assert process.poll() is None, process.stdout.read()[-3000:]
+        assert time.monotonic() < deadline, "no checkpoint appeared"
+        time.sleep(0.01)
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=30)
+    process.stdout.close()
+
+
+def test_resume_after_sigkill_repeats_the_uninterrupted_losses(base_config, tmp_path):
+    config = {**base_config, "max_steps": 60, "checkpoint_every": 10, "keep_checkpoints": 0}
+    whole = {**config, "output_dir": str(tmp_path / "whole")}
+    assert run_trainer("train", "--config", write_config(tmp_path / "whole.yaml", **whole)).returncode == 0
+    reference = {r["step"]: r for r in step_records(Path(whole["output_dir"]))}
+
+    killed_dir = tmp_path / "killed"
+    killed_config = write_config(tmp_path / "killed.yaml", **{**config, "output_dir": str(killed_dir)})
+    process = _start_training(killed_config)
+    _kill_after_first_checkpoint(process, killed_dir)
+    assert process.returncode == -signal.SIGKILL
+    assert not (killed_dir / "step_60").exists(), "the run ended before the kill: nothing was tested"
+
+    resumed = run_trainer("train", "--config", killed_config)  # resume: auto
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "Resumed from" in resumed.stdout
+    events = [json.loads(line) for line in (killed_dir / "metrics.jsonl").read_text().splitlines()]
+    resume_at = max(i for i, e in enumerate(events) if e["event"] == "resume")
+    start_step = events[resume_at]["step"]
+    assert start_step >= 10 and start_step % 10 == 0
+    after = [e for e in events[resume_at:] if e["event"] == "step"]
+    assert [e["step"] for e in after] == list(range(start_step + 1, 61))
+    for record in after:
+        assert record["loss"] == pytest.approx(reference[record["step"]]["loss"], abs=1e-6), record["step"]
+    # the data seen: the killed run's batches up to the checkpoint, then the resumed run's, with no repeat
+    before = [e for e in events[:resume_at] if e["event"] == "step" and e["step"] <= start_step]
+    positions = [tuple(e["data_position"]) for e in before + after]
+    assert positions == [tuple(reference[s]["data_position"]) for s in range(1, 61)]
+    assert len(set(positions)) == len(positions)
+
+    logged = len(step_records(killed_dir))
+    again = run_trainer("train", "--config", killed_config)  # resuming a finished run trains nothing more
+    assert again.returncode == 0 and "Resumed from" in again.stdout and "step=" not in again.stdout
+    assert len(step_records(killed_dir)) == logged
+
+
+def test_complete_checkpoints_ignore_partial_writes(tmp_path):
+    from trainer.train import CHECKPOINT_FILES, complete_checkpoints
+
+    for name, files in (("step_5", CHECKPOINT_FILES), ("step_9", CHECKPOINT_FILES[:-1]),
+                        (".tmp-step_12-123", CHECKPOINT_FILES), ("step_x", CHECKPOINT_FILES)):
+        (tmp_path / name).mkdir()
+        for file in files:
+            (tmp_path / name / file).write_text("x")
+    assert complete_checkpoints(tmp_path) == [(5, tmp_path / "step_5")]
+
+
+def test_torchrun_two_cpu_ranks_keep_identical_weights(base_config, tmp_path):
+    config = {**base_config, "max_steps": 8, "checkpoint_every": 4}
+    path = write_config(tmp_path / "ddp.yaml", **config)
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "-m", "trainer", "train", "--config", str(path)],
+        capture_output=True, text=True, timeout=300, env=trainer_env(), cwd=REPO_ROOT)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    digests = {int(rank): digest for rank, digest in
+               re.findall(r"rank (\d+) drafter weights digest ([0-9a-f]{16})", result.stdout)}
+    assert sorted(digests) == [0, 1] and digests[0] == digests[1], (result.stdout + result.stderr)[-4000:]
+    records = step_records(Path(config["output_dir"]))
+    assert [r["step"] for r in records] == list(range(1, 9))  # rank 0 alone logs
+    assert all(r["world_size"] == 2 for r in records)
+    assert result.stdout.count("Loading dataset from") == 1

@@ -1,0 +1,133 @@
+"""`python -m trainer COMMAND`: train, prepare, generate, eval, tiny-target.
+
+Exit codes: 0 success; 1 an unexpected error (full traceback printed); 2 bad input (a TrainerError: the
+message only). SIGTERM keeps its default action, so the process ends at once; the supervisor that started
+it owns the grace period.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+
+from trainer.errors import TrainerError
+
+
+def _train(args) -> int:
+    from trainer.train import main as train_main
+
+    return train_main(args.config, resume=args.resume)
+
+
+def _prepare(args) -> int:
+    from trainer.data import prepare
+
+    report = prepare(target=args.target, input_path=args.input, output=args.output, block_size=args.block_size,
+                     max_length=args.max_length, overlong=args.overlong)
+    print("\n".join(report.lines(args.output)), flush=True)
+    return 0
+
+
+def _generate(args) -> int:
+    from trainer.generate import generate
+
+    count = generate(target=args.target, prompts=args.prompts, output=args.output,
+                     max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, device=args.device)
+    print(f"Wrote {count} chat records to {args.output}", flush=True)
+    return 0
+
+
+def _eval(args) -> int:
+    from dataclasses import asdict
+
+    from trainer.speculative import evaluate
+
+    report = evaluate(target=args.target, drafter_dir=args.drafter, prompts=args.prompts,
+                      max_new_tokens=args.max_new_tokens, device=args.device, dtype=args.dtype)
+    print(json.dumps(asdict(report)) if args.json else "\n".join(report.lines()), flush=True)
+    return 0 if report.identical_to_greedy else 1
+
+
+def _tiny_target(args) -> int:
+    from pathlib import Path
+
+    from trainer.tiny import write_tiny_target
+
+    path = write_tiny_target(Path(args.out_dir), seed=args.seed)
+    print(f"Wrote a tiny random Qwen3 target to {path}", flush=True)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from trainer.config import field_help
+
+    parser = argparse.ArgumentParser(prog="python -m trainer", description="DFlash drafter trainer.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    train = commands.add_parser(
+        "train", help="train a drafter from a YAML config", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Train a DFlash drafter. Run under torchrun for several GPUs.",
+        epilog="config keys (YAML):\n" + field_help())
+    train.add_argument("--config", required=True, help="YAML file with the keys listed below")
+    train.add_argument("--resume", default=None, metavar="auto|never|PATH",
+                       help="overrides the config's resume: auto (newest complete step_N), never, or a step_N dir")
+    train.set_defaults(run=_train)
+
+    prepare = commands.add_parser("prepare", help="tokenize JSONL chat records into an Arrow dataset")
+    prepare.add_argument("--target", required=True, help="target model directory (its tokenizer and chat template)")
+    prepare.add_argument("--input", required=True, help='JSONL: {"messages": [...]} or {"prompt", "completion"}')
+    prepare.add_argument("--output", required=True, help="dataset directory to write")
+    prepare.add_argument("--block-size", type=int, default=16,
+                         help="drop samples with fewer than 2*block-size supervised tokens (default 16)")
+    prepare.add_argument("--max-length", type=int, default=None, help="longest sample in tokens (default: none)")
+    prepare.add_argument("--overlong", choices=("truncate", "drop"), default="truncate",
+                         help="what to do with samples over --max-length (default truncate)")
+    prepare.set_defaults(run=_prepare)
+
+    generate = commands.add_parser("generate", help="regenerate answers with the target itself (greedy)")
+    generate.add_argument("--target", required=True, help="target model directory")
+    generate.add_argument("--prompts", required=True, help='JSONL: {"messages": [...]} or {"prompt": ...}')
+    generate.add_argument("--output", required=True, help="JSONL of chat records to write")
+    generate.add_argument("--max-new-tokens", type=int, default=512, help="answer length limit (default 512)")
+    generate.add_argument("--batch-size", type=int, default=16, help="prompts per generate call (default 16)")
+    generate.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
+    generate.set_defaults(run=_generate)
+
+    evaluate = commands.add_parser("eval", help="speculative decoding: acceptance length and speed vs greedy")
+    evaluate.add_argument("--target", required=True, help="target model directory")
+    evaluate.add_argument("--drafter", required=True, help="drafter checkpoint directory (a step_N)")
+    evaluate.add_argument("--prompts", required=True, help='JSONL: {"messages": [...]} or {"prompt": ...}')
+    evaluate.add_argument("--max-new-tokens", type=int, default=128, help="tokens per prompt (default 128)")
+    evaluate.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
+    evaluate.add_argument("--dtype", choices=("auto", "bfloat16", "float16", "float32"), default="auto",
+                          help="target weights: auto = bfloat16 on GPU, float32 on CPU. In low precision a "
+                               "block-verify pass can round differently from a one-token step, so the "
+                               "greedy-equality check is exact only in float32")
+    evaluate.add_argument("--json", action="store_true", help="print one JSON object")
+    evaluate.set_defaults(run=_eval)
+
+    tiny = commands.add_parser("tiny-target", help="write a tiny random Qwen3 target (no downloads)")
+    tiny.add_argument("out_dir", metavar="OUT_DIR", help="directory to write")
+    tiny.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
+    tiny.set_defaults(run=_tiny_target)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except TrainerError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except Exception:  # noqa: BLE001 - the one place that turns any crash into a traceback and exit 1
+        traceback.print_exc()
+        sys.stderr.flush()
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

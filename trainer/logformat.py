@@ -1,0 +1,123 @@
+"""The trainer's log format: human lines as the seed trainer wrote them, and one JSON object per step line.
+
+Torch-free on purpose: the controller's parser imports this module and is tested against it.
+
+Time formats (chosen so a reader sees the right unit at a glance, and a parser needs no lookahead):
+- elapsed, in brackets: under a minute `[42s]`, under an hour whole minutes `[6m]` (floored, as the seed
+  trainer printed them), from an hour on `[3h07m]`.
+- ETA: one decimal in the largest unit that keeps the number at least 1: seconds under a minute (`45.0s`),
+  minutes under an hour (`12.5m`), hours under a day (`5.2h`), days from then on (`12.0d`); `?` when unknown.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+
+METRICS_SCHEMA_VERSION = 1
+
+
+@dataclass
+class StepMetrics:
+    elapsed_s: float
+    step: int
+    loss: float
+    acc: float
+    streak: float
+    lr: float
+    noise: float
+    tgt_batches_per_s: float
+    dft_batches_per_s: float
+    tok_per_s: float
+    q_pre: list[int] = field(default_factory=list)
+    q_hs: list[int] = field(default_factory=list)
+    epoch: float = 0.0
+    eta_s: float | None = None
+
+
+def format_elapsed(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def format_eta(seconds: float | None) -> str:
+    if seconds is None or not math.isfinite(seconds) or seconds < 0:
+        return "?"
+    for unit, size, limit in (("s", 1, 60), ("m", 60, 3600), ("h", 3600, 86400)):
+        if seconds < limit:
+            return f"{seconds / size:.1f}{unit}"
+    return f"{seconds / 86400:.1f}d"
+
+
+def _format_queue(depths: Sequence[int]) -> str:
+    return "[" + ", ".join(str(int(d)) for d in depths) + "]"
+
+
+def format_step_line(m: StepMetrics) -> str:
+    """One step line, e.g. the seed's
+    `[6m] step=8 loss=12.5546 acc=0.025 streak=0.0 lr=4.52e-06 noise=0.0003 | tgt=0.34b/s dft=0.29b/s
+    (11.7Ktok/s) | q_pre=[50, 50] q_hs=[15] | epoch~0.01 ETA=12.0d` (on one line)."""
+    return (
+        f"[{format_elapsed(m.elapsed_s)}] step={m.step} loss={m.loss:.4f} acc={m.acc:.3f} "
+        f"streak={m.streak:.1f} lr={m.lr:.2e} noise={m.noise:g} | "
+        f"tgt={m.tgt_batches_per_s:.2f}b/s dft={m.dft_batches_per_s:.2f}b/s "
+        f"({m.tok_per_s / 1000:.1f}Ktok/s) | "
+        f"q_pre={_format_queue(m.q_pre)} q_hs={_format_queue(m.q_hs)} | "
+        f"epoch~{m.epoch:.2f} ETA={format_eta(m.eta_s)}"
+    )
+
+
+def _finite_or_none(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    return value
+
+
+def metrics_json(m: StepMetrics) -> str:
+    """One line of metrics.jsonl: the StepMetrics fields plus `"event": "step"` (NaN becomes null: strict JSON)."""
+    record = {"event": "step", "v": METRICS_SCHEMA_VERSION}
+    record.update({key: _finite_or_none(value) for key, value in asdict(m).items()})
+    return json.dumps(record, separators=(", ", ": "))
+
+
+def event_json(event: str, **fields) -> str:
+    """A non-step line of metrics.jsonl (start, checkpoint, finished)."""
+    record = {"event": event, "v": METRICS_SCHEMA_VERSION}
+    record.update(fields)
+    return json.dumps(record, separators=(", ", ": "), default=str)
+
+
+def format_dataset_lines(path: str, n_samples: int) -> str:
+    return f"Loading dataset from {path}...\n  {n_samples} samples loaded (Arrow-backed, lazy access)"
+
+
+def format_overlong_line(n_overlong: int, max_length: int, *, action: str) -> str:
+    """An addition to the seed format: how many samples exceeded max_length, and what was done to them."""
+    return f"  {n_overlong} samples longer than max_length={max_length} ({action})"
+
+
+def format_batches_line(n_batches: int, *, min_size: int, max_size: int, avg_size: float) -> str:
+    return f"Batches per epoch: {n_batches} (min={min_size} max={max_size} avg={avg_size:.1f})"
+
+
+def format_bucket_table(bounds: Sequence[int], batch_counts: Sequence[int]) -> str:
+    """One line per bucket [bounds[i], bounds[i+1]) with its batch count and share, then a blank line."""
+    total = sum(batch_counts) or 1
+    lines = [
+        f"  Bucket {i} [{bounds[i]:4d},{bounds[i + 1]:4d}): {count:6d} batches ({100.0 * count / total:5.1f}%)"
+        for i, count in enumerate(batch_counts)
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def format_loading_targets(n_targets: int) -> str:
+    return f"Loading {n_targets} target models..."
+
+
+def format_target_on(index: int, device: str) -> str:
+    return f"  Target {index} on {device}..."
