@@ -172,6 +172,8 @@ class MetricsLog:
     def __init__(self, output_dir: Path, enabled: bool):
         self.enabled = enabled
         self.file = open(output_dir / "metrics.jsonl", "a") if enabled else None
+        if enabled:
+            link_into_run_dir(output_dir / "metrics.jsonl")
 
     def say(self, *lines: str) -> None:
         if self.enabled:
@@ -194,6 +196,17 @@ class MetricsLog:
     def close(self) -> None:
         if self.file:
             self.file.close()
+
+
+def link_into_run_dir(metrics: Path) -> None:
+    """Under a launcher that gives each run a directory (DFLASH_RUN_DIR), make metrics.jsonl visible there too,
+    where run tools look for it, without writing it twice."""
+    run_dir = os.environ.get("DFLASH_RUN_DIR")
+    if not run_dir or not os.path.isdir(run_dir):
+        return
+    link = Path(run_dir) / "metrics.jsonl"
+    if link.resolve() != metrics.resolve() and not os.path.lexists(link):
+        os.symlink(metrics.resolve(), link)
 
 
 class Throughput:

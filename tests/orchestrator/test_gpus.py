@@ -7,22 +7,18 @@ import pytest
 
 from orchestrator.gpus import parse_query_csv
 
-FIXTURES = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures"
+# copies of the real H200 output that the lab's fake nvidia-smi is checked against byte for byte
+FIXTURES = Path(__file__).resolve().parents[1] / "lab" / "fixtures"
 SEED_FIELDS = ("index", "memory.used", "utilization.gpu")
 FULL_FIELDS = ("index", "uuid", "name", "memory.used", "memory.total", "utilization.gpu", "utilization.memory",
                "temperature.gpu", "power.draw", "clocks.sm")
 
-needs_fixtures = pytest.mark.skipif(not FIXTURES.is_dir(), reason="shared/fixtures not beside the checkout")
-
-
-@needs_fixtures
 def test_seed_8gpu_query_with_units() -> None:
-    gpus = parse_query_csv((FIXTURES / "logs" / "seed_nvidia_smi_8gpu.csv").read_text(), SEED_FIELDS)
+    gpus = parse_query_csv((FIXTURES / "seed_nvidia_smi_8gpu.csv").read_text(), SEED_FIELDS)
     assert [g.index for g in gpus] == list(range(8))
     assert gpus[1].memory_used_mib == 96779 and all(g.utilization_pct == 0 for g in gpus)
 
 
-@needs_fixtures
 @pytest.mark.parametrize("state, used, util", [("idle", 0, 0), ("held", 19603, 0), ("busy", 1139, 100)])
 def test_states_with_header_and_nounits(state: str, used: int, util: int) -> None:
     with_header = parse_query_csv((FIXTURES / "nvidia-smi" / f"{state}_seed_query_header.csv").read_text(), SEED_FIELDS)

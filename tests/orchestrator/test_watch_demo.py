@@ -31,3 +31,7 @@ def test_demo_trains_on_local_and_summarises(tmp_path: Path, capsys, monkeypatch
     run = next(r for r in snapshot["runs"] if r["run_id"] == run_id)
     assert (run["state"], run["last_step"], run["phase"]) == ("succeeded", 20, "finished")
     assert snapshot["hosts"] == [{"name": "local", "connected": True, "error": None, "retry_in_s": None}]
+    # the run directory has the trainer's metrics.jsonl too (DESIGN.md's layout), one record per step line
+    metrics = Path(run["log_path"]).parent / "metrics.jsonl"
+    steps = [json.loads(line) for line in metrics.read_text().splitlines() if '"step"' in line]
+    assert [r["step"] for r in steps if r.get("event") == "step"][-1] == 20
