@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import random
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -66,11 +68,13 @@ def demo(
 
 
 def prepare_demo_data(base: Path) -> tuple[Path, Path]:
-    """The tiny target and its self-generated, prepared dataset (made once, reused after)."""
+    """The tiny target and its self-generated, prepared dataset (made once, reused after).
+
+    Made by the trainer's own CLI in child processes: the controller, which then runs the dashboard, never
+    imports torch.
+    """
     try:
-        from trainer.data import prepare
-        from trainer.generate import generate
-        from trainer.tiny import tokenizer_corpus, write_tiny_target
+        from trainer.tiny import tokenizer_corpus  # torch-free
     except ImportError as exc:
         raise UsageError(f"the demo needs the training extra: pip install -e '.[train]' ({exc})") from None
     target_dir, dataset = base / "target", base / "dataset"
@@ -78,15 +82,25 @@ def prepare_demo_data(base: Path) -> tuple[Path, Path]:
         return target_dir, dataset
     err = stderr()
     err.print(f"making a tiny random Qwen3 target in {target_dir}...")
-    write_tiny_target(target_dir, seed=0)
+    _trainer("tiny-target", str(target_dir), "--seed", "0")
     prompts, chats = base / "prompts.jsonl", base / "chats.jsonl"
     write_prompts(prompts, tokenizer_corpus())
     err.print(f"letting it answer {PROMPTS} prompts (the drafter learns to predict its own answers)...")
-    generate(target=target_dir, prompts=prompts, output=chats, max_new_tokens=ANSWER_TOKENS, batch_size=PROMPTS,
-             device="cpu")
-    prepare(target=target_dir, input_path=chats, output=dataset, block_size=8)
+    _trainer("generate", "--target", str(target_dir), "--prompts", str(prompts), "--output", str(chats),
+             "--max-new-tokens", str(ANSWER_TOKENS), "--batch-size", str(PROMPTS), "--device", "cpu")
+    _trainer("prepare", "--target", str(target_dir), "--input", str(chats), "--output", str(dataset),
+             "--block-size", "8")
     (dataset / "done").write_text("ok\n")
     return target_dir, dataset
+
+
+def _trainer(*args: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "trainer", *args], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"})
+    if done.returncode != 0:
+        tail = done.stdout.decode("utf-8", "replace").strip().splitlines()[-15:]
+        raise OperationFailed(f"`python -m trainer {args[0]}` failed (exit {done.returncode}):\n" + "\n".join(tail))
 
 
 def write_prompts(path: Path, corpus: list[str]) -> None:
