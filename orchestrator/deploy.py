@@ -71,8 +71,9 @@ def deploy(transport: Transport, workdir: str, *, with_trainer: bool) -> Deploym
     agent_path = f"{workdir}/.dflash/agent/agent-{agent.digest}.pyz"
     pkg_dir = f"{workdir}/.dflash/pkg/{pkg.digest}"
     present = transport.run(["sh", "-c", PRESENT, "sh", agent_path, pkg_dir], timeout=60)
-    if not present.ok:
-        raise TransportError(f"{transport.label}: cannot inspect {workdir}: {present.describe()}")
+    if not present.ok:  # the script always exits 0 once it runs: the target itself refused (e.g. CT stopped)
+        reason = (present.err or present.out).strip().splitlines()[-1:] or [f"exit {present.exit_code}"]
+        raise TransportError(f"{transport.label}: cannot run commands there: {reason[0]}")
     have = set(present.out.split())
     sent = []
     if "agent" not in have:

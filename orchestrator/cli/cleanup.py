@@ -8,7 +8,7 @@ import typer
 from ..connections import Connections
 from ..fanout import per_host
 from ..runs import RunClient
-from .state import AppState, print_json, stderr, stdout
+from .state import AppState, about, print_json, stderr, stdout
 
 
 def cleanup(
@@ -40,7 +40,7 @@ def _print(report: dict, dry_run: bool) -> None:
     out = stdout()
     for target, result in report.items():
         if result.get("error") and not result.get("ok"):
-            out.print(f"{target}: {result['error']}", markup=False)
+            out.print(about(target, result["error"]), markup=False)
         actions = result.get("actions") or []
         out.print(f"{target}: {len(actions)} action(s) {'planned' if dry_run else 'taken'}", markup=False)
         for action in actions:

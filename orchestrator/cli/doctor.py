@@ -10,7 +10,7 @@ from ..connections import Connections
 from ..doctor import DoctorReport, check_target
 from ..errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
 from ..fanout import per_host
-from .state import AppState, print_json, stderr, stdout
+from .state import AppState, about, print_json, stderr, stdout
 
 
 def doctor(
@@ -36,8 +36,7 @@ def doctor(
         stdout().print(_table(reports))
         for r in reports:
             for message in ([r.error] if r.error else []) + r.warnings:
-                stdout().print(message if message.startswith(r.target.split("/")[0]) else f"{r.target}: {message}",
-                               markup=False)
+                stdout().print(about(r.target, message), markup=False)
     if any(r.unreachable for r in reports):
         return EXIT_UNREACHABLE
     return EXIT_OK if all(r.ok for r in reports) else EXIT_FAILED

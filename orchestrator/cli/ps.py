@@ -10,7 +10,7 @@ from rich.table import Table
 from ..connections import Connections
 from ..errors import EXIT_OK, EXIT_UNREACHABLE
 from ..runs import RunClient
-from .state import AppState, print_json, stderr, stdout
+from .state import AppState, about, print_json, stderr, stdout
 
 LIVE = {"starting", "running"}
 RECENT = datetime.timedelta(hours=24)
@@ -40,7 +40,7 @@ def ps(
     else:
         stdout().print(_table(runs, now) if runs else "no runs" + ("" if show_all else " (--all shows older ones)"))
     for name, error in failures.items():
-        stderr().print(f"{name}: {error}", markup=False)
+        stderr().print(about(name, error), markup=False)
     unreachable = any(getattr(o.error, "exit_code", 0) == EXIT_UNREACHABLE for o in outcomes)
     return EXIT_UNREACHABLE if unreachable else (1 if failures else EXIT_OK)
 

@@ -75,3 +75,9 @@ def parse_env(pairs: list[str] | None) -> dict[str, str]:
             raise UsageError(f"bad --env {pair!r}: use KEY=VALUE with KEY made of letters, digits and _")
         env[key] = value
     return env
+
+
+def about(target: str, message: str) -> str:
+    """`message` prefixed with its target, unless it already names it (transport errors start with the host)."""
+    host = target.split("/")[0]
+    return message if message.startswith(host) else f"{target}: {message}"
