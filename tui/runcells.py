@@ -33,6 +33,7 @@ COLUMNS = (
 )
 MISSING = "-"
 MAX_NAME_CHARS = 24
+ENDED = frozenset({"succeeded", "failed", "killed", "lost"})
 
 
 def run_cells(run: RunView) -> dict[str, Text]:
@@ -48,7 +49,8 @@ def run_cells(run: RunView) -> dict[str, Text]:
         "streak": _number(format_float(run.streak, 2)),
         "lr": _number(MISSING if run.lr is None else f"{run.lr:.2e}"),
         "tok_s": _number(format_rate(run.tok_per_s)),
-        "eta": _number(format_duration(run.eta_s)),
+        # an ended run has nothing left to wait for, whatever its last step line promised
+        "eta": _number(MISSING if run.state in ENDED else format_duration(run.eta_s)),
         "exceptions": _number(str(run.exceptions), bad=run.exceptions > 0),
     }
 
