@@ -93,12 +93,13 @@ class HostConfig:
     transport: Literal["ssh", "local"]
     address: str | None
     port: int | None  # None: let ~/.ssh/config decide, else 22
-    user: str | None
+    user: str | None  # None: ~/.ssh/config's User for this host, else `fallback_user`
     identity_file: str | None
     known_hosts: str | None
     host_key_policy: Literal["reject", "accept-new"]
     connect_timeout: float
     pct: str
+    fallback_user: str = "root"
 
 
 @dataclass(frozen=True)
@@ -136,12 +137,14 @@ class Inventory:
             transport=spec.transport,
             address=spec.address,
             port=spec.port if spec.port is not None else (d.port if "port" in d.model_fields_set else None),
-            user=spec.user if spec.user is not None else d.user,
+            # an explicit user wins; otherwise ~/.ssh/config may name one, and the defaults' user comes last
+            user=spec.user if spec.user is not None else (d.user if "user" in d.model_fields_set else None),
             identity_file=_expand(spec.identity_file),
             known_hosts=_expand(spec.known_hosts),
             host_key_policy=spec.host_key_policy or d.host_key_policy,
             connect_timeout=spec.connect_timeout or d.connect_timeout,
             pct=spec.pct or d.pct,
+            fallback_user=d.user,
         )
 
     def target(self, text: str) -> Target:

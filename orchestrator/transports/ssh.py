@@ -94,7 +94,8 @@ class SSHHost:
     def _open(self) -> fabric.Connection:
         h = self.host
         kwargs = {"key_filename": [h.identity_file]} if h.identity_file else {}
-        conn = fabric.Connection(h.address, user=h.user, port=h.port, connect_timeout=h.connect_timeout,
+        conn = fabric.Connection(h.address, user=h.user or _ssh_config_user(h.address) or h.fallback_user,
+                                 port=h.port, connect_timeout=h.connect_timeout,
                                  connect_kwargs={**kwargs, "banner_timeout": h.connect_timeout,
                                                  "auth_timeout": h.connect_timeout})
         _install_host_key_checks(conn, h)
@@ -123,6 +124,11 @@ class SSHHost:
         log.info("connected to %s (%s:%s) in %.0f ms", h.name, conn.host, conn.port,
                  (time.monotonic() - started) * 1000)
         return conn
+
+
+def _ssh_config_user(address: str) -> str | None:
+    """The User that ~/.ssh/config (or /etc/ssh/ssh_config) gives this host, if any."""
+    return fabric.Config().base_ssh_config.lookup(address).get("user")
 
 
 def _install_host_key_checks(conn: fabric.Connection, host: HostConfig) -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from orchestrator.cli import main
 from orchestrator.connections import Connections
-from orchestrator.errors import HostKeyError, Unreachable
+from orchestrator.errors import AuthError, HostKeyError, Unreachable
 from orchestrator.inventory import load_inventory
 
 pytestmark = pytest.mark.lab
@@ -134,3 +134,27 @@ def test_connection_drop_is_unreachable_not_a_traceback(lab, inventory_path: Pat
                 ct.run(["sleep", "1"], timeout=3)
         finally:
             lab.link_up("pve2")
+
+
+def test_ssh_config_alias_user_and_identity_are_honoured(lab, tmp_path: Path, monkeypatch) -> None:
+    """An inventory that names only an ~/.ssh/config alias reaches the host with that config's settings."""
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    host = lab.hosts["pve1"]
+    (home / ".ssh" / "config").write_text(
+        f"Host pve-alias\n  HostName {host.address}\n  Port {host.port}\n"
+        f"  IdentityFile {lab.client_key}\n  UserKnownHostsFile {lab.known_hosts}\n"
+        f"Host pve-as-nobody\n  HostName {host.address}\n  User nobody\n  IdentityFile {lab.client_key}\n"
+        f"  UserKnownHostsFile {lab.known_hosts}\n")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    inventory = tmp_path / "inv.yaml"
+    inventory.write_text(f"hosts:\n  pve1:\n    address: pve-alias\n    pct: {host.pct_command}\n"
+                         "    containers:\n      200: {gpus: 8}\n")
+    inv = load_inventory(inventory)
+    assert inv.host("pve1").user is None and inv.host("pve1").identity_file is None  # all from ~/.ssh/config
+    with Connections() as conns:  # no User anywhere: the inventory defaults' root
+        assert conns.for_target(inv.target("pve1/200")).run(["hostname"]).out.strip() == "ct200"
+    inventory.write_text(inventory.read_text().replace("pve-alias", "pve-as-nobody"))
+    with Connections() as conns, pytest.raises(AuthError, match="nobody@"):  # the config's User is used
+        conns.connect(load_inventory(inventory).host("pve1"))
