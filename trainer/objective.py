@@ -12,31 +12,46 @@ LOGITS_PER_CHUNK = 2 ** 27
 
 @dataclass
 class StepOutput:
-    loss: torch.Tensor        # scalar, differentiable
-    acc: float                # top-1 accuracy over supervised slots
-    streak: float             # mean accepted prefix length per block (tau = streak + 1)
-    n_supervised: int
-    n_blocks: int
+    """The step's loss and metrics, all device tensors: reading one as a number waits for the GPU, so a
+    training loop sums them as tensors and reads them only when it logs."""
+
+    loss: torch.Tensor          # scalar, differentiable
+    acc: torch.Tensor           # top-1 accuracy over supervised slots
+    streak: torch.Tensor        # mean accepted prefix length per block (tau = streak + 1)
+    n_supervised: torch.Tensor  # int64 scalar
+    n_blocks: torch.Tensor      # int64 scalar
 
 
 def sample_anchors(loss_mask: torch.Tensor, num_anchors: int, generator: torch.Generator) -> torch.Tensor:
-    """[B, A] sorted anchor positions, -1 where a sequence has fewer than A; A = the most any row got (>= 1).
+    """[B, A] sorted anchor positions, -1 where a sequence has fewer than A; A = min(num_anchors, S - 1).
 
     An anchor is a position a with loss_mask[a] and loss_mask[a + 1]; up to `num_anchors` per sequence are drawn
-    without replacement from `generator` (a CPU generator, so the draw is the same on every device)."""
-    valid = (loss_mask[:, :-1].bool() & loss_mask[:, 1:].bool()).cpu()
-    rows = []
-    for row in valid:
-        candidates = row.nonzero().squeeze(1)
-        if len(candidates) > num_anchors:
-            pick = torch.randperm(len(candidates), generator=generator)[:num_anchors]
-            candidates = candidates[pick].sort().values
-        rows.append(candidates)
-    width = max(1, max(len(r) for r in rows))
-    anchors = torch.full((len(rows), width), -1, dtype=torch.long)
-    for i, row in enumerate(rows):
-        anchors[i, :len(row)] = row
-    return anchors.to(loss_mask.device)
+    without replacement, uniformly, from `generator` (a CPU generator). Each position gets a random key drawn on
+    the CPU, so the draw is the same on every device; the keys of valid positions that sort first are chosen.
+    The width depends on the shape alone and nothing is read back to the host: no wait for the GPU."""
+    batch, seq_len = loss_mask.shape
+    width = max(1, min(num_anchors, seq_len - 1))
+    if seq_len < 2:
+        return torch.full((batch, 1), -1, dtype=torch.long, device=loss_mask.device)
+    valid = loss_mask[:, :-1].bool() & loss_mask[:, 1:].bool()
+    positions = torch.arange(seq_len - 1, dtype=torch.long)
+    # distinct keys (random high bits, the position as tie-break): the choice never depends on a sort's ties
+    high = 2 ** (62 - seq_len.bit_length())   # key * seq_len + position stays below 2 ** 62
+    keys = torch.randint(0, high, valid.shape, generator=generator, dtype=torch.long) * seq_len + positions
+    keys = to_device(keys, loss_mask.device).masked_fill(~valid, torch.iinfo(torch.long).max)
+    chosen = keys.topk(width, dim=1, largest=False).indices
+    chosen = chosen.masked_fill(~valid.gather(1, chosen), seq_len)   # too few valid positions: padding
+    anchors = chosen.sort(dim=1).values
+    return anchors.masked_fill(anchors == seq_len, -1)
+
+
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A CPU tensor on `device` without blocking the host (through pinned memory on a GPU)."""
+    if tensor.device == device:
+        return tensor
+    if device.type == "cuda":
+        tensor = tensor.pin_memory()
+    return tensor.to(device, non_blocking=True)
 
 
 def decay_weights(block_size: int, gamma: float, *, device=None) -> torch.Tensor:
@@ -75,13 +90,13 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
             rows = slice(start, start + chunk_rows)
             logits = (hidden[rows].to(weight.dtype) @ weight.t()).float()
             lse = torch.logsumexp(logits, dim=-1)
-            label = labels[rows]
-            total += ((lse - logits.gather(1, label[:, None]).squeeze(1)) * weights[rows]).sum()
+            label, weight_rows = labels[rows], weights[rows]
+            total += ((lse - logits.gather(1, label[:, None]).squeeze(1)) * weight_rows).sum()
             correct[rows] = logits.argmax(dim=-1) == label
             if need_grad:
-                probs = torch.exp(logits - lse[:, None])
-                probs[torch.arange(len(label), device=label.device), label] -= 1.0
-                probs *= weights[rows][:, None]
+                # in place: the chunk of logits becomes w * (softmax - onehot) without a second buffer
+                probs = logits.sub_(lse[:, None]).exp_().mul_(weight_rows[:, None])
+                probs.scatter_add_(1, label[:, None], -weight_rows[:, None])
                 grad_hidden[rows] = (probs.to(weight.dtype) @ weight).to(hidden.dtype)
         ctx.save_for_backward(grad_hidden)
         ctx.mark_non_differentiable(correct)
@@ -98,14 +113,15 @@ def chunked_weighted_ce(hidden: torch.Tensor, weight: torch.Tensor, labels: torc
     """(loss normalised by sum(weights), correct[N]) for hidden [N, H] and the LM head weight [V, H]."""
     if chunk_rows is None:
         chunk_rows = max(1, LOGITS_PER_CHUNK // weight.shape[0])
-    normalised = (weights / weights.sum()).float()
+    # a batch without supervised slots has all-zero weights: loss and gradient 0, not NaN
+    normalised = (weights / weights.sum().clamp(min=torch.finfo(weights.dtype).tiny)).float()
     return ChunkedLinearCrossEntropy.apply(hidden, weight, labels, normalised, chunk_rows)
 
 
 def accepted_streak(correct: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """[B, A]: per block sum_k prod_{i<=k} correct_i (an unsupervised slot ends the streak)."""
-    hits = torch.zeros(labels.shape, dtype=torch.int32, device=labels.device)
-    hits[labels != IGNORE] = correct.to(torch.int32)
+    """[B, A]: per block sum_k prod_{i<=k} correct_i, for correct [B, A, Bs-1] (an unsupervised slot ends the
+    streak)."""
+    hits = (correct & (labels != IGNORE)).to(torch.int32)
     return hits.cumprod(dim=-1).sum(dim=-1)
 
 
@@ -135,15 +151,14 @@ def dflash_step(drafter, features: torch.Tensor, input_ids: torch.Tensor, loss_m
     hidden = drafter(features, anchor_tokens, anchors)[:, :, 1:]          # [B, A, Bs-1, H]
     labels = block_labels(input_ids, loss_mask, anchors, block_size)
     supervised = labels != IGNORE
-    n_supervised = int(supervised.sum())
-    n_blocks = int((anchors >= 0).sum())
-    if n_supervised == 0:
-        # keeps every parameter in the graph, so DDP ranks with an empty batch still all-reduce
-        return StepOutput(loss=hidden.sum() * 0.0, acc=0.0, streak=0.0, n_supervised=0, n_blocks=n_blocks)
-    slot_weights = decay_weights(block_size, gamma, device=labels.device).expand(labels.shape)
-    loss, correct = chunked_weighted_ce(hidden[supervised], inner.lm_head.weight, labels[supervised],
-                                        slot_weights[supervised], chunk_rows=chunk_rows)
-    streaks = accepted_streak(correct, labels)[anchors >= 0]
-    return StepOutput(loss=loss, acc=float(correct.float().mean()), streak=float(streaks.float().mean()),
-                      n_supervised=n_supervised, n_blocks=n_blocks)
-
+    # every slot goes through the loss, unsupervised ones with weight 0: selecting the supervised rows would
+    # make the shape depend on the data and wait for the GPU to know it
+    slot_weights = decay_weights(block_size, gamma, device=labels.device) * supervised
+    loss, correct = chunked_weighted_ce(hidden.reshape(-1, hidden.shape[-1]), inner.lm_head.weight,
+                                        labels.clamp(min=0).flatten(), slot_weights.flatten(), chunk_rows=chunk_rows)
+    correct = correct.view(labels.shape)
+    real_blocks = anchors >= 0
+    n_supervised, n_blocks = supervised.sum(), real_blocks.sum()
+    acc = (correct & supervised).sum() / n_supervised.clamp(min=1)
+    streak = (accepted_streak(correct, labels) * real_blocks).sum() / n_blocks.clamp(min=1)
+    return StepOutput(loss=loss, acc=acc, streak=streak, n_supervised=n_supervised, n_blocks=n_blocks)

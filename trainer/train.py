@@ -396,9 +396,8 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
             optimizer.zero_grad(set_to_none=True)
             step += 1
             meter.add(t0, t1, meter.mark(), batch.n_tokens)
-            sums += torch.stack([out.loss.detach().double(), torch.tensor(float(out.acc), dtype=torch.float64,
-                                 device=ctx.device), torch.tensor(float(out.streak), dtype=torch.float64,
-                                 device=ctx.device)])
+            # metrics stay on the device; they are read once per log interval, not every step
+            sums += torch.stack([out.loss.detach(), out.acc, out.streak]).double()
             if step % cfg.log_every == 0 or step == total_steps:
                 epoch = batch.epoch + (batch.index + 1) / per_rank
                 log_step(log, meter, sums, ctx, cfg, step=step, total_steps=total_steps, lr=lr, epoch=epoch,

@@ -1,0 +1,448 @@
+"""Trainer throughput on one device, in one process: matrix-product peak, the target's feature pass alone, and
+the full training step (target features + drafter forward/backward + optimizer), with model FLOPs utilisation,
+peak memory, the share of step time per phase and the compiles that happen after warm-up.
+
+The target is random-initialised at a real shape (its layers past the last tap are never built); the batches
+are synthetic chats laid out in the trainer's length buckets and served by the trainer's own BatchStream.
+
+    python bench/bench_train.py --model qwen3-8b                          # one GPU
+    python bench/bench_train.py --model qwen3-8b --compile
+    torchrun --nproc-per-node 2 bench/bench_train.py --model qwen3-8b     # DDP over two GPUs
+    python bench/bench_train.py --tiny --device cpu --steps 3 --json      # CPU smoke test
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+from trainer.config import SEED_BUCKETS, default_gamma
+from trainer.flops import LayerShape, StepFlops, target_feature_flops, training_step_flops
+
+QWEN3_8B = dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+                num_key_value_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=40960,
+                rms_norm_eps=1e-6, rope_theta=1_000_000.0)
+# 27B-class: Qwen3-32B's shape (64 layers; taps [1, 16, 31, 46, 61])
+QWEN3_32B = dict(hidden_size=5120, intermediate_size=25600, num_hidden_layers=64, num_attention_heads=64,
+                 num_key_value_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=40960,
+                 rms_norm_eps=1e-6, rope_theta=1_000_000.0)
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=8, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, vocab_size=512, max_position_embeddings=4096,
+            rms_norm_eps=1e-6, rope_theta=10_000.0)
+MODELS = {"qwen3-8b": QWEN3_8B, "qwen3-32b": QWEN3_32B, "tiny": TINY}
+TINY_DEFAULTS = dict(buckets=[0, 64, 128, 257], token_budget=512, num_anchors=16, anchor_budget=0)
+PHASES = ("data", "target", "drafter_forward", "backward", "optimizer")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", choices=sorted(MODELS), default="qwen3-8b")
+    parser.add_argument("--tiny", action="store_true", help="the tiny CPU smoke shape (model, buckets, budget)")
+    parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    parser.add_argument("--steps", type=int, default=20, help="timed steps per measurement")
+    parser.add_argument("--warmup", type=int, default=None, help="untimed steps first (default: 6 on GPU, 1 on CPU)")
+    parser.add_argument("--drafter-layers", type=int, default=5)
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--num-anchors", type=int, default=None, help="most anchors per sequence (default 512)")
+    parser.add_argument("--anchor-budget", type=int, default=None,
+                        help="most blocks per batch (default 3072 = 49152 slots; 0 = no cap)")
+    parser.add_argument("--token-budget", type=int, default=None, help="tokens per batch (default 49152)")
+    parser.add_argument("--buckets", type=int, nargs="+", default=None, help="default: the seed's buckets")
+    parser.add_argument("--bucket", type=int, default=None, help="only batches of this bucket index")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the drafter; pad to bucket bounds")
+    parser.add_argument("--profile", default=None, help="write a torch.profiler trace of 2 steps to this file")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    args = parser.parse_args(argv)
+    defaults = TINY_DEFAULTS if args.tiny else dict(buckets=list(SEED_BUCKETS), token_budget=49152,
+                                                    num_anchors=512, anchor_budget=3072)
+    for key, value in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if args.tiny:
+        args.model = "tiny"
+    return args
+
+
+# ---------------------------------------------------------------------------------------------- devices
+
+def setup_device(requested: str) -> SimpleNamespace:
+    """This process's device; under torchrun, one process group over the ranks (NCCL on GPUs, gloo on CPUs)."""
+    import torch.distributed as dist
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    use_cuda = requested == "cuda" or (requested == "auto" and torch.cuda.is_available())
+    device = torch.device(f"cuda:{local_rank}" if use_cuda else "cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)
+    if world > 1:
+        dist.init_process_group("nccl" if use_cuda else "gloo", rank=rank, world_size=world)
+    return SimpleNamespace(device=device, rank=rank, world_size=world, is_main=rank == 0)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def matmul_peak_tflops(device: torch.device) -> tuple[float, str]:
+    """Best of three timings of a square matrix product: bf16 8192^3 on a GPU, fp32 512^3 on a CPU."""
+    size, dtype, iters = (8192, torch.bfloat16, 40) if device.type == "cuda" else (512, torch.float32, 10)
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    for _ in range(3):
+        a @ b
+    best = float("inf")
+    for _ in range(3):
+        synchronize(device)
+        start = time.perf_counter()
+        for _ in range(iters):
+            a @ b
+        synchronize(device)
+        best = min(best, (time.perf_counter() - start) / iters)
+    return 2 * size ** 3 / best / 1e12, f"{str(dtype).removeprefix('torch.')} {size}^3"
+
+
+class PhaseClock:
+    """Marks between the phases of each step: CUDA events on a GPU (read once at the end, so no step waits
+    for the GPU), perf_counter elsewhere (CPU kernels finish before they return)."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.steps: list[list] = []
+
+    def mark(self):
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def seconds(self) -> dict[str, float]:
+        totals = dict.fromkeys(PHASES, 0.0)
+        if self.cuda and self.steps:
+            self.steps[-1][-1].synchronize()
+        for marks in self.steps:
+            for name, start, end in zip(PHASES, marks, marks[1:]):
+                totals[name] += start.elapsed_time(end) / 1000 if self.cuda else end - start
+        return totals
+
+
+def peak_memory_gib(device: torch.device) -> tuple[float, str]:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2 ** 30, "cuda max_memory_allocated"
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20, "process peak RSS"
+
+
+def compiled_frames() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters["frames"].get("total", 0))
+
+
+# ---------------------------------------------------------------------------------------------- models and data
+
+def build_target(shape: dict, *, num_taps: int, device: torch.device, dtype: torch.dtype):
+    """A random Qwen3 target with only the layers up to its last tap (the feature pass never runs the rest)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from trainer.target import TargetModel, default_target_layer_ids
+
+    taps = default_target_layer_ids(shape["num_hidden_layers"], num_taps)
+    sizes = {k: v for k, v in shape.items() if k not in ("rope_theta", "num_hidden_layers")}
+    config = Qwen3Config(**sizes, num_hidden_layers=taps[-1] + 1, tie_word_embeddings=False, pad_token_id=0,
+                         rope_parameters={"rope_type": "default", "rope_theta": shape["rope_theta"]})
+    with torch.device(device):
+        model = Qwen3ForCausalLM._from_config(config, attn_implementation="sdpa", dtype=dtype)
+    return TargetModel(model, layer_ids=taps, mask_token_id=shape["vocab_size"] - 1), taps
+
+
+def build_drafter(target, args, device: torch.device):
+    from trainer.drafter import DFlashDrafter, DrafterConfig
+
+    config = DrafterConfig.from_target(target.config, num_layers=args.drafter_layers, block_size=args.block_size,
+                                       target_layer_ids=target.layer_ids, mask_token_id=target.mask_token_id)
+    torch.manual_seed(args.seed)
+    drafter = DFlashDrafter(config, embed_tokens=target.embed_tokens, lm_head=target.lm_head)
+    return drafter.to(device=device, dtype=torch.float32).train()
+
+
+def synthetic_dataset(args, *, vocab_size: int, batches_needed: int):
+    """Chats in the chosen buckets, enough for `batches_needed` batches: an unsupervised prompt of 5-30 % of
+    the sample, then a supervised answer."""
+    import pyarrow as pa
+
+    from trainer.data import TokenDataset
+
+    rng = np.random.default_rng(args.seed)
+    buckets = [args.bucket] if args.bucket is not None else range(len(args.buckets) - 1)
+    per_bucket = -(-batches_needed // len(buckets)) + 1
+    ids, masks = [], []
+    for b in buckets:
+        lo, hi = args.buckets[b], args.buckets[b + 1]
+        batch_size = max(1, args.token_budget // (hi - 1))
+        for length in rng.integers(max(lo, 2 * args.block_size + 2), hi, size=per_bucket * batch_size):
+            prompt = int(length * rng.uniform(0.05, 0.3))
+            ids.append(rng.integers(0, vocab_size - 1, size=length, dtype=np.int32))
+            masks.append(np.concatenate([np.zeros(prompt, np.int8), np.ones(length - prompt, np.int8)]))
+    table = pa.table({"input_ids": pa.array(ids, type=pa.list_(pa.int32())),
+                      "loss_mask": pa.array(masks, type=pa.list_(pa.int8()))})
+    return TokenDataset(path="synthetic", table=table, lengths=np.array([len(x) for x in ids], dtype=np.int64))
+
+
+def batch_stream(dataset, args, ctx):
+    from trainer.data import BatchStream, layout_buckets
+
+    layout = layout_buckets(dataset.lengths, bounds=args.buckets, token_budget=args.token_budget,
+                            max_length=args.buckets[-1] - 1, overlong="truncate")
+    return BatchStream(dataset, layout, seed=args.seed, rank=ctx.rank, world_size=ctx.world_size,
+                       max_length=args.buckets[-1] - 1, pad_to_bucket=args.compile, pad_token_id=0,
+                       num_workers=2, prefetch=4, pin_memory=ctx.device.type == "cuda")
+
+
+def to_device(batch, device: torch.device):
+    return [t.to(device, non_blocking=True) for t in (batch.input_ids, batch.loss_mask, batch.attention_mask)]
+
+
+def all_ranks_sum(value: float, ctx) -> float:
+    import torch.distributed as dist
+
+    if ctx.world_size == 1:
+        return value
+    total = torch.tensor([value], dtype=torch.float64, device=ctx.device)
+    dist.all_reduce(total)
+    return float(total)
+
+
+# ---------------------------------------------------------------------------------------------- measurements
+
+def measure_target_only(target, stream, args, ctx, autocast) -> dict:
+    """Feature throughput of the target alone: the batches are on the device before the clock starts."""
+    shape = LayerShape.from_config(target.config)
+    batches = [next(stream) for _ in range(args.warmup + args.steps)]
+    on_device = [to_device(batch, ctx.device) for batch in batches]
+    for input_ids, _, attention_mask in on_device[:args.warmup]:
+        with autocast:
+            target.features(input_ids, attention_mask)
+    synchronize(ctx.device)
+    start = time.perf_counter()
+    for input_ids, _, attention_mask in on_device[args.warmup:]:
+        with autocast:
+            target.features(input_ids, attention_mask)
+    synchronize(ctx.device)
+    seconds = time.perf_counter() - start
+    lengths = [batch.attention_mask.sum(dim=1).tolist() for batch in batches[args.warmup:]]
+    tokens = sum(sum(row) for row in lengths)
+    flops = sum(target_feature_flops(shape, num_layers=target.layer_ids[-1] + 1, lengths=row) for row in lengths)
+    return {"seconds": seconds, "tokens": tokens, "flops": flops,
+            "tok_per_s": all_ranks_sum(tokens, ctx) / seconds}
+
+
+def anchors_per_sequence(args, batch_size: int) -> int:
+    if not args.anchor_budget:
+        return args.num_anchors
+    return max(1, min(args.num_anchors, args.anchor_budget // batch_size))
+
+
+def train_step(parts: SimpleNamespace, stream, args, ctx, autocast, clock: PhaseClock | None):
+    """One step as the trainer runs it, with a clock mark between phases: (output, batch)."""
+    from trainer.objective import dflash_step
+
+    marks = [clock.mark()] if clock else []
+    batch = next(stream)
+    input_ids, loss_mask, attention_mask = to_device(batch, ctx.device)
+    marks += [clock.mark()] if clock else []
+    with autocast:
+        features = parts.target.features(input_ids, attention_mask)
+    marks += [clock.mark()] if clock else []
+    with autocast:
+        out = dflash_step(parts.model, features, input_ids, loss_mask,
+                          num_anchors=anchors_per_sequence(args, len(input_ids)), block_size=args.block_size,
+                          gamma=default_gamma(args.block_size), noise=0.0, generator=parts.anchor_rng)
+    marks += [clock.mark()] if clock else []
+    out.loss.backward()
+    marks += [clock.mark()] if clock else []
+    torch.nn.utils.clip_grad_norm_(parts.params, 1.0)
+    parts.optimizer.step()
+    parts.optimizer.zero_grad(set_to_none=True)
+    if clock:
+        clock.steps.append(marks + [clock.mark()])
+    return out, batch
+
+
+def replay_flops(records: list, parts: SimpleNamespace, args) -> tuple[StepFlops, int, int]:
+    """The model FLOPs of the timed steps, counted afterwards from the anchors each step drew (the sampler is
+    replayed on the CPU from the generator state saved before the step): (flops, real blocks, padded blocks)."""
+    from trainer.objective import sample_anchors
+
+    target_shape = LayerShape.from_config(parts.target.config)
+    drafter_shape = LayerShape.from_config(parts.drafter.config)
+    total, real, padded = StepFlops(0, 0, 0, 0, 0), 0, 0
+    generator = torch.Generator()
+    for rng_state, loss_mask, lengths in records:
+        generator.set_state(rng_state)
+        anchors = sample_anchors(loss_mask, anchors_per_sequence(args, len(loss_mask)), generator)
+        total = total + training_step_flops(
+            target_shape, drafter_shape, target_layers=parts.target.layer_ids[-1] + 1,
+            drafter_layers=args.drafter_layers, num_taps=len(parts.target.layer_ids), block_size=args.block_size,
+            lengths=lengths, anchors=anchors.tolist())
+        real += int((anchors >= 0).sum())
+        padded += int((anchors < 0).sum())
+    return total, real, padded
+
+
+def measure_training(parts: SimpleNamespace, stream, args, ctx, autocast) -> dict:
+    for _ in range(args.warmup):
+        train_step(parts, stream, args, ctx, autocast, None)
+    synchronize(ctx.device)
+    frames_before = compiled_frames()
+    clock, records, losses = PhaseClock(ctx.device), [], []
+    start = time.perf_counter()
+    for _ in range(args.steps):
+        state = parts.anchor_rng.get_state()
+        out, batch = train_step(parts, stream, args, ctx, autocast, clock)
+        losses.append(out.loss.detach())
+        records.append((state, batch.loss_mask.clone(), batch.attention_mask.sum(dim=1).tolist()))
+    synchronize(ctx.device)
+    seconds = time.perf_counter() - start
+    phases = clock.seconds()
+    flops, real, padded = replay_flops(records, parts, args)
+    tokens = sum(sum(lengths) for _, _, lengths in records)
+    return {"seconds": seconds, "tokens": tokens, "flops": flops, "phases": phases, "real_blocks": real,
+            "padded_blocks": padded, "frames_after_warmup": compiled_frames() - frames_before,
+            "loss": float(torch.stack(losses).float().mean()), "tok_per_s": all_ranks_sum(tokens, ctx) / seconds}
+
+
+def profile_steps(parts: SimpleNamespace, stream, args, ctx, autocast) -> str:
+    """Two steps under torch.profiler: a Chrome trace at --profile and the top operators as a table."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if ctx.device.type == "cuda" else [])
+    with profile(activities=activities, record_shapes=True) as prof:
+        for _ in range(2):
+            train_step(parts, stream, args, ctx, autocast, None)
+        synchronize(ctx.device)
+    if ctx.is_main:
+        prof.export_chrome_trace(args.profile)
+    sort_by = "cuda_time_total" if ctx.device.type == "cuda" else "cpu_time_total"
+    return prof.key_averages().table(sort_by=sort_by, row_limit=25)
+
+
+# ---------------------------------------------------------------------------------------------- report
+
+def summarise(args, ctx, *, peak: tuple[float, str], taps: list[int], target_only: dict, training: dict) -> dict:
+    flops, phases = training["flops"], training["phases"]
+    world_peak = peak[0] * 1e12 * ctx.world_size
+    phase_total = sum(phases.values()) or 1.0
+    target_only_rate = target_only["tokens"] / target_only["seconds"]
+    blocks = training["real_blocks"] + training["padded_blocks"]
+    return {
+        "device": str(ctx.device), "device_name": device_name(ctx.device), "world_size": ctx.world_size,
+        "model": args.model, "shape": MODELS[args.model], "taps": taps, "compile": args.compile,
+        "steps": args.steps, "warmup": args.warmup, "buckets": args.buckets, "bucket": args.bucket,
+        "token_budget": args.token_budget, "num_anchors": args.num_anchors, "anchor_budget": args.anchor_budget,
+        "block_size": args.block_size, "drafter_layers": args.drafter_layers,
+        "matmul_peak_tflops": peak[0], "matmul_peak_what": peak[1],
+        "target_only": {"tok_per_s": target_only["tok_per_s"],
+                        "mfu": all_ranks_sum(target_only["flops"], ctx) / target_only["seconds"] / world_peak},
+        "step": {
+            "tok_per_s": training["tok_per_s"], "step_ms": 1000 * training["seconds"] / args.steps,
+            "mfu": all_ranks_sum(flops.total, ctx) / training["seconds"] / world_peak,
+            "flops_per_step": {k: v / args.steps for k, v in flops.as_dict().items()},
+            "target_flop_share": flops.target / flops.total, "drafter_flop_share": flops.drafter_total / flops.total,
+            "phase_share": {k: v / phase_total for k, v in phases.items()},
+            "target_phase_tok_per_s": training["tokens"] / phases["target"] if phases["target"] else 0.0,
+            "target_in_step_ratio": (training["tokens"] / phases["target"] / target_only_rate
+                                     if phases["target"] else 0.0),
+            "padded_block_share": training["padded_blocks"] / blocks if blocks else 0.0,
+            "loss": training["loss"],
+        },
+        "peak_memory_gib": peak_memory_gib(ctx.device)[0], "peak_memory_kind": peak_memory_gib(ctx.device)[1],
+        "compiled_frames_after_warmup": training["frames_after_warmup"],
+        "compiled_frames_total": compiled_frames(),
+    }
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def format_table(result: dict) -> str:
+    step, target = result["step"], result["target_only"]
+    lines = [
+        f"{result['model']} on {result['world_size']} x {result['device_name']} ({result['device']}), "
+        f"compile={result['compile']}, taps {result['taps']}",
+        f"matmul peak ({result['matmul_peak_what']}): {result['matmul_peak_tflops']:.3g} TFLOP/s",
+        f"target features alone: {target['tok_per_s']:,.0f} tok/s, MFU {target['mfu']:.1%}",
+        f"training step:        {step['tok_per_s']:,.0f} tok/s, {step['step_ms']:.1f} ms/step, MFU {step['mfu']:.1%}",
+        f"  FLOP shares: target {step['target_flop_share']:.1%}, drafter {step['drafter_flop_share']:.1%} "
+        f"(padded blocks {step['padded_block_share']:.1%}, not counted)",
+        "  time shares: " + ", ".join(f"{k} {v:.1%}" for k, v in step["phase_share"].items()),
+        f"  target inside the step: {step['target_phase_tok_per_s']:,.0f} tok/s = "
+        f"{step['target_in_step_ratio']:.1%} of the target alone",
+        f"peak memory: {result['peak_memory_gib']:.2f} GiB ({result['peak_memory_kind']}); compiled frames after "
+        f"warm-up: {result['compiled_frames_after_warmup']} (total {result['compiled_frames_total']})",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    import sys
+
+    args = parse_args(argv)
+    ctx = setup_device(args.device)
+    on_gpu = ctx.device.type == "cuda"
+    n_buckets = 1 if args.bucket is not None else len(args.buckets) - 1
+    if args.warmup is None:
+        args.warmup = 2 * n_buckets if on_gpu else 1
+    dtype = torch.bfloat16 if on_gpu else torch.float32
+    torch.manual_seed(args.seed)
+    peak = matmul_peak_tflops(ctx.device)
+    target, taps = build_target(MODELS[args.model], num_taps=args.drafter_layers, device=ctx.device, dtype=dtype)
+    drafter = build_drafter(target, args, ctx.device)
+    model = drafter
+    if ctx.world_size > 1:
+        from trainer.train import DraftDDP
+
+        model = DraftDDP(drafter, device_ids=[ctx.device] if on_gpu else None)
+    if args.compile:
+        model = torch.compile(model)
+    params = [p for p in drafter.parameters() if p.requires_grad]
+    parts = SimpleNamespace(
+        target=target, drafter=drafter, model=model, params=params,
+        optimizer=torch.optim.AdamW(params, lr=6e-4, weight_decay=0.0, betas=(0.9, 0.95), fused=on_gpu),
+        anchor_rng=torch.Generator().manual_seed(args.seed * 1009 + ctx.rank))
+    dataset = synthetic_dataset(args, vocab_size=target.config.vocab_size,
+                                batches_needed=(args.warmup + args.steps + 2) * ctx.world_size)
+    autocast = torch.autocast(device_type=ctx.device.type, dtype=dtype, enabled=on_gpu)
+    streams = [batch_stream(dataset, args, ctx) for _ in range(2)]   # the same batches for both measurements
+    try:
+        target_only = measure_target_only(target, streams[0], args, ctx, autocast)
+        training = measure_training(parts, streams[1], args, ctx, autocast)
+        table = profile_steps(parts, streams[1], args, ctx, autocast) if args.profile else None
+    finally:
+        for stream in streams:
+            stream.close()
+    result = summarise(args, ctx, peak=peak, taps=taps, target_only=target_only, training=training)
+    if ctx.is_main:
+        print(json.dumps(result) if args.json else format_table(result), flush=True)
+        if table:
+            print(table, file=sys.stderr)
+    if ctx.world_size > 1:
+        torch.distributed.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
