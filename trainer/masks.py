@@ -107,10 +107,8 @@ def flex_functions(device: torch.device) -> tuple:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
         if device.type == "cuda":
-            # every batch brings new sizes (batch, blocks, context): compiled dynamic from the start, the mask
-            # builder compiles once (plus once for a batch of one sequence) instead of once per size it meets
-            # before automatic dynamic shapes mark each size in turn
-            create_block_mask = torch.compile(create_block_mask, dynamic=True)
+            # (issue 6: try dynamic=True for the mask builder, fewer recompiles; not yet measured on a GPU)
+            create_block_mask = torch.compile(create_block_mask)
             # dynamic=None: the first new shape recompiles as dynamic, later shapes reuse that graph
             flex_attention = torch.compile(flex_attention, dynamic=None)
         _FLEX_FUNCTIONS[device.type] = (create_block_mask, flex_attention)
