@@ -74,6 +74,8 @@ class LaunchSpec:
     inputs: dict[str, bytes] = field(default_factory=dict)   # files put into the run directory before start
     uses_trainer: bool = False
     settle: float | None = None   # how long the workload must stay up to count as started (agent default 1 s)
+    run_id: str | None = None     # chosen by the caller (a job's node runs); a new one otherwise
+    job: dict[str, object] | None = None   # job_id, node_rank, nnodes of a multi-node job's node run
 
 
 class RunClient:
@@ -92,6 +94,10 @@ class RunClient:
             self._deployed[key] = deploy(transport, target.workdir, with_trainer=with_trainer)
         return self._deployed[key]
 
+    def deploy(self, target: Target, *, with_trainer: bool) -> Deployment:
+        """Ship the agent (and the trainer) to the target now, once per version and dflashctl invocation."""
+        return self._deployment(target, self.conns.for_target(target), with_trainer=with_trainer)
+
     def agent(self, target: Target, args: list[str], *, timeout: float = 60.0, stdin: bytes | None = None,
               with_trainer: bool = False) -> dict:
         """Run one agent subcommand on the target and return its JSON answer (ok true or false)."""
@@ -109,7 +115,7 @@ class RunClient:
     # -- operations -----------------------------------------------------------------------------------------
 
     def launch(self, spec: LaunchSpec) -> dict:
-        run_id = new_run_id(spec.name)
+        run_id = spec.run_id or new_run_id(spec.name)
         args = ["launch", "--runs-dir", runs_dir(spec.target), "--run-id", run_id, "--name", spec.name,
                 "--target", spec.target.name, "--grace", f"{spec.grace:g}"]
         env = dict(spec.env)
@@ -125,6 +131,9 @@ class RunClient:
             args.append("--force")
         if spec.settle is not None:
             args += ["--settle", f"{spec.settle:g}"]
+        if spec.job:
+            args += ["--job-id", str(spec.job["job_id"]), "--node-rank", str(spec.job["node_rank"]),
+                     "--nnodes", str(spec.job["nnodes"])]
         for name in spec.inputs:
             args += ["--input", name]
         payload = self.agent(spec.target, [*args, "--", *spec.command], timeout=LAUNCH_TIMEOUT_S,
@@ -163,6 +172,13 @@ class RunClient:
         if grace is not None:
             args += ["--grace", f"{grace:g}"]
         return self.agent(target, args, timeout=(grace or DEFAULT_GRACE_S) + 60)
+
+    def netinfo(self, target: Target, toward: str, *, free_port: bool = False) -> dict:
+        """The target's local address and interface toward `toward`, and a free TCP port there if asked."""
+        payload = self.agent(target, ["netinfo", "--toward", toward] + (["--free-port"] if free_port else []))
+        if not payload.get("ok"):
+            raise OperationFailed(f"{target.name}: {payload.get('error', 'netinfo failed')}")
+        return payload
 
     def cleanup(self, target: Target, *, dry_run: bool) -> dict:
         args = ["cleanup", "--runs-dir", runs_dir(target)] + (["--dry-run"] if dry_run else [])

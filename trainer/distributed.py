@@ -2,9 +2,14 @@
 
 Under torchrun (RANK/WORLD_SIZE/LOCAL_RANK in the environment) the group uses NCCL on GPUs and gloo on the
 CPU; without torchrun everything runs in this one process and no group is created.
+
+A collective that waits for a peer which died or became unreachable fails after DFLASH_DIST_TIMEOUT_S seconds
+(default 600) instead of hanging for torch's default of up to 30 minutes (gloo) or forever (NCCL without its
+watchdog): the rank exits non-zero, torchrun ends the node, and the job ends `failed` on every node.
 """
 from __future__ import annotations
 
+import datetime
 import hashlib
 import os
 from dataclasses import dataclass
@@ -13,6 +18,9 @@ import torch
 import torch.distributed as dist
 
 from trainer.errors import TrainerError
+
+TIMEOUT_ENV = "DFLASH_DIST_TIMEOUT_S"
+DEFAULT_TIMEOUT_S = 600.0
 
 
 @dataclass
@@ -43,17 +51,53 @@ def _pick_device(requested: str, local_rank: int) -> torch.device:
     return torch.device(requested)
 
 
+def collective_timeout() -> datetime.timedelta:
+    """How long a collective may wait for the other ranks (DFLASH_DIST_TIMEOUT_S seconds)."""
+    text = os.environ.get(TIMEOUT_ENV, "").strip()
+    try:
+        seconds = float(text) if text else DEFAULT_TIMEOUT_S
+    except ValueError:
+        raise TrainerError(f"{TIMEOUT_ENV}={text!r}: expected a number of seconds") from None
+    if not 0 < seconds < 10**7:
+        raise TrainerError(f"{TIMEOUT_ENV}={text!r}: expected a positive number of seconds")
+    return datetime.timedelta(seconds=seconds)
+
+
+def job_rank(torchrun_rank: int, local_rank: int, world_size: int) -> int:
+    """This process's global rank. torchrun's c10d rendezvous orders nodes by address; a multi-node job
+    launched by dflashctl fixes the order instead (DFLASH_RANK_OFFSET: the processes of the nodes before
+    this one), so that rank 0, which logs and writes checkpoints, is on the job's first node."""
+    text = os.environ.get("DFLASH_RANK_OFFSET", "").strip()
+    if not text:
+        return torchrun_rank
+    try:
+        rank = int(text) + local_rank
+    except ValueError:
+        raise TrainerError(f"DFLASH_RANK_OFFSET={text!r}: expected an integer") from None
+    if not 0 <= rank < world_size:
+        raise TrainerError(f"DFLASH_RANK_OFFSET={text} + local rank {local_rank} is outside the world of "
+                           f"{world_size} processes: the nodes' process counts disagree")
+    return rank
+
+
 def compute_init(requested_device: str = "auto") -> DistributedContext:
     """Join the torchrun process group if there is one and pick this rank's device."""
-    rank = int(os.environ.get("RANK", 0))
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    rank = job_rank(int(os.environ.get("RANK", 0)), local_rank, world_size)
+    if "RANK" in os.environ:
+        os.environ["RANK"] = str(rank)  # what init_process_group (env://) and anything else reading RANK see
     device = _pick_device(requested_device, local_rank)
+    timeout = collective_timeout()
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if world_size > 1 and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend=backend, device_id=device if device.type == "cuda" else None)
+        if backend == "nccl":
+            # the watchdog that turns a timed-out collective into an error (torch's default, made certain)
+            os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+        dist.init_process_group(backend=backend, timeout=timeout,
+                                device_id=device if device.type == "cuda" else None)
     return DistributedContext(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
 
 

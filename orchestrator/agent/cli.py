@@ -1,11 +1,14 @@
 """The agent's command line: parse, dispatch, print exactly one JSON object, map errors to exit codes.
 
     launch   --runs-dir D --run-id ID --name N --target T [--cwd DIR] [--env K=V]... [--gpus 0,1] [--force]
-             [--grace S] [--verify-timeout S] [--settle S] [--input NAME]... -- CMD...
+             [--grace S] [--verify-timeout S] [--settle S] [--input NAME]...
+             [--job-id J --node-rank R --nnodes N] -- CMD...
              (with --input, stdin is one JSON object {NAME: base64 content}; each file lands in the run dir)
     ps       --runs-dir D [--run-id ID]... [--tail-bytes N]
     kill     --runs-dir D --run-id ID... [--grace S]
     cleanup  --runs-dir D [--dry-run] [--grace S]
+    netinfo  --toward ADDR [--free-port]
+    node-watch --stall S -- CMD                        (a job node's workload: CMD's exit, no JSON; see nodewatch)
     version
     supervise --runs-dir D --run-id ID [--grace S]     (internal: started by the keeper)
     keeper    --runs-dir D                             (internal: started by launch)
@@ -14,6 +17,7 @@ Every answer is one line of JSON with "version": 1 and "ok"; exit 0 ok, 1 operat
 Errors: {"ok": false, "error": MESSAGE, "code": CODE, ...details}. Answers (keys may be added, never renamed):
     launch   {"run": RECORD}; failure: code run_ended | not_verified | gpus_busy (+ "busy": {run: [gpus]}),
              with "run", "exit_code", "signal", "log_tail" (last 40 lines), "supervisor_log_tail", "keeper_log_tail"
+    netinfo  {"toward", "address", "interface", "hostname" (+ "port": a TCP port free here, with --free-port)}
     ps       {"runs": [RECORD (+ "log_tail": str with --tail-bytes)]}
     kill     {"runs": [{"run_id", "ok", "state", "signal", "exit_code", "already_ended", "survivors":
              [{"pid", "cmdline", "state"}], "actions": [str], "run": RECORD}]}
@@ -21,7 +25,8 @@ Errors: {"ok": false, "error": MESSAGE, "code": CODE, ...details}. Answers (keys
              "description", ...}], "gpus": {"available", "gpus": [{"index", "memory_used_mib",
              "utilization_pct"}], "error"}, "live_runs": [run ids]}
 RECORD: run_id, target, name, state, pid, pgid, exit_code, signal, signal_name, created_at, started_at, ended_at,
-log_path, run_dir, gpus, command, cwd, grace_s, supervisor_pid, supervisor_start_time, error.
+log_path, run_dir, gpus, command, cwd, grace_s, supervisor_pid, supervisor_start_time, error, and for a node of a
+multi-node job job_id, node_rank, nnodes (null otherwise).
 """
 from __future__ import annotations
 
@@ -80,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("--settle", type=_seconds, default=1.0, help="how long the workload must stay up (s)")
     launch.add_argument("--input", action="append", default=[], metavar="NAME",
                         help="a file put into the run directory; stdin is a JSON object NAME -> base64 content")
+    launch.add_argument("--job-id", help="the multi-node job this run is one node of")
+    launch.add_argument("--node-rank", type=int, help="this node's rank in the job (0 = rendezvous host)")
+    launch.add_argument("--nnodes", type=int, help="how many nodes the job has")
     ps = sub.add_parser("ps", help="every run's record")
     ps.add_argument("--runs-dir", required=True)
     ps.add_argument("--run-id", action="append", default=[])
@@ -92,6 +100,11 @@ def build_parser() -> argparse.ArgumentParser:
     cleanup.add_argument("--runs-dir", required=True)
     cleanup.add_argument("--dry-run", action="store_true")
     cleanup.add_argument("--grace", type=_seconds, default=3.0)
+    node_watch = sub.add_parser("node-watch", help="run a job node's torchrun; end it if it outlives its workers")
+    node_watch.add_argument("--stall", type=_seconds, required=True)
+    netinfo = sub.add_parser("netinfo", help="local address and interface toward an address; a free port")
+    netinfo.add_argument("--toward", required=True)
+    netinfo.add_argument("--free-port", action="store_true")
     sub.add_parser("version", help="agent and protocol version")
     supervise = sub.add_parser("supervise", help=argparse.SUPPRESS)
     supervise.add_argument("--runs-dir", required=True)
@@ -106,8 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def split_command(argv: list) -> tuple:
-    """launch's CMD is everything after the first `--`, passed on untouched."""
-    if argv and argv[0] == "launch":
+    """launch's (and node-watch's) CMD is everything after the first `--`, passed on untouched."""
+    if argv and argv[0] in ("launch", "node-watch"):
         if "--" not in argv:
             if "-h" in argv or "--help" in argv:
                 return argv, []
@@ -120,11 +133,12 @@ def split_command(argv: list) -> tuple:
 def dispatch(args: argparse.Namespace, command: list) -> dict:
     # Imported here so that `keeper` and `supervise` load only what they need.
     if args.command == "launch":
-        from .launch import LaunchRequest, launch, read_inputs
+        from .launch import LaunchRequest, job_fields, launch, read_inputs
         inputs = read_inputs(args.input, sys.stdin.buffer.read()) if args.input else {}
         req = LaunchRequest(runs_dir=args.runs_dir, run_id=args.run_id, name=args.name, target=args.target,
                             command=command, cwd=args.cwd, env_pairs=args.env, gpus=args.gpus, force=args.force,
-                            grace=args.grace, inputs=inputs)
+                            grace=args.grace, inputs=inputs,
+                            job=job_fields(args.job_id, args.node_rank, args.nnodes))
         return dict(ok=True, **launch(req, verify_timeout=args.verify_timeout, settle=args.settle))
     if args.command == "ps":
         from .ps import list_runs
@@ -148,6 +162,9 @@ def dispatch(args: argparse.Namespace, command: list) -> dict:
     if args.command == "lines":
         from .lineindex import read_lines
         return read_lines(args.runs_dir, args.run_id, args.start, args.stop)
+    if args.command == "netinfo":
+        from .netinfo import netinfo
+        return netinfo(args.toward, want_port=args.free_port)
     if args.command == "version":
         return {"ok": True, "agent_version": AGENT_VERSION, "python": sys.version.split()[0]}
     raise BadInput("no subcommand given (launch, ps, kill, cleanup, version)", code="bad_usage")
@@ -165,6 +182,9 @@ def main(argv: list | None = None) -> int:
     try:
         head, command = split_command(argv)
         args = build_parser().parse_args(head)
+        if args.command == "node-watch":  # a workload, not a request: its exit status is the answer
+            from .nodewatch import node_watch
+            return node_watch(command, stall=args.stall)
         result = dispatch(args, command)
     except _HelpShown:
         emit({"ok": True, "help": "shown on stderr"})

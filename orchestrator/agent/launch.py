@@ -23,7 +23,8 @@ POLL_S = 0.02
 
 class LaunchRequest:
     def __init__(self, *, runs_dir: str, run_id: str, name: str, target: str, command: list, cwd: str | None,
-                 env_pairs: list, gpus: str | None, force: bool, grace: float, inputs: dict | None = None) -> None:
+                 env_pairs: list, gpus: str | None, force: bool, grace: float, inputs: dict | None = None,
+                 job: dict | None = None) -> None:
         self.paths = RunPaths(runs_dir, run_id)
         self.name = validate_name(name, what="name")
         self.target = validate_target(target)
@@ -42,12 +43,27 @@ class LaunchRequest:
             raise BadInput("--grace must not be negative", code="bad_grace")
         self.grace = grace
         self.inputs = inputs or {}
+        self.job = job or {"job_id": None, "node_rank": None, "nnodes": None}
 
     def run_json(self) -> dict:
         return {"version": 1, "run_id": self.paths.run_id, "name": self.name, "target": self.target,
                 "command": self.command, "cwd": self.cwd, "env": self.env, "gpus": self.gpus,
                 "grace_s": self.grace, "created_at": utc_now_iso(), "created_ts": time.time(),
-                "supervisor_pid": None, "supervisor_start_time": None}
+                "supervisor_pid": None, "supervisor_start_time": None, **self.job}
+
+
+def job_fields(job_id: str | None, node_rank: int | None, nnodes: int | None) -> dict:
+    """The job a node run belongs to: all three given, or none (a plain run)."""
+    given = [value is not None for value in (job_id, node_rank, nnodes)]
+    if not any(given):
+        return {"job_id": None, "node_rank": None, "nnodes": None}
+    if not all(given):
+        raise BadInput("--job-id, --node-rank and --nnodes go together", code="bad_job")
+    validate_name(job_id, what="job id")
+    if not 0 < nnodes <= 4096 or not 0 <= node_rank < nnodes:
+        raise BadInput("--node-rank {} of --nnodes {}: need 0 <= rank < nnodes".format(node_rank, nnodes),
+                       code="bad_job")
+    return {"job_id": job_id, "node_rank": node_rank, "nnodes": nnodes}
 
 
 def read_inputs(names: list, raw: bytes) -> dict:

@@ -12,7 +12,8 @@ TERMINAL = (SUCCEEDED, FAILED, KILLED, LOST)
 # A run may sit in `starting` without a supervisor pid while the keeper spawns it; after this it is lost.
 SPAWN_DEADLINE_S = 60.0
 
-RECORD_FROM_RUN = ("run_id", "target", "name", "gpus", "command", "cwd", "created_at", "grace_s")
+RECORD_FROM_RUN = ("run_id", "target", "name", "gpus", "command", "cwd", "created_at", "grace_s", "job_id",
+                   "node_rank", "nnodes")
 RECORD_FROM_STATE = ("state", "pid", "pgid", "exit_code", "signal", "signal_name", "started_at", "ended_at",
                      "supervisor_pid", "supervisor_start_time", "error")
 

@@ -9,13 +9,14 @@ import typer
 from ..connections import Connections
 from ..errors import DflashError
 from ..fanout import per_host
+from ..jobs import locate
 from ..runs import RunClient
 from .state import AppState, print_json, stderr, stdout
 
 
 def kill(
     ctx: typer.Context,
-    run_ids: List[str] = typer.Argument(..., metavar="RUN...", help="Run ids (see `dflashctl ps`)."),
+    run_ids: List[str] = typer.Argument(..., metavar="RUN...", help="Run or job ids (see `dflashctl ps`)."),
     grace: Optional[float] = typer.Option(None, "--grace", "-g", min=0,
                                           help="Seconds between TERM and KILL (default: the run's, 30)."),
     as_json: bool = typer.Option(False, "--json", help="Print {\"targets\": {...}} as JSON."),
@@ -23,13 +24,13 @@ def kill(
     """Stop runs completely: TERM to the run's processes, KILL after the grace, then verify nothing is left.
 
     Exits 0 only when no process of any named run survives; otherwise says what survived and exits 1.
-    Killing a run that already ended does nothing and succeeds.
+    Killing a run that already ended does nothing and succeeds. A job id stops every node of the job.
     """
     state: AppState = ctx.obj
     err = stderr()
     with Connections() as conns:
         client = RunClient(state.inventory(), conns)
-        located = client.find(list(dict.fromkeys(run_ids)))
+        located = locate(client, list(dict.fromkeys(run_ids)))
         by_target: dict[str, list[str]] = defaultdict(list)
         targets = {}
         for run_id, (target, _) in located.items():

@@ -9,6 +9,7 @@ import typer
 from ..connections import Connections
 from ..errors import UsageError
 from ..inventory import Target
+from ..jobs import DEFAULT_DIST_TIMEOUT_S, JobLaunchFailed, JobSpec, launch_job
 from ..runs import LaunchFailed, LaunchSpec, RunClient, check_name, default_name
 from .state import AppState, parse_env, parse_gpus, print_json, stderr
 
@@ -16,8 +17,10 @@ from .state import AppState, parse_env, parse_gpus, print_json, stderr
 def launch(
     ctx: typer.Context,
     target: str = typer.Argument(..., metavar="TARGET", help="HOST/CTID, HOST or local."),
-    command: Optional[List[str]] = typer.Argument(None, metavar="[-- CMD...]",
-                                                  help="Run this command instead of the bundled trainer."),
+    command: Optional[List[str]] = typer.Argument(
+        None, metavar="[TARGET...] | [-- CMD...]",
+        help="With --config: more targets, one job across all of them. Without: run this command instead "
+             "of the bundled trainer."),
     name: Optional[str] = typer.Option(None, "--name", "-n", help="Run name (default: from the command)."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", metavar="FILE",
                                           help="Trainer config (YAML) for the bundled trainer."),
@@ -26,7 +29,14 @@ def launch(
     env: Optional[List[str]] = typer.Option(None, "--env", "-e", metavar="K=V", help="Extra environment (repeat)."),
     force: bool = typer.Option(False, "--force", help="Start even if a live run holds the GPUs."),
     grace: float = typer.Option(30.0, "--grace", min=0, help="Seconds a later `kill` waits after TERM."),
-    as_json: bool = typer.Option(False, "--json", help="Print the run record as JSON."),
+    nproc_per_node: Optional[int] = typer.Option(
+        None, "--nproc-per-node", min=1, help="Processes per node of a multi-target job (default: one per GPU; "
+                                              "one CPU process where there are none or the config says cpu)."),
+    dist_timeout: float = typer.Option(
+        DEFAULT_DIST_TIMEOUT_S, "--dist-timeout", min=1, metavar="SECONDS",
+        help="Multi-target job: how long the rendezvous and every collective wait for a missing node before "
+             "the job fails."),
+    as_json: bool = typer.Option(False, "--json", help="Print the run record (a job: job_id and one per node)."),
 ) -> int:
     """Start a run detached under a supervisor so it survives the SSH session, pct and this command.
 
@@ -34,12 +44,22 @@ def launch(
     when the run has several GPUs). Returns once the run is verified running and prints its run id; if it ends
     during verification, exits 1 with its exit code and the last lines of its log.
 
+    With --config and several TARGETs, starts one job across them: torchrun (c10d rendezvous on the first
+    target, at its inventory address) under a supervisor on every target, node 0 holding rank 0; every
+    target is deployed before any starts. A node that dies takes the job to `failed` on every node.
+
     Examples:
 
         dflashctl launch pve1/200 --config qwen3-8b.yaml --gpus 0-7
+        dflashctl launch pve1/200 pve2/300 --config qwen3-8b.yaml --gpus 0-7
         dflashctl launch local --name sweep1 -- python train.py --lr 3e-4
     """
     state: AppState = ctx.obj
+    if config is not None and command:
+        targets = _job_targets(state, [target, *command])
+        spec = job_spec(targets, config, name=name, gpus=parse_gpus(gpus), env=parse_env(env), force=force,
+                        grace=grace, nproc_per_node=nproc_per_node, dist_timeout=dist_timeout)
+        return _launch_job(state, spec, as_json=as_json)
     resolved = state.inventory().target(target)
     spec = launch_spec(resolved, command or [], name=name, config=config, gpus=parse_gpus(gpus),
                        env=parse_env(env), force=force, grace=grace)
@@ -58,6 +78,54 @@ def launch(
                   f"`dflashctl logs -f {record['run_id']}` to follow it")
         typer.echo(record["run_id"])
     return 0
+
+
+def _job_targets(state: AppState, names: list[str]) -> list[Target]:
+    targets = []
+    for name in names:
+        try:
+            targets.append(state.inventory().target(name))
+        except UsageError as exc:
+            raise UsageError(f"{exc} (with --config every argument is a TARGET of one job: give either "
+                             f"--config (the bundled trainer) or -- CMD (your own command), not both)") from None
+    return targets
+
+
+def _launch_job(state: AppState, spec: JobSpec, *, as_json: bool) -> int:
+    err = stderr()
+    err.print(f"launching job {spec.name} on {', '.join(t.name for t in spec.targets)}...", markup=False)
+    with Connections() as conns:
+        try:
+            job = launch_job(RunClient(state.inventory(), conns), spec)
+        except JobLaunchFailed as failed:
+            if failed.payload:
+                _report_failure(LaunchFailed(failed.payload, "node"))
+            raise
+    if as_json:
+        print_json(job)
+        return 0
+    for node in job["nodes"]:
+        err.print(f"  node {node['node_rank']}: {node['run_id']} {node.get('state')} on {node['target']} "
+                  f"(pid {node.get('pid')})", markup=False)
+    err.print(f"job {job['job_id']}: rendezvous at {job['rendezvous']}; `dflashctl logs -f {job['job_id']}` "
+              f"follows node 0", markup=False)
+    typer.echo(job["job_id"])
+    return 0
+
+
+def job_spec(targets: list[Target], config: Path, *, name: str | None, gpus: list[int] | None,
+             env: dict[str, str], force: bool, grace: float, nproc_per_node: int | None,
+             dist_timeout: float) -> JobSpec:
+    """A multi-node job of the bundled trainer; the config and --gpus are checked against every target."""
+    for target in targets:
+        launch_spec(target, [], name=name, config=config, gpus=gpus, env=env, force=force, grace=grace)
+    from trainer.config import load_config
+
+    cpu_only = load_config(config).device == "cpu"
+    return JobSpec(targets=targets, config_text=config.read_bytes(),
+                   name=check_name(name or config.stem.replace(" ", "-")), gpus=gpus,
+                   nproc_per_node=nproc_per_node, cpu_only=cpu_only, env=env, force=force, grace=grace,
+                   dist_timeout=dist_timeout)
 
 
 def launch_spec(target: Target, command: list[str], *, name: str | None, config: Path | None,

@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import Optional
 
 import typer
 
 from ..connections import Connections
-from ..errors import CommandTimeout
+from ..errors import CommandTimeout, TargetNotFound
+from ..jobs import locate
 from ..runs import RunClient, runs_dir
 from .state import AppState
 
@@ -17,15 +19,21 @@ STATE_POLL_S = 2.0
 
 def logs(
     ctx: typer.Context,
-    run_id: str = typer.Argument(..., metavar="RUN", help="The run id (see `dflashctl ps`)."),
+    run_id: str = typer.Argument(..., metavar="RUN", help="The run id, or a job id (see `dflashctl ps`)."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines until the run ends."),
     lines: int = typer.Option(100, "--lines", "-n", min=0, help="How many of the last lines to show first."),
+    node: Optional[int] = typer.Option(None, "--node", min=0,
+                                       help="Of a job: this node's log (default: node 0, which holds rank 0)."),
 ) -> int:
-    """Print the end of a run's log (its stdout and stderr); with -f, follow it until the run ends."""
+    """Print the end of a run's log (its stdout and stderr); with -f, follow it until the run ends.
+
+    For a multi-node job, the log of node 0 (rank 0's step lines are the job's), or of --node N.
+    """
     state: AppState = ctx.obj
     with Connections() as conns:
         client = RunClient(state.inventory(), conns)
-        target, record = client.find([run_id])[run_id]
+        target, record = _pick(locate(client, [run_id]), run_id, node)
+        run_id = record["run_id"]
         transport = conns.for_target(target)
         log_path = record["log_path"]
         if not follow:
@@ -34,6 +42,17 @@ def logs(
             sys.stdout.flush()
             return 0 if result.ok else 1
         return _follow(client, transport, target, run_id, log_path, lines)
+
+
+def _pick(located: dict, wanted: str, node: int | None) -> tuple:
+    """The one run to show: the run itself, or the chosen node of a job."""
+    if wanted in located:  # a run id (node runs carry a -nN suffix, so no job id is also a run id)
+        return located[wanted]
+    nodes = {rec.get("node_rank"): (target, rec) for target, rec in located.values()}
+    rank = 0 if node is None else node
+    if rank not in nodes:
+        raise TargetNotFound(f"job {wanted} has no node {rank} (nodes: {', '.join(map(str, sorted(nodes)))})")
+    return nodes[rank]
 
 
 def _follow(client: RunClient, transport, target, run_id: str, log_path: str, lines: int) -> int:

@@ -9,6 +9,7 @@ from rich.table import Table
 
 from ..connections import Connections
 from ..errors import EXIT_OK, EXIT_UNREACHABLE
+from ..jobs import group_jobs
 from ..runs import RunClient
 from .state import AppState, about, print_json, stderr, stdout
 
@@ -21,11 +22,13 @@ def ps(
     targets: Optional[List[str]] = typer.Argument(None, metavar="[TARGET]...",
                                                   help="Only these targets (default: every target)."),
     show_all: bool = typer.Option(False, "--all", "-a", help="Also runs that ended more than 24 h ago."),
-    as_json: bool = typer.Option(False, "--json", help="Print {\"runs\": [...]} as JSON."),
+    as_json: bool = typer.Option(False, "--json", help="Print {\"runs\": [...], \"jobs\": [...]} as JSON."),
 ) -> int:
     """List runs: state, pid, age, exit code, last step and tok/s. Hosts are asked in parallel.
 
     A run whose supervisor died without recording an end (the container rebooted, say) shows as `lost`.
+    A multi-node job shows once, with one line per node below it; a failed job names the node that
+    failed first and why.
     """
     state: AppState = ctx.obj
     resolved = state.inventory().targets(targets)
@@ -34,11 +37,13 @@ def ps(
     now = datetime.datetime.now(datetime.timezone.utc)
     runs = [r for o in outcomes for r in (o.value or []) if show_all or _recent(r, now)]
     runs.sort(key=lambda r: r.get("created_at") or "")
+    _, jobs = group_jobs(runs)
     failures = {o.target.name: str(o.error) for o in outcomes if not o.ok}
     if as_json:
-        print_json({"runs": runs, "errors": failures})
+        print_json({"runs": runs, "jobs": jobs, "errors": failures})
     else:
-        stdout().print(_table(runs, now) if runs else "no runs" + ("" if show_all else " (--all shows older ones)"))
+        stdout().print(_table(runs, jobs, now) if runs else
+                       "no runs" + ("" if show_all else " (--all shows older ones)"))
     for name, error in failures.items():
         stderr().print(about(name, error), markup=False)
     unreachable = any(getattr(o.error, "exit_code", 0) == EXIT_UNREACHABLE for o in outcomes)
@@ -68,19 +73,52 @@ def age(created_at: str | None, now: datetime.datetime) -> str:
     return f"{max(seconds, 0)}s"
 
 
-def _table(runs: list[dict], now: datetime.datetime) -> Table:
+COLORS = {"running": "green", "starting": "cyan", "succeeded": "blue", "failed": "red", "killed": "yellow",
+          "lost": "magenta"}
+
+
+def _table(runs: list[dict], jobs: list[dict], now: datetime.datetime) -> Table:
     table = Table(box=None, header_style="bold")
     for col in ("RUN", "TARGET", "NAME", "STATE", "PID", "AGE", "EXIT", "STEP", "TOK/S"):
         table.add_column(col, no_wrap=True)
-    colors = {"running": "green", "starting": "cyan", "succeeded": "blue", "failed": "red", "killed": "yellow",
-              "lost": "magenta"}
+    jobs_by_id = {job["job_id"]: job for job in jobs}
     for r in runs:
-        exit_text = f"sig {r['signal']}" if r.get("signal") else ("-" if r.get("exit_code") is None
-                                                                 else str(r["exit_code"]))
-        tok = r.get("tok_per_s")
-        table.add_row(r["run_id"], r.get("target") or "-", r.get("name") or "-",
-                      f"[{colors.get(r.get('state'), 'white')}]{r.get('state')}[/]", str(r.get("pid") or "-"),
-                      age(r.get("created_at"), now), exit_text,
-                      "-" if r.get("last_step") is None else str(r["last_step"]),
-                      "-" if tok is None else f"{tok / 1000:.1f}K")
+        if not r.get("job_id"):
+            table.add_row(*_row(r, now))
+        elif r["job_id"] in jobs_by_id:  # the job's row and its nodes, where its first node sorts
+            _add_job(table, jobs_by_id.pop(r["job_id"]), now)
     return table
+
+
+def _add_job(table: Table, job: dict, now: datetime.datetime) -> None:
+    first = job.get("failed_first")
+    exit_text = f"node {first['node_rank']} first" if first else "-"
+    table.add_row(job["job_id"], f"{job['nnodes']} nodes", job.get("name") or "-", _state(job.get("state")), "-",
+                  age(job.get("created_at"), now), exit_text, _number(job.get("last_step")), _tok(job))
+    for node in job["nodes"]:
+        cells = _row(node, now)
+        cells[0] = f"  node {node.get('node_rank')}: {node['run_id']}"
+        table.add_row(*cells)
+    if first:
+        table.add_row(f"  failed first: {first['reason']}", "", "", "", "", "", "", "", "")
+
+
+def _row(r: dict, now: datetime.datetime) -> list[str]:
+    exit_text = f"sig {r['signal']}" if r.get("signal") else ("-" if r.get("exit_code") is None
+                                                             else str(r["exit_code"]))
+    return [r["run_id"], r.get("target") or "-", r.get("name") or "-", _state(r.get("state")),
+            str(r.get("pid") or "-"), age(r.get("created_at"), now), exit_text, _number(r.get("last_step")),
+            _tok(r)]
+
+
+def _state(state: str | None) -> str:
+    return f"[{COLORS.get(state, 'white')}]{state}[/]"
+
+
+def _number(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+def _tok(record: dict) -> str:
+    tok = record.get("tok_per_s")
+    return "-" if tok is None else f"{tok / 1000:.1f}K"

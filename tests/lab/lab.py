@@ -132,6 +132,7 @@ class Lab:
     stopped: bool = False
     _drop_device: str | None = field(default=None, repr=False)
     _links: list[netns.HostLink] = field(default_factory=list, repr=False)
+    _table: int | None = field(default=None, repr=False)
 
     # ---- life cycle ------------------------------------------------------------------------------------
 
@@ -181,6 +182,8 @@ class Lab:
                 links[host_spec.name] = netns.create_host_link(
                     name, f"{self.prefix}{number:x}r", f"{self.prefix}{number:x}c", self._drop_device)
                 self._links.append(links[host_spec.name])
+            self._table = netns.lab_table(self.prefix)
+            netns.connect_hosts(self._links, self._table)
         return links
 
     def _create_host(self, spec: HostSpec, link: netns.HostLink) -> LabHost:
@@ -225,6 +228,8 @@ class Lab:
                 _kill_init(container)
             if host.sshd_proc is not None:
                 sshd.stop(host.sshd_proc)
+        if self._table is not None:
+            netns.disconnect_hosts(self._links, self._table)
         for link in self._links:
             sshd.kill_pids(netns.netns_pids(link.netns))  # sessions and strays left in the namespace
             netns.remove_host_link(link)
@@ -290,12 +295,23 @@ class Lab:
     def ct_run(self, host: str, ctid: int, argv: list[str], *, timeout: float = 10,
                input: bytes | str | None = None, text: bool = False) -> subprocess.CompletedProcess:
         """Runs argv inside the container directly (nsenter, no SSH, no pct), environment cleared as
-        `pct exec` clears it; for assertions. Output is bytes unless text=True."""
+        `pct exec` clears it, in the host's network namespace as the container's processes are; for
+        assertions. Output is bytes unless text=True."""
         pid = self._running_init(host, ctid)
         return subprocess.run(
-            [shutil.which("nsenter") or "nsenter", "-t", str(pid), "-p", "-m", "-u", "--wd=/", "--", *argv],
+            [shutil.which("nsenter") or "nsenter", "-t", str(pid), "-p", "-m", "-u", "-n", "--wd=/", "--", *argv],
             env=CONTAINER_ENV, capture_output=True, text=text, timeout=timeout, input=input,
             stdin=None if input is not None else subprocess.DEVNULL)
+
+    def ct_start(self, host: str, ctid: int, argv: list[str], *, env: dict[str, str] | None = None,
+                 **popen_kwargs) -> subprocess.Popen:
+        """Starts argv in the container as ct_run runs it, without waiting (for processes that must run
+        side by side, e.g. one torchrun per host); `env` is added to the cleared environment."""
+        pid = self._running_init(host, ctid)
+        popen_kwargs.setdefault("stdin", subprocess.DEVNULL)
+        return subprocess.Popen(
+            [shutil.which("nsenter") or "nsenter", "-t", str(pid), "-p", "-m", "-u", "-n", "--wd=/", "--", *argv],
+            env={**CONTAINER_ENV, **(env or {})}, **popen_kwargs)
 
     def ct_processes(self, host: str, ctid: int) -> list[ProcInfo]:
         return container_processes(self._running_init(host, ctid))
@@ -357,3 +373,6 @@ def reap_stale_labs() -> None:
         netns.ip("netns", "del", name, check=False)
     for device in netns.stale_lab_devices():
         netns.remove_device(device)
+    for table in netns.stale_lab_tables():
+        netns.remove_rules_of_table(table)
+        netns.ip("route", "flush", "table", str(table), check=False)

@@ -7,6 +7,12 @@ each lab keeps one drop device (an `ifb`, or a veth with its peer down where ifb
 swallows what is sent to it, and with ARP off it never answers "no route to host") with a low-priority route
 to every host subnet. While a host's veth is down, packets for it vanish there instead of following the
 default route out of the machine.
+
+Hosts reach each other through the root namespace, as Proxmox nodes of one cluster do through their switch:
+each host namespace routes the other lab subnets via its root-side address, and the root namespace forwards
+only what arrives on this lab's veths (per-device forwarding, never the global switch) and only towards this
+lab's subnets (a policy rule per veth into a table of `throw` routes for the lab subnets and a blackhole for
+everything else). Taking a host's link down still cuts it off from every other host.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ from dataclasses import dataclass
 
 LAB_RANGE = ipaddress.ip_network("198.18.0.0/15")
 DROP_ROUTE_METRIC = 4242
+RULE_PREFERENCE = 4242
+TABLE_BASE = 0x10000000     # + the lab's device prefix number: one routing table per lab
 NETNS_PREFIX = "dflab-"
 
 
@@ -126,6 +134,57 @@ def remove_host_link(link: HostLink) -> None:
 
 def remove_device(name: str) -> None:
     ip("link", "del", name, check=False)
+
+
+def lab_table(prefix: str) -> int:
+    return TABLE_BASE + int(prefix[3:], 16)
+
+
+def _set_forwarding(device: str, *, on: bool) -> None:
+    try:
+        with open(f"/proc/sys/net/ipv4/conf/{device}/forwarding", "w") as knob:
+            knob.write("1" if on else "0")
+    except FileNotFoundError:
+        pass  # the device is gone already
+
+
+def connect_hosts(links: list[HostLink], table: int) -> None:
+    """Lets every lab host reach every other one through the root namespace (see the module docstring)."""
+    table_arg = str(table)
+    ip("route", "add", "blackhole", "default", "table", table_arg)
+    for link in links:
+        ip("route", "add", "throw", str(link.subnet), "table", table_arg)
+    for link in links:
+        ip("rule", "add", "iif", link.root_veth, "lookup", table_arg, "pref", str(RULE_PREFERENCE))
+        _set_forwarding(link.root_veth, on=True)
+        for other in links:
+            if other is not link:
+                ip("-n", link.netns, "route", "add", str(other.subnet), "via", link.root_address)
+
+
+def disconnect_hosts(links: list[HostLink], table: int) -> None:
+    """Undoes connect_hosts in the root namespace (routes inside the host namespaces go with them)."""
+    for link in links:
+        _set_forwarding(link.root_veth, on=False)
+    remove_rules_of_table(table)
+    ip("route", "flush", "table", str(table), check=False)
+
+
+def remove_rules_of_table(table: int) -> None:
+    for rule in json.loads(ip("-j", "rule", "list", check=False).stdout or "[]"):
+        if str(rule.get("table")) == str(table):
+            ip("rule", "del", "pref", str(rule["priority"]), "table", str(table), check=False)
+
+
+def stale_lab_tables() -> list[int]:
+    """Routing tables (and their rules) of labs whose test process is gone."""
+    tables = set()
+    for rule in json.loads(ip("-j", "rule", "list", check=False).stdout or "[]"):
+        table = str(rule.get("table", ""))
+        if table.isdigit() and TABLE_BASE <= int(table) < 2 * TABLE_BASE:
+            if _owner_gone(f"{(int(table) - TABLE_BASE) >> 4:x}", 16):
+                tables.add(int(table))
+    return sorted(tables)
 
 
 def netns_pids(netns: str) -> list[int]:

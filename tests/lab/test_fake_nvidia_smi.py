@@ -121,8 +121,9 @@ def ssh_pct_argv(lab: Lab, host: str, ctid: int, *argv: str) -> list[str]:
 
 @pytest.fixture
 def ct300_gpus(lab: Lab) -> Iterator[Lab]:
+    lab.set_gpus("pve2", 300, [{}])  # the session's default, one idle H200, whatever a test before left
     yield lab
-    lab.set_gpus("pve2", 300, [{}])  # the session's default: one idle H200
+    lab.set_gpus("pve2", 300, [{}])
 
 
 def test_seed_state_through_ssh_and_pct(lab: Lab) -> None:

@@ -79,7 +79,10 @@ def test_runs_of_two_hosts_update_live(lab, inventory, launched, source: LiveSou
     assert "illegal memory access" in alert.message and alert.target == "pve1/200"
     assert "RuntimeError" in run_of(source.snapshot(), quiet).exception_texts[-1]
     lab.set_gpus("pve2", 300, [{"memory.used": 4321, "utilization.gpu": 77}])
-    wait_for(source, lambda s: any(g.target == "pve2/300" and g.utilization_pct == 77 for g in s.gpus), 5.0)
+    try:
+        wait_for(source, lambda s: any(g.target == "pve2/300" and g.utilization_pct == 77 for g in s.gpus), 5.0)
+    finally:
+        lab.set_gpus("pve2", 300, [{}])  # back to the session's idle H200 for the tests after
 
 
 def test_a_lost_host_is_shown_and_its_log_resumes_without_loss(lab, inventory, launched,

@@ -1,0 +1,234 @@
+"""One training job across several nodes: torchrun under a supervisor on every node, one c10d rendezvous.
+
+A job is a set of ordinary runs, one per node, that share a job id and know their node rank: every run
+operation (ps, kill, logs, cleanup) works on them as on any run, and this module only adds what is
+job-wide: deploying everywhere before anything starts, choosing the rendezvous endpoint (the first node's
+inventory address, a port found free there), starting the nodes, and summing the nodes up into one job.
+
+torchrun's c10d rendezvous orders nodes by their address, not by the order the user gave; the trainer
+therefore takes its global rank from DFLASH_RANK_OFFSET (the processes of the nodes before it) plus its
+local rank, so node 0, the first target, holds rank 0: its log has the job's step lines and its output
+directory the checkpoints, on every start of the job alike.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .errors import DflashError, OperationFailed, TargetNotFound, UsageError
+from .fanout import Outcome, per_host
+from .inventory import Target
+from .runs import LaunchFailed, LaunchSpec, RunClient, check_run_id, new_run_id
+
+DEFAULT_DIST_TIMEOUT_S = 300.0
+ABORT_GRACE_S = 5.0
+LIVE = ("starting", "running")
+FAILED_STATES = ("failed", "lost")
+
+
+@dataclass
+class JobSpec:
+    targets: list[Target]
+    config_text: bytes
+    name: str
+    gpus: list[int] | None = None
+    nproc_per_node: int | None = None   # None: one per GPU, one CPU process where there are none
+    cpu_only: bool = False              # the config asks for the CPU: one process per node unless told
+    env: dict[str, str] = field(default_factory=dict)
+    force: bool = False
+    grace: float = 30.0
+    dist_timeout: float = DEFAULT_DIST_TIMEOUT_S
+
+
+class JobLaunchFailed(OperationFailed):
+    """A node could not be deployed or did not start; the nodes already started were stopped again."""
+
+    def __init__(self, message: str, *, node_payload: dict | None = None, exit_code: int | None = None) -> None:
+        self.payload = node_payload or {}
+        if exit_code is not None:
+            self.exit_code = exit_code
+        super().__init__(message)
+
+
+def node_run_id(job_id: str, node_rank: int) -> str:
+    return f"{job_id}-n{node_rank}"
+
+
+def nproc_for(target: Target, spec: JobSpec) -> int:
+    if spec.nproc_per_node is not None:
+        return spec.nproc_per_node
+    if spec.cpu_only:
+        return 1
+    return len(spec.gpus) if spec.gpus is not None else max(target.gpus, 1)
+
+
+def rendezvous_host(target: Target) -> str:
+    if target.host.address:
+        return target.host.address
+    if target.host.transport == "local":
+        return "127.0.0.1"
+    raise UsageError(f"{target.name}: the first node needs an address in the inventory (the rendezvous endpoint)")
+
+
+def torchrun_command(target: Target, *, agent_path: str, nnodes: int, nproc: int, endpoint: str, job_id: str,
+                     is_host: bool, local_addr: str, timeout: float) -> list[str]:
+    """torchrun for one node, under the agent's node-watch (which ends a torchrun that outlives its workers
+    by `timeout`: it is then stuck talking to an unreachable rendezvous store)."""
+    conf = f"is_host={str(is_host).lower()},join_timeout={timeout:g},read_timeout={min(timeout, 60.0):g}"
+    return [target.python, agent_path, "node-watch", f"--stall={timeout:g}", "--",
+            target.python, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc-per-node={nproc}",
+            "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={job_id}", f"--rdzv-conf={conf}",
+            f"--local-addr={local_addr}", "--max-restarts=0",
+            "-m", "trainer", "train", "--config", "config.yaml"]
+
+
+def _raise_first_error(outcomes: list[Outcome], what: str) -> None:
+    failed = [o for o in outcomes if not o.ok]
+    if failed:
+        details = "; ".join(f"{o.target.name}: {o.error}" for o in failed)
+        code = max(getattr(o.error, "exit_code", 1) for o in failed)
+        raise JobLaunchFailed(f"{what} failed, nothing was started: {details}", exit_code=code)
+
+
+def node_specs(client: RunClient, spec: JobSpec, job_id: str) -> tuple[str, list[LaunchSpec]]:
+    """(rendezvous endpoint, what each node starts); asks every node how it reaches the first."""
+    first = spec.targets[0]
+    host = rendezvous_host(first)
+    port = client.netinfo(first, host, free_port=True)["port"]
+    nets = per_host(spec.targets, lambda t: client.netinfo(t, host))
+    _raise_first_error(nets, "finding the way to the rendezvous")
+    nprocs = [nproc_for(t, spec) for t in spec.targets]
+    specs, offset = [], 0
+    for rank, (target, net, nproc) in enumerate(zip(spec.targets, nets, nprocs)):
+        env = {"DFLASH_DIST_TIMEOUT_S": f"{spec.dist_timeout:g}", "DFLASH_RANK_OFFSET": str(offset),
+               "DFLASH_NODE_RANK": str(rank)}
+        if net.value.get("interface"):
+            # gloo and NCCL bind to what the hostname resolves to; a container's often resolves nowhere
+            env.update(GLOO_SOCKET_IFNAME=net.value["interface"], NCCL_SOCKET_IFNAME=net.value["interface"])
+        env.update(spec.env)
+        agent_path = client.deploy(target, with_trainer=True).agent_path
+        command = torchrun_command(target, agent_path=agent_path, nnodes=len(spec.targets), nproc=nproc,
+                                   endpoint=f"{host}:{port}", job_id=job_id, is_host=rank == 0,
+                                   local_addr=net.value["address"], timeout=spec.dist_timeout)
+        specs.append(LaunchSpec(target=target, command=command, name=spec.name, env=env, gpus=spec.gpus,
+                                force=spec.force, grace=spec.grace, inputs={"config.yaml": spec.config_text},
+                                uses_trainer=True, run_id=node_run_id(job_id, rank),
+                                job={"job_id": job_id, "node_rank": rank, "nnodes": len(spec.targets)}))
+        offset += nproc
+    return f"{host}:{port}", specs
+
+
+def launch_job(client: RunClient, spec: JobSpec) -> dict:
+    """Deploy on every node, then start every node; returns the job with one record per node."""
+    names = [t.name for t in spec.targets]
+    if len(set(names)) != len(names):
+        raise UsageError(f"a target appears twice: {' '.join(names)}")
+    job_id = new_run_id(spec.name)
+    _raise_first_error(per_host(spec.targets, lambda t: client.deploy(t, with_trainer=True)), "deploying")
+    endpoint, node_launches = node_specs(client, spec, job_id)
+    specs = {s.target.name: s for s in node_launches}
+    outcomes = per_host(spec.targets, lambda t: client.launch(specs[t.name]))
+    failed = [o for o in outcomes if not o.ok]
+    if failed:
+        _abort(client, [o for o in outcomes if o.ok])
+        first = failed[0]
+        payload = first.error.payload if isinstance(first.error, LaunchFailed) else {}
+        raise JobLaunchFailed(f"job {job_id}: node {names.index(first.target.name)} ({first.target.name}) did "
+                              f"not start: {first.error}; the other nodes were stopped", node_payload=payload,
+                              exit_code=getattr(first.error, "exit_code", 1))
+    nodes = [o.value for o in outcomes]
+    return {"job_id": job_id, "name": spec.name, "rendezvous": endpoint,
+            "state": summarize(nodes)["state"], "nodes": nodes}
+
+
+def _abort(client: RunClient, started: list[Outcome]) -> None:
+    for outcome in started:
+        try:
+            client.kill(outcome.target, [outcome.value["run_id"]], grace=ABORT_GRACE_S)
+        except DflashError:
+            pass  # the launch error is what the user needs; ps shows what is left
+
+
+# ---- a job from its node records ------------------------------------------------------------------------
+
+def job_state(nodes: list[dict]) -> str:
+    states = [n.get("state") for n in nodes]
+    if any(s in LIVE for s in states):
+        return "running"
+    if any(s in FAILED_STATES for s in states):
+        return "failed"
+    if any(s == "killed" for s in states):
+        return "killed"
+    return "succeeded"
+
+
+def failed_first(nodes: list[dict]) -> dict | None:
+    """The node that failed first (earliest end among failed or lost nodes), and why."""
+    failed = [n for n in nodes if n.get("state") in FAILED_STATES]
+    if not failed:
+        return None
+    node = min(failed, key=lambda n: (n.get("ended_at") or "~", n.get("node_rank") or 0))
+    if node.get("signal"):
+        why = f"signal {node.get('signal_name') or node['signal']}"
+    elif node.get("exit_code") is not None:
+        why = f"exit code {node['exit_code']}"
+    else:
+        why = node.get("error") or node.get("state")
+    return {"node_rank": node.get("node_rank"), "target": node.get("target"), "run_id": node.get("run_id"),
+            "state": node.get("state"), "exit_code": node.get("exit_code"), "signal": node.get("signal"),
+            "ended_at": node.get("ended_at"), "reason": f"node {node.get('node_rank')} ({node.get('target')}) "
+                                                        f"{node.get('state')}: {why}"}
+
+
+def summarize(nodes: list[dict]) -> dict:
+    nodes = sorted(nodes, key=lambda n: n.get("node_rank") or 0)
+    head = nodes[0]
+    first = failed_first(nodes)
+    return {"job_id": head.get("job_id"), "name": head.get("name"), "state": job_state(nodes),
+            "nnodes": head.get("nnodes") or len(nodes), "targets": [n.get("target") for n in nodes],
+            "created_at": min(n.get("created_at") or "" for n in nodes),
+            "ended_at": None if any(n.get("state") in LIVE for n in nodes) else max(n.get("ended_at") or ""
+                                                                                      for n in nodes) or None,
+            "last_step": head.get("last_step") if head.get("node_rank") == 0 else None,
+            "tok_per_s": head.get("tok_per_s") if head.get("node_rank") == 0 else None,
+            "failed_first": first, "nodes": nodes}
+
+
+def group_jobs(records: list[dict]) -> tuple[list[dict], list[dict]]:
+    """(plain runs, jobs): the node records of each job folded into one summary, annotated with it."""
+    plain, by_job = [], {}
+    for record in records:
+        if record.get("job_id"):
+            by_job.setdefault(record["job_id"], []).append(record)
+        else:
+            plain.append(record)
+    jobs = [summarize(nodes) for nodes in by_job.values()]
+    for job in jobs:
+        for node in job["nodes"]:
+            node["job_state"] = job["state"]
+            node["job_failed_first"] = (job["failed_first"] or {}).get("node_rank")
+    return plain, jobs
+
+
+def locate(client: RunClient, ids: list[str]) -> dict[str, tuple[Target, dict]]:
+    """run id -> (target, record) for every run named, a job id naming all its nodes; one sweep."""
+    for an_id in ids:
+        check_run_id(an_id)
+    outcomes = client.list_runs(client.inventory.all_targets())
+    found: dict[str, tuple[Target, dict]] = {}
+    matched: set[str] = set()
+    for outcome in outcomes:
+        for record in outcome.value or []:
+            for key in ("run_id", "job_id"):
+                if record.get(key) in ids:
+                    found[record["run_id"]] = (outcome.target, record)
+                    matched.add(record[key])
+    missing = [an_id for an_id in ids if an_id not in matched]
+    if missing:
+        down = [f"{o.target.name} ({o.error})" for o in outcomes if not o.ok]
+        hint = f"; not searched, unreachable: {'; '.join(down)}" if down else ""
+        raise TargetNotFound(f"no run or job {', '.join(map(repr, missing))} on any target{hint}")
+    return found
+
+
+__all__ = ["JobSpec", "JobLaunchFailed", "launch_job", "locate", "group_jobs", "summarize", "failed_first",
+           "job_state", "node_run_id", "nproc_for", "torchrun_command", "DEFAULT_DIST_TIMEOUT_S"]
