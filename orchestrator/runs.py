@@ -150,23 +150,6 @@ class RunClient:
             return [with_metrics(r) for r in payload.get("runs", [])]
         return per_host(targets, one)
 
-    def find(self, run_ids: list[str]) -> dict[str, tuple[Target, dict]]:
-        """Which target holds each run: one sweep over every target (hosts in parallel)."""
-        for run_id in run_ids:
-            check_run_id(run_id)
-        outcomes = self.list_runs(self.inventory.all_targets())
-        found: dict[str, tuple[Target, dict]] = {}
-        for outcome in outcomes:
-            for record in outcome.value or []:
-                if record.get("run_id") in run_ids:
-                    found[record["run_id"]] = (outcome.target, record)
-        missing = [r for r in run_ids if r not in found]
-        if missing:
-            down = [f"{o.target.name} ({o.error})" for o in outcomes if not o.ok]
-            hint = f"; not searched, unreachable: {'; '.join(down)}" if down else ""
-            raise TargetNotFound(f"no run {', '.join(map(repr, missing))} on any target{hint}")
-        return found
-
     def kill(self, target: Target, run_ids: list[str], *, grace: float | None) -> dict:
         args = ["kill", "--runs-dir", runs_dir(target), "--run-id", *run_ids]
         if grace is not None:
