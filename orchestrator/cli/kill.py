@@ -11,7 +11,7 @@ from ..errors import DflashError
 from ..fanout import per_host
 from ..jobs import locate
 from ..runs import RunClient
-from .state import AppState, print_json, stderr, stdout
+from .state import AppState, about, print_json, stderr, stdout
 
 
 def kill(
@@ -54,7 +54,7 @@ def _print(report: dict) -> None:
     out = stdout()
     for target, result in report.items():
         if result.get("error") and not result.get("runs"):
-            out.print(f"{target}: {result['error']}", markup=False)
+            out.print(about(target, result["error"]), markup=False)
         for run in result.get("runs", []):
             line = f"{run.get('run_id')} on {target}: {run.get('state')}"
             if run.get("signal"):

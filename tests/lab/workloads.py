@@ -30,3 +30,17 @@ def log_path(lab, inventory: Inventory, host: str, ctid: int, run_id: str) -> Pa
     """Where a run's train.log is, seen from outside the container."""
     inside = runs_dir(inventory.target(f"{host}/{ctid}"))
     return lab.hosts[host].containers[ctid].workspace / inside.removeprefix("/workspace/") / run_id / "train.log"
+
+
+def run_cli(inv: str, *args: str, capsys) -> tuple[int, dict | str, str]:
+    """`dflashctl --inventory INV ARGS...` in-process: exit code, stdout (parsed when it is JSON), stderr."""
+    import json
+
+    from orchestrator.cli import main
+
+    code = main(["--inventory", inv, *args])
+    out = capsys.readouterr()
+    try:
+        return code, json.loads(out.out), out.err
+    except ValueError:
+        return code, out.out, out.err

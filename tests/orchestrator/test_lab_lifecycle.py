@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli import main
+from tests.lab.workloads import run_cli as cli
 
 pytestmark = pytest.mark.lab
 CT = ("pve1", 200)
@@ -21,15 +22,6 @@ TARGET = "pve1/200"
 @pytest.fixture(scope="module")
 def inv(lab, tmp_path_factory) -> str:
     return str(lab.write_inventory(tmp_path_factory.mktemp("inv") / "inventory.yaml"))
-
-
-def cli(inv: str, *args: str, capsys) -> tuple[int, dict | str, str]:
-    code = main(["--inventory", inv, *args])
-    out = capsys.readouterr()
-    try:
-        return code, json.loads(out.out), out.err
-    except ValueError:
-        return code, out.out, out.err
 
 
 def launch(inv: str, capsys, *cmd: str, name: str | None = None, extra: tuple[str, ...] = ()) -> dict:

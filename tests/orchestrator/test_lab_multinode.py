@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.cli import main
+from tests.lab.workloads import run_cli as cli
 from tests.trainer.conftest import REPO_ROOT, write_prompts
 
 pytestmark = pytest.mark.lab
@@ -53,15 +53,6 @@ def write_config(path: Path, tiny: dict[str, Path], **overrides) -> Path:
               "checkpoint_every": 3, "seed": 0, "device": "cpu", "num_workers": 1, "prefetch": 2, **overrides}
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
-
-
-def cli(inv: str, *args: str, capsys) -> tuple[int, dict | str, str]:
-    code = main(["--inventory", inv, *args])
-    out = capsys.readouterr()
-    try:
-        return code, json.loads(out.out), out.err
-    except ValueError:
-        return code, out.out, out.err
 
 
 def checkpoint_digest(tiny: dict[str, Path], checkpoint: Path) -> str:
