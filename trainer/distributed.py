@@ -136,3 +136,17 @@ def weights_digest(module: torch.nn.Module) -> str:
             digest.update(name.encode())
             digest.update(param.detach().float().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()[:16]
+
+
+def broadcast_object(value, ctx: DistributedContext):
+    """Rank 0's `value` on every rank (pickled; for small things and for a once-per-run resume state)."""
+    if not ctx.is_distributed:
+        return value
+    box = [value if ctx.rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def any_rank(flag: bool, ctx: DistributedContext) -> bool:
+    """True on every rank when `flag` is true on at least one."""
+    return all_reduce_sum(1.0 if flag else 0.0, ctx) > 0

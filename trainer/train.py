@@ -154,6 +154,31 @@ def restore_rng(state: dict, generator) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def agree_on_resume(resume_dir: Path | None, ctx) -> tuple[Path | None, bool]:
+    """Rank 0's choice of checkpoint holds for the whole job, and whether this rank can read it itself.
+
+    In a job across hosts only the first node has the checkpoints (rank 0 writes them): the other nodes must
+    resume from the same step, with the state rank 0 sends them, not start fresh.
+    """
+    from trainer.distributed import broadcast_object
+
+    chosen = broadcast_object(str(resume_dir) if resume_dir is not None else None, ctx)
+    if chosen is None:
+        return None, False
+    path = Path(chosen)
+    return path, (path / STATE_FILE).is_file()
+
+
+def resume_state(resume_dir: Path, local: bool, ctx) -> dict:
+    """The training state of the checkpoint: read from disk, or from rank 0 where this node lacks the files."""
+    from trainer.distributed import any_rank, broadcast_object
+
+    state = torch.load(resume_dir / STATE_FILE, map_location="cpu", weights_only=False) if local else None
+    if any_rank(not local, ctx):  # only pay for the broadcast when some rank cannot read the checkpoint
+        state = broadcast_object(state, ctx)
+    return state
+
+
 def gather_to_main(value, ctx) -> list:
     import torch.distributed as dist
 
@@ -311,10 +336,11 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
     target = TargetModel.load(cfg.target_path, layer_ids=cfg.target_layer_ids, num_taps=len(cfg.target_layer_ids),
                               device=ctx.device, dtype=dtype)
     torch.manual_seed(cfg.seed)  # same init on every rank; the broadcast below makes it certain
-    if resume_dir is not None:
+    resume_dir, local_resume = agree_on_resume(resume_dir, ctx)
+    if local_resume:
         drafter = load_drafter(resume_dir, embed_tokens=target.embed_tokens, lm_head=target.lm_head,
                                device=ctx.device)
-    else:
+    else:  # a fresh run, or a rank on another node that gets rank 0's checkpointed weights by broadcast
         drafter_config = DrafterConfig.from_target(
             target.config, num_layers=cfg.drafter_layers, block_size=cfg.block_size,
             target_layer_ids=cfg.target_layer_ids, mask_token_id=target.mask_token_id,
@@ -340,7 +366,7 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
     anchor_rng.manual_seed(cfg.seed * 1009 + ctx.rank)
     step, position = 0, {"epoch": 0, "index": 0}
     if resume_dir is not None:
-        state = torch.load(resume_dir / STATE_FILE, map_location="cpu", weights_only=False)
+        state = resume_state(resume_dir, local_resume, ctx)
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         step, position = state["step"], state["data_position"]

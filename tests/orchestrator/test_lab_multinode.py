@@ -177,6 +177,27 @@ def test_launch_on_two_targets_trains_one_job(lab, tiny, inv, tmp_path, capsys) 
     assert table.count(job_id) == 3 and "2 nodes" in table  # the job's row, then one row per node
 
 
+def test_a_job_resumes_as_a_whole_from_node0s_checkpoint(lab, tiny, inv, tmp_path, capsys) -> None:
+    """Only node 0 holds checkpoints; a relaunch resumes every rank from rank 0's, not rank 0 alone."""
+    out = f"/workspace/resume-{os.getpid()}"
+    first = launch_job(inv, capsys, write_config(tmp_path / "a.yaml", tiny, output_dir=out, max_steps=6),
+                       "--nproc-per-node", "1")
+    assert wait_job(inv, capsys, first["job_id"], all_ended)["state"] == "succeeded"
+    node1_out = lab.hosts["pve2"].containers[300].workspace / out.removeprefix("/workspace/")
+    assert not list(node1_out.glob("step_*"))  # the other node has no checkpoint to resume from
+    second = launch_job(inv, capsys, write_config(tmp_path / "b.yaml", tiny, output_dir=out, max_steps=9),
+                        "--nproc-per-node", "1")
+    assert wait_job(inv, capsys, second["job_id"], all_ended)["state"] == "succeeded"
+    code, node0_log, _ = cli(inv, "logs", second["job_id"], "-n", "400", capsys=capsys)
+    code1, node1_log, _ = cli(inv, "logs", second["job_id"], "--node", "1", "-n", "400", capsys=capsys)
+    assert code == code1 == 0
+    assert f"Resumed from {out}/step_6 at step 6" in node0_log
+    steps = [int(s) for s in re.findall(r"\] step=(\d+) ", node0_log)]
+    assert steps and min(steps) == 7 and max(steps) == 9  # trained on from 6, not again from 1
+    digests = {**dict(DIGEST.findall(node0_log)), **dict(DIGEST.findall(node1_log))}
+    assert sorted(digests) == ["0", "1"] and len(set(digests.values())) == 1, digests
+
+
 def test_kill_job_stops_every_node_and_leaves_nothing(lab, tiny, inv, tmp_path, capsys) -> None:
     config = write_config(tmp_path / "long.yaml", tiny, max_steps=100000, checkpoint_every=0, log_every=5)
     job = launch_job(inv, capsys, config, "--nproc-per-node", "1")
