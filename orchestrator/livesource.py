@@ -22,7 +22,8 @@ from .inventory import Inventory, Target
 from .runs import RunClient, runs_dir
 from .watch_runs import TERMINAL, GpuTracker, RunTracker, alert_view, iso
 from .watch_stream import ContainerStream, StreamOptions, agent_argv
-from .watchmodel import ActionResult, AlertView, HostView, Snapshot
+from .watch_jobs import fold_jobs
+from .watchmodel import ActionResult, AlertView, HostView, RunView, Snapshot
 
 MAX_ALERTS = 500
 LINE_COUNT_CACHE_S = 1.0
@@ -64,6 +65,7 @@ class LiveSource:
         self._alerts: deque[AlertView] = deque(maxlen=MAX_ALERTS)
         self._targets = {t.name: TargetState(t, gpus=GpuTracker(t.name, history=gpu_history)) for t in targets}
         self._line_counts: dict[str, tuple[float, int]] = {}
+        self._jobs: dict[str, list[RunView]] = {}  # job id -> its node runs, as of the last snapshot
         options = StreamOptions(gpu_interval=gpu_interval, heartbeat_s=heartbeat_s)
         self._streams = {t.name: ContainerStream(t, self.conns, self, options) for t in targets}
         for stream in self._streams.values():
@@ -75,8 +77,7 @@ class LiveSource:
         with self._lock:
             self._seen_version = self._version
             states = list(self._targets.values())
-            runs = sorted((t.view() for s in states for t in s.runs.values()),
-                          key=lambda v: (v.created_at or "", v.run_id))
+            runs, self._jobs = fold_jobs([(t.record, t.view()) for s in states for t in s.runs.values()])
             gpus = tuple(g for s in states for g in s.gpus.views())
             return Snapshot(taken_at=iso(time.time()), runs=tuple(runs), gpus=gpus, hosts=self._host_views(),
                             alerts=tuple(self._alerts))
@@ -96,6 +97,12 @@ class LiveSource:
             return {name: s.error or "not connected" for name, s in self._targets.items() if not s.connected}
 
     def kill(self, run_id: str, *, grace: float) -> ActionResult:
+        nodes = self._jobs.get(run_id)
+        if nodes:  # a job's row: stop every node
+            results = [self.kill(node.run_id, grace=grace) for node in nodes]
+            ok = all(r.ok for r in results)
+            return ActionResult(ok=ok, message=f"{run_id}: " + "; ".join(r.message for r in results),
+                                details={"nodes": [r.details for r in results]})
         try:
             target = self._target_of(run_id)
             payload = self.client.kill(target, [run_id], grace=grace)
@@ -265,6 +272,8 @@ class LiveSource:
         raise TargetNotFound(f"no run {run_id!r} on the watched targets")
 
     def _lines(self, run_id: str, start: int, stop: int) -> dict:
+        if run_id in self._jobs:  # a job's log is rank 0's, on node 0
+            run_id = self._jobs[run_id][0].run_id
         target = self._target_of(run_id)
         agent_path = self._streams[target.name].agent_path
         if agent_path is None:

@@ -19,6 +19,19 @@ class MetricPoint:
 
 
 @dataclass(frozen=True)
+class NodeView:
+    """One node of a multi-node job."""
+
+    run_id: str
+    target: str
+    node_rank: int
+    state: str
+    pid: int | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+
+
+@dataclass(frozen=True)
 class RunView:
     run_id: str
     target: str
@@ -45,6 +58,7 @@ class RunView:
     history: tuple[MetricPoint, ...] = ()     # one point per step line, oldest first (bounded by the source)
     log_tail: tuple[str, ...] = ()            # the last lines of the log, oldest first
     exception_texts: tuple[str, ...] = ()     # whole tracebacks / error lines, oldest first
+    nodes: tuple[NodeView, ...] = ()          # a multi-node job: its nodes (run_id is then the job id)
 
 
 @dataclass(frozen=True)

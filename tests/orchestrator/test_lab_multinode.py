@@ -176,6 +176,12 @@ def test_launch_on_two_targets_trains_one_job(lab, tiny, inv, tmp_path, capsys) 
     code, table, _ = cli(inv, "ps", "--all", capsys=capsys)
     assert table.count(job_id) == 3 and "2 nodes" in table  # the job's row, then one row per node
 
+    code, snapshot, _ = cli(inv, "watch", *TARGETS, "--once", "--json", "--timeout", "30", capsys=capsys)
+    rows = [r for r in snapshot["runs"] if r["run_id"].startswith(job_id)]
+    assert [r["run_id"] for r in rows] == [job_id]  # the dashboard shows the job once...
+    assert [(n["node_rank"], n["target"]) for n in rows[0]["nodes"]] == [(0, TARGETS[0]), (1, TARGETS[1])]
+    assert (rows[0]["state"], rows[0]["last_step"]) == ("succeeded", 6)  # ...with rank 0's steps
+
 
 def test_a_job_resumes_as_a_whole_from_node0s_checkpoint(lab, tiny, inv, tmp_path, capsys) -> None:
     """Only node 0 holds checkpoints; a relaunch resumes every rank from rank 0's, not rank 0 alone."""

@@ -1,0 +1,46 @@
+"""Fold the node runs of a multi-node job into one dashboard row: rank 0's log and metrics are the job's."""
+from __future__ import annotations
+
+import dataclasses
+
+from .jobs import failed_first, job_state
+from .watchmodel import NodeView, RunView
+
+
+def fold_jobs(runs: list[tuple[dict, RunView]]) -> tuple[list[RunView], dict[str, list[RunView]]]:
+    """(rows, members): plain runs as they are plus one row per job, and each job's node views by job id."""
+    rows: list[RunView] = []
+    members: dict[str, list[tuple[dict, RunView]]] = {}
+    for record, view in runs:
+        job_id = record.get("job_id")
+        if job_id:
+            members.setdefault(job_id, []).append((record, view))
+        else:
+            rows.append(view)
+    for job_id, nodes in members.items():
+        nodes.sort(key=lambda pair: pair[0].get("node_rank") or 0)
+        rows.append(_job_row(job_id, nodes))
+    rows.sort(key=lambda v: (v.created_at or "", v.run_id))
+    return rows, {job_id: [view for _, view in nodes] for job_id, nodes in members.items()}
+
+
+def _job_row(job_id: str, nodes: list[tuple[dict, RunView]]) -> RunView:
+    records = [record for record, _ in nodes]
+    head = nodes[0][1]
+    first = failed_first(records) or {}
+    failed_node = next((v for r, v in nodes if r.get("run_id") == first.get("run_id")), None)
+    views = [view for _, view in nodes]
+    return dataclasses.replace(
+        head,
+        run_id=job_id,
+        target="+".join(v.target for v in views),
+        state=job_state(records),
+        exit_code=failed_node.exit_code if failed_node else head.exit_code,
+        signal=failed_node.signal if failed_node else head.signal,
+        created_at=min((v.created_at or "" for v in views), default="") or None,
+        ended_at=None if any(v.ended_at is None for v in views) else max(v.ended_at or "" for v in views),
+        exceptions=sum(v.exceptions for v in views),
+        exception_texts=tuple(t for v in views for t in v.exception_texts),
+        nodes=tuple(NodeView(run_id=v.run_id, target=v.target, node_rank=r.get("node_rank") or 0, state=v.state,
+                             pid=v.pid, exit_code=v.exit_code, signal=v.signal) for r, v in nodes),
+    )
