@@ -90,16 +90,20 @@ class MainScreen(Screen):
 
     def _show_selected(self) -> None:
         run = self.selected_run()
-        gpus = () if run is None else [gpu for gpu in self.snapshot.gpus if gpu.target == run.target]
+        targets = () if run is None else {node.target for node in run.nodes} or {run.target}
+        gpus = [gpu for gpu in self.snapshot.gpus if gpu.target in targets]
         self.query_one(MetricCharts).show_run(run)
         self.query_one(QueueBars).show_run(run)
         self.query_one(GpuPanel).show(gpus, () if run is None else run.gpus)
         self.query_one(LogTail).show_run(run)
         label = "" if run is None else f" · {escape(run_label(run))}"
         exceptions = f" · [b red]{run.exceptions} exception(s)[/]" if run is not None and run.exceptions else ""
-        self.query_one("#log-tail").border_title = f"log tail{label}{exceptions}"
+        nodes = "" if run is None or not run.nodes else " · " + ", ".join(
+            f"n{n.node_rank} {escape(n.target)} {n.state}" for n in run.nodes)  # a job: rank 0's log, every node
+        self.query_one("#log-tail").border_title = f"log tail{label}{nodes}{exceptions}"
         self.query_one("#charts").border_title = f"metrics{label}"
-        self.query_one("#gpus").border_title = "GPUs" if run is None else f"GPUs · {escape(run.target)}"
+        where = ", ".join(sorted(targets))
+        self.query_one("#gpus").border_title = "GPUs" if run is None else f"GPUs · {escape(where)}"
 
     @on(DataTable.RowHighlighted, "#runs")
     def _row_highlighted(self) -> None:
