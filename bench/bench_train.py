@@ -24,6 +24,7 @@ import torch
 
 from trainer.config import SEED_BUCKETS, default_gamma
 from trainer.flops import LayerShape, StepFlops, target_feature_flops, training_step_flops
+from trainer.train import seconds_between, timing_mark
 
 QWEN3_8B = dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
                 num_key_value_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=40960,
@@ -119,11 +120,7 @@ class PhaseClock:
         self.steps: list[list] = []
 
     def mark(self):
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
-        return time.perf_counter()
+        return timing_mark(self.cuda)
 
     def seconds(self) -> dict[str, float]:
         totals = dict.fromkeys(PHASES, 0.0)
@@ -131,7 +128,7 @@ class PhaseClock:
             self.steps[-1][-1].synchronize()
         for marks in self.steps:
             for name, start, end in zip(PHASES, marks, marks[1:]):
-                totals[name] += start.elapsed_time(end) / 1000 if self.cuda else end - start
+                totals[name] += seconds_between(start, end)
         return totals
 
 

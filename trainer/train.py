@@ -234,6 +234,20 @@ def link_into_run_dir(metrics: Path) -> None:
         os.symlink(metrics.resolve(), link)
 
 
+def timing_mark(cuda: bool):
+    """A point in the step: a CUDA event on a GPU (read later, so no step waits for the GPU), else a clock."""
+    if cuda:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+    return time.perf_counter()
+
+
+def seconds_between(start, end) -> float:
+    """Seconds between two timing marks of the same kind."""
+    return start.elapsed_time(end) / 1000 if isinstance(start, torch.cuda.Event) else end - start
+
+
 class Throughput:
     """Per log interval: seconds spent in the target and in the drafter step, tokens and wall time.
 
@@ -250,11 +264,7 @@ class Throughput:
         self.started = time.perf_counter()
 
     def mark(self):
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
-        return time.perf_counter()
+        return timing_mark(self.cuda)
 
     def add(self, start, after_target, end, tokens: int) -> None:
         self.marks.append((start, after_target, end))
@@ -265,11 +275,8 @@ class Throughput:
         """(target seconds, drafter seconds, wall seconds) of the interval."""
         if self.cuda:
             self.marks[-1][2].synchronize()
-            target = sum(a.elapsed_time(b) for a, b, _ in self.marks) / 1000
-            drafter = sum(b.elapsed_time(c) for _, b, c in self.marks) / 1000
-        else:
-            target = sum(b - a for a, b, _ in self.marks)
-            drafter = sum(c - b for _, b, c in self.marks)
+        target = sum(seconds_between(a, b) for a, b, _ in self.marks)
+        drafter = sum(seconds_between(b, c) for _, b, c in self.marks)
         return target, drafter, time.perf_counter() - self.started
 
 
