@@ -27,34 +27,12 @@ from orchestrator.logparse import (
 )
 from trainer import logformat
 
-# The seed run's lines (shared/fixtures/logs/), verbatim; the copy is checked against the shared tree when present.
-SEED_STARTUP = """\
-Loading dataset from /workspace/tokenized_completions...
-  1095082 samples loaded (Arrow-backed, lazy access)
-Batches per epoch: 59822 (min=6 max=64 avg=18.3)
-  Bucket 0 [   0, 770):   2283 batches (  3.8%)
-  Bucket 1 [ 770,1216):   4437 batches (  7.4%)
-  Bucket 2 [1216,1728):   6292 batches ( 10.5%)
-  Bucket 3 [1728,2432):   9000 batches ( 15.0%)
-  Bucket 4 [2432,3296):   9932 batches ( 16.6%)
-  Bucket 5 [3296,8193):  27878 batches ( 46.6%)
-
-Loading 5 target models...
-  Target 0 on cuda:0...
-"""
-SEED_STEPS = """\
-[6m] step=8 loss=12.5546 acc=0.025 streak=0.0 lr=4.52e-06 noise=0.0003 | tgt=0.34b/s dft=0.29b/s (11.7Ktok/s) \
-| q_pre=[50, 50, 50, 49, 50] q_hs=[15] | epoch~0.01 ETA=12.0d
-[6m] step=8 loss=13.0073 acc=0.011 streak=0.0 lr=4.52e-06 noise=0.0003 | tgt=0.35b/s dft=0.29b/s (11.7Ktok/s) \
-| q_pre=[50, 50, 50, 49, 50] q_hs=[17] | epoch~0.01 ETA=11.9d
-[6m] step=8 loss=12.9459 acc=0.019 streak=0.0 lr=4.52e-06 noise=0.0003 | tgt=0.35b/s dft=0.29b/s (11.7Ktok/s) \
-| q_pre=[50, 50, 50, 49, 50] q_hs=[18] |...
-"""
-SHARED_LOGS = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "logs"
+from tests.seed_logs import SEED_STARTUP, SEED_STEPS
+from tests.seed_logs import SHARED as SHARED_LOGS
 
 
 @pytest.mark.skipif(not SHARED_LOGS.is_dir(), reason="shared/fixtures not beside the checkout")
-def test_embedded_seed_lines_match_the_shared_fixtures():
+def test_repo_copies_of_the_seed_lines_match_the_shared_fixtures():
     assert (SHARED_LOGS / "seed_startup.log").read_text() == SEED_STARTUP
     assert (SHARED_LOGS / "seed_steps.log").read_text() == SEED_STEPS
 

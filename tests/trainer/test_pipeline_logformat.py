@@ -12,38 +12,7 @@ from trainer.logformat import (
     format_loading_targets, format_step_line, format_target_on, metrics_json,
 )
 
-# Verbatim copies of shared/fixtures/logs/seed_startup.log and seed_steps.log (the seed run's real output);
-# when the repository carries shared/fixtures, the files themselves are compared too.
-SEED_STARTUP = """\
-Loading dataset from /workspace/tokenized_completions...
-  1095082 samples loaded (Arrow-backed, lazy access)
-Batches per epoch: 59822 (min=6 max=64 avg=18.3)
-  Bucket 0 [   0, 770):   2283 batches (  3.8%)
-  Bucket 1 [ 770,1216):   4437 batches (  7.4%)
-  Bucket 2 [1216,1728):   6292 batches ( 10.5%)
-  Bucket 3 [1728,2432):   9000 batches ( 15.0%)
-  Bucket 4 [2432,3296):   9932 batches ( 16.6%)
-  Bucket 5 [3296,8193):  27878 batches ( 46.6%)
-
-Loading 5 target models...
-  Target 0 on cuda:0...
-"""
-SEED_STEPS = """\
-[6m] step=8 loss=12.5546 acc=0.025 streak=0.0 lr=4.52e-06 noise=0.0003 | tgt=0.34b/s dft=0.29b/s (11.7Ktok/s) \
-| q_pre=[50, 50, 50, 49, 50] q_hs=[15] | epoch~0.01 ETA=12.0d
-[6m] step=8 loss=13.0073 acc=0.011 streak=0.0 lr=4.52e-06 noise=0.0003 | tgt=0.35b/s dft=0.29b/s (11.7Ktok/s) \
-| q_pre=[50, 50, 50, 49, 50] q_hs=[17] | epoch~0.01 ETA=11.9d
-[6m] step=8 loss=12.9459 acc=0.019 streak=0.0 lr=4.52e-06 noise=0.0003 | tgt=0.35b/s dft=0.29b/s (11.7Ktok/s) \
-| q_pre=[50, 50, 50, 49, 50] q_hs=[18] |...
-"""
-REPO_FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "logs"
-
-
-def _fixture(name: str, embedded: str) -> str:
-    path = REPO_FIXTURES / name
-    if path.is_file():
-        assert path.read_text() == embedded, f"{path} changed: update the embedded copy"
-    return embedded
+from tests.seed_logs import SEED_STARTUP, SEED_STEPS
 
 SEED_BOUNDS = [0, 770, 1216, 1728, 2432, 3296, 8193]
 SEED_BUCKET_BATCHES = [2283, 4437, 6292, 9000, 9932, 27878]
@@ -58,7 +27,7 @@ def _seed_step(loss: float, acc: float, q_hs: int, tgt: float, eta_days: float) 
 
 
 def test_step_lines_match_the_seed_log():
-    fixture = _fixture("seed_steps.log", SEED_STEPS).splitlines()
+    fixture = SEED_STEPS.splitlines()
     ours = [
         format_step_line(_seed_step(12.5546, 0.025, 15, 0.34, 12.0)),
         format_step_line(_seed_step(13.0073, 0.011, 17, 0.35, 11.9)),
@@ -70,7 +39,7 @@ def test_step_lines_match_the_seed_log():
 
 
 def test_startup_lines_match_the_seed_log():
-    fixture = _fixture("seed_startup.log", SEED_STARTUP)
+    fixture = SEED_STARTUP
     n_samples = 1095082
     n_batches = sum(SEED_BUCKET_BATCHES)
     ours = "\n".join([
