@@ -23,20 +23,11 @@ import numpy as np
 import torch
 
 from trainer.config import SEED_BUCKETS, default_gamma
+from trainer.synthetic import SHAPES, qwen3_config
 from trainer.flops import LayerShape, StepFlops, target_feature_flops, training_step_flops
 from trainer.train import seconds_between, timing_mark
 
-QWEN3_8B = dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
-                num_key_value_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=40960,
-                rms_norm_eps=1e-6, rope_theta=1_000_000.0)
-# 27B-class: Qwen3-32B's shape (64 layers; taps [1, 16, 31, 46, 61])
-QWEN3_32B = dict(hidden_size=5120, intermediate_size=25600, num_hidden_layers=64, num_attention_heads=64,
-                 num_key_value_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=40960,
-                 rms_norm_eps=1e-6, rope_theta=1_000_000.0)
-TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=8, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=16, vocab_size=512, max_position_embeddings=4096,
-            rms_norm_eps=1e-6, rope_theta=10_000.0)
-MODELS = {"qwen3-8b": QWEN3_8B, "qwen3-32b": QWEN3_32B, "tiny": TINY}
+MODELS = {name: SHAPES[name] for name in ("qwen3-1.7b", "qwen3-8b", "qwen3-32b", "tiny")}
 TINY_DEFAULTS = dict(buckets=[0, 64, 128, 257], token_budget=512, num_anchors=16, anchor_budget=0)
 PHASES = ("data", "target", "drafter_forward", "backward", "optimizer")
 
@@ -148,14 +139,12 @@ def compiled_frames() -> int:
 
 def build_target(shape: dict, *, num_taps: int, device: torch.device, dtype: torch.dtype):
     """A random Qwen3 target with only the layers up to its last tap (the feature pass never runs the rest)."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import Qwen3ForCausalLM
 
     from trainer.target import TargetModel, default_target_layer_ids
 
     taps = default_target_layer_ids(shape["num_hidden_layers"], num_taps)
-    sizes = {k: v for k, v in shape.items() if k not in ("rope_theta", "num_hidden_layers")}
-    config = Qwen3Config(**sizes, num_hidden_layers=taps[-1] + 1, tie_word_embeddings=False, pad_token_id=0,
-                         rope_parameters={"rope_type": "default", "rope_theta": shape["rope_theta"]})
+    config = qwen3_config(shape, num_layers=taps[-1] + 1)
     with torch.device(device):
         model = Qwen3ForCausalLM._from_config(config, attn_implementation="sdpa", dtype=dtype)
     return TargetModel(model, layer_ids=taps, mask_token_id=shape["vocab_size"] - 1), taps
@@ -205,7 +194,10 @@ def batch_stream(dataset, args, ctx):
 
 
 def to_device(batch, device: torch.device):
-    return [t.to(device, non_blocking=True) for t in (batch.input_ids, batch.loss_mask, batch.attention_mask)]
+    """(input_ids, loss_mask) on the device, and the attention mask left on the CPU as the trainer leaves it
+    (features() reads the right padding there)."""
+    ids, loss_mask = (t.to(device, non_blocking=True) for t in (batch.input_ids, batch.loss_mask))
+    return ids, loss_mask, batch.attention_mask
 
 
 def all_ranks_sum(value: float, ctx) -> float:

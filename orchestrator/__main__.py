@@ -1,5 +1,4 @@
-import sys
+"""`python -m orchestrator ...` is `dflashctl ...` (for an environment without the console script on PATH)."""
+from orchestrator.cli import main
 
-from .cli import main
-
-sys.exit(main())
+raise SystemExit(main())

@@ -54,6 +54,12 @@ def resolve_mask_token_id(tokenizer, vocab_size: int) -> int:
     return mask_id
 
 
+def is_right_padded(attention_mask: torch.Tensor) -> bool:
+    """True when no row of a [B, S] mask has a real token after a padded one."""
+    mask = attention_mask.bool()
+    return bool((mask[:, 1:] <= mask[:, :-1]).all())
+
+
 def check_target_dir(path: Path) -> None:
     if not path.is_dir():
         raise TrainerError(f"target directory {path} does not exist")
@@ -110,26 +116,39 @@ class TargetModel:
     def hidden_size(self) -> int:
         return self.config.hidden_size
 
-    def _layer_masks(self, seq_len: int, attention_mask: torch.Tensor | None) -> dict[str, torch.Tensor]:
-        """Boolean [B|1, 1, S, S] masks (True = attend) for SDPA, one per layer type.
+    def _layer_masks(self, seq_len: int, attention_mask: torch.Tensor | None) -> dict[str, torch.Tensor | None]:
+        """Boolean [B|1, 1, S, S] masks (True = attend) for SDPA, one per layer type; None where causality alone
+        is the mask, which lets SDPA run its causal flash kernel instead of a masked one.
 
         Built here rather than with transformers' mask helpers, whose signatures change between releases."""
+        window = getattr(self.config, "sliding_window", None)
+        sliding = "sliding_attention" in self._layer_types() and window
+        masks: dict[str, torch.Tensor | None] = {"full_attention": None}
+        if attention_mask is None and not sliding:
+            return masks
         positions = torch.arange(seq_len, device=self.device)
         causal = positions[None, :] <= positions[:, None]
-        masks = {"full_attention": causal}
-        window = getattr(self.config, "sliding_window", None)
-        if "sliding_attention" in self._layer_types() and window:
-            masks["sliding_attention"] = causal & (positions[:, None] - positions[None, :] < window)
         keep = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
-        return {name: mask[None, None] if keep is None else mask[None, None] & keep for name, mask in masks.items()}
+        if keep is not None:
+            masks["full_attention"] = causal[None, None] & keep
+        if sliding:
+            local = (causal & (positions[:, None] - positions[None, :] < window))[None, None]
+            masks["sliding_attention"] = local if keep is None else local & keep
+        return masks
 
     def _layer_types(self) -> list[str]:
         return getattr(self.config, "layer_types", None) or ["full_attention"] * self.num_layers
 
     @torch.no_grad()
     def features(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """[B, S, k*H]: the tapped layers' outputs (layer i's output is HF's hidden_states[i + 1]), concatenated."""
+        """[B, S, k*H]: the tapped layers' outputs (layer i's output is HF's hidden_states[i + 1]), concatenated.
+
+        attention_mask [B, S] is 1 on real tokens. A right-padded mask on the CPU (every row's ones come first,
+        as the trainer's batches are) is dropped: under causal attention no real token sees a pad, so the
+        layers run the unmasked causal kernel. Outputs at padded positions are then not meaningful."""
         input_ids = input_ids.to(self.device)
+        if attention_mask is not None and attention_mask.device.type == "cpu" and is_right_padded(attention_mask):
+            attention_mask = None
         if attention_mask is not None:
             attention_mask = attention_mask.to(self.device)
         hidden = self.embed_tokens(input_ids)

@@ -77,9 +77,44 @@ def test_features_equal_hf_hidden_states(tiny_target):
     features = tiny_target.features(input_ids)
     assert features.shape == (2, 24, len(tiny_target.layer_ids) * 64)
     torch.testing.assert_close(features, expected, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(tiny_target.features(input_ids, attention_mask), expected_padded,
+    # right padding: the mask is dropped, real positions are unchanged (padded ones are never read)
+    real = attention_mask.bool()
+    torch.testing.assert_close(tiny_target.features(input_ids, attention_mask.cpu())[real], expected_padded[real],
                                rtol=1e-5, atol=1e-5)
     assert not features.requires_grad
+
+
+def test_a_mask_that_is_not_right_padding_is_applied(tiny_target):
+    generator = torch.Generator().manual_seed(3)
+    input_ids = torch.randint(0, tiny_target.config.vocab_size, (2, 16), generator=generator)
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[0, :5] = 0            # left padding: real tokens after pads
+    on_device = input_ids.to(tiny_target.device), attention_mask.to(tiny_target.device)
+    with torch.no_grad():
+        expected = _hf_tapped_states(tiny_target, *on_device)
+        unmasked = _hf_tapped_states(tiny_target, on_device[0])
+    got = tiny_target.features(input_ids, attention_mask)
+    real = on_device[1].bool()
+    torch.testing.assert_close(got[real], expected[real], rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(got[0, 5:], unmasked[0, 5:], atol=1e-3)
+
+
+def test_right_padded_batches_run_the_layers_without_a_mask(tiny_target):
+    """The unmasked causal call is what lets SDPA pick its flash kernel on a GPU."""
+    seen = []
+    hooks = [layer.self_attn.register_forward_pre_hook(
+        lambda _module, _args, kwargs: seen.append(kwargs.get("attention_mask")), with_kwargs=True)
+        for layer in tiny_target.decoder.layers]
+    right = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
+    try:
+        tiny_target.features(torch.ones(2, 4, dtype=torch.long), right)
+        assert seen and all(mask is None for mask in seen)
+        seen.clear()
+        tiny_target.features(torch.ones(2, 4, dtype=torch.long), right.flip(1))
+        assert seen and all(mask is not None for mask in seen)
+    finally:
+        for hook in hooks:
+            hook.remove()
 
 
 def test_layers_after_the_last_tap_do_not_run(tiny_target):

@@ -11,16 +11,11 @@ import pytest
 
 from tests.trainer.conftest import run_trainer, write_config
 from tests.trainer.test_pipeline_training import step_records
+from trainer.synthetic import write_random_dataset, write_random_target
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
-
-QWEN3_8B = dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
-                num_key_value_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=40960,
-                rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, rms_norm_eps=1e-6,
-                tie_word_embeddings=False)
-
 
 def test_gpu_training_and_eval(base_config, tiny_target, self_generated, tmp_path):
     config = {**base_config, "device": "cuda", "drafter_layers": 2, "max_steps": 150, "log_every": 50}
@@ -39,37 +34,9 @@ def test_gpu_training_and_eval(base_config, tiny_target, self_generated, tmp_pat
             assert json.loads(report.stdout)["tau"] > 1.2
 
 
-def write_real_shape_target(out_dir: Path) -> Path:
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    from trainer.tiny import build_tokenizer
-
-    tokenizer = build_tokenizer(320)
-    config = Qwen3Config(**QWEN3_8B, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = Qwen3ForCausalLM(config).to(torch.bfloat16)
-    model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
-    del model
-    torch.cuda.empty_cache()
-    return out_dir
-
-
-def write_random_dataset(out_dir: Path, *, samples: int, min_len: int, max_len: int, vocab: int) -> Path:
-    import datasets
-
-    rng = np.random.default_rng(0)
-    lengths = rng.integers(min_len, max_len + 1, samples)
-    ids = [rng.integers(0, vocab, n).astype(np.int32) for n in lengths]
-    masks = [np.r_[np.zeros(n // 4, np.int8), np.ones(n - n // 4, np.int8)] for n in lengths]
-    datasets.Dataset.from_dict({"input_ids": ids, "loss_mask": masks}).save_to_disk(str(out_dir))
-    return out_dir
-
-
 @pytest.mark.slow
 def test_real_shape_target_logs_step_lines(tmp_path):
-    target = write_real_shape_target(tmp_path / "qwen3-8b-random")
+    target = write_random_target(tmp_path / "qwen3-8b-random", "qwen3-8b")
     data = write_random_dataset(tmp_path / "data", samples=3000, min_len=256, max_len=3072, vocab=151936)
     steps = int(os.environ.get("DFLASH_GPU_STEPS", "30"))
     config = {"target_path": str(target), "data_path": str(data), "output_dir": str(tmp_path / "out"),

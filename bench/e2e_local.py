@@ -1,0 +1,163 @@
+"""The whole tool end to end on this machine's `local` target, as a user runs it:
+
+1. `dflashctl launch local --config run.yaml --gpus 0` starts a real training run (a random-initialised target
+   of a real shape, random token data);
+2. `dflashctl watch --once --json local` until it shows step lines, with nvidia-smi's memory and utilisation;
+3. `dflashctl kill RUN`, then nvidia-smi until the GPU's memory is back at its idle value.
+
+Prints one JSON report and exits 1 if a check failed. On a machine without nvidia-smi (`--device cpu`) the
+GPU checks are reported as skipped.
+
+    python bench/e2e_local.py --shape qwen3-1.7b --workdir /tmp/e2e | tee e2e.json
+    python bench/e2e_local.py --shape tiny --device cpu --workdir /tmp/e2e       # the same flow on a CPU
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+IDLE_TOLERANCE_MIB = 64   # what a driver's bookkeeping moves by with no process on the GPU
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shape", default="qwen3-1.7b", help="trainer.synthetic.SHAPES name of the target")
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument("--gpu", default="0", help="the GPU index the run gets (--gpus)")
+    parser.add_argument("--workdir", type=Path, required=True, help="where the target, data and run output go")
+    parser.add_argument("--steps-seen", type=int, default=10, help="wait until watch shows this step")
+    parser.add_argument("--wait", type=float, default=420.0, help="longest wait for the step lines, seconds")
+    parser.add_argument("--grace", type=float, default=10.0, help="kill's grace after TERM, seconds")
+    return parser.parse_args(argv)
+
+
+def cli(*args: str, timeout: float = 300.0) -> tuple[int, str, str]:
+    done = subprocess.run([sys.executable, "-m", "orchestrator", *args], capture_output=True, text=True,
+                          timeout=timeout)
+    return done.returncode, done.stdout, done.stderr
+
+
+def gpu_memory_mib(index: str) -> int | None:
+    if not shutil.which("nvidia-smi"):
+        return None
+    out = subprocess.run(["nvidia-smi", f"--id={index}", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True, check=True).stdout
+    return int(out.strip().splitlines()[0])
+
+
+def make_inputs(args) -> Path:
+    """The target, the data and the trainer config (the target and data are made once per workdir)."""
+    from trainer.synthetic import SHAPES, write_random_dataset, write_random_target
+
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    target, data = args.workdir / f"target-{args.shape}", args.workdir / "data"
+    if not (target / "config.json").is_file():
+        write_random_target(target, args.shape, device=args.device)
+    # a GPU gets the trainer's defaults (5 drafter layers, B=16, 512 anchors); a CPU a size it can step through
+    sizes = (dict(buckets=[0, 1024, 2048, 4097], token_budget=16384) if args.device == "cuda" else
+             dict(buckets=[0, 128, 257], token_budget=1024, drafter_layers=1, block_size=8, num_anchors=16))
+    if not data.is_dir():
+        write_random_dataset(data, samples=2000, min_len=64, max_len=sizes["buckets"][-1] - 1,
+                             vocab=SHAPES[args.shape]["vocab_size"])
+    config = {"target_path": str(target), "data_path": str(data), "device": args.device,
+              "output_dir": str(args.workdir / f"out-{time.strftime('%Y%m%d-%H%M%S')}"),
+              "max_steps": 100_000, "log_every": 2, "checkpoint_every": 0, "num_workers": 4, **sizes}
+    path = args.workdir / "run.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def watch_until_steps(args, run_id: str) -> tuple[dict, dict, float]:
+    """(the run as watch shows it, this GPU as watch shows it, seconds waited) once the run logged a step
+    at or past --steps-seen."""
+    began = time.monotonic()
+    run, gpu = {}, {}
+    while time.monotonic() - began < args.wait:
+        code, out, err = cli("watch", "--once", "--json", "local")
+        if code != 0:
+            raise SystemExit(f"watch --once --json failed ({code}): {err}")
+        snapshot = json.loads(out)
+        run = next((r for r in snapshot["runs"] if r["run_id"] == run_id), {})
+        gpu = next((g for g in snapshot["gpus"] if str(g["index"]) == args.gpu), {})
+        if run.get("state") not in (None, "running", "starting"):
+            raise SystemExit(f"the run ended early: {json.dumps(run)}")
+        if (run.get("last_step") or 0) >= args.steps_seen:
+            break
+        time.sleep(5)
+    return run, gpu, time.monotonic() - began
+
+
+def memory_back_to_idle(args, idle: int | None, limit: float = 60.0) -> tuple[float | None, int | None]:
+    """(seconds after kill returned until the GPU's memory is within the tolerance of idle, last reading)."""
+    if idle is None:
+        return None, None
+    began = time.monotonic()
+    used = gpu_memory_mib(args.gpu)
+    while used > idle + IDLE_TOLERANCE_MIB and time.monotonic() - began < limit:
+        time.sleep(0.25)
+        used = gpu_memory_mib(args.gpu)
+    return time.monotonic() - began, used
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    config = make_inputs(args)
+    idle = gpu_memory_mib(args.gpu)
+    report: dict = {"shape": args.shape, "device": args.device, "idle_memory_mib": idle}
+
+    started = time.monotonic()
+    code, out, err = cli("launch", "local", "--config", str(config), "--name", "e2e", "--json",
+                         "--grace", str(args.grace), *(["--gpus", args.gpu] if args.device == "cuda" else []))
+    if code != 0:
+        print(out, err, file=sys.stderr)
+        return 1
+    run_id = json.loads(out)["run_id"]
+    report["launch_s"] = round(time.monotonic() - started, 2)
+    report["run_id"] = run_id
+    run, gpu, waited = watch_until_steps(args, run_id)
+    report["watch"] = {"seconds_to_step": round(waited, 1), "state": run.get("state"),
+                       "last_step": run.get("last_step"), "loss": run.get("loss"), "tok_per_s": run.get("tok_per_s"),
+                       "gpu_memory_used_mib": gpu.get("memory_used_mib"),
+                       "gpu_memory_total_mib": gpu.get("memory_total_mib"),
+                       "gpu_utilization_pct": gpu.get("utilization_pct")}
+
+    kill_started = time.monotonic()
+    code, out, err = cli("kill", run_id, "--json", "--grace", str(args.grace))
+    killed = [run for target in json.loads(out)["targets"].values() for run in target.get("runs", [])] \
+        if out.strip() else []
+    report["kill"] = {"exit": code, "seconds": round(time.monotonic() - kill_started, 2),
+                      "runs": [{k: run.get(k) for k in ("state", "signal", "survivors", "actions")} for run in killed],
+                      "stderr": err.strip()[-2000:]}
+    back, last = memory_back_to_idle(args, idle)
+    report["memory_back_to_idle_s"] = None if back is None else round(back, 2)
+    report["memory_after_kill_mib"] = last
+    survivors = subprocess.run(["grep", "-l", f"DFLASH_RUN_ID={run_id}", *Path("/proc").glob("[0-9]*/environ")],
+                               capture_output=True, text=True).stdout.split()
+    report["processes_left"] = survivors
+
+    on_gpu = args.device == "cuda"
+    checks = {
+        "watch showed step lines": (run.get("last_step") or 0) >= args.steps_seen,
+        "watch showed the GPU's memory in use": not on_gpu or (gpu.get("memory_used_mib") or 0) > idle + 1024,
+        "kill exited 0": code == 0,
+        "no process of the run is left": not survivors,
+        "GPU memory back to idle within 10 s of kill": not on_gpu or (back is not None and back <= 10.0
+                                                                     and last <= idle + IDLE_TOLERANCE_MIB),
+    }
+    report["checks"] = checks
+    report["passed"] = all(checks.values())
+    print(json.dumps(report, indent=2))
+    return 0 if report["passed"] else 1
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    raise SystemExit(main())
