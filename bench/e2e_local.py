@@ -60,7 +60,8 @@ def make_inputs(args) -> Path:
     args.workdir.mkdir(parents=True, exist_ok=True)
     target, data = args.workdir / f"target-{args.shape}", args.workdir / "data"
     if not (target / "config.json").is_file():
-        write_random_target(target, args.shape, device=args.device)
+        # made on the CPU: this process never holds GPU memory of its own, so nvidia-smi's idle value is the GPU's
+        write_random_target(target, args.shape, device="cpu")
     # a GPU gets the trainer's defaults (5 drafter layers, B=16, 512 anchors); a CPU a size it can step through
     sizes = (dict(buckets=[0, 1024, 2048, 4097], token_budget=16384) if args.device == "cuda" else
              dict(buckets=[0, 128, 257], token_budget=1024, drafter_layers=1, block_size=8, num_anchors=16))
