@@ -118,12 +118,11 @@ class RunClient:
         run_id = spec.run_id or new_run_id(spec.name)
         args = ["launch", "--runs-dir", runs_dir(spec.target), "--run-id", run_id, "--name", spec.name,
                 "--target", spec.target.name, "--grace", f"{spec.grace:g}"]
-        env = dict(spec.env)
         if spec.uses_trainer:
             transport = self.conns.for_target(spec.target)
             pkg_dir = self._deployment(spec.target, transport, with_trainer=True).pkg_dir
-            env["PYTHONPATH"] = pkg_dir + (f":{env['PYTHONPATH']}" if env.get("PYTHONPATH") else "")
-        for key, value in env.items():
+            args += ["--pythonpath", pkg_dir]
+        for key, value in spec.env.items():
             args += ["--env", f"{key}={value}"]
         if spec.gpus is not None:
             args += ["--gpus", ",".join(map(str, spec.gpus))]

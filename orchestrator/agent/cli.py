@@ -78,6 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("--target", required=True)
     launch.add_argument("--cwd")
     launch.add_argument("--env", action="append", default=[], metavar="K=V")
+    launch.add_argument("--pythonpath", action="append", default=[], metavar="DIR",
+                        help="put DIR first on the PYTHONPATH the run inherits (repeat)")
     launch.add_argument("--gpus")
     launch.add_argument("--force", action="store_true", help="start even if a live run holds the GPUs")
     launch.add_argument("--grace", type=_seconds, default=30.0, help="default grace of a kill (s)")
@@ -138,7 +140,7 @@ def dispatch(args: argparse.Namespace, command: list) -> dict:
         req = LaunchRequest(runs_dir=args.runs_dir, run_id=args.run_id, name=args.name, target=args.target,
                             command=command, cwd=args.cwd, env_pairs=args.env, gpus=args.gpus, force=args.force,
                             grace=args.grace, inputs=inputs,
-                            job=job_fields(args.job_id, args.node_rank, args.nnodes))
+                            job=job_fields(args.job_id, args.node_rank, args.nnodes), pythonpath=args.pythonpath)
         return dict(ok=True, **launch(req, verify_timeout=args.verify_timeout, settle=args.settle))
     if args.command == "ps":
         from .ps import list_runs

@@ -24,7 +24,7 @@ POLL_S = 0.02
 class LaunchRequest:
     def __init__(self, *, runs_dir: str, run_id: str, name: str, target: str, command: list, cwd: str | None,
                  env_pairs: list, gpus: str | None, force: bool, grace: float, inputs: dict | None = None,
-                 job: dict | None = None) -> None:
+                 job: dict | None = None, pythonpath: list | None = None) -> None:
         self.paths = RunPaths(runs_dir, run_id)
         self.name = validate_name(name, what="name")
         self.target = validate_target(target)
@@ -37,6 +37,8 @@ class LaunchRequest:
         if cwd and not os.path.isdir(self.cwd):
             raise BadInput("--cwd {!r} is not a directory".format(self.cwd), code="bad_cwd")
         self.env = parse_env_pairs(env_pairs)
+        # prepended by the supervisor to the PYTHONPATH the run inherits there, never replacing it
+        self.pythonpath = [os.path.abspath(entry) for entry in pythonpath or []]
         self.gpus = parse_gpus(gpus) if gpus is not None else None
         self.force = force
         if grace < 0:
@@ -47,7 +49,8 @@ class LaunchRequest:
 
     def run_json(self) -> dict:
         return {"version": 1, "run_id": self.paths.run_id, "name": self.name, "target": self.target,
-                "command": self.command, "cwd": self.cwd, "env": self.env, "gpus": self.gpus,
+                "command": self.command, "cwd": self.cwd, "env": self.env, "pythonpath": self.pythonpath,
+                "gpus": self.gpus,
                 "grace_s": self.grace, "created_at": utc_now_iso(), "created_ts": time.time(),
                 "supervisor_pid": None, "supervisor_start_time": None, **self.job}
 

@@ -53,6 +53,9 @@ class Supervisor:
     def workload_env(self) -> dict:
         env = dict(os.environ)
         env.update(self.run.get("env") or {})
+        inherited = [env["PYTHONPATH"]] if env.get("PYTHONPATH") else []
+        if self.run.get("pythonpath"):
+            env["PYTHONPATH"] = os.pathsep.join(list(self.run["pythonpath"]) + inherited)
         env["DFLASH_RUN_ID"] = self.paths.run_id
         env["DFLASH_RUNS_DIR"] = self.paths.runs_dir
         env["DFLASH_RUN_DIR"] = self.paths.dir

@@ -30,6 +30,20 @@ def test_launch_is_verified_fast_and_sets_the_run_environment(container, runs_di
     assert status == 0 and out["runs"][0]["state"] == "killed" and out["runs"][0]["signal"] == signal.SIGTERM
 
 
+def test_pythonpath_is_put_before_the_inherited_one_not_instead_of_it(container, runs_dir, tmp_path):
+    """The deployed trainer's directory goes first; site packages the target's environment points at stay."""
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    env = {**os.environ, "PYTHONPATH": "/opt/site-packages-of-the-user"}
+    status, out = container.agent(
+        "launch", "--runs-dir", runs_dir, "--run-id", "pp", "--name", "test", "--target", "lab/100",
+        "--settle", "0.3", "--pythonpath", str(pkg), "--", "sh", "-c", "echo path=$PYTHONPATH; sleep 60", env=env)
+    assert status == 0, out
+    expected = "path={}:/opt/site-packages-of-the-user".format(pkg)
+    assert wait_for(lambda: expected in open(out["run"]["log_path"]).read(), 5), open(out["run"]["log_path"]).read()
+    assert container.agent("kill", "--runs-dir", runs_dir, "--run-id", "pp", "--grace", "5")[0] == 0
+
+
 def test_exit_zero_is_succeeded(container, runs_dir):
     status, out = launch(container, runs_dir, "ok", ["sh", "-c", "sleep 0.6; exit 0"])
     assert status == 0, out
