@@ -36,9 +36,10 @@ class TrainConfig(BaseModel):
     block_size: int = Field(16, ge=2, description="Slots per drafted block B (slot 0 = anchor token).")
     num_anchors: int = Field(512, ge=1, description="Most anchors (blocks) sampled per sequence per step.")
     anchor_budget: int | None = Field(
-        None, ge=1, description="Most blocks per batch (null = no cap): a batch of n sequences samples "
-                                "min(num_anchors, anchor_budget // n) per sequence. The drafter's memory grows "
-                                "with blocks x block_size, not with the target tokens of the batch.")
+        None, ge=0, description="Most blocks per batch: a batch of n sequences samples min(num_anchors, "
+                                "anchor_budget // n) per sequence. Default: token_budget // block_size, so the "
+                                "drafter never runs more block tokens than the target ran tokens (its memory "
+                                "grows with blocks x block_size); 0 = no cap.")
     gamma: float | None = Field(None, gt=0, description="Loss decay: slot k weighs exp(-(k-1)/gamma). "
                                                          "Default 7 for B=16, 5 for B=10, 4 for B=8.")
     drafter_layers: int = Field(5, ge=1, description="Decoder layers of the drafter; also the number of "
@@ -81,6 +82,8 @@ class TrainConfig(BaseModel):
     def _check_consistency(self) -> "TrainConfig":
         if self.gamma is None:
             self.gamma = default_gamma(self.block_size)
+        if self.anchor_budget is None:
+            self.anchor_budget = max(1, self.token_budget // self.block_size)
         bounds = self.buckets
         if len(bounds) < 2 or any(hi <= lo for lo, hi in zip(bounds, bounds[1:])) or bounds[0] < 0:
             raise ValueError(f"buckets must be at least two ascending boundaries >= 0, got {bounds}")

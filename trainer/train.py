@@ -64,7 +64,7 @@ def inspect_target(cfg: TrainConfig) -> list[int]:
 
 
 def anchors_per_sequence(cfg: TrainConfig, batch_size: int) -> int:
-    if cfg.anchor_budget is None:
+    if not cfg.anchor_budget:  # 0: no cap
         return cfg.num_anchors
     return max(1, min(cfg.num_anchors, cfg.anchor_budget // batch_size))
 

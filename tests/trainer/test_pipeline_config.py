@@ -88,8 +88,8 @@ def test_tiny_target_command_writes_a_loadable_model(tmp_path):
     assert AutoTokenizer.from_pretrained(str(tmp_path / "tiny")).mask_token == "<|MASK|>"
 
 
-@pytest.mark.parametrize(("budget", "batch", "anchors"), [(None, 64, 512), (4096, 4, 512), (4096, 16, 256),
-                                                           (100, 300, 1)])
+@pytest.mark.parametrize(("budget", "batch", "anchors"), [(0, 64, 512), (4096, 4, 512), (4096, 16, 256),
+                                                           (100, 300, 1), (None, 64, 48), (None, 6, 512)])
 def test_anchor_budget_caps_blocks_per_batch(budget, batch, anchors):
     from trainer.train import anchors_per_sequence
 
