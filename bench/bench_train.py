@@ -23,9 +23,9 @@ import numpy as np
 import torch
 
 from trainer.config import SEED_BUCKETS, default_gamma
-from trainer.synthetic import SHAPES, qwen3_config
 from trainer.flops import LayerShape, StepFlops, target_feature_flops, training_step_flops
-from trainer.train import seconds_between, timing_mark
+from trainer.synthetic import SHAPES, qwen3_config
+from trainer.train import compiled_graphs, seconds_between, timing_mark
 
 MODELS = {name: SHAPES[name] for name in ("qwen3-1.7b", "qwen3-8b", "qwen3-32b", "tiny")}
 TINY_DEFAULTS = dict(buckets=[0, 64, 128, 257], token_budget=512, num_anchors=16, anchor_budget=0)
@@ -127,12 +127,6 @@ def peak_memory_gib(device: torch.device) -> tuple[float, str]:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2 ** 30, "cuda max_memory_allocated"
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20, "process peak RSS"
-
-
-def compiled_frames() -> int:
-    from torch._dynamo.utils import counters
-
-    return int(counters["frames"].get("total", 0))
 
 
 # ---------------------------------------------------------------------------------------------- models and data
@@ -291,7 +285,7 @@ def measure_training(parts: SimpleNamespace, stream, args, ctx, autocast) -> dic
     for _ in range(args.warmup):
         train_step(parts, stream, args, ctx, autocast, None)
     synchronize(ctx.device)
-    frames_before = compiled_frames()
+    frames_before = compiled_graphs()
     clock, records, losses = PhaseClock(ctx.device), [], []
     start = time.perf_counter()
     for _ in range(args.steps):
@@ -305,7 +299,7 @@ def measure_training(parts: SimpleNamespace, stream, args, ctx, autocast) -> dic
     flops, real, padded = replay_flops(records, parts, args)
     tokens = sum(sum(lengths) for _, _, lengths in records)
     return {"seconds": seconds, "tokens": tokens, "flops": flops, "phases": phases, "real_blocks": real,
-            "padded_blocks": padded, "frames_after_warmup": compiled_frames() - frames_before,
+            "padded_blocks": padded, "frames_after_warmup": compiled_graphs() - frames_before,
             "loss": float(torch.stack(losses).float().mean()), "tok_per_s": all_ranks_sum(tokens, ctx) / seconds}
 
 
@@ -355,7 +349,7 @@ def summarise(args, ctx, *, peak: tuple[float, str], taps: list[int], target_onl
         },
         "peak_memory_gib": peak_memory_gib(ctx.device)[0], "peak_memory_kind": peak_memory_gib(ctx.device)[1],
         "compiled_frames_after_warmup": training["frames_after_warmup"],
-        "compiled_frames_total": compiled_frames(),
+        "compiled_frames_total": compiled_graphs(),
     }
 
 

@@ -41,7 +41,7 @@ class PhaseEvent:
 
 
 PHASES = ("loading_dataset", "dataset_loaded", "batches_per_epoch", "bucket", "loading_targets",
-          "target_loading", "training", "finished")
+          "target_loading", "compiling", "training", "finished")
 
 
 @dataclass(frozen=True)
@@ -284,10 +284,11 @@ _PHASE_LINES = (
                           r" batches \(\s*(?P<pct>[\d.]+)%\)")),
     ("loading_targets", re.compile(r"Loading (?P<n_targets>\d+) target models?\.\.\.")),
     ("target_loading", re.compile(r"\s*Target (?P<index>\d+) on (?P<device>\S+?)\.\.\.")),
+    ("compiling", re.compile(r"Compiling kernels\b.*")),
     ("training", re.compile(r"(?:Starting training|Training started|Training\.\.\.)\b.*")),
     ("finished", re.compile(r"(?:Training (?:finished|complete|completed|done)\b|Finished training\b|Finished:).*")),
 )
-_PHASE_STARTS = ("Loading", "Batches", "Bucket", "Target", "Start", "Train", "Finish")
+_PHASE_STARTS = ("Loading", "Batches", "Bucket", "Target", "Compiling", "Start", "Train", "Finish")
 _FLOAT_FIELDS = ("batch_avg", "pct")
 
 

@@ -14,7 +14,8 @@ TERMINAL = frozenset({"succeeded", "failed", "killed", "lost"})
 # The parser's fine-grained start-up phases, folded into the few the dashboard shows.
 PHASE_SHOWN = {"loading_dataset": "loading_dataset", "dataset_loaded": "loading_dataset",
                "batches_per_epoch": "buckets", "bucket": "buckets", "loading_targets": "loading_targets",
-               "target_loading": "loading_targets", "training": "training", "finished": "finished"}
+               "target_loading": "loading_targets", "compiling": "compiling", "training": "training",
+               "finished": "finished"}
 STEP_VALUES = ("loss", "acc", "streak", "lr", "tok_per_s", "eta_s")
 MAX_EXCEPTION_TEXTS = 20
 

@@ -115,6 +115,20 @@ def format_bucket_table(bounds: Sequence[int], batch_counts: Sequence[int]) -> s
     return "\n".join(lines) + "\n"
 
 
+def format_compiling_line() -> str:
+    """Before the first step when kernels get compiled (flex_attention on a GPU, `compile: true`): the first
+    steps are slow, which is not a hang."""
+    return ("Compiling kernels as new batch shapes come (flex_attention on a GPU; the drafter with compile: true): "
+            "the first steps take minutes, later ones reuse the kernels")
+
+
+def format_compiled_line(step: int, *, graphs: int, total: int, seconds: float, batch: int, seq_len: int,
+                         blocks: int) -> str:
+    """After a step that compiled: what it compiled for, and how long the step took on the host."""
+    return (f"  step {step} compiled {graphs} graph(s) for a {batch}x{seq_len} batch with {blocks} blocks "
+            f"in a {seconds:.1f}s step ({total} compiled so far)")
+
+
 def format_loading_targets(n_targets: int) -> str:
     return f"Loading {n_targets} target models..."
 

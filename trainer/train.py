@@ -248,6 +248,15 @@ def seconds_between(start, end) -> float:
     return start.elapsed_time(end) / 1000 if isinstance(start, torch.cuda.Event) else end - start
 
 
+def compiled_graphs() -> int:
+    """Frames torch.compile has compiled in this process so far (flex_attention and its mask builder count)."""
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError:  # a torch without dynamo
+        return 0
+    return int(counters["frames"].get("total", 0))
+
+
 class Throughput:
     """Per log interval: seconds spent in the target and in the drafter step, tokens and wall time.
 
@@ -393,6 +402,8 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
     sums = torch.zeros(3, dtype=torch.float64, device=ctx.device)  # loss, acc, streak of the interval
     started, start_step = time.perf_counter(), step
     log.event("start", step=step, total_steps=total_steps, world_size=ctx.world_size)
+    if on_gpu or cfg.compile:
+        log.say(logformat.format_compiling_line())
 
     def write_checkpoint() -> None:
         began = time.perf_counter()
@@ -408,6 +419,7 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
 
     try:
         while step < total_steps:
+            graphs_before, step_began = compiled_graphs(), time.perf_counter()
             batch = next(stream)
             input_ids = batch.input_ids.to(ctx.device, non_blocking=True)
             loss_mask = batch.loss_mask.to(ctx.device, non_blocking=True)
@@ -429,6 +441,11 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
             optimizer.zero_grad(set_to_none=True)
             step += 1
             meter.add(t0, t1, meter.mark(), batch.n_tokens)
+            graphs = compiled_graphs()
+            if graphs > graphs_before:  # say why this step was slow: it is not a hang
+                log.say(logformat.format_compiled_line(
+                    step, graphs=graphs - graphs_before, total=graphs, seconds=time.perf_counter() - step_began,
+                    batch=len(input_ids), seq_len=input_ids.shape[1], blocks=len(input_ids) * n_anchors))
             # metrics stay on the device; they are read once per log interval, not every step
             sums += torch.stack([out.loss.detach(), out.acc, out.streak]).double()
             if step % cfg.log_every == 0 or step == total_steps:

@@ -188,13 +188,19 @@ def test_writer_start_up_lines_round_trip():
         logformat.format_bucket_table([0, 16, 4096, 10000], [10, 80, 9]),
         logformat.format_loading_targets(1),
         logformat.format_target_on(0, "cpu"),
+        logformat.format_compiling_line(),
+        logformat.format_compiled_line(1, graphs=2, total=2, seconds=212.44, batch=16, seq_len=1023, blocks=1024),
         "Finished: 12 steps in 3.4s; checkpoint /out/step_12",
     ]) + "\n"
     events = parse_all(text.encode())
     assert events[2] == LogLine(3, "  3 samples longer than max_length=4096 (dropped)")
     phases = [e for e in events if isinstance(e, PhaseEvent)]
     assert [p.phase for p in phases] == ["loading_dataset", "dataset_loaded", "batches_per_epoch", "bucket",
-                                         "bucket", "bucket", "loading_targets", "target_loading", "finished"]
+                                         "bucket", "bucket", "loading_targets", "target_loading", "compiling",
+                                         "finished"]
+    # the note after a slow step is a plain line: never a step line, never a phase
+    assert events[-2] == LogLine(len(events) - 1, "  step 1 compiled 2 graph(s) for a 16x1023 batch with 1024 "
+                                                  "blocks in a 212.4s step (2 compiled so far)")
     assert phases[0].path == "/data/set with spaces" and phases[1].n_samples == 1234
     assert (phases[2].batch_min, phases[2].batch_max, phases[2].batch_avg) == (2, 40, 7.2)  # written with .1f
     assert [(b.lo, b.hi, b.n_batches) for b in phases[3:6]] == [(0, 16, 10), (16, 4096, 80), (4096, 10000, 9)]

@@ -52,3 +52,17 @@ def test_gpu_tracker_keeps_bounded_history() -> None:
     assert [s.utilization_pct for s in samples] == [40.0, 0.0]
     view = gpus.views()[0]
     assert (view.index, view.utilization_history, view.memory_total_mib) == (0, (20.0, 30.0, 40.0), 143771.0)
+
+
+def test_compiling_is_a_phase_until_the_first_step_and_held_idle_gpus_are_not_an_alert() -> None:
+    from trainer import logformat
+
+    run = tracker()
+    run.feed(0, 1, ("  Target 0 on cuda:0...\n" + logformat.format_compiling_line() + "\n").encode(), now=0.0)
+    assert run.view().phase == "compiling"
+    held_idle = [GpuTracker("pve1/200", history=3).sample("0, GPU-x, NVIDIA H200, 35011, 143771, 0", now=0.0)[0]]
+    for now in range(0, 600, 30):  # minutes of compiling: memory held at 0 %, which is not a stuck run
+        assert run.observe_gpus(held_idle, now=float(now)) == []
+    log = STEP.format(i=1).encode()
+    run.feed(run.offset, 1, log, now=600.0)
+    assert run.view().phase == "training" and run.view().last_step == 1

@@ -139,3 +139,18 @@ def test_torchrun_two_cpu_ranks_keep_identical_weights(base_config, tmp_path):
     assert [r["step"] for r in records] == list(range(1, 9))  # rank 0 alone logs
     assert all(r["world_size"] == 2 for r in records)
     assert result.stdout.count("Loading dataset from") == 1
+
+
+def test_steps_that_compile_say_so(base_config, tmp_path):
+    """With compile: true the first steps build kernels; the log says so instead of looking hung."""
+    config = {**base_config, "max_steps": 3, "compile": True, "log_every": 3}
+    result = run_trainer("train", "--config", write_config(tmp_path / "compile.yaml", **config), timeout=600)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    lines = result.stdout.splitlines()
+    compiling = [i for i, line in enumerate(lines) if line.startswith("Compiling kernels as new batch shapes come")]
+    compiled = [line for line in lines if re.fullmatch(
+        r"  step [123] compiled \d+ graph\(s\) for a \d+x\d+ batch with \d+ blocks in a [\d.]+s step "
+        r"\(\d+ compiled so far\)", line)]
+    first_step_line = next(i for i, line in enumerate(lines) if "step=3" in line)
+    assert len(compiling) == 1 and compiling[0] < first_step_line
+    assert compiled and compiled[0].startswith("  step 1 compiled"), result.stdout[-3000:]
