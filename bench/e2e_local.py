@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -34,7 +35,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--gpu", default="0", help="the GPU index the run gets (--gpus)")
     parser.add_argument("--workdir", type=Path, required=True, help="where the target, data and run output go")
     parser.add_argument("--steps-seen", type=int, default=10, help="wait until watch shows this step")
-    parser.add_argument("--wait", type=float, default=420.0, help="longest wait for the step lines, seconds")
+    parser.add_argument("--wait", type=float, default=900.0,
+                        help="longest wait for the step lines, seconds (the first steps compile kernels)")
     parser.add_argument("--grace", type=float, default=10.0, help="kill's grace after TERM, seconds")
     return parser.parse_args(argv)
 
@@ -78,7 +80,7 @@ def make_inputs(args) -> Path:
 
 def watch_until_steps(args, run_id: str) -> tuple[dict, dict, float]:
     """(the run as watch shows it, this GPU as watch shows it, seconds waited) once the run logged a step
-    at or past --steps-seen."""
+    at or past --steps-seen, ended, or --wait passed."""
     began = time.monotonic()
     run, gpu = {}, {}
     while time.monotonic() - began < args.wait:
@@ -88,9 +90,7 @@ def watch_until_steps(args, run_id: str) -> tuple[dict, dict, float]:
         snapshot = json.loads(out)
         run = next((r for r in snapshot["runs"] if r["run_id"] == run_id), {})
         gpu = next((g for g in snapshot["gpus"] if str(g["index"]) == args.gpu), {})
-        if run.get("state") not in (None, "running", "starting"):
-            raise SystemExit(f"the run ended early: {json.dumps(run)}")
-        if (run.get("last_step") or 0) >= args.steps_seen:
+        if run.get("state") not in (None, "running", "starting") or (run.get("last_step") or 0) >= args.steps_seen:
             break
         time.sleep(5)
     return run, gpu, time.monotonic() - began
@@ -123,18 +123,24 @@ def main(argv=None) -> int:
     run_id = json.loads(out)["run_id"]
     report["launch_s"] = round(time.monotonic() - started, 2)
     report["run_id"] = run_id
-    run, gpu, waited = watch_until_steps(args, run_id)
+    # whatever happens while watching (an outer timeout's TERM included), the run is stopped: it is detached and
+    # would otherwise hold the GPU after this script is gone
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        run, gpu, waited = watch_until_steps(args, run_id)
+    finally:
+        kill_started = time.monotonic()
+        code, out, err = cli("kill", run_id, "--json", "--grace", str(args.grace))
+        kill_s = time.monotonic() - kill_started
     report["watch"] = {"seconds_to_step": round(waited, 1), "state": run.get("state"),
                        "last_step": run.get("last_step"), "loss": run.get("loss"), "tok_per_s": run.get("tok_per_s"),
                        "gpu_memory_used_mib": gpu.get("memory_used_mib"),
                        "gpu_memory_total_mib": gpu.get("memory_total_mib"),
                        "gpu_utilization_pct": gpu.get("utilization_pct")}
 
-    kill_started = time.monotonic()
-    code, out, err = cli("kill", run_id, "--json", "--grace", str(args.grace))
     killed = [run for target in json.loads(out)["targets"].values() for run in target.get("runs", [])] \
         if out.strip() else []
-    report["kill"] = {"exit": code, "seconds": round(time.monotonic() - kill_started, 2),
+    report["kill"] = {"exit": code, "seconds": round(kill_s, 2),
                       "runs": [{k: run.get(k) for k in ("state", "signal", "survivors", "actions")} for run in killed],
                       "stderr": err.strip()[-2000:]}
     back, last = memory_back_to_idle(args, idle)

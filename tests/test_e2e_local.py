@@ -28,3 +28,31 @@ def test_launch_watch_kill_end_to_end_on_the_cpu(tmp_path):
     # the run lived in the local target's workdir under XDG_DATA_HOME, and ended there as killed
     states = list((tmp_path / "data-home").glob("dflashctl/.dflash/runs/*/state.json"))
     assert [json.loads(p.read_text())["state"] for p in states] == ["killed"]
+
+
+@pytest.mark.slow
+def test_a_terminated_check_still_kills_the_run_it_launched(tmp_path):
+    """An outer timeout's TERM must not leave the detached run holding the machine."""
+    import signal
+    import time
+
+    env = {**os.environ, "XDG_DATA_HOME": str(tmp_path / "data-home"), "HF_HUB_OFFLINE": "1"}
+    check = subprocess.Popen([sys.executable, "bench/e2e_local.py", "--shape", "tiny", "--device", "cpu",
+                              "--workdir", str(tmp_path / "e2e"), "--steps-seen", "1000000", "--grace", "5"],
+                             cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    runs = tmp_path / "data-home" / "dflashctl" / ".dflash" / "runs"
+    deadline = time.monotonic() + 120
+    while not list(runs.glob("*/state.json")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    states = list(runs.glob("*/state.json"))
+    assert states, check.communicate(timeout=60)
+    try:
+        time.sleep(2)  # past launch: the script is watching
+        check.send_signal(signal.SIGTERM)
+        _, err = check.communicate(timeout=120)
+        assert check.returncode == 143, err[-3000:]
+        assert json.loads(states[0].read_text())["state"] == "killed"
+    finally:  # never leave the run behind, whatever failed above
+        if json.loads(states[0].read_text())["state"] in ("starting", "running"):
+            subprocess.run([sys.executable, "-m", "orchestrator", "kill", states[0].parent.name, "--grace", "1"],
+                           cwd=REPO_ROOT, env=env, capture_output=True, timeout=60)
