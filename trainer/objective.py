@@ -78,7 +78,12 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
     """sum_i w_i * CE(hidden_i @ W^T, label_i), never holding more than one chunk of logits.
 
     The gradient with respect to `hidden` is computed chunk by chunk in the forward pass (it needs the same
-    softmax), so the backward pass only scales it. `weight` (the frozen LM head) gets no gradient."""
+    softmax), so the backward pass only scales it. `weight` (the frozen LM head) gets no gradient.
+
+    A chunk's logits stay in the head's dtype and are passed over few times (the profile on an H200 had this
+    loss at 425 ms of a 2.5 s step against 150 ms of matrix products): one fused log-softmax into fp32, an argmax,
+    then exp written back over the logits as the softmax, minus one at the labels. The weights w scale the
+    [rows, hidden] product, not the [rows, vocab] softmax."""
 
     @staticmethod
     def forward(ctx, hidden, weight, labels, weights, chunk_rows: int):
@@ -88,16 +93,15 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
         grad_hidden = torch.empty_like(hidden) if need_grad else None
         for start in range(0, hidden.shape[0], chunk_rows):
             rows = slice(start, start + chunk_rows)
-            logits = (hidden[rows].to(weight.dtype) @ weight.t()).float()
-            lse = torch.logsumexp(logits, dim=-1)
             label, weight_rows = labels[rows], weights[rows]
-            total += ((lse - logits.gather(1, label[:, None]).squeeze(1)) * weight_rows).sum()
+            logits = hidden[rows].to(weight.dtype) @ weight.t()
+            log_probs = torch.log_softmax(logits, dim=-1, dtype=torch.promote_types(logits.dtype, torch.float32))
+            total -= (log_probs.gather(1, label[:, None]).squeeze(1) * weight_rows).sum()
             correct[rows] = logits.argmax(dim=-1) == label
             if need_grad:
-                # in place: the chunk of logits becomes w * (softmax - onehot) without a second buffer
-                probs = logits.sub_(lse[:, None]).exp_().mul_(weight_rows[:, None])
-                probs.scatter_add_(1, label[:, None], -weight_rows[:, None])
-                grad_hidden[rows] = (probs.to(weight.dtype) @ weight).to(hidden.dtype)
+                probs = torch.exp(log_probs, out=logits)            # softmax, over the logits' own buffer
+                probs.scatter_add_(1, label[:, None], torch.full_like(probs[:, :1], -1))
+                grad_hidden[rows] = ((probs @ weight) * weight_rows[:, None]).to(hidden.dtype)
         ctx.save_for_backward(grad_hidden)
         ctx.mark_non_differentiable(correct)
         return total, correct

@@ -153,3 +153,15 @@ def test_objective_pieces_never_wait_for_the_gpu():
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert torch.isfinite(hidden.grad).all()
+
+
+def test_loss_benchmark_compares_with_the_previous_loss_and_its_floor():
+    result = subprocess.run([sys.executable, "bench/bench_loss.py", "--rows", "600", "--hidden", "32", "--vocab",
+                             "3000", "--device", "cpu", "--repeat", "2"],
+                            capture_output=True, text=True, timeout=240, env=trainer_env(), cwd=REPO_ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    figures = json.loads(result.stdout)
+    assert figures["loss_ms"] > 0 and figures["floor_ms"] > 0 and figures["previous_ms"] > 0
+    assert figures["loss_over_floor"] == pytest.approx(figures["loss_ms"] / figures["floor_ms"])
+    # fp32 on the CPU: the two versions of the loss compute the same numbers
+    assert figures["loss_difference"] < 1e-5 and figures["grad_relative_difference"] < 1e-5

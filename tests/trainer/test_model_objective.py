@@ -72,13 +72,34 @@ def test_chunked_loss_and_gradient_equal_the_unchunked_ones(chunk_rows):
     assert torch.equal(correct, (hidden @ weight.t()).argmax(-1) == labels)
 
 
+def test_chunked_loss_with_a_bf16_head_matches_fp32_math():
+    """As on a GPU: fp32 hidden states, a bf16 LM head; the softmax is taken in fp32, the products in bf16."""
+    generator = torch.Generator().manual_seed(1)
+    hidden = torch.randn(40, 32, generator=generator, requires_grad=True)
+    weight = torch.randn(300, 32, generator=generator).to(torch.bfloat16)
+    labels = torch.randint(0, 300, (40,), generator=generator)
+    weights = torch.rand(40, generator=generator) * (torch.arange(40) % 5 != 0)   # some rows unsupervised
+    head = weight.float()
+    reference = (F.cross_entropy(hidden.detach().bfloat16().float() @ head.t(), labels, reduction="none")
+                 * weights).sum() / weights.sum()
+    probe = hidden.detach().bfloat16().float().requires_grad_(True)
+    (ref_grad,) = torch.autograd.grad((F.cross_entropy(probe @ head.t(), labels, reduction="none") * weights).sum()
+                                      / weights.sum(), probe)
+    loss, _ = chunked_weighted_ce(hidden, weight, labels, weights, chunk_rows=16)
+    (grad,) = torch.autograd.grad(loss, hidden)
+    assert loss.dtype == torch.float32 and grad.dtype == torch.float32
+    torch.testing.assert_close(loss, reference, rtol=2e-2, atol=2e-2)
+    assert (grad - ref_grad).norm() / ref_grad.norm() < 1e-2   # bf16 products: about 2^-8 per element
+    assert torch.all(grad[torch.arange(40) % 5 == 0] == 0)   # weight 0: exactly no gradient
+
+
 def test_chunked_loss_never_builds_the_full_logits(monkeypatch):
     import trainer.objective as objective
 
     shapes = []
-    real_logsumexp = torch.logsumexp
-    monkeypatch.setattr(objective.torch, "logsumexp",
-                        lambda x, dim: (shapes.append(tuple(x.shape)), real_logsumexp(x, dim=dim))[1])
+    real_log_softmax = torch.log_softmax
+    monkeypatch.setattr(objective.torch, "log_softmax",
+                        lambda x, **kw: (shapes.append(tuple(x.shape)), real_log_softmax(x, **kw))[1])
     hidden = torch.randn(100, 8, requires_grad=True)
     chunked_weighted_ce(hidden, torch.randn(30, 8), torch.zeros(100, dtype=torch.long), torch.ones(100),
                         chunk_rows=16)
