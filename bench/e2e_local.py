@@ -1,14 +1,15 @@
 """The whole tool end to end on this machine's `local` target, as a user runs it:
 
 1. `dflashctl launch local --config run.yaml --gpus 0` starts a real training run (a random-initialised target
-   of a real shape, random token data);
+   of a real shape, random token data; with several GPUs, one process per GPU under torchrun);
 2. `dflashctl watch --once --json local` until it shows step lines, with nvidia-smi's memory and utilisation;
-3. `dflashctl kill RUN`, then nvidia-smi until the GPU's memory is back at its idle value.
+3. `dflashctl kill RUN`, then nvidia-smi until every GPU's memory is back at its idle value.
 
 Prints one JSON report and exits 1 if a check failed. On a machine without nvidia-smi (`--device cpu`) the
 GPU checks are reported as skipped.
 
     python bench/e2e_local.py --shape qwen3-1.7b --workdir /tmp/e2e | tee e2e.json
+    python bench/e2e_local.py --shape qwen3-1.7b --gpus 0-7 --workdir /tmp/e2e        # eight GPUs
     python bench/e2e_local.py --shape tiny --device cpu --workdir /tmp/e2e       # the same flow on a CPU
 """
 from __future__ import annotations
@@ -25,6 +26,8 @@ from pathlib import Path
 
 import yaml
 
+from orchestrator.cli.state import parse_gpus
+
 IDLE_TOLERANCE_MIB = 64   # what a driver's bookkeeping moves by with no process on the GPU
 
 
@@ -32,7 +35,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", default="qwen3-1.7b", help="trainer.synthetic.SHAPES name of the target")
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    parser.add_argument("--gpu", default="0", help="the GPU index the run gets (--gpus)")
+    parser.add_argument("--gpus", default="0", help="the GPUs the run gets, as launch takes them: 0, 0,1, 0-7")
     parser.add_argument("--workdir", type=Path, required=True, help="where the target, data and run output go")
     parser.add_argument("--steps-seen", type=int, default=10, help="wait until watch shows this step")
     parser.add_argument("--wait", type=float, default=900.0,
@@ -47,12 +50,18 @@ def cli(*args: str, timeout: float = 300.0) -> tuple[int, str, str]:
     return done.returncode, done.stdout, done.stderr
 
 
-def gpu_memory_mib(index: str) -> int | None:
+def gpu_memory_mib(indices: list[int]) -> dict[int, int] | None:
+    """Memory used per GPU, MiB, by nvidia-smi; None without one."""
     if not shutil.which("nvidia-smi"):
         return None
-    out = subprocess.run(["nvidia-smi", f"--id={index}", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+    out = subprocess.run(["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"],
                          capture_output=True, text=True, check=True).stdout
-    return int(out.strip().splitlines()[0])
+    used = {int(index): int(mib) for index, mib in (line.split(",") for line in out.strip().splitlines())}
+    return {index: used[index] for index in indices}
+
+
+def above_idle(used: dict[int, int], idle: dict[int, int]) -> dict[int, int]:
+    return {index: used[index] - idle[index] for index in idle if used[index] > idle[index] + IDLE_TOLERANCE_MIB}
 
 
 def make_inputs(args) -> Path:
@@ -78,45 +87,46 @@ def make_inputs(args) -> Path:
     return path
 
 
-def watch_until_steps(args, run_id: str) -> tuple[dict, dict, float]:
-    """(the run as watch shows it, this GPU as watch shows it, seconds waited) once the run logged a step
+def watch_until_steps(args, run_id: str) -> tuple[dict, list, float]:
+    """(the run as watch shows it, the run's GPUs as watch shows them, seconds waited) once the run logged a step
     at or past --steps-seen, ended, or --wait passed."""
     began = time.monotonic()
-    run, gpu = {}, {}
+    run, gpus = {}, []
     while time.monotonic() - began < args.wait:
         code, out, err = cli("watch", "--once", "--json", "local")
         if code != 0:
             raise SystemExit(f"watch --once --json failed ({code}): {err}")
         snapshot = json.loads(out)
         run = next((r for r in snapshot["runs"] if r["run_id"] == run_id), {})
-        gpu = next((g for g in snapshot["gpus"] if str(g["index"]) == args.gpu), {})
+        gpus = [g for g in snapshot["gpus"] if g["index"] in args.gpu_list]
         if run.get("state") not in (None, "running", "starting") or (run.get("last_step") or 0) >= args.steps_seen:
             break
         time.sleep(5)
-    return run, gpu, time.monotonic() - began
+    return run, gpus, time.monotonic() - began
 
 
-def memory_back_to_idle(args, idle: int | None, limit: float = 60.0) -> tuple[float | None, int | None]:
-    """(seconds after kill returned until the GPU's memory is within the tolerance of idle, last reading)."""
+def memory_back_to_idle(args, idle: dict | None, limit: float = 60.0) -> tuple[float | None, dict | None]:
+    """(seconds after kill returned until every GPU's memory is within the tolerance of idle, last reading)."""
     if idle is None:
         return None, None
     began = time.monotonic()
-    used = gpu_memory_mib(args.gpu)
-    while used > idle + IDLE_TOLERANCE_MIB and time.monotonic() - began < limit:
+    used = gpu_memory_mib(args.gpu_list)
+    while above_idle(used, idle) and time.monotonic() - began < limit:
         time.sleep(0.25)
-        used = gpu_memory_mib(args.gpu)
+        used = gpu_memory_mib(args.gpu_list)
     return time.monotonic() - began, used
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    args.gpu_list = parse_gpus(args.gpus)
     config = make_inputs(args)
-    idle = gpu_memory_mib(args.gpu)
+    idle = gpu_memory_mib(args.gpu_list)
     report: dict = {"shape": args.shape, "device": args.device, "idle_memory_mib": idle}
 
     started = time.monotonic()
     code, out, err = cli("launch", "local", "--config", str(config), "--name", "e2e", "--json",
-                         "--grace", str(args.grace), *(["--gpus", args.gpu] if args.device == "cuda" else []))
+                         "--grace", str(args.grace), *(["--gpus", args.gpus] if args.device == "cuda" else []))
     if code != 0:
         print(out, err, file=sys.stderr)
         return 1
@@ -127,16 +137,15 @@ def main(argv=None) -> int:
     # would otherwise hold the GPU after this script is gone
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
-        run, gpu, waited = watch_until_steps(args, run_id)
+        run, gpus, waited = watch_until_steps(args, run_id)
     finally:
         kill_started = time.monotonic()
         code, out, err = cli("kill", run_id, "--json", "--grace", str(args.grace))
         kill_s = time.monotonic() - kill_started
     report["watch"] = {"seconds_to_step": round(waited, 1), "state": run.get("state"),
                        "last_step": run.get("last_step"), "loss": run.get("loss"), "tok_per_s": run.get("tok_per_s"),
-                       "gpu_memory_used_mib": gpu.get("memory_used_mib"),
-                       "gpu_memory_total_mib": gpu.get("memory_total_mib"),
-                       "gpu_utilization_pct": gpu.get("utilization_pct")}
+                       "gpus": [{k: g.get(k) for k in ("index", "memory_used_mib", "memory_total_mib",
+                                                       "utilization_pct")} for g in gpus]}
 
     killed = [run for target in json.loads(out)["targets"].values() for run in target.get("runs", [])] \
         if out.strip() else []
@@ -151,13 +160,15 @@ def main(argv=None) -> int:
     report["processes_left"] = survivors
 
     on_gpu = args.device == "cuda"
+    in_use = {g["index"]: (g.get("memory_used_mib") or 0) for g in gpus}
     checks = {
         "watch showed step lines": (run.get("last_step") or 0) >= args.steps_seen,
-        "watch showed the GPU's memory in use": not on_gpu or (gpu.get("memory_used_mib") or 0) > idle + 1024,
+        "watch showed every GPU's memory in use": not on_gpu or (
+            sorted(in_use) == args.gpu_list and all(in_use[i] > idle[i] + 1024 for i in in_use)),
         "kill exited 0": code == 0,
         "no process of the run is left": not survivors,
-        "GPU memory back to idle within 10 s of kill": not on_gpu or (back is not None and back <= 10.0
-                                                                     and last <= idle + IDLE_TOLERANCE_MIB),
+        "every GPU's memory back to idle within 10 s of kill": not on_gpu or (
+            back is not None and back <= 10.0 and not above_idle(last, idle)),
     }
     report["checks"] = checks
     report["passed"] = all(checks.values())

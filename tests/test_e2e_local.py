@@ -56,3 +56,24 @@ def test_a_terminated_check_still_kills_the_run_it_launched(tmp_path):
         if json.loads(states[0].read_text())["state"] in ("starting", "running"):
             subprocess.run([sys.executable, "-m", "orchestrator", "kill", states[0].parent.name, "--grace", "1"],
                            cwd=REPO_ROOT, env=env, capture_output=True, timeout=60)
+
+
+def test_gpu_memory_is_read_per_gpu_and_compared_with_idle(tmp_path, monkeypatch):
+    """The eight-GPU variant's checks, against the lab's nvidia-smi stand-in (the H200's real output format)."""
+    import importlib.util
+
+    from tests.lab.lab import install_fake_nvidia_smi
+
+    bin_dir = install_fake_nvidia_smi(tmp_path)
+    used = [0, 0, 35011, 0, 0, 0, 80, 0]
+    (tmp_path / "gpus.json").write_text(json.dumps([{"index": i, "memory.used": m} for i, m in enumerate(used)]))
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    spec = importlib.util.spec_from_file_location("e2e_local", REPO_ROOT / "bench" / "e2e_local.py")
+    e2e = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(e2e)
+    readings = e2e.gpu_memory_mib(list(range(8)))
+    assert readings == dict(enumerate(used))
+    idle = dict.fromkeys(range(8), 0)
+    assert e2e.above_idle(readings, idle) == {2: 35011, 6: 80}   # 80 MiB is past the 64 MiB tolerance
+    assert e2e.above_idle(readings, {**idle, 2: 35000, 6: 40}) == {}
+    assert e2e.gpu_memory_mib([1, 3]) == {1: 0, 3: 0}

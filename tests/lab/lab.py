@@ -341,12 +341,19 @@ def _yaml_str(value: str) -> str:
 
 
 def _install_nvidia_smi(container: LabContainer) -> None:
-    binary = container.lab_dir / "bin" / "nvidia-smi"
+    install_fake_nvidia_smi(container.lab_dir)
+
+
+def install_fake_nvidia_smi(lab_dir: Path) -> Path:
+    """The fake nvidia-smi as lab_dir/bin/nvidia-smi; its GPUs come from lab_dir/gpus.json. Returns lab_dir/bin."""
+    binary = lab_dir / "bin" / "nvidia-smi"
     if not binary.exists():
-        (container.lab_dir / "share").mkdir(parents=True, exist_ok=True)
-        shutil.copy(FIXTURES / "nvidia-smi" / "help_query_gpu.txt", container.lab_dir / "share")
+        for sub in ("bin", "share"):
+            (lab_dir / sub).mkdir(parents=True, exist_ok=True)
+        shutil.copy(FIXTURES / "nvidia-smi" / "help_query_gpu.txt", lab_dir / "share")
         shutil.copy(HERE / "fake_nvidia_smi.py", binary)
         binary.chmod(0o755)
+    return binary.parent
 
 
 def _write_json_atomically(path: Path, data: object) -> None:
