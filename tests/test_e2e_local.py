@@ -9,14 +9,22 @@ from pathlib import Path
 
 import pytest
 
+from tests.lab.workloads import stop_keeper
+
 pytest.importorskip("torch")
 pytest.importorskip("datasets")
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture
+def env(tmp_path):
+    """The local target's workdir under tmp_path; its keeper is stopped afterwards."""
+    yield {**os.environ, "XDG_DATA_HOME": str(tmp_path / "data-home"), "HF_HUB_OFFLINE": "1"}
+    stop_keeper(tmp_path / "data-home" / "dflashctl" / ".dflash" / "runs")
+
+
 @pytest.mark.slow
-def test_launch_watch_kill_end_to_end_on_the_cpu(tmp_path):
-    env = {**os.environ, "XDG_DATA_HOME": str(tmp_path / "data-home"), "HF_HUB_OFFLINE": "1"}
+def test_launch_watch_kill_end_to_end_on_the_cpu(tmp_path, env):
     done = subprocess.run([sys.executable, "bench/e2e_local.py", "--shape", "tiny", "--device", "cpu",
                            "--workdir", str(tmp_path / "e2e"), "--steps-seen", "4", "--grace", "5"],
                           cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
@@ -31,12 +39,11 @@ def test_launch_watch_kill_end_to_end_on_the_cpu(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_terminated_check_still_kills_the_run_it_launched(tmp_path):
+def test_a_terminated_check_still_kills_the_run_it_launched(tmp_path, env):
     """An outer timeout's TERM must not leave the detached run holding the machine."""
     import signal
     import time
 
-    env = {**os.environ, "XDG_DATA_HOME": str(tmp_path / "data-home"), "HF_HUB_OFFLINE": "1"}
     check = subprocess.Popen([sys.executable, "bench/e2e_local.py", "--shape", "tiny", "--device", "cpu",
                               "--workdir", str(tmp_path / "e2e"), "--steps-seen", "1000000", "--grace", "5"],
                              cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -1,6 +1,9 @@
 """Workloads and paths shared by the tests that run things in lab containers and watch them."""
 from __future__ import annotations
 
+import json
+import os
+import signal
 from pathlib import Path
 
 from orchestrator.inventory import Inventory, load_inventory
@@ -44,3 +47,15 @@ def run_cli(inv: str, *args: str, capsys) -> tuple[int, dict | str, str]:
         return code, json.loads(out.out), out.err
     except ValueError:
         return code, out.out, out.err
+
+
+def stop_keeper(runs: Path) -> None:
+    """TERM the keeper that a test's launches on `local` started for `runs` (it outlives the test otherwise);
+    only when /proc still shows that keeper, never a process that reused its pid."""
+    try:
+        pid = int(json.loads((runs / ".keeper" / "keeper.json").read_text())["pid"])
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except (OSError, ValueError, KeyError):
+        return
+    if b"keeper" in cmdline and os.fsencode(str(runs.resolve())) in cmdline:
+        os.kill(pid, signal.SIGTERM)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli import main as run_cli
+from tests.lab.workloads import stop_keeper
 
 pytest.importorskip("torch")
 
@@ -17,6 +18,13 @@ def test_demo_trains_on_local_and_summarises(tmp_path: Path, capsys, monkeypatch
     inventory = tmp_path / "inventory.yaml"
     inventory.write_text(f"hosts:\n  local:\n    transport: local\n    workdir: {json.dumps(str(tmp_path / 'work'))}\n")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    try:
+        demo_and_watch(inventory, capsys)
+    finally:
+        stop_keeper(tmp_path / "work" / ".dflash" / "runs")
+
+
+def demo_and_watch(inventory: Path, capsys) -> None:
     code = run_cli(["--inventory", str(inventory), "demo", "--no-watch", "--steps", "20"])
     out = capsys.readouterr().out
     assert code == 0, out
