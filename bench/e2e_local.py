@@ -65,17 +65,18 @@ def above_idle(used: dict[int, int], idle: dict[int, int]) -> dict[int, int]:
 
 
 def make_inputs(args) -> Path:
-    """The target, the data and the trainer config (the target and data are made once per workdir)."""
+    """The target, the data and the trainer config (the target and data are made once per workdir and shape)."""
     from trainer.synthetic import SHAPES, write_random_dataset, write_random_target
 
     args.workdir.mkdir(parents=True, exist_ok=True)
-    target, data = args.workdir / f"target-{args.shape}", args.workdir / "data"
+    target = args.workdir / f"target-{args.shape}"
     if not (target / "config.json").is_file():
         # made on the CPU: this process never holds GPU memory of its own, so nvidia-smi's idle value is the GPU's
         write_random_target(target, args.shape, device="cpu")
     # a GPU gets the trainer's defaults (5 drafter layers, B=16, 512 anchors); a CPU a size it can step through
     sizes = (dict(buckets=[0, 1024, 2048, 4097], token_budget=16384) if args.device == "cuda" else
              dict(buckets=[0, 128, 257], token_budget=1024, drafter_layers=1, block_size=8, num_anchors=16))
+    data = args.workdir / f"data-{args.shape}-{sizes['buckets'][-1] - 1}"   # ids within the shape's vocabulary
     if not data.is_dir():
         write_random_dataset(data, samples=2000, min_len=64, max_len=sizes["buckets"][-1] - 1,
                              vocab=SHAPES[args.shape]["vocab_size"])
