@@ -13,11 +13,11 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 from orchestrator.agent.bundle import build_zipapp
+from tests.polling import wait_for  # noqa: F401  (the agent tests import it from here)
 
 # The interpreter that runs the agent: set it to an old Python (>= 3.8) to run the whole suite against it.
 AGENT_PYTHON = os.environ.get("DFLASH_AGENT_TEST_PYTHON") or sys.executable
@@ -36,15 +36,6 @@ while True:
     except ChildProcessError:
         time.sleep(0.05)
 """
-
-
-def wait_for(condition, timeout: float, interval: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(interval)
 
 
 def host_processes_with(runs_dir: str, run_id: str | None = None) -> list:

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from tests.lab.lab import CONTAINER_ENV, HostSpec, Lab
+from tests.polling import wait_for
 
 ORPHAN_EXITING_SOON = "setsid sh -c 'sleep 0.5; exit 0' </dev/null >/dev/null 2>&1 & echo $!"
 PRINT_ARGV = ["python3", "-c", "import json, sys; print(json.dumps(sys.argv[1:]))"]
@@ -33,15 +34,6 @@ def ssh_host(lab: Lab, host: str, *argv: str, timeout: float = 15) -> subprocess
 
 def process(lab: Lab, host: str, ctid: int, pid: int):
     return next((p for p in lab.ct_processes(host, ctid) if p.pid == pid), None)
-
-
-def wait_for(predicate, timeout: float = 5.0, interval: float = 0.02):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(interval)
 
 
 @pytest.fixture(scope="module", autouse=True)
