@@ -155,3 +155,75 @@ def test_flex_attention_and_dense_sdpa_give_the_same_outputs(tiny_target):
     dense = _forward(drafter, features, tokens, anchors, backend="sdpa")
     flex = _forward(drafter, features, tokens, anchors, backend="flex")
     torch.testing.assert_close(flex, dense, rtol=1e-4, atol=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------- closed-form tiles
+
+def _random_layout(seed: int):
+    """Anchors as the objective draws them: sorted, unique, inside the context, -1 padding at the end; plus a
+    block size, a context length and maybe a window. Sizes cross several 128-wide tiles."""
+    gen = torch.Generator().manual_seed(seed)
+    pick = lambda *options: options[int(torch.randint(len(options), (1,), generator=gen))]  # noqa: E731
+    block_size = pick(16, 10, 4, 2)
+    context_len = pick(1, 127, 128, 129, 300, 640, 777)
+    num_blocks = pick(1, 7, 8, 9, 33, 60)
+    window = pick(None, None, 2, 50, 200, 2048)
+    batch = pick(1, 2, 3)
+    anchors = torch.full((batch, num_blocks), -1, dtype=torch.long)
+    for b in range(batch):
+        real = int(torch.randint(0, num_blocks + 1, (1,), generator=gen))  # 0: a sequence with no anchor
+        if b == 0:
+            real = max(real, 1)
+        chosen = torch.randperm(context_len, generator=gen)[:real].sort().values
+        anchors[b, :len(chosen)] = chosen
+    return anchors, block_size, context_len, window
+
+
+def _tiles_as_elements(tiles, dense):
+    """What the kernel computes from the tiles: full tiles all true, partial tiles the mask_mod, others nothing."""
+    from trainer.masks import TILE
+
+    q_len, kv_len = dense.shape[-2:]
+    grow = lambda t: t.repeat_interleave(TILE, 1).repeat_interleave(TILE, 2)[:, :q_len, :kv_len]  # noqa: E731
+    return grow(tiles.full) | (grow(tiles.partial) & dense[:, 0])
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_closed_form_tiles_give_exactly_the_mask_mod(seed):
+    from trainer.masks import mask_tiles
+
+    anchors, block_size, context_len, window = _random_layout(seed)
+    mask_mod = block_mask_mod(anchors, context_len=context_len, block_size=block_size, window=window)
+    q_len = anchors.shape[1] * block_size
+    dense = dense_mask(mask_mod, anchors.shape[0], q_len, context_len + q_len, device="cpu")
+    tiles = mask_tiles(anchors, context_len=context_len, block_size=block_size, window=window)
+    assert not (tiles.full & tiles.partial).any()
+    assert torch.equal(_tiles_as_elements(tiles, dense), dense[:, 0])
+
+
+@pytest.mark.parametrize("window", [None, 256])
+def test_closed_form_tiles_skip_what_no_row_sees(window):
+    """Sparsity is the point: at a real size most tiles are skipped, and the context before every anchor of a
+    query tile is full (no mask_mod evaluated there)."""
+    from trainer.masks import mask_tiles
+
+    context_len, block_size = 3072, 16
+    anchors = torch.arange(100, 3072, 16)[None, :192]
+    tiles = mask_tiles(anchors, context_len=context_len, block_size=block_size, window=window)
+    skipped = 1 - (tiles.full | tiles.partial).float().mean().item()
+    assert skipped > 0.4
+    if window is None:  # a whole query tile (8 blocks) sees all of every context tile before its first anchor
+        for q_tile in range(anchors.shape[1] // 8):
+            assert int(tiles.full[0, q_tile].sum()) == int(anchors[0, 8 * q_tile]) // 128
+
+
+def test_closed_form_block_mask_holds_the_tiles():
+    from trainer.masks import closed_form_block_mask, mask_tiles
+
+    anchors, block_size, context_len, window = torch.tensor([[5, 130, 400, -1]]), 16, 520, None
+    mask_mod = block_mask_mod(anchors, context_len=context_len, block_size=block_size, window=window)
+    block_mask = closed_form_block_mask(anchors, mask_mod, context_len=context_len, block_size=block_size)
+    tiles = mask_tiles(anchors, context_len=context_len, block_size=block_size)
+    assert block_mask.shape == (1, 1, 4 * block_size, context_len + 4 * block_size)
+    assert torch.equal(block_mask.to_dense()[:, 0].bool(), tiles.full | tiles.partial)
+    assert torch.equal(block_mask.full_kv_num_blocks[:, 0], tiles.full.sum(-1).int())
