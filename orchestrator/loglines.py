@@ -38,10 +38,12 @@ class PhaseEvent:
     pct: float | None = None  # bucket: share of the epoch's batches
     n_targets: int | None = None  # loading_targets
     device: str | None = None  # target_loading
+    stage: str | None = None  # startup: loading target, building drafter, compiling k/n (...), first step
+    elapsed_s: float | None = None  # startup: seconds since the trainer started
 
 
 PHASES = ("loading_dataset", "dataset_loaded", "batches_per_epoch", "bucket", "loading_targets",
-          "target_loading", "compiling", "training", "finished")
+          "target_loading", "startup", "compiling", "training", "finished")
 
 
 @dataclass(frozen=True)
@@ -284,12 +286,14 @@ _PHASE_LINES = (
                           r" batches \(\s*(?P<pct>[\d.]+)%\)")),
     ("loading_targets", re.compile(r"Loading (?P<n_targets>\d+) target models?\.\.\.")),
     ("target_loading", re.compile(r"\s*Target (?P<index>\d+) on (?P<device>\S+?)\.\.\.")),
+    ("startup", re.compile(r"Start-up \[(?P<elapsed_s>\d+(?:\.\d*)?)s\]: (?P<stage>\S.*)")),
     ("compiling", re.compile(r"Compiling kernels\b.*")),
     ("training", re.compile(r"(?:Starting training|Training started|Training\.\.\.)\b.*")),
     ("finished", re.compile(r"(?:Training (?:finished|complete|completed|done)\b|Finished training\b|Finished:).*")),
 )
 _PHASE_STARTS = ("Loading", "Batches", "Bucket", "Target", "Compiling", "Start", "Train", "Finish")
-_FLOAT_FIELDS = ("batch_avg", "pct")
+_FLOAT_FIELDS = ("batch_avg", "pct", "elapsed_s")
+_TEXT_FIELDS = ("path", "device", "stage")
 
 
 def parse_phase_line(text: str, line_no: int | None = None) -> PhaseEvent | None:
@@ -300,7 +304,7 @@ def parse_phase_line(text: str, line_no: int | None = None) -> PhaseEvent | None
         match = pattern.fullmatch(text.rstrip())
         if match is not None:
             try:
-                values = {key: (float(v) if key in _FLOAT_FIELDS else v if key in ("path", "device") else int(v))
+                values = {key: (float(v) if key in _FLOAT_FIELDS else v if key in _TEXT_FIELDS else int(v))
                           for key, v in match.groupdict().items() if v is not None}
             except ValueError:  # `avg=1.2.3`: the shape of a start-up line, not its content
                 return None

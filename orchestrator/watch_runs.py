@@ -16,6 +16,16 @@ PHASE_SHOWN = {"loading_dataset": "loading_dataset", "dataset_loaded": "loading_
                "batches_per_epoch": "buckets", "bucket": "buckets", "loading_targets": "loading_targets",
                "target_loading": "loading_targets", "compiling": "compiling", "training": "training",
                "finished": "finished"}
+
+
+def shown_phase(event: PhaseEvent, current: str | None) -> str | None:
+    """The phase the dashboard shows after a start-up line: a trainer's own stage (`compiling 1/2`, its
+    parenthesised detail left to the log) or one of the few folded phases."""
+    if event.phase == "startup" and event.stage:
+        return event.stage.split(" (", 1)[0][:40]
+    return PHASE_SHOWN.get(event.phase, current)
+
+
 STEP_VALUES = ("loss", "acc", "streak", "lr", "tok_per_s", "eta_s")
 MAX_EXCEPTION_TEXTS = 20
 
@@ -101,7 +111,7 @@ class RunTracker:
             self.tail.extend(event.text.split("\n"))
             return
         elif isinstance(event, PhaseEvent):
-            self.phase = PHASE_SHOWN.get(event.phase, self.phase)
+            self.phase = shown_phase(event, self.phase)
         if isinstance(event, (StepEvent, PhaseEvent, LogLine)):
             self.tail.append(event.text)
 

@@ -232,10 +232,11 @@ class DFlashDrafter(nn.Module):
         return tokens.flatten(1)
 
     def forward(self, features: torch.Tensor, anchor_tokens: torch.Tensor, anchors: torch.Tensor,
-                *, backend: str | None = None) -> torch.Tensor:
+                *, backend: str | None = None, layers: list[int] | None = None) -> torch.Tensor:
         """Final-normed hidden states [B, A, Bs, H] of every block slot; anchors [B, A], -1 for padded blocks.
 
-        Apply `lm_head` to slots 1..Bs-1 (objective.py does it in chunks)."""
+        Apply `lm_head` to slots 1..Bs-1 (objective.py does it in chunks). `layers` runs only those layers (the
+        start-up compile warms one layer of each type)."""
         context = self.project_context(features)
         batch, context_len = context.shape[:2]
         x = self.embed_tokens(self.block_tokens(anchor_tokens)).to(context.dtype)
@@ -247,7 +248,7 @@ class DFlashDrafter(nn.Module):
             anchors, context_len=context_len, block_size=self.config.block_size,
             layer_types=self.config.resolved_layer_types, sliding_window=self.config.sliding_window,
             backend=choose_backend(anchors.device, backend or self.attention_backend))
-        for layer in self.layers:
+        for layer in self.layers if layers is None else [self.layers[i] for i in layers]:
             x = layer(x, context, rope_q, rope_kv, mask)
         return self.norm(x).view(batch, anchors.shape[1], self.config.block_size, -1)
 

@@ -115,11 +115,11 @@ def format_bucket_table(bounds: Sequence[int], batch_counts: Sequence[int]) -> s
     return "\n".join(lines) + "\n"
 
 
-def format_compiling_line() -> str:
-    """Before the first step when kernels get compiled (flex_attention on a GPU, `compile: true`): the first
-    steps are slow, which is not a hang."""
-    return ("Compiling kernels as new batch shapes come (flex_attention on a GPU; the drafter with compile: true): "
-            "the first steps take minutes, later ones reuse the kernels")
+def format_startup_line(elapsed_s: float, stage: str) -> str:
+    """A start-up stage as it begins, with the seconds since the process started, e.g.
+    `Start-up [41.2s]: compiling 1/2 (flex_attention, full_attention layers)`. The stages: loading target,
+    building drafter, compiling k/n, first step. A run that compiles is never mistaken for a hung one."""
+    return f"Start-up [{elapsed_s:.1f}s]: {stage}"
 
 
 def format_compiled_line(step: int, *, graphs: int, total: int, seconds: float, batch: int, seq_len: int,

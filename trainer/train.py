@@ -23,6 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 from trainer import logformat
 from trainer.config import TrainConfig, load_config, resolved_config_text
 from trainer.errors import TrainerError
+from trainer.startup import compile_attention, default_compile_caches, stage_line
 
 STATE_FILE = "training_state.pt"
 CONFIG_FILE = "trainer_config.json"  # the resolved training config, readable without torch
@@ -61,6 +62,17 @@ def inspect_target(cfg: TrainConfig) -> list[int]:
     if cfg.target_layer_ids is None:
         return default_target_layer_ids(num_layers, cfg.drafter_layers)
     return validate_layer_ids(cfg.target_layer_ids, num_layers)
+
+
+def refuse_gpu_compile(cfg: TrainConfig) -> None:
+    """compile: true is refused where it would train on a GPU, before anything loads: it was never measured to
+    finish its first steps there (an 8B-shape drafter compiled whole did not get through 6 warm-up steps in
+    150 s on an H200), while the eager drafter with flex_attention compiled on its own is the measured path."""
+    on_gpu = cfg.device.startswith("cuda") or (cfg.device == "auto" and torch.cuda.is_available())
+    if cfg.compile and on_gpu:
+        raise TrainerError("compile: true is not supported on a GPU: compiling the whole drafter was not measured "
+                           "to reach its first steps (flex_attention is compiled on its own already); "
+                           "remove compile or set it to false")
 
 
 def anchors_per_sequence(cfg: TrainConfig, batch_size: int) -> int:
@@ -292,6 +304,7 @@ class Throughput:
 def main(config_path: str, *, resume: str | None = None) -> int:
     # ------------------------------------------------------------------ config: everything is checked before models load
     cfg = load_config(config_path, overrides={"resume": resume} if resume else None)
+    refuse_gpu_compile(cfg)
     cfg.target_layer_ids = inspect_target(cfg)
     from trainer import data as data_lib
 
@@ -305,6 +318,7 @@ def main(config_path: str, *, resume: str | None = None) -> int:
     # ------------------------------------------------------------------ distributed init
     from trainer.distributed import compute_cleanup, compute_init
 
+    default_compile_caches()
     ctx = compute_init(cfg.device)
     try:
         return train(cfg, ctx, dataset, layout, resume_dir)
@@ -348,9 +362,11 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
     on_gpu = ctx.device.type == "cuda"
     dtype = {"auto": torch.bfloat16 if on_gpu else torch.float32, "bfloat16": torch.bfloat16,
              "float16": torch.float16, "float32": torch.float32}[cfg.dtype]
-    log.say(logformat.format_loading_targets(ctx.world_size), logformat.format_target_on(ctx.rank, str(ctx.device)))
+    log.say(stage_line("loading target"), logformat.format_loading_targets(ctx.world_size),
+            logformat.format_target_on(ctx.rank, str(ctx.device)))
     target = TargetModel.load(cfg.target_path, layer_ids=cfg.target_layer_ids, num_taps=len(cfg.target_layer_ids),
                               device=ctx.device, dtype=dtype)
+    log.say(stage_line("building drafter"))
     torch.manual_seed(cfg.seed)  # same init on every rank; the broadcast below makes it certain
     resume_dir, local_resume = agree_on_resume(resume_dir, ctx)
     if local_resume:
@@ -361,7 +377,8 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
             target.config, num_layers=cfg.drafter_layers, block_size=cfg.block_size,
             target_layer_ids=cfg.target_layer_ids, mask_token_id=target.mask_token_id,
             sliding_window=cfg.sliding_window)
-        drafter = DFlashDrafter(drafter_config, embed_tokens=target.embed_tokens, lm_head=target.lm_head)
+        with torch.device(ctx.device):  # initialised where it trains: an 8B-shape drafter took 15 s on the CPU
+            drafter = DFlashDrafter(drafter_config, embed_tokens=target.embed_tokens, lm_head=target.lm_head)
     drafter = drafter.to(device=ctx.device, dtype=torch.float32)  # fp32 master weights; autocast computes in bf16
     broadcast_parameters(drafter, ctx)
     n_params = sum(p.numel() for p in drafter.parameters() if p.requires_grad)
@@ -398,12 +415,14 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
         pad_to_bucket=cfg.compile, pad_token_id=target.config.pad_token_id or 0, num_workers=cfg.num_workers,
         prefetch=cfg.prefetch, pin_memory=on_gpu)
     autocast = torch.autocast(device_type=ctx.device.type, dtype=dtype, enabled=on_gpu and dtype != torch.float32)
+    if on_gpu and not cfg.compile:  # compile: true traces flex_attention inside the drafter's own graph
+        compile_attention(drafter, feature_dtype=dtype, autocast=autocast, say=log.say,
+                          single_sequence_batches=min_size == 1)
+    log.say(stage_line("first step"))
     meter = Throughput(ctx.device)
     sums = torch.zeros(3, dtype=torch.float64, device=ctx.device)  # loss, acc, streak of the interval
     started, start_step = time.perf_counter(), step
     log.event("start", step=step, total_steps=total_steps, world_size=ctx.world_size)
-    if on_gpu or cfg.compile:
-        log.say(logformat.format_compiling_line())
 
     def write_checkpoint() -> None:
         began = time.perf_counter()
@@ -448,7 +467,7 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
                     batch=len(input_ids), seq_len=input_ids.shape[1], blocks=len(input_ids) * n_anchors))
             # metrics stay on the device; they are read once per log interval, not every step
             sums += torch.stack([out.loss.detach(), out.acc, out.streak]).double()
-            if step % cfg.log_every == 0 or step == total_steps:
+            if step % cfg.log_every == 0 or step == total_steps or step == start_step + 1:
                 epoch = batch.epoch + (batch.index + 1) / per_rank
                 log_step(log, meter, sums, ctx, cfg, step=step, total_steps=total_steps, lr=lr, epoch=epoch,
                          elapsed=time.perf_counter() - started, q_pre=[stream.queue_depth()], batch=batch)

@@ -188,7 +188,8 @@ def test_writer_start_up_lines_round_trip():
         logformat.format_bucket_table([0, 16, 4096, 10000], [10, 80, 9]),
         logformat.format_loading_targets(1),
         logformat.format_target_on(0, "cpu"),
-        logformat.format_compiling_line(),
+        logformat.format_startup_line(41.25, "compiling 1/2 (flex_attention, full_attention layers)"),
+        "Compiling kernels as new batch shapes come",  # what trainers before the start-up lines wrote
         logformat.format_compiled_line(1, graphs=2, total=2, seconds=212.44, batch=16, seq_len=1023, blocks=1024),
         "Finished: 12 steps in 3.4s; checkpoint /out/step_12",
     ]) + "\n"
@@ -196,8 +197,8 @@ def test_writer_start_up_lines_round_trip():
     assert events[2] == LogLine(3, "  3 samples longer than max_length=4096 (dropped)")
     phases = [e for e in events if isinstance(e, PhaseEvent)]
     assert [p.phase for p in phases] == ["loading_dataset", "dataset_loaded", "batches_per_epoch", "bucket",
-                                         "bucket", "bucket", "loading_targets", "target_loading", "compiling",
-                                         "finished"]
+                                         "bucket", "bucket", "loading_targets", "target_loading", "startup",
+                                         "compiling", "finished"]
     # the note after a slow step is a plain line: never a step line, never a phase
     assert events[-2] == LogLine(len(events) - 1, "  step 1 compiled 2 graph(s) for a 16x1023 batch with 1024 "
                                                   "blocks in a 212.4s step (2 compiled so far)")
@@ -206,6 +207,13 @@ def test_writer_start_up_lines_round_trip():
     assert [(b.lo, b.hi, b.n_batches) for b in phases[3:6]] == [(0, 16, 10), (16, 4096, 80), (4096, 10000, 9)]
     assert phases[5].pct == pytest.approx(100 * 9 / 99, abs=0.05)
     assert (phases[6].n_targets, phases[7].index, phases[7].device) == (1, 0, "cpu")
+    assert (phases[8].stage, phases[8].elapsed_s) == ("compiling 1/2 (flex_attention, full_attention layers)", 41.2)
+
+
+@pytest.mark.parametrize("line", ["Start-up [12s]:", "Start-up [x.1s]: loading target", "Start-up: loading target",
+                                  "Start-up [1.0s] loading target"])
+def test_malformed_start_up_lines_are_plain_lines(line):
+    assert parse_all((line + "\n").encode()) == [LogLine(1, line)]
 
 
 def test_writer_lifecycle_records():

@@ -58,8 +58,9 @@ def test_compiling_is_a_phase_until_the_first_step_and_held_idle_gpus_are_not_an
     from trainer import logformat
 
     run = tracker()
-    run.feed(0, 1, ("  Target 0 on cuda:0...\n" + logformat.format_compiling_line() + "\n").encode(), now=0.0)
-    assert run.view().phase == "compiling"
+    stage = logformat.format_startup_line(50.0, "compiling 2/2 (flex_attention, sliding_attention layers)")
+    run.feed(0, 1, ("  Target 0 on cuda:0...\n" + stage + "\n").encode(), now=0.0)
+    assert run.view().phase == "compiling 2/2"
     held_idle = [GpuTracker("pve1/200", history=3).sample("0, GPU-x, NVIDIA H200, 35011, 143771, 0", now=0.0)[0]]
     for now in range(0, 600, 30):  # minutes of compiling: memory held at 0 %, which is not a stuck run
         assert run.observe_gpus(held_idle, now=float(now)) == []

@@ -106,7 +106,8 @@ def test_compiled_drafter_matches_eager(cuda_target):
 
 
 def test_new_batch_shapes_do_not_recompile_every_step(cuda_target, capsys):
-    """Buckets and anchor counts change the shapes from batch to batch; after a few compiles, no more."""
+    """Buckets and anchor counts change the shapes from batch to batch; the block mask compiles nothing and
+    flex_attention compiles once for all shapes (twice: batches of one sequence are a shape of their own)."""
     from trainer.objective import dflash_step
 
     drafter = make_drafter(cuda_target, block_size=8, seed=5)
@@ -130,3 +131,31 @@ def test_new_batch_shapes_do_not_recompile_every_step(cuda_target, capsys):
     with capsys.disabled():
         print("\nstep seconds with a new shape each step:", " ".join(f"{t:.2f}" for t in times))
     assert max(times[-4:]) < 1.0
+
+
+@pytest.mark.parametrize("sliding_window", [None, 12])
+def test_start_up_compile_leaves_nothing_to_compile_for_real_batches(cuda_target, sliding_window):
+    """After compile_attention, batches of new shapes (more than one sequence) compile nothing more."""
+    import contextlib
+
+    from trainer.objective import dflash_step
+    from trainer.startup import compile_attention
+    from trainer.train import compiled_graphs
+
+    drafter = make_drafter(cuda_target, num_layers=3, block_size=8, sliding_window=sliding_window, seed=6)
+    lines: list[str] = []
+    kinds = compile_attention(drafter, feature_dtype=torch.float32, autocast=contextlib.nullcontext(),
+                              say=lines.append)
+    assert kinds == (2 if sliding_window else 1) and len(lines) == 2 * kinds
+    print("\n".join(lines))
+    assert all(p.grad is None for p in drafter.parameters())
+    before = compiled_graphs()
+    generator = torch.Generator().manual_seed(0)
+    # every size above one 128-wide tile: a single tile is a size of 1, which the compiler specialises
+    for i, (batch, seq, anchors) in enumerate([(2, 300, 20), (3, 410, 33), (5, 257, 40), (2, 600, 64)]):
+        input_ids = random_ids(cuda_target, (batch, seq), seed=20 + i)
+        out = dflash_step(drafter, cuda_target.features(input_ids), input_ids, torch.ones_like(input_ids),
+                          num_anchors=anchors, block_size=8, gamma=4.0, noise=0.0, generator=generator)
+        out.loss.backward()
+    torch.cuda.synchronize()
+    assert compiled_graphs() == before, lines
