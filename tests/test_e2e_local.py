@@ -31,6 +31,7 @@ def test_launch_watch_kill_end_to_end_on_the_cpu(tmp_path, env):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads(done.stdout)
     assert report["passed"] and all(report["checks"].values())
+    assert len(report["skipped"]) == 2 and not set(report["skipped"]) & set(report["checks"])  # no GPU here
     assert report["watch"]["last_step"] >= 4 and report["watch"]["loss"] is not None
     assert report["kill"]["runs"][0]["state"] == "killed" and report["processes_left"] == []
     # the run lived in the local target's workdir under XDG_DATA_HOME, and ended there as killed
