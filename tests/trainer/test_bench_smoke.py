@@ -165,3 +165,18 @@ def test_loss_benchmark_compares_with_the_previous_loss_and_its_floor():
     assert figures["loss_over_floor"] == pytest.approx(figures["loss_ms"] / figures["floor_ms"])
     # fp32 on the CPU: the two versions of the loss compute the same numbers
     assert figures["loss_difference"] < 1e-5 and figures["grad_relative_difference"] < 1e-5
+
+
+@pytest.mark.slow
+def test_startup_benchmark_reports_stages_and_step_times_on_the_cpu(tmp_path):
+    """bench_startup as a real process on the tiny shape: the trainer's start-up stages, the time from the loaded
+    target to step 1's line, and a time for every step after the first."""
+    done = subprocess.run([sys.executable, "bench/bench_startup.py", "--shape", "tiny", "--device", "cpu",
+                           "--steps", "5", "--samples", "200", "--max-len", "256", "--workdir", str(tmp_path),
+                           "--json"], cwd=REPO_ROOT, env=trainer_env(), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert report["exit_code"] == 0
+    assert list(report["stages_s"]) == ["loading target", "building drafter", "first step"]
+    assert 0 < report["target_loaded_to_first_step_s"] < report["first_step_line_s"]
+    assert sorted(map(int, report["step_s"])) == [2, 3, 4, 5] and report["median_step_s"] > 0
