@@ -15,7 +15,7 @@ from .messages import (ActionFinished, CleanupRequested, KillRequested, LogReque
                        SourceFailed)
 from .runcells import TERMINAL_STATES, run_label
 from .screens.cleanup_confirm import CleanupConfirmScreen
-from .screens.kill_confirm import KillConfirmScreen
+from .screens.kill_confirm import KillConfirmScreen, kill_grace
 from .screens.log_screen import LogScreen
 from .screens.main_screen import MainScreen
 
@@ -31,7 +31,8 @@ class DashboardApp(App):
     TITLE = "dflashctl watch"
     ENABLE_COMMAND_PALETTE = False
 
-    def __init__(self, source: DashboardSource, *, refresh_s: float = 0.5, kill_grace_s: float = 30.0) -> None:
+    def __init__(self, source: DashboardSource, *, refresh_s: float = 0.5, kill_grace_s: float | None = None) -> None:
+        """`kill_grace_s`: the grace of every kill from here; None (the default) uses each run's own."""
         super().__init__()
         self.source = source
         self.refresh_s = refresh_s
@@ -84,12 +85,14 @@ class DashboardApp(App):
             self.notify(f"Run {run_label(run)} has already ended ({run.state})", markup=False)
             return
 
+        grace = kill_grace(run, self.kill_grace_s)  # one value: the prompt names what the kill will use
+
         def answered(confirmed: bool | None) -> None:
             if confirmed:
                 self.notify(f"Killing {run_label(run)} on {run.target}…", markup=False)
-                self._run_action("kill", run.run_id, lambda: self.source.kill(run.run_id, grace=self.kill_grace_s))
+                self._run_action("kill", run.run_id, lambda: self.source.kill(run.run_id, grace=grace))
 
-        self.push_screen(KillConfirmScreen(run, grace=self.kill_grace_s), answered)
+        self.push_screen(KillConfirmScreen(run, grace=grace), answered)
 
     @on(CleanupRequested)
     def _cleanup_requested(self, message: CleanupRequested) -> None:

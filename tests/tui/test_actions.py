@@ -48,9 +48,19 @@ async def test_kill_cancelled_calls_nothing(app, source, cancel_key):
         assert cell(app.query_one("RunsTable"), "r-0003", "state") == "running"
 
 
-async def test_kill_grace_is_the_apps(source):
+async def test_kill_waits_the_grace_the_run_recorded_and_the_prompt_says_so(app, source):
+    source.update_run("r-0003", grace_s=5.0)
+    async with app.run_test(size=(120, 40)) as pilot:
+        prompt = await open_kill_prompt(pilot, "r-0003")
+        assert str(prompt.query_one("#question", Label).content).endswith("TERM now, KILL after 5 s")
+        await pilot.press("y")
+        await wait_until(pilot, lambda: source.kill_calls == [("r-0003", 5.0)], what="kill called")
+
+
+async def test_kill_grace_given_to_the_app_overrides_the_runs(source):
     from tui.app import DashboardApp
 
+    source.update_run("r-0003", grace_s=5.0)
     app = DashboardApp(source, refresh_s=0.02, kill_grace_s=2.5)
     async with app.run_test(size=(120, 40)) as pilot:
         prompt = await open_kill_prompt(pilot, "r-0003")
