@@ -83,7 +83,7 @@ class MainScreen(Screen):
 
     def _show_runs(self) -> None:
         table = self.query_one(RunsTable)
-        table.show_runs(self.visible_runs())
+        table.show_runs(self.visible_runs(), among=self.snapshot.runs)
         filtered = f" · filter '{escape(self.filter_text)}'" if self.filter_text else ""
         table.border_title = f"runs ({table.row_count}/{len(self.snapshot.runs)}){filtered}"
         self._show_selected()

@@ -5,11 +5,12 @@ from collections.abc import Sequence
 
 from rich.text import Text
 from textual.coordinate import Coordinate
+from textual.reactive import reactive
 from textual.widgets import DataTable
 
 from orchestrator.watchmodel import RunView
 
-from ..runcells import COLUMNS, run_cells
+from ..runcells import MAX_NAME_CHARS, NARROW_NAME_CHARS, columns, newest_run, run_cells, run_names
 
 
 class RunsTable(DataTable):
@@ -17,14 +18,29 @@ class RunsTable(DataTable):
     RunsTable { height: auto; }
     """
 
+    # Fewer columns, so that what matters fits a small terminal without scrolling sideways.
+    narrow: reactive[bool] = reactive(False)
+
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id, cursor_type="row", zebra_stripes=True)
         self._row_keys: list[str] = []
         self._cells: dict[str, dict[str, Text]] = {}
+        self._runs: tuple[RunView, ...] = ()
+        self._among: tuple[RunView, ...] = ()
+        self._names: dict[str, str] = {}
+        self._chosen = False  # the first rows put the cursor on the newest live run; later ones keep it
 
     def on_mount(self) -> None:
-        for key, header in COLUMNS:
-            self.add_column(header, key=key)
+        self._add_columns()
+
+    def watch_narrow(self) -> None:
+        if not self.is_mounted:
+            return
+        selected = self.selected_run_id
+        self.clear(columns=True)
+        self._add_columns()
+        self._names = self._run_column()
+        self._rebuild(self._runs, selected)
 
     @property
     def selected_run_id(self) -> str | None:
@@ -32,31 +48,48 @@ class RunsTable(DataTable):
             return None
         return self.coordinate_to_cell_key(Coordinate(self.cursor_row, 0)).row_key.value
 
-    def show_runs(self, runs: Sequence[RunView]) -> None:
-        """Show exactly `runs`, in their order; the cursor stays on its run when that run is still shown."""
+    def show_runs(self, runs: Sequence[RunView], *, among: Sequence[RunView] = ()) -> None:
+        """Show exactly `runs`, in their order; names that repeat `among` all runs (default: `runs`) get the end
+        of their id. The cursor stays on its run when that run is still shown; the first runs shown put it on
+        the newest live one."""
+        self._runs, self._among = tuple(runs), tuple(among) or tuple(runs)
+        self._names = self._run_column()
         keys = [run.run_id for run in runs]
         if keys == self._row_keys:
             for run in runs:
                 self._update_row(run)
         else:
-            self._rebuild(runs)
+            self._rebuild(runs, self.selected_run_id)
+
+    def _add_columns(self) -> None:
+        for key, header in columns(narrow=self.narrow):
+            self.add_column(header, key=key)
+
+    def _run_column(self) -> dict[str, str]:
+        return run_names(self._among, limit=NARROW_NAME_CHARS if self.narrow else MAX_NAME_CHARS)
+
+    def _cells_of(self, run: RunView) -> dict[str, Text]:
+        return run_cells(run, name=self._names.get(run.run_id), narrow=self.narrow)
 
     def _update_row(self, run: RunView) -> None:
         old = self._cells[run.run_id]
-        new = run_cells(run)
-        for column, value in new.items():
-            if old.get(column) != value:
-                self.update_cell(run.run_id, column, value, update_width=True)
+        new = self._cells_of(run)
+        for column, _ in columns(narrow=self.narrow):
+            if old.get(column) != new[column]:
+                self.update_cell(run.run_id, column, new[column], update_width=True)
         self._cells[run.run_id] = new
 
-    def _rebuild(self, runs: Sequence[RunView]) -> None:
-        selected = self.selected_run_id
+    def _rebuild(self, runs: Sequence[RunView], selected: str | None) -> None:
         self.clear()
         self._row_keys = [run.run_id for run in runs]
         self._cells = {}
         for run in runs:
-            cells = run_cells(run)
+            cells = self._cells_of(run)
             self._cells[run.run_id] = cells
-            self.add_row(*(cells[key] for key, _ in COLUMNS), key=run.run_id)
+            self.add_row(*(cells[key] for key, _ in columns(narrow=self.narrow)), key=run.run_id)
+        if selected not in self._cells and not self._chosen:
+            newest = newest_run(runs)
+            selected = None if newest is None else newest.run_id
         if selected in self._cells:
             self.move_cursor(row=self.get_row_index(selected), animate=False)
+        self._chosen = self._chosen or bool(runs)
