@@ -109,6 +109,10 @@ class MainScreen(Screen):
     def _row_highlighted(self) -> None:
         self._show_selected()
 
+    @on(DataTable.RowSelected, "#runs")
+    def _row_selected(self) -> None:
+        self.action_log()
+
     @on(FilterBar.FilterChanged)
     def _filter_changed(self, message: FilterBar.FilterChanged) -> None:
         self.filter_text = message.text

@@ -4,6 +4,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from rich.text import Text
+from textual.binding import Binding
 from textual.coordinate import Coordinate
 from textual.reactive import reactive
 from textual.widgets import DataTable
@@ -17,6 +18,8 @@ class RunsTable(DataTable):
     DEFAULT_CSS = """
     RunsTable { height: auto; }
     """
+
+    BINDINGS = [Binding("enter", "select_cursor", "Open the run's full log")]  # MainScreen opens it
 
     # Fewer columns, so that what matters fits a small terminal without scrolling sideways.
     narrow: reactive[bool] = reactive(False)
