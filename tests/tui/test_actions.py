@@ -3,13 +3,17 @@ from __future__ import annotations
 
 import pytest
 from textual.content import Content
-from textual.widgets import Label, Static
+from textual.widgets import Button, Label, Static
+
+from orchestrator.watchmodel import ActionResult
 
 from tui.screens.cleanup_confirm import CleanupConfirmScreen
 from tui.screens.kill_confirm import KillConfirmScreen
 from tui.screens.main_screen import MainScreen
 
+from . import scenario
 from .conftest import cell, select_run, wait_for_rows, wait_until
+from .fake_source import FakeSource
 
 pytestmark = pytest.mark.asyncio
 
@@ -104,6 +108,30 @@ async def test_cleanup_cancelled_after_the_dry_run_changes_nothing(app, source):
         await wait_until(pilot, lambda: isinstance(app.screen, MainScreen), what="the prompt closed")
         await pilot.pause(0.2)
         assert source.cleanup_calls == [("pve1/200", True)]
+
+
+async def test_cleanup_with_nothing_planned_says_so_and_offers_no_confirm():
+    from tui.app import DashboardApp
+
+    nothing = ActionResult(ok=True, message="pve2/300: 0 action(s) planned", details={"actions": [], "findings": [
+        {"kind": "zombies_of_init", "count": 3, "pids": [17, 18, 19], "advice": "only a container restart clears them"}]})
+    app = DashboardApp(FakeSource(scenario.snapshot(), cleanup_plan=nothing), refresh_s=0.02)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_for_rows(pilot, 4)
+        await select_run(pilot, "r-0003")
+        await pilot.press("c")
+        await wait_until(pilot, lambda: isinstance(app.screen, CleanupConfirmScreen), what="the cleanup plan")
+        dialog = app.screen
+        assert str(dialog.query_one("#question", Label).content) == "Nothing to clean on pve2/300."
+        assert [button.id for button in dialog.query(Button)] == ["no"]
+        assert str(dialog.query_one("#no", Button).label) == "Close (n)"
+        plan = dialog.query_one("#details-text", Static).content.plain
+        assert "Nothing to clean" in plan and "Planned actions" not in plan
+        assert "zombies_of_init count 3" in plan  # what it cannot fix is still said
+        await pilot.press("y")  # nothing to confirm: y only closes
+        await wait_until(pilot, lambda: isinstance(app.screen, MainScreen), what="the dialog closed")
+        await pilot.pause(0.2)
+        assert app.source.cleanup_calls == [("pve2/300", True)]
 
 
 async def test_hostile_run_name_is_shown_literally(app, source):
