@@ -113,8 +113,10 @@ async def test_cleanup_cancelled_after_the_dry_run_changes_nothing(app, source):
 async def test_cleanup_with_nothing_planned_says_so_and_offers_no_confirm():
     from tui.app import DashboardApp
 
-    nothing = ActionResult(ok=True, message="pve2/300: 0 action(s) planned", details={"actions": [], "findings": [
-        {"kind": "zombies_of_init", "count": 3, "pids": [17, 18, 19], "advice": "only a container restart clears them"}]})
+    finding = {"kind": "zombies_of_init", "count": 3, "pids": [17, 18, 19],
+               "advice": "only a container restart clears them"}
+    nothing = ActionResult(ok=True, message="pve2/300: 0 action(s) planned",
+                           details={"actions": [], "findings": [finding]})
     app = DashboardApp(FakeSource(scenario.snapshot(), cleanup_plan=nothing), refresh_s=0.02)
     async with app.run_test(size=(80, 24)) as pilot:
         await wait_for_rows(pilot, 4)
