@@ -19,7 +19,7 @@ class RunsTable(DataTable):
     RunsTable { height: auto; }
     """
 
-    BINDINGS = [Binding("enter", "select_cursor", "Open the run's full log")]  # MainScreen opens it
+    BINDINGS = [Binding("enter", "select_cursor", "Open the run's full log", show=False)]  # MainScreen opens it
 
     # Fewer columns, so that what matters fits a small terminal without scrolling sideways.
     narrow: reactive[bool] = reactive(False)

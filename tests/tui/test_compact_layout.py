@@ -1,0 +1,70 @@
+"""80x24: the compact layout keeps what matters on screen; the full one comes back on a larger terminal."""
+from __future__ import annotations
+
+import pytest
+from textual.widgets import Footer
+
+from tui.widgets.runs_table import RunsTable
+
+from .conftest import cell, select_run, wait_for_rows, wait_until
+
+pytestmark = pytest.mark.asyncio
+
+NARROW_COLUMNS = ["target", "run", "state", "step", "loss", "tok_s", "eta", "exceptions"]
+
+
+def column_keys(table: RunsTable) -> list[str]:
+    return [column.key.value for column in table.columns.values()]
+
+
+def shown_charts(app) -> list[str]:
+    return [plot.id for plot in app.query("#charts > PlotextPlot") if plot.display]
+
+
+async def test_80x24_table_keeps_its_columns_without_scrolling_sideways(app):
+    async with app.run_test(size=(80, 24)) as pilot:
+        table = await wait_for_rows(pilot, 4)
+        await pilot.pause(0.1)
+        assert column_keys(table) == NARROW_COLUMNS
+        assert table.max_scroll_x == 0, (table.virtual_size, table.size)
+        assert table.region.right <= 80
+        assert cell(table, "r-0003", "tok_s") == "11.7K" and cell(table, "r-0003", "eta") == "11.9d"
+        assert cell(table, "r-0004", "exceptions") == "1"
+
+
+async def test_80x24_shows_one_chart_that_m_switches_and_a_gpu_line(app):
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_for_rows(pilot, 4)
+        await select_run(pilot, "r-0001")
+        assert shown_charts(app) == ["chart-loss"]
+        charts = app.query_one("#charts")
+        assert charts.region.height >= 8 and charts.region.bottom <= 23
+        assert str(charts.border_title).startswith("loss · qwen3-8b-drafter")
+        await pilot.press("m")
+        await wait_until(pilot, lambda: shown_charts(app) == ["chart-toks"], what="the tok/s chart")
+        assert str(charts.border_title).startswith("tok/s · qwen3-8b-drafter")
+        await pilot.press("m")
+        await wait_until(pilot, lambda: shown_charts(app) == ["chart-loss"], what="the loss chart again")
+        line = app.query_one("#gpu-line")
+        assert line.display and line.region.height == 1
+        assert line.render().plain == "GPUs pve1/200 · 0: 97% 68/96G  1: 96% 69/96G"
+
+
+async def test_the_layout_follows_the_terminal_size(app):
+    async with app.run_test(size=(80, 24)) as pilot:
+        table = await wait_for_rows(pilot, 4)
+        await select_run(pilot, "r-0003")
+        await pilot.resize_terminal(120, 40)
+        await wait_until(pilot, lambda: "phase" in column_keys(table), what="every column")
+        assert len(column_keys(table)) == 12
+        assert shown_charts(app) == ["chart-loss", "chart-acc", "chart-toks"]
+        assert app.query_one("#gpus").display and not app.query_one("#gpu-line").display
+        assert table.selected_run_id == "r-0003"  # the rebuilt table keeps its run
+        footer_keys = [key.key for key in app.query_one(Footer).query("FooterKey")]
+        assert "k" in footer_keys and "m" not in footer_keys  # only one chart at a time needs switching
+        await pilot.resize_terminal(80, 24)
+        await wait_until(pilot, lambda: column_keys(table) == NARROW_COLUMNS, what="the narrow columns")
+        await pilot.pause()
+        assert "m" in [key.key for key in app.query_one(Footer).query("FooterKey")]
+        assert table.selected_run_id == "r-0003"
+        assert shown_charts(app) == ["chart-loss"]
