@@ -40,9 +40,11 @@ async def test_80x24_shows_one_chart_that_m_switches_and_a_gpu_line(app):
         charts = app.query_one("#charts")
         assert charts.region.height >= 8 and charts.region.bottom <= 23
         assert str(charts.border_title).startswith("loss · qwen3-8b-drafter")
+        assert charts.border_subtitle == "m: tok/s"
         await pilot.press("m")
         await wait_until(pilot, lambda: shown_charts(app) == ["chart-toks"], what="the tok/s chart")
         assert str(charts.border_title).startswith("tok/s · qwen3-8b-drafter")
+        assert charts.border_subtitle == "m: loss"
         await pilot.press("m")
         await wait_until(pilot, lambda: shown_charts(app) == ["chart-loss"], what="the loss chart again")
         line = app.query_one("#gpu-line")

@@ -145,11 +145,8 @@ class MainScreen(Screen):
             f"n{n.node_rank} {escape(n.target)} {n.state}" for n in run.nodes)  # a job: rank 0's log, every node
         self.query_one("#log-tail").border_title = f"log tail{label}{nodes}{exceptions}"
         charts = self.query_one(MetricCharts)
-        if self.compact:
-            following = charts.chosen_name_after()
-            charts.border_title = f"{charts.chosen_name}{label} [dim](m: {following})[/]"
-        else:
-            charts.border_title = f"metrics{label}"
+        charts.border_title = f"{charts.chosen_name if self.compact else 'metrics'}{label}"
+        charts.border_subtitle = f"m: {charts.chosen_name_after()}" if self.compact else ""
         where = ", ".join(sorted(targets))
         self.query_one("#gpus").border_title = "GPUs" if run is None else f"GPUs · {escape(where)}"
 
