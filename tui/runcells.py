@@ -46,6 +46,15 @@ def columns(*, narrow: bool = False) -> tuple[tuple[str, str], ...]:
     return tuple(column for column in COLUMNS if column[0] in NARROW_COLUMNS) if narrow else COLUMNS
 
 
+def table_width(runs: Sequence[RunView], names: dict[str, str], *, padding: int = 1) -> int:
+    """Cells the full table's rows take, every column as wide as its widest cell plus `padding` each side."""
+    widths = {key: len(header) for key, header in COLUMNS}
+    for run in runs:
+        for key, text in run_cells(run, name=names.get(run.run_id)).items():
+            widths[key] = max(widths[key], text.cell_len)
+    return sum(width + 2 * padding for width in widths.values())
+
+
 def run_names(runs: Sequence[RunView], *, limit: int = MAX_NAME_CHARS) -> dict[str, str]:
     """The run column of every run, by run id: its name, and where several runs share a name, the end of each
     one's id after it (`ticker·3f2a`), as long as needed to tell them apart."""

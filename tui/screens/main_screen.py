@@ -1,8 +1,9 @@
 """The main screen: hosts, the runs table, and the selected run's charts, queues, GPUs, log tail and alerts.
 
 Below FULL_WIDTH columns or FULL_HEIGHT rows it is compact (the `-compact` class; `-narrow` and `-short` say
-which way): one chart at a time, a line for the GPUs instead of their panel, and on a narrow terminal a runs
-table of the columns that matter most, so that 80x24 shows them all without scrolling sideways.
+which way): one chart at a time and a line for the GPUs instead of their panel. The runs table drops to the
+columns that matter most whenever all of them would not fit (RunsTable.narrow), so that 80x24 shows them all
+without scrolling sideways.
 """
 from __future__ import annotations
 
@@ -88,8 +89,6 @@ class MainScreen(Screen):
         self.set_class(narrow, "-narrow")
         self.set_class(short, "-short")
         self.compact = narrow or short
-        if self._composed:
-            self.query_one(RunsTable).narrow = narrow
 
     def watch_compact(self, compact: bool) -> None:
         self.set_class(compact, "-compact")

@@ -11,7 +11,9 @@ from textual.widgets import DataTable
 
 from orchestrator.watchmodel import RunView
 
-from ..runcells import MAX_NAME_CHARS, NARROW_NAME_CHARS, columns, newest_run, run_cells, run_names
+from ..runcells import MAX_NAME_CHARS, NARROW_NAME_CHARS, columns, newest_run, run_cells, run_names, table_width
+
+SCROLLBAR_CELLS = 2  # kept free for the vertical scrollbar a long table gets
 
 
 class RunsTable(DataTable):
@@ -21,7 +23,7 @@ class RunsTable(DataTable):
 
     BINDINGS = [Binding("enter", "select_cursor", "Open the run's full log", show=False)]  # MainScreen opens it
 
-    # Fewer columns, so that what matters fits a small terminal without scrolling sideways.
+    # Fewer columns when all of them would not fit, so that what matters never needs scrolling sideways.
     narrow: reactive[bool] = reactive(False)
 
     def __init__(self, *, id: str | None = None) -> None:
@@ -57,12 +59,29 @@ class RunsTable(DataTable):
         the newest live one."""
         self._runs, self._among = tuple(runs), tuple(among) or tuple(runs)
         self._names = self._run_column()
+        if self._fit_columns():
+            return  # the columns changed: every row was rebuilt
         keys = [run.run_id for run in runs]
         if keys == self._row_keys:
             for run in runs:
                 self._update_row(run)
         else:
             self._rebuild(runs, self.selected_run_id)
+
+    def on_resize(self) -> None:
+        self._fit_columns()
+
+    def _fit_columns(self) -> bool:
+        """Narrow when the full columns would not fit the width; True when that changed (and rebuilt)."""
+        width = self.size.width
+        if width <= 0:
+            return False
+        full_names = run_names(self._among, limit=MAX_NAME_CHARS)
+        narrow = table_width(self._runs, full_names, padding=self.cell_padding) > width - SCROLLBAR_CELLS
+        if narrow == self.narrow:
+            return False
+        self.narrow = narrow
+        return True
 
     def _add_columns(self) -> None:
         for key, header in columns(narrow=self.narrow):
