@@ -41,7 +41,7 @@ class MainScreen(Screen):
         Binding("l", "log", "Log"),
         Binding("c", "cleanup", "Cleanup"),
         Binding("slash", "filter", "Filter", key_display="/"),
-        Binding("m", "switch_chart", "Chart"),
+        Binding("m", "switch_chart", "Switch chart"),
         Binding("q", "app.quit", "Quit"),
     ]
 
