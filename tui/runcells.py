@@ -46,13 +46,13 @@ def columns(*, narrow: bool = False) -> tuple[tuple[str, str], ...]:
     return tuple(column for column in COLUMNS if column[0] in NARROW_COLUMNS) if narrow else COLUMNS
 
 
-def table_width(runs: Sequence[RunView], names: dict[str, str], *, padding: int = 1) -> int:
-    """Cells the full table's rows take, every column as wide as its widest cell plus `padding` each side."""
+def widest_cells(runs: Sequence[RunView]) -> dict[str, int]:
+    """Cells the widest value (or header) of each full-table column takes, by column key."""
     widths = {key: len(header) for key, header in COLUMNS}
     for run in runs:
-        for key, text in run_cells(run, name=names.get(run.run_id)).items():
+        for key, text in run_cells(run).items():
             widths[key] = max(widths[key], text.cell_len)
-    return sum(width + 2 * padding for width in widths.values())
+    return widths
 
 
 def run_names(runs: Sequence[RunView], *, limit: int = MAX_NAME_CHARS) -> dict[str, str]:

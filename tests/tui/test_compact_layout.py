@@ -73,3 +73,14 @@ async def test_the_layout_follows_the_terminal_size(app):
         assert "m" in [key.key for key in app.query_one(Footer).query("FooterKey")]
         assert table.selected_run_id == "r-0003"
         assert shown_charts(app) == ["chart-loss"]
+
+
+async def test_a_long_run_name_is_cut_before_any_column_is_dropped(app, source):
+    source.update_run("r-0001", name="a-drafter-run-whose-name-goes-on-and-on")
+    async with app.run_test(size=(120, 40)) as pilot:
+        table = await wait_for_rows(pilot, 4)
+        await wait_until(pilot, lambda: cell(table, "r-0001", "run").startswith("a-drafter"), what="the name")
+        assert len(column_keys(table)) == 12
+        assert table.max_scroll_x == 0, (table.virtual_size, table.size)
+        shown = cell(table, "r-0001", "run")
+        assert shown.endswith("…") and 17 <= len(shown) < 24, shown

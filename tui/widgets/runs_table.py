@@ -11,19 +11,17 @@ from textual.widgets import DataTable
 
 from orchestrator.watchmodel import RunView
 
-from ..runcells import MAX_NAME_CHARS, NARROW_NAME_CHARS, columns, newest_run, run_cells, run_names, table_width
-
-SCROLLBAR_CELLS = 2  # kept free for the vertical scrollbar a long table gets
+from ..runcells import MAX_NAME_CHARS, NARROW_NAME_CHARS, columns, newest_run, run_cells, run_names, widest_cells
 
 
 class RunsTable(DataTable):
     DEFAULT_CSS = """
     RunsTable { height: auto; }
     """
-
     BINDINGS = [Binding("enter", "select_cursor", "Open the run's full log", show=False)]  # MainScreen opens it
 
-    # Fewer columns when all of them would not fit, so that what matters never needs scrolling sideways.
+    # Every column while they fit (run names cut down to NARROW_NAME_CHARS first), else the columns that matter
+    # most: what they show must never need scrolling sideways.
     narrow: reactive[bool] = reactive(False)
 
     def __init__(self, *, id: str | None = None) -> None:
@@ -32,20 +30,19 @@ class RunsTable(DataTable):
         self._cells: dict[str, dict[str, Text]] = {}
         self._runs: tuple[RunView, ...] = ()
         self._among: tuple[RunView, ...] = ()
+        self._name_chars = MAX_NAME_CHARS
         self._names: dict[str, str] = {}
         self._chosen = False  # the first rows put the cursor on the newest live run; later ones keep it
 
     def on_mount(self) -> None:
         self._add_columns()
 
+    def on_resize(self) -> None:
+        self._fit_columns()
+
     def watch_narrow(self) -> None:
-        if not self.is_mounted:
-            return
-        selected = self.selected_run_id
-        self.clear(columns=True)
-        self._add_columns()
-        self._names = self._run_column()
-        self._rebuild(self._runs, selected)
+        if self.is_mounted:
+            self._rebuild(self._runs, self.selected_run_id)
 
     @property
     def selected_run_id(self) -> str | None:
@@ -58,37 +55,39 @@ class RunsTable(DataTable):
         of their id. The cursor stays on its run when that run is still shown; the first runs shown put it on
         the newest live one."""
         self._runs, self._among = tuple(runs), tuple(among) or tuple(runs)
-        self._names = self._run_column()
+        self._names = run_names(self._among, limit=self._name_chars)
         if self._fit_columns():
-            return  # the columns changed: every row was rebuilt
-        keys = [run.run_id for run in runs]
-        if keys == self._row_keys:
+            return  # every row was rebuilt for the new widths
+        if [run.run_id for run in runs] == self._row_keys:
             for run in runs:
                 self._update_row(run)
         else:
             self._rebuild(runs, self.selected_run_id)
 
-    def on_resize(self) -> None:
-        self._fit_columns()
-
     def _fit_columns(self) -> bool:
-        """Narrow when the full columns would not fit the width; True when that changed (and rebuilt)."""
-        width = self.size.width
+        """Choose the columns and the run names' width for the table's width; True when that changed (and every
+        row was rebuilt)."""
+        width = self.scrollable_content_region.width
         if width <= 0:
             return False
-        full_names = run_names(self._among, limit=MAX_NAME_CHARS)
-        narrow = table_width(self._runs, full_names, padding=self.cell_padding) > width - SCROLLBAR_CELLS
-        if narrow == self.narrow:
+        cell = 2 * self.cell_padding
+        others = sum(chars + cell for key, chars in widest_cells(self._runs).items() if key != "run")
+        room = width - others - cell
+        narrow = room < NARROW_NAME_CHARS
+        name_chars = NARROW_NAME_CHARS if narrow else min(room, MAX_NAME_CHARS)
+        if (narrow, name_chars) == (self.narrow, self._name_chars):
             return False
-        self.narrow = narrow
+        self._name_chars = name_chars
+        self._names = run_names(self._among, limit=name_chars)
+        if narrow != self.narrow:
+            self.narrow = narrow  # its watcher rebuilds columns and rows
+        else:
+            self._rebuild(self._runs, self.selected_run_id)
         return True
 
     def _add_columns(self) -> None:
         for key, header in columns(narrow=self.narrow):
             self.add_column(header, key=key)
-
-    def _run_column(self) -> dict[str, str]:
-        return run_names(self._among, limit=NARROW_NAME_CHARS if self.narrow else MAX_NAME_CHARS)
 
     def _cells_of(self, run: RunView) -> dict[str, Text]:
         return run_cells(run, name=self._names.get(run.run_id), narrow=self.narrow)
@@ -102,7 +101,9 @@ class RunsTable(DataTable):
         self._cells[run.run_id] = new
 
     def _rebuild(self, runs: Sequence[RunView], selected: str | None) -> None:
-        self.clear()
+        # The columns too: a column only ever widens, so one that held a longer name would stay too wide.
+        self.clear(columns=True)
+        self._add_columns()
         self._row_keys = [run.run_id for run in runs]
         self._cells = {}
         for run in runs:
