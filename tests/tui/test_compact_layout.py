@@ -26,10 +26,11 @@ def shown_charts(app) -> list[str]:
 async def test_the_table_keeps_its_key_columns_without_scrolling_sideways(app, width, height, narrow):
     async with app.run_test(size=(width, height)) as pilot:
         table = await wait_for_rows(pilot, 4)
-        await pilot.pause(0.1)
-        assert (column_keys(table) == NARROW_COLUMNS) == narrow  # all 12 columns need about 116 cells here
+        # all 12 columns need about 116 cells here
+        await wait_until(pilot, lambda: (column_keys(table) == NARROW_COLUMNS) == narrow, what="the columns")
         assert set(NARROW_COLUMNS) <= set(column_keys(table))
-        assert table.max_scroll_x == 0, (table.virtual_size, table.size)
+        await wait_until(pilot, lambda: table.max_scroll_x == 0 and table.virtual_size.width > 0,
+                         what=f"no sideways scrolling ({table.virtual_size}, {table.size})")
         assert table.region.right <= width
         assert cell(table, "r-0003", "tok_s") == "11.7K" and cell(table, "r-0003", "eta") == "11.9d"
         assert cell(table, "r-0004", "exceptions") == "1"
@@ -56,23 +57,24 @@ async def test_80x24_shows_one_chart_that_m_switches_and_a_gpu_line(app):
 
 
 async def test_the_layout_follows_the_terminal_size(app):
+    full_charts = ["chart-loss", "chart-acc", "chart-toks"]
+    footer_keys = lambda: [key.key for key in app.query_one(Footer).query("FooterKey")]  # noqa: E731
     async with app.run_test(size=(80, 24)) as pilot:
         table = await wait_for_rows(pilot, 4)
         await select_run(pilot, "r-0003")
         await pilot.resize_terminal(120, 40)
-        await wait_until(pilot, lambda: "phase" in column_keys(table), what="every column")
-        assert len(column_keys(table)) == 12
-        assert shown_charts(app) == ["chart-loss", "chart-acc", "chart-toks"]
-        assert app.query_one("#gpus").display and not app.query_one("#gpu-line").display
+        await wait_until(pilot, lambda: len(column_keys(table)) == 12, what="every column")
+        await wait_until(pilot, lambda: shown_charts(app) == full_charts, what="the three charts")
+        await wait_until(pilot, lambda: app.query_one("#gpus").display and not app.query_one("#gpu-line").display,
+                         what="the GPU panel instead of the line")
+        # only one chart at a time needs switching
+        await wait_until(pilot, lambda: "k" in footer_keys() and "m" not in footer_keys(), what="no m key")
         assert table.selected_run_id == "r-0003"  # the rebuilt table keeps its run
-        footer_keys = [key.key for key in app.query_one(Footer).query("FooterKey")]
-        assert "k" in footer_keys and "m" not in footer_keys  # only one chart at a time needs switching
         await pilot.resize_terminal(80, 24)
         await wait_until(pilot, lambda: column_keys(table) == NARROW_COLUMNS, what="the narrow columns")
-        await pilot.pause()
-        assert "m" in [key.key for key in app.query_one(Footer).query("FooterKey")]
+        await wait_until(pilot, lambda: shown_charts(app) == ["chart-loss"], what="one chart")
+        await wait_until(pilot, lambda: "m" in footer_keys(), what="the m key")
         assert table.selected_run_id == "r-0003"
-        assert shown_charts(app) == ["chart-loss"]
 
 
 async def test_a_long_run_name_is_cut_before_any_column_is_dropped(app, source):
@@ -81,6 +83,7 @@ async def test_a_long_run_name_is_cut_before_any_column_is_dropped(app, source):
         table = await wait_for_rows(pilot, 4)
         await wait_until(pilot, lambda: cell(table, "r-0001", "run").startswith("a-drafter"), what="the name")
         assert len(column_keys(table)) == 12
-        assert table.max_scroll_x == 0, (table.virtual_size, table.size)
+        await wait_until(pilot, lambda: table.max_scroll_x == 0 and table.virtual_size.width > 0,
+                         what="no sideways scrolling")
         shown = cell(table, "r-0001", "run")
         assert shown.endswith("…") and 17 <= len(shown) < 24, shown
