@@ -144,10 +144,10 @@ class RunTracker:
             run_id=self.run_id, target=self.target, name=r.get("name") or "", state=r.get("state") or "starting",
             phase=self.phase, pid=r.get("pid"), exit_code=r.get("exit_code"), signal=r.get("signal"),
             created_at=r.get("created_at"), ended_at=r.get("ended_at"), log_path=r.get("log_path"),
-            gpus=tuple(r.get("gpus") or ()), last_step=self.last_step, loss=v["loss"], acc=v["acc"],
-            streak=v["streak"], lr=v["lr"], tok_per_s=v["tok_per_s"], eta_s=v["eta_s"], q_pre=self.q_pre,
-            q_hs=self.q_hs, exceptions=self.exception_count, history=tuple(self.history),
-            log_tail=tuple(self.tail), exception_texts=tuple(self.exception_texts))
+            gpus=tuple(r.get("gpus") or ()), grace_s=_seconds(r.get("grace_s")), last_step=self.last_step,
+            loss=v["loss"], acc=v["acc"], streak=v["streak"], lr=v["lr"], tok_per_s=v["tok_per_s"],
+            eta_s=v["eta_s"], q_pre=self.q_pre, q_hs=self.q_hs, exceptions=self.exception_count,
+            history=tuple(self.history), log_tail=tuple(self.tail), exception_texts=tuple(self.exception_texts))
 
 
 class GpuTracker:
@@ -180,6 +180,13 @@ class GpuTracker:
                         tuple(self.util.get(index, ())), tuple(self.memory.get(index, ())))
                 for index, gpu in sorted(self.latest.items()))
         return self._views
+
+
+def _seconds(value: object) -> float | None:
+    """A recorded duration, or None when the record has none (or not a usable one)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        return None
+    return float(value)
 
 
 def alert_view(alert: Alert, target: str) -> AlertView:

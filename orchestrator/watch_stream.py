@@ -104,7 +104,8 @@ class ContainerStream:
                 return
             failures = 1 if time.monotonic() - started > STEADY_S else failures + 1
             delay = min(BACKOFF_CAP_S, BACKOFF_FIRST_S * 2 ** (failures - 1))
-            self.sink.disconnected(self.target, error, time.time() + delay)
+            reason = reason_only(error, self.target.name, self.target.host.name)
+            self.sink.disconnected(self.target, reason, time.time() + delay)
             self._stop.wait(delay)
             self.conns.reset(self.target.host.name)
 
@@ -164,6 +165,15 @@ class ContainerStream:
     @staticmethod
     def _send(proc: RemoteProcess, command: dict) -> None:
         proc.write((json.dumps(command) + "\n").encode())
+
+
+def reason_only(error: str, *names: str) -> str:
+    """The error without the `NAME: ` a transport error starts with: whoever shows it names the target already
+    (`dead: cannot connect ...`, not `dead: dead: cannot connect ...`)."""
+    for name in names:
+        if error.startswith(f"{name}: "):
+            error = error[len(name) + 2:]
+    return error
 
 
 def _exit_note(proc: RemoteProcess) -> str:

@@ -45,6 +45,7 @@ class RunView:
     ended_at: str | None = None
     log_path: str | None = None
     gpus: tuple[int, ...] = ()
+    grace_s: float | None = None     # the seconds a kill waits after TERM, as recorded at launch
     last_step: int | None = None
     loss: float | None = None
     acc: float | None = None

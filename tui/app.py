@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from textual import on, work
 from textual.app import App
+from textual.binding import Binding
 from textual.worker import get_current_worker
 
 from orchestrator.watchmodel import ActionResult, DashboardSource
@@ -15,9 +16,14 @@ from .messages import (ActionFinished, CleanupRequested, KillRequested, LogReque
                        SourceFailed)
 from .runcells import TERMINAL_STATES, run_label
 from .screens.cleanup_confirm import CleanupConfirmScreen
-from .screens.kill_confirm import KillConfirmScreen
+from .screens.confirm import ConfirmScreen
+from .screens.help_screen import HelpScreen, HelpSection
+from .screens.kill_confirm import KillConfirmScreen, kill_grace
 from .screens.log_screen import LogScreen
 from .screens.main_screen import MainScreen
+from .widgets.filter_bar import FilterBar
+from .widgets.log_view import LogView
+from .widgets.runs_table import RunsTable
 
 # How long one wait_for_change may block: bounds how late the worker notices that the app is closing.
 MAX_WAIT_S = 0.5
@@ -30,13 +36,19 @@ class DashboardApp(App):
     CSS_PATH = "dashboard.tcss"
     TITLE = "dflashctl watch"
     ENABLE_COMMAND_PALETTE = False
+    BINDINGS = [Binding("question_mark", "help", "Help", key_display="?")]
 
-    def __init__(self, source: DashboardSource, *, refresh_s: float = 0.5, kill_grace_s: float = 30.0) -> None:
+    def __init__(self, source: DashboardSource, *, refresh_s: float = 0.5, kill_grace_s: float | None = None) -> None:
+        """`kill_grace_s`: the grace of every kill from here; None (the default) uses each run's own."""
         super().__init__()
         self.source = source
         self.refresh_s = refresh_s
         self.kill_grace_s = kill_grace_s
         self.main_screen = MainScreen()
+
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen(help_sections()))
 
     def get_default_screen(self) -> MainScreen:
         return self.main_screen
@@ -84,12 +96,14 @@ class DashboardApp(App):
             self.notify(f"Run {run_label(run)} has already ended ({run.state})", markup=False)
             return
 
+        grace = kill_grace(run, self.kill_grace_s)  # one value: the prompt names what the kill will use
+
         def answered(confirmed: bool | None) -> None:
             if confirmed:
                 self.notify(f"Killing {run_label(run)} on {run.target}…", markup=False)
-                self._run_action("kill", run.run_id, lambda: self.source.kill(run.run_id, grace=self.kill_grace_s))
+                self._run_action("kill", run.run_id, lambda: self.source.kill(run.run_id, grace=grace))
 
-        self.push_screen(KillConfirmScreen(run, grace=self.kill_grace_s), answered)
+        self.push_screen(KillConfirmScreen(run, grace=grace), answered)
 
     @on(CleanupRequested)
     def _cleanup_requested(self, message: CleanupRequested) -> None:
@@ -127,3 +141,15 @@ class DashboardApp(App):
         except Exception as error:  # reported like a failed result: the dashboard must stay up
             result = ActionResult(ok=False, message=f"{type(error).__name__}: {error}")
         self.post_message(ActionFinished(action, subject, result))
+
+
+def help_sections() -> list[HelpSection]:
+    """What the help screen lists: the bindings of every screen and widget a person types into."""
+    return [
+        ("Dashboard", (DashboardApp, MainScreen), True),
+        ("Runs table", (RunsTable,), True),
+        ("Filter bar (/)", (FilterBar,), False),  # not the Input's many editing keys
+        ("Full log (l)", (LogScreen, LogView), True),
+        ("Kill and cleanup prompts", (ConfirmScreen,), True),
+        ("This help", (HelpScreen,), False),
+    ]

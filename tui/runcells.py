@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from rich.text import Text
 
@@ -31,16 +32,61 @@ COLUMNS = (
     ("eta", "ETA"),
     ("exceptions", "exc"),
 )
+# What a narrow terminal keeps: what a person scans for (is it alive, is it learning, how fast, any errors).
+NARROW_COLUMNS = ("target", "run", "state", "step", "loss", "tok_s", "eta", "exceptions")
 MISSING = "-"
 MAX_NAME_CHARS = 24
+NARROW_NAME_CHARS = 17
+NARROW_TARGET_CHARS = 10
+ID_SUFFIX_CHARS = 4  # a run id ends in 4 random hex digits: `ticker-261201-120000-3f2a`
 ENDED = frozenset({"succeeded", "failed", "killed", "lost"})
 
 
-def run_cells(run: RunView) -> dict[str, Text]:
-    """The table cells of one run, by column key."""
+def columns(*, narrow: bool = False) -> tuple[tuple[str, str], ...]:
+    return tuple(column for column in COLUMNS if column[0] in NARROW_COLUMNS) if narrow else COLUMNS
+
+
+def widest_cells(runs: Sequence[RunView]) -> dict[str, int]:
+    """Cells the widest value (or header) of each full-table column takes, by column key."""
+    widths = {key: len(header) for key, header in COLUMNS}
+    for run in runs:
+        for key, text in run_cells(run).items():
+            widths[key] = max(widths[key], text.cell_len)
+    return widths
+
+
+def run_names(runs: Sequence[RunView], *, limit: int = MAX_NAME_CHARS) -> dict[str, str]:
+    """The run column of every run, by run id: its name, and where several runs share a name, the end of each
+    one's id after it (`ticker·3f2a`), as long as needed to tell them apart."""
+    by_name: dict[str, list[str]] = {}
+    for run in runs:
+        by_name.setdefault(run.name or run.run_id, []).append(run.run_id)
+    shown: dict[str, str] = {}
+    for name, run_ids in by_name.items():
+        if len(set(run_ids)) == 1:
+            shown[run_ids[0]] = _shorten(name, limit)
+            continue
+        width = ID_SUFFIX_CHARS
+        while len({run_id[-width:] for run_id in run_ids}) < len(set(run_ids)) and width < max(map(len, run_ids)):
+            width += 1
+        for run_id in run_ids:
+            suffix = run_id[-width:]
+            shown[run_id] = f"{_shorten(name, max(limit - len(suffix) - 1, 1))}·{suffix}"
+    return shown
+
+
+def newest_run(runs: Sequence[RunView]) -> RunView | None:
+    """The run to look at first: the newest still going, else the newest of all (ids sort by launch time)."""
+    live = [run for run in runs if run.state not in ENDED]
+    return max(live or runs, key=lambda run: (run.created_at or "", run.run_id), default=None)
+
+
+def run_cells(run: RunView, *, name: str | None = None, narrow: bool = False) -> dict[str, Text]:
+    """The table cells of one run, by column key; `name` is its run column when names repeat (run_names)."""
+    limit = NARROW_NAME_CHARS if narrow else MAX_NAME_CHARS
     return {
-        "target": Text(run.target),
-        "run": Text(_shorten(run.name or run.run_id, MAX_NAME_CHARS)),
+        "target": Text(_shorten(run.target, NARROW_TARGET_CHARS) if narrow else run.target),
+        "run": Text(name if name is not None else _shorten(run.name or run.run_id, limit)),
         "state": Text(run.state, style=STATE_STYLES.get(run.state, "")),
         "phase": Text(run.phase or MISSING),
         "step": _number(MISSING if run.last_step is None else str(run.last_step)),

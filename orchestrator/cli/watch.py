@@ -25,7 +25,7 @@ def watch(
                                   help="With --once: the longest wait for every target to answer."),
 ) -> int:
     """The live dashboard of every run, GPU and alert of the targets (keys: k kill, l log, c cleanup, / filter,
-    q quit).
+    m switch chart, ? help, q quit).
 
     One SSH connection per host and one small agent per container stream new log lines, run states and
     nvidia-smi samples; a lost host is retried with backoff while the others keep updating. With --once, waits

@@ -67,3 +67,12 @@ def test_compiling_is_a_phase_until_the_first_step_and_held_idle_gpus_are_not_an
     log = STEP.format(i=1).encode()
     run.feed(run.offset, 1, log, now=600.0)
     assert run.view().phase == "training" and run.view().last_step == 1
+
+
+def test_the_view_carries_the_grace_the_run_recorded() -> None:
+    assert RunTracker("local", {"run_id": "r", "state": "running", "grace_s": 5.0}, history=1, tail=1).view().grace_s \
+        == 5.0
+    assert tracker().view().grace_s is None
+    for bad in ("5", -1, True, float("nan")):
+        record = {"run_id": "r", "state": "running", "grace_s": bad}
+        assert RunTracker("local", record, history=1, tail=1).view().grace_s is None

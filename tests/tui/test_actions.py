@@ -3,13 +3,17 @@ from __future__ import annotations
 
 import pytest
 from textual.content import Content
-from textual.widgets import Label, Static
+from textual.widgets import Button, Label, Static
+
+from orchestrator.watchmodel import ActionResult
 
 from tui.screens.cleanup_confirm import CleanupConfirmScreen
 from tui.screens.kill_confirm import KillConfirmScreen
 from tui.screens.main_screen import MainScreen
 
+from . import scenario
 from .conftest import cell, select_run, wait_for_rows, wait_until
+from .fake_source import FakeSource
 
 pytestmark = pytest.mark.asyncio
 
@@ -48,9 +52,19 @@ async def test_kill_cancelled_calls_nothing(app, source, cancel_key):
         assert cell(app.query_one("RunsTable"), "r-0003", "state") == "running"
 
 
-async def test_kill_grace_is_the_apps(source):
+async def test_kill_waits_the_grace_the_run_recorded_and_the_prompt_says_so(app, source):
+    source.update_run("r-0003", grace_s=5.0)
+    async with app.run_test(size=(120, 40)) as pilot:
+        prompt = await open_kill_prompt(pilot, "r-0003")
+        assert str(prompt.query_one("#question", Label).content).endswith("TERM now, KILL after 5 s")
+        await pilot.press("y")
+        await wait_until(pilot, lambda: source.kill_calls == [("r-0003", 5.0)], what="kill called")
+
+
+async def test_kill_grace_given_to_the_app_overrides_the_runs(source):
     from tui.app import DashboardApp
 
+    source.update_run("r-0003", grace_s=5.0)
     app = DashboardApp(source, refresh_s=0.02, kill_grace_s=2.5)
     async with app.run_test(size=(120, 40)) as pilot:
         prompt = await open_kill_prompt(pilot, "r-0003")
@@ -96,6 +110,32 @@ async def test_cleanup_cancelled_after_the_dry_run_changes_nothing(app, source):
         assert source.cleanup_calls == [("pve1/200", True)]
 
 
+async def test_cleanup_with_nothing_planned_says_so_and_offers_no_confirm():
+    from tui.app import DashboardApp
+
+    finding = {"kind": "zombies_of_init", "count": 3, "pids": [17, 18, 19],
+               "advice": "only a container restart clears them"}
+    nothing = ActionResult(ok=True, message="pve2/300: 0 action(s) planned",
+                           details={"actions": [], "findings": [finding]})
+    app = DashboardApp(FakeSource(scenario.snapshot(), cleanup_plan=nothing), refresh_s=0.02)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_for_rows(pilot, 4)
+        await select_run(pilot, "r-0003")
+        await pilot.press("c")
+        await wait_until(pilot, lambda: isinstance(app.screen, CleanupConfirmScreen), what="the cleanup plan")
+        dialog = app.screen
+        assert str(dialog.query_one("#question", Label).content) == "Nothing to clean on pve2/300."
+        assert [button.id for button in dialog.query(Button)] == ["no"]
+        assert str(dialog.query_one("#no", Button).label) == "Close (n)"
+        plan = dialog.query_one("#details-text", Static).content.plain
+        assert "Nothing to clean" in plan and "Planned actions" not in plan
+        assert "zombies_of_init count 3" in plan  # what it cannot fix is still said
+        await pilot.press("y")  # nothing to confirm: y only closes
+        await wait_until(pilot, lambda: isinstance(app.screen, MainScreen), what="the dialog closed")
+        await pilot.pause(0.2)
+        assert app.source.cleanup_calls == [("pve2/300", True)]
+
+
 async def test_hostile_run_name_is_shown_literally(app, source):
     hostile = "[bold]x[/bold] $(touch /tmp/pwned) '; rm -rf /tmp/x; '"
     source.update_run("r-0001", name=hostile)
@@ -104,7 +144,8 @@ async def test_hostile_run_name_is_shown_literally(app, source):
         assert str(prompt.query_one("#question", Label).content).startswith(f"Kill run {hostile[:24]}")
         await pilot.press("n")
         await wait_until(pilot, lambda: isinstance(app.screen, MainScreen), what="the prompt closed")
-        assert cell(app.query_one("RunsTable"), "r-0001", "run") == hostile[:23] + "…"
+        shown = cell(app.query_one("RunsTable"), "r-0001", "run")  # cut to what fits beside every column
+        assert shown.endswith("…") and hostile.startswith(shown[:-1]) and len(shown) >= 17, shown
         title = Content.from_markup(app.query_one("#log-tail").border_title).plain
         assert f"log tail · {hostile} (r-0001)" == title
         assert source.kill_calls == []

@@ -35,7 +35,7 @@ def runs(inventory):
         client = RunClient(inventory, conns)
         quiet = client.launch(LaunchSpec(inventory.target("pve1/200"), [sys.executable, "-c", QUIET], "tuiquiet"))
         counter = client.launch(LaunchSpec(inventory.target("pve2/300"), [sys.executable, "-c", COUNTER],
-                                           "tuicounter"))
+                                           "tuicounter", grace=1.5))
         yield quiet["run_id"], counter["run_id"]
         client.kill(inventory.target("pve1/200"), [quiet["run_id"]], grace=1)
         client.kill(inventory.target("pve2/300"), [counter["run_id"]], grace=1)
@@ -50,7 +50,7 @@ async def test_dashboard_on_two_lab_hosts(lab, inventory, runs) -> None:
     quiet, counter = runs
     targets = [inventory.target("pve1/200"), inventory.target("pve2/300")]
     with LiveSource(inventory, targets, heartbeat_s=1.0) as source:
-        app = DashboardApp(source, refresh_s=0.1, kill_grace_s=1.0)
+        app = DashboardApp(source, refresh_s=0.1)  # kills wait the grace each run was launched with
         async with app.run_test(size=(120, 40)) as pilot:
             table = app.query_one(RunsTable)
             keys = lambda: {str(k.value) for k in table.rows}  # noqa: E731
@@ -94,6 +94,7 @@ async def test_dashboard_on_two_lab_hosts(lab, inventory, runs) -> None:
             await select_run(pilot, counter)
             await pilot.press("k")
             await wait_until(pilot, lambda: isinstance(app.screen, KillConfirmScreen), what="kill prompt")
+            assert str(app.screen.query_one("#question").content).endswith("TERM now, KILL after 1.5 s")
             await pilot.press("y")
             await wait_until(pilot, lambda: cell(table, counter, "state") == "killed", timeout=20,
                              what="row killed")

@@ -163,12 +163,17 @@ async def test_bursts_of_changes_collapse_to_one_snapshot_per_refresh(source):
         assert len(snapshots_taken) - before <= 6
 
 
-async def test_short_terminal_shows_one_line_per_queue_family_and_for_all_gpus(app, source):
+async def test_short_terminal_shows_one_chart_one_line_per_queue_family_and_one_for_all_gpus(app, source):
     async with app.run_test(size=(120, 24)) as pilot:
         await wait_for_rows(pilot, 4)
         await select_run(pilot, "r-0003")
-        assert not app.query_one("#charts").display
+        assert app.screen.has_class("-compact") and not app.screen.has_class("-narrow")
+        shown = [plot.id for plot in app.query("#charts > PlotextPlot") if plot.display]
+        assert shown == ["chart-loss"]
+        assert not app.query_one("#gpus").display
         queues = app.query_one("#queues").render().plain.splitlines()
         assert queues == ["q_pre █████ 50 50 50 49 50", "q_hs  ▁ 0"]
-        gpus = app.query_one("#gpus").render().plain
-        assert gpus == "util ▁▁▁▁▁▁▁▁ 0% mem ▇█▇█▆▄▄▄ 577/765G"
+        gpus = app.query_one("#gpu-line").render().plain
+        assert gpus == "GPUs pve2/300 · util ▁▁▁▁▁▁▁▁ 0% mem ▇█▇█▆▄▄▄ 577/765G"
+        assert [column.key.value for column in app.query_one(RunsTable).columns.values()][-4:] == \
+            ["lr", "tok_s", "eta", "exceptions"]  # wide enough for every column

@@ -14,20 +14,31 @@ SUBJECT_FIELDS = ("pid", "run_id", "count", "pids", "gpus", "cmdline")
 
 
 class CleanupConfirmScreen(ConfirmScreen):
+    """The plan and a confirm button; when the dry run planned nothing, only that (and what it cannot fix)."""
+
     def __init__(self, target: str, plan: ActionResult) -> None:
-        super().__init__(f"Clean up {target}? This is what it would do:", plan_text(plan), yes_label="Clean up")
+        if planned_actions(plan):
+            super().__init__(f"Clean up {target}? This is what it would do:", plan_text(plan), yes_label="Clean up")
+        else:
+            super().__init__(f"Nothing to clean on {target}.", plan_text(plan), yes_label=None)
         self.target = target
         self.plan = plan
+
+
+def planned_actions(plan: ActionResult) -> list:
+    return list(plan.details.get("actions") or [])
 
 
 def plan_text(plan: ActionResult) -> Text:
     """The dry run's message, its planned actions and what it cannot fix."""
     text = Text(plan.message or "")
-    actions = list(plan.details.get("actions") or [])
+    actions = planned_actions(plan)
     findings = list(plan.details.get("findings") or [])
-    text.append(f"\n\nPlanned actions ({len(actions)}):", style="bold")
-    if not actions:
-        text.append("\n  nothing to do", style="dim")
+    if actions:
+        text.append(f"\n\nPlanned actions ({len(actions)}):", style="bold")
+    else:
+        text.append("\n\nNothing to clean: no stuck parent of zombies, no orphan of an ended run, no dead run.",
+                    style="dim")
     for action in actions:
         text.append("\n  • ")
         text.append(describe(action, name_field="action"))

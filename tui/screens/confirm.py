@@ -1,4 +1,5 @@
-"""A yes/no question in a modal: y or enter confirms, n or escape cancels."""
+"""A yes/no question in a modal: y or enter confirms, n or escape cancels. Without a yes label it only informs:
+no confirm button, and every key closes it as a no."""
 from __future__ import annotations
 
 from rich.console import RenderableType
@@ -32,7 +33,7 @@ class ConfirmScreen(ModalScreen[bool]):
     # Nothing focused at first, so that enter reaches the screen's binding and confirms.
     AUTO_FOCUS = None
 
-    def __init__(self, question: str, details: RenderableType = "", *, yes_label: str = "Yes") -> None:
+    def __init__(self, question: str, details: RenderableType = "", *, yes_label: str | None = "Yes") -> None:
         super().__init__()
         self.question = question
         self._details = details
@@ -44,11 +45,16 @@ class ConfirmScreen(ModalScreen[bool]):
             with VerticalScroll(id="details"):
                 yield Static(self._details, id="details-text")
             with Horizontal(id="buttons"):
-                yield Button(f"{self._yes_label} (y)", variant="error", id="yes")
-                yield Button("Cancel (n)", id="no")
+                if self.can_confirm:
+                    yield Button(f"{self._yes_label} (y)", variant="error", id="yes")
+                yield Button("Cancel (n)" if self.can_confirm else "Close (n)", id="no")
+
+    @property
+    def can_confirm(self) -> bool:
+        return self._yes_label is not None
 
     def action_answer(self, answer: bool) -> None:
-        self.dismiss(answer)
+        self.dismiss(answer and self.can_confirm)
 
     @on(Button.Pressed)
     def _pressed(self, event: Button.Pressed) -> None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from rich.text import Text
 
+from orchestrator.runs import DEFAULT_GRACE_S
 from orchestrator.watchmodel import RunView
 
 from ..runcells import run_label
@@ -14,6 +15,14 @@ class KillConfirmScreen(ConfirmScreen):
         super().__init__(kill_question(run, grace), kill_details(run), yes_label="Kill")
         self.run = run
         self.grace = grace
+
+
+def kill_grace(run: RunView, override: float | None = None) -> float:
+    """The grace a kill from the dashboard uses, and so the one its prompt names: the dashboard's override,
+    else the grace the run recorded at launch, else the default the agent itself would use."""
+    if override is not None:
+        return override
+    return DEFAULT_GRACE_S if run.grace_s is None else run.grace_s
 
 
 def kill_question(run: RunView, grace: float) -> str:

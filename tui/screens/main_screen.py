@@ -1,11 +1,19 @@
-"""The main screen: hosts, the runs table, and the selected run's charts, queues, GPUs, log tail and alerts."""
+"""The main screen: hosts, the runs table, and the selected run's charts, queues, GPUs, log tail and alerts.
+
+Below FULL_WIDTH columns or FULL_HEIGHT rows it is compact (the `-compact` class; `-narrow` and `-short` say
+which way): one chart at a time and a line for the GPUs instead of their panel. The runs table drops to the
+columns that matter most whenever all of them would not fit (RunsTable.narrow), so that 80x24 shows them all
+without scrolling sideways.
+"""
 from __future__ import annotations
 
-from textual import on
+from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.markup import escape
 from textual.containers import Horizontal, Vertical
+from textual.geometry import Size
+from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer
 
@@ -16,11 +24,15 @@ from ..runcells import run_label
 from ..widgets.alerts_list import AlertsList
 from ..widgets.filter_bar import FilterBar, run_matches
 from ..widgets.gpu_panel import GpuPanel
+from ..widgets.gpu_summary import GpuSummary
 from ..widgets.host_status import HostStatus
 from ..widgets.log_tail import LogTail
 from ..widgets.metric_charts import MetricCharts
 from ..widgets.queue_bars import QueueBars
 from ..widgets.runs_table import RunsTable
+
+FULL_WIDTH = 100
+FULL_HEIGHT = 32
 
 
 class MainScreen(Screen):
@@ -29,10 +41,11 @@ class MainScreen(Screen):
         Binding("l", "log", "Log"),
         Binding("c", "cleanup", "Cleanup"),
         Binding("slash", "filter", "Filter", key_display="/"),
+        Binding("m", "switch_chart", "Switch chart"),
         Binding("q", "app.quit", "Quit"),
     ]
-    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
-    VERTICAL_BREAKPOINTS = [(0, "-short"), (32, "-tall")]
+
+    compact: reactive[bool] = reactive(False, init=False)
 
     def __init__(self) -> None:
         super().__init__()
@@ -43,6 +56,7 @@ class MainScreen(Screen):
     def compose(self) -> ComposeResult:
         yield HostStatus(id="hosts")
         yield RunsTable(id="runs")
+        yield GpuSummary(id="gpu-line")
         with Horizontal(id="detail"):
             with Vertical(id="detail-main"):
                 yield MetricCharts(id="charts")
@@ -59,7 +73,34 @@ class MainScreen(Screen):
         self.query_one("#alerts").border_title = "alerts"
         self.query_one(RunsTable).focus()
         self._composed = True
+        self._fit(self.app.size)
         self.show_snapshot(self.snapshot)
+
+    @on(events.Resize)
+    def _resized(self, event: events.Resize) -> None:
+        self._fit(event.size)
+
+    @on(events.ScreenResume)
+    def _resumed(self) -> None:  # the terminal may have been resized while another screen was on top
+        self._fit(self.app.size)
+
+    def _fit(self, size: Size) -> None:
+        narrow, short = size.width < FULL_WIDTH, size.height < FULL_HEIGHT
+        self.set_class(narrow, "-narrow")
+        self.set_class(short, "-short")
+        self.compact = narrow or short
+
+    def watch_compact(self, compact: bool) -> None:
+        self.set_class(compact, "-compact")
+        self.refresh_bindings()  # the chart key only does something in the compact layout
+        if self._composed:
+            self.query_one(QueueBars).refresh(layout=True)
+            self._show_selected()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "switch_chart":
+            return self.compact
+        return True
 
     def show_snapshot(self, snapshot: Snapshot) -> None:
         self.snapshot = snapshot
@@ -83,7 +124,7 @@ class MainScreen(Screen):
 
     def _show_runs(self) -> None:
         table = self.query_one(RunsTable)
-        table.show_runs(self.visible_runs())
+        table.show_runs(self.visible_runs(), among=self.snapshot.runs)
         filtered = f" · filter '{escape(self.filter_text)}'" if self.filter_text else ""
         table.border_title = f"runs ({table.row_count}/{len(self.snapshot.runs)}){filtered}"
         self._show_selected()
@@ -95,19 +136,26 @@ class MainScreen(Screen):
         self.query_one(MetricCharts).show_run(run)
         self.query_one(QueueBars).show_run(run)
         self.query_one(GpuPanel).show(gpus, () if run is None else run.gpus)
+        self.query_one(GpuSummary).show(gpus, ", ".join(sorted(targets)))
         self.query_one(LogTail).show_run(run)
         label = "" if run is None else f" · {escape(run_label(run))}"
         exceptions = f" · [b red]{run.exceptions} exception(s)[/]" if run is not None and run.exceptions else ""
         nodes = "" if run is None or not run.nodes else " · " + ", ".join(
             f"n{n.node_rank} {escape(n.target)} {n.state}" for n in run.nodes)  # a job: rank 0's log, every node
         self.query_one("#log-tail").border_title = f"log tail{label}{nodes}{exceptions}"
-        self.query_one("#charts").border_title = f"metrics{label}"
+        charts = self.query_one(MetricCharts)
+        charts.border_title = f"{charts.chosen_name if self.compact else 'metrics'}{label}"
+        charts.border_subtitle = f"m: {charts.chosen_name_after()}" if self.compact else ""
         where = ", ".join(sorted(targets))
         self.query_one("#gpus").border_title = "GPUs" if run is None else f"GPUs · {escape(where)}"
 
     @on(DataTable.RowHighlighted, "#runs")
     def _row_highlighted(self) -> None:
         self._show_selected()
+
+    @on(DataTable.RowSelected, "#runs")
+    def _row_selected(self) -> None:
+        self.action_log()
 
     @on(FilterBar.FilterChanged)
     def _filter_changed(self, message: FilterBar.FilterChanged) -> None:
@@ -119,6 +167,10 @@ class MainScreen(Screen):
         self.query_one(RunsTable).focus()
         self._composed = True
         self.show_snapshot(self.snapshot)
+
+    def action_switch_chart(self) -> None:
+        self.query_one(MetricCharts).switch()
+        self._show_selected()
 
     def action_filter(self) -> None:
         self.query_one(FilterBar).open()

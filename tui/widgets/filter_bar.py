@@ -14,7 +14,10 @@ class FilterBar(Input):
     FilterBar { dock: bottom; display: none; }
     FilterBar.-active { display: block; }
     """
-    BINDINGS = [Binding("escape", "clear_filter", "Clear filter")]
+    BINDINGS = [
+        Binding("enter", "submit", "Keep the filter"),  # Input's own binding, named here for the help screen
+        Binding("escape", "clear_filter", "Clear the filter"),
+    ]
 
     @dataclass
     class FilterChanged(Message):

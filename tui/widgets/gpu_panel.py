@@ -34,29 +34,9 @@ class GpuPanel(Widget):
     def render(self) -> Text:
         if not self._gpus:
             return Text("no GPU samples", style="dim")
-        if self.screen.has_class("-short"):  # no room for a line per GPU: one line for all of them
-            return gpu_summary(self._gpus)
         spark_width = max(self.size.width - PREFIX_CHARS, 0)
         lines = [gpu_line(gpu, gpu.index in self._run_gpus, spark_width) for gpu in self._gpus]
         return Text("\n", no_wrap=True, overflow="crop").join(lines)
-
-
-def gpu_summary(gpus: Sequence[GpuView]) -> Text:
-    """`util ▁▁▁▁ 0% mem ▇█▇█ 341/383G`: a block per GPU, idle ones holding memory in yellow."""
-    line = Text("util ", no_wrap=True, overflow="crop")
-    for gpu in gpus:
-        style = "bold yellow" if is_idle_holding_memory(gpu) else "green"
-        line.append(sparkline([gpu.utilization_pct or 0.0], 1), style)
-    utils = [gpu.utilization_pct for gpu in gpus if gpu.utilization_pct is not None]
-    line.append(f" {sum(utils) / len(utils):.0f}% " if utils else " -% ")
-    line.append("mem ")
-    for gpu in gpus:
-        share = 100.0 * (gpu.memory_used_mib or 0.0) / (gpu.memory_total_mib or 1.0)
-        line.append(sparkline([share], 1), "blue")
-    used = sum(gpu.memory_used_mib or 0.0 for gpu in gpus)
-    total = sum(gpu.memory_total_mib or 0.0 for gpu in gpus)
-    line.append(f" {used / 1024:.0f}/{total / 1024:.0f}G")
-    return line
 
 
 def gpu_line(gpu: GpuView, used_by_run: bool, spark_width: int) -> Text:

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from textual.app import ComposeResult
 from textual.containers import Horizontal
+from textual.reactive import reactive
 from textual_plotext import PlotextPlot
 
 from orchestrator.watchmodel import MetricPoint, RunView
@@ -20,13 +21,19 @@ ACCURACY: tuple[Series, ...] = (
 )
 THROUGHPUT: tuple[Series, ...] = (("Ktok/s", lambda p: None if p.tok_per_s is None else p.tok_per_s / 1e3,
                                    "yellow", "left"),)
+# The charts a small terminal shows one at a time, in switching order: (plot id, what its title calls it).
+SINGLE_CHARTS = (("chart-loss", "loss"), ("chart-toks", "tok/s"))
 
 
 class MetricCharts(Horizontal):
+    """Three charts side by side; where the layout shows one (the compact one), `chosen` is that one."""
+
     DEFAULT_CSS = """
     MetricCharts { height: 12; }
     MetricCharts > PlotextPlot { width: 1fr; height: 1fr; }
     """
+
+    chosen: reactive[str] = reactive(SINGLE_CHARTS[0][0])
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
@@ -36,6 +43,27 @@ class MetricCharts(Horizontal):
         yield PlotextPlot(id="chart-loss")
         yield PlotextPlot(id="chart-acc")
         yield PlotextPlot(id="chart-toks")
+
+    def watch_chosen(self, chosen: str) -> None:
+        for plot in self.query(PlotextPlot):
+            plot.set_class(plot.id == chosen, "-chosen")
+
+    def switch(self) -> None:
+        """Show the next of the charts a compact layout shows one at a time."""
+        self.chosen = self._after(self.chosen)
+
+    @property
+    def chosen_name(self) -> str:
+        return dict(SINGLE_CHARTS).get(self.chosen, "")
+
+    def chosen_name_after(self) -> str:
+        """What `switch` would show."""
+        return dict(SINGLE_CHARTS)[self._after(self.chosen)]
+
+    @staticmethod
+    def _after(plot_id: str) -> str:
+        ids = [plot_id for plot_id, _ in SINGLE_CHARTS]
+        return ids[(ids.index(plot_id) + 1) % len(ids)] if plot_id in ids else ids[0]
 
     def show_run(self, run: RunView | None) -> None:
         history = () if run is None else run.history

@@ -37,8 +37,8 @@ class QueueBars(Widget):
             return Text("no queue depths yet", style="dim")
         families = [(family, depths, style, max(self._peaks.get((run.run_id, family), 0), 1))
                     for family, depths, style in (("pre", run.q_pre, "blue"), ("hs", run.q_hs, "magenta"))]
-        # One line per queue needs room; a short screen gets one line per family.
-        if self.screen.has_class("-short"):
+        # One line per queue needs room; the compact layout gets one line per family.
+        if self.screen.has_class("-compact"):
             lines = [family_line(f"q_{family}", depths, peak, style) for family, depths, style, peak in families]
         else:
             width = max(self.size.width - LABEL_CHARS - VALUE_CHARS - 1, 4)

@@ -4,27 +4,45 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from rich.text import Text
+from textual.binding import Binding
 from textual.coordinate import Coordinate
+from textual.reactive import reactive
 from textual.widgets import DataTable
 
 from orchestrator.watchmodel import RunView
 
-from ..runcells import COLUMNS, run_cells
+from ..runcells import MAX_NAME_CHARS, NARROW_NAME_CHARS, columns, newest_run, run_cells, run_names, widest_cells
 
 
 class RunsTable(DataTable):
     DEFAULT_CSS = """
     RunsTable { height: auto; }
     """
+    BINDINGS = [Binding("enter", "select_cursor", "Open the run's full log", show=False)]  # MainScreen opens it
+
+    # Every column while they fit (run names cut down to NARROW_NAME_CHARS first), else the columns that matter
+    # most: what they show must never need scrolling sideways.
+    narrow: reactive[bool] = reactive(False)
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id, cursor_type="row", zebra_stripes=True)
         self._row_keys: list[str] = []
         self._cells: dict[str, dict[str, Text]] = {}
+        self._runs: tuple[RunView, ...] = ()
+        self._among: tuple[RunView, ...] = ()
+        self._name_chars = MAX_NAME_CHARS
+        self._names: dict[str, str] = {}
+        self._chosen = False  # the first rows put the cursor on the newest live run; later ones keep it
 
     def on_mount(self) -> None:
-        for key, header in COLUMNS:
-            self.add_column(header, key=key)
+        self._add_columns()
+
+    def on_resize(self) -> None:
+        self._fit_columns()
+
+    def watch_narrow(self) -> None:
+        if self.is_mounted:
+            self._rebuild(self._runs, self.selected_run_id)
 
     @property
     def selected_run_id(self) -> str | None:
@@ -32,31 +50,69 @@ class RunsTable(DataTable):
             return None
         return self.coordinate_to_cell_key(Coordinate(self.cursor_row, 0)).row_key.value
 
-    def show_runs(self, runs: Sequence[RunView]) -> None:
-        """Show exactly `runs`, in their order; the cursor stays on its run when that run is still shown."""
-        keys = [run.run_id for run in runs]
-        if keys == self._row_keys:
+    def show_runs(self, runs: Sequence[RunView], *, among: Sequence[RunView] = ()) -> None:
+        """Show exactly `runs`, in their order; names that repeat `among` all runs (default: `runs`) get the end
+        of their id. The cursor stays on its run when that run is still shown; the first runs shown put it on
+        the newest live one."""
+        self._runs, self._among = tuple(runs), tuple(among) or tuple(runs)
+        self._names = run_names(self._among, limit=self._name_chars)
+        if self._fit_columns():
+            return  # every row was rebuilt for the new widths
+        if [run.run_id for run in runs] == self._row_keys:
             for run in runs:
                 self._update_row(run)
         else:
-            self._rebuild(runs)
+            self._rebuild(runs, self.selected_run_id)
+
+    def _fit_columns(self) -> bool:
+        """Choose the columns and the run names' width for the table's width; True when that changed (and every
+        row was rebuilt)."""
+        width = self.scrollable_content_region.width
+        if width <= 0:
+            return False
+        cell = 2 * self.cell_padding
+        others = sum(chars + cell for key, chars in widest_cells(self._runs).items() if key != "run")
+        room = width - others - cell
+        narrow = room < NARROW_NAME_CHARS
+        name_chars = NARROW_NAME_CHARS if narrow else min(room, MAX_NAME_CHARS)
+        if (narrow, name_chars) == (self.narrow, self._name_chars):
+            return False
+        self._name_chars = name_chars
+        self._names = run_names(self._among, limit=name_chars)
+        if narrow != self.narrow:
+            self.narrow = narrow  # its watcher rebuilds columns and rows
+        else:
+            self._rebuild(self._runs, self.selected_run_id)
+        return True
+
+    def _add_columns(self) -> None:
+        for key, header in columns(narrow=self.narrow):
+            self.add_column(header, key=key)
+
+    def _cells_of(self, run: RunView) -> dict[str, Text]:
+        return run_cells(run, name=self._names.get(run.run_id), narrow=self.narrow)
 
     def _update_row(self, run: RunView) -> None:
         old = self._cells[run.run_id]
-        new = run_cells(run)
-        for column, value in new.items():
-            if old.get(column) != value:
-                self.update_cell(run.run_id, column, value, update_width=True)
+        new = self._cells_of(run)
+        for column, _ in columns(narrow=self.narrow):
+            if old.get(column) != new[column]:
+                self.update_cell(run.run_id, column, new[column], update_width=True)
         self._cells[run.run_id] = new
 
-    def _rebuild(self, runs: Sequence[RunView]) -> None:
-        selected = self.selected_run_id
-        self.clear()
+    def _rebuild(self, runs: Sequence[RunView], selected: str | None) -> None:
+        # The columns too: a column only ever widens, so one that held a longer name would stay too wide.
+        self.clear(columns=True)
+        self._add_columns()
         self._row_keys = [run.run_id for run in runs]
         self._cells = {}
         for run in runs:
-            cells = run_cells(run)
+            cells = self._cells_of(run)
             self._cells[run.run_id] = cells
-            self.add_row(*(cells[key] for key, _ in COLUMNS), key=run.run_id)
+            self.add_row(*(cells[key] for key, _ in columns(narrow=self.narrow)), key=run.run_id)
+        if selected not in self._cells and not self._chosen:
+            newest = newest_run(runs)
+            selected = None if newest is None else newest.run_id
         if selected in self._cells:
             self.move_cursor(row=self.get_row_index(selected), animate=False)
+        self._chosen = self._chosen or bool(runs)

@@ -1,0 +1,53 @@
+"""An unreachable host in `watch --once` and in the dashboard's host line: its name once, then the reason."""
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from orchestrator.cli import main as run_cli
+from orchestrator.inventory import load_inventory
+from orchestrator.livesource import LiveSource
+from orchestrator.watch_stream import reason_only
+
+
+def closed_port() -> int:
+    """A local port nothing listens on: connecting is refused at once."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture
+def inventory_path(tmp_path):
+    path = tmp_path / "inventory.yaml"
+    path.write_text(f"hosts:\n  dead:\n    address: 127.0.0.1\n    port: {closed_port()}\n")
+    return path
+
+
+def test_watch_once_names_the_unreachable_host_once(inventory_path, capsys) -> None:
+    code = run_cli(["--inventory", str(inventory_path), "watch", "dead", "--once", "--timeout", "10"])
+    err = capsys.readouterr().err
+    assert code == 3
+    line = next(line for line in err.splitlines() if line.startswith("dead:"))
+    assert line.startswith("dead: cannot connect to 127.0.0.1:"), line
+    assert "dead: dead:" not in err
+
+
+def test_the_dashboards_host_error_is_the_reason_alone(inventory_path) -> None:
+    inventory = load_inventory(inventory_path)
+    with LiveSource(inventory, inventory.targets(["dead"])) as source:
+        assert source.wait_until_answered(10)
+        host = source.snapshot().hosts[0]
+        assert host.name == "dead" and not host.connected
+        assert host.error.startswith("cannot connect to 127.0.0.1:"), host.error
+        assert source.unreachable()["dead"] == host.error
+
+
+def test_reason_only_strips_the_target_and_host_prefixes_and_nothing_else() -> None:
+    assert reason_only("pve1: no answer", "pve1/200", "pve1") == "no answer"
+    assert reason_only("pve1/200: no word from the watch agent", "pve1/200", "pve1") == \
+        "no word from the watch agent"
+    assert reason_only("the watch agent ended (exit code 1)", "pve1/200", "pve1") == \
+        "the watch agent ended (exit code 1)"
+    assert reason_only("pve10: refused", "pve1") == "pve10: refused"

@@ -1,0 +1,71 @@
+"""One line for the GPUs of the selected run's target(s), for small terminals: each GPU's utilisation and
+memory, as numbers when they fit the width and as one block per GPU when they do not."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.text import Text
+from textual.widget import Widget
+
+from orchestrator.watchmodel import GpuView
+
+from .gpu_panel import is_idle_holding_memory, sparkline
+
+
+class GpuSummary(Widget):
+    DEFAULT_CSS = """
+    GpuSummary { height: 1; text-wrap: nowrap; text-overflow: ellipsis; }
+    """
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self._gpus: tuple[GpuView, ...] = ()
+        self._where = ""
+
+    def show(self, gpus: Sequence[GpuView], where: str) -> None:
+        gpus = tuple(gpus)
+        if (gpus, where) != (self._gpus, self._where):
+            self._gpus, self._where = gpus, where
+            self.refresh()
+
+    def render(self) -> Text:
+        label = Text.assemble(("GPUs", "bold"), (f" {self._where}" if self._where else "", "bold"), " · ")
+        if not self._gpus:
+            return label + Text("no GPU samples", style="dim")
+        detailed = label + gpu_numbers(self._gpus)
+        if detailed.cell_len <= self.size.width:
+            return detailed
+        return label + gpu_blocks(self._gpus)
+
+
+def gpu_numbers(gpus: Sequence[GpuView]) -> Text:
+    """`0: 97% 68/96G  1: 96% 69/96G`: index, utilisation and memory of each GPU."""
+    line = Text(no_wrap=True)
+    for number, gpu in enumerate(gpus):
+        util = "-" if gpu.utilization_pct is None else f"{gpu.utilization_pct:.0f}"
+        style = "bold yellow" if is_idle_holding_memory(gpu) else ""
+        line.append("  " if number else "")
+        line.append(f"{gpu.index}: {util}% {_gib(gpu.memory_used_mib)}/{_gib(gpu.memory_total_mib)}G", style)
+    return line
+
+
+def gpu_blocks(gpus: Sequence[GpuView]) -> Text:
+    """`util ▁▁▁▁ 0% mem ▇█▇█ 341/383G`: a block per GPU, idle ones holding memory in yellow."""
+    line = Text("util ", no_wrap=True, overflow="crop")
+    for gpu in gpus:
+        style = "bold yellow" if is_idle_holding_memory(gpu) else "green"
+        line.append(sparkline([gpu.utilization_pct or 0.0], 1), style)
+    utils = [gpu.utilization_pct for gpu in gpus if gpu.utilization_pct is not None]
+    line.append(f" {sum(utils) / len(utils):.0f}% " if utils else " -% ")
+    line.append("mem ")
+    for gpu in gpus:
+        share = 100.0 * (gpu.memory_used_mib or 0.0) / (gpu.memory_total_mib or 1.0)
+        line.append(sparkline([share], 1), "blue")
+    used = sum(gpu.memory_used_mib or 0.0 for gpu in gpus)
+    total = sum(gpu.memory_total_mib or 0.0 for gpu in gpus)
+    line.append(f" {used / 1024:.0f}/{total / 1024:.0f}G")
+    return line
+
+
+def _gib(mib: float | None) -> str:
+    return "-" if mib is None else f"{mib / 1024:.0f}"
