@@ -11,13 +11,14 @@ from ..errors import DflashError
 from ..fanout import per_host
 from ..jobs import locate
 from ..runs import RunClient
+from .usage import finite
 from .state import AppState, about, print_json, stderr, stdout
 
 
 def kill(
     ctx: typer.Context,
-    run_ids: List[str] = typer.Argument(..., metavar="RUN...", help="Run or job ids (see `dflashctl ps`)."),
-    grace: Optional[float] = typer.Option(None, "--grace", "-g", min=0,
+    run_ids: List[str] = typer.Argument(..., metavar="RUN", help="Run or job ids (see `dflashctl ps`)."),
+    grace: Optional[float] = typer.Option(None, "--grace", "-g", min=0, callback=finite,
                                           help="Seconds between TERM and KILL (default: the run's, 30)."),
     as_json: bool = typer.Option(False, "--json", help="Print {\"targets\": {...}} as JSON."),
 ) -> int:

@@ -11,6 +11,7 @@ from ..errors import UsageError
 from ..inventory import Target
 from ..jobs import DEFAULT_DIST_TIMEOUT_S, JobLaunchFailed, JobSpec, launch_job
 from ..runs import LaunchFailed, LaunchSpec, RunClient, check_name, default_name
+from .usage import finite
 from .state import AppState, parse_env, parse_gpus, print_json, stderr
 
 
@@ -28,12 +29,13 @@ def launch(
                                        help="GPUs of the target the run may use (sets CUDA_VISIBLE_DEVICES)."),
     env: Optional[List[str]] = typer.Option(None, "--env", "-e", metavar="K=V", help="Extra environment (repeat)."),
     force: bool = typer.Option(False, "--force", help="Start even if a live run holds the GPUs."),
-    grace: float = typer.Option(30.0, "--grace", min=0, help="Seconds a later `kill` waits after TERM."),
+    grace: float = typer.Option(30.0, "--grace", min=0, callback=finite,
+                                help="Seconds a later `kill` waits after TERM."),
     nproc_per_node: Optional[int] = typer.Option(
         None, "--nproc-per-node", min=1, help="Processes per node of a multi-target job (default: one per GPU; "
                                               "one CPU process where there are none or the config says cpu)."),
     dist_timeout: float = typer.Option(
-        DEFAULT_DIST_TIMEOUT_S, "--dist-timeout", min=1, metavar="SECONDS",
+        DEFAULT_DIST_TIMEOUT_S, "--dist-timeout", min=1, callback=finite, metavar="SECONDS",
         help="Multi-target job: how long the rendezvous and every collective wait for a missing node before "
              "the job fails."),
     as_json: bool = typer.Option(False, "--json", help="Print the run record (a job: job_id and one per node)."),
