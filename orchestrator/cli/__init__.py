@@ -6,7 +6,7 @@ import sys
 import typer
 
 from ..errors import EXIT_USAGE, DflashError
-from . import cleanup, demo, doctor, kill, launch, logs, ps, watch
+from . import cleanup, demo, doctor, kill, launch, logs, ps, version, watch
 from .state import AppState
 from .usage import CommandGroup, is_parse_error, show_parse_error
 
@@ -29,6 +29,8 @@ def _root(
     inventory: str = typer.Option(None, "--inventory", "-i", metavar="PATH",
                                   help="Inventory file (default: ./inventory.yaml, else $DFLASHCTL_INVENTORY)."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log every remote operation to stderr."),
+    _version: bool = typer.Option(False, "--version", callback=version.print_version, is_eager=True,
+                                  help="Print dflashctl's version and exit (`dflashctl version` says more)."),
 ) -> None:
     ctx.obj = AppState(inventory_path=inventory, verbose=verbose)
 
@@ -41,6 +43,7 @@ app.command("kill")(kill.kill)
 app.command("cleanup")(cleanup.cleanup)
 app.command("watch")(watch.watch)
 app.command("demo")(demo.demo)
+app.command("version")(version.version)
 
 
 def main(argv: list[str] | None = None) -> int:
