@@ -15,7 +15,7 @@ from typing import Sequence
 
 from .connections import Connections
 from .deploy import Deployment, deploy
-from .errors import OperationFailed, TargetNotFound, TransportError, UsageError
+from .errors import OperationFailed, TargetNotFound, TransportError, UsageError, shorten
 from .fanout import Outcome, per_host
 from .inventory import Inventory, Target
 from .logparse import LogParser, StepEvent
@@ -50,14 +50,14 @@ def default_name(command: Sequence[str]) -> str:
 
 def check_run_id(run_id: str) -> str:
     if not RUN_ID.fullmatch(run_id):
-        raise UsageError(f"invalid run id {run_id!r}: run ids are letters, digits, '.', '_' and '-' "
+        raise UsageError(f"invalid run id {shorten(run_id)!r}: run ids are letters, digits, '.', '_' and '-' "
                          f"(see `dflashctl ps`)")
     return run_id
 
 
 def check_name(name: str) -> str:
     if not RUN_ID.fullmatch(name):
-        raise UsageError(f"invalid run name {name!r}: use up to 64 letters, digits, '.', '_' or '-', "
+        raise UsageError(f"invalid run name {shorten(name)!r}: use up to 64 letters, digits, '.', '_' or '-', "
                          f"starting with a letter or digit")
     return name
 

@@ -167,6 +167,18 @@ def _give_up(paths: RunPaths) -> str:
     return "unverified"
 
 
+def how_it_ended(record: dict) -> str:
+    """`failed, exit 127: command not found: x`, `failed, signal 9 (SIGKILL)`, `lost: supervisor died ...`."""
+    parts = [record.get("state") or "ended"]
+    if record.get("signal"):
+        parts.append("signal {}".format(record["signal"]) +
+                     (" ({})".format(record["signal_name"]) if record.get("signal_name") else ""))
+    elif record.get("exit_code") is not None:
+        parts.append("exit {}".format(record["exit_code"]))
+    text = ", ".join(parts)
+    return text + (": {}".format(record["error"]) if record.get("error") else "")
+
+
 def launch(req: LaunchRequest, *, verify_timeout: float, settle: float) -> dict:
     create_run(req)
     start_supervisor(req)
@@ -180,8 +192,7 @@ def launch(req: LaunchRequest, *, verify_timeout: float, settle: float) -> dict:
                "supervisor_log_tail": tail_lines(req.paths.supervisor_log, DIAGNOSTIC_TAIL_LINES),
                "keeper_log_tail": tail_lines(keeper.KeeperPaths(req.paths.runs_dir).log, DIAGNOSTIC_TAIL_LINES)}
     if outcome == "ended":
-        raise OperationFailed("run {} ended during launch: state {}, exit code {}, signal {}".format(
-            req.paths.run_id, record["state"], record.get("exit_code"), record.get("signal")),
-            code="run_ended", details=details)
+        raise OperationFailed("run {} ended during launch: {}".format(req.paths.run_id, how_it_ended(record)),
+                              code="run_ended", details=details)
     raise OperationFailed("run {} could not be verified running within {} s".format(req.paths.run_id, verify_timeout),
                           code="not_verified", details=details)

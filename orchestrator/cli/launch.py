@@ -6,6 +6,7 @@ from typing import List, Optional
 
 import typer
 
+from ..agent.launch import how_it_ended
 from ..connections import Connections
 from ..errors import UsageError
 from ..inventory import Target
@@ -173,9 +174,7 @@ def _report_failure(failed: LaunchFailed) -> None:
     if not run:  # refused before anything started (e.g. GPUs busy): the error says it all
         return
     err = stderr()
-    code, sig = run.get("exit_code", payload.get("exit_code")), run.get("signal", payload.get("signal"))
-    err.print(f"run {run.get('run_id', '?')} ended during start-up: exit code {code}"
-              + (f", signal {sig}" if sig else ""), markup=False)
+    err.print(f"run {run.get('run_id', '?')} ended during start-up: {how_it_ended(run)}", markup=False)
     lines = payload.get("log_tail") or []
     if lines:
         err.print("last lines of its log:", markup=False)

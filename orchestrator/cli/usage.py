@@ -14,9 +14,7 @@ import sys
 import typer
 from typer.core import TyperGroup
 
-from ..errors import EXIT_USAGE
-
-MAX_ECHO = 200  # characters of a user's input repeated in a message
+from ..errors import EXIT_USAGE, shorten
 
 
 def _parse_error_types() -> tuple[type, ...]:
@@ -53,20 +51,12 @@ def describe(exc: BaseException) -> str:
 
 def show_parse_error(exc: BaseException) -> int:
     """`dflashctl: error: MESSAGE`, the usage of the command it was in and where help is; exit 2."""
-    print(f"dflashctl: error: {shorten(describe(exc))}", file=sys.stderr)
+    print(f"dflashctl: error: {shorten(describe(exc), 1000)}", file=sys.stderr)
     ctx = getattr(exc, "ctx", None)
     if ctx is not None:
         print(ctx.get_usage(), file=sys.stderr)
         print(f"Try '{ctx.command_path} --help' for help.", file=sys.stderr)
     return EXIT_USAGE
-
-
-def shorten(text: str, limit: int = MAX_ECHO) -> str:
-    """`text`, cut in the middle past `limit` characters: a 100 KB argument is not worth repeating whole."""
-    if len(text) <= limit:
-        return text
-    keep = limit // 2
-    return f"{text[:keep]}...({len(text) - 2 * keep} characters)...{text[-keep:]}"
 
 
 class CommandGroup(TyperGroup):
