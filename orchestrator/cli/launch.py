@@ -8,7 +8,7 @@ import typer
 
 from ..agent.launch import how_it_ended
 from ..connections import Connections
-from ..errors import UsageError
+from ..errors import UsageError, shorten
 from ..inventory import Target
 from ..jobs import DEFAULT_DIST_TIMEOUT_S, JobLaunchFailed, JobSpec, launch_job
 from ..runs import LaunchFailed, LaunchSpec, RunClient, check_name, default_name
@@ -137,7 +137,7 @@ def launch_spec(target: Target, command: list[str], *, name: str | None, config:
     if command and config:
         raise UsageError("give either --config (the bundled trainer) or -- CMD (your own command), not both")
     if gpus is not None and target.gpus and any(g >= target.gpus for g in gpus):
-        raise UsageError(f"--gpus {','.join(map(str, gpus))}: {target.name} has {target.gpus} GPU(s) "
+        raise UsageError(f"--gpus {shorten(','.join(map(str, gpus)), 60)}: {target.name} has {target.gpus} GPU(s) "
                          f"(0-{target.gpus - 1}) in the inventory")
     if command:
         return LaunchSpec(target=target, command=command, name=check_name(name or default_name(command)),

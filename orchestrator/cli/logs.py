@@ -19,8 +19,9 @@ STATE_POLL_S = 2.0
 
 def logs(
     ctx: typer.Context,
-    run_id: str = typer.Argument(..., metavar="RUN", help="A run or job id, a unique prefix of one, or the name given at "
-                                                      "launch (its newest run, live ones first)."),
+    run_id: str = typer.Argument(..., metavar="RUN",
+                                 help="A run or job id, a unique prefix of one, or the name given at launch "
+                                      "(its newest run, live ones first)."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines until the run ends."),
     lines: int = typer.Option(100, "--lines", "-n", min=0, help="How many of the last lines to show first."),
     node: Optional[int] = typer.Option(None, "--node", min=0,
