@@ -24,7 +24,8 @@ POLL_S = 0.02
 class LaunchRequest:
     def __init__(self, *, runs_dir: str, run_id: str, name: str, target: str, command: list, cwd: str | None,
                  env_pairs: list, gpus: str | None, force: bool, grace: float, inputs: dict | None = None,
-                 job: dict | None = None, pythonpath: list | None = None) -> None:
+                 job: dict | None = None, pythonpath: list | None = None,
+                 keeper_idle: float | None = None) -> None:
         self.paths = RunPaths(runs_dir, run_id)
         self.name = validate_name(name, what="name")
         self.target = validate_target(target)
@@ -46,6 +47,7 @@ class LaunchRequest:
         self.grace = grace
         self.inputs = inputs or {}
         self.job = job or {"job_id": None, "node_rank": None, "nnodes": None}
+        self.keeper_idle = keeper_idle  # for a keeper this launch starts (None: its default)
 
     def run_json(self) -> dict:
         return {"version": 1, "run_id": self.paths.run_id, "name": self.name, "target": self.target,
@@ -128,8 +130,8 @@ def create_run(req: LaunchRequest) -> None:
 def start_supervisor(req: LaunchRequest) -> None:
     entry, pythonpath = agent_entry()
     env = entry_env(os.environ, pythonpath)
-    keeper.ensure_keeper(req.paths.runs_dir, entry=entry, env=env)
-    keeper.request_spawn(req.paths.runs_dir, req.paths.run_id, entry=entry, env=env, log_path=req.paths.supervisor_log)
+    keeper.start_and_request(req.paths.runs_dir, req.paths.run_id, entry=entry, env=env,
+                             log_path=req.paths.supervisor_log, idle_exit=req.keeper_idle)
 
 
 def verified(paths: RunPaths, state: dict) -> bool:
