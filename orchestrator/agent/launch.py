@@ -170,13 +170,13 @@ def _give_up(paths: RunPaths) -> str:
 
 
 def how_it_ended(record: dict) -> str:
-    """`failed, exit 127: command not found: x`, `failed, signal 9 (SIGKILL)`, `lost: supervisor died ...`."""
+    """`failed, exit code 127: command not found: x`, `failed, signal 9 (SIGKILL)`, `lost: supervisor died ...`."""
     parts = [record.get("state") or "ended"]
     if record.get("signal"):
         parts.append("signal {}".format(record["signal"]) +
                      (" ({})".format(record["signal_name"]) if record.get("signal_name") else ""))
     elif record.get("exit_code") is not None:
-        parts.append("exit {}".format(record["exit_code"]))
+        parts.append("exit code {}".format(record["exit_code"]))
     text = ", ".join(parts)
     return text + (": {}".format(record["error"]) if record.get("error") else "")
 

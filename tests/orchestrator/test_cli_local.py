@@ -62,7 +62,7 @@ def test_a_second_kill_says_the_run_had_already_ended(inv, capsys):
 def test_a_missing_binary_fails_the_launch_with_exit_127_command_not_found(inv, capsys):
     code, out, err = run_cli(inv, "launch", "local", "--", "no-such-program-here", capsys=capsys)
     assert code == 1
-    assert "failed, exit 127: command not found: no-such-program-here" in err
+    assert "failed, exit code 127: command not found: no-such-program-here" in err
     assert "None" not in err
 
 
