@@ -88,3 +88,23 @@ def test_help_version_and_ps_on_local_work(tmp_path):
     assert done.returncode == 0 and "no runs" in done.stdout, done.stderr
     done = dflashctl(tmp_path, "version", "--json")
     assert done.returncode == 0 and '"agent_version"' in done.stdout
+
+
+def test_every_controller_command_runs_from_the_installed_script(tmp_path):
+    """What the controller-only install must run: launch, ps, logs, kill by name, doctor, watch, cleanup."""
+    from tests.lab.workloads import stop_keeper
+
+    try:
+        done = dflashctl(tmp_path, "launch", "local", "--name", "smoke", "--", "sh", "-c", "echo hi; sleep 60")
+        assert done.returncode == 0, done.stderr
+        run_id = done.stdout.strip()
+        assert run_id.startswith("smoke-")
+        done = dflashctl(tmp_path, "logs", "smoke")
+        assert done.returncode == 0 and done.stdout.strip() == "hi", done.stderr
+        done = dflashctl(tmp_path, "kill", "smoke", "--grace", "1")
+        assert done.returncode == 0 and f"{run_id} on local: killed" in done.stdout, done.stderr
+        for args in (["doctor", "local"], ["watch", "--once", "--json", "local"], ["cleanup", "local", "--dry-run"]):
+            done = dflashctl(tmp_path, *args)
+            assert done.returncode == 0 and "Traceback" not in done.stderr, (args, done.stderr)
+    finally:
+        stop_keeper(tmp_path / "data" / "dflashctl" / ".dflash" / "runs")
