@@ -121,11 +121,13 @@ class Keeper:
             self._reap()
             if not self.stopping:
                 self._spawn_requested()
-            if not self._idle():
+            if self.children or self._requests():
                 idle_since = time.monotonic()
-            elif time.monotonic() - idle_since >= self.idle_exit and self._leave_if_idle(lock_fd):
-                _log("idle for {:g}s with no live run: exiting".format(self.idle_exit))
-                return 0
+            elif time.monotonic() - idle_since >= self.idle_exit:
+                if self._leave_if_idle(lock_fd):
+                    _log("idle for {:g}s with no live run: exiting".format(self.idle_exit))
+                    return 0
+                idle_since = time.monotonic()  # a live run or an orphan of one is still here: look again later
             wakeup.wait(min(POLL_S, max(self.idle_exit, 0.01)))
         return 0
 
