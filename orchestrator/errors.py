@@ -9,6 +9,15 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_UNREACHABLE = 3
+MAX_ECHO = 200  # characters of the user's input that a message repeats
+
+
+def shorten(text: str, limit: int = MAX_ECHO) -> str:
+    """`text` cut in the middle past `limit` characters: a 100 KB argument is not worth repeating whole."""
+    if len(text) <= limit:
+        return text
+    keep = limit // 2
+    return f"{text[:keep]}...({len(text) - 2 * keep} more characters)...{text[-keep:]}"
 
 
 class DflashError(Exception):

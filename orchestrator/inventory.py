@@ -5,6 +5,7 @@ person fixes it in an editor; a traceback would only tell them where our code wa
 """
 from __future__ import annotations
 
+import difflib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +61,9 @@ class HostSpec(_Strict):
         transport = info.data.get("transport", "ssh")
         if transport == "ssh" and not value:
             raise ValueError("an SSH host needs an address (an IP, a DNS name or an ~/.ssh/config alias)")
+        if value and (value.startswith("-") or any(c.isspace() or not c.isprintable() for c in value)):
+            # ssh and ssh-keyscan would read a leading '-' as an option
+            raise ValueError(f"address {value[:80]!r} must not start with '-' or hold spaces")
         if transport == "local" and value:
             raise ValueError("a local host has no address")
         return value
@@ -268,8 +272,11 @@ def _check_container_ids(data: dict, located: LocatedYaml, path: Path) -> None:
 
 
 def _describe_validation(exc: ValidationError, located: LocatedYaml, path: Path) -> str:
+    """One line per real mistake: unknown keys and bad values first, knock-on errors left out."""
+    errors = [err for err in exc.errors() if not _knock_on(err, exc.errors())]
+    errors.sort(key=lambda err: (err["type"] != "extra_forbidden", located.line_of(tuple(err["loc"])) or 0))
     lines = []
-    for err in exc.errors():
+    for err in errors:
         loc = tuple(err["loc"])
         line = located.line_of(loc)
         field = ".".join(str(p) for p in loc) or "(top level)"
@@ -282,9 +289,26 @@ def _describe_validation(exc: ValidationError, located: LocatedYaml, path: Path)
     return "\n".join(lines)
 
 
-def _suggest(loc: tuple, located: LocatedYaml) -> str:
-    import difflib
+def _knock_on(err: dict, errors: list[dict]) -> bool:
+    """A host's address/containers check that only failed because of another error of the same host: its
+    `transport` was invalid (so it read as ssh), or its address was misspelt (`adress`)."""
+    loc = tuple(err["loc"])
+    if len(loc) != 3 or loc[0] != "hosts" or loc[2] not in ("address", "containers") or err["type"] != "value_error":
+        return False
+    host = loc[:2]
+    for other in errors:
+        other_loc = tuple(other["loc"])
+        if other_loc[:2] != host or len(other_loc) != 3:
+            continue
+        if other_loc[2] == "transport":
+            return True
+        if other["type"] == "extra_forbidden" and loc[2] == "address" and \
+                difflib.get_close_matches(str(other_loc[2]), ["address"], n=1):
+            return True
+    return False
 
+
+def _suggest(loc: tuple, located: LocatedYaml) -> str:
     model = _model_at(loc[:-1])
     if model is None:
         return ""

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .errors import DflashError, OperationFailed, TargetNotFound, UsageError
+from .errors import DflashError, OperationFailed, UsageError
 from .fanout import Outcome, per_host
 from .inventory import Target
-from .runs import LaunchFailed, LaunchSpec, RunClient, check_run_id, new_run_id
+from .runs import LaunchFailed, LaunchSpec, RunClient, new_run_id
 
 DEFAULT_DIST_TIMEOUT_S = 300.0
 ABORT_GRACE_S = 5.0
@@ -209,26 +209,5 @@ def group_jobs(records: list[dict]) -> tuple[list[dict], list[dict]]:
     return plain, jobs
 
 
-def locate(client: RunClient, ids: list[str]) -> dict[str, tuple[Target, dict]]:
-    """run id -> (target, record) for every run named, a job id naming all its nodes; one sweep."""
-    for an_id in ids:
-        check_run_id(an_id)
-    outcomes = client.list_runs(client.inventory.all_targets())
-    found: dict[str, tuple[Target, dict]] = {}
-    matched: set[str] = set()
-    for outcome in outcomes:
-        for record in outcome.value or []:
-            for key in ("run_id", "job_id"):
-                if record.get(key) in ids:
-                    found[record["run_id"]] = (outcome.target, record)
-                    matched.add(record[key])
-    missing = [an_id for an_id in ids if an_id not in matched]
-    if missing:
-        down = [f"{o.target.name} ({o.error})" for o in outcomes if not o.ok]
-        hint = f"; not searched, unreachable: {'; '.join(down)}" if down else ""
-        raise TargetNotFound(f"no run or job {', '.join(map(repr, missing))} on any target{hint}")
-    return found
-
-
-__all__ = ["JobSpec", "JobLaunchFailed", "launch_job", "locate", "group_jobs", "summarize", "failed_first",
+__all__ = ["JobSpec", "JobLaunchFailed", "launch_job", "group_jobs", "summarize", "failed_first",
            "job_state", "node_run_id", "nproc_for", "torchrun_command", "DEFAULT_DIST_TIMEOUT_S"]

@@ -15,8 +15,9 @@ from typing import Sequence
 
 from .connections import Connections
 from .deploy import Deployment, deploy
-from .errors import OperationFailed, TargetNotFound, TransportError, UsageError
+from .errors import OperationFailed, TargetNotFound, TransportError, UsageError, shorten
 from .fanout import Outcome, per_host
+from .gpus import parse_query_csv, query_argv
 from .inventory import Inventory, Target
 from .logparse import LogParser, StepEvent
 from .transports.base import Transport
@@ -24,6 +25,7 @@ from .transports.base import Transport
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 NAME_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
 LAUNCH_TIMEOUT_S = 120.0
+MAX_GPU_INDEX = 1023  # as the agent accepts
 DEFAULT_GRACE_S = 30.0
 
 
@@ -50,14 +52,14 @@ def default_name(command: Sequence[str]) -> str:
 
 def check_run_id(run_id: str) -> str:
     if not RUN_ID.fullmatch(run_id):
-        raise UsageError(f"invalid run id {run_id!r}: run ids are letters, digits, '.', '_' and '-' "
+        raise UsageError(f"invalid run id {shorten(run_id)!r}: run ids are letters, digits, '.', '_' and '-' "
                          f"(see `dflashctl ps`)")
     return run_id
 
 
 def check_name(name: str) -> str:
     if not RUN_ID.fullmatch(name):
-        raise UsageError(f"invalid run name {name!r}: use up to 64 letters, digits, '.', '_' or '-', "
+        raise UsageError(f"invalid run name {shorten(name)!r}: use up to 64 letters, digits, '.', '_' or '-', "
                          f"starting with a letter or digit")
     return name
 
@@ -114,7 +116,27 @@ class RunClient:
 
     # -- operations -----------------------------------------------------------------------------------------
 
+    def gpu_count(self, target: Target) -> int | None:
+        """The target's GPUs: the inventory's count, else nvidia-smi's (0 where there is none); None when
+        nvidia-smi is there but fails (then nothing is refused for it)."""
+        if target.gpus:
+            return target.gpus
+        result = self.conns.for_target(target).run(query_argv(("index",)), timeout=30)
+        if result.exit_code in (126, 127):
+            return 0
+        return len(parse_query_csv(result.out, ("index",))) if result.ok else None
+
+    def check_gpus(self, target: Target, gpus: list[int]) -> None:
+        have = self.gpu_count(target)
+        if have is not None and any(g >= have for g in gpus):
+            shown = ",".join(map(str, gpus[:8])) + (",..." if len(gpus) > 8 else "")
+            where = "in the inventory" if target.gpus else "that nvidia-smi lists (the inventory gives no `gpus:`)"
+            raise UsageError(f"--gpus {shown}: {target.name} has "
+                             + (f"{have} GPU(s) (0-{have - 1}) {where}" if have else f"no GPU {where}"))
+
     def launch(self, spec: LaunchSpec) -> dict:
+        if spec.gpus:
+            self.check_gpus(spec.target, spec.gpus)
         run_id = spec.run_id or new_run_id(spec.name)
         args = ["launch", "--runs-dir", runs_dir(spec.target), "--run-id", run_id, "--name", spec.name,
                 "--target", spec.target.name, "--grace", f"{spec.grace:g}"]

@@ -2,7 +2,7 @@
 
     launch   --runs-dir D --run-id ID --name N --target T [--cwd DIR] [--env K=V]... [--gpus 0,1] [--force]
              [--grace S] [--verify-timeout S] [--settle S] [--input NAME]...
-             [--job-id J --node-rank R --nnodes N] -- CMD...
+             [--job-id J --node-rank R --nnodes N] [--keeper-idle S] -- CMD...
              (with --input, stdin is one JSON object {NAME: base64 content}; each file lands in the run dir)
     ps       --runs-dir D [--run-id ID]... [--tail-bytes N]
     kill     --runs-dir D --run-id ID... [--grace S]
@@ -11,7 +11,7 @@
     node-watch --stall S -- CMD                        (a job node's workload: CMD's exit, no JSON; see nodewatch)
     version
     supervise --runs-dir D --run-id ID [--grace S]     (internal: started by the keeper)
-    keeper    --runs-dir D                             (internal: started by launch)
+    keeper    --runs-dir D [--idle-exit S]             (internal: started by launch; exits after S s idle)
 
 Every answer is one line of JSON with "version": 1 and "ok"; exit 0 ok, 1 operation failed, 2 bad input.
 Errors: {"ok": false, "error": MESSAGE, "code": CODE, ...details}. Answers (keys may be added, never renamed):
@@ -90,6 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("--job-id", help="the multi-node job this run is one node of")
     launch.add_argument("--node-rank", type=int, help="this node's rank in the job (0 = rendezvous host)")
     launch.add_argument("--nnodes", type=int, help="how many nodes the job has")
+    launch.add_argument("--keeper-idle", type=_seconds,
+                        help="a keeper this launch starts exits after this long with nothing to do (default 600)")
     ps = sub.add_parser("ps", help="every run's record")
     ps.add_argument("--runs-dir", required=True)
     ps.add_argument("--run-id", action="append", default=[])
@@ -114,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     supervise.add_argument("--grace", type=_seconds)
     keeper = sub.add_parser("keeper", help=argparse.SUPPRESS)
     keeper.add_argument("--runs-dir", required=True)
+    keeper.add_argument("--idle-exit", type=_seconds, default=None)
     from .watchstream import add_lines_arguments, add_watch_arguments
     add_watch_arguments(sub.add_parser("watch", help="stream run records, log bytes and GPU samples as JSON lines"))
     add_lines_arguments(sub.add_parser("lines", help="lines [start, stop) of a run's train.log (sparse index)"))
@@ -140,7 +143,8 @@ def dispatch(args: argparse.Namespace, command: list) -> dict:
         req = LaunchRequest(runs_dir=args.runs_dir, run_id=args.run_id, name=args.name, target=args.target,
                             command=command, cwd=args.cwd, env_pairs=args.env, gpus=args.gpus, force=args.force,
                             grace=args.grace, inputs=inputs,
-                            job=job_fields(args.job_id, args.node_rank, args.nnodes), pythonpath=args.pythonpath)
+                            job=job_fields(args.job_id, args.node_rank, args.nnodes), pythonpath=args.pythonpath,
+                            keeper_idle=args.keeper_idle)
         return dict(ok=True, **launch(req, verify_timeout=args.verify_timeout, settle=args.settle))
     if args.command == "ps":
         from .ps import list_runs
@@ -155,8 +159,9 @@ def dispatch(args: argparse.Namespace, command: list) -> dict:
         from .supervisor import supervise
         return {"ok": True, "state": supervise(args.runs_dir, args.run_id, grace=args.grace)}
     if args.command == "keeper":
-        from .keeper import run_keeper
-        return {"ok": run_keeper(args.runs_dir) == 0}
+        from .keeper import DEFAULT_IDLE_EXIT_S, run_keeper
+        idle = DEFAULT_IDLE_EXIT_S if args.idle_exit is None else args.idle_exit
+        return {"ok": run_keeper(args.runs_dir, idle_exit=idle) == 0}
     if args.command == "watch":
         from .watchstream import watch
         return {"ok": watch(args.runs_dir, gpu_interval=args.gpu_interval, idle_exit=args.idle_exit,

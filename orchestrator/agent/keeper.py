@@ -4,6 +4,11 @@ Why it exists: a daemon started from `pct exec` ends up a child of the container
 it becomes PID 1's zombie; a PID 1 that never reaps keeps it forever. Supervisors started by the keeper are
 reaped by the keeper instead, and as a child subreaper it also adopts and reaps whatever a dead supervisor
 leaves behind. Launch starts the keeper (detached, double-forked) when none holds its lock.
+
+A keeper with nothing to do (no child, no live run, no spawn request) for its idle time (10 minutes unless
+told) exits. It decides so under start.lock, which a launch holds from "is a keeper running?" to "my spawn
+request is written": either the launch sees the keeper gone and starts a new one, or the keeper sees the
+request and stays.
 """
 from __future__ import annotations
 
@@ -16,12 +21,15 @@ import time
 
 from . import AGENT_VERSION, procfs
 from .childwatch import Wakeup, ignore_signal, reap_children, set_child_subreaper
-from .rundir import file_lock, read_json, utc_now_iso, write_json_atomic
+from .errors import AgentError
+from .rundir import RunPaths, file_lock, list_run_ids, read_json, utc_now_iso, write_json_atomic
+from .runstate import is_live, read_run, read_state
 from .spawn import detach, exec_detached
 
 POLL_S = 1.0
 START_TIMEOUT_S = 5.0
 LOCK_RETRY_S = 1.0
+DEFAULT_IDLE_EXIT_S = 600.0
 
 
 class KeeperPaths:
@@ -52,29 +60,31 @@ def keeper_running(paths: KeeperPaths) -> bool:
     return False
 
 
-def ensure_keeper(runs_dir: str, *, entry: list, env: dict) -> dict:
+def start_and_request(runs_dir: str, run_id: str, *, entry: list, env: dict, log_path: str,
+                      idle_exit: float | None = None) -> dict:
+    """Make sure a keeper runs, ask it to start `supervise` for run_id, and wake it; returns keeper.json.
+
+    Both under start.lock, so a keeper that is leaving because it was idle never misses the request.
+    """
     paths = KeeperPaths(runs_dir)
     os.makedirs(paths.spawn_dir, mode=0o700, exist_ok=True)
+    argv = entry + ["supervise", "--runs-dir", os.path.abspath(runs_dir), "--run-id", run_id]
     with file_lock(paths.start_lock):
         if not keeper_running(paths):
-            detach(entry + ["keeper", "--runs-dir", os.path.abspath(runs_dir)], env, paths.log)
+            idle = [] if idle_exit is None else ["--idle-exit", "{:g}".format(idle_exit)]
+            detach(entry + ["keeper", "--runs-dir", os.path.abspath(runs_dir)] + idle, env, paths.log)
             deadline = time.monotonic() + START_TIMEOUT_S
             while not keeper_running(paths) and time.monotonic() < deadline:
                 time.sleep(0.01)
-    return read_json(paths.info) or {}
-
-
-def request_spawn(runs_dir: str, run_id: str, *, entry: list, env: dict, log_path: str) -> None:
-    """Ask the keeper to start `supervise` for run_id, then wake it."""
-    paths = KeeperPaths(runs_dir)
-    argv = entry + ["supervise", "--runs-dir", os.path.abspath(runs_dir), "--run-id", run_id]
-    write_json_atomic(paths.request(run_id), {"version": 1, "argv": argv, "env": env, "log": log_path}, mode=0o600)
+        write_json_atomic(paths.request(run_id), {"version": 1, "argv": argv, "env": env, "log": log_path},
+                          mode=0o600)
     info = read_json(paths.info) or {}
     if procfs.is_alive(info.get("pid"), info.get("start_time")):
         try:
             os.kill(info["pid"], signal.SIGUSR1)
         except OSError:
             pass  # it polls the spawn directory anyway
+    return info
 
 
 def cancel_spawn(runs_dir: str, run_id: str) -> bool:
@@ -86,8 +96,10 @@ def cancel_spawn(runs_dir: str, run_id: str) -> bool:
 
 
 class Keeper:
-    def __init__(self, runs_dir: str) -> None:
+    def __init__(self, runs_dir: str, *, idle_exit: float = DEFAULT_IDLE_EXIT_S) -> None:
         self.paths = KeeperPaths(runs_dir)
+        self.runs_dir = os.path.abspath(runs_dir)
+        self.idle_exit = idle_exit
         self.stopping = False
         self.children = set()
 
@@ -96,18 +108,48 @@ class Keeper:
         wakeup = Wakeup({signal.SIGCHLD: ignore_signal, signal.SIGUSR1: ignore_signal,
                          signal.SIGTERM: self._on_term, signal.SIGINT: self._on_term, signal.SIGHUP: ignore_signal})
         os.makedirs(self.paths.spawn_dir, mode=0o700, exist_ok=True)
-        if not _take_lock(self.paths.lock):
+        lock_fd = _take_lock(self.paths.lock)
+        if lock_fd is None:
             return 1  # another keeper owns this runs directory
         set_child_subreaper()
         pid = os.getpid()
         write_json_atomic(self.paths.info, {"version": 1, "pid": pid, "start_time": procfs.start_time(pid),
-                                            "started_at": utc_now_iso(), "agent_version": AGENT_VERSION})
+                                            "started_at": utc_now_iso(), "agent_version": AGENT_VERSION,
+                                            "idle_exit_s": self.idle_exit})
+        idle_since = time.monotonic()
         while not (self.stopping and not self.children):
             self._reap()
             if not self.stopping:
                 self._spawn_requested()
-            wakeup.wait(POLL_S)
+            if self.children or self._requests():
+                idle_since = time.monotonic()
+            elif time.monotonic() - idle_since >= self.idle_exit:
+                if self._leave_if_idle(lock_fd):
+                    _log("idle for {:g}s with no live run: exiting".format(self.idle_exit))
+                    return 0
+                idle_since = time.monotonic()  # a live run or an orphan of one is still here: look again later
+            wakeup.wait(min(POLL_S, max(self.idle_exit, 0.01)))
         return 0
+
+    def _idle(self) -> bool:
+        """No child of ours (supervisors, adopted orphans), no live run, no spawn request."""
+        if self.children or _has_children(os.getpid()) or self._requests():
+            return False
+        return not any(_live(self.runs_dir, run_id) for run_id in list_run_ids(self.runs_dir))
+
+    def _leave_if_idle(self, lock_fd: int) -> bool:
+        """Give up keeper.lock, under start.lock, if still idle: launches from then on start a new keeper."""
+        with file_lock(self.paths.start_lock):
+            if not self._idle():
+                return False
+            os.close(lock_fd)
+            return True
+
+    def _requests(self) -> list:
+        try:
+            return sorted(n for n in os.listdir(self.paths.spawn_dir) if n.endswith(".json"))
+        except OSError:
+            return []
 
     def _on_term(self, signum, frame) -> None:
         # Leave only once every supervisor we started is gone: they must have a parent that reaps them.
@@ -119,13 +161,8 @@ class Keeper:
             _log("reaped pid {} (status {})".format(pid, status))
 
     def _spawn_requested(self) -> None:
-        try:
-            names = sorted(os.listdir(self.paths.spawn_dir))
-        except OSError:
-            return
-        for name in names:
-            if name.endswith(".json"):
-                self._spawn_one(os.path.join(self.paths.spawn_dir, name))
+        for name in self._requests():
+            self._spawn_one(os.path.join(self.paths.spawn_dir, name))
 
     def _spawn_one(self, path: str) -> None:
         request = read_json(path)
@@ -145,24 +182,38 @@ class Keeper:
         _log("started supervisor pid {}: {}".format(child, json.dumps(request["argv"][-4:])))
 
 
-def _take_lock(path: str) -> bool:
-    """Hold keeper.lock for life. Retry briefly: a launch's liveness probe may hold it for an instant."""
+def _take_lock(path: str) -> int | None:
+    """Hold keeper.lock for life (the fd returned stays open and locked until we exit or leave idle).
+    Retry briefly: a launch's liveness probe may hold it for an instant."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     deadline = time.monotonic() + LOCK_RETRY_S
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True  # fd stays open (and locked) until we exit
+            return fd
         except OSError:
             if time.monotonic() >= deadline:
                 os.close(fd)
-                return False
+                return None
             time.sleep(0.01)
+
+
+def _has_children(pid: int) -> bool:
+    table = procfs.snapshot()
+    return any(stat.ppid == pid for stat in table.values())
+
+
+def _live(runs_dir: str, run_id: str) -> bool:
+    try:
+        paths = RunPaths(runs_dir, run_id)
+    except AgentError:
+        return False
+    return is_live(read_run(paths), read_state(paths))
 
 
 def _log(message: str) -> None:
     print("{} {}".format(utc_now_iso(), message), file=sys.stderr, flush=True)
 
 
-def run_keeper(runs_dir: str) -> int:
-    return Keeper(runs_dir).run()
+def run_keeper(runs_dir: str, *, idle_exit: float = DEFAULT_IDLE_EXIT_S) -> int:
+    return Keeper(runs_dir, idle_exit=idle_exit).run()

@@ -24,7 +24,8 @@ POLL_S = 0.02
 class LaunchRequest:
     def __init__(self, *, runs_dir: str, run_id: str, name: str, target: str, command: list, cwd: str | None,
                  env_pairs: list, gpus: str | None, force: bool, grace: float, inputs: dict | None = None,
-                 job: dict | None = None, pythonpath: list | None = None) -> None:
+                 job: dict | None = None, pythonpath: list | None = None,
+                 keeper_idle: float | None = None) -> None:
         self.paths = RunPaths(runs_dir, run_id)
         self.name = validate_name(name, what="name")
         self.target = validate_target(target)
@@ -46,6 +47,7 @@ class LaunchRequest:
         self.grace = grace
         self.inputs = inputs or {}
         self.job = job or {"job_id": None, "node_rank": None, "nnodes": None}
+        self.keeper_idle = keeper_idle  # for a keeper this launch starts (None: its default)
 
     def run_json(self) -> dict:
         return {"version": 1, "run_id": self.paths.run_id, "name": self.name, "target": self.target,
@@ -128,8 +130,8 @@ def create_run(req: LaunchRequest) -> None:
 def start_supervisor(req: LaunchRequest) -> None:
     entry, pythonpath = agent_entry()
     env = entry_env(os.environ, pythonpath)
-    keeper.ensure_keeper(req.paths.runs_dir, entry=entry, env=env)
-    keeper.request_spawn(req.paths.runs_dir, req.paths.run_id, entry=entry, env=env, log_path=req.paths.supervisor_log)
+    keeper.start_and_request(req.paths.runs_dir, req.paths.run_id, entry=entry, env=env,
+                             log_path=req.paths.supervisor_log, idle_exit=req.keeper_idle)
 
 
 def verified(paths: RunPaths, state: dict) -> bool:
@@ -167,6 +169,18 @@ def _give_up(paths: RunPaths) -> str:
     return "unverified"
 
 
+def how_it_ended(record: dict) -> str:
+    """`failed, exit code 127: command not found: x`, `failed, signal 9 (SIGKILL)`, `lost: supervisor died ...`."""
+    parts = [record.get("state") or "ended"]
+    if record.get("signal"):
+        parts.append("signal {}".format(record["signal"]) +
+                     (" ({})".format(record["signal_name"]) if record.get("signal_name") else ""))
+    elif record.get("exit_code") is not None:
+        parts.append("exit code {}".format(record["exit_code"]))
+    text = ", ".join(parts)
+    return text + (": {}".format(record["error"]) if record.get("error") else "")
+
+
 def launch(req: LaunchRequest, *, verify_timeout: float, settle: float) -> dict:
     create_run(req)
     start_supervisor(req)
@@ -180,8 +194,7 @@ def launch(req: LaunchRequest, *, verify_timeout: float, settle: float) -> dict:
                "supervisor_log_tail": tail_lines(req.paths.supervisor_log, DIAGNOSTIC_TAIL_LINES),
                "keeper_log_tail": tail_lines(keeper.KeeperPaths(req.paths.runs_dir).log, DIAGNOSTIC_TAIL_LINES)}
     if outcome == "ended":
-        raise OperationFailed("run {} ended during launch: state {}, exit code {}, signal {}".format(
-            req.paths.run_id, record["state"], record.get("exit_code"), record.get("signal")),
-            code="run_ended", details=details)
+        raise OperationFailed("run {} ended during launch: {}".format(req.paths.run_id, how_it_ended(record)),
+                              code="run_ended", details=details)
     raise OperationFailed("run {} could not be verified running within {} s".format(req.paths.run_id, verify_timeout),
                           code="not_verified", details=details)

@@ -25,8 +25,9 @@ def validate_name(value: str, *, what: str) -> str:
     # fullmatch, not match + $: `$` would accept a trailing newline.
     if not isinstance(value, str) or NAME_PATTERN.fullmatch(value) is None:
         raise BadInput(
-            "invalid {}: {!r} (allowed: a letter or digit, then up to 63 of letters, digits, '.', '_', '-')".format(
-                what, value),
+            "invalid {}: {!r}{} (allowed: a letter or digit, then up to 63 of letters, digits, '.', '_', '-')".format(
+                what, value[:80] if isinstance(value, str) else value,
+                " ({} characters)".format(len(value)) if isinstance(value, str) and len(value) > 80 else ""),
             code="bad_" + what.replace(" ", "_"),
         )
     return value

@@ -84,11 +84,18 @@ class Supervisor:
         update_state(self.paths, mutate)
 
     def fail_to_start(self, exc: Exception) -> None:
-        message = "dflash: cannot start {!r}: {}".format(self.run.get("command"), exc)
+        program = (self.run.get("command") or ["?"])[0]
+        if isinstance(exc, FileNotFoundError) and exc.filename in (None, program):
+            reason = "command not found: {}".format(program)
+        elif isinstance(exc, PermissionError) and exc.filename in (None, program):
+            reason = "permission denied: {}".format(program)
+        else:
+            reason = "cannot start {!r}: {}".format(self.run.get("command"), exc)
         with open(self.paths.log, "a") as log:
-            log.write(message + "\n")
+            log.write("dflash: {}\n".format(reason))
+        # the shell's codes for the same mistakes
         code = 126 if isinstance(exc, PermissionError) else 127
-        finish(self.paths, FAILED, exit_code=code, signal=None, error=message)
+        finish(self.paths, FAILED, exit_code=code, signal=None, error=reason)
 
     # -- run -----------------------------------------------------------------------------------------
     def on_term(self, signum, frame) -> None:

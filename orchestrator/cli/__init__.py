@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import sys
 
-import click
 import typer
 
 from ..errors import EXIT_USAGE, DflashError
-from . import cleanup, demo, doctor, kill, launch, logs, ps, watch
+from . import cleanup, demo, doctor, kill, launch, logs, ps, version, watch
 from .state import AppState
+from .usage import CommandGroup, is_parse_error, show_parse_error
 
 HELP = (
     "Launch, watch, stop and clean up long GPU training runs in Proxmox LXC containers, on plain SSH hosts "
@@ -19,7 +19,7 @@ HELP = (
     "Exit codes: 0 success, 1 the operation failed, 2 bad usage or bad inventory/config, 3 a target unreachable."
 )
 
-app = typer.Typer(name="dflashctl", help=HELP, no_args_is_help=True, add_completion=False, rich_markup_mode="markdown",
+app = typer.Typer(name="dflashctl", help=HELP, cls=CommandGroup, add_completion=False, rich_markup_mode="markdown",
                   pretty_exceptions_enable=False, context_settings={"help_option_names": ["-h", "--help"]})
 
 
@@ -29,6 +29,8 @@ def _root(
     inventory: str = typer.Option(None, "--inventory", "-i", metavar="PATH",
                                   help="Inventory file (default: ./inventory.yaml, else $DFLASHCTL_INVENTORY)."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log every remote operation to stderr."),
+    _version: bool = typer.Option(False, "--version", callback=version.print_version, is_eager=True,
+                                  help="Print dflashctl's version and exit (`dflashctl version` says more)."),
 ) -> None:
     ctx.obj = AppState(inventory_path=inventory, verbose=verbose)
 
@@ -41,19 +43,22 @@ app.command("kill")(kill.kill)
 app.command("cleanup")(cleanup.cleanup)
 app.command("watch")(watch.watch)
 app.command("demo")(demo.demo)
+app.command("version")(version.version)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; return the exit code (the console script exits with it)."""
+    args = list(sys.argv[1:] if argv is None else argv)
     command = typer.main.get_command(app)
+    if not args:  # the help, then the mistake: the same on every typer version (click's own differ)
+        command.main(args=["--help"], prog_name="dflashctl", standalone_mode=False)
+        print("dflashctl: error: no command given (one of the commands above)", file=sys.stderr)
+        return EXIT_USAGE
     try:
-        result = command.main(args=argv, prog_name="dflashctl", standalone_mode=False)
-    except click.exceptions.Exit as exc:
+        result = command.main(args=args, prog_name="dflashctl", standalone_mode=False)
+    except typer.Exit as exc:
         return exc.exit_code
-    except click.ClickException as exc:
-        exc.show()
-        return exc.exit_code
-    except click.exceptions.Abort:
+    except typer.Abort:
         print("dflashctl: aborted", file=sys.stderr)
         return 130
     except DflashError as exc:
@@ -62,6 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("dflashctl: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:
+        if not is_parse_error(exc):
+            raise
+        return show_parse_error(exc)
     return result if isinstance(result, int) else 0
 
 

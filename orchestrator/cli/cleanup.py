@@ -13,7 +13,7 @@ from .state import AppState, about, print_json, stderr, stdout
 
 def cleanup(
     ctx: typer.Context,
-    targets: List[str] = typer.Argument(..., metavar="TARGET...", help="HOST/CTID, HOST or local."),
+    targets: List[str] = typer.Argument(..., metavar="TARGET", help="HOST/CTID, HOST or local."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Change nothing; list what would be done."),
     as_json: bool = typer.Option(False, "--json", help="Print {\"targets\": {...}} as JSON."),
 ) -> int:

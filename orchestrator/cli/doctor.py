@@ -15,7 +15,7 @@ from .state import AppState, about, print_json, stderr, stdout
 
 def doctor(
     ctx: typer.Context,
-    targets: Optional[List[str]] = typer.Argument(None, metavar="[TARGET]...",
+    targets: Optional[List[str]] = typer.Argument(None, metavar="TARGET",
                                                   help="HOST/CTID, HOST or local (default: every target)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
 ) -> int:

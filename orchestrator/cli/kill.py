@@ -9,15 +9,20 @@ import typer
 from ..connections import Connections
 from ..errors import DflashError
 from ..fanout import per_host
-from ..jobs import locate
+from ..inventory import Target
+from ..addressing import Match, locate
+from ..agent.launch import how_it_ended
 from ..runs import RunClient
+from .usage import finite
 from .state import AppState, about, print_json, stderr, stdout
 
 
 def kill(
     ctx: typer.Context,
-    run_ids: List[str] = typer.Argument(..., metavar="RUN...", help="Run or job ids (see `dflashctl ps`)."),
-    grace: Optional[float] = typer.Option(None, "--grace", "-g", min=0,
+    run_ids: List[str] = typer.Argument(..., metavar="RUN",
+                                        help="Run or job ids, unique prefixes of them, or names given at launch "
+                                             "(the newest run of the name, live ones first)."),
+    grace: Optional[float] = typer.Option(None, "--grace", "-g", min=0, callback=finite,
                                           help="Seconds between TERM and KILL (default: the run's, 30)."),
     as_json: bool = typer.Option(False, "--json", help="Print {\"targets\": {...}} as JSON."),
 ) -> int:
@@ -30,13 +35,12 @@ def kill(
     err = stderr()
     with Connections() as conns:
         client = RunClient(state.inventory(), conns)
-        located = locate(client, list(dict.fromkeys(run_ids)))
-        by_target: dict[str, list[str]] = defaultdict(list)
-        targets = {}
-        for run_id, (target, _) in located.items():
-            by_target[target.name].append(run_id)
-            targets[target.name] = target
-        err.print(f"stopping {len(located)} run(s) (TERM, KILL after "
+        matches = locate(client, list(dict.fromkeys(run_ids)))
+        for match in matches:
+            if match.note:
+                err.print(match.note, markup=False)
+        targets, by_target = _by_target(matches)
+        err.print(f"stopping {sum(map(len, by_target.values()))} run(s) (TERM, KILL after "
                   f"{'the run grace' if grace is None else f'{grace:g}s'})...")
         outcomes = per_host(list(targets.values()), lambda t: client.kill(t, by_target[t.name], grace=grace))
     report = {o.target.name: (o.value if o.ok else {"ok": False, "error": str(o.error)}) for o in outcomes}
@@ -50,15 +54,28 @@ def kill(
     return 1 if failed else 0
 
 
+def _by_target(matches: list[Match]) -> tuple[dict[str, Target], dict[str, list[str]]]:
+    """The targets to ask, and the run ids to end on each (a run named twice is ended once)."""
+    targets: dict[str, Target] = {}
+    by_target: dict[str, list[str]] = defaultdict(list)
+    for match in matches:
+        for target, record in match.runs:
+            targets[target.name] = target
+            if record["run_id"] not in by_target[target.name]:
+                by_target[target.name].append(record["run_id"])
+    return targets, by_target
+
+
 def _print(report: dict) -> None:
     out = stdout()
     for target, result in report.items():
         if result.get("error") and not result.get("runs"):
             out.print(about(target, result["error"]), markup=False)
         for run in result.get("runs", []):
-            line = f"{run.get('run_id')} on {target}: {run.get('state')}"
-            if run.get("signal"):
-                line += f" (signal {run['signal']})"
+            record = {**(run.get("run") or {}), **run}
+            ended = how_it_ended(record)
+            line = f"{run.get('run_id')} on {target}: " + (f"had already ended: {ended}; nothing to stop"
+                                                           if run.get("already_ended") else ended)
             survivors = run.get("survivors") or []
             if survivors:
                 line += "; STILL ALIVE: " + ", ".join(f"{p.get('pid')} {p.get('cmdline', '')[:60]}"

@@ -6,11 +6,13 @@ from typing import List, Optional
 
 import typer
 
+from ..agent.launch import how_it_ended
 from ..connections import Connections
-from ..errors import UsageError
+from ..errors import UsageError, shorten
 from ..inventory import Target
 from ..jobs import DEFAULT_DIST_TIMEOUT_S, JobLaunchFailed, JobSpec, launch_job
 from ..runs import LaunchFailed, LaunchSpec, RunClient, check_name, default_name
+from .usage import finite
 from .state import AppState, parse_env, parse_gpus, print_json, stderr
 
 
@@ -28,12 +30,13 @@ def launch(
                                        help="GPUs of the target the run may use (sets CUDA_VISIBLE_DEVICES)."),
     env: Optional[List[str]] = typer.Option(None, "--env", "-e", metavar="K=V", help="Extra environment (repeat)."),
     force: bool = typer.Option(False, "--force", help="Start even if a live run holds the GPUs."),
-    grace: float = typer.Option(30.0, "--grace", min=0, help="Seconds a later `kill` waits after TERM."),
+    grace: float = typer.Option(30.0, "--grace", min=0, callback=finite,
+                                help="Seconds a later `kill` waits after TERM."),
     nproc_per_node: Optional[int] = typer.Option(
         None, "--nproc-per-node", min=1, help="Processes per node of a multi-target job (default: one per GPU; "
                                               "one CPU process where there are none or the config says cpu)."),
     dist_timeout: float = typer.Option(
-        DEFAULT_DIST_TIMEOUT_S, "--dist-timeout", min=1, metavar="SECONDS",
+        DEFAULT_DIST_TIMEOUT_S, "--dist-timeout", min=1, callback=finite, metavar="SECONDS",
         help="Multi-target job: how long the rendezvous and every collective wait for a missing node before "
              "the job fails."),
     as_json: bool = typer.Option(False, "--json", help="Print the run record (a job: job_id and one per node)."),
@@ -134,7 +137,7 @@ def launch_spec(target: Target, command: list[str], *, name: str | None, config:
     if command and config:
         raise UsageError("give either --config (the bundled trainer) or -- CMD (your own command), not both")
     if gpus is not None and target.gpus and any(g >= target.gpus for g in gpus):
-        raise UsageError(f"--gpus {','.join(map(str, gpus))}: {target.name} has {target.gpus} GPU(s) "
+        raise UsageError(f"--gpus {shorten(','.join(map(str, gpus)), 60)}: {target.name} has {target.gpus} GPU(s) "
                          f"(0-{target.gpus - 1}) in the inventory")
     if command:
         return LaunchSpec(target=target, command=command, name=check_name(name or default_name(command)),
@@ -171,9 +174,7 @@ def _report_failure(failed: LaunchFailed) -> None:
     if not run:  # refused before anything started (e.g. GPUs busy): the error says it all
         return
     err = stderr()
-    code, sig = run.get("exit_code", payload.get("exit_code")), run.get("signal", payload.get("signal"))
-    err.print(f"run {run.get('run_id', '?')} ended during start-up: exit code {code}"
-              + (f", signal {sig}" if sig else ""), markup=False)
+    err.print(f"run {run.get('run_id', '?')} ended during start-up: {how_it_ended(run)}", markup=False)
     lines = payload.get("log_tail") or []
     if lines:
         err.print("last lines of its log:", markup=False)

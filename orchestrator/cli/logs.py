@@ -9,9 +9,9 @@ import typer
 
 from ..connections import Connections
 from ..errors import CommandTimeout, TargetNotFound
-from ..jobs import locate
+from ..addressing import Match, locate
 from ..runs import RunClient, runs_dir
-from .state import AppState
+from .state import AppState, stderr
 
 TERMINAL = {"succeeded", "failed", "killed", "lost"}
 STATE_POLL_S = 2.0
@@ -19,7 +19,9 @@ STATE_POLL_S = 2.0
 
 def logs(
     ctx: typer.Context,
-    run_id: str = typer.Argument(..., metavar="RUN", help="The run id, or a job id (see `dflashctl ps`)."),
+    run_id: str = typer.Argument(..., metavar="RUN",
+                                 help="A run or job id, a unique prefix of one, or the name given at launch "
+                                      "(its newest run, live ones first)."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines until the run ends."),
     lines: int = typer.Option(100, "--lines", "-n", min=0, help="How many of the last lines to show first."),
     node: Optional[int] = typer.Option(None, "--node", min=0,
@@ -32,7 +34,10 @@ def logs(
     state: AppState = ctx.obj
     with Connections() as conns:
         client = RunClient(state.inventory(), conns)
-        target, record = _pick(locate(client, [run_id]), run_id, node)
+        match = locate(client, [run_id])[0]
+        if match.note:
+            stderr().print(match.note, markup=False)
+        target, record = _pick(match, node)
         run_id = record["run_id"]
         transport = conns.for_target(target)
         log_path = record["log_path"]
@@ -44,14 +49,14 @@ def logs(
         return _follow(client, transport, target, run_id, log_path, lines)
 
 
-def _pick(located: dict, wanted: str, node: int | None) -> tuple:
+def _pick(match: Match, node: int | None) -> tuple:
     """The one run to show: the run itself, or the chosen node of a job."""
-    if wanted in located:  # a run id (node runs carry a -nN suffix, so no job id is also a run id)
-        return located[wanted]
-    nodes = {rec.get("node_rank"): (target, rec) for target, rec in located.values()}
+    if match.kind == "run":
+        return match.runs[0]
+    nodes = {rec.get("node_rank"): (target, rec) for target, rec in match.runs}
     rank = 0 if node is None else node
     if rank not in nodes:
-        raise TargetNotFound(f"job {wanted} has no node {rank} (nodes: {', '.join(map(str, sorted(nodes)))})")
+        raise TargetNotFound(f"job {match.id} has no node {rank} (nodes: {', '.join(map(str, sorted(nodes)))})")
     return nodes[rank]
 
 

@@ -19,7 +19,7 @@ RECENT = datetime.timedelta(hours=24)
 
 def ps(
     ctx: typer.Context,
-    targets: Optional[List[str]] = typer.Argument(None, metavar="[TARGET]...",
+    targets: Optional[List[str]] = typer.Argument(None, metavar="TARGET",
                                                   help="Only these targets (default: every target)."),
     show_all: bool = typer.Option(False, "--all", "-a", help="Also runs that ended more than 24 h ago."),
     as_json: bool = typer.Option(False, "--json", help="Print {\"runs\": [...], \"jobs\": [...]} as JSON."),

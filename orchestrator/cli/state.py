@@ -48,31 +48,37 @@ def print_json(payload: dict[str, Any]) -> None:
 
 
 def parse_gpus(text: str | None) -> list[int] | None:
-    """`0,1,3` or `0-7` (or a mix: `0-3,6`) into sorted distinct indices."""
+    """`0,1,3` or `0-7` (or a mix: `0-3,6`) into sorted distinct indices, each at most MAX_GPU_INDEX
+    (checked before a range is expanded: `0-99999999` is refused at once, not after building it)."""
     if text is None:
         return None
-    from ..errors import UsageError
+    from ..errors import UsageError, shorten
+    from ..runs import MAX_GPU_INDEX
 
+    shown = shorten(text, 60)
     indices: set[int] = set()
     for part in text.split(","):
         lo, sep, hi = part.strip().partition("-")
         if not lo.isdigit() or (sep and not hi.isdigit()):
-            raise UsageError(f"bad --gpus {text!r}: use indices like 0,1 or a range like 0-7")
+            raise UsageError(f"bad --gpus {shown!r}: use indices like 0,1 or a range like 0-7")
         start, stop = int(lo), int(hi) if sep else int(lo)
         if stop < start:
-            raise UsageError(f"bad --gpus {text!r}: range {part} runs backwards")
+            raise UsageError(f"bad --gpus {shown!r}: range {shorten(part, 40)} runs backwards")
+        if stop > MAX_GPU_INDEX:
+            raise UsageError(f"bad --gpus {shown!r}: GPU indices go up to {MAX_GPU_INDEX}")
         indices.update(range(start, stop + 1))
     return sorted(indices)
 
 
 def parse_env(pairs: list[str] | None) -> dict[str, str]:
-    from ..errors import UsageError
+    from ..errors import UsageError, shorten
 
     env: dict[str, str] = {}
     for pair in pairs or []:
         key, sep, value = pair.partition("=")
         if not sep or not key.replace("_", "a").isalnum() or key[0].isdigit():
-            raise UsageError(f"bad --env {pair!r}: use KEY=VALUE with KEY made of letters, digits and _")
+            raise UsageError(f"bad --env {shorten(pair, 80)!r}: use KEY=VALUE with KEY made of letters, digits "
+                             f"and _")
         env[key] = value
     return env
 

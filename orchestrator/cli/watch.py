@@ -10,18 +10,19 @@ from rich.table import Table
 from ..errors import EXIT_OK, EXIT_UNREACHABLE, UsageError
 from ..livesource import LiveSource
 from ..watchmodel import Snapshot
+from .usage import finite
 from .state import AppState, print_json, stderr, stdout
 
 
 def watch(
     ctx: typer.Context,
-    targets: Optional[List[str]] = typer.Argument(None, metavar="[TARGET]...",
+    targets: Optional[List[str]] = typer.Argument(None, metavar="TARGET",
                                                   help="Only these targets (default: every target)."),
     once: bool = typer.Option(False, "--once", help="Print one snapshot and exit instead of opening the dashboard."),
     as_json: bool = typer.Option(False, "--json", help="With --once: print the snapshot as one JSON object."),
-    interval: float = typer.Option(1.0, "--interval", min=0.1, metavar="S",
+    interval: float = typer.Option(1.0, "--interval", min=0.1, callback=finite, metavar="S",
                                    help="Seconds between GPU samples (nvidia-smi loops in the container)."),
-    timeout: float = typer.Option(30.0, "--timeout", min=0.0, metavar="S",
+    timeout: float = typer.Option(30.0, "--timeout", min=0.0, callback=finite, metavar="S",
                                   help="With --once: the longest wait for every target to answer."),
 ) -> int:
     """The live dashboard of every run, GPU and alert of the targets (keys: k kill, l log, c cleanup, / filter,

@@ -105,10 +105,12 @@ class SSHHost:
         except UnknownHostKey as exc:
             raise HostKeyError(_unknown_key_message(h, conn, exc)) from None
         except paramiko.BadHostKeyException as exc:
+            known_hosts = known_hosts_path(conn, h)
             raise HostKeyError(
-                f"{h.name}: the host key of {exc.hostname} does NOT match known_hosts (offered "
+                f"{h.name}: the host key of {exc.hostname} does NOT match {known_hosts} (offered "
                 f"{exc.key.get_name()} {exc.key.fingerprint}). The host was reinstalled or someone is in between; "
-                f"check it, then remove the old line with `ssh-keygen -R {exc.hostname}`.") from None
+                f"check it, then remove the old line with "
+                f"`ssh-keygen -f {shlex.quote(known_hosts)} -R {shlex.quote(exc.hostname)}`.") from None
         except paramiko.AuthenticationException as exc:
             raise AuthError(f"{h.name}: authentication failed for {conn.user}@{conn.host}:{conn.port}: {exc}. "
                             f"Check identity_file, ssh-agent or ~/.ssh/config.") from None
@@ -131,11 +133,16 @@ def _ssh_config_user(address: str) -> str | None:
     return fabric.Config().base_ssh_config.lookup(address).get("user")
 
 
+def known_hosts_path(conn: fabric.Connection, host: HostConfig) -> str:
+    """The known_hosts file checked for this host: the inventory's, else ~/.ssh/config's, else the default."""
+    known_hosts = host.known_hosts or conn.ssh_config.get("userknownhostsfile", "").split(" ")[0] \
+        or "~/.ssh/known_hosts"
+    return os.path.expanduser(known_hosts)
+
+
 def _install_host_key_checks(conn: fabric.Connection, host: HostConfig) -> None:
     """fabric trusts every host key by default; put known_hosts and a strict policy in place (gateways too)."""
-    known_hosts = host.known_hosts or conn.ssh_config.get("userknownhostsfile", "").split(" ")[0] \
-        or os.path.expanduser("~/.ssh/known_hosts")
-    known_hosts = os.path.expanduser(known_hosts)
+    known_hosts = known_hosts_path(conn, host)
     client = paramiko.SSHClient()
     if os.path.exists(known_hosts):
         try:
@@ -150,8 +157,9 @@ def _install_host_key_checks(conn: fabric.Connection, host: HostConfig) -> None:
 
 def _unknown_key_message(host: HostConfig, conn: fabric.Connection, exc: UnknownHostKey) -> str:
     key = exc.key
-    target = f"-p {conn.port} {conn.host}" if conn.port and conn.port != 22 else conn.host
-    where = host.known_hosts or "~/.ssh/known_hosts"
+    address = shlex.quote(conn.host)
+    target = f"-p {conn.port} {address}" if conn.port and conn.port != 22 else address
+    where = shlex.quote(known_hosts_path(conn, host))
     return (f"{host.name}: unknown host key for {exc.hostname} ({key.get_name()} {key.fingerprint}); refusing to "
             f"connect. If that fingerprint is right, accept it with `ssh-keyscan {target} >> {where}` (or connect "
             f"once with ssh), or set `host_key_policy: accept-new` for this host in the inventory.")
@@ -186,7 +194,7 @@ class SSHTransport(Transport):
         started = time.monotonic()
         chan = self._session()
         try:
-            chan.exec_command(shlex.join(argv))
+            chan.exec_command(command_line(argv))
             if stdin:
                 chan.sendall(stdin)
             chan.shutdown_write()
@@ -203,11 +211,17 @@ class SSHTransport(Transport):
     def start(self, argv: Sequence[str]) -> RemoteProcess:
         chan = self._session()
         try:
-            chan.exec_command(shlex.join(argv))
+            chan.exec_command(command_line(argv))
         except (paramiko.SSHException, OSError, EOFError) as exc:
             self.conn.close()
             raise Unreachable(f"{self.label}: the connection dropped: {_reason(exc)}") from None
         return SSHProcess(chan, self.label)
+
+
+def command_line(argv: Sequence[str]) -> bytes:
+    """argv quoted for the remote shell, as bytes: an argument that is not UTF-8 (`$'\\xff'`, which Python
+    holds as a lone surrogate) reaches the host as the very bytes that were typed, as it does locally."""
+    return shlex.join(argv).encode("utf-8", "surrogateescape")
 
 
 def _drain(chan: paramiko.Channel, timeout: float | None, label: str,

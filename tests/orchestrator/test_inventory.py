@@ -44,6 +44,9 @@ BAD = {
     "negative gpus": ("hosts:\n  pve1:\n    address: x\n    containers:\n      200: {gpus: -1}\n",
                       5, "hosts.pve1.containers.200.gpus", "greater than or equal to 0"),
     "not a mapping": ("- a\n- b\n", 1, "", "must be a mapping"),
+    "address like an option": ("hosts:\n  pve1:\n    address: -oProxyCommand=touch\n", 3, "hosts.pve1.address",
+                               "must not start with '-'"),
+    "address with a space": ("hosts:\n  pve1:\n    address: 'a b'\n", 3, "hosts.pve1.address", "spaces"),
 }
 
 
@@ -106,3 +109,30 @@ def test_local_is_always_there_and_shipped_example_is_valid() -> None:
     assert inv.target("local").host.transport == "local"
     example = load_inventory(Path(__file__).resolve().parents[2] / "inventory.yaml")
     assert [t.name for t in example.all_targets()] == ["local"]
+
+
+@pytest.mark.parametrize("text, real, knock_on", [
+    ("hosts:\n  pve1:\n    adress: 10.0.0.1\n", "3: hosts.pve1.adress: unknown key 'adress' (did you mean 'address'?)",
+     "needs an address"),
+    ("hosts:\n  pve1:\n    transport: locl\n", "3: hosts.pve1.transport: Input should be 'ssh' or 'local'",
+     "needs an address"),
+    ("hosts:\n  pve1:\n    transport: locl\n    address: x\n    containers: {200: {}}\n",
+     "3: hosts.pve1.transport:", "containers"),
+])
+def test_the_real_mistake_is_reported_alone(tmp_path: Path, text: str, real: str, knock_on: str) -> None:
+    path = tmp_path / "inv.yaml"
+    path.write_text(text)
+    with pytest.raises(InventoryError) as info:
+        load_inventory(path)
+    lines = str(info.value).splitlines()
+    assert lines[0] == f"{path}:{real}" or lines[0].startswith(f"{path}:{real}"), lines
+    assert len(lines) == 1 and knock_on not in lines[0], lines
+
+
+def test_an_unrelated_unknown_key_does_not_hide_a_missing_address(tmp_path: Path) -> None:
+    path = tmp_path / "inv.yaml"
+    path.write_text("hosts:\n  pve1:\n    gpuz: 1\n")
+    with pytest.raises(InventoryError) as info:
+        load_inventory(path)
+    lines = str(info.value).splitlines()
+    assert "unknown key 'gpuz'" in lines[0] and "needs an address" in lines[1]

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import shlex
+import subprocess
 import time
 from pathlib import Path
 
@@ -158,3 +160,51 @@ def test_ssh_config_alias_user_and_identity_are_honoured(lab, tmp_path: Path, mo
     inventory.write_text(inventory.read_text().replace("pve-alias", "pve-as-nobody"))
     with Connections() as conns, pytest.raises(AuthError, match="nobody@"):  # the config's User is used
         conns.connect(load_inventory(inventory).host("pve1"))
+
+
+def _hinted_command(message: str, program: str) -> str:
+    """The shell command between backticks in an error message that starts with `program`."""
+    return next(part for part in message.split("`") if part.startswith(program))
+
+
+def test_the_unknown_key_hint_is_a_command_that_works_on_a_path_with_spaces(lab, tmp_path: Path) -> None:
+    known = tmp_path / "my keys" / "known hosts"
+    known.parent.mkdir()
+    known.write_text("")
+    path = lab.write_inventory(tmp_path / "inv.yaml")
+    path.write_text(path.read_text().replace(str(lab.known_hosts), str(known)))
+    inv = load_inventory(path)
+    with Connections() as conns, pytest.raises(HostKeyError) as info:
+        conns.connect(inv.host("pve1"))
+    command = _hinted_command(str(info.value), "ssh-keyscan")
+    assert subprocess.run(["sh", "-c", command], capture_output=True, timeout=30).returncode == 0
+    assert known.read_text().strip()  # the key landed in the inventory's file, not beside it
+    with Connections() as conns:
+        assert conns.host_transport(inv.host("pve1")).run(["true"]).ok
+
+
+def test_the_changed_key_hint_edits_the_inventorys_known_hosts(lab, tmp_path: Path) -> None:
+    host = lab.hosts["pve1"]
+    entry = f"[{host.address}]:{host.port}" if host.port != 22 else host.address
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "other")], check=True)
+    key_type, key = (tmp_path / "other.pub").read_text().split()[:2]
+    known = tmp_path / "known hosts"
+    known.write_text(f"{entry} {key_type} {key}\n")  # another key than the host's
+    path = lab.write_inventory(tmp_path / "inv.yaml")
+    path.write_text(path.read_text().replace(str(lab.known_hosts), str(known)))
+    with Connections() as conns, pytest.raises(HostKeyError) as info:
+        conns.connect(load_inventory(path).host("pve1"))
+    assert "does NOT match" in str(info.value)
+    command = _hinted_command(str(info.value), "ssh-keygen")
+    assert f"-f {shlex.quote(str(known))}" in command
+    done = subprocess.run(["sh", "-c", command], capture_output=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert entry not in known.read_text()
+
+
+def test_arguments_that_are_not_utf8_reach_the_container_as_typed(lab, inventory_path: Path,
+                                                                 conns: Connections) -> None:
+    target = load_inventory(inventory_path).target("pve1/200")
+    raw = "\udcff-\udce9"  # what Python makes of the bytes \xff and \xe9 in argv
+    echo = "import os, sys; sys.stdout.buffer.write(os.fsencode(sys.argv[1]))"
+    assert conns.for_target(target).run([target.python, "-c", echo, raw]).stdout == b"\xff-\xe9"

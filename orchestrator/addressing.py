@@ -1,0 +1,127 @@
+"""Which runs a RUN argument names: a run or job id, the name given at launch, or a unique prefix of an id.
+
+People address runs as they address containers: `dflashctl logs ticker` (the newest live run named ticker,
+else the newest of that name) or `dflashctl kill ticker-2612` (the one run whose id begins so). In that order:
+an exact run id, an exact job id, a name, a prefix; a prefix that begins several ids is refused with the
+candidates listed. A multi-node job counts as one: its name and its id name all of its node runs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .errors import TargetNotFound, UsageError, shorten
+from .inventory import Target
+from .runs import RunClient, check_run_id
+
+LIVE = ("starting", "running")
+MAX_CANDIDATES = 10
+
+
+@dataclass
+class Match:
+    """What one RUN argument named: a run (`kind` "run") or every node run of a job (`kind` "job")."""
+
+    ref: str
+    kind: str
+    id: str
+    runs: list[tuple[Target, dict]] = field(default_factory=list)
+    note: str | None = None   # which of several same-named runs was taken, for the user to read
+
+    @property
+    def live(self) -> bool:
+        return any(record.get("state") in LIVE for _, record in self.runs)
+
+    @property
+    def created_at(self) -> str:
+        return min((record.get("created_at") or "" for _, record in self.runs), default="")
+
+    @property
+    def name(self) -> str | None:
+        return self.runs[0][1].get("name") if self.runs else None
+
+    def describe(self) -> str:
+        targets = sorted({target.name for target, _ in self.runs})
+        state = "live" if self.live else (self.runs[0][1].get("state") if len(self.runs) == 1 else "ended")
+        return f"{self.id} ({'job ' if self.kind == 'job' else ''}{state} on {', '.join(targets)})"
+
+
+def locate(client: RunClient, refs: list[str]) -> list[Match]:
+    """One Match per RUN argument, from one sweep of every target; raises when one names nothing or is
+    ambiguous, before anything is done to any of them."""
+    for ref in refs:
+        check_run_id(ref)
+    outcomes = client.list_runs(client.inventory.all_targets())
+    runs = [(o.target, record) for o in outcomes for record in o.value or []]
+    matches, missing = [], []
+    for ref in refs:
+        match = resolve(ref, runs)
+        if match is None:
+            missing.append(ref)
+        else:
+            matches.append(match)
+    if missing:
+        down = [f"{o.target.name} ({o.error})" for o in outcomes if not o.ok]
+        hint = f"; not searched, unreachable: {'; '.join(down)}" if down else ""
+        raise TargetNotFound(f"no run or job {', '.join(map(repr, missing))} on any target (a run id, a "
+                             f"unique prefix of one, or the name given at launch; see `dflashctl ps`){hint}")
+    return matches
+
+
+def resolve(ref: str, runs: list[tuple[Target, dict]]) -> Match | None:
+    """The Match for `ref` among every known run, None when nothing matches; UsageError when ambiguous."""
+    exact = [(t, r) for t, r in runs if r.get("run_id") == ref]
+    if exact:
+        return Match(ref, "run", ref, exact[:1])
+    units = _units(runs)
+    if ref in units["job"]:
+        return units["job"][ref]
+    named = [m for m in [*units["run"].values(), *units["job"].values()] if m.name == ref]
+    if named:
+        return _newest(ref, named)
+    return _by_prefix(ref, runs, units)
+
+
+def _units(runs: list[tuple[Target, dict]]) -> dict[str, dict[str, Match]]:
+    """Plain runs by run id and jobs (all their nodes) by job id: what a name or a prefix can name."""
+    plain: dict[str, Match] = {}
+    jobs: dict[str, Match] = {}
+    for target, record in runs:
+        job_id = record.get("job_id")
+        if job_id:
+            jobs.setdefault(job_id, Match(job_id, "job", job_id)).runs.append((target, record))
+        else:
+            plain.setdefault(record["run_id"], Match(record["run_id"], "run", record["run_id"], [(target, record)]))
+    for job in jobs.values():
+        job.runs.sort(key=lambda tr: tr[1].get("node_rank") or 0)
+    return {"run": plain, "job": jobs}
+
+
+def _newest(ref: str, named: list[Match]) -> Match:
+    live = [m for m in named if m.live]
+    pool = live or named
+    chosen = max(pool, key=lambda m: (m.created_at, m.id))
+    chosen = Match(ref, chosen.kind, chosen.id, chosen.runs)
+    if len(named) > 1:
+        which = "the newest live one" if live else "the newest (none is live)"
+        chosen.note = (f"{ref!r} names {len(named)} runs; using {which}: {chosen.describe()}. "
+                       f"Give its id to choose another (`dflashctl ps` lists them).")
+    return chosen
+
+
+def _by_prefix(ref: str, runs: list[tuple[Target, dict]], units: dict[str, dict[str, Match]]) -> Match | None:
+    found = [m for m in [*units["run"].values(), *units["job"].values()] if m.id.startswith(ref)]
+    covered = {m.id for m in found if m.kind == "job"}
+    # a prefix longer than its job's id may name one node run of the job (`JOB-n1`)
+    found += [Match(r["run_id"], "run", r["run_id"], [(t, r)]) for t, r in runs
+              if r.get("job_id") and r["run_id"].startswith(ref) and r["job_id"] not in covered]
+    if not found:
+        return None
+    if len(found) == 1:
+        return Match(ref, found[0].kind, found[0].id, found[0].runs)
+    found.sort(key=lambda m: m.created_at, reverse=True)
+    listed = "; ".join(m.describe() for m in found[:MAX_CANDIDATES])
+    more = f"; and {len(found) - MAX_CANDIDATES} more" if len(found) > MAX_CANDIDATES else ""
+    raise UsageError(f"{shorten(ref)!r} begins {len(found)} run ids: {listed}{more}. Give more of the id.")
+
+
+__all__ = ["Match", "locate", "resolve"]

@@ -1,0 +1,78 @@
+"""Mistakes in what was typed, shown the same way by every typer/click version the package allows.
+
+typer before 0.26 raises click's exceptions; from 0.26 on it vendors click and raises copies of its own, which
+`except click.ClickException` never catches. Both kinds descend from a class named `ClickException` that has
+`exit_code` and `format_message()`, and a usage error carries the `ctx` it happened in: that is what this
+module relies on, never where the classes are imported from.
+"""
+from __future__ import annotations
+
+import difflib
+import math
+import sys
+
+import typer
+from typer.core import TyperGroup
+
+from ..errors import EXIT_USAGE, shorten
+
+
+def _parse_error_types() -> tuple[type, ...]:
+    # typer.BadParameter is click's BadParameter (typer < 0.26) or typer's own copy of it (>= 0.26)
+    found = {cls for cls in typer.BadParameter.__mro__ if cls.__name__ == "ClickException"}
+    try:
+        import click  # a dependency of typer < 0.26 only; a newer typer never raises click's exceptions
+
+        found.add(click.ClickException)
+    except ImportError:
+        pass
+    return tuple(found)
+
+
+PARSE_ERRORS = _parse_error_types()
+
+
+def is_parse_error(exc: BaseException) -> bool:
+    if isinstance(exc, PARSE_ERRORS):
+        return True
+    # a future typer that moves the class again still raises something shaped like it
+    return callable(getattr(exc, "format_message", None)) and isinstance(getattr(exc, "exit_code", None), int) \
+        and hasattr(exc, "ctx")
+
+
+def describe(exc: BaseException) -> str:
+    """The one-line message, with "did you mean" where the parser found close matches."""
+    possibilities = getattr(exc, "possibilities", None)
+    message = getattr(exc, "message", None)
+    if possibilities and isinstance(message, str):  # click words these differently from version to version
+        return f"{message} (did you mean {' or '.join(sorted(possibilities))}?)"
+    return exc.format_message()
+
+
+def show_parse_error(exc: BaseException) -> int:
+    """`dflashctl: error: MESSAGE`, the usage of the command it was in and where help is; exit 2."""
+    print(f"dflashctl: error: {shorten(describe(exc), 1000)}", file=sys.stderr)
+    ctx = getattr(exc, "ctx", None)
+    if ctx is not None:
+        print(ctx.get_usage(), file=sys.stderr)
+        print(f"Try '{ctx.command_path} --help' for help.", file=sys.stderr)
+    return EXIT_USAGE
+
+
+class CommandGroup(TyperGroup):
+    """The root group: an unknown command gets "did you mean" from every typer version alike."""
+
+    def resolve_command(self, ctx, args):
+        name = args[0] if args else None
+        if name and not name.startswith("-") and self.get_command(ctx, name) is None:
+            close = difflib.get_close_matches(name, self.list_commands(ctx), n=2)
+            hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
+            ctx.fail(f"no such command {shorten(name, 60)!r}{hint}")
+        return super().resolve_command(ctx, args)
+
+
+def finite(value: float | None) -> float | None:
+    """Option callback: `nan` and `inf` parse as floats but are no number of seconds."""
+    if value is not None and not math.isfinite(value):
+        raise typer.BadParameter(f"{value} is not a finite number")
+    return value

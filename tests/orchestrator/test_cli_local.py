@@ -1,0 +1,128 @@
+"""The CLI on the `local` target with real launched runs: addressing by name and prefix, a second kill, a
+command that cannot start, GPUs the machine does not have, inputs that used to end in a traceback."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.lab.workloads import run_cli, stop_keeper
+
+NO_GPU_PATH = "/usr/bin:/bin"  # no nvidia-smi there on a machine without GPUs: checked below
+
+
+@pytest.fixture
+def inv(tmp_path: Path):
+    path = tmp_path / "inventory.yaml"
+    path.write_text("hosts:\n  local:\n    transport: local\n"
+                    f"    workdir: {json.dumps(str(tmp_path / 'work'))}\n    python: {json.dumps(sys.executable)}\n")
+    yield str(path)
+    stop_keeper(tmp_path / "work" / ".dflash" / "runs")
+
+
+def launch(inv: str, capsys, *args: str) -> dict:
+    code, record, err = run_cli(inv, "launch", "local", "--json", *args, capsys=capsys)
+    assert code == 0, err
+    return record
+
+
+def test_logs_and_kill_address_a_run_by_its_name_and_by_a_prefix(inv, capsys):
+    first = launch(inv, capsys, "--name", "ticker", "--", "sh", "-c", "echo first; sleep 60")
+    time.sleep(1.1)  # ids carry the second they were made in
+    second = launch(inv, capsys, "--name", "ticker", "--", "sh", "-c", "echo second; sleep 60")
+    code, out, err = run_cli(inv, "logs", "ticker", capsys=capsys)
+    assert code == 0 and out.strip() == "second"
+    assert "'ticker' names 2 runs" in err and second["run_id"] in err
+    code, out, err = run_cli(inv, "logs", first["run_id"][:-2], capsys=capsys)  # a unique prefix
+    assert code == 0 and out.strip() == "first"
+    code, out, err = run_cli(inv, "logs", "ticker-", capsys=capsys)  # a prefix of both
+    assert code == 2 and first["run_id"] in err and second["run_id"] in err and "Traceback" not in err
+    code, result, err = run_cli(inv, "kill", "ticker", "--grace", "1", "--json", capsys=capsys)
+    assert code == 0 and [r["run_id"] for r in result["targets"]["local"]["runs"]] == [second["run_id"]]
+    # with the newest one ended, the name means the other, still live one
+    code, result, err = run_cli(inv, "kill", "ticker", "--grace", "1", "--json", capsys=capsys)
+    assert code == 0 and [r["run_id"] for r in result["targets"]["local"]["runs"]] == [first["run_id"]]
+    code, out, err = run_cli(inv, "logs", "nosuch", capsys=capsys)
+    assert code == 2 and "no run or job 'nosuch'" in err
+
+
+def test_a_second_kill_says_the_run_had_already_ended(inv, capsys):
+    record = launch(inv, capsys, "--", "sleep", "60")
+    code, out, _ = run_cli(inv, "kill", record["run_id"], "--grace", "1", capsys=capsys)
+    assert code == 0 and out.strip() == f"{record['run_id']} on local: killed, signal 15 (SIGTERM)"
+    code, out, _ = run_cli(inv, "kill", record["run_id"], capsys=capsys)
+    assert code == 0
+    assert out.strip() == f"{record['run_id']} on local: had already ended: killed, signal 15 (SIGTERM); nothing to stop"
+
+
+def test_a_missing_binary_fails_the_launch_with_exit_127_command_not_found(inv, capsys):
+    code, out, err = run_cli(inv, "launch", "local", "--", "no-such-program-here", capsys=capsys)
+    assert code == 1
+    assert "failed, exit code 127: command not found: no-such-program-here" in err
+    assert "None" not in err
+
+
+def test_gpus_the_machine_does_not_have_are_refused_before_anything_starts(inv, capsys, monkeypatch):
+    monkeypatch.setenv("PATH", NO_GPU_PATH)
+    if any(os.path.exists(os.path.join(d, "nvidia-smi")) for d in NO_GPU_PATH.split(":")):
+        pytest.skip("this machine has nvidia-smi")
+    code, _, err = run_cli(inv, "launch", "local", "--gpus", "0-3", "--", "sleep", "60", capsys=capsys)
+    assert code == 2 and "local has no GPU" in err
+    started = time.monotonic()
+    code, _, err = run_cli(inv, "launch", "local", "--gpus", "0-99999999", "--", "sleep", "60", capsys=capsys)
+    assert code == 2 and "GPU indices go up to 1023" in err and time.monotonic() - started < 1.0
+    code, payload, _ = run_cli(inv, "ps", "--json", capsys=capsys)
+    assert payload["runs"] == []  # nothing was started
+
+
+def test_the_inventory_gpu_count_bounds_gpus_too(tmp_path, capsys):
+    path = tmp_path / "inventory.yaml"
+    path.write_text(f"hosts:\n  local:\n    transport: local\n    gpus: 2\n    workdir: {json.dumps(str(tmp_path))}\n")
+    code, _, err = run_cli(str(path), "launch", "local", "--gpus", "1-2", "--", "true", capsys=capsys)
+    assert code == 2 and "local has 2 GPU(s) (0-1) in the inventory" in err
+
+
+def test_a_huge_invalid_name_is_not_echoed_whole(inv, capsys):
+    name = "x" * 100_000 + "!"
+    code, out, err = run_cli(inv, "launch", "local", "--name", name, "--", "true", capsys=capsys)
+    assert code == 2 and "invalid run name" in err and len(err) < 1000
+    code, out, err = run_cli(inv, "logs", name, capsys=capsys)
+    assert code == 2 and "invalid run id" in err and len(err) < 1000
+
+
+def test_an_env_value_that_is_not_utf8_reaches_the_run_as_typed(inv, capsys):
+    record = launch(inv, capsys, "--env", "V=\udcff", "--", sys.executable, "-c",
+                    "import os, sys; sys.stdout.buffer.write(os.environb[b'V']); sys.stdout.flush()")
+    deadline = time.monotonic() + 10
+    while Path(record["log_path"]).read_bytes() != b"\xff" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert Path(record["log_path"]).read_bytes() == b"\xff"
+
+
+def test_version(inv, capsys):
+    code, payload, _ = run_cli(inv, "version", "--json", capsys=capsys)
+    assert code == 0 and payload["dflashctl"] and payload["agent_version"] and payload["python"]
+    local = payload["local"]
+    assert local["python"] == sys.version.split()[0] and local["executable"] == sys.executable
+    for package in ("torch", "transformers"):  # what that Python would train with, or None
+        try:
+            from importlib.metadata import version
+            expected = version(package)
+        except Exception:
+            expected = None
+        assert local[package] == expected
+
+
+def test_version_never_imports_torch_in_the_controller(inv):
+    import subprocess
+
+    probe = ("import sys; from orchestrator.cli import main; code = main(['--inventory', sys.argv[1], 'version']); "
+             "print('torch' in sys.modules, 'transformers' in sys.modules, code)")
+    done = subprocess.run([sys.executable, "-c", probe, inv], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.stdout.splitlines()[-1] == "False False 0", done.stderr
+    assert done.stdout.startswith("dflashctl ")

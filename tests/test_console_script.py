@@ -1,0 +1,110 @@
+"""The installed `dflashctl` console script, run as a subprocess on each usage mistake a new user makes.
+
+Runs the script named by $DFLASHCTL_CONSOLE_SCRIPT (CI points it at a fresh controller-only venv), else the
+`dflashctl` on PATH: whatever typer and click that install resolved, every mistake must be exit 2 with a
+`dflashctl: error:` line and the usage, never a traceback.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _script() -> tuple[str | None, str | None]:
+    """(the script to run, why none is run)."""
+    named = os.environ.get("DFLASHCTL_CONSOLE_SCRIPT")
+    if named:
+        return named, None
+    found = shutil.which("dflashctl")
+    if found is None:
+        return None, "no dflashctl console script on PATH and $DFLASHCTL_CONSOLE_SCRIPT unset (pip install -e .)"
+    # the script's own interpreter: does it run this checkout's code (an editable install of it)?
+    with open(found, "rb") as handle:
+        shebang = handle.readline().decode(errors="replace")
+    python = shebang[2:].strip() if shebang.startswith("#!") and "python" in shebang else None
+    if python:
+        where = subprocess.run([*python.split(), "-c", "import orchestrator; print(orchestrator.__file__)"],
+                               cwd="/", capture_output=True, text=True, timeout=60).stdout.strip()
+        if where and not Path(where).resolve().is_relative_to(REPO):
+            return None, f"the dflashctl on PATH runs another checkout ({where}), not this one"
+    return found, None
+
+
+SCRIPT, WHY_NOT = _script()
+pytestmark = [pytest.mark.console_script, pytest.mark.skipif(SCRIPT is None, reason=WHY_NOT or "")]
+
+
+def dflashctl(tmp_path, *args: str) -> subprocess.CompletedProcess:
+    """The console script in an empty directory, with the local target's workdir under tmp_path."""
+    env = {k: v for k, v in os.environ.items() if k != "DFLASHCTL_INVENTORY"}
+    env.update(XDG_DATA_HOME=str(tmp_path / "data"), COLUMNS="100")
+    return subprocess.run([SCRIPT, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+
+
+MISTAKES = {
+    "unknown command": (["lanch", "local"], ["no such command 'lanch'", "did you mean 'launch'"]),
+    "unknown option": (["ps", "--jsn"], ["No such option: --jsn", "did you mean --json?"]),
+    "missing argument": (["logs"], ["Missing argument 'RUN'"]),
+    "not a number": (["logs", "x", "-n", "abc"], ["'--lines'"]),
+    "nan seconds": (["kill", "--grace", "nan", "x"], ["'--grace'"]),
+    "infinite seconds": (["kill", "--grace", "inf", "x"], ["'--grace'", "inf is not a finite number"]),
+    "negative seconds": (["kill", "--grace", "-1", "x"], ["'--grace'"]),
+    "unknown root option": (["--frobnicate"], ["No such option: --frobnicate"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MISTAKES))
+def test_each_usage_mistake_is_exit_2_with_a_message_and_the_usage(tmp_path, case):
+    args, words = MISTAKES[case]
+    done = dflashctl(tmp_path, *args)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr + done.stdout
+    first = done.stderr.splitlines()[0]
+    assert first.startswith("dflashctl: error: "), done.stderr
+    for word in words:
+        assert word in first, done.stderr
+    assert "Usage: dflashctl" in done.stderr and "--help' for help" in done.stderr
+
+
+def test_bare_dflashctl_shows_the_help_and_exits_2(tmp_path):
+    done = dflashctl(tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "launch" in done.stdout and "Usage" in done.stdout
+    assert done.stderr.strip() == "dflashctl: error: no command given (one of the commands above)"
+
+
+def test_help_version_and_ps_on_local_work(tmp_path):
+    done = dflashctl(tmp_path, "--help")
+    assert done.returncode == 0 and "launch" in done.stdout
+    done = dflashctl(tmp_path, "--version")
+    assert done.returncode == 0 and done.stdout.startswith("dflashctl ") and "agent" in done.stdout
+    done = dflashctl(tmp_path, "ps")
+    assert done.returncode == 0 and "no runs" in done.stdout, done.stderr
+    done = dflashctl(tmp_path, "version", "--json")
+    assert done.returncode == 0 and '"agent_version"' in done.stdout
+
+
+def test_every_controller_command_runs_from_the_installed_script(tmp_path):
+    """What the controller-only install must run: launch, ps, logs, kill by name, doctor, watch, cleanup."""
+    from tests.lab.workloads import stop_keeper
+
+    try:
+        done = dflashctl(tmp_path, "launch", "local", "--name", "smoke", "--", "sh", "-c", "echo hi; sleep 60")
+        assert done.returncode == 0, done.stderr
+        run_id = done.stdout.strip()
+        assert run_id.startswith("smoke-")
+        done = dflashctl(tmp_path, "logs", "smoke")
+        assert done.returncode == 0 and done.stdout.strip() == "hi", done.stderr
+        done = dflashctl(tmp_path, "kill", "smoke", "--grace", "1")
+        assert done.returncode == 0 and f"{run_id} on local: killed" in done.stdout, done.stderr
+        for args in (["doctor", "local"], ["watch", "--once", "--json", "local"], ["cleanup", "local", "--dry-run"]):
+            done = dflashctl(tmp_path, *args)
+            assert done.returncode == 0 and "Traceback" not in done.stderr, (args, done.stderr)
+    finally:
+        stop_keeper(tmp_path / "data" / "dflashctl" / ".dflash" / "runs")
