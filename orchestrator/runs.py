@@ -13,22 +13,29 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from .compilecache import cache_env
 from .connections import Connections
 from .deploy import Deployment, deploy
 from .errors import OperationFailed, TargetNotFound, TransportError, UsageError
 from .fanout import Outcome, per_host
 from .inventory import Inventory, Target
 from .logparse import LogParser, StepEvent
+from .trainercheck import check_trainer_config
 from .transports.base import Transport
 
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 NAME_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
 LAUNCH_TIMEOUT_S = 120.0
 DEFAULT_GRACE_S = 30.0
+CONFIG_INPUT = "config.yaml"   # the bundled trainer's config, as the run directory holds it
 
 
 def runs_dir(target: Target) -> str:
     return f"{target.workdir}/.dflash/runs"
+
+
+def run_dir(target: Target, run_id: str) -> str:
+    return f"{runs_dir(target)}/{run_id}"
 
 
 def new_run_id(name: str, *, now: datetime.datetime | None = None) -> str:
@@ -76,6 +83,16 @@ class LaunchSpec:
     settle: float | None = None   # how long the workload must stay up to count as started (agent default 1 s)
     run_id: str | None = None     # chosen by the caller (a job's node runs); a new one otherwise
     job: dict[str, object] | None = None   # job_id, node_rank, nnodes of a multi-node job's node run
+    check_config: str | None = None   # the trainer config's name: inputs[CONFIG_INPUT] is checked there first
+
+    def run_env(self) -> dict[str, str]:
+        return run_environment(self.target, self.env)
+
+
+def run_environment(target: Target, env: dict[str, str]) -> dict[str, str]:
+    """The environment a run gets on top of the target's: the compile caches under the workdir, then the
+    user's --env, which wins."""
+    return {**cache_env(target), **env}
 
 
 class RunClient:
@@ -114,15 +131,26 @@ class RunClient:
 
     # -- operations -----------------------------------------------------------------------------------------
 
+    def check_trainer_config(self, target: Target, config_text: bytes, *, source: str, run_id: str,
+                             env: dict[str, str]) -> dict:
+        """The bundled trainer's own check of the config, on the target, for the run `run_id` would be."""
+        transport = self.conns.for_target(target)
+        pkg_dir = self._deployment(target, transport, with_trainer=True).pkg_dir
+        return check_trainer_config(transport, target, config_text, pkg_dir=pkg_dir,
+                                    base_dir=run_dir(target, run_id), source=source, env=env)
+
     def launch(self, spec: LaunchSpec) -> dict:
         run_id = spec.run_id or new_run_id(spec.name)
+        if spec.check_config is not None:  # before anything exists there: a refused config leaves nothing
+            self.check_trainer_config(spec.target, spec.inputs[CONFIG_INPUT], source=spec.check_config,
+                                      run_id=run_id, env=spec.run_env())
         args = ["launch", "--runs-dir", runs_dir(spec.target), "--run-id", run_id, "--name", spec.name,
                 "--target", spec.target.name, "--grace", f"{spec.grace:g}"]
         if spec.uses_trainer:
             transport = self.conns.for_target(spec.target)
             pkg_dir = self._deployment(spec.target, transport, with_trainer=True).pkg_dir
             args += ["--pythonpath", pkg_dir]
-        for key, value in spec.env.items():
+        for key, value in spec.run_env().items():
             args += ["--env", f"{key}={value}"]
         if spec.gpus is not None:
             args += ["--gpus", ",".join(map(str, spec.gpus))]
@@ -208,4 +236,4 @@ def with_metrics(record: dict) -> dict:
 
 
 __all__ = ["RunClient", "LaunchSpec", "LaunchFailed", "new_run_id", "default_name", "check_run_id", "check_name",
-           "runs_dir", "with_metrics"]
+           "runs_dir", "run_dir", "run_environment", "with_metrics", "CONFIG_INPUT"]
