@@ -78,7 +78,7 @@ def measure_trainer(client: RunClient, target, runs: int, config: Path) -> tuple
 def describe(name: str, values: list[float]) -> str:
     ordered = sorted(values)
     p90 = ordered[min(len(ordered) - 1, int(round(0.9 * (len(ordered) - 1))))]
-    return f"{name:<48} median {statistics.median(values) * 1000:7.0f} ms   p90 {p90 * 1000:7.0f} ms   (n={len(values)})"
+    return f"{name:<60} median {statistics.median(values) * 1000:7.0f} ms   p90 {p90 * 1000:7.0f} ms   (n={len(values)})"
 
 
 def main() -> int:

@@ -20,7 +20,7 @@ from .errors import OperationFailed, TargetNotFound, TransportError, UsageError
 from .fanout import Outcome, per_host
 from .inventory import Inventory, Target
 from .logparse import LogParser, StepEvent
-from .trainercheck import check_trainer_config
+from .trainercheck import check_argv, judge
 from .transports.base import Transport
 
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -133,17 +133,20 @@ class RunClient:
 
     def check_trainer_config(self, target: Target, config_text: bytes, *, source: str, run_id: str,
                              env: dict[str, str]) -> dict:
-        """The bundled trainer's own check of the config, on the target, for the run `run_id` would be."""
+        """The bundled trainer's own check of the config on the target, for the run `run_id` would be, on its
+        own (a job checks every node before it starts any); ConfigRejected when it refuses the config."""
         transport = self.conns.for_target(target)
         pkg_dir = self._deployment(target, transport, with_trainer=True).pkg_dir
-        return check_trainer_config(transport, target, config_text, pkg_dir=pkg_dir,
-                                    base_dir=run_dir(target, run_id), source=source, env=env)
+        args = ["check", "--pythonpath", pkg_dir]
+        for key, value in env.items():
+            args += ["--env", f"{key}={value}"]
+        argv = check_argv(target, base_dir=run_dir(target, run_id), source=source)
+        payload = self.agent(target, [*args, "--", *argv], timeout=LAUNCH_TIMEOUT_S, stdin=config_text,
+                             with_trainer=True)
+        return judge(target, source, payload.get("check") or {})
 
     def launch(self, spec: LaunchSpec) -> dict:
         run_id = spec.run_id or new_run_id(spec.name)
-        if spec.check_config is not None:  # before anything exists there: a refused config leaves nothing
-            self.check_trainer_config(spec.target, spec.inputs[CONFIG_INPUT], source=spec.check_config,
-                                      run_id=run_id, env=spec.run_env())
         args = ["launch", "--runs-dir", runs_dir(spec.target), "--run-id", run_id, "--name", spec.name,
                 "--target", spec.target.name, "--grace", f"{spec.grace:g}"]
         if spec.uses_trainer:
@@ -163,9 +166,14 @@ class RunClient:
                      "--nnodes", str(spec.job["nnodes"])]
         for name in spec.inputs:
             args += ["--input", name]
+        if spec.check_config is not None:  # the agent runs it before it creates anything
+            argv = check_argv(spec.target, base_dir=run_dir(spec.target, run_id), source=spec.check_config)
+            args += ["--check", json.dumps(argv), "--check-input", CONFIG_INPUT]
         payload = self.agent(spec.target, [*args, "--", *spec.command], timeout=LAUNCH_TIMEOUT_S,
                              stdin=_pack_inputs(spec.inputs) if spec.inputs else None,
                              with_trainer=spec.uses_trainer)
+        if payload.get("code") == "check_failed":
+            judge(spec.target, spec.check_config or CONFIG_INPUT, payload.get("check") or {})
         run = payload.get("run") or {}
         if not payload.get("ok") and run.get("state") != "succeeded":  # finishing at once with 0 is no failure
             raise LaunchFailed(payload, spec.target.name)

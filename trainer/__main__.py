@@ -1,8 +1,8 @@
 """`python -m trainer COMMAND`: train, check, prepare, generate, eval, tiny-target.
 
 Exit codes: 0 success; 1 an unexpected error (full traceback printed); 2 bad input (a TrainerError: the
-message only, one `error:` line per problem). SIGTERM keeps its default action, so the process ends at once; the supervisor that started
-it owns the grace period.
+message only, one `error:` line per problem). SIGTERM keeps its default action, so the process ends at once;
+the supervisor that started it owns the grace period.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 The order is the order a person fixes things in: the config's keys and values, then the paths it names (target,
 data, output, resume) exist, then what is read from those paths (the target's config.json and its depth against
-the taps, the dataset's files and columns). A check that needs a path which does not exist is skipped, so a
+the taps, the dataset's files and columns), and last whether this python has what `train` imports. A check that needs a path which does not exist is skipped, so a
 missing data path is named as such and never shows up as some knock-on problem.
 
 Only json, yaml and pydantic are imported (no torch, no numpy, no pyarrow), so `python -m trainer check` costs
@@ -10,8 +10,10 @@ one Python start-up: `dflashctl launch` runs it on the target before it starts a
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,8 @@ REQUIRED_COLUMNS = ("input_ids", "loss_mask")
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
 PREPARE_HINT = "make it with `python -m trainer prepare`"
+# what `train` imports first; found without importing them (importing torch alone takes seconds)
+TRAIN_MODULES = ("torch", "transformers", "datasets", "safetensors")
 
 
 @dataclass
@@ -66,7 +70,15 @@ def check_config_file(path: str | Path, *, text: str | None = None, base_dir: st
         _check_target(report.config, report.unusable, resolve, found)
     if "data_path" in present:
         _check_dataset(resolve(report.config.data_path), found)
+    _check_modules(found.problems)
     return found
+
+
+def _check_modules(problems: list[Problem]) -> None:
+    missing = [name for name in TRAIN_MODULES if importlib.util.find_spec(name) is None]
+    if missing:
+        problems.append(Problem("python", f"python: {sys.executable} has no {', '.join(missing)}: install the "
+                                          f"trainer's dependencies there (pip install 'dflashctl[train]')"))
 
 
 def checked_config(path: str | Path, *, overrides: dict[str, Any] | None = None) -> TrainConfig:

@@ -13,6 +13,8 @@ from ..jobs import DEFAULT_DIST_TIMEOUT_S, JobLaunchFailed, JobSpec, launch_job
 from ..runs import CONFIG_INPUT, LaunchFailed, LaunchSpec, RunClient, check_name, default_name
 from .state import AppState, parse_env, parse_gpus, print_json, stderr
 
+CHECKED_SETTLE_S = 0.5   # a trainer run whose config passed the trainer's check must stay up this long
+
 
 def launch(
     ctx: typer.Context,
@@ -155,10 +157,12 @@ def _trainer_spec(target: Target, config: Path, *, name: str | None, gpus: list[
     train = ["-m", "trainer", "train", "--config", CONFIG_INPUT]
     command = [target.python, *(["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
                                 if nproc > 1 else []), *train]
-    # the keys, the paths and the data are checked by the trainer itself on the target, all in one pass
+    # The keys, the paths, the data and the python's packages are checked by the trainer itself on the target,
+    # all in one pass, before the run is created. What a settle of 1 s would catch on top of that (the trainer
+    # not starting at all) that check has shown already: the same python, PYTHONPATH and package ran it.
     return LaunchSpec(target=target, command=command, name=check_name(name or config.stem.replace(" ", "-")),
                       env=env, gpus=gpus, force=force, grace=grace, inputs={CONFIG_INPUT: text},
-                      uses_trainer=True, check_config=str(config))
+                      uses_trainer=True, check_config=str(config), settle=CHECKED_SETTLE_S)
 
 
 def _config_mapping(config: Path, text: bytes) -> dict:

@@ -44,7 +44,10 @@ def test_a_file_that_is_not_a_yaml_mapping_is_refused_before_anything_is_deploye
 
 def test_a_check_that_cannot_run_there_fails_the_launch_with_its_reason(tmp_path, capsys):
     python = tmp_path / "python-without-pydantic"
-    python.write_text("#!/bin/sh\necho \"ModuleNotFoundError: No module named 'pydantic'\" >&2\nexit 1\n")
+    python.write_text("#!/bin/sh\n"   # runs the agent, but not the trainer
+                      "if [ \"$1 $2\" = \"-m trainer\" ]; then\n"
+                      "  echo \"ModuleNotFoundError: No module named 'pydantic'\" >&2; exit 1\n"
+                      f"fi\nexec {sys.executable} \"$@\"\n")
     python.chmod(0o755)
     code, _, err = cli(_inventory(tmp_path, python=str(python)), "launch", "local", "--config",
                        str(_config(tmp_path)), capsys=capsys)

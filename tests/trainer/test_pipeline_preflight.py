@@ -120,3 +120,12 @@ def test_check_imports_neither_torch_nor_numpy_nor_pyarrow(tmp_path, base_config
     result = subprocess.run([sys.executable, "-c", probe, str(path)], capture_output=True, text=True,
                             env=trainer_env(), cwd=REPO_ROOT, timeout=60)
     assert result.stdout.strip().splitlines()[-1] == "0 []", result.stdout + result.stderr
+
+
+def test_a_python_without_what_train_imports_is_named(tmp_path, base_config, monkeypatch):
+    import trainer.preflight
+
+    monkeypatch.setattr(trainer.preflight, "TRAIN_MODULES", ("torch", "no_such_module_for_training"))
+    found = check_config_file(write_config(tmp_path / "run.yaml", **base_config))
+    assert [p.key for p in found.problems] == ["python"]
+    assert f"python: {sys.executable} has no no_such_module_for_training" in found.problems[0].message
