@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 
 from .compilecache import cache_root, parse_size_kib, size_argv
 from .connections import Connections
-from .errors import AuthError, DflashError, HostKeyError, Unreachable
+from .errors import AuthError, CommandTimeout, DflashError, HostKeyError, Unreachable
 from .gpus import parse_query_csv, query_argv
 from .inventory import Target
 from .transports.base import Transport
@@ -123,7 +123,11 @@ def _check_python(transport: Transport, target: Target, report: DoctorReport) ->
 def _measure_cache(transport: Transport, target: Target, report: DoctorReport) -> None:
     """The compile cache's size; a cache that cannot be measured is a warning, never a failed check."""
     report.cache_dir = cache_root(target)
-    result = transport.run(size_argv(target), timeout=60)
+    try:
+        result = transport.run(size_argv(target), timeout=60)
+    except CommandTimeout:
+        report.warnings.append(f"the compile cache {report.cache_dir} took over 60 s to measure")
+        return
     report.cache_bytes = parse_size_kib(result.out) if result.ok else None
     if report.cache_bytes is None:
         report.warnings.append(f"cannot measure the compile cache {report.cache_dir}: {result.describe()}")

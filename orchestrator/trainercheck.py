@@ -13,6 +13,7 @@ import json
 from .errors import OperationFailed, UsageError
 from .inventory import Target
 
+
 class ConfigRejected(UsageError):
     """The trainer's check found problems in the config (or the paths and data it names) on a target."""
 
@@ -43,8 +44,8 @@ def judge(target: Target, source: str, check: dict) -> dict:
         raise ConfigRejected(target.name, source, [str(p.get("message")) for p in report["problems"]])
     tail = (str(check.get("stderr") or "").strip() or str(check.get("stdout") or "").strip()).splitlines()[-1:]
     raise OperationFailed(f"{target.name}: the trainer's config check could not run there, nothing was "
-                          f"started: `{' '.join(check_argv(target, base_dir='.', source=source)[:4])}` exited "
-                          f"{exit_code}" + (f": {tail[0]}" if tail else ""))
+                          f"started: `{target.python} -m trainer check` exited {exit_code}"
+                          + (f": {tail[0]}" if tail else ""))
 
 
 def _report(stdout: str) -> dict | None:
