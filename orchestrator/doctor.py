@@ -2,15 +2,17 @@
 
 Checks in the order a person would debug them: network, host key, login, pct, container state, the
 container's python (the supervisor needs >= 3.8), nvidia-smi and its GPUs. The first failing check stops the
-target's checks and becomes its error; the checks before it stay in the report.
+target's checks and becomes its error; the checks before it stay in the report. Along the way it notes how
+big the target's compile cache is (`{workdir}/.dflash/cache`, what launch points torch.compile at).
 """
 from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
 
+from .compilecache import cache_root, parse_size_kib, size_argv
 from .connections import Connections
-from .errors import AuthError, DflashError, HostKeyError, Unreachable
+from .errors import AuthError, CommandTimeout, DflashError, HostKeyError, Unreachable
 from .gpus import parse_query_csv, query_argv
 from .inventory import Target
 from .transports.base import Transport
@@ -34,6 +36,8 @@ class DoctorReport:
     python: str | None = None
     nvidia_smi: bool | None = None
     gpus: list[dict] | None = None
+    cache_dir: str | None = None
+    cache_bytes: int | None = None   # 0 where nothing was compiled there yet
     warnings: list[str] = field(default_factory=list)
     elapsed_ms: int = 0
 
@@ -54,6 +58,7 @@ def check_target(conns: Connections, target: Target) -> DoctorReport:
             _check_container(conns.host_transport(target.host), target, report)
         transport = conns.for_target(target)
         _check_python(transport, target, report)
+        _measure_cache(transport, target, report)
         _check_gpus(transport, target, report)
         report.ok = True
     except _Stop as stop:
@@ -113,6 +118,19 @@ def _check_python(transport: Transport, target: Target, report: DoctorReport) ->
     if version < MIN_PYTHON:
         raise _Stop(f"{target.python} on {target.name} is Python {report.python}; the run supervisor needs "
                     f">= {'.'.join(map(str, MIN_PYTHON))}")
+
+
+def _measure_cache(transport: Transport, target: Target, report: DoctorReport) -> None:
+    """The compile cache's size; a cache that cannot be measured is a warning, never a failed check."""
+    report.cache_dir = cache_root(target)
+    try:
+        result = transport.run(size_argv(target), timeout=60)
+    except CommandTimeout:
+        report.warnings.append(f"the compile cache {report.cache_dir} took over 60 s to measure")
+        return
+    report.cache_bytes = parse_size_kib(result.out) if result.ok else None
+    if report.cache_bytes is None:
+        report.warnings.append(f"cannot measure the compile cache {report.cache_dir}: {result.describe()}")
 
 
 def _check_gpus(transport: Transport, target: Target, report: DoctorReport) -> None:

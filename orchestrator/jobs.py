@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from .errors import DflashError, OperationFailed, UsageError
 from .fanout import Outcome, per_host
 from .inventory import Target
-from .runs import LaunchFailed, LaunchSpec, RunClient, new_run_id
+from .runs import CONFIG_INPUT, LaunchFailed, LaunchSpec, RunClient, new_run_id, run_environment
+from .trainercheck import ConfigRejected
 
 DEFAULT_DIST_TIMEOUT_S = 300.0
 ABORT_GRACE_S = 5.0
@@ -30,6 +31,7 @@ class JobSpec:
     targets: list[Target]
     config_text: bytes
     name: str
+    config_source: str = "config.yaml"   # the config's name in the trainer check's messages
     gpus: list[int] | None = None
     nproc_per_node: int | None = None   # None: one per GPU, one CPU process where there are none
     cpu_only: bool = False              # the config asks for the CPU: one process per node unless told
@@ -78,7 +80,7 @@ def torchrun_command(target: Target, *, agent_path: str, nnodes: int, nproc: int
             target.python, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc-per-node={nproc}",
             "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={job_id}", f"--rdzv-conf={conf}",
             f"--local-addr={local_addr}", "--max-restarts=0",
-            "-m", "trainer", "train", "--config", "config.yaml"]
+            "-m", "trainer", "train", "--config", CONFIG_INPUT]
 
 
 def _raise_first_error(outcomes: list[Outcome], what: str) -> None:
@@ -87,6 +89,18 @@ def _raise_first_error(outcomes: list[Outcome], what: str) -> None:
         details = "; ".join(f"{o.target.name}: {o.error}" for o in failed)
         code = max(getattr(o.error, "exit_code", 1) for o in failed)
         raise JobLaunchFailed(f"{what} failed, nothing was started: {details}", exit_code=code)
+
+
+def check_every_node(client: RunClient, spec: JobSpec, job_id: str) -> None:
+    """The trainer's check of the config on every node, before any node starts; every node's reasons."""
+    ranks = {target.name: rank for rank, target in enumerate(spec.targets)}
+    outcomes = per_host(spec.targets, lambda t: client.check_trainer_config(
+        t, spec.config_text, source=spec.config_source, run_id=node_run_id(job_id, ranks[t.name]),
+        env=run_environment(t, spec.env)))
+    rejected = [o.error for o in outcomes if not o.ok and isinstance(o.error, ConfigRejected)]
+    if rejected and len(rejected) == sum(not o.ok for o in outcomes):
+        raise UsageError("\n".join(str(error) for error in rejected))
+    _raise_first_error(outcomes, "checking the config")
 
 
 def node_specs(client: RunClient, spec: JobSpec, job_id: str) -> tuple[str, list[LaunchSpec]]:
@@ -110,7 +124,7 @@ def node_specs(client: RunClient, spec: JobSpec, job_id: str) -> tuple[str, list
                                    endpoint=f"{host}:{port}", job_id=job_id, is_host=rank == 0,
                                    local_addr=net.value["address"], timeout=spec.dist_timeout)
         specs.append(LaunchSpec(target=target, command=command, name=spec.name, env=env, gpus=spec.gpus,
-                                force=spec.force, grace=spec.grace, inputs={"config.yaml": spec.config_text},
+                                force=spec.force, grace=spec.grace, inputs={CONFIG_INPUT: spec.config_text},
                                 uses_trainer=True, run_id=node_run_id(job_id, rank),
                                 job={"job_id": job_id, "node_rank": rank, "nnodes": len(spec.targets)}))
         offset += nproc
@@ -124,6 +138,7 @@ def launch_job(client: RunClient, spec: JobSpec) -> dict:
         raise UsageError(f"a target appears twice: {' '.join(names)}")
     job_id = new_run_id(spec.name)
     _raise_first_error(per_host(spec.targets, lambda t: client.deploy(t, with_trainer=True)), "deploying")
+    check_every_node(client, spec, job_id)
     endpoint, node_launches = node_specs(client, spec, job_id)
     specs = {s.target.name: s for s in node_launches}
     outcomes = per_host(spec.targets, lambda t: client.launch(specs[t.name]))

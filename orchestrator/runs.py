@@ -13,6 +13,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from .compilecache import cache_env
 from .connections import Connections
 from .deploy import Deployment, deploy
 from .errors import OperationFailed, TargetNotFound, TransportError, UsageError, shorten
@@ -20,6 +21,7 @@ from .fanout import Outcome, per_host
 from .gpus import parse_query_csv, query_argv
 from .inventory import Inventory, Target
 from .logparse import LogParser, StepEvent
+from .trainercheck import check_argv, judge
 from .transports.base import Transport
 
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -27,10 +29,15 @@ NAME_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
 LAUNCH_TIMEOUT_S = 120.0
 MAX_GPU_INDEX = 1023  # as the agent accepts
 DEFAULT_GRACE_S = 30.0
+CONFIG_INPUT = "config.yaml"   # the bundled trainer's config, as the run directory holds it
 
 
 def runs_dir(target: Target) -> str:
     return f"{target.workdir}/.dflash/runs"
+
+
+def run_dir(target: Target, run_id: str) -> str:
+    return f"{runs_dir(target)}/{run_id}"
 
 
 def new_run_id(name: str, *, now: datetime.datetime | None = None) -> str:
@@ -78,6 +85,16 @@ class LaunchSpec:
     settle: float | None = None   # how long the workload must stay up to count as started (agent default 1 s)
     run_id: str | None = None     # chosen by the caller (a job's node runs); a new one otherwise
     job: dict[str, object] | None = None   # job_id, node_rank, nnodes of a multi-node job's node run
+    check_config: str | None = None   # the trainer config's name: inputs[CONFIG_INPUT] is checked there first
+
+    def run_env(self) -> dict[str, str]:
+        return run_environment(self.target, self.env)
+
+
+def run_environment(target: Target, env: dict[str, str]) -> dict[str, str]:
+    """The environment a run gets on top of the target's: the compile caches under the workdir, then the
+    user's --env, which wins."""
+    return {**cache_env(target), **env}
 
 
 class RunClient:
@@ -134,6 +151,20 @@ class RunClient:
             raise UsageError(f"--gpus {shown}: {target.name} has "
                              + (f"{have} GPU(s) (0-{have - 1}) {where}" if have else f"no GPU {where}"))
 
+    def check_trainer_config(self, target: Target, config_text: bytes, *, source: str, run_id: str,
+                             env: dict[str, str]) -> dict:
+        """The bundled trainer's own check of the config on the target, for the run `run_id` would be, on its
+        own (a job checks every node before it starts any); ConfigRejected when it refuses the config."""
+        transport = self.conns.for_target(target)
+        pkg_dir = self._deployment(target, transport, with_trainer=True).pkg_dir
+        args = ["check", "--pythonpath", pkg_dir]
+        for key, value in env.items():
+            args += ["--env", f"{key}={value}"]
+        argv = check_argv(target, base_dir=run_dir(target, run_id), source=source)
+        payload = self.agent(target, [*args, "--", *argv], timeout=LAUNCH_TIMEOUT_S, stdin=config_text,
+                             with_trainer=True)
+        return judge(target, source, payload.get("check") or {})
+
     def launch(self, spec: LaunchSpec) -> dict:
         if spec.gpus:
             self.check_gpus(spec.target, spec.gpus)
@@ -144,7 +175,7 @@ class RunClient:
             transport = self.conns.for_target(spec.target)
             pkg_dir = self._deployment(spec.target, transport, with_trainer=True).pkg_dir
             args += ["--pythonpath", pkg_dir]
-        for key, value in spec.env.items():
+        for key, value in spec.run_env().items():
             args += ["--env", f"{key}={value}"]
         if spec.gpus is not None:
             args += ["--gpus", ",".join(map(str, spec.gpus))]
@@ -157,9 +188,14 @@ class RunClient:
                      "--nnodes", str(spec.job["nnodes"])]
         for name in spec.inputs:
             args += ["--input", name]
+        if spec.check_config is not None:  # the agent runs it before it creates anything
+            argv = check_argv(spec.target, base_dir=run_dir(spec.target, run_id), source=spec.check_config)
+            args += ["--check", json.dumps(argv), "--check-input", CONFIG_INPUT]
         payload = self.agent(spec.target, [*args, "--", *spec.command], timeout=LAUNCH_TIMEOUT_S,
                              stdin=_pack_inputs(spec.inputs) if spec.inputs else None,
                              with_trainer=spec.uses_trainer)
+        if payload.get("code") == "check_failed":
+            judge(spec.target, spec.check_config or CONFIG_INPUT, payload.get("check") or {})
         run = payload.get("run") or {}
         if not payload.get("ok") and run.get("state") != "succeeded":  # finishing at once with 0 is no failure
             raise LaunchFailed(payload, spec.target.name)
@@ -230,4 +266,4 @@ def with_metrics(record: dict) -> dict:
 
 
 __all__ = ["RunClient", "LaunchSpec", "LaunchFailed", "new_run_id", "default_name", "check_run_id", "check_name",
-           "runs_dir", "with_metrics"]
+           "runs_dir", "run_dir", "run_environment", "with_metrics", "CONFIG_INPUT"]

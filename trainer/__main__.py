@@ -1,8 +1,8 @@
-"""`python -m trainer COMMAND`: train, prepare, generate, eval, tiny-target.
+"""`python -m trainer COMMAND`: train, check, prepare, generate, eval, tiny-target.
 
 Exit codes: 0 success; 1 an unexpected error (full traceback printed); 2 bad input (a TrainerError: the
-message only). SIGTERM keeps its default action, so the process ends at once; the supervisor that started
-it owns the grace period.
+message only, one `error:` line per problem). SIGTERM keeps its default action, so the process ends at once;
+the supervisor that started it owns the grace period.
 """
 from __future__ import annotations
 
@@ -18,6 +18,22 @@ def _train(args) -> int:
     from trainer.train import main as train_main
 
     return train_main(args.config, resume=args.resume)
+
+
+def _check(args) -> int:
+    from trainer.preflight import check_config_file
+
+    from_stdin = args.config == "-"
+    found = check_config_file(args.config, text=sys.stdin.read() if from_stdin else None, base_dir=args.base_dir,
+                              source=args.source or ("<stdin>" if from_stdin else args.config))
+    if args.json:
+        print(json.dumps(found.as_dict()), flush=True)
+    elif found.ok:
+        print(f"ok: {found.source}: a {found.target_layers}-layer target tapped at {found.layer_ids}, "
+              f"a dataset of {found.data_files} file(s)", flush=True)
+    for problem in found.problems:
+        print(f"error: {found.source}: {problem}", file=sys.stderr, flush=True)
+    return 0 if found.ok else 2
 
 
 def _prepare(args) -> int:
@@ -74,6 +90,19 @@ def build_parser() -> argparse.ArgumentParser:
                        help="overrides the config's resume: auto (newest complete step_N), never, or a step_N dir")
     train.set_defaults(run=_train)
 
+    check = commands.add_parser(
+        "check", help="check a config, the paths it names and the data, without loading a model",
+        description="Every problem of a training config in one pass, one line each: the keys and values, the "
+                    "target, data and output paths, the target's config.json against the taps, the dataset's "
+                    "files and columns. Exit 0 when `train` would start, 2 otherwise. Needs no torch.")
+    check.add_argument("--config", required=True, help="YAML config file, or - for stdin")
+    check.add_argument("--base-dir", default=None, metavar="DIR",
+                       help="take relative paths from DIR, the run's working directory (default: here); "
+                            "DIR need not exist yet")
+    check.add_argument("--source", default=None, metavar="NAME", help="the config's name in messages")
+    check.add_argument("--json", action="store_true", help="print one JSON object: ok, problems, what was read")
+    check.set_defaults(run=_check)
+
     prepare = commands.add_parser("prepare", help="tokenize JSONL chat records into an Arrow dataset")
     prepare.add_argument("--target", required=True, help="target model directory (its tokenizer and chat template)")
     prepare.add_argument("--input", required=True, help='JSONL: {"messages": [...]} or {"prompt", "completion"}')
@@ -119,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.run(args)
     except TrainerError as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
+        for line in str(exc).splitlines() or [type(exc).__name__]:
+            print(f"error: {line}", file=sys.stderr, flush=True)
         return 2
     except KeyboardInterrupt:
         return 130

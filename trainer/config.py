@@ -1,15 +1,17 @@
 """The training config: one pydantic model, loaded from YAML, every field documented (torch-free).
 
 Unknown keys are refused with the key's name and the closest known name, so a typo never silently falls back
-to a default. Relative paths are taken relative to the working directory the trainer was started in.
+to a default. Every problem of a config is reported at once, one line each, each naming its key.
+Relative paths are taken relative to the working directory the trainer was started in.
 """
 from __future__ import annotations
 
 import difflib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
 from trainer.errors import TrainerError
 
@@ -17,6 +19,38 @@ from trainer.errors import TrainerError
 SEED_BUCKETS = [0, 770, 1216, 1728, 2432, 3296, 8193]
 # DFLASH.md: loss decay gamma per block size.
 GAMMA_BY_BLOCK_SIZE = {16: 7.0, 10: 5.0, 8: 4.0}
+# Names other trainers use for our keys, where the closest spelling would point elsewhere (or nowhere).
+KEY_ALIASES = {
+    "learning_rate": "lr", "batch_size": "token_budget", "max_tokens": "token_budget", "tokens_per_batch":
+    "token_budget", "model": "target_path", "model_path": "target_path", "target": "target_path",
+    "model_name_or_path": "target_path", "data": "data_path", "dataset_path": "data_path", "train_data": "data_path",
+    "output_path": "output_dir", "out_dir": "output_dir", "save_dir": "output_dir", "num_train_epochs": "epochs",
+    "steps": "max_steps", "num_steps": "max_steps", "train_steps": "max_steps", "warmup_steps": "warmup_ratio",
+    "max_grad_norm": "grad_clip", "clip_grad_norm": "grad_clip", "max_seq_len": "max_length",
+    "max_seq_length": "max_length", "seq_len": "max_length", "num_layers": "drafter_layers",
+    "save_steps": "checkpoint_every", "save_every": "checkpoint_every", "logging_steps": "log_every",
+    "resume_from_checkpoint": "resume", "torch_compile": "compile", "wd": "weight_decay",
+}
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a config: the key it is about and a message that names it."""
+
+    key: str
+    message: str
+    needs: tuple[str, ...] = ()   # other keys the check read: it means nothing when one of them is invalid
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class ConfigError(TrainerError):
+    """Every problem of one config; str() is one line per problem, each starting with the config's name."""
+
+    def __init__(self, source: str, problems: list[Problem]) -> None:
+        self.source, self.problems = source, list(problems)
+        super().__init__("\n".join(f"{source}: {problem}" for problem in self.problems))
 
 
 def default_gamma(block_size: int) -> float:
@@ -79,25 +113,42 @@ class TrainConfig(BaseModel):
                                             "step_N directory.")
 
     @model_validator(mode="after")
-    def _check_consistency(self) -> "TrainConfig":
+    def _check_consistency(self, info: ValidationInfo) -> "TrainConfig":
+        """Fill the derived defaults and check the keys against each other. With a `problems` list in the
+        validation context, the problems go there (all of them, with the keys they need); else they raise."""
         if self.gamma is None:
             self.gamma = default_gamma(self.block_size)
         if self.anchor_budget is None:
             self.anchor_budget = max(1, self.token_budget // self.block_size)
+        problems = self._consistency_problems()
+        collected = (info.context or {}).get("problems")
+        if collected is not None:
+            collected.extend(problems)
+        elif problems:
+            raise ValueError("; ".join(p.message for p in problems))
+        return self
+
+    def _consistency_problems(self) -> list[Problem]:
+        problems = []
+        if self.target_layer_ids is not None and len(self.target_layer_ids) == 0:
+            problems.append(Problem("target_layer_ids",
+                                    "target_layer_ids must not be empty (leave it unset for the default)"))
         bounds = self.buckets
         if len(bounds) < 2 or any(hi <= lo for lo, hi in zip(bounds, bounds[1:])) or bounds[0] < 0:
-            raise ValueError(f"buckets must be at least two ascending boundaries >= 0, got {bounds}")
-        if self.max_length is None:
-            self.max_length = bounds[-1] - 1
-        if self.max_length > bounds[-1] - 1:
-            raise ValueError(f"max_length={self.max_length} does not fit the last bucket [.., {bounds[-1]})")
+            problems.append(Problem("buckets", f"buckets must be at least two ascending boundaries >= 0, "
+                                               f"got {bounds}"))
+            return problems
         longest = bounds[-1] - 1
+        if self.max_length is None:
+            self.max_length = longest
+        if self.max_length > longest:
+            problems.append(Problem("max_length", f"max_length={self.max_length} does not fit the last bucket "
+                                                  f"[.., {bounds[-1]})", needs=("buckets",)))
         if self.token_budget < longest:
-            raise ValueError(f"token_budget={self.token_budget} is smaller than the longest bucket "
-                             f"({longest} tokens): a batch of it could not hold one sample")
-        if self.target_layer_ids is not None and len(self.target_layer_ids) == 0:
-            raise ValueError("target_layer_ids must not be empty (leave it unset for the default)")
-        return self
+            problems.append(Problem("token_budget", f"token_budget={self.token_budget} is smaller than the "
+                                                    f"longest bucket ({longest} tokens): a batch of it could "
+                                                    f"not hold one sample", needs=("buckets",)))
+        return problems
 
 
 def field_help() -> str:
@@ -109,43 +160,91 @@ def field_help() -> str:
     return "\n".join(lines)
 
 
-def _describe_error(error: dict[str, Any]) -> str:
+def suggest_key(key: str) -> str | None:
+    """The config key `key` was probably meant to be: a known alias first, else the closest spelling."""
+    normal = key.strip().lower().replace("-", "_")
+    if normal in KEY_ALIASES:
+        return KEY_ALIASES[normal]
+    if normal in TrainConfig.model_fields:
+        return normal
+    close = difflib.get_close_matches(normal, TrainConfig.model_fields, n=1)
+    return close[0] if close else None
+
+
+def _field_problem(error: dict[str, Any]) -> Problem:
+    key = str(error["loc"][0]) if error["loc"] else "config"
     location = ".".join(str(part) for part in error["loc"]) or "config"
-    if error["type"] == "extra_forbidden":
-        close = difflib.get_close_matches(str(error["loc"][0]), TrainConfig.model_fields, n=1)
-        hint = f" (did you mean '{close[0]}'?)" if close else ""
-        return f"unknown key '{location}'{hint}"
     if error["type"] == "missing":
-        return f"missing required key '{location}'"
-    if location == "config" or error["type"] == "value_error":
-        return error["msg"].removeprefix("Value error, ")
-    return f"{location}: {error['msg']} (got {error.get('input')!r})"
+        return Problem(key, f"missing required key '{location}'")
+    return Problem(key, f"{location}: {error['msg']} (got {error.get('input')!r})")
+
+
+@dataclass
+class ConfigReport:
+    """A config validated as far as it goes: every problem, and a config in which each key named in
+    `unusable` holds its default (or a blank, for a required key) instead of the invalid value given."""
+
+    config: TrainConfig
+    problems: list[Problem]
+    unusable: frozenset[str]
+
+
+def validate_config(data: dict[str, Any]) -> ConfigReport:
+    """Every problem of a config mapping in one pass: unknown keys, bad values, keys that contradict."""
+    problems = []
+    for key in data:
+        if str(key) not in TrainConfig.model_fields:
+            close = suggest_key(str(key))
+            problems.append(Problem(str(key), f"unknown key '{key}'" + (f" (did you mean '{close}'?)"
+                                                                        if close else "")))
+    known = {key: value for key, value in data.items() if key in TrainConfig.model_fields}
+    unusable: set[str] = set()
+    consistency: list[Problem] = []
+    try:
+        config = TrainConfig.model_validate(known, context={"problems": consistency})
+    except ValidationError as exc:
+        # the keys checked against each other were not reached: check them again with the bad ones left out
+        field_problems = [_field_problem(error) for error in exc.errors()]
+        problems += field_problems
+        unusable = {p.key for p in field_problems}
+        usable = {key: value for key, value in known.items() if key not in unusable}
+        blanks = {name: "" for name, info in TrainConfig.model_fields.items()
+                  if info.is_required() and name not in usable}
+        consistency.clear()
+        config = TrainConfig.model_validate({**usable, **blanks}, context={"problems": consistency})
+    problems += [p for p in consistency if not unusable & {p.key, *p.needs}]
+    return ConfigReport(config, problems, frozenset(unusable))
 
 
 def config_from_dict(data: Any, *, source: str) -> TrainConfig:
     if not isinstance(data, dict):
         raise TrainerError(f"{source}: expected a mapping of config keys, got {type(data).__name__}")
-    try:
-        return TrainConfig(**data)
-    except ValidationError as exc:
-        problems = "; ".join(_describe_error(error) for error in exc.errors())
-        raise TrainerError(f"{source}: {problems}") from None
+    report = validate_config(data)
+    if report.problems:
+        raise ConfigError(source, report.problems)
+    return report.config
 
 
-def load_config(path: str | Path, *, overrides: dict[str, Any] | None = None) -> TrainConfig:
-    """Read and validate a YAML config; any problem is a TrainerError naming the file and the key."""
+def read_config_data(path: str | Path, *, text: str | None = None) -> dict[str, Any]:
+    """The YAML mapping of a config file (or of `text`, read from it already); a TrainerError otherwise."""
     import yaml
 
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(path.read_text() if text is None else text) or {}
     except OSError as exc:
         raise TrainerError(f"cannot read config {path}: {exc.strerror}") from None
     except yaml.YAMLError as exc:
         raise TrainerError(f"{path}: invalid YAML: {exc}") from None
-    if isinstance(data, dict) and overrides:
-        data = {**data, **overrides}
-    return config_from_dict(data, source=str(path))
+    if not isinstance(data, dict):
+        raise TrainerError(f"{path}: expected a mapping of config keys, got {type(data).__name__}")
+    return data
+
+
+def load_config(path: str | Path, *, overrides: dict[str, Any] | None = None) -> TrainConfig:
+    """Read and validate a YAML config; any problem is a TrainerError naming the file and the key."""
+    data = read_config_data(path)
+    return config_from_dict({**data, **(overrides or {})}, source=str(path))
 
 
 def resolved_config_text(config: TrainConfig) -> str:

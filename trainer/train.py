@@ -21,9 +21,10 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from trainer import logformat
-from trainer.config import TrainConfig, load_config, resolved_config_text
+from trainer.config import TrainConfig, resolved_config_text
 from trainer.errors import TrainerError
 from trainer.startup import compile_attention, default_compile_caches, stage_line
+from trainer.preflight import checked_config  # every problem of config, paths and data in one pass
 
 STATE_FILE = "training_state.pt"
 CONFIG_FILE = "trainer_config.json"  # the resolved training config, readable without torch
@@ -41,27 +42,6 @@ class DraftDDP(DistributedDataParallel):
             return super().__getattr__(name)
         except AttributeError:
             return getattr(self.module, name)
-
-
-def inspect_target(cfg: TrainConfig) -> list[int]:
-    """Check the target directory and resolve the tap ids from config.json alone, before any weights load."""
-    from trainer.target import check_target_dir, default_target_layer_ids, validate_layer_ids
-
-    path = Path(cfg.target_path)
-    check_target_dir(path)
-    try:
-        target_config = json.loads((path / "config.json").read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise TrainerError(f"{path}/config.json is not readable JSON: {exc}") from None
-    num_layers = target_config.get("num_hidden_layers")
-    if not isinstance(num_layers, int):
-        raise TrainerError(f"{path}/config.json has no num_hidden_layers: not a causal LM config")
-    if not any((path / name).exists() for name in ("model.safetensors", "model.safetensors.index.json",
-                                                   "pytorch_model.bin", "pytorch_model.bin.index.json")):
-        raise TrainerError(f"{path} has a config.json but no model weights")
-    if cfg.target_layer_ids is None:
-        return default_target_layer_ids(num_layers, cfg.drafter_layers)
-    return validate_layer_ids(cfg.target_layer_ids, num_layers)
 
 
 def refuse_gpu_compile(cfg: TrainConfig) -> None:
@@ -303,9 +283,8 @@ class Throughput:
 
 def main(config_path: str, *, resume: str | None = None) -> int:
     # ------------------------------------------------------------------ config: everything is checked before models load
-    cfg = load_config(config_path, overrides={"resume": resume} if resume else None)
+    cfg = checked_config(config_path, overrides={"resume": resume} if resume else None)
     refuse_gpu_compile(cfg)
-    cfg.target_layer_ids = inspect_target(cfg)
     from trainer import data as data_lib
 
     dataset = data_lib.open_dataset(cfg.data_path)

@@ -2,8 +2,13 @@
 
     launch   --runs-dir D --run-id ID --name N --target T [--cwd DIR] [--env K=V]... [--gpus 0,1] [--force]
              [--grace S] [--verify-timeout S] [--settle S] [--input NAME]...
-             [--job-id J --node-rank R --nnodes N] [--keeper-idle S] -- CMD...
-             (with --input, stdin is one JSON object {NAME: base64 content}; each file lands in the run dir)
+             [--job-id J --node-rank R --nnodes N] [--keeper-idle S]
+             [--check JSON_ARGV --check-input NAME] -- CMD...
+             (with --input, stdin is one JSON object {NAME: base64 content}; each file lands in the run dir;
+             with --check, that command runs first in the run's environment with input NAME on its stdin,
+             and unless it exits 0 nothing is created)
+    check    [--env K=V]... [--pythonpath DIR]... [--gpus 0,1] -- CMD...
+             (CMD in a run's environment with stdin passed on; what launch --check does, on its own)
     ps       --runs-dir D [--run-id ID]... [--tail-bytes N]
     kill     --runs-dir D --run-id ID... [--grace S]
     cleanup  --runs-dir D [--dry-run] [--grace S]
@@ -16,7 +21,9 @@
 Every answer is one line of JSON with "version": 1 and "ok"; exit 0 ok, 1 operation failed, 2 bad input.
 Errors: {"ok": false, "error": MESSAGE, "code": CODE, ...details}. Answers (keys may be added, never renamed):
     launch   {"run": RECORD}; failure: code run_ended | not_verified | gpus_busy (+ "busy": {run: [gpus]}),
-             with "run", "exit_code", "signal", "log_tail" (last 40 lines), "supervisor_log_tail", "keeper_log_tail"
+             with "run", "exit_code", "signal", "log_tail" (last 40 lines), "supervisor_log_tail", "keeper_log_tail";
+             or code check_failed with "check": {"exit_code", "stdout", "stderr"}
+    check    {"check": {"exit_code", "stdout", "stderr"}}; failure: code check_failed, the same "check"
     netinfo  {"toward", "address", "interface", "hostname" (+ "port": a TCP port free here, with --free-port)}
     ps       {"runs": [RECORD (+ "log_tail": str with --tail-bytes)]}
     kill     {"runs": [{"run_id", "ok", "state", "signal", "exit_code", "already_ended", "survivors":
@@ -32,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import traceback
 
@@ -92,6 +100,14 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("--nnodes", type=int, help="how many nodes the job has")
     launch.add_argument("--keeper-idle", type=_seconds,
                         help="a keeper this launch starts exits after this long with nothing to do (default 600)")
+    launch.add_argument("--check", metavar="JSON_ARGV",
+                        help="run this command first (a JSON list) in the run's environment; create nothing "
+                             "unless it exits 0")
+    launch.add_argument("--check-input", metavar="NAME", help="the --input the check gets on its stdin")
+    check = sub.add_parser("check", help="run a workload's check in a run's environment; stdin passed on")
+    check.add_argument("--env", action="append", default=[], metavar="K=V")
+    check.add_argument("--pythonpath", action="append", default=[], metavar="DIR")
+    check.add_argument("--gpus")
     ps = sub.add_parser("ps", help="every run's record")
     ps.add_argument("--runs-dir", required=True)
     ps.add_argument("--run-id", action="append", default=[])
@@ -125,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def split_command(argv: list) -> tuple:
     """launch's (and node-watch's) CMD is everything after the first `--`, passed on untouched."""
-    if argv and argv[0] in ("launch", "node-watch"):
+    if argv and argv[0] in ("launch", "node-watch", "check"):
         if "--" not in argv:
             if "-h" in argv or "--help" in argv:
                 return argv, []
@@ -145,7 +161,17 @@ def dispatch(args: argparse.Namespace, command: list) -> dict:
                             grace=args.grace, inputs=inputs,
                             job=job_fields(args.job_id, args.node_rank, args.nnodes), pythonpath=args.pythonpath,
                             keeper_idle=args.keeper_idle)
+        if args.check is not None:
+            _check_before_launch(req, args.check, args.check_input)
         return dict(ok=True, **launch(req, verify_timeout=args.verify_timeout, settle=args.settle))
+    if args.command == "check":
+        from .precheck import check_environment, run_check
+        from .rundir import parse_env_pairs, parse_gpus
+        if not command or not command[0]:
+            raise BadInput("check needs the command after --", code="no_command")
+        env = check_environment(parse_env_pairs(args.env), [os.path.abspath(p) for p in args.pythonpath],
+                                parse_gpus(args.gpus) if args.gpus is not None else None)
+        return {"ok": True, "check": run_check(command, env=env, stdin=sys.stdin.buffer.read())}
     if args.command == "ps":
         from .ps import list_runs
         return list_runs(args.runs_dir, args.run_id, tail=args.tail_bytes)
@@ -175,6 +201,15 @@ def dispatch(args: argparse.Namespace, command: list) -> dict:
     if args.command == "version":
         return {"ok": True, "agent_version": AGENT_VERSION, "python": sys.version.split()[0]}
     raise BadInput("no subcommand given (launch, ps, kill, cleanup, version)", code="bad_usage")
+
+
+def _check_before_launch(req, check: str, input_name: str | None) -> None:
+    from .precheck import check_environment, parse_check_argv, run_check
+    argv = parse_check_argv(check)
+    if input_name is not None and input_name not in req.inputs:
+        raise BadInput("--check-input {!r} is not one of the --input names".format(input_name), code="bad_check")
+    stdin = req.inputs[input_name] if input_name is not None else b""
+    run_check(argv, env=check_environment(req.env, req.pythonpath, req.gpus), stdin=stdin)
 
 
 def emit(payload: dict) -> None:

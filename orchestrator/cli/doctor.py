@@ -19,7 +19,8 @@ def doctor(
                                                   help="HOST/CTID, HOST or local (default: every target)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
 ) -> int:
-    """Check every target: reachable, host key, login, pct, container running, python, nvidia-smi and GPUs.
+    """Check every target: reachable, host key, login, pct, container running, python, nvidia-smi and GPUs,
+    and show the size of its compile cache ({workdir}/.dflash/cache).
 
     Hosts are checked in parallel. Exit 0 when all is well, 3 when a target is unreachable (the others are still
     reported), 1 when a check failed.
@@ -46,14 +47,26 @@ def _mark(value: bool | None) -> str:
     return {True: "[green]ok[/]", False: "[red]no[/]", None: "[dim]-[/]"}[value]
 
 
+def _size(size: int | None) -> str:
+    """Bytes as a person reads them: 0 B, 296 KiB, 1.2 GiB."""
+    if size is None:
+        return "-"
+    value, unit = float(size), "B"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            break
+        value /= 1024
+    return f"{value:.0f} {unit}" if unit in ("B", "KiB") or value >= 100 else f"{value:.1f} {unit}"
+
+
 def _table(reports: list[DoctorReport]) -> Table:
     table = Table(title="dflashctl doctor", title_justify="left")
-    for col in ("target", "reach", "host key", "login", "pct", "container", "python", "GPUs", "status"):
+    for col in ("target", "reach", "host key", "login", "pct", "container", "python", "GPUs", "cache", "status"):
         table.add_column(col)
     for r in reports:
         gpus = "-" if r.gpus is None else (f"{len(r.gpus)}" + (f" {r.gpus[0]['name']}" if r.gpus and
                                                                  r.gpus[0].get("name") else ""))
         table.add_row(r.target, _mark(r.reachable), _mark(r.host_key_ok), _mark(r.auth_ok), _mark(r.pct),
-                      r.container or "-", r.python or "-", gpus,
+                      r.container or "-", r.python or "-", gpus, _size(r.cache_bytes),
                       "[green]ok[/]" if r.ok else "[red]unreachable[/]" if r.unreachable else "[red]failed[/]")
     return table

@@ -11,9 +11,11 @@ from ..connections import Connections
 from ..errors import UsageError, shorten
 from ..inventory import Target
 from ..jobs import DEFAULT_DIST_TIMEOUT_S, JobLaunchFailed, JobSpec, launch_job
-from ..runs import LaunchFailed, LaunchSpec, RunClient, check_name, default_name
+from ..runs import CONFIG_INPUT, LaunchFailed, LaunchSpec, RunClient, check_name, default_name
 from .usage import finite
 from .state import AppState, parse_env, parse_gpus, print_json, stderr
+
+CHECKED_SETTLE_S = 0.5   # a trainer run whose config passed the trainer's check must stay up this long
 
 
 def launch(
@@ -119,13 +121,13 @@ def _launch_job(state: AppState, spec: JobSpec, *, as_json: bool) -> int:
 def job_spec(targets: list[Target], config: Path, *, name: str | None, gpus: list[int] | None,
              env: dict[str, str], force: bool, grace: float, nproc_per_node: int | None,
              dist_timeout: float) -> JobSpec:
-    """A multi-node job of the bundled trainer; the config and --gpus are checked against every target."""
-    for target in targets:
-        launch_spec(target, [], name=name, config=config, gpus=gpus, env=env, force=force, grace=grace)
-    from trainer.config import load_config
-
-    cpu_only = load_config(config).device == "cpu"
-    return JobSpec(targets=targets, config_text=config.read_bytes(),
+    """A multi-node job of the bundled trainer; --gpus is checked against every target here, the config on
+    every target by the trainer itself before any node starts."""
+    specs = [launch_spec(target, [], name=name, config=config, gpus=gpus, env=env, force=force, grace=grace)
+             for target in targets]
+    text = specs[0].inputs[CONFIG_INPUT]
+    cpu_only = _config_mapping(config, text).get("device") == "cpu"
+    return JobSpec(targets=targets, config_text=text, config_source=str(config),
                    name=check_name(name or config.stem.replace(" ", "-")), gpus=gpus,
                    nproc_per_node=nproc_per_node, cpu_only=cpu_only, env=env, force=force, grace=grace,
                    dist_timeout=dist_timeout)
@@ -133,7 +135,7 @@ def job_spec(targets: list[Target], config: Path, *, name: str | None, gpus: lis
 
 def launch_spec(target: Target, command: list[str], *, name: str | None, config: Path | None,
                 gpus: list[int] | None, env: dict[str, str], force: bool, grace: float) -> LaunchSpec:
-    """What to start for `launch`: CMD as given, or the bundled trainer with the (validated) config."""
+    """What to start for `launch`: CMD as given, or the bundled trainer with the config."""
     if command and config:
         raise UsageError("give either --config (the bundled trainer) or -- CMD (your own command), not both")
     if gpus is not None and target.gpus and any(g >= target.gpus for g in gpus):
@@ -149,23 +151,32 @@ def launch_spec(target: Target, command: list[str], *, name: str | None, config:
 
 def _trainer_spec(target: Target, config: Path, *, name: str | None, gpus: list[int] | None,
                   env: dict[str, str], force: bool, grace: float) -> LaunchSpec:
-    from trainer.config import load_config  # torch-free: catches a typo here, before anything is deployed
+    try:
+        text = config.read_bytes()
+    except OSError as exc:
+        raise UsageError(f"cannot read --config {config}: {exc.strerror or exc}") from None
+    _config_mapping(config, text)
+    nproc = len(gpus) if gpus is not None else max(target.gpus, 1)
+    train = ["-m", "trainer", "train", "--config", CONFIG_INPUT]
+    command = [target.python, *(["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+                                if nproc > 1 else []), *train]
+    # The keys, the paths, the data and the python's packages are checked by the trainer itself on the target,
+    # all in one pass, before the run is created. What a settle of 1 s would catch on top of that (the trainer
+    # not starting at all) that check has shown already: the same python, PYTHONPATH and package ran it.
+    return LaunchSpec(target=target, command=command, name=check_name(name or config.stem.replace(" ", "-")),
+                      env=env, gpus=gpus, force=force, grace=grace, inputs={CONFIG_INPUT: text},
+                      uses_trainer=True, check_config=str(config), settle=CHECKED_SETTLE_S)
+
+
+def _config_mapping(config: Path, text: bytes) -> dict:
+    """The config as YAML: a file that is not a YAML mapping is refused here, before anything is deployed."""
+    from trainer.config import read_config_data  # torch-free
     from trainer.errors import TrainerError
 
     try:
-        load_config(config)
-        text = config.read_bytes()
+        return read_config_data(config, text=text.decode("utf-8", "replace"))
     except TrainerError as exc:
         raise UsageError(str(exc)) from None
-    except OSError as exc:
-        raise UsageError(f"cannot read --config {config}: {exc.strerror or exc}") from None
-    nproc = len(gpus) if gpus is not None else max(target.gpus, 1)
-    train = ["-m", "trainer", "train", "--config", "config.yaml"]
-    command = [target.python, *(["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
-                                if nproc > 1 else []), *train]
-    return LaunchSpec(target=target, command=command, name=check_name(name or config.stem.replace(" ", "-")),
-                      env=env, gpus=gpus, force=force, grace=grace, inputs={"config.yaml": text},
-                      uses_trainer=True)
 
 
 def _report_failure(failed: LaunchFailed) -> None:

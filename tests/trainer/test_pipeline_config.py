@@ -73,7 +73,7 @@ def test_train_help_lists_every_config_key():
 def test_every_command_has_help():
     result = run_trainer("--help")
     assert result.returncode == 0
-    for command in ("train", "prepare", "generate", "eval", "tiny-target"):
+    for command in ("train", "check", "prepare", "generate", "eval", "tiny-target"):
         assert command in result.stdout
         sub = run_trainer(command, "--help")
         assert sub.returncode == 0 and "usage:" in sub.stdout

@@ -173,7 +173,7 @@ def test_start_up_stages_come_in_order_with_their_seconds_and_step_1_is_logged(b
 def test_compile_on_a_gpu_is_refused_before_anything_loads(base_config, tmp_path):
     """compile: true was not measured to work on a GPU: refused at once with the reason (exit 2), not a crash
     minutes into the run."""
-    config = {**base_config, "compile": True, "device": "cuda", "target_path": str(tmp_path / "missing")}
+    config = {**base_config, "compile": True, "device": "cuda"}
     result = run_trainer("train", "--config", write_config(tmp_path / "gpu-compile.yaml", **config), timeout=300)
     assert result.returncode == 2, (result.stdout + result.stderr)[-3000:]
     assert "compile: true is not supported on a GPU" in result.stderr
