@@ -30,7 +30,7 @@ def demo_and_watch(inventory: Path, capsys) -> None:
     assert code == 0, out
     run_id, state = out.splitlines()[0].split(": ")
     assert state == "succeeded" and run_id.startswith("demo-")
-    assert "steps 5..20" in out
+    assert "steps 1..20" in out  # step 1 is logged at once, then every log_every (5) steps
     first_loss, last_loss = map(float, re.search(r"loss (\S+) -> (\S+),", out).groups())
     assert last_loss < first_loss  # it trained
     code = run_cli(["--inventory", str(inventory), "watch", "--once", "--json"])
