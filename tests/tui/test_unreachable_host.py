@@ -22,7 +22,8 @@ async def test_the_host_line_names_a_refusing_host_once(tmp_path):
         app = DashboardApp(source, refresh_s=0.05)
         async with app.run_test(size=(120, 40)) as pilot:
             line = app.query_one(HostStatus)
-            await wait_until(pilot, lambda: "disconnected" in line.render().plain, timeout=20, what="dead down")
+            # the host shows as disconnected first and its reason a refresh later: wait for the reason
+            await wait_until(pilot, lambda: "disconnected: " in line.render().plain, timeout=20, what="dead down")
             text = line.render().plain
             assert text.startswith("hosts ✗ dead disconnected: "), text
             assert "cannot connect to 127.0.0.1:" in text or "no answer from 127.0.0.1:" in text, text
