@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.lab.workloads import run_cli as cli
+from tests.orchestrator import lab_configs
 
 pytestmark = pytest.mark.lab
 CT = ("pve1", 200)
@@ -34,12 +34,8 @@ def inv(lab, tmp_path_factory) -> str:
 
 
 def write_config(path: Path, tiny: dict[str, Path], **overrides) -> Path:
-    config = {"target_path": str(tiny["target"]), "data_path": str(tiny["dataset"]), "output_dir": "out",
-              "max_steps": 1000, "block_size": 8, "num_anchors": 16, "drafter_layers": 1, "token_budget": 2048,
-              "buckets": [0, 128, 256, 512], "log_every": 1, "checkpoint_every": 0, "device": "cpu",
-              "num_workers": 1, "prefetch": 2, **overrides}
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    return path
+    """A run that keeps going (it is killed or refused), with no checkpoints."""
+    return lab_configs.write_config(path, tiny, **{"max_steps": 1000, "checkpoint_every": 0, **overrides})
 
 
 def run_ids(lab) -> set[str]:

@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.lab.workloads import run_cli as cli
+from tests.orchestrator.lab_configs import write_config
 from tests.trainer.conftest import REPO_ROOT, write_prompts
 
 pytestmark = pytest.mark.lab
@@ -44,15 +44,6 @@ def tiny(tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def inv(lab, tmp_path_factory) -> str:
     return str(lab.write_inventory(tmp_path_factory.mktemp("inv") / "inventory.yaml"))
-
-
-def write_config(path: Path, tiny: dict[str, Path], **overrides) -> Path:
-    config = {"target_path": str(tiny["target"]), "data_path": str(tiny["dataset"]), "output_dir": "out",
-              "max_steps": 6, "block_size": 8, "num_anchors": 16, "drafter_layers": 1, "token_budget": 2048,
-              "buckets": [0, 128, 256, 512], "lr": 3e-3, "warmup_ratio": 0.1, "log_every": 1,
-              "checkpoint_every": 3, "seed": 0, "device": "cpu", "num_workers": 1, "prefetch": 2, **overrides}
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    return path
 
 
 def checkpoint_digest(tiny: dict[str, Path], checkpoint: Path) -> str:

@@ -1,0 +1,15 @@
+"""The tiny trainer config the lab tests launch: one writer for every lab test file."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+
+def write_config(path: Path, tiny: dict[str, Path], **overrides) -> Path:
+    config = {"target_path": str(tiny["target"]), "data_path": str(tiny["dataset"]), "output_dir": "out",
+              "max_steps": 6, "block_size": 8, "num_anchors": 16, "drafter_layers": 1, "token_budget": 2048,
+              "buckets": [0, 128, 256, 512], "lr": 3e-3, "warmup_ratio": 0.1, "log_every": 1,
+              "checkpoint_every": 3, "seed": 0, "device": "cpu", "num_workers": 1, "prefetch": 2, **overrides}
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
