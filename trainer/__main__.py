@@ -15,6 +15,10 @@ from trainer.errors import TrainerError
 
 
 def _train(args) -> int:
+    if args.plan:
+        from trainer.memplan import plan_command
+
+        return plan_command(args.config, gpus=args.gpus, gpu_memory_gib=args.gpu_memory)
     from trainer.train import main as train_main
 
     return train_main(args.config, resume=args.resume)
@@ -88,6 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--config", required=True, help="YAML file with the keys listed below")
     train.add_argument("--resume", default=None, metavar="auto|never|PATH",
                        help="overrides the config's resume: auto (newest complete step_N), never, or a step_N dir")
+    train.add_argument("--plan", action="store_true",
+                       help="print the memory plan of one rank and exit, loading nothing: 0 if it fits, 2 if not")
+    train.add_argument("--gpus", type=int, default=None, metavar="N",
+                       help="with --plan: the run's number of GPUs (default: WORLD_SIZE, else 1)")
+    train.add_argument("--gpu-memory", type=float, default=None, metavar="GIB",
+                       help="with --plan: GiB per GPU (default: this machine's GPU, else not checked)")
     train.set_defaults(run=_train)
 
     check = commands.add_parser(

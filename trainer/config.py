@@ -111,6 +111,14 @@ class TrainConfig(BaseModel):
                             "Drafter master weights are always float32.")
     resume: str = Field("auto", description="auto (newest complete checkpoint in output_dir), never, or a "
                                             "step_N directory.")
+    shard_optimizer: bool | Literal["auto"] = Field(
+        "auto", description="Shard AdamW's states across the ranks (ZeRO-1): each keeps them for 1/N of the "
+                            "drafter's parameters, weights and gradients stay whole; the same updates as "
+                            "unsharded. auto = on with more than one process.")
+    simulate_shards: int = Field(
+        0, ge=0, description="Memory check on one process: keep only the AdamW states rank 0 of N ranks would "
+                             "keep (and update only those weights; the others stay as initialised), so the peak "
+                             "memory can be measured against the N-GPU plan. Not a way to train; 0 = off.")
 
     @model_validator(mode="after")
     def _check_consistency(self, info: ValidationInfo) -> "TrainConfig":

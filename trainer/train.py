@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from trainer import logformat
+from trainer import logformat, memplan, optim
 from trainer.config import TrainConfig, resolved_config_text
 from trainer.errors import TrainerError
 from trainer.startup import compile_attention, default_compile_caches, stage_line
@@ -35,7 +35,12 @@ RESUME_KEYS = ("block_size", "drafter_layers", "target_layer_ids", "sliding_wind
 
 
 class DraftDDP(DistributedDataParallel):
-    """DDP that lets the objective read the drafter's own attributes (config, lm_head, ...) through it."""
+    """DDP that lets the objective read the drafter's own attributes (config, lm_head, ...) through it.
+
+    The gradients are views into DDP's all-reduce buckets: one copy of them, not two (the memory plan's)."""
+
+    def __init__(self, module, **options):
+        super().__init__(module, **{"gradient_as_bucket_view": True, **options})
 
     def __getattr__(self, name: str):
         try:
@@ -321,6 +326,8 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
     log = MetricsLog(output_dir, enabled=ctx.is_main)
     log.say("Resolved config:", *("  " + line for line in resolved_config_text(cfg).splitlines()))
     log.say(f"World: {ctx.world_size} process(es), rank 0 on {ctx.device}")
+    gpu_bytes = torch.cuda.get_device_properties(ctx.device).total_memory if ctx.device.type == "cuda" else None
+    memplan.check(cfg, world_size=ctx.world_size, limit=gpu_bytes, on_gpu=gpu_bytes is not None, say=log.say)
 
     # ------------------------------------------------------------------ data
     per_rank = data_lib.batches_per_rank(layout, world_size=ctx.world_size)
@@ -369,8 +376,8 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
 
     # ------------------------------------------------------------------ optimizer
     params = [p for p in drafter.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95),
-                                  fused=on_gpu)
+    optimizer, optimizer_line = optim.build_optimizer(params, cfg, ctx, fused=on_gpu)
+    log.say(optimizer_line)
     warmup = math.ceil(cfg.warmup_ratio * total_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_factor(s, total_steps=total_steps, warmup_steps=warmup))
@@ -379,7 +386,7 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
     step, position = 0, {"epoch": 0, "index": 0}
     if resume_dir is not None:
         state = resume_state(resume_dir, local_resume, ctx)
-        optimizer.load_state_dict(state["optimizer"])
+        optim.load_state(optimizer, state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         step, position = state["step"], state["data_position"]
         if len(state["rng"]) == ctx.world_size:
@@ -406,8 +413,9 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
     def write_checkpoint() -> None:
         began = time.perf_counter()
         rngs = gather_to_main(rng_state(anchor_rng), ctx)
+        optimizer_state = optim.full_state(optimizer, ctx)  # every rank: a sharded state is gathered to rank 0
         if ctx.is_main:
-            state = {"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+            state = {"step": step, "optimizer": optimizer_state, "scheduler": scheduler.state_dict(),
                      "rng": rngs, "data_position": stream.position(), "config": cfg.model_dump(),
                      "world_size": ctx.world_size}
             path = save_checkpoint(output_dir, step, drafter=drafter, state=state, keep=cfg.keep_checkpoints)

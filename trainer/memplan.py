@@ -1,0 +1,465 @@
+"""The memory plan of one training rank, from the target's config.json and the training config alone (torch-free:
+no weight is read, nothing is allocated), printed at start-up and refused before loading when it cannot fit.
+
+Bytes per rank, in the order the trainer allocates them:
+- target: every parameter of the language model (a composite checkpoint's vision tower is never loaded), in
+  the target dtype; hybrid Qwen3.5/3.6 layers counted by type (Gated DeltaNet or gated full attention).
+- drafter: fp32 master weights and their fp32 gradients, whole on every rank (DDP's buckets are the gradients).
+- optimizer: AdamW's two fp32 states, of the largest rank's share when they are sharded (ZeRO-1).
+- activations at the token budget: the larger of the two phases of a step.
+  target phase: the tapped features of the previous step, still held, plus the tapped list and its
+  concatenation (3 x taps x hidden per token), plus one target layer's working set.
+  drafter phase: the tapped features, what autograd saves for backward (`saved_bytes_per_layer` below, per
+  block token and per key/value token, measured against saved-tensor hooks in the tests), the autocast's bf16
+  copies of the drafter's weights, and a working set (one layer's saved tensors for the backward's gradients,
+  or the loss's chunk of logits, whichever is larger).
+- reserve: a fixed allowance for the CUDA context, NCCL buffers and allocator fragmentation.
+
+Every token count is per rank: token_budget tokens of target context and up to anchor_budget x block_size
+block tokens for the drafter.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trainer.errors import TrainerError
+
+GIB = 2 ** 30
+RESERVE_BYTES = 4 * GIB          # CUDA context (~0.5 GiB), NCCL buffers, allocator fragmentation
+FP32 = 4
+LOGITS_PER_CHUNK = 2 ** 27       # objective.LOGITS_PER_CHUNK: rows of logits per chunk of the loss
+FLA_CHUNK = 64                   # tokens per chunk of the gated delta rule kernels (their per-chunk states)
+LINEAR, FULL = "linear_attention", "full_attention"
+
+
+# ---------------------------------------------------------------------------------------------- target
+
+def text_config(config: dict) -> dict:
+    """The language model's config: a composite (image-text) checkpoint keeps it under text_config."""
+    text = config.get("text_config")
+    return text if isinstance(text, dict) else config
+
+
+def read_text_config(target_path: str | Path) -> dict:
+    path = Path(target_path) / "config.json"
+    try:
+        return text_config(json.loads(path.read_text()))
+    except (OSError, ValueError) as exc:
+        raise TrainerError(f"memory plan: cannot read {path}: {exc}") from None
+
+
+def layer_types(text: dict) -> list[str]:
+    """Each layer's type, as transformers derives it when config.json does not list them."""
+    layers = int(text["num_hidden_layers"])
+    given = text.get("layer_types")
+    if isinstance(given, list) and len(given) == layers:
+        return [str(t) for t in given]
+    interval = text.get("full_attention_interval")
+    if isinstance(interval, int) and interval > 0:
+        return [FULL if (i + 1) % interval == 0 else LINEAR for i in range(layers)]
+    return [FULL] * layers
+
+
+def _head_dim(text: dict) -> int:
+    return int(text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"])
+
+
+def _full_attention_params(text: dict) -> int:
+    hidden, heads = int(text["hidden_size"]), int(text["num_attention_heads"])
+    kv_heads, head_dim = int(text.get("num_key_value_heads") or heads), _head_dim(text)
+    model_type = str(text.get("model_type", ""))
+    gated = model_type.startswith("qwen3_5")                 # q_proj also yields the output gate
+    q_out, kv_out = heads * head_dim * (2 if gated else 1), kv_heads * head_dim
+    params = hidden * (q_out + 2 * kv_out) + heads * head_dim * hidden
+    if model_type == "qwen2" or text.get("attention_bias"):  # qwen2 always has q/k/v biases
+        params += q_out + 2 * kv_out + (hidden if text.get("attention_bias") else 0)
+    if model_type.startswith("qwen3"):                       # per-head RMSNorm of q and k
+        params += 2 * head_dim
+    return params
+
+
+def _linear_attention_dims(text: dict) -> tuple[int, int, int]:
+    key_dim = int(text["linear_num_key_heads"]) * int(text["linear_key_head_dim"])
+    value_dim = int(text["linear_num_value_heads"]) * int(text["linear_value_head_dim"])
+    return key_dim, value_dim, 2 * key_dim + value_dim
+
+
+def _linear_attention_params(text: dict) -> int:
+    """Gated DeltaNet: in_proj_qkv, in_proj_z, in_proj_b/a, the depthwise conv1d, dt_bias, A_log, the gated norm
+    and out_proj."""
+    hidden, v_heads = int(text["hidden_size"]), int(text["linear_num_value_heads"])
+    key_dim, value_dim, conv_dim = _linear_attention_dims(text)
+    return (hidden * conv_dim + hidden * value_dim + 2 * hidden * v_heads + conv_dim * int(text["linear_conv_kernel_dim"])
+            + 2 * v_heads + int(text["linear_value_head_dim"]) + value_dim * hidden)
+
+
+def _is_moe_layer(text: dict, index: int) -> bool:
+    experts = int(text.get("num_experts") or 0)
+    if experts == 0 or index in (text.get("mlp_only_layers") or []):
+        return False
+    return (index + 1) % int(text.get("decoder_sparse_step") or 1) == 0
+
+
+def _mlp_params(text: dict, index: int) -> int:
+    hidden = int(text["hidden_size"])
+    if not _is_moe_layer(text, index):
+        return 3 * hidden * int(text["intermediate_size"])
+    experts, expert_width = int(text["num_experts"]), int(text["moe_intermediate_size"])
+    params = experts * hidden + experts * 3 * hidden * expert_width     # router + experts
+    shared = int(text.get("shared_expert_intermediate_size") or 0)
+    if shared:
+        params += 3 * hidden * shared + hidden                             # shared expert + its gate
+    return params
+
+
+def target_params(text: dict) -> int:
+    """Parameters of the language model of a text config (embedding, layers, final norm, LM head)."""
+    hidden, vocab = int(text["hidden_size"]), int(text["vocab_size"])
+    total = vocab * hidden * (1 if text.get("tie_word_embeddings") else 2) + hidden
+    for index, kind in enumerate(layer_types(text)):
+        attention = _linear_attention_params(text) if kind == LINEAR else _full_attention_params(text)
+        total += 2 * hidden + attention + _mlp_params(text, index)
+    return total
+
+
+def target_layer_working_bytes(text: dict, act: int) -> int:
+    """Per token, the most one target layer holds at once in the no-grad feature pass: its input and output,
+    and its attention's or its MLP's intermediates (whichever is larger). The gated delta rule's kernels keep one
+    fp32 state per chunk of FLA_CHUNK tokens; the torch fallback path is not covered."""
+    hidden = int(text["hidden_size"])
+    experts = int(text.get("num_experts") or 0)
+    width = int(text.get("intermediate_size") or 0) if not experts else (
+        int(text.get("shared_expert_intermediate_size") or 0)
+        + int(text.get("num_experts_per_tok") or 1) * int(text["moe_intermediate_size"]))
+    mlp = 3 * act * width + FP32 * experts
+    heads, head_dim = int(text["num_attention_heads"]), _head_dim(text)
+    kv_width = int(text.get("num_key_value_heads") or heads) * head_dim
+    attention = act * (3 * heads * head_dim + 2 * kv_width) + FP32 * (heads * head_dim + kv_width)
+    if LINEAR in layer_types(text):
+        key_dim, value_dim, conv_dim = _linear_attention_dims(text)
+        v_heads = int(text["linear_num_value_heads"])
+        states = FP32 * v_heads * int(text["linear_key_head_dim"]) * int(text["linear_value_head_dim"]) // FLA_CHUNK
+        attention = max(attention, act * (2 * conv_dim + 2 * value_dim) + FP32 * 2 * key_dim + states)
+    return 2 * act * hidden + max(mlp, attention)
+
+
+# ---------------------------------------------------------------------------------------------- drafter
+
+@dataclass(frozen=True)
+class DrafterSizes:
+    """The drafter's shape as the plan needs it (a DrafterConfig or its config.json provide these fields)."""
+
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    num_taps: int
+    block_size: int
+
+    @classmethod
+    def from_drafter_config(cls, data: dict) -> "DrafterSizes":
+        """From a drafter checkpoint's config.json (what a resumed run rebuilds)."""
+        return cls(hidden_size=data["hidden_size"], num_layers=data["num_hidden_layers"],
+                   num_heads=data["num_attention_heads"], num_kv_heads=data["num_key_value_heads"],
+                   head_dim=data["head_dim"], intermediate_size=data["intermediate_size"],
+                   num_taps=len(data["dflash_config"]["target_layer_ids"]), block_size=data["block_size"])
+
+    @classmethod
+    def for_target(cls, text: dict, *, num_layers: int, num_taps: int, block_size: int) -> "DrafterSizes":
+        """The drafter a fresh run builds for this target. Attention shape: the target's own
+        (DrafterConfig.from_target), except for Qwen3.5/3.6 hybrids of hidden >= 1024, which get the public
+        recipe's 32 heads, 8 KV heads, head_dim 128 (shared/DFLASH.md). A test checks this against the drafter
+        the trainer builds."""
+        heads, head_dim = int(text["num_attention_heads"]), _head_dim(text)
+        kv_heads = int(text.get("num_key_value_heads") or heads)
+        hybrid = str(text.get("model_type", "")).startswith("qwen3_5") and int(text["hidden_size"]) >= 1024
+        if hybrid:
+            heads, kv_heads, head_dim = 32, 8, 128
+        intermediate = int(text.get("intermediate_size") or 3 * int(text["hidden_size"]))
+        return cls(hidden_size=int(text["hidden_size"]), num_layers=num_layers, num_heads=heads,
+                   num_kv_heads=kv_heads, head_dim=head_dim, intermediate_size=intermediate, num_taps=num_taps,
+                   block_size=block_size)
+
+    @property
+    def q_width(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_width(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    def param_numels(self) -> list[int]:
+        """Trainable parameter sizes in DFlashDrafter.parameters() order (embedding and LM head are the
+        target's): fc, hidden_norm, per layer (input norm, q, k, v, o, q_norm, k_norm, post norm, gate, up,
+        down), final norm."""
+        h, q, kv, inter = self.hidden_size, self.q_width, self.kv_width, self.intermediate_size
+        layer = [h, q * h, kv * h, kv * h, h * q, self.head_dim, self.head_dim, h, inter * h, inter * h, h * inter]
+        return [self.num_taps * h * h, h, *layer * self.num_layers, h]
+
+    def matmul_params(self) -> int:
+        """Parameters of the drafter's linear layers: the ones autocast copies to bf16 every step."""
+        return sum(n for n in self.param_numels() if n > max(self.hidden_size, self.head_dim))
+
+
+def zero_partition(numels: list[int], ways: int) -> list[list[int]]:
+    """Parameter indices per rank, as torch's ZeroRedundancyOptimizer partitions one parameter group: largest
+    first (equal sizes in their order), each to the rank with the fewest elements so far (ties: lowest rank)."""
+    sizes, parts = [0] * ways, [[] for _ in range(ways)]
+    for index in sorted(range(len(numels)), key=lambda i: numels[i], reverse=True):
+        rank = min(range(ways), key=lambda r: sizes[r])
+        parts[rank].append(index)
+        sizes[rank] += numels[index]
+    return [sorted(part) for part in parts]
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Byte sizes of a run: the target's weights, the drafter's activations (autocast dtype), and whether
+    autocast makes low-precision copies (of the weights and of each linear layer's input)."""
+
+    target: int
+    act: int
+    casts: bool
+
+    @classmethod
+    def of_run(cls, dtype: str, on_gpu: bool) -> "Precision":
+        size = {"bfloat16": 2, "float16": 2, "float32": 4}.get(dtype, 2 if on_gpu else 4)
+        return cls(target=size, act=size if on_gpu else FP32, casts=on_gpu and size < FP32)
+
+
+def saved_bytes_per_layer(d: DrafterSizes, p: Precision) -> tuple[int, int]:
+    """What autograd keeps of one drafter layer, in bytes (per block token, per key/value token).
+
+    Residual stream in fp32 (the master weights' dtype): each RMSNorm keeps its fp32 input and normalised
+    output (+ its fp32 rstd); each linear layer keeps its input in the autocast dtype (q_proj, gate_proj and
+    up_proj each cast their own copy; without autocast gate and up share one). q_norm / k_norm keep an fp32
+    copy of their input and the normalised value in the autocast dtype; attention keeps q, k, v, its output and
+    fp32 log-sum-exp; the SwiGLU MLP keeps gate, silu(gate), up and their product."""
+    a, f = p.act, FP32
+    per_query = (2 * (2 * f * d.hidden_size + f) + (3 if p.casts else 2) * a * d.hidden_size
+                 + (f + 3 * a) * d.q_width + 2 * f * d.num_heads + 4 * a * d.intermediate_size)
+    per_key = (2 if p.casts else 1) * a * d.hidden_size + (f + 3 * a) * d.kv_width + f * d.num_kv_heads
+    return per_query, per_key
+
+
+def drafter_saved_bytes(d: DrafterSizes, p: Precision, *, context_tokens: int, block_tokens: int) -> int:
+    """Everything autograd keeps for one drafter step (weights and the target's features excepted).
+
+    Around the layers: fc's input copy (autocast) and hidden_norm (fp32 input, rstd, normalised value) per
+    context token; per block token the token id, the fp32 RoPE tables (also per key), the final norm and the
+    loss's fp32 gradient of the hidden states of slots 1..B-1."""
+    per_query, per_key = saved_bytes_per_layer(d, p)
+    keys = context_tokens + block_tokens
+    layers = d.num_layers * (per_query * block_tokens + per_key * keys)
+    context = context_tokens * ((p.act * d.num_taps * d.hidden_size if p.casts else 0)
+                                + FP32 * d.hidden_size + FP32 + p.act * d.hidden_size)
+    supervised = block_tokens * (d.block_size - 1) // d.block_size
+    blocks = (block_tokens * (8 + 2 * FP32 * d.head_dim + 2 * FP32 * d.hidden_size + FP32)
+              + keys * 2 * FP32 * d.head_dim + supervised * FP32 * d.hidden_size)
+    return layers + context + blocks
+
+
+# ---------------------------------------------------------------------------------------------- the plan
+
+@dataclass
+class MemoryPlan:
+    """Bytes per rank; `limit` is the GPU's memory (None: not checked, e.g. on the CPU)."""
+
+    target_name: str
+    target_params: int
+    drafter_params: int
+    optimizer_params: int      # parameters whose AdamW states this rank keeps (the largest rank's share)
+    ways: int                  # how many ways the states are split (1: whole)
+    tokens: int
+    block_tokens: int
+    target_bytes: int
+    drafter_bytes: int         # fp32 weights + fp32 gradients
+    optimizer_bytes: int
+    activations: dict[str, int] = field(default_factory=dict)   # the peak phase's parts
+    phase: str = "drafter"
+    reserve: int = RESERVE_BYTES
+    limit: int | None = None
+    world_size: int = 1
+    simulated: bool = False
+
+    @property
+    def activation_bytes(self) -> int:
+        return sum(self.activations.values())
+
+    @property
+    def total(self) -> int:
+        return self.target_bytes + self.drafter_bytes + self.optimizer_bytes + self.activation_bytes + self.reserve
+
+    @property
+    def fits(self) -> bool:
+        return self.limit is None or self.total <= self.limit
+
+    def lines(self) -> list[str]:
+        shards = "whole" if self.ways == 1 else f"sharded {self.ways} ways"
+        who = (f"rank 0 of {self.ways}, simulated" if self.simulated else
+               f"one of {self.world_size} ranks" if self.world_size > 1 else "one rank")
+        verdict = ("limit not checked" if self.limit is None else
+                   f"fits {_gib(self.limit)} GiB, {_gib(self.limit - self.total)} GiB spare" if self.fits else
+                   f"does NOT fit {_gib(self.limit)} GiB: {_gib(self.total - self.limit)} GiB over")
+        parts = ", ".join(f"{name} {_gib(value)}" for name, value in self.activations.items())
+        return [
+            f"Memory plan per GPU ({who}): {_gib(self.total)} GiB, {verdict}",
+            f"  target      {_gib(self.target_bytes):>7} GiB  {self.target_name}, {self.target_params / 1e9:.2f}B params",
+            f"  drafter     {_gib(self.drafter_bytes):>7} GiB  {self.drafter_params / 1e9:.2f}B params, fp32 weights + grads",
+            f"  optimizer   {_gib(self.optimizer_bytes):>7} GiB  AdamW states {shards} "
+            f"({self.optimizer_params / 1e9:.2f}B params on the largest rank)",
+            f"  activations {_gib(self.activation_bytes):>7} GiB  {self.tokens} tokens, {self.block_tokens} block "
+            f"tokens; {self.phase} phase: {parts}",
+            f"  reserve     {_gib(self.reserve):>7} GiB  CUDA context, NCCL, allocator",
+        ]
+
+    def refusal(self, fitting_budget: int) -> str:
+        """One line: what does not fit and what to change (fitting_budget: the largest token_budget that fits
+        as it is, 0 if none does)."""
+        fixes = [f"token_budget: {fitting_budget}"] if fitting_budget else []
+        if self.ways == 1 and self.world_size > 1:
+            fixes.append("shard_optimizer: true")
+        fixes.append("more GPUs")
+        return (f"memory plan: {_gib(self.total)} GiB per GPU does not fit its {_gib(self.limit)} GiB "
+                f"({_gib(self.total - self.limit)} GiB over); "
+                + ("" if fitting_budget else "no token_budget fits as it is; ") + "use " + ", or ".join(fixes))
+
+
+def _gib(value: int) -> str:
+    return f"{value / GIB:.1f}"
+
+
+def plan(text: dict, drafter: DrafterSizes, *, tokens: int, block_tokens: int, ways: int, precision: Precision,
+         world_size: int = 1, limit: int | None = None, simulated: bool = False) -> MemoryPlan:
+    """The plan of one rank for a target text config and a drafter at `tokens` target tokens per step."""
+    numels = drafter.param_numels()
+    n_drafter = sum(numels)
+    share = max(sum(numels[i] for i in part) for part in zero_partition(numels, ways))
+    features = precision.act * drafter.num_taps * drafter.hidden_size * tokens
+    per_query, per_key = saved_bytes_per_layer(drafter, precision)
+    one_layer = per_query * block_tokens + per_key * (tokens + block_tokens)
+    loss_chunk = LOGITS_PER_CHUNK * (precision.act + FP32) + FP32 * drafter.hidden_size * block_tokens
+    drafter_phase = {
+        "features": features,
+        "saved": drafter_saved_bytes(drafter, precision, context_tokens=tokens, block_tokens=block_tokens),
+        "bf16 weights": 2 * drafter.matmul_params() if precision.casts else 0,
+        "working": max(one_layer, loss_chunk),
+    }
+    target_phase = {"features": 3 * features,
+                    "target layer": target_layer_working_bytes(text, precision.target) * tokens}
+    # between steps, a checkpoint gathers the shards through every rank's device: two copies of a share
+    checkpoint_phase = {"features": features, "gathered shards": 2 * 2 * FP32 * share if ways > 1 else 0}
+    phases = {"drafter": drafter_phase, "target": target_phase, "checkpoint": checkpoint_phase}
+    phase = max(phases, key=lambda name: sum(phases[name].values()))
+    n_target = target_params(text)
+    return MemoryPlan(
+        target_name=str(text.get("model_type", "target")), target_params=n_target, drafter_params=n_drafter,
+        optimizer_params=share, ways=ways, tokens=tokens, block_tokens=block_tokens,
+        target_bytes=precision.target * n_target, drafter_bytes=2 * FP32 * n_drafter,
+        optimizer_bytes=2 * FP32 * share, activations={k: v for k, v in phases[phase].items() if v},
+        phase=phase, limit=limit, world_size=world_size, simulated=simulated)
+
+
+def largest_fitting_budget(build, budget: int, *, smallest: int) -> int:
+    """The largest token budget in [smallest, budget) whose plan fits (build(tokens) -> MemoryPlan); 0: none."""
+    if not build(smallest).fits:
+        return 0
+    low, high = smallest, budget
+    while high - low > 256:
+        middle = (low + high) // 2
+        low, high = (middle, high) if build(middle).fits else (low, middle)
+    return low // 256 * 256 or low
+
+
+# ---------------------------------------------------------------------------------------------- from a config
+
+def sharding_ways(shard_optimizer: bool | str, world_size: int) -> int:
+    """How many ways AdamW's states are split: the world size when sharding is on (auto: several ranks)."""
+    on = world_size > 1 if shard_optimizer == "auto" else bool(shard_optimizer)
+    return world_size if on else 1
+
+
+def max_block_tokens(cfg, tokens: int) -> int:
+    """The most block tokens one batch gives the drafter: per bucket, its batch size times the anchors each of
+    its sequences may draw (num_anchors, the positions of its longest sample, the anchor_budget's share)."""
+    anchor_budget = cfg.anchor_budget
+    if anchor_budget == max(1, cfg.token_budget // cfg.block_size):  # the default, which follows token_budget
+        anchor_budget = max(1, tokens // cfg.block_size)
+    most = 0
+    for high in cfg.buckets[1:]:
+        longest = min(high - 1, cfg.max_length or high - 1)
+        batch = max(1, tokens // max(1, high - 1))
+        per_sequence = min(cfg.num_anchors, max(1, longest - 1))
+        if anchor_budget:
+            per_sequence = min(per_sequence, max(1, anchor_budget // batch))
+        most = max(most, batch * per_sequence)
+    return most * cfg.block_size
+
+
+def config_plan(cfg, *, world_size: int, limit: int | None, on_gpu: bool, tokens: int | None = None,
+                text: dict | None = None) -> MemoryPlan:
+    """The plan of one rank of a run of `cfg` (a TrainConfig) on `world_size` ranks of `limit` bytes each."""
+    text = read_text_config(cfg.target_path) if text is None else text
+    tokens = tokens or cfg.token_budget
+    taps = len(cfg.target_layer_ids) if cfg.target_layer_ids else cfg.drafter_layers
+    drafter = DrafterSizes.for_target(text, num_layers=cfg.drafter_layers, num_taps=taps, block_size=cfg.block_size)
+    ways = cfg.simulate_shards or sharding_ways(cfg.shard_optimizer, world_size)
+    return plan(text, drafter, tokens=tokens, block_tokens=max_block_tokens(cfg, tokens), ways=ways,
+                precision=Precision.of_run(cfg.dtype, on_gpu), world_size=world_size, limit=limit,
+                simulated=bool(cfg.simulate_shards))
+
+
+def refusal(cfg, memory: MemoryPlan, *, on_gpu: bool) -> str:
+    """The one line that refuses `memory`, with the largest token_budget that would fit."""
+    text = read_text_config(cfg.target_path)
+    longest = cfg.buckets[-1] - 1
+
+    def build(tokens: int) -> MemoryPlan:
+        return config_plan(cfg, world_size=memory.world_size, limit=memory.limit, on_gpu=on_gpu, tokens=tokens,
+                           text=text)
+
+    budget = largest_fitting_budget(build, cfg.token_budget, smallest=longest) if longest < cfg.token_budget else 0
+    return memory.refusal(budget)
+
+
+def check(cfg, *, world_size: int, limit: int | None, on_gpu: bool, say) -> MemoryPlan:
+    """Print this rank's plan (`say` prints on rank 0 only); a TrainerError (exit 2) when it exceeds `limit`,
+    raised on every rank, before the target is loaded."""
+    if cfg.simulate_shards and world_size > 1:
+        raise TrainerError(f"simulate_shards: {cfg.simulate_shards} is a memory check for one process; this run "
+                           f"has {world_size}: remove simulate_shards (shard_optimizer shards for real)")
+    memory = config_plan(cfg, world_size=world_size, limit=limit, on_gpu=on_gpu)
+    say(*memory.lines())
+    if not memory.fits:
+        raise TrainerError(refusal(cfg, memory, on_gpu=on_gpu))
+    return memory
+
+
+def plan_command(config_path: str, *, gpus: int | None, gpu_memory_gib: float | None) -> int:
+    """`train --plan`: print the plan of one rank of a run on `gpus` GPUs (default: WORLD_SIZE, else 1) of
+    `gpu_memory_gib` each (default: this machine's first GPU, else unchecked), loading nothing; exit 0 when it
+    fits, 2 (a TrainerError) when not."""
+    import os
+
+    from trainer.config import load_config
+
+    cfg = load_config(config_path)
+    world_size = gpus or int(os.environ.get("WORLD_SIZE", 1))
+    limit = int(gpu_memory_gib * GIB) if gpu_memory_gib else _local_gpu_bytes()
+    memory = config_plan(cfg, world_size=world_size, limit=limit, on_gpu=True)
+    print("\n".join(memory.lines()), flush=True)
+    if not memory.fits:
+        raise TrainerError(refusal(cfg, memory, on_gpu=True))
+    return 0
+
+
+def _local_gpu_bytes() -> int | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
