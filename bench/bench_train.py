@@ -9,6 +9,11 @@ are synthetic chats laid out in the trainer's length buckets and served by the t
     python bench/bench_train.py --model qwen3-8b --compile
     torchrun --nproc-per-node 2 bench/bench_train.py --model qwen3-8b     # DDP over two GPUs
     python bench/bench_train.py --tiny --device cpu --steps 3 --json      # CPU smoke test
+    python bench/bench_train.py --model qwen3-32b --token-budget 24576 --anchor-budget 1536 --simulate-shards 8
+
+--simulate-shards N checks the memory plan of one rank of an N-GPU run on one GPU: the target is built whole
+(as the trainer loads it), AdamW keeps only rank 0's share of the states (the partition ZeRO-1 gives it) and
+updates only those weights, and the result holds the plan beside the measured peak.
 """
 from __future__ import annotations
 
@@ -24,6 +29,7 @@ import torch
 
 from trainer.config import SEED_BUCKETS, default_gamma
 from trainer.flops import LayerShape, StepFlops, target_feature_flops, training_step_flops
+from trainer.optim import rank_share
 from trainer.synthetic import SHAPES, qwen3_config
 from trainer.train import compiled_graphs, seconds_between, timing_mark
 
@@ -50,6 +56,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--compile", action="store_true", help="torch.compile the drafter; pad to bucket bounds")
     parser.add_argument("--profile", default=None, help="write a torch.profiler trace of 2 steps to this file")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--simulate-shards", type=int, default=0, metavar="N",
+                        help="hold what rank 0 of N ranks holds with the optimizer sharded N ways, and report the "
+                             "memory plan beside the measured peak (a memory check: other weights stay fixed)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = parser.parse_args(argv)
     defaults = TINY_DEFAULTS if args.tiny else dict(buckets=list(SEED_BUCKETS), token_budget=49152,
@@ -131,14 +140,15 @@ def peak_memory_gib(device: torch.device) -> tuple[float, str]:
 
 # ---------------------------------------------------------------------------------------------- models and data
 
-def build_target(shape: dict, *, num_taps: int, device: torch.device, dtype: torch.dtype):
-    """A random Qwen3 target with only the layers up to its last tap (the feature pass never runs the rest)."""
+def build_target(shape: dict, *, num_taps: int, device: torch.device, dtype: torch.dtype, whole: bool = False):
+    """A random Qwen3 target with only the layers up to its last tap (the feature pass never runs the rest), or
+    `whole`, with all of them, as the trainer loads it."""
     from transformers import Qwen3ForCausalLM
 
     from trainer.target import TargetModel, default_target_layer_ids
 
     taps = default_target_layer_ids(shape["num_hidden_layers"], num_taps)
-    config = qwen3_config(shape, num_layers=taps[-1] + 1)
+    config = qwen3_config(shape, num_layers=None if whole else taps[-1] + 1)
     with torch.device(device):
         model = Qwen3ForCausalLM._from_config(config, attn_implementation="sdpa", dtype=dtype)
     return TargetModel(model, layer_ids=taps, mask_token_id=shape["vocab_size"] - 1), taps
@@ -361,6 +371,32 @@ def device_name(device: torch.device) -> str:
     return platform.processor() or platform.machine()
 
 
+def planned_memory(args, target, drafter, ctx) -> dict:
+    """The trainer's memory plan of rank 0 of --simulate-shards ranks for this very target and drafter at this
+    budget, and the peak this process measured against it (the plan's reserve stands for what the allocator's
+    counters do not see: the CUDA context, NCCL, fragmentation)."""
+    from trainer import memplan
+    from trainer.config import TrainConfig
+
+    cfg = TrainConfig(target_path="(synthetic)", data_path="-", output_dir="-", token_budget=args.token_budget,
+                      buckets=args.buckets, num_anchors=args.num_anchors, anchor_budget=args.anchor_budget,
+                      block_size=args.block_size, drafter_layers=args.drafter_layers,
+                      target_layer_ids=target.layer_ids, simulate_shards=args.simulate_shards)
+    on_gpu = ctx.device.type == "cuda"
+    limit = torch.cuda.get_device_properties(ctx.device).total_memory if on_gpu else None
+    plan = memplan.config_plan(cfg, world_size=1, limit=limit, on_gpu=on_gpu, text=target.config.to_dict(),
+                               drafter=memplan.DrafterSizes.from_drafter_config(drafter.config.to_hf_dict()))
+    measured = {"peak_allocated_gib": peak_memory_gib(ctx.device)[0]}
+    if on_gpu:
+        measured["peak_reserved_gib"] = torch.cuda.max_memory_reserved(ctx.device) / 2 ** 30
+    planned = (plan.total - plan.reserve) / 2 ** 30
+    lines = plan.lines() + [f"  measured    peak allocated {measured['peak_allocated_gib']:.1f} GiB against "
+                            f"{planned:.1f} GiB planned without the reserve"
+                            + (f", reserved {measured['peak_reserved_gib']:.1f} GiB" if on_gpu else "")]
+    return {"total_gib": plan.total / 2 ** 30, "without_reserve_gib": planned, "fits": plan.fits,
+            "activations_gib": {k: v / 2 ** 30 for k, v in plan.activations.items()}, **measured, "lines": lines}
+
+
 def format_table(result: dict) -> str:
     step, target = result["step"], result["target_only"]
     lines = [
@@ -392,7 +428,8 @@ def main(argv=None) -> int:
     dtype = torch.bfloat16 if on_gpu else torch.float32
     torch.manual_seed(args.seed)
     peak = matmul_peak_tflops(ctx.device)
-    target, taps = build_target(MODELS[args.model], num_taps=args.drafter_layers, device=ctx.device, dtype=dtype)
+    target, taps = build_target(MODELS[args.model], num_taps=args.drafter_layers, device=ctx.device, dtype=dtype,
+                                whole=args.simulate_shards > 0)
     drafter = build_drafter(target, args, ctx.device)
     model = drafter
     if ctx.world_size > 1:
@@ -402,9 +439,10 @@ def main(argv=None) -> int:
     if args.compile:
         model = torch.compile(model)
     params = [p for p in drafter.parameters() if p.requires_grad]
+    trained = rank_share(params, args.simulate_shards, rank=0) if args.simulate_shards else params
     parts = SimpleNamespace(
         target=target, drafter=drafter, model=model, params=params,
-        optimizer=torch.optim.AdamW(params, lr=6e-4, weight_decay=0.0, betas=(0.9, 0.95), fused=on_gpu),
+        optimizer=torch.optim.AdamW(trained, lr=6e-4, weight_decay=0.0, betas=(0.9, 0.95), fused=on_gpu),
         anchor_rng=torch.Generator().manual_seed(args.seed * 1009 + ctx.rank))
     dataset = synthetic_dataset(args, vocab_size=target.config.vocab_size,
                                 batches_needed=(args.warmup + args.steps + 2) * ctx.world_size)
@@ -418,8 +456,12 @@ def main(argv=None) -> int:
         for stream in streams:
             stream.close()
     result = summarise(args, ctx, peak=peak, taps=taps, target_only=target_only, training=training)
+    if args.simulate_shards:
+        result["memory_plan"] = planned_memory(args, target, drafter, ctx)
     if ctx.is_main:
         print(json.dumps(result) if args.json else format_table(result), flush=True)
+        if "memory_plan" in result and not args.json:
+            print("\n".join(result["memory_plan"]["lines"]), flush=True)
         if table:
             print(table, file=sys.stderr)
     if ctx.world_size > 1:

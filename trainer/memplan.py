@@ -91,7 +91,8 @@ def _linear_attention_params(text: dict) -> int:
     and out_proj."""
     hidden, v_heads = int(text["hidden_size"]), int(text["linear_num_value_heads"])
     key_dim, value_dim, conv_dim = _linear_attention_dims(text)
-    return (hidden * conv_dim + hidden * value_dim + 2 * hidden * v_heads + conv_dim * int(text["linear_conv_kernel_dim"])
+    kernel = int(text["linear_conv_kernel_dim"])
+    return (hidden * conv_dim + hidden * value_dim + 2 * hidden * v_heads + conv_dim * kernel
             + 2 * v_heads + int(text["linear_value_head_dim"]) + value_dim * hidden)
 
 
@@ -308,8 +309,10 @@ class MemoryPlan:
         parts = ", ".join(f"{name} {_gib(value)}" for name, value in self.activations.items())
         return [
             f"Memory plan per GPU ({who}): {_gib(self.total)} GiB, {verdict}",
-            f"  target      {_gib(self.target_bytes):>7} GiB  {self.target_name}, {self.target_params / 1e9:.2f}B params",
-            f"  drafter     {_gib(self.drafter_bytes):>7} GiB  {self.drafter_params / 1e9:.2f}B params, fp32 weights + grads",
+            f"  target      {_gib(self.target_bytes):>7} GiB  {self.target_name}, "
+            f"{self.target_params / 1e9:.2f}B params",
+            f"  drafter     {_gib(self.drafter_bytes):>7} GiB  {self.drafter_params / 1e9:.2f}B params, "
+            f"fp32 weights + grads",
             f"  optimizer   {_gib(self.optimizer_bytes):>7} GiB  AdamW states {shards} "
             f"({self.optimizer_params / 1e9:.2f}B params on the largest rank)",
             f"  activations {_gib(self.activation_bytes):>7} GiB  {self.tokens} tokens, {self.block_tokens} block "
@@ -401,12 +404,14 @@ def max_block_tokens(cfg, tokens: int) -> int:
 
 
 def config_plan(cfg, *, world_size: int, limit: int | None, on_gpu: bool, tokens: int | None = None,
-                text: dict | None = None) -> MemoryPlan:
-    """The plan of one rank of a run of `cfg` (a TrainConfig) on `world_size` ranks of `limit` bytes each."""
+                text: dict | None = None, drafter: DrafterSizes | None = None) -> MemoryPlan:
+    """The plan of one rank of a run of `cfg` (a TrainConfig) on `world_size` ranks of `limit` bytes each
+    (`text`, `drafter`: the target's text config and the drafter's sizes, where they are known already)."""
     text = read_text_config(cfg.target_path) if text is None else text
     tokens = tokens or cfg.token_budget
     taps = len(cfg.target_layer_ids) if cfg.target_layer_ids else cfg.drafter_layers
-    drafter = DrafterSizes.for_target(text, num_layers=cfg.drafter_layers, num_taps=taps, block_size=cfg.block_size)
+    drafter = drafter or DrafterSizes.for_target(text, num_layers=cfg.drafter_layers, num_taps=taps,
+                                                 block_size=cfg.block_size)
     ways = cfg.simulate_shards or sharding_ways(cfg.shard_optimizer, world_size)
     return plan(text, drafter, tokens=tokens, block_tokens=max_block_tokens(cfg, tokens), ways=ways,
                 precision=Precision.of_run(cfg.dtype, on_gpu), world_size=world_size, limit=limit,

@@ -99,6 +99,20 @@ def test_anchor_budget_caps_the_blocks_per_batch():
     assert capped["step"]["flops_per_step"]["drafter_total"] < wide["step"]["flops_per_step"]["drafter_total"]
 
 
+def test_simulated_shards_report_the_plan_beside_the_measured_peak():
+    """--simulate-shards: the whole target is built (as the trainer loads it) and the result holds rank 0's plan
+    of the 8-GPU run and the peak measured against it."""
+    whole = run_bench("--tiny", "--device", "cpu", "--steps", "1", "--warmup", "0", "--json")
+    result = run_bench("--tiny", "--device", "cpu", "--steps", "1", "--warmup", "0", "--simulate-shards", "8",
+                       "--json")
+    plan = result["memory_plan"]
+    assert "memory_plan" not in whole
+    assert plan["lines"][0].startswith("Memory plan per GPU (rank 0 of 8, simulated): ")
+    assert "sharded 8 ways" in plan["lines"][3] and plan["lines"][-1].startswith("  measured    peak allocated")
+    assert 0 < plan["without_reserve_gib"] < plan["total_gib"] and plan["peak_allocated_gib"] > 0
+    assert plan["fits"] and set(plan["activations_gib"]) <= {"features", "saved", "working", "target layer"}
+
+
 # ---------------------------------------------------------------------------------------------- sync-free step
 
 def test_anchor_width_depends_on_the_shape_only():
