@@ -5,7 +5,8 @@ Bytes per rank, in the order the trainer allocates them:
 - target: every parameter of the language model (a composite checkpoint's vision tower is never loaded), in
   the target dtype; hybrid Qwen3.5/3.6 layers counted by type (Gated DeltaNet or gated full attention).
 - drafter: fp32 master weights and their fp32 gradients, whole on every rank (DDP's buckets are the gradients).
-- optimizer: AdamW's two fp32 states, of the largest rank's share when they are sharded (ZeRO-1).
+- optimizer: AdamW's two fp32 states, of the largest rank's share when they are sharded (ZeRO-1); of rank 0's,
+  the share it holds, when one process simulates rank 0 of N.
 - activations at the token budget: the larger of the two phases of a step.
   target phase: the tapped features of the previous step, still held, plus the tapped list and its
   concatenation (3 x taps x hidden per token), plus one target layer's working set.
@@ -273,7 +274,7 @@ class MemoryPlan:
     target_name: str
     target_params: int
     drafter_params: int
-    optimizer_params: int      # parameters whose AdamW states this rank keeps (the largest rank's share)
+    optimizer_params: int      # parameters whose AdamW states the rank keeps (the largest share; rank 0's if simulated)
     ways: int                  # how many ways the states are split (1: whole)
     tokens: int
     block_tokens: int
@@ -314,7 +315,7 @@ class MemoryPlan:
             f"  drafter     {_gib(self.drafter_bytes):>7} GiB  {self.drafter_params / 1e9:.2f}B params, "
             f"fp32 weights + grads",
             f"  optimizer   {_gib(self.optimizer_bytes):>7} GiB  AdamW states {shards} "
-            f"({self.optimizer_params / 1e9:.2f}B params on the largest rank)",
+            f"({self.optimizer_params / 1e9:.2f}B params on {'rank 0' if self.simulated else 'the largest rank'})",
             f"  activations {_gib(self.activation_bytes):>7} GiB  {self.tokens} tokens, {self.block_tokens} block "
             f"tokens; {self.phase} phase: {parts}",
             f"  reserve     {_gib(self.reserve):>7} GiB  CUDA context, NCCL, allocator",
@@ -341,7 +342,8 @@ def plan(text: dict, drafter: DrafterSizes, *, tokens: int, block_tokens: int, w
     """The plan of one rank for a target text config and a drafter at `tokens` target tokens per step."""
     numels = drafter.param_numels()
     n_drafter = sum(numels)
-    share = max(sum(numels[i] for i in part) for part in zero_partition(numels, ways))
+    shares = [sum(numels[i] for i in part) for part in zero_partition(numels, ways)]
+    share = shares[0] if simulated else max(shares)
     features = precision.act * drafter.num_taps * drafter.hidden_size * tokens
     per_query, per_key = saved_bytes_per_layer(drafter, precision)
     one_layer = per_query * block_tokens + per_key * (tokens + block_tokens)

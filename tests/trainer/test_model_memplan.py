@@ -231,3 +231,20 @@ def test_start_up_check_refuses_on_every_rank_before_loading(tmp_path):
     assert said[0].startswith("Memory plan per GPU (one of 8 ranks)") and len(said) == 6
     fits = memplan.check(cfg, world_size=8, limit=139 * memplan.GIB, on_gpu=True, say=lambda *lines: None)
     assert fits.fits and fits.ways == 8
+
+
+def test_a_simulated_rank_plans_rank_0s_share_and_a_real_run_the_largest():
+    """With 8 ranks this small drafter's largest share is not rank 0's: the N-GPU plan must cover the largest,
+    the one-process simulation holds (and plans) rank 0's."""
+    drafter = memplan.DrafterSizes(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
+                                   intermediate_size=96, num_taps=2, block_size=8)
+    numels = drafter.param_numels()
+    shares = [sum(numels[i] for i in part) for part in memplan.zero_partition(numels, 8)]
+    assert shares[0] < max(shares)
+    text = dict(SMALL, model_type="qwen3")
+    precision = memplan.Precision.of_run("auto", on_gpu=True)
+    real, simulated = (memplan.plan(text, drafter, tokens=512, block_tokens=512, ways=8, precision=precision,
+                                    world_size=8 if not sim else 1, simulated=sim) for sim in (False, True))
+    assert (real.optimizer_params, simulated.optimizer_params) == (max(shares), shares[0])
+    assert real.optimizer_bytes == 8 * max(shares) and "on the largest rank" in real.lines()[3]
+    assert "on rank 0" in simulated.lines()[3] and simulated.lines()[0].startswith("Memory plan per GPU (rank 0 of 8")
