@@ -9,11 +9,11 @@ are synthetic chats laid out in the trainer's length buckets and served by the t
     python bench/bench_train.py --model qwen3-8b --compile
     torchrun --nproc-per-node 2 bench/bench_train.py --model qwen3-8b     # DDP over two GPUs
     python bench/bench_train.py --tiny --device cpu --steps 3 --json      # CPU smoke test
-    python bench/bench_train.py --model qwen3-32b --token-budget 24576 --anchor-budget 1536 --simulate-shards 8
+    python bench/bench_train.py --model qwen3.6-27b --token-budget 24576 --anchor-budget 1536 --simulate-shards 8
 
 --simulate-shards N checks the memory plan of one rank of an N-GPU run on one GPU: the target is built whole
 (as the trainer loads it), AdamW keeps only rank 0's share of the states (the partition ZeRO-1 gives it) and
-updates only those weights, and the result holds the plan beside the measured peak.
+updates only those weights, and the result holds the plan beside the peak of the training steps.
 """
 from __future__ import annotations
 
@@ -28,12 +28,13 @@ import numpy as np
 import torch
 
 from trainer.config import SEED_BUCKETS, default_gamma
-from trainer.flops import LayerShape, StepFlops, target_feature_flops, training_step_flops
+from trainer.flops import LayerShape, StepFlops, TargetShape, target_feature_flops, training_step_flops
 from trainer.optim import rank_share
-from trainer.synthetic import SHAPES, qwen3_config
+from trainer.synthetic import SHAPES, causal_lm_class, target_config
 from trainer.train import compiled_graphs, seconds_between, timing_mark
 
-MODELS = {name: SHAPES[name] for name in ("qwen3-1.7b", "qwen3-8b", "qwen3-32b", "tiny")}
+MODELS = {name: SHAPES[name] for name in ("qwen3-1.7b", "qwen3-8b", "qwen3-32b", "tiny", "qwen3.6-27b",
+                                          "qwen3.6-35b-a3b", "tiny-hybrid")}
 TINY_DEFAULTS = dict(buckets=[0, 64, 128, 257], token_budget=512, num_anchors=16, anchor_budget=0)
 PHASES = ("data", "target", "drafter_forward", "backward", "optimizer")
 
@@ -55,6 +56,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--bucket", type=int, default=None, help="only batches of this bucket index")
     parser.add_argument("--compile", action="store_true", help="torch.compile the drafter; pad to bucket bounds")
     parser.add_argument("--profile", default=None, help="write a torch.profiler trace of 2 steps to this file")
+    parser.add_argument("--plain-length", type=int, default=4096,
+                        help="sequence length of the plain-forward baseline (rows fill the token budget)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--simulate-shards", type=int, default=0, metavar="N",
                         help="hold what rank 0 of N ranks holds with the optimizer sharded N ways, and report the "
@@ -141,16 +144,14 @@ def peak_memory_gib(device: torch.device) -> tuple[float, str]:
 # ---------------------------------------------------------------------------------------------- models and data
 
 def build_target(shape: dict, *, num_taps: int, device: torch.device, dtype: torch.dtype, whole: bool = False):
-    """A random Qwen3 target with only the layers up to its last tap (the feature pass never runs the rest), or
+    """A random target with only the layers up to its last tap (the feature pass never runs the rest), or
     `whole`, with all of them, as the trainer loads it."""
-    from transformers import Qwen3ForCausalLM
-
     from trainer.target import TargetModel, default_target_layer_ids
 
     taps = default_target_layer_ids(shape["num_hidden_layers"], num_taps)
-    config = qwen3_config(shape, num_layers=None if whole else taps[-1] + 1)
+    config = target_config(shape, num_layers=None if whole else taps[-1] + 1)
     with torch.device(device):
-        model = Qwen3ForCausalLM._from_config(config, attn_implementation="sdpa", dtype=dtype)
+        model = causal_lm_class(config)._from_config(config, attn_implementation="sdpa", dtype=dtype)
     return TargetModel(model, layer_ids=taps, mask_token_id=shape["vocab_size"] - 1), taps
 
 
@@ -218,7 +219,7 @@ def all_ranks_sum(value: float, ctx) -> float:
 
 def measure_target_only(target, stream, args, ctx, autocast) -> dict:
     """Feature throughput of the target alone: the batches are on the device before the clock starts."""
-    shape = LayerShape.from_config(target.config)
+    shape = TargetShape.from_config(target.config)
     batches = [next(stream) for _ in range(args.warmup + args.steps)]
     on_device = [to_device(batch, ctx.device) for batch in batches]
     for input_ids, _, attention_mask in on_device[:args.warmup]:
@@ -236,6 +237,29 @@ def measure_target_only(target, stream, args, ctx, autocast) -> dict:
     flops = sum(target_feature_flops(shape, num_layers=target.layer_ids[-1] + 1, lengths=row) for row in lengths)
     return {"seconds": seconds, "tokens": tokens, "flops": flops,
             "tok_per_s": all_ranks_sum(tokens, ctx) / seconds}
+
+
+def measure_plain_forward(target, args, ctx, autocast) -> dict:
+    """The baseline the feature pass is held to: the HF decoder's own forward over the same layers at one fixed
+    shape (rows x length = the token budget, no padding, no taps), timed like the other measurements."""
+    length = min(args.plain_length, args.buckets[-1] - 1)
+    rows = max(1, args.token_budget // length)
+    generator = torch.Generator().manual_seed(args.seed)
+    ids = torch.randint(0, target.config.vocab_size - 1, (rows, length), generator=generator).to(ctx.device)
+    with torch.no_grad(), autocast:
+        for _ in range(max(1, args.warmup // 2)):
+            target.decoder(input_ids=ids, use_cache=False)
+        synchronize(ctx.device)
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            target.decoder(input_ids=ids, use_cache=False)
+        synchronize(ctx.device)
+    seconds = time.perf_counter() - start
+    layers = len(target.decoder.layers)
+    flops = args.steps * target_feature_flops(TargetShape.from_config(target.config), num_layers=layers,
+                                              lengths=[length] * rows)
+    return {"seconds": seconds, "flops": flops, "rows": rows, "length": length,
+            "tok_per_s": all_ranks_sum(args.steps * rows * length, ctx) / seconds}
 
 
 def anchors_per_sequence(args, batch_size: int) -> int:
@@ -275,7 +299,7 @@ def replay_flops(records: list, parts: SimpleNamespace, args) -> tuple[StepFlops
     replayed on the CPU from the generator state saved before the step): (flops, real blocks, padded blocks)."""
     from trainer.objective import sample_anchors
 
-    target_shape = LayerShape.from_config(parts.target.config)
+    target_shape = TargetShape.from_config(parts.target.config)
     drafter_shape = LayerShape.from_config(parts.drafter.config)
     total, real, padded = StepFlops(0, 0, 0, 0, 0), 0, 0
     generator = torch.Generator()
@@ -330,7 +354,8 @@ def profile_steps(parts: SimpleNamespace, stream, args, ctx, autocast) -> str:
 
 # ---------------------------------------------------------------------------------------------- report
 
-def summarise(args, ctx, *, peak: tuple[float, str], taps: list[int], target_only: dict, training: dict) -> dict:
+def summarise(args, ctx, *, peak: tuple[float, str], taps: list[int], target_only: dict, training: dict,
+              plain: dict, target_line: str) -> dict:
     flops, phases = training["flops"], training["phases"]
     world_peak = peak[0] * 1e12 * ctx.world_size
     phase_total = sum(phases.values()) or 1.0
@@ -343,6 +368,9 @@ def summarise(args, ctx, *, peak: tuple[float, str], taps: list[int], target_onl
         "token_budget": args.token_budget, "num_anchors": args.num_anchors, "anchor_budget": args.anchor_budget,
         "block_size": args.block_size, "drafter_layers": args.drafter_layers,
         "matmul_peak_tflops": peak[0], "matmul_peak_what": peak[1],
+        "target_line": target_line,
+        "plain_forward": {"tok_per_s": plain["tok_per_s"], "rows": plain["rows"], "length": plain["length"],
+                          "mfu": all_ranks_sum(plain["flops"], ctx) / plain["seconds"] / world_peak},
         "target_only": {"tok_per_s": target_only["tok_per_s"],
                         "mfu": all_ranks_sum(target_only["flops"], ctx) / target_only["seconds"] / world_peak},
         "step": {
@@ -354,6 +382,8 @@ def summarise(args, ctx, *, peak: tuple[float, str], taps: list[int], target_onl
             "target_phase_tok_per_s": training["tokens"] / phases["target"] if phases["target"] else 0.0,
             "target_in_step_ratio": (training["tokens"] / phases["target"] / target_only_rate
                                      if phases["target"] else 0.0),
+            "target_phase_vs_plain_forward": (training["tokens"] / phases["target"] / plain["tok_per_s"]
+                                              * ctx.world_size if phases["target"] else 0.0),
             "padded_block_share": training["padded_blocks"] / blocks if blocks else 0.0,
             "loss": training["loss"],
         },
@@ -402,14 +432,18 @@ def format_table(result: dict) -> str:
     lines = [
         f"{result['model']} on {result['world_size']} x {result['device_name']} ({result['device']}), "
         f"compile={result['compile']}, taps {result['taps']}",
+        result["target_line"],
         f"matmul peak ({result['matmul_peak_what']}): {result['matmul_peak_tflops']:.3g} TFLOP/s",
+        f"plain HF forward ({result['plain_forward']['rows']} x {result['plain_forward']['length']}): "
+        f"{result['plain_forward']['tok_per_s']:,.0f} tok/s, MFU {result['plain_forward']['mfu']:.1%}",
         f"target features alone: {target['tok_per_s']:,.0f} tok/s, MFU {target['mfu']:.1%}",
         f"training step:        {step['tok_per_s']:,.0f} tok/s, {step['step_ms']:.1f} ms/step, MFU {step['mfu']:.1%}",
         f"  FLOP shares: target {step['target_flop_share']:.1%}, drafter {step['drafter_flop_share']:.1%} "
         f"(padded blocks {step['padded_block_share']:.1%}, not counted)",
         "  time shares: " + ", ".join(f"{k} {v:.1%}" for k, v in step["phase_share"].items()),
         f"  target inside the step: {step['target_phase_tok_per_s']:,.0f} tok/s = "
-        f"{step['target_in_step_ratio']:.1%} of the target alone",
+        f"{step['target_in_step_ratio']:.1%} of the target alone, {step['target_phase_vs_plain_forward']:.1%} "
+        f"of the plain forward",
         f"peak memory: {result['peak_memory_gib']:.2f} GiB ({result['peak_memory_kind']}); compiled frames after "
         f"warm-up: {result['compiled_frames_after_warmup']} (total {result['compiled_frames_total']})",
     ]
@@ -449,13 +483,17 @@ def main(argv=None) -> int:
     autocast = torch.autocast(device_type=ctx.device.type, dtype=dtype, enabled=on_gpu)
     streams = [batch_stream(dataset, args, ctx) for _ in range(2)]   # the same batches for both measurements
     try:
+        plain = measure_plain_forward(target, args, ctx, autocast)
         target_only = measure_target_only(target, streams[0], args, ctx, autocast)
+        if args.simulate_shards and on_gpu:  # the plan is of training steps: their peak, not the baselines'
+            torch.cuda.reset_peak_memory_stats(ctx.device)
         training = measure_training(parts, streams[1], args, ctx, autocast)
         table = profile_steps(parts, streams[1], args, ctx, autocast) if args.profile else None
     finally:
         for stream in streams:
             stream.close()
-    result = summarise(args, ctx, peak=peak, taps=taps, target_only=target_only, training=training)
+    result = summarise(args, ctx, peak=peak, taps=taps, target_only=target_only, training=training, plain=plain,
+                       target_line=target.describe())
     if args.simulate_shards:
         result["memory_plan"] = planned_memory(args, target, drafter, ctx)
     if ctx.is_main:

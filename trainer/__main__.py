@@ -74,8 +74,9 @@ def _tiny_target(args) -> int:
 
     from trainer.tiny import write_tiny_target
 
-    path = write_tiny_target(Path(args.out_dir), seed=args.seed)
-    print(f"Wrote a tiny random Qwen3 target to {path}", flush=True)
+    path = write_tiny_target(Path(args.out_dir), family=args.family, composite=args.composite, seed=args.seed)
+    kind = args.family + (" composite (image-text)" if args.composite else "")
+    print(f"Wrote a tiny random {kind} target to {path}", flush=True)
     return 0
 
 
@@ -146,8 +147,15 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--json", action="store_true", help="print one JSON object")
     evaluate.set_defaults(run=_eval)
 
-    tiny = commands.add_parser("tiny-target", help="write a tiny random Qwen3 target (no downloads)")
+    tiny = commands.add_parser("tiny-target", help="write a tiny random target (no downloads)",
+                               description="A tiny random target and its tokenizer, for CPU tests and demos.")
     tiny.add_argument("out_dir", metavar="OUT_DIR", help="directory to write")
+    tiny.add_argument("--family", choices=("qwen3", "qwen3.5", "qwen3.5-moe"), default="qwen3",
+                      help="qwen3 (dense), or a Qwen3.5 hybrid: 3 Gated DeltaNet layers per full-attention one "
+                           "(default qwen3)")
+    tiny.add_argument("--composite", action="store_true",
+                      help="write a Qwen3.5 image-text checkpoint (vision tower + language model), as the "
+                           "published Qwen3.5/3.6 models are")
     tiny.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
     tiny.set_defaults(run=_tiny_target)
     return parser

@@ -30,6 +30,8 @@ KEY_ALIASES = {
     "max_seq_length": "max_length", "seq_len": "max_length", "num_layers": "drafter_layers",
     "save_steps": "checkpoint_every", "save_every": "checkpoint_every", "logging_steps": "log_every",
     "resume_from_checkpoint": "resume", "torch_compile": "compile", "wd": "weight_decay",
+    "num_attention_heads": "drafter_heads", "num_key_value_heads": "drafter_kv_heads", "head_dim": "drafter_head_dim",
+    "intermediate_size": "drafter_intermediate_size", "rope_theta": "drafter_rope_theta",
 }
 
 
@@ -101,8 +103,24 @@ class TrainConfig(BaseModel):
     seed: int = Field(0, description="Seed of weights init, data order, anchors and noise.")
     compile: bool = Field(False, description="torch.compile the drafter (batches are then padded to the "
                                              "bucket bound so shapes repeat).")
-    sliding_window: int | None = Field(None, ge=1, description="Sliding-window size of the drafter's layers "
-                                                               "(null = full attention).")
+    sliding_window: int | None = Field(
+        None, ge=0, description="Sliding-window size of every drafter layer but the last (which sees the whole "
+                                "context); 0 = all layers full attention; null = the target family's recipe "
+                                "(2048 for Qwen3.5/3.6 targets, full attention otherwise).")
+    drafter_heads: int | None = Field(None, ge=1, description="Attention heads of the drafter; null = the family "
+                                                             "recipe (Qwen3.5/3.6: 32; otherwise the target's).")
+    drafter_kv_heads: int | None = Field(None, ge=1, description="KV heads of the drafter; null = the family recipe "
+                                                                "(Qwen3.5/3.6: 8; otherwise the target's).")
+    drafter_head_dim: int | None = Field(None, ge=1, description="Head size of the drafter; null = the family "
+                                                                "recipe (Qwen3.5/3.6: 128; otherwise the target's).")
+    drafter_intermediate_size: int | None = Field(
+        None, ge=1, description="MLP width of the drafter; null = the target's (3 x hidden for MoE targets).")
+    drafter_rope_theta: float | None = Field(None, gt=0, description="RoPE base of the drafter; null = the "
+                                                                    "target's.")
+    mask_token_id: int | None = Field(
+        None, ge=0, description="Token id of the drafter's masked slots; null = the tokenizer's mask token, else "
+                                "<|MASK|>, else the family's (248070 for the Qwen3.5/3.6 tokenizer), else the first "
+                                "id past the tokenizer (151669 for Qwen3).")
     num_workers: int = Field(2, ge=1, description="CPU threads that build batches (never GPU work).")
     prefetch: int = Field(8, ge=1, description="Batches built ahead of the training step.")
     device: str = Field("auto", description="auto (cuda:LOCAL_RANK if CUDA is available, else cpu), cpu or cuda.")

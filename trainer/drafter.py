@@ -1,11 +1,12 @@
 """The DFlash drafter: Qwen3-style decoder layers whose keys/values also carry the target's context features."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 from torch import nn
 
+from trainer.families import DrafterShape, drafter_shape, target_spec
 from trainer.masks import FULL_ATTENTION, SLIDING_ATTENTION, DrafterMask, build_drafter_mask, choose_backend
 
 
@@ -43,24 +44,25 @@ class DrafterConfig:
 
     @classmethod
     def from_target(cls, target_config, *, num_layers: int, block_size: int, target_layer_ids: list[int],
-                    mask_token_id: int, sliding_window: int | None = None,
+                    mask_token_id: int, shape: DrafterShape | None = None, sliding_window: int | None = None,
                     layer_types: list[str] | None = None) -> "DrafterConfig":
-        """Sizes, heads and RoPE follow the target (an HF config)."""
-        rope = getattr(target_config, "rope_parameters", None) or {}
-        rope_theta = rope.get("rope_theta", getattr(target_config, "rope_theta", 10000.0))
-        head_dim = getattr(target_config, "head_dim", None) or (
-            target_config.hidden_size // target_config.num_attention_heads)
+        """Hidden size and vocabulary follow the target (an HF text config); heads, head size, MLP width, window
+        and RoPE base come from `shape` (default: the target family's recipe, families.recipe_shape), with
+        `sliding_window` over it when given (0 = none)."""
+        if shape is None:
+            shape = drafter_shape(target_spec(target_config.to_dict()), sliding_window=sliding_window)
+        elif sliding_window is not None:
+            shape = replace(shape, sliding_window=sliding_window or None)
         extra = {key: getattr(target_config, key) for key in ("bos_token_id", "eos_token_id", "pad_token_id")
                  if getattr(target_config, key, None) is not None}
         return cls(
             hidden_size=target_config.hidden_size, num_hidden_layers=num_layers,
-            num_attention_heads=target_config.num_attention_heads,
-            num_key_value_heads=target_config.num_key_value_heads, head_dim=head_dim,
-            intermediate_size=target_config.intermediate_size, rms_norm_eps=target_config.rms_norm_eps,
-            rope_theta=float(rope_theta), vocab_size=target_config.vocab_size,
+            num_attention_heads=shape.num_heads, num_key_value_heads=shape.num_kv_heads, head_dim=shape.head_dim,
+            intermediate_size=shape.intermediate_size, rms_norm_eps=target_config.rms_norm_eps,
+            rope_theta=float(shape.rope_theta), vocab_size=target_config.vocab_size,
             max_position_embeddings=target_config.max_position_embeddings, block_size=block_size,
             num_target_layers=target_config.num_hidden_layers, target_layer_ids=list(target_layer_ids),
-            mask_token_id=mask_token_id, sliding_window=sliding_window, layer_types=layer_types, extra=extra,
+            mask_token_id=mask_token_id, sliding_window=shape.sliding_window, layer_types=layer_types, extra=extra,
         )
 
     def to_hf_dict(self) -> dict:

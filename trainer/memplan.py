@@ -21,47 +21,19 @@ block tokens for the drafter.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from trainer.errors import TrainerError
+from trainer.families import LINEAR, TargetSpec, drafter_shape, layer_types_of, read_target_spec
 
 GIB = 2 ** 30
 RESERVE_BYTES = 4 * GIB          # CUDA context (~0.5 GiB), NCCL buffers, allocator fragmentation
 FP32 = 4
 LOGITS_PER_CHUNK = 2 ** 27       # objective.LOGITS_PER_CHUNK: rows of logits per chunk of the loss
 FLA_CHUNK = 64                   # tokens per chunk of the gated delta rule kernels (their per-chunk states)
-LINEAR, FULL = "linear_attention", "full_attention"
 
 
 # ---------------------------------------------------------------------------------------------- target
-
-def text_config(config: dict) -> dict:
-    """The language model's config: a composite (image-text) checkpoint keeps it under text_config."""
-    text = config.get("text_config")
-    return text if isinstance(text, dict) else config
-
-
-def read_text_config(target_path: str | Path) -> dict:
-    path = Path(target_path) / "config.json"
-    try:
-        return text_config(json.loads(path.read_text()))
-    except (OSError, ValueError) as exc:
-        raise TrainerError(f"memory plan: cannot read {path}: {exc}") from None
-
-
-def layer_types(text: dict) -> list[str]:
-    """Each layer's type, as transformers derives it when config.json does not list them."""
-    layers = int(text["num_hidden_layers"])
-    given = text.get("layer_types")
-    if isinstance(given, list) and len(given) == layers:
-        return [str(t) for t in given]
-    interval = text.get("full_attention_interval")
-    if isinstance(interval, int) and interval > 0:
-        return [FULL if (i + 1) % interval == 0 else LINEAR for i in range(layers)]
-    return [FULL] * layers
-
 
 def _head_dim(text: dict) -> int:
     return int(text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"])
@@ -120,7 +92,7 @@ def target_params(text: dict) -> int:
     """Parameters of the language model of a text config (embedding, layers, final norm, LM head)."""
     hidden, vocab = int(text["hidden_size"]), int(text["vocab_size"])
     total = vocab * hidden * (1 if text.get("tie_word_embeddings") else 2) + hidden
-    for index, kind in enumerate(layer_types(text)):
+    for index, kind in enumerate(layer_types_of(text)):
         attention = _linear_attention_params(text) if kind == LINEAR else _full_attention_params(text)
         total += 2 * hidden + attention + _mlp_params(text, index)
     return total
@@ -139,7 +111,7 @@ def target_layer_working_bytes(text: dict, act: int) -> int:
     heads, head_dim = int(text["num_attention_heads"]), _head_dim(text)
     kv_width = int(text.get("num_key_value_heads") or heads) * head_dim
     attention = act * (3 * heads * head_dim + 2 * kv_width) + FP32 * (heads * head_dim + kv_width)
-    if LINEAR in layer_types(text):
+    if LINEAR in layer_types_of(text):
         key_dim, value_dim, conv_dim = _linear_attention_dims(text)
         v_heads = int(text["linear_num_value_heads"])
         states = FP32 * v_heads * int(text["linear_key_head_dim"]) * int(text["linear_value_head_dim"]) // FLA_CHUNK
@@ -171,20 +143,15 @@ class DrafterSizes:
                    num_taps=len(data["dflash_config"]["target_layer_ids"]), block_size=data["block_size"])
 
     @classmethod
-    def for_target(cls, text: dict, *, num_layers: int, num_taps: int, block_size: int) -> "DrafterSizes":
-        """The drafter a fresh run builds for this target. Attention shape: the target's own
-        (DrafterConfig.from_target), except for Qwen3.5/3.6 hybrids of hidden >= 1024, which get the public
-        recipe's 32 heads, 8 KV heads, head_dim 128 (shared/DFLASH.md). A test checks this against the drafter
-        the trainer builds."""
-        heads, head_dim = int(text["num_attention_heads"]), _head_dim(text)
-        kv_heads = int(text.get("num_key_value_heads") or heads)
-        hybrid = str(text.get("model_type", "")).startswith("qwen3_5") and int(text["hidden_size"]) >= 1024
-        if hybrid:
-            heads, kv_heads, head_dim = 32, 8, 128
-        intermediate = int(text.get("intermediate_size") or 3 * int(text["hidden_size"]))
-        return cls(hidden_size=int(text["hidden_size"]), num_layers=num_layers, num_heads=heads,
-                   num_kv_heads=kv_heads, head_dim=head_dim, intermediate_size=intermediate, num_taps=num_taps,
-                   block_size=block_size)
+    def for_run(cls, spec: TargetSpec, cfg, *, num_taps: int) -> "DrafterSizes":
+        """The drafter a fresh run of `cfg` builds for this target: the family's recipe with the config's
+        drafter_* keys over it (families.drafter_shape, as train.py builds it)."""
+        shape = drafter_shape(spec, heads=cfg.drafter_heads, kv_heads=cfg.drafter_kv_heads,
+                              head_dim=cfg.drafter_head_dim, intermediate_size=cfg.drafter_intermediate_size,
+                              sliding_window=cfg.sliding_window, rope_theta=cfg.drafter_rope_theta)
+        return cls(hidden_size=spec.hidden_size, num_layers=cfg.drafter_layers, num_heads=shape.num_heads,
+                   num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim,
+                   intermediate_size=shape.intermediate_size, num_taps=num_taps, block_size=cfg.block_size)
 
     @property
     def q_width(self) -> int:
@@ -406,14 +373,17 @@ def max_block_tokens(cfg, tokens: int) -> int:
 
 
 def config_plan(cfg, *, world_size: int, limit: int | None, on_gpu: bool, tokens: int | None = None,
-                text: dict | None = None, drafter: DrafterSizes | None = None) -> MemoryPlan:
-    """The plan of one rank of a run of `cfg` (a TrainConfig) on `world_size` ranks of `limit` bytes each
-    (`text`, `drafter`: the target's text config and the drafter's sizes, where they are known already)."""
-    text = read_text_config(cfg.target_path) if text is None else text
+                spec: TargetSpec | None = None, text: dict | None = None,
+                drafter: DrafterSizes | None = None) -> MemoryPlan:
+    """The plan of one rank of a run of `cfg` (a TrainConfig) on `world_size` ranks of `limit` bytes each. The
+    target is read from cfg.target_path's config.json unless given (`spec`, or its text config and the drafter's
+    sizes, as the bench has them already)."""
+    if text is None or drafter is None:
+        spec = spec or read_target_spec(cfg.target_path)
+        text = text or spec.text
     tokens = tokens or cfg.token_budget
     taps = len(cfg.target_layer_ids) if cfg.target_layer_ids else cfg.drafter_layers
-    drafter = drafter or DrafterSizes.for_target(text, num_layers=cfg.drafter_layers, num_taps=taps,
-                                                 block_size=cfg.block_size)
+    drafter = drafter or DrafterSizes.for_run(spec, cfg, num_taps=taps)
     ways = cfg.simulate_shards or sharding_ways(cfg.shard_optimizer, world_size)
     return plan(text, drafter, tokens=tokens, block_tokens=max_block_tokens(cfg, tokens), ways=ways,
                 precision=Precision.of_run(cfg.dtype, on_gpu), world_size=world_size, limit=limit,
@@ -422,12 +392,12 @@ def config_plan(cfg, *, world_size: int, limit: int | None, on_gpu: bool, tokens
 
 def refusal(cfg, memory: MemoryPlan, *, on_gpu: bool) -> str:
     """The one line that refuses `memory`, with the largest token_budget that would fit."""
-    text = read_text_config(cfg.target_path)
+    spec = read_target_spec(cfg.target_path)
     longest = cfg.buckets[-1] - 1
 
     def build(tokens: int) -> MemoryPlan:
         return config_plan(cfg, world_size=memory.world_size, limit=memory.limit, on_gpu=on_gpu, tokens=tokens,
-                           text=text)
+                           spec=spec)
 
     budget = largest_fitting_budget(build, cfg.token_budget, smallest=longest) if longest < cfg.token_budget else 0
     return memory.refusal(budget)

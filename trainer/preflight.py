@@ -20,6 +20,7 @@ from typing import Any
 
 from trainer.config import ConfigError, Problem, TrainConfig, read_config_data, validate_config
 from trainer.errors import TrainerError
+from trainer.families import read_target_spec
 from trainer.taps import default_target_layer_ids, validate_layer_ids
 
 REQUIRED_COLUMNS = ("input_ids", "loss_mask")
@@ -176,23 +177,16 @@ def _check_target(config: TrainConfig, unusable: frozenset[str], resolve: _Resol
 
 
 def _target_depth(path: Path, problems: list[Problem]) -> int | None:
-    """num_hidden_layers from the target's config.json, read as JSON: the target is loadable as a config."""
-    config_json = path / "config.json"
-    if not config_json.is_file():
+    """The depth of a supported target's text model, read from its config.json as JSON (families.py)."""
+    if not (path / "config.json").is_file():
         problems.append(Problem("target_path", f"target_path: {path} is not a Hugging Face model directory "
                                                f"(no config.json)"))
         return None
     try:
-        data = json.loads(config_json.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        problems.append(Problem("target_path", f"target_path: {config_json} is not readable JSON: {exc}"))
+        return read_target_spec(path).num_layers
+    except TrainerError as exc:
+        problems.append(Problem("target_path", f"target_path: {exc}"))
         return None
-    layers = data.get("num_hidden_layers") if isinstance(data, dict) else None
-    if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1:
-        problems.append(Problem("target_path", f"target_path: {config_json} has no num_hidden_layers: not a "
-                                               f"causal LM config"))
-        return None
-    return layers
 
 
 def _check_dataset(path: Path, found: Preflight) -> None:

@@ -4,9 +4,14 @@ Each round the drafter proposes a block from the target's tapped states of the a
 forward over [anchor, drafts...] verifies it; the matching prefix plus the target's own next token (the bonus)
 is accepted. The output is therefore exactly the target's greedy output; tau is the mean number of tokens
 accepted per verification forward.
+
+After a rejection the target's cache must forget the rejected drafts. A KV cache is cropped. A hybrid target's
+linear-attention layers hold one recurrent state that has already absorbed every draft and cannot be cropped:
+the cache as it stood before the verify pass is kept aside, restored, and the accepted tokens are fed again.
 """
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +64,19 @@ def _forward(model, ids: list[int] | torch.Tensor, cache) -> torch.Tensor:
     return model(input_ids=input_ids, use_cache=True, **kwargs).logits[0].float()
 
 
+def _new_cache(model):
+    from transformers import DynamicCache
+
+    # a hybrid target's cache needs the config to give its linear-attention layers their state slots; others
+    # keep the plain cache, whose every layer crops (a sliding-window layer made from the config would not)
+    return DynamicCache(config=model.config) if has_recurrent_state(model) else DynamicCache()
+
+
+def has_recurrent_state(model) -> bool:
+    """True for targets with linear-attention layers, whose cache cannot be cropped."""
+    return "linear_attention" in (getattr(model.config, "layer_types", None) or ())
+
+
 def _crop(cache, length: int) -> None:
     """Forget the cached positions from `length` on (a negative crop removes that many: every version agrees)."""
     surplus = cache.get_seq_length() - length
@@ -76,10 +94,8 @@ def _finish(tokens: list[int], *, max_new_tokens: int, eos_ids: set[int]) -> tup
 
 @torch.no_grad()
 def greedy_decode(model, prompt_ids: list[int], *, max_new_tokens: int, eos_ids: set[int]) -> Decoded:
-    from transformers import DynamicCache
-
     started = time.perf_counter()
-    cache = DynamicCache()
+    cache = _new_cache(model)
     tokens = [int(_forward(model, prompt_ids, cache)[-1].argmax())]
     while not _finish(tokens, max_new_tokens=max_new_tokens, eos_ids=eos_ids)[1]:
         tokens.append(int(_forward(model, tokens[-1:], cache)[-1].argmax()))
@@ -90,10 +106,9 @@ def greedy_decode(model, prompt_ids: list[int], *, max_new_tokens: int, eos_ids:
 @torch.no_grad()
 def speculative_decode(model, drafter, taps: LayerTaps, prompt_ids: list[int], *, max_new_tokens: int,
                        eos_ids: set[int]) -> Decoded:
-    from transformers import DynamicCache
-
     started = time.perf_counter()
-    cache = DynamicCache()
+    recurrent = has_recurrent_state(model)
+    cache = _new_cache(model)
     logits = _forward(model, prompt_ids, cache)
     features = taps.features()  # states of every accepted position before the anchor
     tokens = [int(logits[-1].argmax())]
@@ -102,13 +117,18 @@ def speculative_decode(model, drafter, taps: LayerTaps, prompt_ids: list[int], *
     while not done:
         anchor_pos = len(prompt_ids) + len(tokens) - 1
         draft = drafter.draft(features.to(drafter.fc.weight.dtype), tokens[-1], anchor_pos).tolist()
+        before = copy.deepcopy(cache) if recurrent else None
         verified = _forward(model, [tokens[-1], *draft], cache).argmax(dim=-1).tolist()
         n = 0
         while n < len(draft) and draft[n] == verified[n]:
             n += 1
         accepted = [*draft[:n], verified[n]]  # the matching prefix plus the target's own next token
         features = torch.cat([features, taps.features()[:, :n + 1]], dim=1)
-        _crop(cache, anchor_pos + n + 1)
+        if before is None:
+            _crop(cache, anchor_pos + n + 1)
+        elif n < len(draft):  # roll the recurrent state back to the anchor, then take the accepted tokens in
+            cache = before
+            _forward(model, [tokens[-1], *draft[:n]], cache)
         accepted_per_round.append(len(accepted))
         tokens, done = _finish(tokens + accepted, max_new_tokens=max_new_tokens, eos_ids=eos_ids)
     return Decoded(tokens=tokens, seconds=time.perf_counter() - started, accepted_per_round=accepted_per_round)
@@ -119,6 +139,8 @@ class EvalReport:
     prompts: int
     new_tokens: int
     tau: float  # mean tokens accepted per verification forward (drafted prefix + bonus)
+    rounds: int  # verification forwards
+    rejected_rounds: int  # rounds that refused a draft (on a hybrid target, each one rolled the state back)
     speculative_tok_per_s: float
     greedy_tok_per_s: float
     identical_to_greedy: bool
@@ -128,7 +150,8 @@ class EvalReport:
         speedup = self.speculative_tok_per_s / self.greedy_tok_per_s if self.greedy_tok_per_s else 0.0
         return [
             f"Prompts: {self.prompts}, new tokens: {self.new_tokens}",
-            f"Acceptance length tau: {self.tau:.3f}",
+            f"Acceptance length tau: {self.tau:.3f} ({self.rounds} rounds, {self.rejected_rounds} with a rejected "
+            f"draft)",
             f"Speculative: {self.speculative_tok_per_s:.1f} tok/s; greedy: {self.greedy_tok_per_s:.1f} tok/s "
             f"({speedup:.2f}x)",
             "Output identical to greedy decoding: " + ("yes" if self.identical_to_greedy
@@ -158,10 +181,12 @@ def evaluate(*, target: str | Path, drafter_dir: str | Path, prompts: str | Path
     finally:
         taps.remove()
     rounds = [n for run in spec_runs for n in run.accepted_per_round]
+    block = drafter.config.block_size
     new_tokens = sum(len(run.tokens) for run in spec_runs)
     mismatched = [i for i, (a, b) in enumerate(zip(spec_runs, greedy_runs)) if a.tokens != b.tokens]
     return EvalReport(
         prompts=len(chats), new_tokens=new_tokens, tau=sum(rounds) / len(rounds) if rounds else 0.0,
+        rounds=len(rounds), rejected_rounds=sum(n < block for n in rounds),
         speculative_tok_per_s=new_tokens / max(1e-9, sum(run.seconds for run in spec_runs)),
         greedy_tok_per_s=sum(len(r.tokens) for r in greedy_runs) / max(1e-9, sum(r.seconds for r in greedy_runs)),
         identical_to_greedy=not mismatched, mismatched_prompts=mismatched)

@@ -20,34 +20,67 @@ SHAPES = {
                  num_key_value_heads=2, head_dim=16, vocab_size=512, max_position_embeddings=4096,
                  rms_norm_eps=1e-6, rope_theta=10_000.0),
 }
+# Qwen3.5/3.6 hybrids: three Gated DeltaNet layers to every gated full-attention one (partial RoPE, theta 1e7)
+_QWEN3_5_COMMON = dict(head_dim=256, vocab_size=248320, max_position_embeddings=262144, rms_norm_eps=1e-6,
+                       rope_theta=10_000_000.0, linear_conv_kernel_dim=4, linear_key_head_dim=128,
+                       linear_value_head_dim=128, linear_num_key_heads=16, full_attention_interval=4)
+HYBRID_SHAPES = {
+    "qwen3.6-27b": dict(model_type="qwen3_5_text", hidden_size=5120, intermediate_size=17408, num_hidden_layers=64,
+                        num_attention_heads=24, num_key_value_heads=4, linear_num_value_heads=48, **_QWEN3_5_COMMON),
+    "qwen3.6-35b-a3b": dict(model_type="qwen3_5_moe_text", hidden_size=2048, num_hidden_layers=40,
+                            num_attention_heads=16, num_key_value_heads=2, linear_num_value_heads=32,
+                            num_experts=256, num_experts_per_tok=8, moe_intermediate_size=512,
+                            shared_expert_intermediate_size=512, **_QWEN3_5_COMMON),
+    "tiny-hybrid": dict(model_type="qwen3_5_text", hidden_size=64, intermediate_size=128, num_hidden_layers=8,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=512,
+                        max_position_embeddings=4096, rms_norm_eps=1e-6, rope_theta=10_000.0,
+                        linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
+                        linear_num_key_heads=2, linear_num_value_heads=4, full_attention_interval=4),
+}
+SHAPES.update(HYBRID_SHAPES)
 
 
-def qwen3_config(shape: dict, *, num_layers: int | None = None, **overrides):
-    """A transformers Qwen3Config of `shape` (one of SHAPES), optionally cut to its first `num_layers`."""
-    from transformers import Qwen3Config
+def target_config(shape: dict, *, num_layers: int | None = None, **overrides):
+    """A transformers config of `shape` (one of SHAPES: a Qwen3Config, or a Qwen3.5 text config for the hybrid
+    ones), optionally cut to its first `num_layers` (the layer types of the full model's first layers)."""
+    import transformers
 
-    sizes = {k: v for k, v in shape.items() if k != "rope_theta"}
+    sizes = {k: v for k, v in shape.items() if k not in ("rope_theta", "model_type", "full_attention_interval")}
+    rope = {"rope_type": "default", "rope_theta": shape["rope_theta"]}
+    model_type = shape.get("model_type", "qwen3")
+    if model_type != "qwen3":
+        interval = shape["full_attention_interval"]
+        types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention"
+                 for i in range(shape["num_hidden_layers"])]
+        sizes["layer_types"] = types[:num_layers]
+        rope["partial_rotary_factor"] = 0.25
     if num_layers is not None:
         sizes["num_hidden_layers"] = num_layers
-    options = dict(tie_word_embeddings=False, pad_token_id=0,
-                   rope_parameters={"rope_type": "default", "rope_theta": shape["rope_theta"]})
-    return Qwen3Config(**sizes, **{**options, **overrides})
+    config_class = {"qwen3": transformers.Qwen3Config, "qwen3_5_text": transformers.Qwen3_5TextConfig,
+                    "qwen3_5_moe_text": transformers.Qwen3_5MoeTextConfig}[model_type]
+    options = dict(tie_word_embeddings=False, pad_token_id=0, rope_parameters=rope)
+    return config_class(**sizes, **{**options, **overrides})
+
+
+def causal_lm_class(config):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM._model_mapping[type(config)]
 
 
 def write_random_target(out_dir: Path, shape_name: str, *, device: str = "cuda", seed: int = 0) -> Path:
-    """A random-initialised bf16 Qwen3 of a real shape and a small local tokenizer, saved as an HF model
+    """A random-initialised bf16 target of a real shape and a small local tokenizer, saved as an HF model
     directory (its embedding rows past the tokenizer are never produced by it, like a real padded vocabulary)."""
     import torch
-    from transformers import Qwen3ForCausalLM
 
     from trainer.tiny import build_tokenizer
 
     tokenizer = build_tokenizer(320)
-    config = qwen3_config(SHAPES[shape_name], eos_token_id=tokenizer.eos_token_id,
-                          pad_token_id=tokenizer.pad_token_id)
+    config = target_config(SHAPES[shape_name], eos_token_id=tokenizer.eos_token_id,
+                           pad_token_id=tokenizer.pad_token_id)
     torch.manual_seed(seed)
     with torch.device(device):
-        model = Qwen3ForCausalLM._from_config(config, dtype=torch.bfloat16)
+        model = causal_lm_class(config)._from_config(config, dtype=torch.bfloat16)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     del model

@@ -1,24 +1,36 @@
-"""The frozen target LLM: tapped hidden states for the drafter, and full logits for speculative decoding."""
+"""The frozen target LLM: tapped hidden states for the drafter, and full logits for speculative decoding.
+
+Dense and MoE Qwen3, Llama-family and Qwen3.5/3.6 hybrid targets (Gated DeltaNet linear-attention layers between
+full-attention ones), text-only or the language model of a composite image-text checkpoint (trainer/families.py).
+"""
 from __future__ import annotations
 
+import importlib.util
+import inspect
+import sys
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from trainer.errors import TrainerError
+from trainer.families import FULL, LINEAR, SLIDING, TargetSpec, family_mask_token_id, read_target_spec, target_spec
 from trainer.taps import default_target_layer_ids, validate_layer_ids  # noqa: F401 (their old home)
 
 MASK_TOKEN = "<|MASK|>"
+LAYER_NAMES = {LINEAR: "linear-attention", FULL: "full-attention", SLIDING: "sliding-window"}
 
 
-def resolve_mask_token_id(tokenizer, vocab_size: int) -> int:
-    """The tokenizer's mask token, else `<|MASK|>`, else the first id past the tokenizer (Qwen3: 151669)."""
+def resolve_mask_token_id(tokenizer, vocab_size: int, *, family_default: int | None = None) -> int:
+    """The tokenizer's mask token, else `<|MASK|>`, else the family's (families.family_mask_token_id: 248070 for
+    the Qwen3.5/3.6 tokenizer), else the first id past the tokenizer (Qwen3: 151669)."""
     if tokenizer.mask_token_id is not None:
         return int(tokenizer.mask_token_id)
     vocab = tokenizer.get_vocab()
     if MASK_TOKEN in vocab:
         return int(vocab[MASK_TOKEN])
+    if family_default is not None and family_default < vocab_size:
+        return family_default
     # the embedding matrix is usually padded past the tokenizer; the drafter only embeds the id, never decodes it
     mask_id = len(tokenizer)
     if mask_id >= vocab_size:
@@ -33,11 +45,28 @@ def is_right_padded(attention_mask: torch.Tensor) -> bool:
     return bool((mask[:, 1:] <= mask[:, :-1]).all())
 
 
-def check_target_dir(path: Path) -> None:
+def check_target_dir(path: Path) -> TargetSpec:
+    """The target's spec from its config.json; a TrainerError (nothing loaded yet) for a missing directory or an
+    unsupported model."""
     if not path.is_dir():
         raise TrainerError(f"target directory {path} does not exist")
-    if not (path / "config.json").is_file():
-        raise TrainerError(f"{path} is not a Hugging Face model directory (no config.json)")
+    return read_target_spec(path)
+
+
+def linear_attention_kernel(hf_model: nn.Module) -> str:
+    """Which gated-delta-rule kernel transformers picked for the model's linear-attention layers: "fla"
+    (flash-linear-attention, importable) or "torch" (its slow reference path)."""
+    module = sys.modules.get(type(hf_model).__module__)
+    function = getattr(module, "torch_chunk_gated_delta_rule", None)
+    if function is not None:
+        try:
+            picked = inspect.getclosurevars(function).nonlocals.get("is_new_implementation")
+        except (TypeError, ValueError):
+            picked = None
+        if picked is not None:
+            return "fla" if picked else "torch"
+    # releases that choose at import time without a wrapper: the same test they make
+    return "fla" if importlib.util.find_spec("fla") is not None else "torch"
 
 
 class TargetModel:
@@ -50,6 +79,7 @@ class TargetModel:
             raise ValueError(f"the target must use attn_implementation='sdpa', not {implementation!r}")
         self.hf_model = hf_model.eval().requires_grad_(False)
         self.config = hf_model.config
+        self.spec = target_spec(hf_model.config.to_dict())
         self.layer_ids = list(layer_ids)
         self.mask_token_id = mask_token_id
         self.tokenizer = tokenizer
@@ -59,23 +89,46 @@ class TargetModel:
 
     @classmethod
     def load(cls, path: str | Path, *, layer_ids: list[int] | None, num_taps: int,
-             device: torch.device | str = "cpu", dtype: torch.dtype | None = None) -> "TargetModel":
-        """Load a local HF model directory; dtype defaults to bf16 on GPU and fp32 on CPU."""
+             device: torch.device | str = "cpu", dtype: torch.dtype | None = None,
+             mask_token_id: int | None = None) -> "TargetModel":
+        """Load a local HF model directory (of a composite checkpoint, its language model only: transformers maps
+        a qwen3_5 image-text checkpoint to Qwen3_5ForCausalLM and skips the vision tower's weights); dtype
+        defaults to bf16 on GPU and fp32 on CPU. The model and the taps are checked before any weight is read."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         path = Path(path)
-        check_target_dir(path)
+        spec = check_target_dir(path)
+        if layer_ids is None:
+            layer_ids = default_target_layer_ids(spec.num_layers, num_taps)
+        layer_ids = validate_layer_ids(layer_ids, spec.num_layers)
         device = torch.device(device)
         if dtype is None:
             dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         tokenizer = AutoTokenizer.from_pretrained(path)
         hf_model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
-        num_layers = hf_model.config.num_hidden_layers
-        if layer_ids is None:
-            layer_ids = default_target_layer_ids(num_layers, num_taps)
-        layer_ids = validate_layer_ids(layer_ids, num_layers)
-        mask_id = resolve_mask_token_id(tokenizer, hf_model.get_input_embeddings().num_embeddings)
-        return cls(hf_model.to(device), layer_ids=layer_ids, mask_token_id=mask_id, tokenizer=tokenizer)
+        rows = hf_model.get_input_embeddings().num_embeddings
+        if mask_token_id is None:
+            mask_token_id = resolve_mask_token_id(tokenizer, rows, family_default=family_mask_token_id(spec))
+        elif not 0 <= mask_token_id < rows:
+            raise TrainerError(f"mask_token_id={mask_token_id} is outside the target's embedding (0..{rows - 1})")
+        return cls(hf_model.to(device), layer_ids=layer_ids, mask_token_id=mask_token_id, tokenizer=tokenizer)
+
+    def kernels(self) -> dict[str, str]:
+        """The kernel each layer type runs on."""
+        attention = getattr(self.config, "_attn_implementation", "sdpa")
+        return {FULL: attention, SLIDING: attention, LINEAR: linear_attention_kernel(self.hf_model)}
+
+    def describe(self) -> str:
+        """One start-up line: family, size, each layer type with its kernel, taps, e.g. `Target: qwen3_5 26.9B,
+        48 linear-attention layers (fla), 16 full-attention (sdpa), taps [1, 16, 31, 46, 61]`."""
+        params = sum(p.numel() for p in self.hf_model.parameters())
+        size = f"{params / 1e9:.1f}B" if params >= 1e9 else f"{params / 1e6:.1f}M"
+        kernels = self.kernels()
+        kinds = [kind for kind in (LINEAR, FULL, SLIDING) if self.spec.count(kind)]
+        parts = [f"{self.spec.count(kind)} {LAYER_NAMES[kind]}" + (" layers" if i == 0 else "") + f" ({kernels[kind]})"
+                 for i, kind in enumerate(kinds)]
+        model_type = self.spec.model_type.removesuffix("_text")
+        return f"Target: {model_type} {size}, {', '.join(parts)}, taps {self.layer_ids}"
 
     @property
     def device(self) -> torch.device:
@@ -95,22 +148,23 @@ class TargetModel:
 
         Built here rather than with transformers' mask helpers, whose signatures change between releases."""
         window = getattr(self.config, "sliding_window", None)
-        sliding = "sliding_attention" in self._layer_types() and window
-        masks: dict[str, torch.Tensor | None] = {"full_attention": None}
+        sliding = SLIDING in self._layer_types() and window
+        # linear-attention layers take the [B, S] padding mask itself (they zero the padded states)
+        masks: dict[str, torch.Tensor | None] = {FULL: None, LINEAR: attention_mask}
         if attention_mask is None and not sliding:
             return masks
         positions = torch.arange(seq_len, device=self.device)
         causal = positions[None, :] <= positions[:, None]
         keep = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
         if keep is not None:
-            masks["full_attention"] = causal[None, None] & keep
+            masks[FULL] = causal[None, None] & keep
         if sliding:
             local = (causal & (positions[:, None] - positions[None, :] < window))[None, None]
-            masks["sliding_attention"] = local if keep is None else local & keep
+            masks[SLIDING] = local if keep is None else local & keep
         return masks
 
-    def _layer_types(self) -> list[str]:
-        return getattr(self.config, "layer_types", None) or ["full_attention"] * self.num_layers
+    def _layer_types(self) -> tuple[str, ...]:
+        return self.spec.layer_types
 
     @torch.no_grad()
     def features(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:

@@ -1,4 +1,6 @@
-"""A tiny random Qwen3 target with a locally built tokenizer, for demos and tests (nothing is downloaded)."""
+"""Tiny random targets with a locally built tokenizer, for demos and tests (nothing is downloaded): a Qwen3, and
+Qwen3.5-style hybrids (dense or MoE, text-only or a composite image-text checkpoint) whose layers are three Gated
+DeltaNet linear-attention layers to every full-attention one, as the real Qwen3.5/3.6 models are."""
 from __future__ import annotations
 
 import itertools
@@ -83,11 +85,49 @@ def tiny_qwen3_config(tokenizer, *, hidden_size: int, num_layers: int, num_heads
     )
 
 
-def write_tiny_target(out_dir: Path, *, seed: int = 0, vocab_size: int = 320, hidden_size: int = 64,
+FAMILIES = ("qwen3", "qwen3.5", "qwen3.5-moe")
+
+
+def tiny_qwen3_5_text_config(tokenizer, *, moe: bool, num_layers: int = 8, initializer_range: float = 0.1):
+    """A hybrid text config: every 4th layer full attention (gated), the others Gated DeltaNet."""
+    from transformers import Qwen3_5MoeTextConfig, Qwen3_5TextConfig
+
+    layer_types = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(num_layers)]
+    common = dict(
+        vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=num_layers, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+        linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4, max_position_embeddings=4096,
+        rms_norm_eps=1e-6, initializer_range=initializer_range, tie_word_embeddings=False, layer_types=layer_types,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+        bos_token_id=tokenizer.convert_tokens_to_ids(PAD_TOKEN), eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id)
+    if moe:
+        return Qwen3_5MoeTextConfig(**common, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                    shared_expert_intermediate_size=32)
+    return Qwen3_5TextConfig(**common, intermediate_size=128)
+
+
+def _tiny_hybrid(tokenizer, *, moe: bool, composite: bool, initializer_range: float):
+    """The model object (random weights drawn under the caller's seed)."""
+    import transformers as tf
+
+    text = tiny_qwen3_5_text_config(tokenizer, moe=moe, initializer_range=initializer_range)
+    if not composite:
+        return (tf.Qwen3_5MoeForCausalLM if moe else tf.Qwen3_5ForCausalLM)(text)
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=text.hidden_size)
+    config_class = tf.Qwen3_5MoeConfig if moe else tf.Qwen3_5Config
+    config = config_class(text_config=text.to_dict(), vision_config=vision, tie_word_embeddings=False)
+    return (tf.Qwen3_5MoeForConditionalGeneration if moe else tf.Qwen3_5ForConditionalGeneration)(config)
+
+
+def write_tiny_target(out_dir: Path, *, family: str = "qwen3", composite: bool = False, seed: int = 0,
+                      vocab_size: int = 320, hidden_size: int = 64,
                       num_layers: int = 6, num_heads: int = 4, num_kv_heads: int = 2, head_dim: int = 16,
                       intermediate_size: int = 128, max_position_embeddings: int = 4096,
                       initializer_range: float = 0.1) -> Path:
-    """Write a tiny random Qwen3ForCausalLM and its tokenizer to `out_dir`; the same seed gives the same weights.
+    """Write a tiny random target of `family` (FAMILIES) and its tokenizer to `out_dir`; the same seed gives the
+    same weights. `composite` writes a Qwen3.5 image-text checkpoint (a small vision tower, the text weights under
+    model.language_model.); the sizes after `vocab_size` are the Qwen3 target's.
 
     `initializer_range` is larger than Qwen3's 0.02 so that the random target's next-token choice depends
     clearly on its context (near-uniform logits would make its greedy outputs degenerate).
@@ -95,17 +135,23 @@ def write_tiny_target(out_dir: Path, *, seed: int = 0, vocab_size: int = 320, hi
     import torch
     from transformers import Qwen3ForCausalLM
 
+    if family not in FAMILIES:
+        raise ValueError(f"family {family!r}: one of {', '.join(FAMILIES)}")
+    if composite and family == "qwen3":
+        raise ValueError("a composite checkpoint is a Qwen3.5 one: give family qwen3.5 or qwen3.5-moe")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(vocab_size)
-    config = tiny_qwen3_config(
-        tokenizer, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
-        num_kv_heads=num_kv_heads, head_dim=head_dim, intermediate_size=intermediate_size,
-        max_position_embeddings=max_position_embeddings, initializer_range=initializer_range,
-    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Qwen3ForCausalLM(config)
+        if family == "qwen3":
+            model = Qwen3ForCausalLM(tiny_qwen3_config(
+                tokenizer, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
+                num_kv_heads=num_kv_heads, head_dim=head_dim, intermediate_size=intermediate_size,
+                max_position_embeddings=max_position_embeddings, initializer_range=initializer_range))
+        else:
+            model = _tiny_hybrid(tokenizer, moe=family == "qwen3.5-moe", composite=composite,
+                                 initializer_range=initializer_range)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.save_pretrained(out_dir)

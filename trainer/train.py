@@ -30,8 +30,9 @@ STATE_FILE = "training_state.pt"
 CONFIG_FILE = "trainer_config.json"  # the resolved training config, readable without torch
 CHECKPOINT_FILES = ("config.json", "model.safetensors", STATE_FILE, CONFIG_FILE)
 # config keys that shape the drafter or the data order: a checkpoint resumes only with the same values
-RESUME_KEYS = ("block_size", "drafter_layers", "target_layer_ids", "sliding_window", "seed", "buckets",
-               "token_budget", "max_length", "overlong")
+RESUME_KEYS = ("block_size", "drafter_layers", "target_layer_ids", "sliding_window", "drafter_heads",
+               "drafter_kv_heads", "drafter_head_dim", "drafter_intermediate_size", "drafter_rope_theta",
+               "mask_token_id", "seed", "buckets", "token_budget", "max_length", "overlong")
 
 
 class DraftDDP(DistributedDataParallel):
@@ -315,6 +316,7 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
     from trainer.checkpoint import load_drafter
     from trainer.distributed import barrier, broadcast_parameters, weights_digest
     from trainer.drafter import DFlashDrafter, DrafterConfig
+    from trainer.families import drafter_shape
     from trainer.objective import dflash_step
     from trainer.target import TargetModel
 
@@ -351,7 +353,8 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
     log.say(stage_line("loading target"), logformat.format_loading_targets(ctx.world_size),
             logformat.format_target_on(ctx.rank, str(ctx.device)))
     target = TargetModel.load(cfg.target_path, layer_ids=cfg.target_layer_ids, num_taps=len(cfg.target_layer_ids),
-                              device=ctx.device, dtype=dtype)
+                              device=ctx.device, dtype=dtype, mask_token_id=cfg.mask_token_id)
+    log.say(target.describe())
     log.say(stage_line("building drafter"))
     torch.manual_seed(cfg.seed)  # same init on every rank; the broadcast below makes it certain
     resume_dir, local_resume = agree_on_resume(resume_dir, ctx)
@@ -359,17 +362,22 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
         drafter = load_drafter(resume_dir, embed_tokens=target.embed_tokens, lm_head=target.lm_head,
                                device=ctx.device)
     else:  # a fresh run, or a rank on another node that gets rank 0's checkpointed weights by broadcast
+        shape = drafter_shape(target.spec, heads=cfg.drafter_heads, kv_heads=cfg.drafter_kv_heads,
+                              head_dim=cfg.drafter_head_dim, intermediate_size=cfg.drafter_intermediate_size,
+                              sliding_window=cfg.sliding_window, rope_theta=cfg.drafter_rope_theta)
         drafter_config = DrafterConfig.from_target(
             target.config, num_layers=cfg.drafter_layers, block_size=cfg.block_size,
-            target_layer_ids=cfg.target_layer_ids, mask_token_id=target.mask_token_id,
-            sliding_window=cfg.sliding_window)
+            target_layer_ids=cfg.target_layer_ids, mask_token_id=target.mask_token_id, shape=shape)
         with torch.device(ctx.device):  # initialised where it trains: an 8B-shape drafter took 15 s on the CPU
             drafter = DFlashDrafter(drafter_config, embed_tokens=target.embed_tokens, lm_head=target.lm_head)
     drafter = drafter.to(device=ctx.device, dtype=torch.float32)  # fp32 master weights; autocast computes in bf16
     broadcast_parameters(drafter, ctx)
     n_params = sum(p.numel() for p in drafter.parameters() if p.requires_grad)
+    shown = drafter.config
+    window = f", sliding window {shown.sliding_window} on {len(shown.layer_types) - 1}" if shown.sliding_window else ""
     log.say(f"Drafter: {cfg.drafter_layers} layers, {n_params / 1e6:.2f}M trainable parameters, "
-            f"taps {cfg.target_layer_ids}")
+            f"{shown.num_attention_heads} heads / {shown.num_key_value_heads} KV x {shown.head_dim}, MLP "
+            f"{shown.intermediate_size}{window}, mask token {shown.mask_token_id}, taps {cfg.target_layer_ids}")
     model = DraftDDP(drafter, device_ids=[ctx.device] if on_gpu else None) if ctx.is_distributed else drafter
     if cfg.compile:
         model = torch.compile(model)

@@ -6,12 +6,13 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from tests.trainer.conftest import REPO_ROOT, trainer_env, write_config
 from trainer import memplan
+from trainer.config import TrainConfig
+from trainer.families import read_target_spec, target_spec
 
 # Qwen3.6-27B's text config (the seed run's target) and the public drafter recipe for it
 QWEN36_27B = dict(model_type="qwen3_5_text", hidden_size=5120, num_hidden_layers=64, intermediate_size=17408,
@@ -53,32 +54,47 @@ def test_target_params_equal_the_model_transformers_builds(name):
     assert memplan.target_params(text) == hf_params(text)
 
 
-def test_a_composite_checkpoint_counts_its_language_model_only():
-    composite = {"model_type": "qwen3_5", "vision_config": {"hidden_size": 1152, "depth": 27},
-                 "text_config": QWEN36_27B}
-    assert memplan.target_params(memplan.text_config(composite)) == memplan.target_params(QWEN36_27B)
-    assert round(memplan.target_params(QWEN36_27B) / 1e9, 2) == 26.90
+def run_config(target_path, **values) -> TrainConfig:
+    return TrainConfig(target_path=str(target_path), data_path="data", output_dir="out", **values)
 
 
-def test_drafter_sizes_match_the_drafter_the_trainer_builds(tiny_target):
+@pytest.mark.parametrize("family, composite", [("qwen3", False), ("qwen3.5", False), ("qwen3.5", True),
+                                               ("qwen3.5-moe", True)])
+def test_the_plan_counts_what_the_trainer_loads_and_builds(family, composite, tmp_path):
+    """The target as TargetModel loads it (of a composite checkpoint, the language model only) and the drafter
+    as train.py builds it, with a drafter_* key over the family's recipe."""
     import torch
-    from transformers import AutoConfig
 
     from trainer.drafter import DFlashDrafter, DrafterConfig
+    from trainer.families import drafter_shape
+    from trainer.target import TargetModel
+    from trainer.tiny import write_tiny_target
 
-    text = json.loads((tiny_target / "config.json").read_text())
-    config = DrafterConfig.from_target(AutoConfig.from_pretrained(tiny_target), num_layers=2, block_size=8,
-                                       target_layer_ids=[1, 3], mask_token_id=0)
-    drafter = DFlashDrafter(config, embed_tokens=SimpleNamespace(), lm_head=SimpleNamespace())
-    sizes = memplan.DrafterSizes.for_target(text, num_layers=2, num_taps=2, block_size=8)
+    path = write_tiny_target(tmp_path / "target", family=family, composite=composite)
+    target = TargetModel.load(path, layer_ids=None, num_taps=2)
+    spec = read_target_spec(path)
+    assert memplan.target_params(spec.text) == sum(p.numel() for p in target.hf_model.parameters())
+    cfg = run_config(path, drafter_layers=2, block_size=8, drafter_intermediate_size=72)
+    shape = drafter_shape(spec, intermediate_size=72)
+    config = DrafterConfig.from_target(target.config, num_layers=2, block_size=8, target_layer_ids=target.layer_ids,
+                                       mask_token_id=target.mask_token_id, shape=shape)
+    drafter = DFlashDrafter(config, embed_tokens=target.embed_tokens, lm_head=target.lm_head)
+    sizes = memplan.DrafterSizes.for_run(spec, cfg, num_taps=2)
     assert sizes.param_numels() == [p.numel() for p in drafter.parameters()]
     assert memplan.DrafterSizes.from_drafter_config(config.to_hf_dict()) == sizes
     linear = sum(m.weight.numel() for m in drafter.modules() if isinstance(m, torch.nn.Linear))
     assert sizes.matmul_params() == linear
 
 
+def test_a_composite_checkpoint_counts_its_language_model_only():
+    composite = {"model_type": "qwen3_5", "vision_config": {"hidden_size": 1152, "depth": 27},
+                 "text_config": QWEN36_27B}
+    assert memplan.target_params(target_spec(composite).text) == memplan.target_params(QWEN36_27B)
+    assert round(memplan.target_params(QWEN36_27B) / 1e9, 2) == 26.90
+
+
 def test_the_27b_drafter_is_the_public_recipe():
-    sizes = memplan.DrafterSizes.for_target(QWEN36_27B, num_layers=5, num_taps=5, block_size=16)
+    sizes = memplan.DrafterSizes.for_run(target_spec(QWEN36_27B), run_config("unused", block_size=16), num_taps=5)
     assert (sizes.num_heads, sizes.num_kv_heads, sizes.head_dim, sizes.intermediate_size) == (32, 8, 128, 17408)
     assert round(sum(sizes.param_numels()) / 1e9, 2) == 1.73
 
@@ -92,7 +108,8 @@ def test_zero_partition_is_zero_redundancy_optimizers(ways):
     from torch.distributed.optim import ZeroRedundancyOptimizer
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    numels = memplan.DrafterSizes.for_target(QWEN36_27B, num_layers=5, num_taps=5, block_size=16).param_numels()
+    numels = memplan.DrafterSizes.for_run(target_spec(QWEN36_27B), run_config("unused", block_size=16),
+                                          num_taps=5).param_numels()
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=ways)
     try:
         params = [torch.nn.Parameter(torch.empty(n, device="meta")) for n in numels]
@@ -116,10 +133,12 @@ def saved_tensor_bytes(*, autocast: bool, num_layers: int, batch: int, seq_len: 
     from trainer.drafter import DFlashDrafter, DrafterConfig
     from trainer.objective import dflash_step
 
+    from transformers import Qwen3Config
+
     low = torch.bfloat16 if autocast else torch.float32
-    target = SimpleNamespace(hidden_size=96, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                             intermediate_size=200, rms_norm_eps=1e-6, rope_theta=1e4, vocab_size=500,
-                             max_position_embeddings=4096, num_hidden_layers=12)
+    target = Qwen3Config(hidden_size=96, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                         intermediate_size=200, rms_norm_eps=1e-6, vocab_size=500, max_position_embeddings=4096,
+                         num_hidden_layers=12)
     config = DrafterConfig.from_target(target, num_layers=num_layers, block_size=8, target_layer_ids=[1, 4, 7],
                                        mask_token_id=499)
     torch.manual_seed(0)
