@@ -7,13 +7,14 @@ Bytes per rank, in the order the trainer allocates them:
 - drafter: fp32 master weights and their fp32 gradients, whole on every rank (DDP's buckets are the gradients).
 - optimizer: AdamW's two fp32 states, of the largest rank's share when they are sharded (ZeRO-1); of rank 0's,
   the share it holds, when one process simulates rank 0 of N.
-- activations at the token budget: the larger of the two phases of a step.
+- activations at the token budget: the largest of three phases.
   target phase: the tapped features of the previous step, still held, plus the tapped list and its
   concatenation (3 x taps x hidden per token), plus one target layer's working set.
   drafter phase: the tapped features, what autograd saves for backward (`saved_bytes_per_layer` below, per
-  block token and per key/value token, measured against saved-tensor hooks in the tests), the autocast's bf16
-  copies of the drafter's weights, and a working set (one layer's saved tensors for the backward's gradients,
-  or the loss's chunk of logits, whichever is larger).
+  block token and per key/value token; on the CPU it equals what saved-tensor hooks count in a real step, see
+  the tests), the autocast's bf16 copies of the drafter's weights, and a working set (one layer's saved tensors
+  for the backward's gradients, or the loss's chunk of logits, whichever is larger).
+  checkpoint phase (sharded): AdamW's shards pass through every rank's device on their way to rank 0.
 - reserve: a fixed allowance for the CUDA context, NCCL buffers and allocator fragmentation.
 
 Every token count is per rank: token_budget tokens of target context and up to anchor_budget x block_size
