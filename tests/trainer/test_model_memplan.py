@@ -1,4 +1,4 @@
-"""The memory plan: parameter counts against the models transformers builds, the ZeRO partition against
+"""The memory plan: target parameter counts against the models transformers builds, the ZeRO partition against
 ZeroRedundancyOptimizer's, the activation estimate against what autograd really saves, and `train --plan`."""
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from tests.trainer.conftest import REPO_ROOT, trainer_env, write_config
 from trainer import memplan
 from trainer.config import TrainConfig
 from trainer.families import read_target_spec, target_spec
+from trainer.targetsize import target_params
 
 # Qwen3.6-27B's text config (the seed run's target) and the public drafter recipe for it
 QWEN36_27B = dict(model_type="qwen3_5_text", hidden_size=5120, num_hidden_layers=64, intermediate_size=17408,
@@ -51,7 +52,7 @@ def hf_params(text: dict) -> int:
 @pytest.mark.parametrize("name", sorted(TEXT_CONFIGS))
 def test_target_params_equal_the_model_transformers_builds(name):
     text = TEXT_CONFIGS[name]
-    assert memplan.target_params(text) == hf_params(text)
+    assert target_params(text) == hf_params(text)
 
 
 def run_config(target_path, **values) -> TrainConfig:
@@ -73,7 +74,7 @@ def test_the_plan_counts_what_the_trainer_loads_and_builds(family, composite, tm
     path = write_tiny_target(tmp_path / "target", family=family, composite=composite)
     target = TargetModel.load(path, layer_ids=None, num_taps=2)
     spec = read_target_spec(path)
-    assert memplan.target_params(spec.text) == sum(p.numel() for p in target.hf_model.parameters())
+    assert target_params(spec.text) == sum(p.numel() for p in target.hf_model.parameters())
     cfg = run_config(path, drafter_layers=2, block_size=8, drafter_intermediate_size=72)
     shape = drafter_shape(spec, intermediate_size=72)
     config = DrafterConfig.from_target(target.config, num_layers=2, block_size=8, target_layer_ids=target.layer_ids,
@@ -89,8 +90,8 @@ def test_the_plan_counts_what_the_trainer_loads_and_builds(family, composite, tm
 def test_a_composite_checkpoint_counts_its_language_model_only():
     composite = {"model_type": "qwen3_5", "vision_config": {"hidden_size": 1152, "depth": 27},
                  "text_config": QWEN36_27B}
-    assert memplan.target_params(target_spec(composite).text) == memplan.target_params(QWEN36_27B)
-    assert round(memplan.target_params(QWEN36_27B) / 1e9, 2) == 26.90
+    assert target_params(target_spec(composite).text) == target_params(QWEN36_27B)
+    assert round(target_params(QWEN36_27B) / 1e9, 2) == 26.90
 
 
 def test_the_27b_drafter_is_the_public_recipe():
