@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .agent.protocol import FAILED, FAILED_STATES, KILLED, LIVE_STATES, RUNNING, SUCCEEDED
 from .errors import DflashError, OperationFailed, UsageError
 from .fanout import Outcome, per_host
 from .inventory import Target
@@ -22,8 +23,6 @@ from .trainercheck import ConfigRejected
 
 DEFAULT_DIST_TIMEOUT_S = 300.0
 ABORT_GRACE_S = 5.0
-LIVE = ("starting", "running")
-FAILED_STATES = ("failed", "lost")
 
 
 @dataclass
@@ -167,13 +166,13 @@ def _abort(client: RunClient, started: list[Outcome]) -> None:
 
 def job_state(nodes: list[dict]) -> str:
     states = [n.get("state") for n in nodes]
-    if any(s in LIVE for s in states):
-        return "running"
+    if any(s in LIVE_STATES for s in states):
+        return RUNNING
     if any(s in FAILED_STATES for s in states):
-        return "failed"
-    if any(s == "killed" for s in states):
-        return "killed"
-    return "succeeded"
+        return FAILED
+    if any(s == KILLED for s in states):
+        return KILLED
+    return SUCCEEDED
 
 
 def failed_first(nodes: list[dict]) -> dict | None:
@@ -201,7 +200,7 @@ def summarize(nodes: list[dict]) -> dict:
     return {"job_id": head.get("job_id"), "name": head.get("name"), "state": job_state(nodes),
             "nnodes": head.get("nnodes") or len(nodes), "targets": [n.get("target") for n in nodes],
             "created_at": min(n.get("created_at") or "" for n in nodes),
-            "ended_at": None if any(n.get("state") in LIVE for n in nodes) else max(n.get("ended_at") or ""
+            "ended_at": None if any(n.get("state") in LIVE_STATES for n in nodes) else max(n.get("ended_at") or ""
                                                                                       for n in nodes) or None,
             "last_step": head.get("last_step") if head.get("node_rank") == 0 else None,
             "tok_per_s": head.get("tok_per_s") if head.get("node_rank") == 0 else None,

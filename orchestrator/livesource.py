@@ -15,12 +15,13 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from .agent.protocol import MSG_GPU, MSG_LOG, MSG_RESET, MSG_RUNS, MSG_SYNCED, TERMINAL_STATES
 from .alerts import Alert
 from .connections import Connections
 from .errors import DflashError, TargetNotFound, TransportError
 from .inventory import Inventory, Target
 from .runs import RunClient, runs_dir
-from .watch_runs import TERMINAL, GpuTracker, RunTracker, alert_view, iso
+from .watch_runs import GpuTracker, RunTracker, alert_view, iso
 from .watch_stream import ContainerStream, StreamOptions, agent_argv
 from .watch_jobs import fold_jobs
 from .watchmodel import ActionResult, AlertView, HostView, RunView, Snapshot
@@ -165,19 +166,19 @@ class LiveSource:
             if not state.connected:  # connected once the agent speaks, not when the command was sent
                 state.connected, state.error, state.retry_at = True, None, None
                 self._changed()
-            if kind == "runs":
+            if kind == MSG_RUNS:
                 return self._on_runs(state, message.get("runs") or [], now)
-            if kind == "log":
+            if kind == MSG_LOG:
                 self._on_log(state, message, now)
-            elif kind == "reset":
+            elif kind == MSG_RESET:
                 tracker = state.runs.get(str(message.get("run")))
                 if tracker is not None:
                     tracker.reset()
-            elif kind == "synced":
+            elif kind == MSG_SYNCED:
                 for run_id in message.get("runs") or []:
                     if run_id in state.runs:
                         state.runs[run_id].synced = True
-            elif kind == "gpu":
+            elif kind == MSG_GPU:
                 self._on_gpu(state, message, now)
             else:
                 return None  # heartbeats change nothing
@@ -237,7 +238,7 @@ class LiveSource:
             return
         samples = state.gpus.sample(str(message.get("csv") or ""), now)
         for tracker in state.runs.values():
-            if tracker.record.get("state") not in TERMINAL:
+            if tracker.record.get("state") not in TERMINAL_STATES:
                 self._add_alerts(state, tracker.observe_gpus(samples, now))
 
     def _add_alerts(self, state: TargetState, alerts: list[Alert]) -> None:

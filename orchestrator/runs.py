@@ -13,6 +13,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from .agent.protocol import CHECK_FAILED, EXIT_USAGE, RUN_ID_PATTERN, SUCCEEDED, UNKNOWN_RUN, USAGE_CODES
 from .compilecache import cache_env
 from .connections import Connections
 from .deploy import Deployment, deploy
@@ -24,7 +25,6 @@ from .logparse import LogParser, StepEvent
 from .trainercheck import check_argv, judge
 from .transports.base import Transport
 
-RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 NAME_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
 LAUNCH_TIMEOUT_S = 120.0
 MAX_GPU_INDEX = 1023  # as the agent accepts
@@ -58,14 +58,14 @@ def default_name(command: Sequence[str]) -> str:
 
 
 def check_run_id(run_id: str) -> str:
-    if not RUN_ID.fullmatch(run_id):
+    if not RUN_ID_PATTERN.fullmatch(run_id):
         raise UsageError(f"invalid run id {shorten(run_id)!r}: run ids are letters, digits, '.', '_' and '-' "
                          f"(see `dflashctl ps`)")
     return run_id
 
 
 def check_name(name: str) -> str:
-    if not RUN_ID.fullmatch(name):
+    if not RUN_ID_PATTERN.fullmatch(name):
         raise UsageError(f"invalid run name {shorten(name)!r}: use up to 64 letters, digits, '.', '_' or '-', "
                          f"starting with a letter or digit")
     return name
@@ -126,8 +126,8 @@ class RunClient:
         payload = _agent_json(result.out)
         if payload is None:
             raise TransportError(f"{target.name}: the agent gave no answer ({result.describe()})")
-        if result.exit_code == 2 or payload.get("code") in {"bad_usage", "unknown_run", "bad_run_id"}:
-            raise (TargetNotFound if payload.get("code") == "unknown_run" else UsageError)(
+        if result.exit_code == EXIT_USAGE or payload.get("code") in USAGE_CODES:
+            raise (TargetNotFound if payload.get("code") == UNKNOWN_RUN else UsageError)(
                 f"{target.name}: {payload.get('error', 'bad input')}")
         return payload
 
@@ -194,10 +194,10 @@ class RunClient:
         payload = self.agent(spec.target, [*args, "--", *spec.command], timeout=LAUNCH_TIMEOUT_S,
                              stdin=_pack_inputs(spec.inputs) if spec.inputs else None,
                              with_trainer=spec.uses_trainer)
-        if payload.get("code") == "check_failed":
+        if payload.get("code") == CHECK_FAILED:
             judge(spec.target, spec.check_config or CONFIG_INPUT, payload.get("check") or {})
         run = payload.get("run") or {}
-        if not payload.get("ok") and run.get("state") != "succeeded":  # finishing at once with 0 is no failure
+        if not payload.get("ok") and run.get("state") != SUCCEEDED:  # finishing at once with 0 is no failure
             raise LaunchFailed(payload, spec.target.name)
         return with_metrics(run or payload)
 

@@ -6,10 +6,11 @@ from collections.abc import Iterable, Sequence
 
 from rich.text import Text
 
+from orchestrator.agent.protocol import ANSI_ESCAPE
+
 MAX_LINE_CHARS = 4096
 EXCEPTION_STYLE = "bold red"
 
-_ESCAPE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]")
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 _EXCEPTION_LINE = re.compile(
     r"^Traceback \(most recent call last\):"
@@ -27,7 +28,7 @@ def clean_line(raw: str) -> str:
     if "\r" in text:
         redraws = [part for part in text.split("\r") if part]
         text = redraws[-1] if redraws else ""
-    text = _ESCAPE.sub("", text).replace("\t", "    ")
+    text = ANSI_ESCAPE.sub("", text).replace("\t", "    ")
     text = _CONTROL.sub("?", text)
     if len(text) > MAX_LINE_CHARS:
         return text[:MAX_LINE_CHARS] + "…"

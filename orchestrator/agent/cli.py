@@ -43,8 +43,9 @@ import os
 import sys
 import traceback
 
-from . import AGENT_VERSION, PROTOCOL_VERSION
-from .errors import EXIT_FAILED, EXIT_OK, AgentError, BadInput
+from .errors import AgentError, BadInput
+from .protocol import (AGENT_VERSION, BAD_USAGE, EXIT_FAILED, EXIT_OK, INTERNAL_ERROR, NO_COMMAND,
+                       PROTOCOL_VERSION)
 
 
 class _HelpShown(Exception):
@@ -53,7 +54,7 @@ class _HelpShown(Exception):
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):
-        raise BadInput("{}: {}".format(self.prog, message), code="bad_usage")
+        raise BadInput("{}: {}".format(self.prog, message), code=BAD_USAGE)
 
     def print_help(self, file=None) -> None:
         super().print_help(sys.stderr)
@@ -63,7 +64,7 @@ class _Parser(argparse.ArgumentParser):
             sys.stderr.write(message)
         if status == 0:
             raise _HelpShown()
-        raise BadInput(message or "bad usage", code="bad_usage")
+        raise BadInput(message or "bad usage", code=BAD_USAGE)
 
 
 def _seconds(text: str) -> float:
@@ -145,7 +146,7 @@ def split_command(argv: list) -> tuple:
         if "--" not in argv:
             if "-h" in argv or "--help" in argv:
                 return argv, []
-            raise BadInput("launch needs the command after --", code="no_command")
+            raise BadInput("launch needs the command after --", code=NO_COMMAND)
         cut = argv.index("--")
         return argv[:cut], argv[cut + 1:]
     return argv, []
@@ -168,7 +169,7 @@ def dispatch(args: argparse.Namespace, command: list) -> dict:
         from .precheck import check_environment, run_check
         from .rundir import parse_env_pairs, parse_gpus
         if not command or not command[0]:
-            raise BadInput("check needs the command after --", code="no_command")
+            raise BadInput("check needs the command after --", code=NO_COMMAND)
         env = check_environment(parse_env_pairs(args.env), [os.path.abspath(p) for p in args.pythonpath],
                                 parse_gpus(args.gpus) if args.gpus is not None else None)
         return {"ok": True, "check": run_check(command, env=env, stdin=sys.stdin.buffer.read())}
@@ -200,7 +201,7 @@ def dispatch(args: argparse.Namespace, command: list) -> dict:
         return netinfo(args.toward, want_port=args.free_port)
     if args.command == "version":
         return {"ok": True, "agent_version": AGENT_VERSION, "python": sys.version.split()[0]}
-    raise BadInput("no subcommand given (launch, ps, kill, cleanup, version)", code="bad_usage")
+    raise BadInput("no subcommand given (launch, ps, kill, cleanup, version)", code=BAD_USAGE)
 
 
 def _check_before_launch(req, check: str, input_name: str | None) -> None:
@@ -238,7 +239,7 @@ def main(argv: list | None = None) -> int:
         return exc.exit_status
     except Exception as exc:  # noqa: BLE001 - the caller must always get one JSON object
         traceback.print_exc()
-        emit({"ok": False, "error": "{}: {}".format(type(exc).__name__, exc), "code": "internal_error"})
+        emit({"ok": False, "error": "{}: {}".format(type(exc).__name__, exc), "code": INTERNAL_ERROR})
         return EXIT_FAILED
     emit(result)
     return EXIT_OK if result.get("ok") else EXIT_FAILED

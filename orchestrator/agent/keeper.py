@@ -19,7 +19,8 @@ import signal
 import sys
 import time
 
-from . import AGENT_VERSION, procfs
+from . import procfs
+from .protocol import AGENT_VERSION
 from .childwatch import Wakeup, ignore_signal, reap_children, set_child_subreaper
 from .errors import AgentError
 from .rundir import RunPaths, file_lock, list_run_ids, read_json, utc_now_iso, write_json_atomic

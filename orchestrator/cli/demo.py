@@ -17,6 +17,7 @@ from pathlib import Path
 import typer
 import yaml
 
+from ..agent.protocol import SUCCEEDED, TERMINAL_STATES
 from ..connections import Connections
 from ..errors import EXIT_FAILED, EXIT_OK, OperationFailed, UsageError
 from ..livesource import LiveSource
@@ -28,7 +29,6 @@ from .state import AppState, stderr, stdout
 PROMPTS = 48
 ANSWER_TOKENS = 64
 WAIT_LIMIT_S = 1800.0
-TERMINAL_STATES = ("succeeded", "failed", "killed", "lost")
 
 
 def demo(
@@ -64,7 +64,7 @@ def demo(
     with source:
         run = wait_until_ended(source, run_id)
     print_summary(run)
-    return EXIT_OK if run.state == "succeeded" else EXIT_FAILED
+    return EXIT_OK if run.state == SUCCEEDED else EXIT_FAILED
 
 
 def prepare_demo_data(base: Path) -> tuple[Path, Path]:

@@ -7,7 +7,7 @@ from typing import List, Optional
 import typer
 
 from ..connections import Connections
-from ..errors import DflashError
+from ..errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, DflashError
 from ..fanout import per_host
 from ..inventory import Target
 from ..addressing import Match, locate
@@ -49,9 +49,9 @@ def kill(
     else:
         _print(report)
     failed = [o for o in outcomes if not o.ok or not o.value.get("ok")]
-    if any(isinstance(o.error, DflashError) and o.error.exit_code == 3 for o in failed):
-        return 3
-    return 1 if failed else 0
+    if any(isinstance(o.error, DflashError) and o.error.exit_code == EXIT_UNREACHABLE for o in failed):
+        return EXIT_UNREACHABLE
+    return EXIT_FAILED if failed else EXIT_OK
 
 
 def _by_target(matches: list[Match]) -> tuple[dict[str, Target], dict[str, list[str]]]:

@@ -7,13 +7,13 @@ from typing import Optional
 
 import typer
 
+from ..agent.protocol import TERMINAL_STATES
 from ..connections import Connections
 from ..errors import CommandTimeout, TargetNotFound
 from ..addressing import Match, locate
 from ..runs import RunClient, runs_dir
 from .state import AppState, stderr
 
-TERMINAL = {"succeeded", "failed", "killed", "lost"}
 STATE_POLL_S = 2.0
 
 
@@ -81,7 +81,7 @@ def _follow(client: RunClient, transport, target, run_id: str, log_path: str, li
             if ended_at is None and time.monotonic() >= next_check:
                 next_check = time.monotonic() + STATE_POLL_S
                 payload = client.agent(target, ["ps", "--runs-dir", runs_dir(target), "--run-id", run_id])
-                if any(r.get("state") in TERMINAL for r in payload.get("runs", [])):
+                if any(r.get("state") in TERMINAL_STATES for r in payload.get("runs", [])):
                     ended_at = time.monotonic()
     finally:
         proc.close()
