@@ -18,7 +18,7 @@ from .agent.protocol import FAILED, FAILED_STATES, KILLED, LIVE_STATES, RUNNING,
 from .errors import DflashError, OperationFailed, UsageError
 from .fanout import Outcome, per_host
 from .inventory import Target
-from .runs import CONFIG_INPUT, LaunchFailed, LaunchSpec, RunClient, new_run_id, run_environment
+from .runs import CONFIG_INPUT, agent_argv, LaunchFailed, LaunchSpec, RunClient, new_run_id, run_environment
 from .trainercheck import ConfigRejected
 
 DEFAULT_DIST_TIMEOUT_S = 300.0
@@ -75,7 +75,7 @@ def torchrun_command(target: Target, *, agent_path: str, nnodes: int, nproc: int
     """torchrun for one node, under the agent's node-watch (which ends a torchrun that outlives its workers
     by `timeout`: it is then stuck talking to an unreachable rendezvous store)."""
     conf = f"is_host={str(is_host).lower()},join_timeout={timeout:g},read_timeout={min(timeout, 60.0):g}"
-    return [target.python, agent_path, "node-watch", f"--stall={timeout:g}", "--",
+    return [*agent_argv(target, agent_path, "node-watch", f"--stall={timeout:g}", "--"),
             target.python, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc-per-node={nproc}",
             "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={job_id}", f"--rdzv-conf={conf}",
             f"--local-addr={local_addr}", "--max-restarts=0",

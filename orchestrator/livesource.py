@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import threading
 import time
 from collections import deque
@@ -18,11 +17,11 @@ from dataclasses import dataclass, field
 from .agent.protocol import MSG_GPU, MSG_LOG, MSG_RESET, MSG_RUNS, MSG_SYNCED, TERMINAL_STATES
 from .alerts import Alert
 from .connections import Connections
-from .errors import DflashError, TargetNotFound, TransportError
+from .errors import DflashError, TargetNotFound
 from .inventory import Inventory, Target
-from .runs import RunClient, runs_dir
+from .runs import RunClient
 from .watch_runs import GpuTracker, RunTracker, alert_view, iso
-from .watch_stream import ContainerStream, StreamOptions, agent_argv
+from .watch_stream import ContainerStream, StreamOptions
 from .watch_jobs import fold_jobs
 from .watchmodel import ActionResult, AlertView, HostView, RunView, Snapshot
 
@@ -68,7 +67,7 @@ class LiveSource:
         self._line_counts: dict[str, tuple[float, int]] = {}
         self._jobs: dict[str, list[RunView]] = {}  # job id -> its node runs, as of the last snapshot
         options = StreamOptions(gpu_interval=gpu_interval, heartbeat_s=heartbeat_s)
-        self._streams = {t.name: ContainerStream(t, self.conns, self, options) for t in targets}
+        self._streams = {t.name: ContainerStream(t, self.client, self, options) for t in targets}
         for stream in self._streams.values():
             stream.start()
 
@@ -275,19 +274,7 @@ class LiveSource:
     def _lines(self, run_id: str, start: int, stop: int) -> dict:
         if run_id in self._jobs:  # a job's log is rank 0's, on node 0
             run_id = self._jobs[run_id][0].run_id
-        target = self._target_of(run_id)
-        agent_path = self._streams[target.name].agent_path
-        if agent_path is None:
-            raise TransportError(f"{target.name}: not connected yet")
-        args = ["lines", "--runs-dir", runs_dir(target), "--run-id", run_id, "--start", str(start),
-                "--stop", str(stop)]
-        result = self.conns.for_target(target).run(agent_argv(target, agent_path, *args), timeout=60)
-        try:
-            answer = json.loads(result.out.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            raise TransportError(f"{target.name}: the agent gave no answer ({result.describe()})") from None
-        if not answer.get("ok"):
-            raise TransportError(f"{target.name}: {answer.get('error', 'lines failed')}")
+        answer = self.client.log_lines(self._target_of(run_id), run_id, start, stop)
         self._line_counts[run_id] = (time.monotonic(), int(answer["total"]))
         return answer
 

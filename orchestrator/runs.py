@@ -13,7 +13,8 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from .agent.protocol import CHECK_FAILED, EXIT_USAGE, RUN_ID_PATTERN, SUCCEEDED, UNKNOWN_RUN, USAGE_CODES
+from .agent.protocol import (CHECK_FAILED, EXIT_USAGE, PROTOCOL_VERSION, RUN_ID_PATTERN, SUCCEEDED, UNKNOWN_RUN,
+                              USAGE_CODES)
 from .compilecache import cache_env
 from .connections import Connections
 from .deploy import Deployment, deploy
@@ -23,12 +24,13 @@ from .gpus import parse_query_csv, query_argv
 from .inventory import Inventory, Target
 from .logparse import LogParser, StepEvent
 from .trainercheck import check_argv, judge
-from .transports.base import Transport
+from .transports.base import CommandResult, RemoteProcess, Transport
 
 NAME_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
 LAUNCH_TIMEOUT_S = 120.0
 MAX_GPU_INDEX = 1023  # as the agent accepts
 DEFAULT_GRACE_S = 30.0
+PS_TAIL_BYTES = 8192  # enough of a log's end to hold its last step line
 CONFIG_INPUT = "config.yaml"   # the bundled trainer's config, as the run directory holds it
 
 
@@ -122,14 +124,15 @@ class RunClient:
         """Run one agent subcommand on the target and return its JSON answer (ok true or false)."""
         transport = self.conns.for_target(target)
         deployment = self._deployment(target, transport, with_trainer=with_trainer)
-        result = transport.run([target.python, deployment.agent_path, *args], timeout=timeout, stdin=stdin)
-        payload = _agent_json(result.out)
-        if payload is None:
-            raise TransportError(f"{target.name}: the agent gave no answer ({result.describe()})")
-        if result.exit_code == EXIT_USAGE or payload.get("code") in USAGE_CODES:
-            raise (TargetNotFound if payload.get("code") == UNKNOWN_RUN else UsageError)(
-                f"{target.name}: {payload.get('error', 'bad input')}")
-        return payload
+        result = transport.run(agent_argv(target, deployment.agent_path, *args), timeout=timeout, stdin=stdin)
+        return agent_answer(target, result)
+
+    def start_agent(self, target: Target, args: list[str]) -> RemoteProcess:
+        """Start a streaming agent subcommand (`watch`); deployed afresh, as a reconnect may find a new container."""
+        self._deployed.pop((target.name, False), None)
+        transport = self.conns.for_target(target)
+        deployment = self._deployment(target, transport)
+        return transport.start(agent_argv(target, deployment.agent_path, *args))
 
     # -- operations -----------------------------------------------------------------------------------------
 
@@ -202,10 +205,24 @@ class RunClient:
         return with_metrics(run or payload)
 
     def list_runs(self, targets: list[Target]) -> list[Outcome[list[dict]]]:
-        def one(target: Target) -> list[dict]:
-            payload = self.agent(target, ["ps", "--runs-dir", runs_dir(target), "--tail-bytes", "8192"])
-            return [with_metrics(r) for r in payload.get("runs", [])]
-        return per_host(targets, one)
+        return per_host(targets, lambda target: self.runs_on(target, tail_bytes=PS_TAIL_BYTES))
+
+    def runs_on(self, target: Target, run_ids: Sequence[str] = (), *, tail_bytes: int = 0) -> list[dict]:
+        """The records of the target's runs (or of the named ones), with last step and tok/s when a tail is read."""
+        args = ["ps", "--runs-dir", runs_dir(target)]
+        for run_id in run_ids:
+            args += ["--run-id", run_id]
+        if tail_bytes:
+            args += ["--tail-bytes", str(tail_bytes)]
+        return [with_metrics(r) for r in self.agent(target, args).get("runs", [])]
+
+    def log_lines(self, target: Target, run_id: str, start: int, stop: int) -> dict:
+        """Lines [start, stop) of a run's log and its line count: {"total": N, "lines": [...]}."""
+        payload = self.agent(target, ["lines", "--runs-dir", runs_dir(target), "--run-id", run_id,
+                                      "--start", str(start), "--stop", str(stop)])
+        if not payload.get("ok"):
+            raise TransportError(f"{target.name}: {payload.get('error', 'lines failed')}")
+        return payload
 
     def kill(self, target: Target, run_ids: list[str], *, grace: float | None) -> dict:
         args = ["kill", "--runs-dir", runs_dir(target), "--run-id", *run_ids]
@@ -231,6 +248,25 @@ class LaunchFailed(OperationFailed):
     def __init__(self, payload: dict, target: str) -> None:
         self.payload = payload
         super().__init__(f"{target}: {payload.get('error') or 'the run did not start'}")
+
+
+def agent_argv(target: Target, agent_path: str, *args: str) -> list[str]:
+    """How every agent subcommand is started on a target: its python, the deployed zipapp, the arguments."""
+    return [target.python, agent_path, *args]
+
+
+def agent_answer(target: Target, result: CommandResult) -> dict:
+    """The agent's one JSON answer, checked for the protocol version; bad input raised as the usage error it is."""
+    payload = _agent_json(result.out)
+    if payload is None:
+        raise TransportError(f"{target.name}: the agent gave no answer ({result.describe()})")
+    if payload.get("version") != PROTOCOL_VERSION:
+        raise TransportError(f"{target.name}: the agent speaks protocol {payload.get('version')!r}, this dflashctl "
+                             f"{PROTOCOL_VERSION}")
+    if result.exit_code == EXIT_USAGE or payload.get("code") in USAGE_CODES:
+        raise (TargetNotFound if payload.get("code") == UNKNOWN_RUN else UsageError)(
+            f"{target.name}: {payload.get('error', 'bad input')}")
+    return payload
 
 
 def _agent_json(stdout: str) -> dict | None:
@@ -265,5 +301,5 @@ def with_metrics(record: dict) -> dict:
     return record
 
 
-__all__ = ["RunClient", "LaunchSpec", "LaunchFailed", "new_run_id", "default_name", "check_run_id", "check_name",
+__all__ = ["RunClient", "LaunchSpec", "agent_argv", "agent_answer", "LaunchFailed", "new_run_id", "default_name", "check_run_id", "check_name",
            "runs_dir", "run_dir", "run_environment", "with_metrics", "CONFIG_INPUT"]

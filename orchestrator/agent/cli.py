@@ -14,11 +14,14 @@
     cleanup  --runs-dir D [--dry-run] [--grace S]
     netinfo  --toward ADDR [--free-port]
     node-watch --stall S -- CMD                        (a job node's workload: CMD's exit, no JSON; see nodewatch)
+    watch    --runs-dir D [--gpu-interval S] [--heartbeat S] [--idle-exit S]   (JSON lines, see watchstream)
+    lines    --runs-dir D --run-id ID --start S --stop E
     version
     supervise --runs-dir D --run-id ID [--grace S]     (internal: started by the keeper)
     keeper    --runs-dir D [--idle-exit S]             (internal: started by launch; exits after S s idle)
 
-Every answer is one line of JSON with "version": 1 and "ok"; exit 0 ok, 1 operation failed, 2 bad input.
+Every answer (but watch's stream and node-watch's workload) is one line of JSON with "version" (PROTOCOL_VERSION)
+and "ok"; exit 0 ok, 1 operation failed, 2 bad input.
 Errors: {"ok": false, "error": MESSAGE, "code": CODE, ...details}. Answers (keys may be added, never renamed):
     launch   {"run": RECORD}; failure: code run_ended | not_verified | gpus_busy (+ "busy": {run: [gpus]}),
              with "run", "exit_code", "signal", "log_tail" (last 40 lines), "supervisor_log_tail", "keeper_log_tail";
@@ -80,7 +83,30 @@ def _seconds(text: str) -> float:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="agent", description="dflashctl's in-container agent (one JSON object on stdout)")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
-    launch = sub.add_parser("launch", help="start a supervised run and return once it is verified running")
+    _add_launch(sub.add_parser("launch", help="start a supervised run and return once it is verified running"))
+    check = sub.add_parser("check", help="run a workload's check in a run's environment; stdin passed on")
+    check.add_argument("--env", action="append", default=[], metavar="K=V")
+    check.add_argument("--pythonpath", action="append", default=[], metavar="DIR")
+    check.add_argument("--gpus")
+    _add_run_commands(sub)
+    node_watch = sub.add_parser("node-watch", help="run a job node's torchrun; end it if it outlives its workers")
+    node_watch.add_argument("--stall", type=_seconds, required=True)
+    netinfo = sub.add_parser("netinfo", help="local address and interface toward an address; a free port")
+    netinfo.add_argument("--toward", required=True)
+    netinfo.add_argument("--free-port", action="store_true")
+    sub.add_parser("version", help="agent and protocol version")
+    supervise = sub.add_parser("supervise", help=argparse.SUPPRESS)
+    supervise.add_argument("--runs-dir", required=True)
+    supervise.add_argument("--run-id", required=True)
+    supervise.add_argument("--grace", type=_seconds)
+    keeper = sub.add_parser("keeper", help=argparse.SUPPRESS)
+    keeper.add_argument("--runs-dir", required=True)
+    keeper.add_argument("--idle-exit", type=_seconds, default=None)
+    _add_watch_commands(sub)
+    return parser
+
+
+def _add_launch(launch: argparse.ArgumentParser) -> None:
     launch.add_argument("--runs-dir", required=True)
     launch.add_argument("--run-id", required=True)
     launch.add_argument("--name", required=True)
@@ -105,10 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="run this command first (a JSON list) in the run's environment; create nothing "
                              "unless it exits 0")
     launch.add_argument("--check-input", metavar="NAME", help="the --input the check gets on its stdin")
-    check = sub.add_parser("check", help="run a workload's check in a run's environment; stdin passed on")
-    check.add_argument("--env", action="append", default=[], metavar="K=V")
-    check.add_argument("--pythonpath", action="append", default=[], metavar="DIR")
-    check.add_argument("--gpus")
+
+
+def _add_run_commands(sub) -> None:
     ps = sub.add_parser("ps", help="every run's record")
     ps.add_argument("--runs-dir", required=True)
     ps.add_argument("--run-id", action="append", default=[])
@@ -121,23 +146,21 @@ def build_parser() -> argparse.ArgumentParser:
     cleanup.add_argument("--runs-dir", required=True)
     cleanup.add_argument("--dry-run", action="store_true")
     cleanup.add_argument("--grace", type=_seconds, default=3.0)
-    node_watch = sub.add_parser("node-watch", help="run a job node's torchrun; end it if it outlives its workers")
-    node_watch.add_argument("--stall", type=_seconds, required=True)
-    netinfo = sub.add_parser("netinfo", help="local address and interface toward an address; a free port")
-    netinfo.add_argument("--toward", required=True)
-    netinfo.add_argument("--free-port", action="store_true")
-    sub.add_parser("version", help="agent and protocol version")
-    supervise = sub.add_parser("supervise", help=argparse.SUPPRESS)
-    supervise.add_argument("--runs-dir", required=True)
-    supervise.add_argument("--run-id", required=True)
-    supervise.add_argument("--grace", type=_seconds)
-    keeper = sub.add_parser("keeper", help=argparse.SUPPRESS)
-    keeper.add_argument("--runs-dir", required=True)
-    keeper.add_argument("--idle-exit", type=_seconds, default=None)
-    from .watchstream import add_lines_arguments, add_watch_arguments
-    add_watch_arguments(sub.add_parser("watch", help="stream run records, log bytes and GPU samples as JSON lines"))
-    add_lines_arguments(sub.add_parser("lines", help="lines [start, stop) of a run's train.log (sparse index)"))
-    return parser
+
+
+def _add_watch_commands(sub) -> None:
+    from .watchstream import HEARTBEAT_S
+    watch = sub.add_parser("watch", help="stream run records, log bytes and GPU samples as JSON lines")
+    watch.add_argument("--runs-dir", required=True)
+    watch.add_argument("--gpu-interval", type=_seconds, default=1.0, help="seconds between nvidia-smi samples")
+    watch.add_argument("--heartbeat", type=_seconds, default=HEARTBEAT_S, help="seconds between heartbeats")
+    watch.add_argument("--idle-exit", type=_seconds, default=0.0,
+                       help="exit when no command came for this long (0 = only when stdin closes)")
+    lines = sub.add_parser("lines", help="lines [start, stop) of a run's train.log (sparse index)")
+    lines.add_argument("--runs-dir", required=True)
+    lines.add_argument("--run-id", required=True)
+    lines.add_argument("--start", type=int, required=True)
+    lines.add_argument("--stop", type=int, required=True)
 
 
 def split_command(argv: list) -> tuple:
@@ -189,10 +212,6 @@ def dispatch(args: argparse.Namespace, command: list) -> dict:
         from .keeper import DEFAULT_IDLE_EXIT_S, run_keeper
         idle = DEFAULT_IDLE_EXIT_S if args.idle_exit is None else args.idle_exit
         return {"ok": run_keeper(args.runs_dir, idle_exit=idle) == 0}
-    if args.command == "watch":
-        from .watchstream import watch
-        return {"ok": watch(args.runs_dir, gpu_interval=args.gpu_interval, idle_exit=args.idle_exit,
-                            heartbeat=args.heartbeat) == 0}
     if args.command == "lines":
         from .lineindex import read_lines
         return read_lines(args.runs_dir, args.run_id, args.start, args.stop)
@@ -213,6 +232,19 @@ def _check_before_launch(req, check: str, input_name: str | None) -> None:
     run_check(argv, env=check_environment(req.env, req.pythonpath, req.gpus), stdin=stdin)
 
 
+STREAMS = ("node-watch", "watch")
+
+
+def run_stream(args: argparse.Namespace, command: list) -> int:
+    """`watch` (JSON lines until stdin closes) and `node-watch` (a job node's workload: CMD's exit)."""
+    if args.command == "watch":
+        from .watchstream import watch
+        return watch(args.runs_dir, gpu_interval=args.gpu_interval, idle_exit=args.idle_exit,
+                     heartbeat=args.heartbeat)
+    from .nodewatch import node_watch
+    return node_watch(command, stall=args.stall)
+
+
 def emit(payload: dict) -> None:
     out = {"version": PROTOCOL_VERSION}
     out.update(payload)
@@ -225,9 +257,8 @@ def main(argv: list | None = None) -> int:
     try:
         head, command = split_command(argv)
         args = build_parser().parse_args(head)
-        if args.command == "node-watch":  # a workload, not a request: its exit status is the answer
-            from .nodewatch import node_watch
-            return node_watch(command, stall=args.stall)
+        if args.command in STREAMS:  # not a request: no answer object, the exit status says how it ended
+            return run_stream(args, command)
         result = dispatch(args, command)
     except _HelpShown:
         emit({"ok": True, "help": "shown on stderr"})

@@ -1,7 +1,6 @@
 """`watch`: one long-lived process per container that streams what the dashboard needs as JSON lines.
 
-    agent watch --runs-dir D [--gpu-interval S] [--idle-exit S]
-    agent lines --runs-dir D --run-id ID --start S --stop E
+    agent watch --runs-dir D [--gpu-interval S] [--heartbeat S] [--idle-exit S]     (options parsed in cli.py)
 
 stdin (one JSON object a line, from the controller):
     {"follow": {RUN_ID: OFFSET | {"offset": OFFSET, "ino": INODE}}}   OFFSET -1: the last 256 KiB (from a line start)
@@ -18,7 +17,6 @@ link never closes it), and takes its nvidia-smi child with it.
 """
 from __future__ import annotations
 
-import argparse
 import base64
 import json
 import os
@@ -324,52 +322,3 @@ def _loop(commands: Commands, pump: LogPump, runs: RunsWatcher, gpus: GpuSampler
         if gpus in ready:
             gpus.read(now)
         gpus.flush_if_quiet(now)
-
-
-def _seconds(text: str) -> float:
-    value = float(text)
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError("seconds must be a finite number >= 0")
-    return value
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="agent")
-    sub = parser.add_subparsers(dest="command")
-    add_watch_arguments(sub.add_parser("watch"))
-    add_lines_arguments(sub.add_parser("lines"))
-    return parser
-
-
-def add_watch_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--runs-dir", required=True)
-    parser.add_argument("--gpu-interval", type=_seconds, default=1.0, help="seconds between nvidia-smi samples")
-    parser.add_argument("--heartbeat", type=_seconds, default=HEARTBEAT_S, help="seconds between heartbeats")
-    parser.add_argument("--idle-exit", type=_seconds, default=0.0,
-                        help="exit when no command came for this long (0 = only when stdin closes)")
-
-
-def add_lines_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--runs-dir", required=True)
-    parser.add_argument("--run-id", required=True)
-    parser.add_argument("--start", type=int, required=True)
-    parser.add_argument("--stop", type=int, required=True)
-
-
-def main(argv: list | None = None) -> int:
-    """Entry point for both subcommands when run outside the agent's cli (`lines` prints one JSON object)."""
-    args = build_parser().parse_args(argv)
-    if args.command == "watch":
-        return watch(args.runs_dir, gpu_interval=args.gpu_interval, idle_exit=args.idle_exit,
-                     heartbeat=args.heartbeat)
-    if args.command == "lines":
-        from .errors import AgentError
-        from .lineindex import read_lines
-        try:
-            answer = read_lines(args.runs_dir, args.run_id, args.start, args.stop)
-        except AgentError as exc:
-            answer = {"ok": False, "error": str(exc), "code": exc.code}
-        sys.stdout.write(json.dumps(dict({"version": 1}, **answer)) + "\n")
-        return 0 if answer.get("ok") else 2
-    sys.stderr.write("usage: agent watch|lines ...\n")
-    return 2

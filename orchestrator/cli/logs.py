@@ -11,7 +11,7 @@ from ..agent.protocol import TERMINAL_STATES
 from ..connections import Connections
 from ..errors import CommandTimeout, TargetNotFound
 from ..addressing import Match, locate
-from ..runs import RunClient, runs_dir
+from ..runs import RunClient
 from .state import AppState, stderr
 
 STATE_POLL_S = 2.0
@@ -80,8 +80,7 @@ def _follow(client: RunClient, transport, target, run_id: str, log_path: str, li
                 return 0  # the run ended and its last output has had time to arrive
             if ended_at is None and time.monotonic() >= next_check:
                 next_check = time.monotonic() + STATE_POLL_S
-                payload = client.agent(target, ["ps", "--runs-dir", runs_dir(target), "--run-id", run_id])
-                if any(r.get("state") in TERMINAL_STATES for r in payload.get("runs", [])):
+                if any(r.get("state") in TERMINAL_STATES for r in client.runs_on(target, [run_id])):
                     ended_at = time.monotonic()
     finally:
         proc.close()
