@@ -18,8 +18,10 @@ from .agent.protocol import FAILED, FAILED_STATES, KILLED, LIVE_STATES, RUNNING,
 from .errors import DflashError, OperationFailed, UsageError
 from .fanout import Outcome, per_host
 from .inventory import Target
-from .runs import CONFIG_INPUT, agent_argv, LaunchFailed, LaunchSpec, RunClient, new_run_id, run_environment
+from .runs import LaunchFailed, LaunchSpec, RunClient, new_run_id, run_environment
+from .runs import agent_argv
 from .trainercheck import ConfigRejected
+from .trainercommand import CONFIG_INPUT, node_train_command
 
 DEFAULT_DIST_TIMEOUT_S = 300.0
 ABORT_GRACE_S = 5.0
@@ -74,12 +76,9 @@ def torchrun_command(target: Target, *, agent_path: str, nnodes: int, nproc: int
                      is_host: bool, local_addr: str, timeout: float) -> list[str]:
     """torchrun for one node, under the agent's node-watch (which ends a torchrun that outlives its workers
     by `timeout`: it is then stuck talking to an unreachable rendezvous store)."""
-    conf = f"is_host={str(is_host).lower()},join_timeout={timeout:g},read_timeout={min(timeout, 60.0):g}"
     return [*agent_argv(target, agent_path, "node-watch", f"--stall={timeout:g}", "--"),
-            target.python, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc-per-node={nproc}",
-            "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={job_id}", f"--rdzv-conf={conf}",
-            f"--local-addr={local_addr}", "--max-restarts=0",
-            "-m", "trainer", "train", "--config", CONFIG_INPUT]
+            *node_train_command(target, nnodes=nnodes, nproc=nproc, endpoint=endpoint, job_id=job_id,
+                                is_host=is_host, local_addr=local_addr, timeout=timeout)]
 
 
 def _raise_first_error(outcomes: list[Outcome], what: str) -> None:

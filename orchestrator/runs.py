@@ -23,7 +23,8 @@ from .fanout import Outcome, per_host
 from .gpus import parse_query_csv, query_argv
 from .inventory import Inventory, Target
 from .logparse import LogParser, StepEvent
-from .trainercheck import check_argv, judge
+from .trainercheck import judge
+from .trainercommand import CONFIG_INPUT, check_command
 from .transports.base import CommandResult, RemoteProcess, Transport
 
 NAME_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
@@ -31,7 +32,6 @@ LAUNCH_TIMEOUT_S = 120.0
 MAX_GPU_INDEX = 1023  # as the agent accepts
 DEFAULT_GRACE_S = 30.0
 PS_TAIL_BYTES = 8192  # enough of a log's end to hold its last step line
-CONFIG_INPUT = "config.yaml"   # the bundled trainer's config, as the run directory holds it
 
 
 def runs_dir(target: Target) -> str:
@@ -163,7 +163,7 @@ class RunClient:
         args = ["check", "--pythonpath", pkg_dir]
         for key, value in env.items():
             args += ["--env", f"{key}={value}"]
-        argv = check_argv(target, base_dir=run_dir(target, run_id), source=source)
+        argv = check_command(target, base_dir=run_dir(target, run_id), source=source)
         payload = self.agent(target, [*args, "--", *argv], timeout=LAUNCH_TIMEOUT_S, stdin=config_text,
                              with_trainer=True)
         return judge(target, source, payload.get("check") or {})
@@ -192,7 +192,7 @@ class RunClient:
         for name in spec.inputs:
             args += ["--input", name]
         if spec.check_config is not None:  # the agent runs it before it creates anything
-            argv = check_argv(spec.target, base_dir=run_dir(spec.target, run_id), source=spec.check_config)
+            argv = check_command(spec.target, base_dir=run_dir(spec.target, run_id), source=spec.check_config)
             args += ["--check", json.dumps(argv), "--check-input", CONFIG_INPUT]
         payload = self.agent(spec.target, [*args, "--", *spec.command], timeout=LAUNCH_TIMEOUT_S,
                              stdin=_pack_inputs(spec.inputs) if spec.inputs else None,
@@ -301,5 +301,5 @@ def with_metrics(record: dict) -> dict:
     return record
 
 
-__all__ = ["RunClient", "LaunchSpec", "agent_argv", "agent_answer", "LaunchFailed", "new_run_id", "default_name", "check_run_id", "check_name",
-           "runs_dir", "run_dir", "run_environment", "with_metrics", "CONFIG_INPUT"]
+__all__ = ["RunClient", "LaunchSpec", "LaunchFailed", "agent_argv", "agent_answer", "new_run_id", "default_name",
+           "check_run_id", "check_name", "runs_dir", "run_dir", "run_environment", "with_metrics"]

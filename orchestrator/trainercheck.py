@@ -1,6 +1,6 @@
 """The bundled trainer's own pre-flight check of a config, as a launch runs it on the target first.
 
-The agent runs `python -m trainer check` with the target's python in the environment the run would get (the
+The agent runs `python -m trainer check` (trainercommand.check_command) with the target's python in the environment the run would get (the
 deployed trainer first on PYTHONPATH, the run's --env), relative paths taken from the directory the run will
 work in, right before it would create the run: in the same round trip as the launch. It imports no torch, so
 it costs one Python start-up. A config it refuses fails the launch with exit 2 and the trainer's one-line
@@ -26,12 +26,6 @@ class ConfigRejected(UsageError):
             message = (f"{where}: {len(problems)} problems, nothing was started:\n"
                        + "\n".join(f"  {problem}" for problem in problems))
         super().__init__(message)
-
-
-def check_argv(target: Target, *, base_dir: str, source: str) -> list[str]:
-    """The check's command line; the config comes on its stdin. The agent runs it in the run's environment."""
-    return [target.python, "-m", "trainer", "check", "--config", "-", "--json", "--base-dir", base_dir,
-            "--source", source]
 
 
 def judge(target: Target, source: str, check: dict) -> dict:

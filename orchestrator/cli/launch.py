@@ -11,7 +11,8 @@ from ..connections import Connections
 from ..errors import UsageError, shorten
 from ..inventory import Target
 from ..jobs import DEFAULT_DIST_TIMEOUT_S, JobLaunchFailed, JobSpec, launch_job
-from ..runs import CONFIG_INPUT, LaunchFailed, LaunchSpec, RunClient, check_name, default_name
+from ..trainercommand import CONFIG_INPUT, train_command
+from ..runs import LaunchFailed, LaunchSpec, RunClient, check_name, default_name
 from .usage import finite
 from .state import AppState, parse_env, parse_gpus, print_json, stderr
 
@@ -157,9 +158,7 @@ def _trainer_spec(target: Target, config: Path, *, name: str | None, gpus: list[
         raise UsageError(f"cannot read --config {config}: {exc.strerror or exc}") from None
     _config_mapping(config, text)
     nproc = len(gpus) if gpus is not None else max(target.gpus, 1)
-    train = ["-m", "trainer", "train", "--config", CONFIG_INPUT]
-    command = [target.python, *(["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
-                                if nproc > 1 else []), *train]
+    command = train_command(target, nproc=nproc)
     # The keys, the paths, the data and the python's packages are checked by the trainer itself on the target,
     # all in one pass, before the run is created. What a settle of 1 s would catch on top of that (the trainer
     # not starting at all) that check has shown already: the same python, PYTHONPATH and package ran it.
