@@ -11,7 +11,7 @@ import sys
 
 from .agent.protocol import AGENT_VERSION, PROTOCOL_VERSION
 from .errors import DflashError
-from .inventory import Target
+from .inventory.model import Target
 from .transports.base import Transport
 
 DISTRIBUTION = "dflashctl"

@@ -51,7 +51,7 @@ def test_no_literal_exit_code_comparisons() -> None:
 def test_ps_and_the_dashboard_colour_every_state_alike() -> None:
     from orchestrator.agent.protocol import RUN_STATES
     from orchestrator.cli.ps import _state
-    from orchestrator.watchmodel import RunView
+    from orchestrator.watch.model import RunView
     from tui.runcells import run_cells
 
     for state in RUN_STATES:

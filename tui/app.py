@@ -10,7 +10,7 @@ from textual.binding import Binding
 from textual.worker import get_current_worker
 
 from orchestrator.agent.protocol import TERMINAL_STATES
-from orchestrator.watchmodel import ActionResult, DashboardSource
+from orchestrator.watch.model import ActionResult, DashboardSource
 
 from .cancellable import sleep_unless_cancelled
 from .messages import (ActionFinished, CleanupRequested, KillRequested, LogRequested, SnapshotUpdated,

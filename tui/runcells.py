@@ -8,7 +8,7 @@ from rich.text import Text
 
 from orchestrator.agent.protocol import TERMINAL_STATES
 from orchestrator.display import MISSING, format_duration, format_rate, state_style
-from orchestrator.watchmodel import RunView
+from orchestrator.watch.model import RunView
 
 # (column key, header); the keys are what RunsTable updates cells by.
 COLUMNS = (

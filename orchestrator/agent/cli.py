@@ -47,7 +47,7 @@ import sys
 import traceback
 
 from .errors import AgentError, BadInput
-from .protocol import (AGENT_VERSION, BAD_USAGE, EXIT_FAILED, EXIT_OK, INTERNAL_ERROR, NO_COMMAND,
+from .protocol import (AGENT_VERSION, BAD_USAGE, DEFAULT_GRACE_S, EXIT_FAILED, EXIT_OK, INTERNAL_ERROR, NO_COMMAND,
                        PROTOCOL_VERSION)
 
 
@@ -117,7 +117,7 @@ def _add_launch(launch: argparse.ArgumentParser) -> None:
                         help="put DIR first on the PYTHONPATH the run inherits (repeat)")
     launch.add_argument("--gpus")
     launch.add_argument("--force", action="store_true", help="start even if a live run holds the GPUs")
-    launch.add_argument("--grace", type=_seconds, default=30.0, help="default grace of a kill (s)")
+    launch.add_argument("--grace", type=_seconds, default=DEFAULT_GRACE_S, help="default grace of a kill (s)")
     launch.add_argument("--verify-timeout", type=_seconds, default=10.0)
     launch.add_argument("--settle", type=_seconds, default=1.0, help="how long the workload must stay up (s)")
     launch.add_argument("--input", action="append", default=[], metavar="NAME",

@@ -33,8 +33,9 @@ def query_gpus() -> dict:
     if binary is None:
         return {"available": False, "gpus": [], "error": None}
     try:
-        done = subprocess.run([binary] + gpu_query_args(GPU_MEMORY_FIELDS), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, timeout=TIMEOUT_S, universal_newlines=True)
+        done = subprocess.run([binary] + gpu_query_args(GPU_MEMORY_FIELDS), stdin=subprocess.DEVNULL,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=TIMEOUT_S,
+                              universal_newlines=True)
     except (OSError, subprocess.SubprocessError) as exc:
         return {"available": True, "gpus": [], "error": str(exc)}
     if done.returncode != 0:

@@ -6,7 +6,7 @@ import time
 
 from . import keeper, procfs, terminate
 from .rundir import RunPaths, existing_run, utc_now_iso, write_json_atomic
-from .protocol import KILLED, LOST, STARTING, TERMINAL_STATES
+from .protocol import DEFAULT_GRACE_S, KILLED, LOST, STARTING, TERMINAL_STATES
 from .runstate import finish, load_record, read_run, read_state, supervisor_alive, update_state
 from .childwatch import signal_name
 
@@ -70,7 +70,7 @@ def mark_killed(paths: RunPaths, sig: int) -> dict:
 def kill_one(paths: RunPaths, grace: float | None) -> dict:
     actions = []
     run = read_run(paths)
-    grace = float(run.get("grace_s", 30.0)) if grace is None else grace
+    grace = float(run.get("grace_s", DEFAULT_GRACE_S)) if grace is None else grace
     state = wait_for_supervisor(paths)
     already_ended = state.get("state") in TERMINAL_STATES and not supervisor_alive(state)
     supervisor_did_it = False

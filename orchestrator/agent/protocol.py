@@ -24,6 +24,10 @@ RUN_STATES = LIVE_STATES + TERMINAL_STATES
 # -- names: run ids, run names, job ids -----------------------------------------------------------------------
 RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
+# -- what a launch may ask for --------------------------------------------------------------------------------
+MAX_GPU_INDEX = 1023
+DEFAULT_GRACE_S = 30.0  # seconds a kill waits between TERM and KILL unless the run or the kill says otherwise
+
 # -- the agent's exit statuses and error codes ----------------------------------------------------------------
 EXIT_OK = 0
 EXIT_FAILED = 1

@@ -10,11 +10,10 @@ import re
 import tempfile
 
 from .errors import BadInput
-from .protocol import RUN_ID_PATTERN
+from .protocol import MAX_GPU_INDEX, RUN_ID_PATTERN
 
 ENV_KEY_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 RESERVED_ENV_KEYS = ("DFLASH_RUN_ID", "DFLASH_RUNS_DIR", "DFLASH_RUN_DIR", "CUDA_VISIBLE_DEVICES")
-MAX_GPU_INDEX = 1023
 
 
 def utc_now_iso() -> str:
@@ -88,7 +87,8 @@ def list_run_ids(runs_dir: str) -> list:
         names = os.listdir(runs_dir)
     except FileNotFoundError:
         return []
-    return sorted(n for n in names if RUN_ID_PATTERN.fullmatch(n) and os.path.isfile(os.path.join(runs_dir, n, "run.json")))
+    return sorted(n for n in names
+                  if RUN_ID_PATTERN.fullmatch(n) and os.path.isfile(os.path.join(runs_dir, n, "run.json")))
 
 
 def existing_run(runs_dir: str, run_id: str) -> RunPaths:

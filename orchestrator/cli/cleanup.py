@@ -5,11 +5,12 @@ from typing import List
 
 import typer
 
-from ..connections import Connections
+from ..transports.pool import Connections
 from ..errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
-from ..fanout import per_host
-from ..runs import RunClient
-from .state import AppState, about, print_json, stderr, stdout
+from ..transports.fanout import per_host
+from ..runs.client import RunClient
+from .output import about, print_json, stderr, stdout
+from .state import AppState
 
 
 def cleanup(

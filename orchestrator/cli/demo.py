@@ -18,13 +18,14 @@ import typer
 import yaml
 
 from ..agent.protocol import SUCCEEDED, TERMINAL_STATES
-from ..connections import Connections
+from ..transports.pool import Connections
 from ..errors import EXIT_FAILED, EXIT_OK, OperationFailed, UsageError
-from ..livesource import LiveSource
-from ..runs import RunClient
-from ..watchmodel import RunView
+from ..watch.source import LiveSource
+from ..runs.client import RunClient
+from ..watch.model import RunView
 from .launch import launch_spec
-from .state import AppState, stderr, stdout
+from .output import stderr, stdout
+from .state import AppState
 
 PROMPTS = 48
 ANSWER_TOKENS = 64

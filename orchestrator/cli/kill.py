@@ -6,15 +6,16 @@ from typing import List, Optional
 
 import typer
 
-from ..connections import Connections
+from ..transports.pool import Connections
 from ..errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, DflashError
-from ..fanout import per_host
-from ..inventory import Target
-from ..addressing import Match, locate
+from ..transports.fanout import per_host
+from ..inventory.model import Target
+from ..runs.addressing import Match, locate
 from ..agent.launch import how_it_ended
-from ..runs import RunClient
-from .usage import finite
-from .state import AppState, about, print_json, stderr, stdout
+from ..runs.client import RunClient
+from .args import finite
+from .output import about, print_json, stderr, stdout
+from .state import AppState
 
 
 def kill(

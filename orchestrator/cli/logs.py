@@ -8,11 +8,12 @@ from typing import Optional
 import typer
 
 from ..agent.protocol import TERMINAL_STATES
-from ..connections import Connections
+from ..transports.pool import Connections
 from ..errors import CommandTimeout, TargetNotFound
-from ..addressing import Match, locate
-from ..runs import RunClient
-from .state import AppState, stderr
+from ..runs.addressing import Match, locate
+from ..runs.client import RunClient
+from .output import stderr
+from .state import AppState
 
 STATE_POLL_S = 2.0
 

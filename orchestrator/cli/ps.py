@@ -8,12 +8,13 @@ import typer
 from rich.table import Table
 
 from ..agent.protocol import LIVE_STATES
-from ..connections import Connections
+from ..transports.pool import Connections
 from ..display import MISSING, format_age, format_rate, state_style
 from ..errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
-from ..jobs import group_jobs
-from ..runs import RunClient
-from .state import AppState, about, print_json, stderr, stdout
+from ..runs.jobs import group_jobs
+from ..runs.client import RunClient
+from .output import about, print_json, stderr, stdout
+from .state import AppState
 
 RECENT = datetime.timedelta(hours=24)
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 import typer
 
 from ..errors import DflashError
-from ..inventory import LOCAL, builtin_inventory
+from ..inventory.model import LOCAL, builtin_inventory
 from ..transports.local import LocalTransport
 from ..versions import controller_versions, one_line, trainer_versions
-from .state import AppState, print_json, stdout
+from .output import print_json, stdout
+from .state import AppState
 
 
 def version(

@@ -9,10 +9,11 @@ from rich.table import Table
 
 from ..display import format_rate
 from ..errors import EXIT_OK, EXIT_UNREACHABLE, UsageError
-from ..livesource import LiveSource
-from ..watchmodel import Snapshot
-from .usage import finite
-from .state import AppState, print_json, stderr, stdout
+from ..watch.source import LiveSource
+from ..watch.model import Snapshot
+from .args import finite
+from .output import print_json, stderr, stdout
+from .state import AppState
 
 
 def watch(

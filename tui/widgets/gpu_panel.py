@@ -7,7 +7,7 @@ from rich.text import Text
 from textual.widget import Widget
 
 from orchestrator.agent.protocol import GPU_HELD_MIB
-from orchestrator.watchmodel import GpuView
+from orchestrator.watch.model import GpuView
 
 SPARK_BLOCKS = "▁▂▃▄▅▆▇█"
 # Memory held at no utilisation is the symptom of a stalled run (the seed run sat like this for hours).

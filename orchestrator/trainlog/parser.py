@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from .agent.protocol import ANSI_ESCAPE
+from ..agent.protocol import ANSI_ESCAPE
 
 # The line parsers and the traceback reader are re-exported: callers import every name from here.
-from .loglines import (
+from .lines import (
     PHASES,
     STEP_FIELDS,
     STEP_LINE,
@@ -28,7 +28,7 @@ from .loglines import (
     parse_step_line,
     step_from_match,
 )
-from .logtraceback import (
+from .tracebacks import (
     CLOSED,
     FOREIGN,
     MAX_FOREIGN_LINES,

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .agent.protocol import LIVE_STATES
-from .errors import TargetNotFound, UsageError, shorten
-from .inventory import Target
-from .runs import RunClient, check_run_id
+from ..agent.protocol import LIVE_STATES
+from ..errors import TargetNotFound, UsageError, shorten
+from ..inventory.model import Target
+from .client import RunClient
+from .spec import check_run_id
 
 MAX_CANDIDATES = 10
 

@@ -5,7 +5,7 @@ it the same way; torchrun starts the processes when there are several.
 """
 from __future__ import annotations
 
-from .inventory import Target
+from ..inventory.model import Target
 
 CONFIG_INPUT = "config.yaml"   # the bundled trainer's config, as the run directory holds it
 TRAIN_ARGS = ("-m", "trainer", "train", "--config", CONFIG_INPUT)

@@ -5,11 +5,11 @@ from __future__ import annotations
 import datetime
 from collections import deque
 
-from .agent.protocol import STARTING, TERMINAL_STATES
+from ..agent.protocol import STARTING, TERMINAL_STATES
 from .alerts import Alert, GpuSample, RunHealth
-from .gpus import GpuInfo, parse_query_csv
-from .logparse import ExceptionEvent, LogLine, LogParser, PhaseEvent, StepEvent
-from .watchmodel import AlertView, GpuView, MetricPoint, RunView
+from ..gpus import GpuInfo, parse_query_csv
+from ..trainlog.parser import ExceptionEvent, LogLine, LogParser, PhaseEvent, StepEvent
+from .model import AlertView, GpuView, MetricPoint, RunView
 
 # The parser's fine-grained start-up phases, folded into the few the dashboard shows.
 PHASE_SHOWN = {"loading_dataset": "loading_dataset", "dataset_loaded": "loading_dataset",

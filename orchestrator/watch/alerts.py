@@ -13,9 +13,9 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .agent.protocol import FAILED, GPU_HELD_MIB, KILLED, LOST, SUCCEEDED
-from .display import format_duration, format_rate
-from .logparse import ExceptionEvent, PhaseEvent, StepEvent
+from ..agent.protocol import FAILED, GPU_HELD_MIB, KILLED, LOST, SUCCEEDED
+from ..display import format_duration, format_rate
+from ..trainlog.parser import ExceptionEvent, PhaseEvent, StepEvent
 
 INFO, WARNING, ERROR = "info", "warning", "error"
 EXCEPTION, ENDED, STALL, GPU_IDLE, THROUGHPUT, NAN, STARVATION = (

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections import deque
 
-from .loglines import ExceptionEvent
+from .lines import ExceptionEvent
 
 # A traceback longer than this keeps its head and its tail: the cause is at the end, the entry point at the top.
 MAX_TRACEBACK_LINES = 2000

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from .jobs import summarize
-from .watchmodel import NodeView, RunView
+from ..runs.jobs import summarize
+from .model import NodeView, RunView
 
 
 def fold_jobs(runs: list[tuple[dict, RunView]]) -> tuple[list[RunView], dict[str, list[RunView]]]:

@@ -14,14 +14,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .agent.protocol import FAILED, FAILED_STATES, KILLED, LIVE_STATES, RUNNING, SUCCEEDED
-from .errors import DflashError, OperationFailed, UsageError
-from .fanout import Outcome, per_host
-from .inventory import Target
-from .runs import LaunchFailed, LaunchSpec, RunClient, new_run_id, run_environment
-from .runs import agent_argv
+from ..agent.protocol import DEFAULT_GRACE_S, FAILED, FAILED_STATES, KILLED, LIVE_STATES, RUNNING, SUCCEEDED
+from ..errors import DflashError, OperationFailed, UsageError
+from ..transports.fanout import Outcome, per_host
+from ..inventory.model import Target
+from .client import LaunchFailed, RunClient, agent_argv
+from .spec import LaunchSpec, new_run_id, run_environment
 from .trainercheck import ConfigRejected
-from .trainercommand import CONFIG_INPUT, node_train_command
+from .command import CONFIG_INPUT, node_train_command
 
 DEFAULT_DIST_TIMEOUT_S = 300.0
 ABORT_GRACE_S = 5.0
@@ -38,7 +38,7 @@ class JobSpec:
     cpu_only: bool = False              # the config asks for the CPU: one process per node unless told
     env: dict[str, str] = field(default_factory=dict)
     force: bool = False
-    grace: float = 30.0
+    grace: float = DEFAULT_GRACE_S
     dist_timeout: float = DEFAULT_DIST_TIMEOUT_S
 
 

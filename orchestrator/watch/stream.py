@@ -9,12 +9,13 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
-from .errors import CommandTimeout, DflashError, Unreachable
-from .inventory import Target
-from .runs import RunClient, runs_dir
-from .transports.base import RemoteProcess, Transport
-from .transports.pct import PctTransport
-from .transports.ssh import SSHTransport
+from ..errors import CommandTimeout, DflashError, Unreachable
+from ..inventory.model import Target
+from ..runs.client import RunClient
+from ..runs.spec import runs_dir
+from ..transports.base import RemoteProcess, Transport
+from ..transports.pct import PctTransport
+from ..transports.ssh import SSHTransport
 
 log = logging.getLogger("dflashctl.watch")
 

@@ -14,16 +14,16 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from .agent.protocol import MSG_GPU, MSG_LOG, MSG_RESET, MSG_RUNS, MSG_SYNCED, TERMINAL_STATES
+from ..agent.protocol import MSG_GPU, MSG_LOG, MSG_RESET, MSG_RUNS, MSG_SYNCED, TERMINAL_STATES
 from .alerts import Alert
-from .connections import Connections
-from .errors import DflashError, TargetNotFound
-from .inventory import Inventory, Target
-from .runs import RunClient
-from .watch_runs import GpuTracker, RunTracker, alert_view, iso
-from .watch_stream import ContainerStream, StreamOptions
-from .watch_jobs import fold_jobs
-from .watchmodel import ActionResult, AlertView, HostView, RunView, Snapshot
+from ..transports.pool import Connections
+from ..errors import DflashError, TargetNotFound
+from ..inventory.model import Inventory, Target
+from ..runs.client import RunClient
+from .trackers import GpuTracker, RunTracker, alert_view, iso
+from .stream import ContainerStream, StreamOptions
+from .jobrows import fold_jobs
+from .model import ActionResult, AlertView, HostView, RunView, Snapshot
 
 MAX_ALERTS = 500
 LINE_COUNT_CACHE_S = 1.0

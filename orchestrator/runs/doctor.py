@@ -11,12 +11,12 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from .compilecache import cache_root, parse_size_kib, size_argv
-from .connections import Connections
-from .errors import AuthError, CommandTimeout, DflashError, HostKeyError, Unreachable
-from .gpus import parse_query_csv, query_argv
-from .inventory import Target
-from .transports.base import Transport
-from .transports.pct import PctTransport
+from ..transports.pool import Connections
+from ..errors import AuthError, CommandTimeout, DflashError, HostKeyError, Unreachable
+from ..gpus import parse_query_csv, query_argv
+from ..inventory.model import Target
+from ..transports.base import Transport
+from ..transports.pct import PctTransport
 
 MIN_PYTHON = (3, 8)
 PYTHON_VERSION = "import sys; print('%d.%d.%d' % sys.version_info[:3])"

@@ -1,102 +1,32 @@
-"""The run lifecycle seen from the controller: launch, list, find, kill and clean up runs on targets.
+"""The only caller of the agent: launch, list, kill and clean up runs, read log lines, start the watch stream.
 
 Everything that happens inside a container is done by the agent (orchestrator/agent/), shipped once per version
 and invoked over the target's transport with one command per operation; it answers one JSON object. This module
-only decides what to ask where, and turns answers into run records and errors.
+builds every agent command line (agent_argv), checks every answer's protocol version and maps its errors to
+dflashctl's (agent_answer), decides what to ask where, and turns answers into run records.
 """
 from __future__ import annotations
 
-import datetime
+import base64
 import json
-import re
-import secrets
-from dataclasses import dataclass, field
 from typing import Sequence
 
-from .agent.protocol import (CHECK_FAILED, EXIT_USAGE, PROTOCOL_VERSION, RUN_ID_PATTERN, SUCCEEDED, UNKNOWN_RUN,
+from ..agent.protocol import (CHECK_FAILED, DEFAULT_GRACE_S, EXIT_USAGE, PROTOCOL_VERSION, SUCCEEDED, UNKNOWN_RUN,
                               USAGE_CODES)
-from .compilecache import cache_env
-from .connections import Connections
+from ..errors import OperationFailed, TargetNotFound, TransportError, UsageError
+from ..gpus import parse_query_csv, query_argv
+from ..inventory.model import Inventory, Target
+from ..trainlog.parser import LogParser, StepEvent
+from ..transports.base import CommandResult, RemoteProcess, Transport
+from ..transports.fanout import Outcome, per_host
+from ..transports.pool import Connections
+from .command import CONFIG_INPUT, check_command
 from .deploy import Deployment, deploy
-from .errors import OperationFailed, TargetNotFound, TransportError, UsageError, shorten
-from .fanout import Outcome, per_host
-from .gpus import parse_query_csv, query_argv
-from .inventory import Inventory, Target
-from .logparse import LogParser, StepEvent
+from .spec import LaunchSpec, new_run_id, run_dir, runs_dir
 from .trainercheck import judge
-from .trainercommand import CONFIG_INPUT, check_command
-from .transports.base import CommandResult, RemoteProcess, Transport
 
-NAME_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
 LAUNCH_TIMEOUT_S = 120.0
-MAX_GPU_INDEX = 1023  # as the agent accepts
-DEFAULT_GRACE_S = 30.0
 PS_TAIL_BYTES = 8192  # enough of a log's end to hold its last step line
-
-
-def runs_dir(target: Target) -> str:
-    return f"{target.workdir}/.dflash/runs"
-
-
-def run_dir(target: Target, run_id: str) -> str:
-    return f"{runs_dir(target)}/{run_id}"
-
-
-def new_run_id(name: str, *, now: datetime.datetime | None = None) -> str:
-    """`<name>-<yymmdd>-<hhmmss>-<4 hex>`: sortable by time, readable, unique without coordination."""
-    now = now or datetime.datetime.now(datetime.timezone.utc)
-    return f"{name[:36]}-{now:%y%m%d-%H%M%S}-{secrets.token_hex(2)}"
-
-
-def default_name(command: Sequence[str]) -> str:
-    """A run name from a command: its program's base name, reduced to the characters a name may have."""
-    if not command:
-        return "train"
-    base = command[0].rsplit("/", 1)[-1]
-    if base.startswith("python") and len(command) > 2 and command[1] == "-m":
-        base = command[2]
-    cleaned = NAME_CHARS.sub("-", base).strip("-._")
-    return (cleaned or "run")[:36]
-
-
-def check_run_id(run_id: str) -> str:
-    if not RUN_ID_PATTERN.fullmatch(run_id):
-        raise UsageError(f"invalid run id {shorten(run_id)!r}: run ids are letters, digits, '.', '_' and '-' "
-                         f"(see `dflashctl ps`)")
-    return run_id
-
-
-def check_name(name: str) -> str:
-    if not RUN_ID_PATTERN.fullmatch(name):
-        raise UsageError(f"invalid run name {shorten(name)!r}: use up to 64 letters, digits, '.', '_' or '-', "
-                         f"starting with a letter or digit")
-    return name
-
-
-@dataclass
-class LaunchSpec:
-    target: Target
-    command: list[str]
-    name: str
-    env: dict[str, str] = field(default_factory=dict)
-    gpus: list[int] | None = None
-    force: bool = False
-    grace: float = DEFAULT_GRACE_S
-    inputs: dict[str, bytes] = field(default_factory=dict)   # files put into the run directory before start
-    uses_trainer: bool = False
-    settle: float | None = None   # how long the workload must stay up to count as started (agent default 1 s)
-    run_id: str | None = None     # chosen by the caller (a job's node runs); a new one otherwise
-    job: dict[str, object] | None = None   # job_id, node_rank, nnodes of a multi-node job's node run
-    check_config: str | None = None   # the trainer config's name: inputs[CONFIG_INPUT] is checked there first
-
-    def run_env(self) -> dict[str, str]:
-        return run_environment(self.target, self.env)
-
-
-def run_environment(target: Target, env: dict[str, str]) -> dict[str, str]:
-    """The environment a run gets on top of the target's: the compile caches under the workdir, then the
-    user's --env, which wins."""
-    return {**cache_env(target), **env}
 
 
 class RunClient:
@@ -282,8 +212,6 @@ def _agent_json(stdout: str) -> dict | None:
 
 def _pack_inputs(inputs: dict[str, bytes]) -> bytes:
     """The inputs as one JSON document on the agent's stdin (small files: configs)."""
-    import base64
-
     return json.dumps({name: base64.b64encode(data).decode() for name, data in inputs.items()}).encode()
 
 
@@ -301,5 +229,4 @@ def with_metrics(record: dict) -> dict:
     return record
 
 
-__all__ = ["RunClient", "LaunchSpec", "LaunchFailed", "agent_argv", "agent_answer", "new_run_id", "default_name",
-           "check_run_id", "check_name", "runs_dir", "run_dir", "run_environment", "with_metrics"]
+__all__ = ["RunClient", "LaunchFailed", "agent_argv", "agent_answer", "with_metrics"]
