@@ -9,6 +9,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("orchestrator", "tui", "trainer")
 PROTOCOL = "orchestrator/agent/protocol.py"
+TRACEBACKS = "orchestrator/trainlog/tracebacks.py"
 
 # concept -> (a pattern that matches its definition, the one file that may hold it)
 DEFINITIONS = {
@@ -22,6 +23,7 @@ DEFINITIONS = {
     "state colours": (r"^\s*\w*(STATE_STYLES|COLORS|COLOURS)\s*=", "orchestrator/display.py"),
     "duration formatting": (r"^def format_duration\b", "orchestrator/display.py"),
     "exit codes": (r"^EXIT_UNREACHABLE\s*=", "orchestrator/errors.py"),
+    "what an exception line looks like": (r"Segmentation fault|most recent call last\)", TRACEBACKS),
 }
 
 
