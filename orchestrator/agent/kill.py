@@ -5,10 +5,10 @@ import signal
 import time
 
 from . import keeper, procfs, terminate
-from .rundir import RunPaths, existing_run, utc_now_iso, write_json_atomic
-from .protocol import DEFAULT_GRACE_S, KILLED, LOST, STARTING, TERMINAL_STATES
-from .runstate import finish, load_record, read_run, read_state, supervisor_alive, update_state
 from .childwatch import signal_name
+from .protocol import DEFAULT_GRACE_S, KILLED, LOST, STARTING, TERMINAL_STATES
+from .rundir import RunPaths, existing_run, utc_now_iso, write_json_atomic
+from .runstate import finish, load_record, read_run, read_state, supervisor_alive, update_state
 
 MARGIN_S = 3.0  # the supervisor's own reaction time and its SIGKILL rounds, beyond the grace
 SPAWN_WAIT_S = 3.0

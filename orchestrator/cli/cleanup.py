@@ -5,10 +5,10 @@ from typing import List
 
 import typer
 
-from ..transports.pool import Connections
 from ..errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
-from ..transports.fanout import per_host
 from ..runs.client import RunClient
+from ..transports.fanout import per_host
+from ..transports.pool import Connections
 from .output import about, print_json, stderr, stdout
 from .state import AppState
 

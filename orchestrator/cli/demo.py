@@ -18,11 +18,12 @@ import typer
 import yaml
 
 from ..agent.protocol import SUCCEEDED, TERMINAL_STATES
-from ..transports.pool import Connections
+from ..display import format_rate
 from ..errors import EXIT_FAILED, EXIT_OK, OperationFailed, UsageError
-from ..watch.source import LiveSource
 from ..runs.client import RunClient
+from ..transports.pool import Connections
 from ..watch.model import RunView
+from ..watch.source import LiveSource
 from .launch import launch_spec
 from .output import stderr, stdout
 from .state import AppState
@@ -149,7 +150,7 @@ def print_summary(run: RunView) -> None:
     if run.history:
         first, last = run.history[0], run.history[-1]
         out.print(f"steps {first.step}..{last.step}: loss {first.loss} -> {last.loss}, acc {first.acc} -> "
-                  f"{last.acc}, {(last.tok_per_s or 0) / 1000:.1f}K tok/s", markup=False)
+                  f"{last.acc}, {format_rate(last.tok_per_s)} tok/s", markup=False)
     out.print(f"exceptions: {run.exceptions}; log: {run.log_path}", markup=False)
     for line in run.log_tail[-5:]:
         out.print(f"  {line}", markup=False)

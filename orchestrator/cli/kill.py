@@ -6,13 +6,13 @@ from typing import List, Optional
 
 import typer
 
-from ..transports.pool import Connections
+from ..agent.launch import how_it_ended
 from ..errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, DflashError
-from ..transports.fanout import per_host
 from ..inventory.model import Target
 from ..runs.addressing import Match, locate
-from ..agent.launch import how_it_ended
 from ..runs.client import RunClient
+from ..transports.fanout import per_host
+from ..transports.pool import Connections
 from .args import finite
 from .output import about, print_json, stderr, stdout
 from .state import AppState

@@ -8,13 +8,13 @@ import typer
 
 from ..agent.launch import how_it_ended
 from ..agent.protocol import DEFAULT_GRACE_S
-from ..transports.pool import Connections
 from ..errors import EXIT_OK, UsageError, shorten
 from ..inventory.model import Target
-from ..runs.jobs import DEFAULT_DIST_TIMEOUT_S, JobLaunchFailed, JobSpec, launch_job
-from ..runs.command import CONFIG_INPUT, train_command
 from ..runs.client import LaunchFailed, RunClient
+from ..runs.command import CONFIG_INPUT, train_command
+from ..runs.jobs import DEFAULT_DIST_TIMEOUT_S, JobLaunchFailed, JobSpec, launch_job
 from ..runs.spec import LaunchSpec, check_name, default_name
+from ..transports.pool import Connections
 from .args import finite, parse_env, parse_gpus
 from .output import print_json, stderr
 from .state import AppState

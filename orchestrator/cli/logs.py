@@ -8,10 +8,10 @@ from typing import Optional
 import typer
 
 from ..agent.protocol import TERMINAL_STATES
-from ..transports.pool import Connections
-from ..errors import CommandTimeout, TargetNotFound
+from ..errors import EXIT_FAILED, EXIT_OK, CommandTimeout, TargetNotFound
 from ..runs.addressing import Match, locate
 from ..runs.client import RunClient
+from ..transports.pool import Connections
 from .output import stderr
 from .state import AppState
 
@@ -46,7 +46,7 @@ def logs(
             result = transport.run(["tail", "-n", str(lines), "--", log_path], timeout=60)
             sys.stdout.buffer.write(result.stdout)
             sys.stdout.flush()
-            return 0 if result.ok else 1
+            return EXIT_OK if result.ok else EXIT_FAILED
         return _follow(client, transport, target, run_id, log_path, lines)
 
 
@@ -73,12 +73,12 @@ def _follow(client: RunClient, transport, target, run_id: str, log_path: str, li
             except CommandTimeout:
                 chunk = None
             if chunk == b"":
-                return 0
+                return EXIT_OK
             if chunk:
                 sys.stdout.buffer.write(chunk)
                 sys.stdout.flush()
             if ended_at is not None and time.monotonic() - ended_at > 1.0:
-                return 0  # the run ended and its last output has had time to arrive
+                return EXIT_OK  # the run ended and its last output has had time to arrive
             if ended_at is None and time.monotonic() >= next_check:
                 next_check = time.monotonic() + STATE_POLL_S
                 if any(r.get("state") in TERMINAL_STATES for r in client.runs_on(target, [run_id])):

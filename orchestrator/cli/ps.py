@@ -8,11 +8,11 @@ import typer
 from rich.table import Table
 
 from ..agent.protocol import LIVE_STATES
-from ..transports.pool import Connections
 from ..display import MISSING, format_age, format_rate, state_style
 from ..errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
-from ..runs.jobs import group_jobs
 from ..runs.client import RunClient
+from ..runs.jobs import group_jobs
+from ..transports.pool import Connections
 from .output import about, print_json, stderr, stdout
 from .state import AppState
 

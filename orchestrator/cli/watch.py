@@ -9,8 +9,8 @@ from rich.table import Table
 
 from ..display import format_rate
 from ..errors import EXIT_OK, EXIT_UNREACHABLE, UsageError
-from ..watch.source import LiveSource
 from ..watch.model import Snapshot
+from ..watch.source import LiveSource
 from .args import finite
 from .output import print_json, stderr, stdout
 from .state import AppState

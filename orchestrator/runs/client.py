@@ -72,7 +72,7 @@ class RunClient:
         if target.gpus:
             return target.gpus
         result = self.conns.for_target(target).run(query_argv(("index",)), timeout=30)
-        if result.exit_code in (126, 127):
+        if result.program_missing:
             return 0
         return len(parse_query_csv(result.out, ("index",))) if result.ok else None
 

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import trainer
 
-from .bundle import build_zipapp, bundle_digest
 from ..errors import TransportError
 from ..transports.base import Transport
+from .bundle import build_zipapp, bundle_digest
 
 log = logging.getLogger("dflashctl.deploy")
 

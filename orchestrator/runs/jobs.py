@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 
 from ..agent.protocol import DEFAULT_GRACE_S, FAILED, FAILED_STATES, KILLED, LIVE_STATES, RUNNING, SUCCEEDED
 from ..errors import DflashError, OperationFailed, UsageError
-from ..transports.fanout import Outcome, per_host
 from ..inventory.model import Target
+from ..transports.fanout import Outcome, per_host
 from .client import LaunchFailed, RunClient, agent_argv
+from .command import CONFIG_INPUT, node_train_command
 from .spec import LaunchSpec, new_run_id, run_environment
 from .trainercheck import ConfigRejected
-from .command import CONFIG_INPUT, node_train_command
 
 DEFAULT_DIST_TIMEOUT_S = 300.0
 ABORT_GRACE_S = 5.0

@@ -15,15 +15,15 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from ..agent.protocol import MSG_GPU, MSG_LOG, MSG_RESET, MSG_RUNS, MSG_SYNCED, TERMINAL_STATES
-from .alerts import Alert
-from ..transports.pool import Connections
 from ..errors import DflashError, TargetNotFound
 from ..inventory.model import Inventory, Target
 from ..runs.client import RunClient
-from .trackers import GpuTracker, RunTracker, alert_view, iso
-from .stream import ContainerStream, StreamOptions
+from ..transports.pool import Connections
+from .alerts import Alert
 from .jobrows import fold_jobs
 from .model import ActionResult, AlertView, HostView, RunView, Snapshot
+from .stream import ContainerStream, StreamOptions
+from .trackers import GpuTracker, RunTracker, alert_view, iso
 
 MAX_ALERTS = 500
 LINE_COUNT_CACHE_S = 1.0

@@ -6,9 +6,9 @@ import datetime
 from collections import deque
 
 from ..agent.protocol import STARTING, TERMINAL_STATES
-from .alerts import Alert, GpuSample, RunHealth
 from ..gpus import GpuInfo, parse_query_csv
 from ..trainlog.parser import ExceptionEvent, LogLine, LogParser, PhaseEvent, StepEvent
+from .alerts import Alert, GpuSample, RunHealth
 from .model import AlertView, GpuView, MetricPoint, RunView
 
 # The parser's fine-grained start-up phases, folded into the few the dashboard shows.

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.runs.addressing import resolve
 from orchestrator.errors import UsageError
 from orchestrator.inventory.model import parse_inventory
+from orchestrator.runs.addressing import resolve
 
 INV = parse_inventory("hosts:\n  pve1:\n    address: 10.0.0.1\n    containers:\n      200: {gpus: 8}\n",
                       Path("inventory.yaml"))
