@@ -16,10 +16,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from orchestrator.connections import Connections  # noqa: E402
-from orchestrator.inventory import load_inventory  # noqa: E402
 from orchestrator.cli.launch import launch_spec  # noqa: E402
-from orchestrator.runs import CONFIG_INPUT, LaunchSpec, RunClient, run_environment  # noqa: E402
+from orchestrator.inventory.model import load_inventory  # noqa: E402
+from orchestrator.runs.client import RunClient  # noqa: E402
+from orchestrator.runs.command import CONFIG_INPUT  # noqa: E402
+from orchestrator.runs.spec import LaunchSpec, run_environment  # noqa: E402
+from orchestrator.transports.pool import Connections  # noqa: E402
 from tests.lab.lab import Lab  # noqa: E402
 
 STUBBORN = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"

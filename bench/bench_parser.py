@@ -10,7 +10,7 @@ import random
 import time
 from collections import Counter
 
-from orchestrator.logparse import LogParser
+from orchestrator.trainlog.parser import LogParser
 from trainer.logformat import (
     StepMetrics,
     format_batches_line,

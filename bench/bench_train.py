@@ -462,8 +462,15 @@ def main(argv=None) -> int:
     dtype = torch.bfloat16 if on_gpu else torch.float32
     torch.manual_seed(args.seed)
     peak = matmul_peak_tflops(ctx.device)
+    began = time.perf_counter()
+
+    def progress(what: str) -> None:  # on stderr: a run cut short still shows where its time went
+        if ctx.is_main:
+            print(f"[{time.perf_counter() - began:.0f}s] {what}", file=sys.stderr, flush=True)
+
     target, taps = build_target(MODELS[args.model], num_taps=args.drafter_layers, device=ctx.device, dtype=dtype,
                                 whole=args.simulate_shards > 0)
+    progress(target.describe())
     drafter = build_drafter(target, args, ctx.device)
     model = drafter
     if ctx.world_size > 1:
@@ -484,10 +491,13 @@ def main(argv=None) -> int:
     streams = [batch_stream(dataset, args, ctx) for _ in range(2)]   # the same batches for both measurements
     try:
         plain = measure_plain_forward(target, args, ctx, autocast)
+        progress(f"plain forward: {plain['tok_per_s']:,.0f} tok/s")
         target_only = measure_target_only(target, streams[0], args, ctx, autocast)
+        progress(f"target features alone: {target_only['tok_per_s']:,.0f} tok/s")
         if args.simulate_shards and on_gpu:  # the plan is of training steps: their peak, not the baselines'
             torch.cuda.reset_peak_memory_stats(ctx.device)
         training = measure_training(parts, streams[1], args, ctx, autocast)
+        progress(f"training: {training['tok_per_s']:,.0f} tok/s")
         table = profile_steps(parts, streams[1], args, ctx, autocast) if args.profile else None
     finally:
         for stream in streams:

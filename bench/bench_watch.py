@@ -23,10 +23,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from orchestrator.connections import Connections  # noqa: E402
-from orchestrator.inventory import load_inventory  # noqa: E402
-from orchestrator.livesource import LiveSource  # noqa: E402
-from orchestrator.runs import LaunchSpec, RunClient, runs_dir  # noqa: E402
+from orchestrator.inventory.model import load_inventory  # noqa: E402
+from orchestrator.runs.client import RunClient  # noqa: E402
+from orchestrator.runs.spec import LaunchSpec, runs_dir  # noqa: E402
+from orchestrator.transports.pool import Connections  # noqa: E402
+from orchestrator.watch.source import LiveSource  # noqa: E402
 from tests.lab.lab import ContainerSpec, HostSpec, Lab  # noqa: E402
 
 STEP = ("[{i}s] step={i} loss=2.5 acc=0.1 streak=0.5 lr=1e-4 noise=0.0 | tgt=1.0b/s dft=1.0b/s (11.7Ktok/s) | "

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import yaml
 
-from orchestrator.cli.state import parse_gpus
+from orchestrator.cli.args import parse_gpus
 
 IDLE_TOLERANCE_MIB = 64   # what a driver's bookkeeping moves by with no process on the GPU
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-GPU_FIELDS = ("index", "uuid", "name", "memory.used", "memory.total", "utilization.gpu")
+from .agent.protocol import GPU_FIELDS, gpu_query_args
+
 NOT_AVAILABLE = {"[N/A]", "N/A", "[Not Supported]", "[Unknown Error]", "[Insufficient Permissions]", ""}
 
 
@@ -25,7 +26,7 @@ class GpuInfo:
 
 
 def query_argv(fields: tuple[str, ...] = GPU_FIELDS, *, loop_s: int | None = None) -> list[str]:
-    argv = ["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"]
+    argv = ["nvidia-smi", *gpu_query_args(fields)]
     return argv + [f"--loop={loop_s}"] if loop_s else argv
 
 

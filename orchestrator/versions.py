@@ -9,9 +9,9 @@ import importlib.metadata
 import json
 import sys
 
-from .agent import AGENT_VERSION, PROTOCOL_VERSION
+from .agent.protocol import AGENT_VERSION, PROTOCOL_VERSION
 from .errors import DflashError
-from .inventory import Target
+from .inventory.model import Target
 from .transports.base import Transport
 
 DISTRIBUTION = "dflashctl"

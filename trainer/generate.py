@@ -55,9 +55,9 @@ def pick_dtype(dtype: str, device):
 def load_target_for_generation(target: str | Path, device, dtype: str = "auto"):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trainer.target import check_target_dir
+    from trainer.target import check_target_dir, refuse_fla_off_gpu
 
-    check_target_dir(Path(target))
+    refuse_fla_off_gpu(check_target_dir(Path(target)), device)
     tokenizer = AutoTokenizer.from_pretrained(str(target))
     dtype = pick_dtype(dtype, device)
     model = AutoModelForCausalLM.from_pretrained(str(target), dtype=dtype).to(device).eval()

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
-import sys
 from pathlib import Path
 
 import torch
@@ -53,20 +52,39 @@ def check_target_dir(path: Path) -> TargetSpec:
     return read_target_spec(path)
 
 
-def linear_attention_kernel(hf_model: nn.Module) -> str:
-    """Which gated-delta-rule kernel transformers picked for the model's linear-attention layers: "fla"
-    (flash-linear-attention, importable) or "torch" (its slow reference path)."""
-    module = sys.modules.get(type(hf_model).__module__)
-    function = getattr(module, "torch_chunk_gated_delta_rule", None)
-    if function is not None:
-        try:
-            picked = inspect.getclosurevars(function).nonlocals.get("is_new_implementation")
-        except (TypeError, ValueError):
-            picked = None
-        if picked is not None:
-            return "fla" if picked else "torch"
-    # releases that choose at import time without a wrapper: the same test they make
-    return "fla" if importlib.util.find_spec("fla") is not None else "torch"
+def _importable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # a module blocked or half-imported counts as absent
+        return False
+
+
+def linear_attention_kernel(spec: TargetSpec) -> str | None:
+    """Which gated-delta-rule kernel transformers bound for the target's linear-attention layers (None: it has
+    none): "fla" (flash-linear-attention was importable) or "torch" (its slow reference path). Read off the
+    modeling module without loading any weight."""
+    if LINEAR not in spec.layer_types:
+        return None
+    name = spec.model_type.removesuffix("_text")
+    try:
+        module = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+        function = module.torch_chunk_gated_delta_rule
+        picked = inspect.getclosurevars(function).nonlocals.get("is_new_implementation")
+    except (ImportError, AttributeError, TypeError, ValueError):
+        picked = None
+    if picked is not None:
+        return "fla" if picked else "torch"
+    return "fla" if _importable("fla") else "torch"  # releases that choose without a wrapper: the same test
+
+
+def refuse_fla_off_gpu(spec: TargetSpec, device: torch.device) -> None:
+    """transformers binds its linear-attention kernel once per process: with flash-linear-attention installed
+    every hybrid model runs its Triton kernels, which need CUDA tensors. Say so before loading, rather than
+    fail in the middle of a forward."""
+    if device.type != "cuda" and linear_attention_kernel(spec) == "fla":
+        raise TrainerError(f"a hybrid target cannot run on {device.type} with flash-linear-attention installed "
+                           f"(its kernels are CUDA-only and transformers uses them on every device): use a GPU, "
+                           f"or an environment without the fla extra")
 
 
 class TargetModel:
@@ -102,6 +120,7 @@ class TargetModel:
             layer_ids = default_target_layer_ids(spec.num_layers, num_taps)
         layer_ids = validate_layer_ids(layer_ids, spec.num_layers)
         device = torch.device(device)
+        refuse_fla_off_gpu(spec, device)
         if dtype is None:
             dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         tokenizer = AutoTokenizer.from_pretrained(path)
@@ -116,7 +135,7 @@ class TargetModel:
     def kernels(self) -> dict[str, str]:
         """The kernel each layer type runs on."""
         attention = getattr(self.config, "_attn_implementation", "sdpa")
-        return {FULL: attention, SLIDING: attention, LINEAR: linear_attention_kernel(self.hf_model)}
+        return {FULL: attention, SLIDING: attention, LINEAR: linear_attention_kernel(self.spec)}
 
     def describe(self) -> str:
         """One start-up line: family, size, each layer type with its kernel, taps, e.g. `Target: qwen3_5 26.9B,
@@ -180,7 +199,12 @@ class TargetModel:
             attention_mask = attention_mask.to(self.device)
         hidden = self.embed_tokens(input_ids)
         position_ids = torch.arange(input_ids.shape[1], device=self.device).unsqueeze(0)
-        position_embeddings = self.decoder.rotary_emb(hidden, position_ids)
+        # Qwen3.5's rotary embedding is multimodal (one row of positions per time/height/width axis); text uses
+        # the same positions on all three, which some releases broadcast themselves and others require given
+        rope_positions = position_ids
+        if hasattr(self.decoder.rotary_emb, "mrope_section"):
+            rope_positions = position_ids[None].expand(3, -1, -1)
+        position_embeddings = self.decoder.rotary_emb(hidden, rope_positions)
         masks = self._layer_masks(input_ids.shape[1], attention_mask)
         layer_types = self._layer_types()
         tapped, wanted = [], set(self.layer_ids)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from orchestrator.watchmodel import DashboardSource
+    from orchestrator.watch.model import DashboardSource
 
 
 def run_dashboard(source: DashboardSource, *, refresh_s: float = 0.5, kill_grace_s: float | None = None) -> None:

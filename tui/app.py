@@ -9,12 +9,13 @@ from textual.app import App
 from textual.binding import Binding
 from textual.worker import get_current_worker
 
-from orchestrator.watchmodel import ActionResult, DashboardSource
+from orchestrator.agent.protocol import TERMINAL_STATES
+from orchestrator.watch.model import ActionResult, DashboardSource
 
 from .cancellable import sleep_unless_cancelled
 from .messages import (ActionFinished, CleanupRequested, KillRequested, LogRequested, SnapshotUpdated,
                        SourceFailed)
-from .runcells import TERMINAL_STATES, run_label
+from .runcells import run_label
 from .screens.cleanup_confirm import CleanupConfirmScreen
 from .screens.confirm import ConfirmScreen
 from .screens.help_screen import HelpScreen, HelpSection

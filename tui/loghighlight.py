@@ -1,4 +1,5 @@
-"""Log lines made safe to draw (no escape codes, no control characters) and exceptions picked out."""
+"""Log lines made safe to draw (no escape codes, no control characters) and exceptions picked out (by the
+log reader's own looks_like_exception, and the whole tracebacks the source grouped)."""
 from __future__ import annotations
 
 import re
@@ -6,19 +7,13 @@ from collections.abc import Iterable, Sequence
 
 from rich.text import Text
 
+from orchestrator.agent.protocol import ANSI_ESCAPE
+from orchestrator.trainlog.tracebacks import looks_like_exception
+
 MAX_LINE_CHARS = 4096
 EXCEPTION_STYLE = "bold red"
 
-_ESCAPE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]")
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
-_EXCEPTION_LINE = re.compile(
-    r"^Traceback \(most recent call last\):"
-    r"|^\s+File \".*\", line \d+"
-    r"|^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Interrupt|Warning)\b"
-    r"|^During handling of the above exception"
-    r"|^The above exception was the direct cause"
-    r"|CUDA error|Segmentation fault|core dumped"
-)
 
 
 def clean_line(raw: str) -> str:
@@ -27,15 +22,11 @@ def clean_line(raw: str) -> str:
     if "\r" in text:
         redraws = [part for part in text.split("\r") if part]
         text = redraws[-1] if redraws else ""
-    text = _ESCAPE.sub("", text).replace("\t", "    ")
+    text = ANSI_ESCAPE.sub("", text).replace("\t", "    ")
     text = _CONTROL.sub("?", text)
     if len(text) > MAX_LINE_CHARS:
         return text[:MAX_LINE_CHARS] + "…"
     return text
-
-
-def looks_like_exception(line: str) -> bool:
-    return bool(_EXCEPTION_LINE.search(line))
 
 
 def exception_line_set(exception_texts: Iterable[str]) -> frozenset[str]:

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from textual.message import Message
 
-from orchestrator.watchmodel import ActionResult, RunView, Snapshot
+from orchestrator.watch.model import ActionResult, RunView, Snapshot
 
 
 @dataclass

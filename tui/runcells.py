@@ -6,17 +6,10 @@ from collections.abc import Sequence
 
 from rich.text import Text
 
-from orchestrator.watchmodel import RunView
+from orchestrator.agent.protocol import TERMINAL_STATES
+from orchestrator.display import MISSING, format_duration, format_rate, state_style
+from orchestrator.watch.model import RunView
 
-TERMINAL_STATES = frozenset({"succeeded", "failed", "killed", "lost"})
-STATE_STYLES = {
-    "starting": "cyan",
-    "running": "green",
-    "succeeded": "blue",
-    "failed": "bold red",
-    "killed": "magenta",
-    "lost": "yellow",
-}
 # (column key, header); the keys are what RunsTable updates cells by.
 COLUMNS = (
     ("target", "target"),
@@ -34,12 +27,10 @@ COLUMNS = (
 )
 # What a narrow terminal keeps: what a person scans for (is it alive, is it learning, how fast, any errors).
 NARROW_COLUMNS = ("target", "run", "state", "step", "loss", "tok_s", "eta", "exceptions")
-MISSING = "-"
 MAX_NAME_CHARS = 24
 NARROW_NAME_CHARS = 17
 NARROW_TARGET_CHARS = 10
 ID_SUFFIX_CHARS = 4  # a run id ends in 4 random hex digits: `ticker-261201-120000-3f2a`
-ENDED = frozenset({"succeeded", "failed", "killed", "lost"})
 
 
 def columns(*, narrow: bool = False) -> tuple[tuple[str, str], ...]:
@@ -77,7 +68,7 @@ def run_names(runs: Sequence[RunView], *, limit: int = MAX_NAME_CHARS) -> dict[s
 
 def newest_run(runs: Sequence[RunView]) -> RunView | None:
     """The run to look at first: the newest still going, else the newest of all (ids sort by launch time)."""
-    live = [run for run in runs if run.state not in ENDED]
+    live = [run for run in runs if run.state not in TERMINAL_STATES]
     return max(live or runs, key=lambda run: (run.created_at or "", run.run_id), default=None)
 
 
@@ -87,7 +78,7 @@ def run_cells(run: RunView, *, name: str | None = None, narrow: bool = False) ->
     return {
         "target": Text(_shorten(run.target, NARROW_TARGET_CHARS) if narrow else run.target),
         "run": Text(name if name is not None else _shorten(run.name or run.run_id, limit)),
-        "state": Text(run.state, style=STATE_STYLES.get(run.state, "")),
+        "state": Text(run.state, style=state_style(run.state)),
         "phase": Text(run.phase or MISSING),
         "step": _number(MISSING if run.last_step is None else str(run.last_step)),
         "loss": _number(format_float(run.loss, 4), bad=not _finite(run.loss)),
@@ -96,7 +87,7 @@ def run_cells(run: RunView, *, name: str | None = None, narrow: bool = False) ->
         "lr": _number(MISSING if run.lr is None else f"{run.lr:.2e}"),
         "tok_s": _number(format_rate(run.tok_per_s)),
         # an ended run has nothing left to wait for, whatever its last step line promised
-        "eta": _number(MISSING if run.state in ENDED else format_duration(run.eta_s)),
+        "eta": _number(MISSING if run.state in TERMINAL_STATES else format_duration(run.eta_s)),
         "exceptions": _number(str(run.exceptions), bad=run.exceptions > 0),
     }
 
@@ -107,28 +98,6 @@ def format_float(value: float | None, digits: int) -> str:
     if not math.isfinite(value):
         return str(value)
     return f"{value:.{digits}f}"
-
-
-def format_rate(per_s: float | None) -> str:
-    """Tokens per second the way the trainer logs them (11.7K)."""
-    if per_s is None or not math.isfinite(per_s):
-        return MISSING
-    for divisor, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "K")):
-        if abs(per_s) >= divisor:
-            return f"{per_s / divisor:.1f}{suffix}"
-    return f"{per_s:.0f}"
-
-
-def format_duration(seconds: float | None) -> str:
-    if seconds is None or not math.isfinite(seconds) or seconds < 0:
-        return MISSING
-    if seconds >= 86400:
-        return f"{seconds / 86400:.1f}d"
-    if seconds >= 3600:
-        return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"
-    if seconds >= 60:
-        return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
-    return f"{seconds:.0f}s"
 
 
 def run_label(run: RunView) -> str:

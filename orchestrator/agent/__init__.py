@@ -1,9 +1,8 @@
 """The in-container agent: stdlib only, runs on any Python >= 3.8 inside a container.
 
-It is shipped as one zipapp (see bundle.py) and run as `python3 agent.pyz <subcommand> ...`. Every subcommand
-prints exactly one JSON object on stdout. Modules here import only the standard library and each other.
+It is shipped as one zipapp (built by orchestrator/runs/bundle.py) and run as `python3 agent.pyz <subcommand>
+...`; cli.py is its only entry point. Every request prints exactly one JSON object on stdout. Modules here import
+only the standard library and each other; protocol.py holds what the controller shares with them (run states,
+names, codes, the GPU query, versions).
 """
 from __future__ import annotations
-
-AGENT_VERSION = "0.1.0"
-PROTOCOL_VERSION = 1

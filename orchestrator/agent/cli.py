@@ -14,11 +14,14 @@
     cleanup  --runs-dir D [--dry-run] [--grace S]
     netinfo  --toward ADDR [--free-port]
     node-watch --stall S -- CMD                        (a job node's workload: CMD's exit, no JSON; see nodewatch)
+    watch    --runs-dir D [--gpu-interval S] [--heartbeat S] [--idle-exit S]   (JSON lines, see watchstream)
+    lines    --runs-dir D --run-id ID --start S --stop E
     version
     supervise --runs-dir D --run-id ID [--grace S]     (internal: started by the keeper)
     keeper    --runs-dir D [--idle-exit S]             (internal: started by launch; exits after S s idle)
 
-Every answer is one line of JSON with "version": 1 and "ok"; exit 0 ok, 1 operation failed, 2 bad input.
+Every answer (but watch's stream and node-watch's workload) is one line of JSON with "version" (PROTOCOL_VERSION)
+and "ok"; exit 0 ok, 1 operation failed, 2 bad input.
 Errors: {"ok": false, "error": MESSAGE, "code": CODE, ...details}. Answers (keys may be added, never renamed):
     launch   {"run": RECORD}; failure: code run_ended | not_verified | gpus_busy (+ "busy": {run: [gpus]}),
              with "run", "exit_code", "signal", "log_tail" (last 40 lines), "supervisor_log_tail", "keeper_log_tail";
@@ -43,8 +46,9 @@ import os
 import sys
 import traceback
 
-from . import AGENT_VERSION, PROTOCOL_VERSION
-from .errors import EXIT_FAILED, EXIT_OK, AgentError, BadInput
+from .errors import AgentError, BadInput
+from .protocol import (AGENT_VERSION, BAD_USAGE, DEFAULT_GRACE_S, EXIT_FAILED, EXIT_OK, INTERNAL_ERROR, NO_COMMAND,
+                       PROTOCOL_VERSION)
 
 
 class _HelpShown(Exception):
@@ -53,7 +57,7 @@ class _HelpShown(Exception):
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):
-        raise BadInput("{}: {}".format(self.prog, message), code="bad_usage")
+        raise BadInput("{}: {}".format(self.prog, message), code=BAD_USAGE)
 
     def print_help(self, file=None) -> None:
         super().print_help(sys.stderr)
@@ -63,7 +67,7 @@ class _Parser(argparse.ArgumentParser):
             sys.stderr.write(message)
         if status == 0:
             raise _HelpShown()
-        raise BadInput(message or "bad usage", code="bad_usage")
+        raise BadInput(message or "bad usage", code=BAD_USAGE)
 
 
 def _seconds(text: str) -> float:
@@ -79,47 +83,12 @@ def _seconds(text: str) -> float:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="agent", description="dflashctl's in-container agent (one JSON object on stdout)")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
-    launch = sub.add_parser("launch", help="start a supervised run and return once it is verified running")
-    launch.add_argument("--runs-dir", required=True)
-    launch.add_argument("--run-id", required=True)
-    launch.add_argument("--name", required=True)
-    launch.add_argument("--target", required=True)
-    launch.add_argument("--cwd")
-    launch.add_argument("--env", action="append", default=[], metavar="K=V")
-    launch.add_argument("--pythonpath", action="append", default=[], metavar="DIR",
-                        help="put DIR first on the PYTHONPATH the run inherits (repeat)")
-    launch.add_argument("--gpus")
-    launch.add_argument("--force", action="store_true", help="start even if a live run holds the GPUs")
-    launch.add_argument("--grace", type=_seconds, default=30.0, help="default grace of a kill (s)")
-    launch.add_argument("--verify-timeout", type=_seconds, default=10.0)
-    launch.add_argument("--settle", type=_seconds, default=1.0, help="how long the workload must stay up (s)")
-    launch.add_argument("--input", action="append", default=[], metavar="NAME",
-                        help="a file put into the run directory; stdin is a JSON object NAME -> base64 content")
-    launch.add_argument("--job-id", help="the multi-node job this run is one node of")
-    launch.add_argument("--node-rank", type=int, help="this node's rank in the job (0 = rendezvous host)")
-    launch.add_argument("--nnodes", type=int, help="how many nodes the job has")
-    launch.add_argument("--keeper-idle", type=_seconds,
-                        help="a keeper this launch starts exits after this long with nothing to do (default 600)")
-    launch.add_argument("--check", metavar="JSON_ARGV",
-                        help="run this command first (a JSON list) in the run's environment; create nothing "
-                             "unless it exits 0")
-    launch.add_argument("--check-input", metavar="NAME", help="the --input the check gets on its stdin")
+    _add_launch(sub.add_parser("launch", help="start a supervised run and return once it is verified running"))
     check = sub.add_parser("check", help="run a workload's check in a run's environment; stdin passed on")
     check.add_argument("--env", action="append", default=[], metavar="K=V")
     check.add_argument("--pythonpath", action="append", default=[], metavar="DIR")
     check.add_argument("--gpus")
-    ps = sub.add_parser("ps", help="every run's record")
-    ps.add_argument("--runs-dir", required=True)
-    ps.add_argument("--run-id", action="append", default=[])
-    ps.add_argument("--tail-bytes", type=int, default=0, help="add each log's last N bytes as log_tail")
-    kill = sub.add_parser("kill", help="end runs completely and verify nothing is left")
-    kill.add_argument("--runs-dir", required=True)
-    kill.add_argument("--run-id", nargs="+", action="extend", required=True)
-    kill.add_argument("--grace", type=_seconds)
-    cleanup = sub.add_parser("cleanup", help="reap zombies, end orphans, mark dead runs lost, report the rest")
-    cleanup.add_argument("--runs-dir", required=True)
-    cleanup.add_argument("--dry-run", action="store_true")
-    cleanup.add_argument("--grace", type=_seconds, default=3.0)
+    _add_run_commands(sub)
     node_watch = sub.add_parser("node-watch", help="run a job node's torchrun; end it if it outlives its workers")
     node_watch.add_argument("--stall", type=_seconds, required=True)
     netinfo = sub.add_parser("netinfo", help="local address and interface toward an address; a free port")
@@ -133,10 +102,65 @@ def build_parser() -> argparse.ArgumentParser:
     keeper = sub.add_parser("keeper", help=argparse.SUPPRESS)
     keeper.add_argument("--runs-dir", required=True)
     keeper.add_argument("--idle-exit", type=_seconds, default=None)
-    from .watchstream import add_lines_arguments, add_watch_arguments
-    add_watch_arguments(sub.add_parser("watch", help="stream run records, log bytes and GPU samples as JSON lines"))
-    add_lines_arguments(sub.add_parser("lines", help="lines [start, stop) of a run's train.log (sparse index)"))
+    _add_watch_commands(sub)
     return parser
+
+
+def _add_launch(launch: argparse.ArgumentParser) -> None:
+    launch.add_argument("--runs-dir", required=True)
+    launch.add_argument("--run-id", required=True)
+    launch.add_argument("--name", required=True)
+    launch.add_argument("--target", required=True)
+    launch.add_argument("--cwd")
+    launch.add_argument("--env", action="append", default=[], metavar="K=V")
+    launch.add_argument("--pythonpath", action="append", default=[], metavar="DIR",
+                        help="put DIR first on the PYTHONPATH the run inherits (repeat)")
+    launch.add_argument("--gpus")
+    launch.add_argument("--force", action="store_true", help="start even if a live run holds the GPUs")
+    launch.add_argument("--grace", type=_seconds, default=DEFAULT_GRACE_S, help="default grace of a kill (s)")
+    launch.add_argument("--verify-timeout", type=_seconds, default=10.0)
+    launch.add_argument("--settle", type=_seconds, default=1.0, help="how long the workload must stay up (s)")
+    launch.add_argument("--input", action="append", default=[], metavar="NAME",
+                        help="a file put into the run directory; stdin is a JSON object NAME -> base64 content")
+    launch.add_argument("--job-id", help="the multi-node job this run is one node of")
+    launch.add_argument("--node-rank", type=int, help="this node's rank in the job (0 = rendezvous host)")
+    launch.add_argument("--nnodes", type=int, help="how many nodes the job has")
+    launch.add_argument("--keeper-idle", type=_seconds,
+                        help="a keeper this launch starts exits after this long with nothing to do (default 600)")
+    launch.add_argument("--check", metavar="JSON_ARGV",
+                        help="run this command first (a JSON list) in the run's environment; create nothing "
+                             "unless it exits 0")
+    launch.add_argument("--check-input", metavar="NAME", help="the --input the check gets on its stdin")
+
+
+def _add_run_commands(sub) -> None:
+    ps = sub.add_parser("ps", help="every run's record")
+    ps.add_argument("--runs-dir", required=True)
+    ps.add_argument("--run-id", action="append", default=[])
+    ps.add_argument("--tail-bytes", type=int, default=0, help="add each log's last N bytes as log_tail")
+    kill = sub.add_parser("kill", help="end runs completely and verify nothing is left")
+    kill.add_argument("--runs-dir", required=True)
+    kill.add_argument("--run-id", nargs="+", action="extend", required=True)
+    kill.add_argument("--grace", type=_seconds)
+    cleanup = sub.add_parser("cleanup", help="reap zombies, end orphans, mark dead runs lost, report the rest")
+    cleanup.add_argument("--runs-dir", required=True)
+    cleanup.add_argument("--dry-run", action="store_true")
+    cleanup.add_argument("--grace", type=_seconds, default=3.0)
+
+
+def _add_watch_commands(sub) -> None:
+    from .watchstream import HEARTBEAT_S
+    watch = sub.add_parser("watch", help="stream run records, log bytes and GPU samples as JSON lines")
+    watch.add_argument("--runs-dir", required=True)
+    watch.add_argument("--gpu-interval", type=_seconds, default=1.0, help="seconds between nvidia-smi samples")
+    watch.add_argument("--heartbeat", type=_seconds, default=HEARTBEAT_S, help="seconds between heartbeats")
+    watch.add_argument("--idle-exit", type=_seconds, default=0.0,
+                       help="exit when no command came for this long (0 = only when stdin closes)")
+    lines = sub.add_parser("lines", help="lines [start, stop) of a run's train.log (sparse index)")
+    lines.add_argument("--runs-dir", required=True)
+    lines.add_argument("--run-id", required=True)
+    lines.add_argument("--start", type=int, required=True)
+    lines.add_argument("--stop", type=int, required=True)
 
 
 def split_command(argv: list) -> tuple:
@@ -145,7 +169,7 @@ def split_command(argv: list) -> tuple:
         if "--" not in argv:
             if "-h" in argv or "--help" in argv:
                 return argv, []
-            raise BadInput("launch needs the command after --", code="no_command")
+            raise BadInput("launch needs the command after --", code=NO_COMMAND)
         cut = argv.index("--")
         return argv[:cut], argv[cut + 1:]
     return argv, []
@@ -168,7 +192,7 @@ def dispatch(args: argparse.Namespace, command: list) -> dict:
         from .precheck import check_environment, run_check
         from .rundir import parse_env_pairs, parse_gpus
         if not command or not command[0]:
-            raise BadInput("check needs the command after --", code="no_command")
+            raise BadInput("check needs the command after --", code=NO_COMMAND)
         env = check_environment(parse_env_pairs(args.env), [os.path.abspath(p) for p in args.pythonpath],
                                 parse_gpus(args.gpus) if args.gpus is not None else None)
         return {"ok": True, "check": run_check(command, env=env, stdin=sys.stdin.buffer.read())}
@@ -188,10 +212,6 @@ def dispatch(args: argparse.Namespace, command: list) -> dict:
         from .keeper import DEFAULT_IDLE_EXIT_S, run_keeper
         idle = DEFAULT_IDLE_EXIT_S if args.idle_exit is None else args.idle_exit
         return {"ok": run_keeper(args.runs_dir, idle_exit=idle) == 0}
-    if args.command == "watch":
-        from .watchstream import watch
-        return {"ok": watch(args.runs_dir, gpu_interval=args.gpu_interval, idle_exit=args.idle_exit,
-                            heartbeat=args.heartbeat) == 0}
     if args.command == "lines":
         from .lineindex import read_lines
         return read_lines(args.runs_dir, args.run_id, args.start, args.stop)
@@ -200,7 +220,7 @@ def dispatch(args: argparse.Namespace, command: list) -> dict:
         return netinfo(args.toward, want_port=args.free_port)
     if args.command == "version":
         return {"ok": True, "agent_version": AGENT_VERSION, "python": sys.version.split()[0]}
-    raise BadInput("no subcommand given (launch, ps, kill, cleanup, version)", code="bad_usage")
+    raise BadInput("no subcommand given (launch, ps, kill, cleanup, version)", code=BAD_USAGE)
 
 
 def _check_before_launch(req, check: str, input_name: str | None) -> None:
@@ -210,6 +230,19 @@ def _check_before_launch(req, check: str, input_name: str | None) -> None:
         raise BadInput("--check-input {!r} is not one of the --input names".format(input_name), code="bad_check")
     stdin = req.inputs[input_name] if input_name is not None else b""
     run_check(argv, env=check_environment(req.env, req.pythonpath, req.gpus), stdin=stdin)
+
+
+STREAMS = ("node-watch", "watch")
+
+
+def run_stream(args: argparse.Namespace, command: list) -> int:
+    """`watch` (JSON lines until stdin closes) and `node-watch` (a job node's workload: CMD's exit)."""
+    if args.command == "watch":
+        from .watchstream import watch
+        return watch(args.runs_dir, gpu_interval=args.gpu_interval, idle_exit=args.idle_exit,
+                     heartbeat=args.heartbeat)
+    from .nodewatch import node_watch
+    return node_watch(command, stall=args.stall)
 
 
 def emit(payload: dict) -> None:
@@ -224,9 +257,8 @@ def main(argv: list | None = None) -> int:
     try:
         head, command = split_command(argv)
         args = build_parser().parse_args(head)
-        if args.command == "node-watch":  # a workload, not a request: its exit status is the answer
-            from .nodewatch import node_watch
-            return node_watch(command, stall=args.stall)
+        if args.command in STREAMS:  # not a request: no answer object, the exit status says how it ended
+            return run_stream(args, command)
         result = dispatch(args, command)
     except _HelpShown:
         emit({"ok": True, "help": "shown on stderr"})
@@ -238,7 +270,7 @@ def main(argv: list | None = None) -> int:
         return exc.exit_status
     except Exception as exc:  # noqa: BLE001 - the caller must always get one JSON object
         traceback.print_exc()
-        emit({"ok": False, "error": "{}: {}".format(type(exc).__name__, exc), "code": "internal_error"})
+        emit({"ok": False, "error": "{}: {}".format(type(exc).__name__, exc), "code": INTERNAL_ERROR})
         return EXIT_FAILED
     emit(result)
     return EXIT_OK if result.get("ok") else EXIT_FAILED

@@ -1,9 +1,7 @@
 """The agent's own error type: it runs alone inside the container, so it cannot import the controller's."""
 from __future__ import annotations
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
+from .protocol import EXIT_FAILED, EXIT_USAGE
 
 
 class AgentError(Exception):

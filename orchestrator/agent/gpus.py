@@ -5,9 +5,9 @@ from __future__ import annotations
 import shutil
 import subprocess
 
-QUERY = ["--query-gpu=index,memory.used,utilization.gpu", "--format=csv,noheader,nounits"]
+from .protocol import GPU_HELD_MIB, GPU_MEMORY_FIELDS, gpu_query_args
+
 TIMEOUT_S = 15.0
-HELD_MIB = 64  # an idle GPU reports 0 MiB; a few MiB of driver noise is not a held model
 
 
 def _number(text: str) -> int | None:
@@ -33,8 +33,9 @@ def query_gpus() -> dict:
     if binary is None:
         return {"available": False, "gpus": [], "error": None}
     try:
-        done = subprocess.run([binary] + QUERY, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, timeout=TIMEOUT_S, universal_newlines=True)
+        done = subprocess.run([binary] + gpu_query_args(GPU_MEMORY_FIELDS), stdin=subprocess.DEVNULL,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=TIMEOUT_S,
+                              universal_newlines=True)
     except (OSError, subprocess.SubprocessError) as exc:
         return {"available": True, "gpus": [], "error": str(exc)}
     if done.returncode != 0:
@@ -49,4 +50,4 @@ def held_without_run(gpus: list, live_gpu_sets: list) -> list:
     claimed = set()
     for gpu_set in live_gpu_sets:
         claimed.update(gpu_set)
-    return [g for g in gpus if (g["memory_used_mib"] or 0) >= HELD_MIB and g["index"] not in claimed]
+    return [g for g in gpus if (g["memory_used_mib"] or 0) >= GPU_HELD_MIB and g["index"] not in claimed]

@@ -19,9 +19,10 @@ import signal
 import sys
 import time
 
-from . import AGENT_VERSION, procfs
+from . import procfs
 from .childwatch import Wakeup, ignore_signal, reap_children, set_child_subreaper
 from .errors import AgentError
+from .protocol import AGENT_VERSION
 from .rundir import RunPaths, file_lock, list_run_ids, read_json, utc_now_iso, write_json_atomic
 from .runstate import is_live, read_run, read_state
 from .spawn import detach, exec_detached

@@ -5,10 +5,10 @@ import signal
 import time
 
 from . import keeper, procfs, terminate
-from .rundir import RunPaths, existing_run, utc_now_iso, write_json_atomic
-from .runstate import (KILLED, LOST, STARTING, TERMINAL, finish, load_record, read_run, read_state,
-                       supervisor_alive, update_state)
 from .childwatch import signal_name
+from .protocol import DEFAULT_GRACE_S, KILLED, LOST, STARTING, TERMINAL_STATES
+from .rundir import RunPaths, existing_run, utc_now_iso, write_json_atomic
+from .runstate import finish, load_record, read_run, read_state, supervisor_alive, update_state
 
 MARGIN_S = 3.0  # the supervisor's own reaction time and its SIGKILL rounds, beyond the grace
 SPAWN_WAIT_S = 3.0
@@ -51,7 +51,7 @@ def ask_supervisor(paths: RunPaths, state: dict, grace: float, actions: list) ->
     deadline = time.monotonic() + grace + MARGIN_S
     while time.monotonic() < deadline:
         state = read_state(paths)
-        if state.get("state") in TERMINAL and not supervisor_alive(state):
+        if state.get("state") in TERMINAL_STATES and not supervisor_alive(state):
             break
         time.sleep(POLL_S)
     return state
@@ -60,7 +60,7 @@ def ask_supervisor(paths: RunPaths, state: dict, grace: float, actions: list) ->
 def mark_killed(paths: RunPaths, sig: int) -> dict:
     """The supervisor could not record the end: we do. A `lost` run we had to end becomes `killed`."""
     def mutate(state: dict):
-        if state.get("state") in TERMINAL and state.get("state") != LOST:
+        if state.get("state") in TERMINAL_STATES and state.get("state") != LOST:
             return None
         state.update(state=KILLED, signal=sig, signal_name=signal_name(sig), ended_at=utc_now_iso())
         return state
@@ -70,13 +70,13 @@ def mark_killed(paths: RunPaths, sig: int) -> dict:
 def kill_one(paths: RunPaths, grace: float | None) -> dict:
     actions = []
     run = read_run(paths)
-    grace = float(run.get("grace_s", 30.0)) if grace is None else grace
+    grace = float(run.get("grace_s", DEFAULT_GRACE_S)) if grace is None else grace
     state = wait_for_supervisor(paths)
-    already_ended = state.get("state") in TERMINAL and not supervisor_alive(state)
+    already_ended = state.get("state") in TERMINAL_STATES and not supervisor_alive(state)
     supervisor_did_it = False
     if not already_ended and supervisor_alive(state):
         state = ask_supervisor(paths, state, grace, actions)
-        supervisor_did_it = state.get("state") in TERMINAL and not supervisor_alive(state)
+        supervisor_did_it = state.get("state") in TERMINAL_STATES and not supervisor_alive(state)
     left = run_processes(paths, state)
     if left:
         actions.append("ending {} leftover process(es): {}".format(len(left), [pid for pid, _ in left]))
@@ -84,9 +84,9 @@ def kill_one(paths: RunPaths, grace: float | None) -> dict:
         had_grace = supervisor_did_it or (already_ended and state.get("state") != LOST)
         wait = STUCK_SUPERVISOR_GRACE_S if had_grace else grace
         _, escalated = terminate.end_processes(left, grace=wait)
-        if state.get("state") not in TERMINAL or state.get("state") == LOST:
+        if state.get("state") not in TERMINAL_STATES or state.get("state") == LOST:
             state = mark_killed(paths, signal.SIGKILL if escalated else signal.SIGTERM)
-    elif state.get("state") not in TERMINAL:
+    elif state.get("state") not in TERMINAL_STATES:
         state = mark_killed(paths, signal.SIGTERM)
     survivors = [procfs.describe(pid) for pid, _ in run_processes(paths, read_state(paths))]
     record = load_record(paths)

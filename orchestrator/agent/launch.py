@@ -11,8 +11,8 @@ from . import keeper, procfs
 from .errors import BadInput, OperationFailed
 from .rundir import (RUN_DIR_FILES, RunPaths, file_lock, list_run_ids, parse_env_pairs, parse_gpus, tail_lines,
                      utc_now_iso, validate_name, validate_target, write_json_atomic)
-from .runstate import (LOST, RUNNING, STARTING, TERMINAL, finish, is_live, load_record, read_run, read_state,
-                       supervisor_alive)
+from .protocol import LOST, RUNNING, STARTING, TERMINAL_STATES
+from .runstate import finish, is_live, load_record, read_run, read_state, supervisor_alive
 from .spawn import agent_entry, entry_env
 
 MAX_INPUT_BYTES = 16 * 1024 * 1024
@@ -146,7 +146,7 @@ def wait_verified(paths: RunPaths, *, timeout: float, settle: float) -> str:
     while True:
         state = read_state(paths)
         now = time.monotonic()
-        if state.get("state") in TERMINAL:
+        if state.get("state") in TERMINAL_STATES:
             return "ended"
         if verified(paths, state):
             running_since = running_since if running_since is not None else now

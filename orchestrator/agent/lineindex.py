@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 import os
-import re
 
+from .protocol import ANSI_ESCAPE
 from .rundir import existing_run, write_json_atomic
 
 EVERY = 1000
@@ -18,7 +18,6 @@ READ_BLOCK = 1024 * 1024
 WINDOW = 64 * 1024
 MAX_LINES = 10000
 INDEX_NAME = ".lines-index.json"
-_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b\n\r]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]?")
 
 
 def nth_newline(buf: bytes, n: int, start: int, end: int) -> int:
@@ -97,7 +96,7 @@ def display_text(raw: bytes) -> str:
     """A line as a terminal would show it: decoded leniently, colours dropped, only the last `\\r` redraw."""
     text = raw.decode("utf-8", "replace")
     if "\x1b" in text:
-        text = _ANSI.sub("", text)
+        text = ANSI_ESCAPE.sub("", text)
     if "\r" in text:
         segments = [s for s in text.split("\r") if s]
         text = segments[-1] if segments else ""

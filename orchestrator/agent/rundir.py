@@ -10,11 +10,10 @@ import re
 import tempfile
 
 from .errors import BadInput
+from .protocol import MAX_GPU_INDEX, RUN_ID_PATTERN
 
-NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 ENV_KEY_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 RESERVED_ENV_KEYS = ("DFLASH_RUN_ID", "DFLASH_RUNS_DIR", "DFLASH_RUN_DIR", "CUDA_VISIBLE_DEVICES")
-MAX_GPU_INDEX = 1023
 
 
 def utc_now_iso() -> str:
@@ -23,7 +22,7 @@ def utc_now_iso() -> str:
 
 def validate_name(value: str, *, what: str) -> str:
     # fullmatch, not match + $: `$` would accept a trailing newline.
-    if not isinstance(value, str) or NAME_PATTERN.fullmatch(value) is None:
+    if not isinstance(value, str) or RUN_ID_PATTERN.fullmatch(value) is None:
         raise BadInput(
             "invalid {}: {!r}{} (allowed: a letter or digit, then up to 63 of letters, digits, '.', '_', '-')".format(
                 what, value[:80] if isinstance(value, str) else value,
@@ -88,7 +87,8 @@ def list_run_ids(runs_dir: str) -> list:
         names = os.listdir(runs_dir)
     except FileNotFoundError:
         return []
-    return sorted(n for n in names if NAME_PATTERN.fullmatch(n) and os.path.isfile(os.path.join(runs_dir, n, "run.json")))
+    return sorted(n for n in names
+                  if RUN_ID_PATTERN.fullmatch(n) and os.path.isfile(os.path.join(runs_dir, n, "run.json")))
 
 
 def existing_run(runs_dir: str, run_id: str) -> RunPaths:

@@ -4,11 +4,9 @@ from __future__ import annotations
 import time
 
 from . import procfs
+from .protocol import LOST, STARTING, TERMINAL_STATES
 from .rundir import RunPaths, file_lock, read_json, utc_now_iso, write_json_atomic
 
-STARTING, RUNNING = "starting", "running"
-SUCCEEDED, FAILED, KILLED, LOST = "succeeded", "failed", "killed", "lost"
-TERMINAL = (SUCCEEDED, FAILED, KILLED, LOST)
 # A run may sit in `starting` without a supervisor pid while the keeper spawns it; after this it is lost.
 SPAWN_DEADLINE_S = 60.0
 
@@ -43,7 +41,7 @@ def update_state(paths: RunPaths, mutate) -> dict:
 def finish(paths: RunPaths, state_name: str, **fields) -> dict:
     """Move a run to a terminal state unless it already has one (every run ends exactly once)."""
     def mutate(state: dict):
-        if state.get("state") in TERMINAL:
+        if state.get("state") in TERMINAL_STATES:
             return None
         state.update(fields)
         state["state"] = state_name
@@ -68,7 +66,7 @@ def spawn_pending(run: dict, state: dict) -> bool:
 
 
 def is_live(run: dict, state: dict) -> bool:
-    if state.get("state") in TERMINAL:
+    if state.get("state") in TERMINAL_STATES:
         return False
     return supervisor_alive(state) or spawn_pending(run, state)
 
@@ -76,14 +74,14 @@ def is_live(run: dict, state: dict) -> bool:
 def settle_liveness(paths: RunPaths, *, dry_run: bool = False) -> tuple:
     """(state, newly_lost): a non-terminal run whose supervisor is gone is `lost`, and is written so."""
     run, state = read_run(paths), read_state(paths)
-    if state.get("state") in TERMINAL or is_live(run, state):
+    if state.get("state") in TERMINAL_STATES or is_live(run, state):
         return state, False
     if dry_run:
         return state, True
 
     def mutate(current: dict):
         # Re-check under the lock: the supervisor may have written its terminal state meanwhile.
-        if current.get("state") in TERMINAL or is_live(run, current):
+        if current.get("state") in TERMINAL_STATES or is_live(run, current):
             return None
         current.update(state=LOST, ended_at=utc_now_iso(),
                        error=current.get("error") or "supervisor gone without a terminal state")

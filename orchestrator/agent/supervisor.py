@@ -13,10 +13,10 @@ import traceback
 from . import procfs
 from .childwatch import Wakeup, decode_status, ignore_signal, reap_children, set_child_subreaper, signal_name
 from .errors import OperationFailed
+from .protocol import DEFAULT_GRACE_S, FAILED, KILLED, RUNNING, STARTING, SUCCEEDED
 from .rundir import RunPaths, existing_run, read_json, utc_now_iso, write_json_atomic
-from .runstate import FAILED, KILLED, RUNNING, STARTING, SUCCEEDED, finish, read_run, update_state
+from .runstate import finish, read_run, update_state
 
-DEFAULT_GRACE_S = 30.0
 LEFTOVER_GRACE_S = 5.0
 POLL_S = 0.1
 KILL_ROUNDS = 100

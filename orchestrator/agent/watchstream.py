@@ -1,7 +1,6 @@
 """`watch`: one long-lived process per container that streams what the dashboard needs as JSON lines.
 
-    agent watch --runs-dir D [--gpu-interval S] [--idle-exit S]
-    agent lines --runs-dir D --run-id ID --start S --stop E
+    agent watch --runs-dir D [--gpu-interval S] [--heartbeat S] [--idle-exit S]     (options parsed in cli.py)
 
 stdin (one JSON object a line, from the controller):
     {"follow": {RUN_ID: OFFSET | {"offset": OFFSET, "ino": INODE}}}   OFFSET -1: the last 256 KiB (from a line start)
@@ -18,7 +17,6 @@ link never closes it), and takes its nvidia-smi child with it.
 """
 from __future__ import annotations
 
-import argparse
 import base64
 import json
 import os
@@ -29,8 +27,10 @@ import subprocess
 import sys
 import time
 
-from .rundir import NAME_PATTERN, RunPaths, list_run_ids
-from .runstate import TERMINAL, load_record, settle_liveness
+from .protocol import (GPU_FIELDS, MSG_GPU, MSG_HEARTBEAT, MSG_LOG, MSG_RESET, MSG_RUNS, MSG_SYNCED, RUN_ID_PATTERN,
+                       TERMINAL_STATES, gpu_query_args)
+from .rundir import RunPaths, list_run_ids
+from .runstate import load_record, settle_liveness
 
 TAIL_BYTES = 256 * 1024
 MAX_MESSAGE_BYTES = 1024 * 1024
@@ -38,7 +38,6 @@ LOG_POLL_S = 0.1
 RUNS_POLL_S = 0.5
 LIVENESS_POLL_S = 2.0
 HEARTBEAT_S = 5.0
-GPU_FIELDS = "index,uuid,name,memory.used,memory.total,utilization.gpu"
 
 
 class Output:
@@ -82,7 +81,7 @@ class LogPump:
 
     def follow(self, wanted: dict) -> None:
         for run_id, where in wanted.items():
-            if not isinstance(run_id, str) or NAME_PATTERN.fullmatch(run_id) is None:
+            if not isinstance(run_id, str) or RUN_ID_PATTERN.fullmatch(run_id) is None:
                 continue
             offset, ino = (where.get("offset"), where.get("ino")) if isinstance(where, dict) else (where, None)
             offset = offset if isinstance(offset, int) and not isinstance(offset, bool) else -1
@@ -100,7 +99,7 @@ class LogPump:
                 log.synced = True
                 synced.append(run_id)
         if synced:
-            self.out.send({"t": "synced", "runs": synced})
+            self.out.send({"t": MSG_SYNCED, "runs": synced})
 
     def _pump(self, run_id: str, log: FollowedLog) -> bool:
         """Send one message of new bytes; True once the log has been sent up to its current end."""
@@ -111,7 +110,7 @@ class LogPump:
         with handle:
             info = os.fstat(handle.fileno())
             if log.offset >= 0 and (info.st_size < log.offset or (log.ino is not None and log.ino != info.st_ino)):
-                self.out.send({"t": "reset", "run": run_id, "size": info.st_size})
+                self.out.send({"t": MSG_RESET, "run": run_id, "size": info.st_size})
                 log.offset = -1
             if log.offset < 0:
                 log.offset = tail_start(handle, info.st_size)
@@ -120,7 +119,7 @@ class LogPump:
                 return True
             handle.seek(log.offset)
             data = handle.read(min(MAX_MESSAGE_BYTES, info.st_size - log.offset))
-        self.out.send({"t": "log", "run": run_id, "offset": log.offset, "ino": log.ino,
+        self.out.send({"t": MSG_LOG, "run": run_id, "offset": log.offset, "ino": log.ino,
                        "data": base64.b64encode(data).decode("ascii")})
         log.offset += len(data)
         return log.offset >= info.st_size
@@ -151,8 +150,8 @@ class RunsWatcher:
             settle_liveness(paths)
             records.append(load_record(paths))
         self.signature = self._signature(run_ids)  # after settling, which may have rewritten a state.json
-        self.live = [r["run_id"] for r in records if r.get("state") not in TERMINAL]
-        self.out.send({"t": "runs", "runs": records})
+        self.live = [r["run_id"] for r in records if r.get("state") not in TERMINAL_STATES]
+        self.out.send({"t": MSG_RUNS, "runs": records})
 
     def _signature(self, run_ids: list) -> tuple:
         return tuple((run_id, _stamp(RunPaths(self.runs_dir, run_id).state_json)) for run_id in run_ids)
@@ -179,17 +178,17 @@ class GpuSampler:
         self.last_row_at = 0.0
         binary = shutil.which("nvidia-smi")
         if binary is None:
-            out.send({"t": "gpu", "error": "nvidia-smi not found"})
+            out.send({"t": MSG_GPU, "error": "nvidia-smi not found"})
             return
         # whole seconds with --loop (every nvidia-smi has it); --loop-ms only for sub-second sampling
         loop = "--loop={}".format(int(interval)) if interval >= 1 and interval == int(interval) \
             else "--loop-ms={}".format(max(1, int(interval * 1000)))
         try:
-            self.proc = subprocess.Popen([binary, "--query-gpu=" + GPU_FIELDS, "--format=csv,noheader,nounits", loop],
+            self.proc = subprocess.Popen([binary] + gpu_query_args(GPU_FIELDS) + [loop],
                                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                          stderr=subprocess.STDOUT)
         except OSError as exc:
-            out.send({"t": "gpu", "error": "cannot run nvidia-smi: {}".format(exc)})
+            out.send({"t": MSG_GPU, "error": "cannot run nvidia-smi: {}".format(exc)})
 
     def fileno(self) -> int:
         return self.proc.stdout.fileno()
@@ -220,14 +219,14 @@ class GpuSampler:
 
     def flush(self) -> None:
         if self.rows:
-            self.out.send({"t": "gpu", "csv": "\n".join(self.rows)})
+            self.out.send({"t": MSG_GPU, "csv": "\n".join(self.rows)})
         self.rows, self.indices = [], set()
 
     def _ended(self) -> None:
         code = self.proc.wait()
         text = "\n".join(self.rows + [self.buffer.decode("utf-8", "replace")]).strip()
         self.rows, self.buffer = [], b""
-        self.out.send({"t": "gpu", "error": "nvidia-smi exited {}: {}".format(code, text[-500:])})
+        self.out.send({"t": MSG_GPU, "error": "nvidia-smi exited {}: {}".format(code, text[-500:])})
         self.proc.stdout.close()
         self.proc = None
 
@@ -312,7 +311,7 @@ def _loop(commands: Commands, pump: LogPump, runs: RunsWatcher, gpus: GpuSampler
             pump.poll()
             next_log = now + LOG_POLL_S
         if now >= next_beat:
-            out.send({"t": "hb"})
+            out.send({"t": MSG_HEARTBEAT})
             next_beat = now + heartbeat
         readers = [0] + ([gpus] if gpus.proc is not None else [])
         wait = max(0.0, min(next_runs, next_log) - time.monotonic())
@@ -323,52 +322,3 @@ def _loop(commands: Commands, pump: LogPump, runs: RunsWatcher, gpus: GpuSampler
         if gpus in ready:
             gpus.read(now)
         gpus.flush_if_quiet(now)
-
-
-def _seconds(text: str) -> float:
-    value = float(text)
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError("seconds must be a finite number >= 0")
-    return value
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="agent")
-    sub = parser.add_subparsers(dest="command")
-    add_watch_arguments(sub.add_parser("watch"))
-    add_lines_arguments(sub.add_parser("lines"))
-    return parser
-
-
-def add_watch_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--runs-dir", required=True)
-    parser.add_argument("--gpu-interval", type=_seconds, default=1.0, help="seconds between nvidia-smi samples")
-    parser.add_argument("--heartbeat", type=_seconds, default=HEARTBEAT_S, help="seconds between heartbeats")
-    parser.add_argument("--idle-exit", type=_seconds, default=0.0,
-                        help="exit when no command came for this long (0 = only when stdin closes)")
-
-
-def add_lines_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--runs-dir", required=True)
-    parser.add_argument("--run-id", required=True)
-    parser.add_argument("--start", type=int, required=True)
-    parser.add_argument("--stop", type=int, required=True)
-
-
-def main(argv: list | None = None) -> int:
-    """Entry point for both subcommands when run outside the agent's cli (`lines` prints one JSON object)."""
-    args = build_parser().parse_args(argv)
-    if args.command == "watch":
-        return watch(args.runs_dir, gpu_interval=args.gpu_interval, idle_exit=args.idle_exit,
-                     heartbeat=args.heartbeat)
-    if args.command == "lines":
-        from .errors import AgentError
-        from .lineindex import read_lines
-        try:
-            answer = read_lines(args.runs_dir, args.run_id, args.start, args.stop)
-        except AgentError as exc:
-            answer = {"ok": False, "error": str(exc), "code": exc.code}
-        sys.stdout.write(json.dumps(dict({"version": 1}, **answer)) + "\n")
-        return 0 if answer.get("ok") else 2
-    sys.stderr.write("usage: agent watch|lines ...\n")
-    return 2

@@ -5,10 +5,12 @@ from typing import List
 
 import typer
 
-from ..connections import Connections
-from ..fanout import per_host
-from ..runs import RunClient
-from .state import AppState, about, print_json, stderr, stdout
+from ..errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
+from ..runs.client import RunClient
+from ..transports.fanout import per_host
+from ..transports.pool import Connections
+from .output import about, print_json, stderr, stdout
+from .state import AppState
 
 
 def cleanup(
@@ -31,9 +33,9 @@ def cleanup(
         print_json({"targets": report})
     else:
         _print(report, dry_run)
-    if any(not o.ok and o.error.exit_code == 3 for o in outcomes):
-        return 3
-    return 0 if all(o.ok and o.value.get("ok") for o in outcomes) else 1
+    if any(not o.ok and o.error.exit_code == EXIT_UNREACHABLE for o in outcomes):
+        return EXIT_UNREACHABLE
+    return EXIT_OK if all(o.ok and o.value.get("ok") for o in outcomes) else EXIT_FAILED
 
 
 def _print(report: dict, dry_run: bool) -> None:

@@ -17,18 +17,20 @@ from pathlib import Path
 import typer
 import yaml
 
-from ..connections import Connections
+from ..agent.protocol import SUCCEEDED, TERMINAL_STATES
+from ..display import format_rate
 from ..errors import EXIT_FAILED, EXIT_OK, OperationFailed, UsageError
-from ..livesource import LiveSource
-from ..runs import RunClient
-from ..watchmodel import RunView
+from ..runs.client import RunClient
+from ..transports.pool import Connections
+from ..watch.model import RunView
+from ..watch.source import LiveSource
 from .launch import launch_spec
-from .state import AppState, stderr, stdout
+from .output import stderr, stdout
+from .state import AppState
 
 PROMPTS = 48
 ANSWER_TOKENS = 64
 WAIT_LIMIT_S = 1800.0
-TERMINAL_STATES = ("succeeded", "failed", "killed", "lost")
 
 
 def demo(
@@ -64,7 +66,7 @@ def demo(
     with source:
         run = wait_until_ended(source, run_id)
     print_summary(run)
-    return EXIT_OK if run.state == "succeeded" else EXIT_FAILED
+    return EXIT_OK if run.state == SUCCEEDED else EXIT_FAILED
 
 
 def prepare_demo_data(base: Path) -> tuple[Path, Path]:
@@ -148,7 +150,7 @@ def print_summary(run: RunView) -> None:
     if run.history:
         first, last = run.history[0], run.history[-1]
         out.print(f"steps {first.step}..{last.step}: loss {first.loss} -> {last.loss}, acc {first.acc} -> "
-                  f"{last.acc}, {(last.tok_per_s or 0) / 1000:.1f}K tok/s", markup=False)
+                  f"{last.acc}, {format_rate(last.tok_per_s)} tok/s", markup=False)
     out.print(f"exceptions: {run.exceptions}; log: {run.log_path}", markup=False)
     for line in run.log_tail[-5:]:
         out.print(f"  {line}", markup=False)

@@ -6,11 +6,12 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from ..connections import Connections
-from ..doctor import DoctorReport, check_target
 from ..errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
-from ..fanout import per_host
-from .state import AppState, about, print_json, stderr, stdout
+from ..runs.doctor import DoctorReport, check_target
+from ..transports.fanout import per_host
+from ..transports.pool import Connections
+from .output import about, print_json, stderr, stdout
+from .state import AppState
 
 
 def doctor(

@@ -6,15 +6,16 @@ from typing import List, Optional
 
 import typer
 
-from ..connections import Connections
-from ..errors import DflashError
-from ..fanout import per_host
-from ..inventory import Target
-from ..addressing import Match, locate
 from ..agent.launch import how_it_ended
-from ..runs import RunClient
-from .usage import finite
-from .state import AppState, about, print_json, stderr, stdout
+from ..errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, DflashError
+from ..inventory.model import Target
+from ..runs.addressing import Match, locate
+from ..runs.client import RunClient
+from ..transports.fanout import per_host
+from ..transports.pool import Connections
+from .args import finite
+from .output import about, print_json, stderr, stdout
+from .state import AppState
 
 
 def kill(
@@ -49,9 +50,9 @@ def kill(
     else:
         _print(report)
     failed = [o for o in outcomes if not o.ok or not o.value.get("ok")]
-    if any(isinstance(o.error, DflashError) and o.error.exit_code == 3 for o in failed):
-        return 3
-    return 1 if failed else 0
+    if any(isinstance(o.error, DflashError) and o.error.exit_code == EXIT_UNREACHABLE for o in failed):
+        return EXIT_UNREACHABLE
+    return EXIT_FAILED if failed else EXIT_OK
 
 
 def _by_target(matches: list[Match]) -> tuple[dict[str, Target], dict[str, list[str]]]:

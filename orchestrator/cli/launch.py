@@ -7,13 +7,17 @@ from typing import List, Optional
 import typer
 
 from ..agent.launch import how_it_ended
-from ..connections import Connections
-from ..errors import UsageError, shorten
-from ..inventory import Target
-from ..jobs import DEFAULT_DIST_TIMEOUT_S, JobLaunchFailed, JobSpec, launch_job
-from ..runs import CONFIG_INPUT, LaunchFailed, LaunchSpec, RunClient, check_name, default_name
-from .usage import finite
-from .state import AppState, parse_env, parse_gpus, print_json, stderr
+from ..agent.protocol import DEFAULT_GRACE_S
+from ..errors import EXIT_OK, UsageError, shorten
+from ..inventory.model import Target
+from ..runs.client import LaunchFailed, RunClient
+from ..runs.command import CONFIG_INPUT, train_command
+from ..runs.jobs import DEFAULT_DIST_TIMEOUT_S, JobLaunchFailed, JobSpec, launch_job
+from ..runs.spec import LaunchSpec, check_name, default_name
+from ..transports.pool import Connections
+from .args import finite, parse_env, parse_gpus
+from .output import print_json, stderr
+from .state import AppState
 
 CHECKED_SETTLE_S = 0.5   # a trainer run whose config passed the trainer's check must stay up this long
 
@@ -32,7 +36,7 @@ def launch(
                                        help="GPUs of the target the run may use (sets CUDA_VISIBLE_DEVICES)."),
     env: Optional[List[str]] = typer.Option(None, "--env", "-e", metavar="K=V", help="Extra environment (repeat)."),
     force: bool = typer.Option(False, "--force", help="Start even if a live run holds the GPUs."),
-    grace: float = typer.Option(30.0, "--grace", min=0, callback=finite,
+    grace: float = typer.Option(DEFAULT_GRACE_S, "--grace", min=0, callback=finite,
                                 help="Seconds a later `kill` waits after TERM."),
     nproc_per_node: Optional[int] = typer.Option(
         None, "--nproc-per-node", min=1, help="Processes per node of a multi-target job (default: one per GPU; "
@@ -65,11 +69,15 @@ def launch(
         spec = job_spec(targets, config, name=name, gpus=parse_gpus(gpus), env=parse_env(env), force=force,
                         grace=grace, nproc_per_node=nproc_per_node, dist_timeout=dist_timeout)
         return _launch_job(state, spec, as_json=as_json)
-    resolved = state.inventory().target(target)
-    spec = launch_spec(resolved, command or [], name=name, config=config, gpus=parse_gpus(gpus),
-                       env=parse_env(env), force=force, grace=grace)
+    spec = launch_spec(state.inventory().target(target), command or [], name=name, config=config,
+                       gpus=parse_gpus(gpus), env=parse_env(env), force=force, grace=grace)
+    return _launch_run(state, spec, as_json=as_json)
+
+
+def _launch_run(state: AppState, spec: LaunchSpec, *, as_json: bool) -> int:
     err = stderr()
-    err.print(f"launching {spec.name} on {resolved.name}...")
+    where = spec.target.name
+    err.print(f"launching {spec.name} on {where}...")
     with Connections() as conns:
         try:
             record = RunClient(state.inventory(), conns).launch(spec)
@@ -79,10 +87,10 @@ def launch(
     if as_json:
         print_json({"run": record, **record})
     else:
-        err.print(f"{record['run_id']} is {record.get('state')} on {resolved.name} (pid {record.get('pid')}); "
+        err.print(f"{record['run_id']} is {record.get('state')} on {where} (pid {record.get('pid')}); "
                   f"`dflashctl logs -f {record['run_id']}` to follow it")
         typer.echo(record["run_id"])
-    return 0
+    return EXIT_OK
 
 
 def _job_targets(state: AppState, names: list[str]) -> list[Target]:
@@ -108,14 +116,14 @@ def _launch_job(state: AppState, spec: JobSpec, *, as_json: bool) -> int:
             raise
     if as_json:
         print_json(job)
-        return 0
+        return EXIT_OK
     for node in job["nodes"]:
         err.print(f"  node {node['node_rank']}: {node['run_id']} {node.get('state')} on {node['target']} "
                   f"(pid {node.get('pid')})", markup=False)
     err.print(f"job {job['job_id']}: rendezvous at {job['rendezvous']}; `dflashctl logs -f {job['job_id']}` "
               f"follows node 0", markup=False)
     typer.echo(job["job_id"])
-    return 0
+    return EXIT_OK
 
 
 def job_spec(targets: list[Target], config: Path, *, name: str | None, gpus: list[int] | None,
@@ -157,9 +165,7 @@ def _trainer_spec(target: Target, config: Path, *, name: str | None, gpus: list[
         raise UsageError(f"cannot read --config {config}: {exc.strerror or exc}") from None
     _config_mapping(config, text)
     nproc = len(gpus) if gpus is not None else max(target.gpus, 1)
-    train = ["-m", "trainer", "train", "--config", CONFIG_INPUT]
-    command = [target.python, *(["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
-                                if nproc > 1 else []), *train]
+    command = train_command(target, nproc=nproc)
     # The keys, the paths, the data and the python's packages are checked by the trainer itself on the target,
     # all in one pass, before the run is created. What a settle of 1 s would catch on top of that (the trainer
     # not starting at all) that check has shown already: the same python, PYTHONPATH and package ran it.

@@ -7,13 +7,14 @@ from typing import Optional
 
 import typer
 
-from ..connections import Connections
-from ..errors import CommandTimeout, TargetNotFound
-from ..addressing import Match, locate
-from ..runs import RunClient, runs_dir
-from .state import AppState, stderr
+from ..agent.protocol import TERMINAL_STATES
+from ..errors import EXIT_FAILED, EXIT_OK, CommandTimeout, TargetNotFound
+from ..runs.addressing import Match, locate
+from ..runs.client import RunClient
+from ..transports.pool import Connections
+from .output import stderr
+from .state import AppState
 
-TERMINAL = {"succeeded", "failed", "killed", "lost"}
 STATE_POLL_S = 2.0
 
 
@@ -45,7 +46,7 @@ def logs(
             result = transport.run(["tail", "-n", str(lines), "--", log_path], timeout=60)
             sys.stdout.buffer.write(result.stdout)
             sys.stdout.flush()
-            return 0 if result.ok else 1
+            return EXIT_OK if result.ok else EXIT_FAILED
         return _follow(client, transport, target, run_id, log_path, lines)
 
 
@@ -72,16 +73,15 @@ def _follow(client: RunClient, transport, target, run_id: str, log_path: str, li
             except CommandTimeout:
                 chunk = None
             if chunk == b"":
-                return 0
+                return EXIT_OK
             if chunk:
                 sys.stdout.buffer.write(chunk)
                 sys.stdout.flush()
             if ended_at is not None and time.monotonic() - ended_at > 1.0:
-                return 0  # the run ended and its last output has had time to arrive
+                return EXIT_OK  # the run ended and its last output has had time to arrive
             if ended_at is None and time.monotonic() >= next_check:
                 next_check = time.monotonic() + STATE_POLL_S
-                payload = client.agent(target, ["ps", "--runs-dir", runs_dir(target), "--run-id", run_id])
-                if any(r.get("state") in TERMINAL for r in payload.get("runs", [])):
+                if any(r.get("state") in TERMINAL_STATES for r in client.runs_on(target, [run_id])):
                     ended_at = time.monotonic()
     finally:
         proc.close()

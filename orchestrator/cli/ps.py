@@ -7,13 +7,15 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from ..connections import Connections
-from ..errors import EXIT_OK, EXIT_UNREACHABLE
-from ..jobs import group_jobs
-from ..runs import RunClient
-from .state import AppState, about, print_json, stderr, stdout
+from ..agent.protocol import LIVE_STATES
+from ..display import MISSING, format_age, format_rate, state_style
+from ..errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
+from ..runs.client import RunClient
+from ..runs.jobs import group_jobs
+from ..transports.pool import Connections
+from .output import about, print_json, stderr, stdout
+from .state import AppState
 
-LIVE = {"starting", "running"}
 RECENT = datetime.timedelta(hours=24)
 
 
@@ -47,11 +49,11 @@ def ps(
     for name, error in failures.items():
         stderr().print(about(name, error), markup=False)
     unreachable = any(getattr(o.error, "exit_code", 0) == EXIT_UNREACHABLE for o in outcomes)
-    return EXIT_UNREACHABLE if unreachable else (1 if failures else EXIT_OK)
+    return EXIT_UNREACHABLE if unreachable else (EXIT_FAILED if failures else EXIT_OK)
 
 
 def _recent(run: dict, now: datetime.datetime) -> bool:
-    if run.get("state") in LIVE or not run.get("ended_at"):
+    if run.get("state") in LIVE_STATES or not run.get("ended_at"):
         return True
     return now - _parse_time(run["ended_at"]) < RECENT
 
@@ -65,16 +67,8 @@ def _parse_time(text: str) -> datetime.datetime:
 
 def age(created_at: str | None, now: datetime.datetime) -> str:
     if not created_at:
-        return "-"
-    seconds = int((now - _parse_time(created_at)).total_seconds())
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds // size}{unit}"
-    return f"{max(seconds, 0)}s"
-
-
-COLORS = {"running": "green", "starting": "cyan", "succeeded": "blue", "failed": "red", "killed": "yellow",
-          "lost": "magenta"}
+        return MISSING
+    return format_age((now - _parse_time(created_at)).total_seconds())
 
 
 def _table(runs: list[dict], jobs: list[dict], now: datetime.datetime) -> Table:
@@ -112,7 +106,7 @@ def _row(r: dict, now: datetime.datetime) -> list[str]:
 
 
 def _state(state: str | None) -> str:
-    return f"[{COLORS.get(state, 'white')}]{state}[/]"
+    return f"[{state_style(state)}]{state}[/]"
 
 
 def _number(value: int | None) -> str:
@@ -120,5 +114,4 @@ def _number(value: int | None) -> str:
 
 
 def _tok(record: dict) -> str:
-    tok = record.get("tok_per_s")
-    return "-" if tok is None else f"{tok / 1000:.1f}K"
+    return format_rate(record.get("tok_per_s"))

@@ -8,7 +8,6 @@ module relies on, never where the classes are imported from.
 from __future__ import annotations
 
 import difflib
-import math
 import sys
 
 import typer
@@ -69,10 +68,3 @@ class CommandGroup(TyperGroup):
             hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
             ctx.fail(f"no such command {shorten(name, 60)!r}{hint}")
         return super().resolve_command(ctx, args)
-
-
-def finite(value: float | None) -> float | None:
-    """Option callback: `nan` and `inf` parse as floats but are no number of seconds."""
-    if value is not None and not math.isfinite(value):
-        raise typer.BadParameter(f"{value} is not a finite number")
-    return value

@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import typer
 
-from ..errors import DflashError
-from ..inventory import LOCAL, builtin_inventory
+from ..errors import EXIT_OK, DflashError
+from ..inventory.model import LOCAL, builtin_inventory
 from ..transports.local import LocalTransport
 from ..versions import controller_versions, one_line, trainer_versions
-from .state import AppState, print_json, stdout
+from .output import print_json, stdout
+from .state import AppState
 
 
 def version(
@@ -20,16 +21,16 @@ def version(
     report = {**controller_versions(), "local": _local(state)}
     if as_json:
         print_json(report)
-        return 0
+        return EXIT_OK
     out = stdout()
     out.print(one_line(), markup=False)
     local = report["local"]
     if local.get("error"):
         out.print(f"local: {local['error']}", markup=False)
-        return 0
+        return EXIT_OK
     packages = ", ".join(f"{name} {local.get(name) or 'not installed'}" for name in ("torch", "transformers"))
     out.print(f"local trainer: Python {local.get('python')} ({local.get('executable')}), {packages}", markup=False)
-    return 0
+    return EXIT_OK
 
 
 def _local(state: AppState) -> dict:

@@ -7,11 +7,13 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
+from ..display import format_rate
 from ..errors import EXIT_OK, EXIT_UNREACHABLE, UsageError
-from ..livesource import LiveSource
-from ..watchmodel import Snapshot
-from .usage import finite
-from .state import AppState, print_json, stderr, stdout
+from ..watch.model import Snapshot
+from ..watch.source import LiveSource
+from .args import finite
+from .output import print_json, stderr, stdout
+from .state import AppState
 
 
 def watch(
@@ -64,7 +66,7 @@ def _print(snapshot: Snapshot, unreachable: dict[str, str]) -> None:
     for run in snapshot.runs:
         table.add_row(run.target, run.run_id, run.state, run.phase or "-", _value(run.last_step),
                       _value(run.loss, "{:.4f}"), _value(run.acc, "{:.3f}"),
-                      "-" if run.tok_per_s is None else f"{run.tok_per_s / 1000:.1f}K", str(run.exceptions))
+                      format_rate(run.tok_per_s), str(run.exceptions))
     out.print(table if snapshot.runs else "no runs")
     for gpu in snapshot.gpus:
         out.print(f"{gpu.target} GPU{gpu.index}: {_value(gpu.memory_used_mib, '{:.0f}')}/"

@@ -26,6 +26,11 @@ class CommandResult:
         return self.exit_code == 0
 
     @property
+    def program_missing(self) -> bool:
+        """The shell could not find (127) or run (126) the program: it is not there, not that it failed."""
+        return self.exit_code in (126, 127)
+
+    @property
     def out(self) -> str:
         return self.stdout.decode("utf-8", "replace")
 

@@ -20,7 +20,7 @@ import fabric
 import paramiko
 
 from ..errors import AuthError, CommandTimeout, HostKeyError, TransportError, Unreachable
-from ..inventory import HostConfig
+from ..inventory.model import HostConfig
 from .base import DEFAULT_TIMEOUT, CommandResult, RemoteProcess, Transport
 
 log = logging.getLogger("dflashctl.ssh")

@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from orchestrator.agent.bundle import build_zipapp
+from orchestrator.runs.bundle import build_zipapp
 from tests.polling import wait_for  # noqa: F401  (the agent tests import it from here)
 
 # The interpreter that runs the agent: set it to an old Python (>= 3.8) to run the whole suite against it.

@@ -13,7 +13,7 @@ import zipfile
 
 import pytest
 
-from orchestrator.agent.bundle import ARCHIVE_PACKAGE, build_zipapp, bundle_digest
+from orchestrator.runs.bundle import ARCHIVE_PACKAGE, build_zipapp, bundle_digest
 from tests.agent.pidns import wait_state
 
 
@@ -30,7 +30,7 @@ def test_zipapp_bytes_and_digest_are_stable():
     assert bundle_digest(first + b"\n") != bundle_digest(first)
     names = zipfile.ZipFile(io.BytesIO(first)).namelist()
     assert names[0] == "__main__.py" and "{}/cli.py".format(ARCHIVE_PACKAGE) in names
-    assert "{}/bundle.py".format(ARCHIVE_PACKAGE) not in names  # controller-side only
+    assert "{}/bundle.py".format(ARCHIVE_PACKAGE) not in names  # the packer is controller code (orchestrator/runs/)
     assert all(info.date_time == (1980, 1, 1, 0, 0, 0) for info in zipfile.ZipFile(io.BytesIO(first)).infolist())
 
 

@@ -17,7 +17,7 @@ import pytest
 from orchestrator.agent import lineindex, watchstream
 
 REPO = Path(__file__).resolve().parents[2]
-ENTRY = "import sys; from orchestrator.agent.watchstream import main; sys.exit(main(sys.argv[1:]))"
+ENTRY = "import sys; from orchestrator.agent.cli import main; sys.exit(main(sys.argv[1:]))"
 FAKE_SMI = """#!{python}
 import sys, time, json
 state = {state!r}

@@ -6,8 +6,8 @@ import os
 import signal
 from pathlib import Path
 
-from orchestrator.inventory import Inventory, load_inventory
-from orchestrator.runs import runs_dir
+from orchestrator.inventory.model import Inventory, load_inventory
+from orchestrator.runs.spec import runs_dir
 
 STEP = ("[{i}s] step={i} loss=2.5 acc=0.1 streak=0.5 lr=1e-4 noise=0.0 | tgt=1.0b/s dft=1.0b/s (11.7Ktok/s) | "
         "q_pre=[5] q_hs=[2] | epoch~0.01 ETA=1h")

@@ -1,13 +1,13 @@
-"""Which runs a RUN argument names (orchestrator/addressing.py), on run records as the agent gives them."""
+"""Which runs a RUN argument names (orchestrator/runs/addressing.py), on run records as the agent gives them."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
 
-from orchestrator.addressing import resolve
 from orchestrator.errors import UsageError
-from orchestrator.inventory import parse_inventory
+from orchestrator.inventory.model import parse_inventory
+from orchestrator.runs.addressing import resolve
 
 INV = parse_inventory("hosts:\n  pve1:\n    address: 10.0.0.1\n    containers:\n      200: {gpus: 8}\n",
                       Path("inventory.yaml"))

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.alerts import (
+from orchestrator.watch.alerts import (
     ENDED,
     ERROR,
     EXCEPTION,
@@ -23,7 +23,7 @@ from orchestrator.alerts import (
     RunHealth,
 )
 from orchestrator.gpus import parse_query_csv
-from orchestrator.logparse import LogParser, PhaseEvent, parse_lines, parse_step_line
+from orchestrator.trainlog.parser import LogParser, PhaseEvent, parse_lines, parse_step_line
 from trainer.logformat import StepMetrics, format_step_line
 
 # nvidia-smi --query-gpu=index,memory.used,utilization.gpu --format=csv,noheader, verbatim from

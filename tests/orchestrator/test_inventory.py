@@ -8,7 +8,7 @@ import pytest
 
 from orchestrator.cli import main
 from orchestrator.errors import InventoryError, TargetNotFound
-from orchestrator.inventory import load_inventory, parse_inventory
+from orchestrator.inventory.model import load_inventory, parse_inventory
 
 GOOD = """\
 defaults: {user: root, workdir: /workspace, python: python3}

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.inventory import load_inventory
-from orchestrator.jobs import (JobSpec, failed_first, group_jobs, job_state, node_run_id, nproc_for,
+from orchestrator.inventory.model import load_inventory
+from orchestrator.runs.jobs import (JobSpec, failed_first, group_jobs, job_state, node_run_id, nproc_for,
                                torchrun_command)
 
 

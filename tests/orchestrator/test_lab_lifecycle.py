@@ -196,9 +196,10 @@ def test_cleanup_reaps_zombies_of_a_stuck_parent_and_reports_pid1_ones(lab, inv:
 
 
 def test_fifty_launch_kill_cycles_leave_no_zombie(lab, inv: str) -> None:
-    from orchestrator.connections import Connections
-    from orchestrator.inventory import load_inventory
-    from orchestrator.runs import LaunchSpec, RunClient
+    from orchestrator.transports.pool import Connections
+    from orchestrator.inventory.model import load_inventory
+    from orchestrator.runs.client import RunClient
+    from orchestrator.runs.spec import LaunchSpec
 
     inventory = load_inventory(Path(inv))
     target = inventory.target(TARGET)

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.connections import Connections
 from orchestrator.errors import AuthError, HostKeyError, Unreachable
-from orchestrator.inventory import load_inventory
+from orchestrator.inventory.model import load_inventory
+from orchestrator.transports.pool import Connections
 
 pytestmark = pytest.mark.lab
 

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.logparse import (
+from orchestrator.trainlog.parser import (
     MAX_LINE_BYTES,
     ExceptionEvent,
     LogLine,
@@ -217,7 +217,7 @@ def test_malformed_start_up_lines_are_plain_lines(line):
 
 
 def test_writer_lifecycle_records():
-    from orchestrator.logparse import parse_metrics_jsonl_record
+    from orchestrator.trainlog.parser import parse_metrics_jsonl_record
     start = parse_metrics_jsonl_record(logformat.event_json("start", step=0, total_steps=10, world_size=1))
     finished = parse_metrics_jsonl_record(logformat.event_json("finished", step=10, digest="ab"))
     assert (start.phase, finished.phase) == ("training", "finished")
@@ -522,7 +522,7 @@ jsonl_keys = st.sampled_from(["event", "v", "step", "loss", "acc", "lr", "q_pre"
 @settings(max_examples=300, deadline=None)
 @given(st.dictionaries(jsonl_keys, json_values | st.sampled_from(["step", "inf", "nan", 10**400])))
 def test_fuzz_metrics_records_never_raise(record):
-    from orchestrator.logparse import parse_metrics_jsonl_record
+    from orchestrator.trainlog.parser import parse_metrics_jsonl_record
     line = json.dumps(record)
     event = parse_metrics_jsonl_line(line)
     if event is not None:

@@ -1,8 +1,8 @@
 """A multi-node job is one dashboard row: rank 0's metrics, the job's state, every node listed."""
 from __future__ import annotations
 
-from orchestrator.watch_jobs import fold_jobs
-from orchestrator.watchmodel import RunView
+from orchestrator.watch.jobrows import fold_jobs
+from orchestrator.watch.model import RunView
 
 
 def node(rank: int, state: str, *, exit_code=None, signal=None, step=None, ended="2026-12-01T00:00:0%dZ"):

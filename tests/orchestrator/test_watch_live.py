@@ -7,9 +7,10 @@ import time
 
 import pytest
 
-from orchestrator.connections import Connections
-from orchestrator.livesource import LiveSource
-from orchestrator.runs import LaunchSpec, RunClient
+from orchestrator.runs.client import RunClient
+from orchestrator.runs.spec import LaunchSpec
+from orchestrator.transports.pool import Connections
+from orchestrator.watch.source import LiveSource
 from tests.lab.workloads import QUIET, STEP, counter, log_path, quick_inventory
 from tests.lab.workloads import TRACEBACK as TRACEBACK_TEMPLATE
 
@@ -144,10 +145,15 @@ def test_watch_once_json(lab, inventory, launched, monkeypatch, capsys) -> None:
     assert len([g for g in payload["gpus"] if g["target"] == "pve1/200"]) == 8
 
 
+def is_watch_agent(cmdline: list[str]) -> bool:
+    """`python .../agent-<digest>.pyz watch ...`: the watch agent as the run client starts it."""
+    return any(arg.endswith(".pyz") and cmdline[i + 1:i + 2] == ["watch"] for i, arg in enumerate(cmdline))
+
+
 def test_closing_the_source_ends_every_agent_and_nvidia_smi(lab, inventory, launched) -> None:
     def leftovers() -> list:
         return [p for p in lab.ct_processes("pve1", 200)
-                if "dflash_agent.watchstream" in " ".join(p.cmdline) or "nvidia-smi" in " ".join(p.cmdline)]
+                if is_watch_agent(p.cmdline) or "nvidia-smi" in " ".join(p.cmdline)]
 
     def zombies() -> int:
         return sum(1 for p in lab.ct_processes("pve1", 200) if p.state == "Z")

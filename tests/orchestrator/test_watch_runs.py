@@ -1,7 +1,7 @@
 """RunTracker: resume from byte offsets without loss or duplicates, resets, alerts kept quiet for old runs."""
 from __future__ import annotations
 
-from orchestrator.watch_runs import GpuTracker, RunTracker
+from orchestrator.watch.trackers import GpuTracker, RunTracker
 
 STEP = ("[{i}s] step={i} loss=2.5 acc=0.1 streak=0.5 lr=1e-4 noise=0.0 | tgt=1.0b/s dft=1.0b/s (11.7Ktok/s) | "
         "q_pre=[5] q_hs=[2] | epoch~0.01 ETA=1h\n")

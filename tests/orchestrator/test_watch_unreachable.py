@@ -6,9 +6,9 @@ import socket
 import pytest
 
 from orchestrator.cli import main as run_cli
-from orchestrator.inventory import load_inventory
-from orchestrator.livesource import LiveSource
-from orchestrator.watch_stream import reason_only
+from orchestrator.inventory.model import load_inventory
+from orchestrator.watch.source import LiveSource
+from orchestrator.watch.stream import reason_only
 
 
 def closed_port() -> int:

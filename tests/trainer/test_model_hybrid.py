@@ -153,25 +153,78 @@ def test_layer_flops_are_twice_the_weights_a_token_meets(tmp_path, family):
 
 
 
+TORCH_PATH_FEATURES = """
+import sys
+sys.modules["fla"] = sys.modules["causal_conv1d"] = None  # transformers' torch path, as without the fla extra
+import torch
+from trainer.target import TargetModel
+path, ids, mask, out = sys.argv[1:]
+target = TargetModel.load(path, layer_ids=[1, 3, 5], num_taps=3, device="cuda", dtype=torch.float32)
+assert target.kernels()["linear_attention"] == "torch"
+torch.save(target.features(torch.load(ids).cuda(), torch.load(mask).cuda()).cpu(), out)
+"""
+
+
 @pytest.mark.parametrize("family", ["qwen3.5", "qwen3.5-moe"])
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_features_with_the_fla_kernels_equal_the_torch_path(tmp_path, family):
     """On a GPU with flash-linear-attention installed the linear layers run its kernels; the tapped features
-    agree with the same weights run through transformers' torch path on the CPU (fp32)."""
+    agree with the same weights run through transformers' torch path (a second process that cannot import fla),
+    in fp32."""
     import importlib.util
+    import subprocess
+    import sys
 
+    from tests.trainer.conftest import REPO_ROOT, trainer_env
     from trainer.tiny import write_tiny_target
 
+    if importlib.util.find_spec("fla") is None:
+        pytest.skip("flash-linear-attention is not installed")
     path = write_tiny_target(tmp_path / "t", family=family)
     on_gpu = TargetModel.load(path, layer_ids=[1, 3, 5], num_taps=3, device="cuda", dtype=torch.float32)
-    expected_kernel = "fla" if importlib.util.find_spec("fla") else "torch"
-    assert on_gpu.kernels()[LINEAR] == expected_kernel
-    on_cpu = TargetModel.load(path, layer_ids=[1, 3, 5], num_taps=3, device="cpu", dtype=torch.float32)
-    ids = torch.randint(0, on_cpu.config.vocab_size, (2, 200), generator=torch.Generator().manual_seed(2))
+    assert on_gpu.kernels()[LINEAR] == "fla"
+    ids = torch.randint(0, on_gpu.config.vocab_size, (2, 200), generator=torch.Generator().manual_seed(2))
     mask = torch.ones_like(ids)
     mask[1, 150:] = 0
+    torch.save(ids, tmp_path / "ids.pt")
+    torch.save(mask, tmp_path / "mask.pt")
+    reference = subprocess.run([sys.executable, "-c", TORCH_PATH_FEATURES, str(path), str(tmp_path / "ids.pt"),
+                                str(tmp_path / "mask.pt"), str(tmp_path / "want.pt")], capture_output=True,
+                               text=True, timeout=300, env=trainer_env(gpu=True), cwd=REPO_ROOT)
+    assert reference.returncode == 0, reference.stderr[-3000:]
     got = on_gpu.features(ids.cuda(), mask.cuda()).cpu()
-    want = on_cpu.features(ids, mask)
+    want = torch.load(tmp_path / "want.pt")
     real = mask.bool()
     torch.testing.assert_close(got[real], want[real], rtol=2e-3, atol=2e-3)
+
+
+def test_with_fla_installed_a_cpu_run_of_a_hybrid_target_is_refused_in_one_line(tmp_path):
+    """flash-linear-attention's kernels are Triton and refuse CPU tensors, and transformers binds them for every
+    device once fla is importable. A stand-in fla package that fails exactly that way: the trainer refuses
+    before loading (exit 2, one line), where it would otherwise crash mid-forward."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.trainer.conftest import REPO_ROOT, trainer_env, write_prompts
+    from trainer.tiny import write_tiny_target
+
+    kernels = tmp_path / "site" / "fla" / "ops" / "gated_delta_rule"
+    kernels.mkdir(parents=True)
+    for package in (kernels.parent.parent, kernels.parent):
+        (package / "__init__.py").write_text("")
+    (kernels / "__init__.py").write_text(
+        "def _triton(*args, **kwargs):\n"
+        "    raise ValueError('Pointer argument (at 0) cannot be accessed from Triton (cpu tensor?)')\n"
+        "chunk_gated_delta_rule = fused_recurrent_gated_delta_rule = _triton\n")
+    target = write_tiny_target(tmp_path / "t", family="qwen3.5")
+    env = trainer_env()
+    env["PYTHONPATH"] = str(tmp_path / "site") + os.pathsep + env["PYTHONPATH"]
+    result = subprocess.run([sys.executable, "-m", "trainer", "eval", "--target", str(target), "--drafter",
+                             str(tmp_path / "none"), "--prompts", str(write_prompts(tmp_path / "p.jsonl", 2, seed=0)),
+                             "--device", "cpu"], capture_output=True, text=True, timeout=120, env=env, cwd=REPO_ROOT)
+    assert result.returncode == 2, result.stderr[-2000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "flash-linear-attention installed" in errors[0], result.stderr[-2000:]
+    assert "Traceback" not in result.stderr

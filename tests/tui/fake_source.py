@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from orchestrator.watchmodel import ActionResult, AlertView, GpuView, RunView, Snapshot
+from orchestrator.watch.model import ActionResult, AlertView, GpuView, RunView, Snapshot
 
 TERMINAL = frozenset({"succeeded", "failed", "killed", "lost"})
 SIGTERM = 15

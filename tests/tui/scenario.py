@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 
-from orchestrator.watchmodel import AlertView, GpuView, HostView, MetricPoint, RunView, Snapshot
+from orchestrator.watch.model import AlertView, GpuView, HostView, MetricPoint, RunView, Snapshot
 
 TAKEN_AT = "2026-12-01T12:00:00Z"
 SEED_MEMORY_MIB = (88283, 96779, 88443, 96905, 76779, 46901, 48861, 47421)  # the stalled seed host

@@ -5,7 +5,7 @@ import pytest
 from textual.content import Content
 from textual.widgets import Button, Label, Static
 
-from orchestrator.watchmodel import ActionResult
+from orchestrator.watch.model import ActionResult
 
 from tui.screens.cleanup_confirm import CleanupConfirmScreen
 from tui.screens.kill_confirm import KillConfirmScreen

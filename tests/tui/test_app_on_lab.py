@@ -6,9 +6,10 @@ import time
 
 import pytest
 
-from orchestrator.connections import Connections
-from orchestrator.livesource import LiveSource
-from orchestrator.runs import LaunchSpec, RunClient
+from orchestrator.runs.client import RunClient
+from orchestrator.runs.spec import LaunchSpec
+from orchestrator.transports.pool import Connections
+from orchestrator.watch.source import LiveSource
 from tests.lab.workloads import QUIET, STEP, counter, log_path, quick_inventory
 from tests.lab.workloads import TRACEBACK as TRACEBACK_TEMPLATE
 from tui.app import DashboardApp

@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from orchestrator.watchmodel import GpuView, NodeView
+from orchestrator.watch.model import GpuView, NodeView
 from tui.app import DashboardApp
 from tui.widgets.gpu_panel import GpuPanel
 

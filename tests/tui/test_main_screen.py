@@ -8,7 +8,7 @@ import pytest
 from textual.widgets import Static
 
 import tui.app as app_module
-from orchestrator.watchmodel import AlertView
+from orchestrator.watch.model import AlertView
 from tui.widgets.host_status import HostStatus
 from tui.widgets.log_tail import LogTail
 from tui.widgets.runs_table import RunsTable

@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from orchestrator.watchmodel import RunView
+from orchestrator.watch.model import RunView
 from tui.runcells import MISSING, newest_run, run_cells, run_names
 
 

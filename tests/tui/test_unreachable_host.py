@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.inventory import load_inventory
-from orchestrator.livesource import LiveSource
+from orchestrator.inventory.model import load_inventory
+from orchestrator.watch.source import LiveSource
 from tests.orchestrator.test_watch_unreachable import closed_port
 from tui.app import DashboardApp
 from tui.widgets.host_status import HostStatus

@@ -5,7 +5,7 @@ from collections.abc import Mapping
 
 from rich.text import Text
 
-from orchestrator.watchmodel import ActionResult
+from orchestrator.watch.model import ActionResult
 
 from .confirm import ConfirmScreen
 

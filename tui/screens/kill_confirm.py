@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from orchestrator.runs import DEFAULT_GRACE_S
-from orchestrator.watchmodel import RunView
+from orchestrator.agent.protocol import DEFAULT_GRACE_S
+from orchestrator.watch.model import RunView
 
 from ..runcells import run_label
 from .confirm import ConfirmScreen

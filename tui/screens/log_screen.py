@@ -9,7 +9,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 from textual.worker import get_current_worker
 
-from orchestrator.watchmodel import DashboardSource, RunView
+from orchestrator.watch.model import DashboardSource, RunView
 
 from ..cancellable import sleep_unless_cancelled
 from ..loghighlight import exception_line_set

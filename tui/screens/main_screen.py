@@ -17,7 +17,7 @@ from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer
 
-from orchestrator.watchmodel import RunView, Snapshot
+from orchestrator.watch.model import RunView, Snapshot
 
 from ..messages import CleanupRequested, KillRequested, LogRequested
 from ..runcells import run_label

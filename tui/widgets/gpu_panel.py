@@ -6,12 +6,12 @@ from collections.abc import Sequence
 from rich.text import Text
 from textual.widget import Widget
 
-from orchestrator.watchmodel import GpuView
+from orchestrator.agent.protocol import GPU_HELD_MIB
+from orchestrator.watch.model import GpuView
 
 SPARK_BLOCKS = "▁▂▃▄▅▆▇█"
 # Memory held at no utilisation is the symptom of a stalled run (the seed run sat like this for hours).
 IDLE_UTIL_PCT = 1.0
-HELD_MEMORY_MIB = 1024.0
 PREFIX_CHARS = 21
 
 
@@ -51,7 +51,7 @@ def gpu_line(gpu: GpuView, used_by_run: bool, spark_width: int) -> Text:
 
 def is_idle_holding_memory(gpu: GpuView) -> bool:
     return (gpu.utilization_pct is not None and gpu.utilization_pct < IDLE_UTIL_PCT
-            and (gpu.memory_used_mib or 0.0) >= HELD_MEMORY_MIB)
+            and (gpu.memory_used_mib or 0.0) >= GPU_HELD_MIB)
 
 
 def sparkline(values: Sequence[float], width: int, *, top: float = 100.0) -> str:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from rich.text import Text
 from textual.widget import Widget
 
-from orchestrator.watchmodel import GpuView
+from orchestrator.watch.model import GpuView
 
 from .gpu_panel import is_idle_holding_memory, sparkline
 

@@ -7,7 +7,7 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from orchestrator.watchmodel import HostView
+from orchestrator.watch.model import HostView
 
 MAX_ERROR_CHARS = 60
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widget import Widget
 
-from orchestrator.watchmodel import RunView
+from orchestrator.watch.model import RunView
 
 from ..loghighlight import exception_line_set, styled_line
 

@@ -9,7 +9,7 @@ from textual.containers import Horizontal
 from textual.reactive import reactive
 from textual_plotext import PlotextPlot
 
-from orchestrator.watchmodel import MetricPoint, RunView
+from orchestrator.watch.model import MetricPoint, RunView
 
 # (label, field, colour, y axis side)
 Series = tuple[str, Callable[[MetricPoint], float | None], str, str]

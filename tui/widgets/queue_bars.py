@@ -4,7 +4,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widget import Widget
 
-from orchestrator.watchmodel import RunView
+from orchestrator.watch.model import RunView
 
 LABEL_CHARS = 10
 VALUE_CHARS = 4

@@ -9,7 +9,7 @@ from textual.coordinate import Coordinate
 from textual.reactive import reactive
 from textual.widgets import DataTable
 
-from orchestrator.watchmodel import RunView
+from orchestrator.watch.model import RunView
 
 from ..runcells import MAX_NAME_CHARS, NARROW_NAME_CHARS, columns, newest_run, run_cells, run_names, widest_cells
 

@@ -9,8 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Generic, Sequence, TypeVar
 
-from .errors import DflashError
-from .inventory import Target
+from ..errors import DflashError
+from ..inventory.model import Target
 
 T = TypeVar("T")
 MAX_PARALLEL_HOSTS = 32

@@ -7,11 +7,12 @@ a stream in chunks gives the same events as feeding it at once, and a reconnect 
 """
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 
+from ..agent.protocol import ANSI_ESCAPE
+
 # The line parsers and the traceback reader are re-exported: callers import every name from here.
-from .loglines import (
+from .lines import (
     PHASES,
     STEP_FIELDS,
     STEP_LINE,
@@ -27,7 +28,7 @@ from .loglines import (
     parse_step_line,
     step_from_match,
 )
-from .logtraceback import (
+from .tracebacks import (
     CLOSED,
     FOREIGN,
     MAX_FOREIGN_LINES,
@@ -51,12 +52,9 @@ MAX_LINE_BYTES = 64 * 1024
 
 # ---------------------------------------------------------------------------------------------- the stream
 
-_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b\n\r]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]?")
-
-
 def _visible(raw: bytes) -> str:
     text = raw.decode("utf-8", "replace")
-    return _ANSI.sub("", text) if "\x1b" in text else text
+    return ANSI_ESCAPE.sub("", text) if "\x1b" in text else text
 
 
 def _last_segment(line: str) -> str:
@@ -165,7 +163,7 @@ class LogParser:
             return
         text = block.decode("utf-8", "replace")
         if "\x1b" in text:
-            text = _ANSI.sub("", text)
+            text = ANSI_ESCAPE.sub("", text)
         has_cr = "\r" in text
         step_line = STEP_LINE.fullmatch
         line_no = self.line_count

@@ -6,7 +6,7 @@ differs per user. `launch` points both at `{workdir}/.dflash/cache/` unless the 
 """
 from __future__ import annotations
 
-from .inventory import Target
+from ..inventory.model import Target
 
 CACHE_VARS = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton"}
 # the directory's size in bytes (du -sk: POSIX, busybox too); 0 where nothing was cached yet

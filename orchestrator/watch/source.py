@@ -9,21 +9,21 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from ..agent.protocol import MSG_GPU, MSG_LOG, MSG_RESET, MSG_RUNS, MSG_SYNCED, TERMINAL_STATES
+from ..errors import DflashError, TargetNotFound
+from ..inventory.model import Inventory, Target
+from ..runs.client import RunClient
+from ..transports.pool import Connections
 from .alerts import Alert
-from .connections import Connections
-from .errors import DflashError, TargetNotFound, TransportError
-from .inventory import Inventory, Target
-from .runs import RunClient, runs_dir
-from .watch_runs import TERMINAL, GpuTracker, RunTracker, alert_view, iso
-from .watch_stream import ContainerStream, StreamOptions, agent_argv
-from .watch_jobs import fold_jobs
-from .watchmodel import ActionResult, AlertView, HostView, RunView, Snapshot
+from .jobrows import fold_jobs
+from .model import ActionResult, AlertView, HostView, RunView, Snapshot
+from .stream import ContainerStream, StreamOptions
+from .trackers import GpuTracker, RunTracker, alert_view, iso
 
 MAX_ALERTS = 500
 LINE_COUNT_CACHE_S = 1.0
@@ -67,7 +67,7 @@ class LiveSource:
         self._line_counts: dict[str, tuple[float, int]] = {}
         self._jobs: dict[str, list[RunView]] = {}  # job id -> its node runs, as of the last snapshot
         options = StreamOptions(gpu_interval=gpu_interval, heartbeat_s=heartbeat_s)
-        self._streams = {t.name: ContainerStream(t, self.conns, self, options) for t in targets}
+        self._streams = {t.name: ContainerStream(t, self.client, self, options) for t in targets}
         for stream in self._streams.values():
             stream.start()
 
@@ -165,19 +165,19 @@ class LiveSource:
             if not state.connected:  # connected once the agent speaks, not when the command was sent
                 state.connected, state.error, state.retry_at = True, None, None
                 self._changed()
-            if kind == "runs":
+            if kind == MSG_RUNS:
                 return self._on_runs(state, message.get("runs") or [], now)
-            if kind == "log":
+            if kind == MSG_LOG:
                 self._on_log(state, message, now)
-            elif kind == "reset":
+            elif kind == MSG_RESET:
                 tracker = state.runs.get(str(message.get("run")))
                 if tracker is not None:
                     tracker.reset()
-            elif kind == "synced":
+            elif kind == MSG_SYNCED:
                 for run_id in message.get("runs") or []:
                     if run_id in state.runs:
                         state.runs[run_id].synced = True
-            elif kind == "gpu":
+            elif kind == MSG_GPU:
                 self._on_gpu(state, message, now)
             else:
                 return None  # heartbeats change nothing
@@ -237,7 +237,7 @@ class LiveSource:
             return
         samples = state.gpus.sample(str(message.get("csv") or ""), now)
         for tracker in state.runs.values():
-            if tracker.record.get("state") not in TERMINAL:
+            if tracker.record.get("state") not in TERMINAL_STATES:
                 self._add_alerts(state, tracker.observe_gpus(samples, now))
 
     def _add_alerts(self, state: TargetState, alerts: list[Alert]) -> None:
@@ -274,19 +274,7 @@ class LiveSource:
     def _lines(self, run_id: str, start: int, stop: int) -> dict:
         if run_id in self._jobs:  # a job's log is rank 0's, on node 0
             run_id = self._jobs[run_id][0].run_id
-        target = self._target_of(run_id)
-        agent_path = self._streams[target.name].agent_path
-        if agent_path is None:
-            raise TransportError(f"{target.name}: not connected yet")
-        args = ["lines", "--runs-dir", runs_dir(target), "--run-id", run_id, "--start", str(start),
-                "--stop", str(stop)]
-        result = self.conns.for_target(target).run(agent_argv(target, agent_path, *args), timeout=60)
-        try:
-            answer = json.loads(result.out.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            raise TransportError(f"{target.name}: the agent gave no answer ({result.describe()})") from None
-        if not answer.get("ok"):
-            raise TransportError(f"{target.name}: {answer.get('error', 'lines failed')}")
+        answer = self.client.log_lines(self._target_of(run_id), run_id, start, stop)
         self._line_counts[run_id] = (time.monotonic(), int(answer["total"]))
         return answer
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from .errors import InventoryError
+from ..errors import InventoryError
 
 
 @dataclass

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .errors import TargetNotFound, UsageError, shorten
-from .inventory import Target
-from .runs import RunClient, check_run_id
+from ..agent.protocol import LIVE_STATES
+from ..errors import TargetNotFound, UsageError, shorten
+from ..inventory.model import Target
+from .client import RunClient
+from .spec import check_run_id
 
-LIVE = ("starting", "running")
 MAX_CANDIDATES = 10
 
 
@@ -29,7 +30,7 @@ class Match:
 
     @property
     def live(self) -> bool:
-        return any(record.get("state") in LIVE for _, record in self.runs)
+        return any(record.get("state") in LIVE_STATES for _, record in self.runs)
 
     @property
     def created_at(self) -> str:

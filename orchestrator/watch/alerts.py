@@ -13,12 +13,14 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .logparse import ExceptionEvent, PhaseEvent, StepEvent
+from ..agent.protocol import FAILED, GPU_HELD_MIB, KILLED, LOST, SUCCEEDED
+from ..display import format_duration, format_rate
+from ..trainlog.parser import ExceptionEvent, PhaseEvent, StepEvent
 
 INFO, WARNING, ERROR = "info", "warning", "error"
 EXCEPTION, ENDED, STALL, GPU_IDLE, THROUGHPUT, NAN, STARVATION = (
     "exception", "ended", "stall", "gpu_idle", "throughput", "nan", "starvation")
-TERMINAL_SEVERITY = {"succeeded": INFO, "failed": ERROR, "killed": WARNING, "lost": ERROR}
+TERMINAL_SEVERITY = {SUCCEEDED: INFO, FAILED: ERROR, KILLED: WARNING, LOST: ERROR}
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +51,7 @@ class AlertRules:
     stall_min_intervals: int = 3
     interval_window: int = 50
     gpu_idle_window_s: float = 60.0  # memory held at 0 % for this long while training
-    gpu_idle_min_memory_mib: float = 1024.0  # below this a GPU holds nothing worth mentioning
+    gpu_idle_min_memory_mib: float = GPU_HELD_MIB  # below this a GPU holds nothing worth mentioning
     gpu_idle_max_util_pct: float = 0.0
     throughput_ratio: float = 0.5  # tok/s under this share of the trailing median...
     throughput_consecutive: int = 5  # ...for this many step lines in a row
@@ -283,13 +285,8 @@ def _shorten(text: str, limit: int = 300) -> str:
 
 
 def _duration(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return format_duration(max(0, int(seconds)))  # whole seconds: a message, not a measurement
 
 
 def _tokens(per_s: float) -> str:
-    return f"{per_s / 1000:.1f}K tok/s"
+    return f"{format_rate(per_s)} tok/s"

@@ -7,7 +7,6 @@ when nothing changed. Archives are built deterministically so the digest changes
 from __future__ import annotations
 
 import functools
-import hashlib
 import io
 import logging
 import tarfile
@@ -16,9 +15,9 @@ from pathlib import Path
 
 import trainer
 
-from .agent.bundle import build_zipapp
-from .errors import TransportError
-from .transports.base import Transport
+from ..errors import TransportError
+from ..transports.base import Transport
+from .bundle import build_zipapp, bundle_digest
 
 log = logging.getLogger("dflashctl.deploy")
 
@@ -43,7 +42,7 @@ class Deployment:
 @functools.lru_cache(maxsize=1)
 def agent_bundle() -> Bundle:
     data = build_zipapp()
-    return Bundle(data, hashlib.sha256(data).hexdigest()[:16])
+    return Bundle(data, bundle_digest(data))
 
 
 @functools.lru_cache(maxsize=1)
@@ -58,7 +57,7 @@ def trainer_bundle() -> Bundle:
             with path.open("rb") as f:
                 tar.addfile(info, f)
     data = buf.getvalue()
-    return Bundle(data, hashlib.sha256(data).hexdigest()[:16])
+    return Bundle(data, bundle_digest(data))
 
 
 def _shipped(path: Path) -> bool:

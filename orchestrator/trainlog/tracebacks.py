@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections import deque
 
-from .loglines import ExceptionEvent
+from .lines import ExceptionEvent
 
 # A traceback longer than this keeps its head and its tail: the cause is at the end, the entry point at the top.
 MAX_TRACEBACK_LINES = 2000
@@ -20,8 +20,17 @@ _GROUP_EXCEPTION_LINE = re.compile(r"\s*\| ([A-Za-z_][\w.]*)(?::(?: (.*))?)?")  
 _EXCEPTION_SUFFIX = re.compile(r"(?:Error|Exception|Interrupt|Exit)\b")
 # Python's threading and finalisers print such a line just before the traceback it introduces.
 TRACEBACK_HEADER = re.compile(r"Exception (?:in thread .*:|ignored in\b.*)")
+# A line that, even alone (a screen of the log shows no context), reads as part of an error report.
+EXCEPTION_LINE = re.compile("|".join(
+    ["^" + re.escape(marker) for marker in (TRACEBACK_MARK, *_CHAIN_MESSAGES)]
+    + [r"^\s+File \".*\", line \d+", r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Interrupt|Warning)\b",
+       r"CUDA error|Segmentation fault|core dumped"]))
 _BODY, _AFTER_EXCEPTION, _CHAIN = range(3)
 TOOK, FOREIGN, CLOSED = "took", "foreign", "closed"
+
+
+def looks_like_exception(line: str) -> bool:
+    return EXCEPTION_LINE.search(line) is not None
 
 
 def standalone_exception(text: str, line_no: int) -> ExceptionEvent:

@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import threading
 
-from .errors import DflashError
-from .inventory import HostConfig, Target
-from .transports.base import Transport
-from .transports.local import LocalTransport
-from .transports.pct import PctTransport
-from .transports.ssh import SSHHost, SSHTransport
+from ..errors import DflashError
+from ..inventory.model import HostConfig, Target
+from .base import Transport
+from .local import LocalTransport
+from .pct import PctTransport
+from .ssh import SSHHost, SSHTransport
 
 
 class Connections:

@@ -1,100 +1,32 @@
-"""The run lifecycle seen from the controller: launch, list, find, kill and clean up runs on targets.
+"""The only caller of the agent: launch, list, kill and clean up runs, read log lines, start the watch stream.
 
 Everything that happens inside a container is done by the agent (orchestrator/agent/), shipped once per version
 and invoked over the target's transport with one command per operation; it answers one JSON object. This module
-only decides what to ask where, and turns answers into run records and errors.
+builds every agent command line (agent_argv), checks every answer's protocol version and maps its errors to
+dflashctl's (agent_answer), decides what to ask where, and turns answers into run records.
 """
 from __future__ import annotations
 
-import datetime
+import base64
 import json
-import re
-import secrets
-from dataclasses import dataclass, field
 from typing import Sequence
 
-from .compilecache import cache_env
-from .connections import Connections
+from ..agent.protocol import (CHECK_FAILED, DEFAULT_GRACE_S, EXIT_USAGE, PROTOCOL_VERSION, SUCCEEDED, UNKNOWN_RUN,
+                              USAGE_CODES)
+from ..errors import OperationFailed, TargetNotFound, TransportError, UsageError
+from ..gpus import parse_query_csv, query_argv
+from ..inventory.model import Inventory, Target
+from ..trainlog.parser import LogParser, StepEvent
+from ..transports.base import CommandResult, RemoteProcess, Transport
+from ..transports.fanout import Outcome, per_host
+from ..transports.pool import Connections
+from .command import CONFIG_INPUT, check_command
 from .deploy import Deployment, deploy
-from .errors import OperationFailed, TargetNotFound, TransportError, UsageError, shorten
-from .fanout import Outcome, per_host
-from .gpus import parse_query_csv, query_argv
-from .inventory import Inventory, Target
-from .logparse import LogParser, StepEvent
-from .trainercheck import check_argv, judge
-from .transports.base import Transport
+from .spec import LaunchSpec, new_run_id, run_dir, runs_dir
+from .trainercheck import judge
 
-RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-NAME_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
 LAUNCH_TIMEOUT_S = 120.0
-MAX_GPU_INDEX = 1023  # as the agent accepts
-DEFAULT_GRACE_S = 30.0
-CONFIG_INPUT = "config.yaml"   # the bundled trainer's config, as the run directory holds it
-
-
-def runs_dir(target: Target) -> str:
-    return f"{target.workdir}/.dflash/runs"
-
-
-def run_dir(target: Target, run_id: str) -> str:
-    return f"{runs_dir(target)}/{run_id}"
-
-
-def new_run_id(name: str, *, now: datetime.datetime | None = None) -> str:
-    """`<name>-<yymmdd>-<hhmmss>-<4 hex>`: sortable by time, readable, unique without coordination."""
-    now = now or datetime.datetime.now(datetime.timezone.utc)
-    return f"{name[:36]}-{now:%y%m%d-%H%M%S}-{secrets.token_hex(2)}"
-
-
-def default_name(command: Sequence[str]) -> str:
-    """A run name from a command: its program's base name, reduced to the characters a name may have."""
-    if not command:
-        return "train"
-    base = command[0].rsplit("/", 1)[-1]
-    if base.startswith("python") and len(command) > 2 and command[1] == "-m":
-        base = command[2]
-    cleaned = NAME_CHARS.sub("-", base).strip("-._")
-    return (cleaned or "run")[:36]
-
-
-def check_run_id(run_id: str) -> str:
-    if not RUN_ID.fullmatch(run_id):
-        raise UsageError(f"invalid run id {shorten(run_id)!r}: run ids are letters, digits, '.', '_' and '-' "
-                         f"(see `dflashctl ps`)")
-    return run_id
-
-
-def check_name(name: str) -> str:
-    if not RUN_ID.fullmatch(name):
-        raise UsageError(f"invalid run name {shorten(name)!r}: use up to 64 letters, digits, '.', '_' or '-', "
-                         f"starting with a letter or digit")
-    return name
-
-
-@dataclass
-class LaunchSpec:
-    target: Target
-    command: list[str]
-    name: str
-    env: dict[str, str] = field(default_factory=dict)
-    gpus: list[int] | None = None
-    force: bool = False
-    grace: float = DEFAULT_GRACE_S
-    inputs: dict[str, bytes] = field(default_factory=dict)   # files put into the run directory before start
-    uses_trainer: bool = False
-    settle: float | None = None   # how long the workload must stay up to count as started (agent default 1 s)
-    run_id: str | None = None     # chosen by the caller (a job's node runs); a new one otherwise
-    job: dict[str, object] | None = None   # job_id, node_rank, nnodes of a multi-node job's node run
-    check_config: str | None = None   # the trainer config's name: inputs[CONFIG_INPUT] is checked there first
-
-    def run_env(self) -> dict[str, str]:
-        return run_environment(self.target, self.env)
-
-
-def run_environment(target: Target, env: dict[str, str]) -> dict[str, str]:
-    """The environment a run gets on top of the target's: the compile caches under the workdir, then the
-    user's --env, which wins."""
-    return {**cache_env(target), **env}
+PS_TAIL_BYTES = 8192  # enough of a log's end to hold its last step line
 
 
 class RunClient:
@@ -122,14 +54,15 @@ class RunClient:
         """Run one agent subcommand on the target and return its JSON answer (ok true or false)."""
         transport = self.conns.for_target(target)
         deployment = self._deployment(target, transport, with_trainer=with_trainer)
-        result = transport.run([target.python, deployment.agent_path, *args], timeout=timeout, stdin=stdin)
-        payload = _agent_json(result.out)
-        if payload is None:
-            raise TransportError(f"{target.name}: the agent gave no answer ({result.describe()})")
-        if result.exit_code == 2 or payload.get("code") in {"bad_usage", "unknown_run", "bad_run_id"}:
-            raise (TargetNotFound if payload.get("code") == "unknown_run" else UsageError)(
-                f"{target.name}: {payload.get('error', 'bad input')}")
-        return payload
+        result = transport.run(agent_argv(target, deployment.agent_path, *args), timeout=timeout, stdin=stdin)
+        return agent_answer(target, result)
+
+    def start_agent(self, target: Target, args: list[str]) -> RemoteProcess:
+        """Start a streaming agent subcommand (`watch`); deployed afresh, as a reconnect may find a new container."""
+        self._deployed.pop((target.name, False), None)
+        transport = self.conns.for_target(target)
+        deployment = self._deployment(target, transport)
+        return transport.start(agent_argv(target, deployment.agent_path, *args))
 
     # -- operations -----------------------------------------------------------------------------------------
 
@@ -139,7 +72,7 @@ class RunClient:
         if target.gpus:
             return target.gpus
         result = self.conns.for_target(target).run(query_argv(("index",)), timeout=30)
-        if result.exit_code in (126, 127):
+        if result.program_missing:
             return 0
         return len(parse_query_csv(result.out, ("index",))) if result.ok else None
 
@@ -160,7 +93,7 @@ class RunClient:
         args = ["check", "--pythonpath", pkg_dir]
         for key, value in env.items():
             args += ["--env", f"{key}={value}"]
-        argv = check_argv(target, base_dir=run_dir(target, run_id), source=source)
+        argv = check_command(target, base_dir=run_dir(target, run_id), source=source)
         payload = self.agent(target, [*args, "--", *argv], timeout=LAUNCH_TIMEOUT_S, stdin=config_text,
                              with_trainer=True)
         return judge(target, source, payload.get("check") or {})
@@ -189,23 +122,37 @@ class RunClient:
         for name in spec.inputs:
             args += ["--input", name]
         if spec.check_config is not None:  # the agent runs it before it creates anything
-            argv = check_argv(spec.target, base_dir=run_dir(spec.target, run_id), source=spec.check_config)
+            argv = check_command(spec.target, base_dir=run_dir(spec.target, run_id), source=spec.check_config)
             args += ["--check", json.dumps(argv), "--check-input", CONFIG_INPUT]
         payload = self.agent(spec.target, [*args, "--", *spec.command], timeout=LAUNCH_TIMEOUT_S,
                              stdin=_pack_inputs(spec.inputs) if spec.inputs else None,
                              with_trainer=spec.uses_trainer)
-        if payload.get("code") == "check_failed":
+        if payload.get("code") == CHECK_FAILED:
             judge(spec.target, spec.check_config or CONFIG_INPUT, payload.get("check") or {})
         run = payload.get("run") or {}
-        if not payload.get("ok") and run.get("state") != "succeeded":  # finishing at once with 0 is no failure
+        if not payload.get("ok") and run.get("state") != SUCCEEDED:  # finishing at once with 0 is no failure
             raise LaunchFailed(payload, spec.target.name)
         return with_metrics(run or payload)
 
     def list_runs(self, targets: list[Target]) -> list[Outcome[list[dict]]]:
-        def one(target: Target) -> list[dict]:
-            payload = self.agent(target, ["ps", "--runs-dir", runs_dir(target), "--tail-bytes", "8192"])
-            return [with_metrics(r) for r in payload.get("runs", [])]
-        return per_host(targets, one)
+        return per_host(targets, lambda target: self.runs_on(target, tail_bytes=PS_TAIL_BYTES))
+
+    def runs_on(self, target: Target, run_ids: Sequence[str] = (), *, tail_bytes: int = 0) -> list[dict]:
+        """The records of the target's runs (or of the named ones), with last step and tok/s when a tail is read."""
+        args = ["ps", "--runs-dir", runs_dir(target)]
+        for run_id in run_ids:
+            args += ["--run-id", run_id]
+        if tail_bytes:
+            args += ["--tail-bytes", str(tail_bytes)]
+        return [with_metrics(r) for r in self.agent(target, args).get("runs", [])]
+
+    def log_lines(self, target: Target, run_id: str, start: int, stop: int) -> dict:
+        """Lines [start, stop) of a run's log and its line count: {"total": N, "lines": [...]}."""
+        payload = self.agent(target, ["lines", "--runs-dir", runs_dir(target), "--run-id", run_id,
+                                      "--start", str(start), "--stop", str(stop)])
+        if not payload.get("ok"):
+            raise TransportError(f"{target.name}: {payload.get('error', 'lines failed')}")
+        return payload
 
     def kill(self, target: Target, run_ids: list[str], *, grace: float | None) -> dict:
         args = ["kill", "--runs-dir", runs_dir(target), "--run-id", *run_ids]
@@ -233,6 +180,25 @@ class LaunchFailed(OperationFailed):
         super().__init__(f"{target}: {payload.get('error') or 'the run did not start'}")
 
 
+def agent_argv(target: Target, agent_path: str, *args: str) -> list[str]:
+    """How every agent subcommand is started on a target: its python, the deployed zipapp, the arguments."""
+    return [target.python, agent_path, *args]
+
+
+def agent_answer(target: Target, result: CommandResult) -> dict:
+    """The agent's one JSON answer, checked for the protocol version; bad input raised as the usage error it is."""
+    payload = _agent_json(result.out)
+    if payload is None:
+        raise TransportError(f"{target.name}: the agent gave no answer ({result.describe()})")
+    if payload.get("version") != PROTOCOL_VERSION:
+        raise TransportError(f"{target.name}: the agent speaks protocol {payload.get('version')!r}, this dflashctl "
+                             f"{PROTOCOL_VERSION}")
+    if result.exit_code == EXIT_USAGE or payload.get("code") in USAGE_CODES:
+        raise (TargetNotFound if payload.get("code") == UNKNOWN_RUN else UsageError)(
+            f"{target.name}: {payload.get('error', 'bad input')}")
+    return payload
+
+
 def _agent_json(stdout: str) -> dict | None:
     for line in reversed(stdout.strip().splitlines()):
         try:
@@ -246,8 +212,6 @@ def _agent_json(stdout: str) -> dict | None:
 
 def _pack_inputs(inputs: dict[str, bytes]) -> bytes:
     """The inputs as one JSON document on the agent's stdin (small files: configs)."""
-    import base64
-
     return json.dumps({name: base64.b64encode(data).decode() for name, data in inputs.items()}).encode()
 
 
@@ -265,5 +229,4 @@ def with_metrics(record: dict) -> dict:
     return record
 
 
-__all__ = ["RunClient", "LaunchSpec", "LaunchFailed", "new_run_id", "default_name", "check_run_id", "check_name",
-           "runs_dir", "run_dir", "run_environment", "with_metrics", "CONFIG_INPUT"]
+__all__ = ["RunClient", "LaunchFailed", "agent_argv", "agent_answer", "with_metrics"]

@@ -5,12 +5,12 @@ from __future__ import annotations
 import datetime
 from collections import deque
 
+from ..agent.protocol import STARTING, TERMINAL_STATES
+from ..gpus import GpuInfo, parse_query_csv
+from ..trainlog.parser import ExceptionEvent, LogLine, LogParser, PhaseEvent, StepEvent
 from .alerts import Alert, GpuSample, RunHealth
-from .gpus import GpuInfo, parse_query_csv
-from .logparse import ExceptionEvent, LogLine, LogParser, PhaseEvent, StepEvent
-from .watchmodel import AlertView, GpuView, MetricPoint, RunView
+from .model import AlertView, GpuView, MetricPoint, RunView
 
-TERMINAL = frozenset({"succeeded", "failed", "killed", "lost"})
 # The parser's fine-grained start-up phases, folded into the few the dashboard shows.
 PHASE_SHOWN = {"loading_dataset": "loading_dataset", "dataset_loaded": "loading_dataset",
                "batches_per_epoch": "buckets", "bucket": "buckets", "loading_targets": "loading_targets",
@@ -43,7 +43,7 @@ class RunTracker:
         self.run_id: str = record["run_id"]
         self.record = record
         # a run that had ended before we looked raises no alerts: they would all be old news
-        self.quiet = record.get("state") in TERMINAL
+        self.quiet = record.get("state") in TERMINAL_STATES
         self.parser = LogParser()
         self.health = RunHealth(self.run_id, gpu_indices=record.get("gpus") or None)
         self.offset: int | None = None  # the next byte of train.log we expect: the resume point
@@ -66,7 +66,7 @@ class RunTracker:
         changed = record != self.record
         self.record = record
         self._view = None if changed else self._view
-        return self._keep(self.health.observe_state(record.get("state") or "starting", now,
+        return self._keep(self.health.observe_state(record.get("state") or STARTING, now,
                                                     exit_code=record.get("exit_code"), signal=record.get("signal")))
 
     def feed(self, offset: int, ino: int | None, data: bytes, now: float) -> list[Alert]:
@@ -141,7 +141,7 @@ class RunTracker:
     def _build_view(self) -> RunView:
         r, v = self.record, self.values
         return RunView(
-            run_id=self.run_id, target=self.target, name=r.get("name") or "", state=r.get("state") or "starting",
+            run_id=self.run_id, target=self.target, name=r.get("name") or "", state=r.get("state") or STARTING,
             phase=self.phase, pid=r.get("pid"), exit_code=r.get("exit_code"), signal=r.get("signal"),
             created_at=r.get("created_at"), ended_at=r.get("ended_at"), log_path=r.get("log_path"),
             gpus=tuple(r.get("gpus") or ()), grace_s=_seconds(r.get("grace_s")), last_step=self.last_step,

@@ -1,17 +1,17 @@
 """The bundled trainer's own pre-flight check of a config, as a launch runs it on the target first.
 
-The agent runs `python -m trainer check` with the target's python in the environment the run would get (the
-deployed trainer first on PYTHONPATH, the run's --env), relative paths taken from the directory the run will
-work in, right before it would create the run: in the same round trip as the launch. It imports no torch, so
-it costs one Python start-up. A config it refuses fails the launch with exit 2 and the trainer's one-line
-reasons; nothing is created on the target. A multi-node job has every node checked before any starts.
+The agent runs `python -m trainer check` (its command line: command.check_command) with the target's python
+in the environment the run would get (the deployed trainer first on PYTHONPATH, the run's --env), relative
+paths taken from the directory the run will work in, right before it would create the run: in the same round
+trip as the launch. It imports no torch, so it costs one Python start-up. A config it refuses fails the launch
+with exit 2 and the trainer's one-line reasons; nothing is created on the target. A multi-node job has every node checked before any starts.
 """
 from __future__ import annotations
 
 import json
 
-from .errors import OperationFailed, UsageError
-from .inventory import Target
+from ..errors import OperationFailed, UsageError
+from ..inventory.model import Target
 
 
 class ConfigRejected(UsageError):
@@ -26,12 +26,6 @@ class ConfigRejected(UsageError):
             message = (f"{where}: {len(problems)} problems, nothing was started:\n"
                        + "\n".join(f"  {problem}" for problem in problems))
         super().__init__(message)
-
-
-def check_argv(target: Target, *, base_dir: str, source: str) -> list[str]:
-    """The check's command line; the config comes on its stdin. The agent runs it in the run's environment."""
-    return [target.python, "-m", "trainer", "check", "--config", "-", "--json", "--base-dir", base_dir,
-            "--source", source]
 
 
 def judge(target: Target, source: str, check: dict) -> dict:

@@ -1,10 +1,11 @@
-"""Fold the node runs of a multi-node job into one dashboard row: rank 0's log and metrics are the job's."""
+"""Fold the node runs of a multi-node job into one dashboard row: rank 0's log and metrics are the job's, its
+state and first failure those jobs.summarize gives `ps` too."""
 from __future__ import annotations
 
 import dataclasses
 
-from .jobs import failed_first, job_state
-from .watchmodel import NodeView, RunView
+from ..runs.jobs import summarize
+from .model import NodeView, RunView
 
 
 def fold_jobs(runs: list[tuple[dict, RunView]]) -> tuple[list[RunView], dict[str, list[RunView]]]:
@@ -25,16 +26,16 @@ def fold_jobs(runs: list[tuple[dict, RunView]]) -> tuple[list[RunView], dict[str
 
 
 def _job_row(job_id: str, nodes: list[tuple[dict, RunView]]) -> RunView:
-    records = [record for record, _ in nodes]
+    job = summarize([record for record, _ in nodes])
     head = nodes[0][1]
-    first = failed_first(records) or {}
+    first = job["failed_first"] or {}
     failed_node = next((v for r, v in nodes if r.get("run_id") == first.get("run_id")), None)
     views = [view for _, view in nodes]
     return dataclasses.replace(
         head,
         run_id=job_id,
         target="+".join(v.target for v in views),
-        state=job_state(records),
+        state=job["state"],
         exit_code=failed_node.exit_code if failed_node else head.exit_code,
         signal=failed_node.signal if failed_node else head.signal,
         created_at=min((v.created_at or "" for v in views), default="") or None,

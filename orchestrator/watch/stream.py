@@ -1,4 +1,4 @@
-"""One container's watch stream: a thread that deploys the agent, runs `agent watch` over the host's shared
+"""One container's watch stream: a thread that has the run client start `agent watch` over the host's shared
 connection, hands every message to the source, and reconnects with exponential backoff when it is lost."""
 from __future__ import annotations
 
@@ -9,20 +9,16 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
-from .connections import Connections
-from .deploy import deploy
-from .errors import CommandTimeout, DflashError, Unreachable
-from .inventory import Target
-from .runs import runs_dir
-from .transports.base import RemoteProcess, Transport
-from .transports.pct import PctTransport
-from .transports.ssh import SSHTransport
+from ..errors import CommandTimeout, DflashError, Unreachable
+from ..inventory.model import Target
+from ..runs.client import RunClient
+from ..runs.spec import runs_dir
+from ..transports.base import RemoteProcess, Transport
+from ..transports.pct import PctTransport
+from ..transports.ssh import SSHTransport
 
 log = logging.getLogger("dflashctl.watch")
 
-# Runs the agent's watch module straight from the zipapp, whatever subcommands its cli has.
-AGENT_BOOT = ("import sys; sys.path.insert(0, sys.argv[1]); from dflash_agent.watchstream import main; "
-              "sys.exit(main(sys.argv[2:]))")
 BACKOFF_FIRST_S = 1.0
 BACKOFF_CAP_S = 30.0
 READ_TICK_S = 1.0
@@ -38,10 +34,6 @@ class StreamSink(Protocol):
     def message(self, target: Target, message: dict) -> dict[str, object] | None: ...  # -> new follows
     def tick(self, target: Target) -> None: ...
     def disconnected(self, target: Target, error: str, retry_at: float) -> None: ...
-
-
-def agent_argv(target: Target, agent_path: str, *args: str) -> list[str]:
-    return [target.python, "-c", AGENT_BOOT, agent_path, *args]
 
 
 def drop_connection(transport: Transport) -> None:
@@ -62,12 +54,12 @@ class StreamOptions:
 
 
 class ContainerStream:
-    def __init__(self, target: Target, conns: Connections, sink: StreamSink, options: StreamOptions) -> None:
+    def __init__(self, target: Target, client: RunClient, sink: StreamSink, options: StreamOptions) -> None:
         self.target = target
-        self.conns = conns
+        self.client = client
+        self.conns = client.conns
         self.sink = sink
         self.options = options
-        self.agent_path: str | None = None
         self._stop = threading.Event()
         self._proc: RemoteProcess | None = None
         self._thread = threading.Thread(target=self._run, name=f"watch {target.name}", daemon=True)
@@ -111,11 +103,9 @@ class ContainerStream:
 
     def _session(self) -> str:
         transport = self.conns.for_target(self.target)
-        self.agent_path = deploy(transport, self.target.workdir, with_trainer=False).agent_path
-        argv = agent_argv(self.target, self.agent_path, "watch", "--runs-dir", runs_dir(self.target),
-                          "--gpu-interval", f"{self.options.gpu_interval:g}",
-                          "--heartbeat", f"{self.options.heartbeat_s:g}", "--idle-exit", f"{AGENT_IDLE_EXIT_S:g}")
-        self._proc = proc = transport.start(argv)
+        self._proc = proc = self.client.start_agent(self.target, [
+            "watch", "--runs-dir", runs_dir(self.target), "--gpu-interval", f"{self.options.gpu_interval:g}",
+            "--heartbeat", f"{self.options.heartbeat_s:g}", "--idle-exit", f"{AGENT_IDLE_EXIT_S:g}"])
         try:
             self._send(proc, {"follow": self.sink.connected(self.target)})
             return self._pump(proc, transport)

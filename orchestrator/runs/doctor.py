@@ -10,13 +10,13 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 
+from ..errors import AuthError, CommandTimeout, DflashError, HostKeyError, Unreachable
+from ..gpus import parse_query_csv, query_argv
+from ..inventory.model import Target
+from ..transports.base import Transport
+from ..transports.pct import PctTransport
+from ..transports.pool import Connections
 from .compilecache import cache_root, parse_size_kib, size_argv
-from .connections import Connections
-from .errors import AuthError, CommandTimeout, DflashError, HostKeyError, Unreachable
-from .gpus import parse_query_csv, query_argv
-from .inventory import Target
-from .transports.base import Transport
-from .transports.pct import PctTransport
 
 MIN_PYTHON = (3, 8)
 PYTHON_VERSION = "import sys; print('%d.%d.%d' % sys.version_info[:3])"
@@ -92,7 +92,7 @@ def _check_login(conns: Connections, target: Target, report: DoctorReport) -> No
 def _check_container(host: Transport, target: Target, report: DoctorReport) -> None:
     pct = PctTransport(host, target.ctid, pct_command=target.host.pct).pct
     result = host.run([*pct, "status", str(target.ctid)], timeout=30)
-    if result.exit_code in (126, 127):
+    if result.program_missing:
         report.pct = False
         raise _Stop(f"`{target.host.pct}` not found on {target.host.name}; is it a Proxmox VE host? "
                     f"(set `pct:` in the inventory, e.g. `sudo pct` or a full path)")
@@ -135,7 +135,7 @@ def _measure_cache(transport: Transport, target: Target, report: DoctorReport) -
 
 def _check_gpus(transport: Transport, target: Target, report: DoctorReport) -> None:
     result = transport.run(query_argv(), timeout=30)
-    if result.exit_code in (126, 127):
+    if result.program_missing:
         report.nvidia_smi, report.gpus = False, []
         if target.gpus:
             raise _Stop(f"nvidia-smi not found on {target.name}, but the inventory gives it {target.gpus} GPUs")

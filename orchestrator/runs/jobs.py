@@ -14,16 +14,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .errors import DflashError, OperationFailed, UsageError
-from .fanout import Outcome, per_host
-from .inventory import Target
-from .runs import CONFIG_INPUT, LaunchFailed, LaunchSpec, RunClient, new_run_id, run_environment
+from ..agent.protocol import DEFAULT_GRACE_S, FAILED, FAILED_STATES, KILLED, LIVE_STATES, RUNNING, SUCCEEDED
+from ..errors import DflashError, OperationFailed, UsageError
+from ..inventory.model import Target
+from ..transports.fanout import Outcome, per_host
+from .client import LaunchFailed, RunClient, agent_argv
+from .command import CONFIG_INPUT, node_train_command
+from .spec import LaunchSpec, new_run_id, run_environment
 from .trainercheck import ConfigRejected
 
 DEFAULT_DIST_TIMEOUT_S = 300.0
 ABORT_GRACE_S = 5.0
-LIVE = ("starting", "running")
-FAILED_STATES = ("failed", "lost")
 
 
 @dataclass
@@ -37,7 +38,7 @@ class JobSpec:
     cpu_only: bool = False              # the config asks for the CPU: one process per node unless told
     env: dict[str, str] = field(default_factory=dict)
     force: bool = False
-    grace: float = 30.0
+    grace: float = DEFAULT_GRACE_S
     dist_timeout: float = DEFAULT_DIST_TIMEOUT_S
 
 
@@ -75,12 +76,9 @@ def torchrun_command(target: Target, *, agent_path: str, nnodes: int, nproc: int
                      is_host: bool, local_addr: str, timeout: float) -> list[str]:
     """torchrun for one node, under the agent's node-watch (which ends a torchrun that outlives its workers
     by `timeout`: it is then stuck talking to an unreachable rendezvous store)."""
-    conf = f"is_host={str(is_host).lower()},join_timeout={timeout:g},read_timeout={min(timeout, 60.0):g}"
-    return [target.python, agent_path, "node-watch", f"--stall={timeout:g}", "--",
-            target.python, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc-per-node={nproc}",
-            "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={job_id}", f"--rdzv-conf={conf}",
-            f"--local-addr={local_addr}", "--max-restarts=0",
-            "-m", "trainer", "train", "--config", CONFIG_INPUT]
+    return [*agent_argv(target, agent_path, "node-watch", f"--stall={timeout:g}", "--"),
+            *node_train_command(target, nnodes=nnodes, nproc=nproc, endpoint=endpoint, job_id=job_id,
+                                is_host=is_host, local_addr=local_addr, timeout=timeout)]
 
 
 def _raise_first_error(outcomes: list[Outcome], what: str) -> None:
@@ -167,13 +165,13 @@ def _abort(client: RunClient, started: list[Outcome]) -> None:
 
 def job_state(nodes: list[dict]) -> str:
     states = [n.get("state") for n in nodes]
-    if any(s in LIVE for s in states):
-        return "running"
+    if any(s in LIVE_STATES for s in states):
+        return RUNNING
     if any(s in FAILED_STATES for s in states):
-        return "failed"
-    if any(s == "killed" for s in states):
-        return "killed"
-    return "succeeded"
+        return FAILED
+    if any(s == KILLED for s in states):
+        return KILLED
+    return SUCCEEDED
 
 
 def failed_first(nodes: list[dict]) -> dict | None:
@@ -201,7 +199,7 @@ def summarize(nodes: list[dict]) -> dict:
     return {"job_id": head.get("job_id"), "name": head.get("name"), "state": job_state(nodes),
             "nnodes": head.get("nnodes") or len(nodes), "targets": [n.get("target") for n in nodes],
             "created_at": min(n.get("created_at") or "" for n in nodes),
-            "ended_at": None if any(n.get("state") in LIVE for n in nodes) else max(n.get("ended_at") or ""
+            "ended_at": None if any(n.get("state") in LIVE_STATES for n in nodes) else max(n.get("ended_at") or ""
                                                                                       for n in nodes) or None,
             "last_step": head.get("last_step") if head.get("node_rank") == 0 else None,
             "tok_per_s": head.get("tok_per_s") if head.get("node_rank") == 0 else None,

@@ -1,7 +1,8 @@
-"""Controller side: pack the agent into one deterministic zipapp (`python3 agent.pyz <subcommand> ...`).
+"""Pack the agent (orchestrator/agent/) into one deterministic zipapp (`python3 agent.pyz <subcommand> ...`).
 
-The archive holds this package as `dflash_agent/` (its modules import each other relatively) and a root
-`__main__.py`. Fixed timestamps and modes make the bytes, and so the digest, change only with the code.
+The archive holds that package as `dflash_agent/` (its modules import each other relatively) and a root
+`__main__.py` that calls its cli. Fixed timestamps and modes make the bytes, and so the digest, change only
+with the code.
 """
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ import io
 import os
 import zipfile
 
+from .. import agent
+
+AGENT_DIR = os.path.dirname(os.path.abspath(agent.__file__))
 ARCHIVE_PACKAGE = "dflash_agent"
-CONTROLLER_ONLY = {"bundle.py"}
 FIXED_DATE = (1980, 1, 1, 0, 0, 0)
 SHEBANG = b"#!/usr/bin/env python3\n"
 MAIN = ("# dflashctl agent zipapp entry point\n"
@@ -21,8 +24,7 @@ MAIN = ("# dflashctl agent zipapp entry point\n"
 
 
 def _package_files() -> list:
-    here = os.path.dirname(os.path.abspath(__file__))
-    return sorted(name for name in os.listdir(here) if name.endswith(".py") and name not in CONTROLLER_ONLY)
+    return sorted(name for name in os.listdir(AGENT_DIR) if name.endswith(".py"))
 
 
 def _add(archive: zipfile.ZipFile, name: str, data: bytes) -> None:
@@ -34,12 +36,11 @@ def _add(archive: zipfile.ZipFile, name: str, data: bytes) -> None:
 
 
 def build_zipapp() -> bytes:
-    here = os.path.dirname(os.path.abspath(__file__))
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w") as archive:
         _add(archive, "__main__.py", MAIN.encode())
         for name in _package_files():
-            with open(os.path.join(here, name), "rb") as handle:
+            with open(os.path.join(AGENT_DIR, name), "rb") as handle:
                 _add(archive, "{}/{}".format(ARCHIVE_PACKAGE, name), handle.read())
     return SHEBANG + buffer.getvalue()
 

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from .errors import InventoryError, TargetNotFound
+from ..errors import InventoryError, TargetNotFound
 from .yaml_lines import LocatedYaml, load_located
 
 LOCAL = "local"

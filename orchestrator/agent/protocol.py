@@ -1,0 +1,56 @@
+"""What the agent and the controller both know: the one home of every name and value that crosses the wire.
+
+Standard library only, like the whole agent (it is shipped to containers), and imported by the controller
+too (`from orchestrator.agent.protocol import ...`), so each of these is defined here and nowhere else: the
+protocol version, the run states, what may name a run, the agent's exit statuses and error codes, the kinds
+of the watch stream's messages, the nvidia-smi query and the memory above which a GPU counts as held, and the
+pattern of terminal escape sequences that log readers strip.
+"""
+from __future__ import annotations
+
+import re
+
+AGENT_VERSION = "0.1.0"
+PROTOCOL_VERSION = 1  # every answer carries it as "version"; the controller refuses one it does not speak
+
+# -- run states (DESIGN.md: starting -> running -> exactly one terminal state) ----------------------------------
+STARTING, RUNNING = "starting", "running"
+SUCCEEDED, FAILED, KILLED, LOST = "succeeded", "failed", "killed", "lost"
+LIVE_STATES = (STARTING, RUNNING)
+TERMINAL_STATES = (SUCCEEDED, FAILED, KILLED, LOST)
+FAILED_STATES = (FAILED, LOST)  # ended without being asked to: what a job's first failure is looked for in
+RUN_STATES = LIVE_STATES + TERMINAL_STATES
+
+# -- names: run ids, run names, job ids -----------------------------------------------------------------------
+RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+# -- what a launch may ask for --------------------------------------------------------------------------------
+MAX_GPU_INDEX = 1023
+DEFAULT_GRACE_S = 30.0  # seconds a kill waits between TERM and KILL unless the run or the kill says otherwise
+
+# -- the agent's exit statuses and error codes ----------------------------------------------------------------
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+BAD_USAGE, UNKNOWN_RUN, BAD_RUN_ID, NO_COMMAND = "bad_usage", "unknown_run", "bad_run_id", "no_command"
+CHECK_FAILED, INTERNAL_ERROR = "check_failed", "internal_error"
+# codes that mean the caller asked for something wrong (the controller reports them as usage errors)
+USAGE_CODES = (BAD_USAGE, UNKNOWN_RUN, BAD_RUN_ID)
+
+# -- the watch stream's messages (agent -> controller), by their "t" ----------------------------------------
+MSG_RUNS, MSG_LOG, MSG_RESET, MSG_SYNCED, MSG_GPU, MSG_HEARTBEAT = "runs", "log", "reset", "synced", "gpu", "hb"
+
+# -- nvidia-smi -----------------------------------------------------------------------------------------------
+GPU_FIELDS = ("index", "uuid", "name", "memory.used", "memory.total", "utilization.gpu")
+GPU_MEMORY_FIELDS = ("index", "memory.used", "utilization.gpu")  # what cleanup needs (and old drivers all have)
+# An idle GPU shows a few hundred MiB at most (driver, a stray context); a model or a leaked run holds GiBs.
+GPU_HELD_MIB = 1024
+
+
+def gpu_query_args(fields: tuple = GPU_FIELDS) -> list:
+    """nvidia-smi's arguments for one CSV row per GPU with `fields`, no header, no units."""
+    return ["--query-gpu=" + ",".join(fields), "--format=csv,noheader,nounits"]
+
+
+# -- terminal escape sequences: CSI, OSC (to BEL/ST, or cut by a line end), and two-byte escapes ---------------
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b\n\r]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]?")

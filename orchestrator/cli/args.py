@@ -1,0 +1,50 @@
+"""The command-line values several commands take, checked and converted: --gpus lists, --env pairs, seconds.
+
+A bad value is a UsageError naming the option, with the user's input shortened, before anything is contacted.
+"""
+from __future__ import annotations
+
+import math
+
+import typer
+
+from ..agent.protocol import MAX_GPU_INDEX
+from ..errors import UsageError, shorten
+
+
+def parse_gpus(text: str | None) -> list[int] | None:
+    """`0,1,3` or `0-7` (or a mix: `0-3,6`) into sorted distinct indices, each at most MAX_GPU_INDEX
+    (checked before a range is expanded: `0-99999999` is refused at once, not after building it)."""
+    if text is None:
+        return None
+    shown = shorten(text, 60)
+    indices: set[int] = set()
+    for part in text.split(","):
+        lo, sep, hi = part.strip().partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()):
+            raise UsageError(f"bad --gpus {shown!r}: use indices like 0,1 or a range like 0-7")
+        start, stop = int(lo), int(hi) if sep else int(lo)
+        if stop < start:
+            raise UsageError(f"bad --gpus {shown!r}: range {shorten(part, 40)} runs backwards")
+        if stop > MAX_GPU_INDEX:
+            raise UsageError(f"bad --gpus {shown!r}: GPU indices go up to {MAX_GPU_INDEX}")
+        indices.update(range(start, stop + 1))
+    return sorted(indices)
+
+
+def parse_env(pairs: list[str] | None) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.replace("_", "a").isalnum() or key[0].isdigit():
+            raise UsageError(f"bad --env {shorten(pair, 80)!r}: use KEY=VALUE with KEY made of letters, digits "
+                             f"and _")
+        env[key] = value
+    return env
+
+
+def finite(value: float | None) -> float | None:
+    """Option callback: `nan` and `inf` parse as floats but are no number of seconds."""
+    if value is not None and not math.isfinite(value):
+        raise typer.BadParameter(f"{value} is not a finite number")
+    return value

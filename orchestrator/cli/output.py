@@ -1,0 +1,36 @@
+"""What commands print through: the consoles (human text; stderr when --json owns stdout) and the JSON object.
+
+`--json` prints exactly one versioned object on stdout (print_json); tables and progress go through rich.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from rich.console import Console
+
+JSON_VERSION = 1
+
+
+def stdout() -> Console:
+    # piped into grep or a file, tables should not be squeezed to the 80 columns rich assumes there
+    width = None if sys.stdout.isatty() else 160
+    return Console(file=sys.stdout, highlight=False, soft_wrap=True, width=width)
+
+
+def stderr() -> Console:
+    """Human text and progress when --json owns stdout."""
+    return Console(file=sys.stderr, highlight=False, soft_wrap=True)
+
+
+def print_json(payload: dict[str, Any]) -> None:
+    """One versioned JSON object on stdout."""
+    sys.stdout.write(json.dumps({"version": JSON_VERSION, **payload}, indent=2, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def about(target: str, message: str) -> str:
+    """`message` prefixed with its target, unless it already names it (transport errors start with the host)."""
+    host = target.split("/")[0]
+    return message if message.startswith(host) else f"{target}: {message}"

@@ -1,0 +1,59 @@
+"""How values read wherever a person sees them: state colours, durations, ages, token rates.
+
+`ps`, the alerts' messages and the dashboard all take them from here, so a state has one colour and a
+duration one spelling everywhere. Pure functions of their arguments; the colours are rich style strings.
+"""
+from __future__ import annotations
+
+import math
+
+from .agent.protocol import FAILED, KILLED, LOST, RUNNING, STARTING, SUCCEEDED
+
+MISSING = "-"
+STATE_STYLES = {
+    STARTING: "cyan",
+    RUNNING: "green",
+    SUCCEEDED: "blue",
+    FAILED: "bold red",
+    KILLED: "magenta",
+    LOST: "yellow",
+}
+UNKNOWN_STATE_STYLE = "white"
+
+
+def state_style(state: str | None) -> str:
+    return STATE_STYLES.get(state or "", UNKNOWN_STATE_STYLE)
+
+
+def format_duration(seconds: float | None) -> str:
+    """`42s`, `3m07s`, `2h05m`, `1.5d`; MISSING for nothing, a negative or a non-finite value."""
+    if seconds is None or not math.isfinite(seconds) or seconds < 0:
+        return MISSING
+    if seconds >= 86400:
+        return f"{seconds / 86400:.1f}d"
+    if seconds >= 3600:
+        return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"
+    if seconds >= 60:
+        return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+    return f"{seconds:.0f}s"
+
+
+def format_age(seconds: float | None) -> str:
+    """An age in its largest whole unit (`3d`, `5h`, `12m`, `40s`): a column to scan, not to read exactly."""
+    if seconds is None:
+        return MISSING
+    seconds = int(seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{max(seconds, 0)}s"
+
+
+def format_rate(per_s: float | None) -> str:
+    """Tokens per second the way the trainer logs them (11.7K)."""
+    if per_s is None or not math.isfinite(per_s):
+        return MISSING
+    for divisor, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "K")):
+        if abs(per_s) >= divisor:
+            return f"{per_s / divisor:.1f}{suffix}"
+    return f"{per_s:.0f}"

@@ -1,0 +1,3 @@
+"""Runs seen from the controller: what to start (spec.py, command.py), the one client of the agent (client.py),
+multi-node jobs (jobs.py), shipping the agent and trainer (bundle.py, deploy.py), naming runs on the command
+line (addressing.py), the trainer's config check (trainercheck.py) and the targets' health (doctor.py)."""

@@ -1,0 +1,33 @@
+"""The bundled trainer's command lines, built here only: a run on one target, one node of a job, the check.
+
+The config travels as an input file of the run (CONFIG_INPUT in the run directory), so every command names
+it the same way; torchrun starts the processes when there are several.
+"""
+from __future__ import annotations
+
+from ..inventory.model import Target
+
+CONFIG_INPUT = "config.yaml"   # the bundled trainer's config, as the run directory holds it
+TRAIN_ARGS = ("-m", "trainer", "train", "--config", CONFIG_INPUT)
+TORCHRUN = ("-m", "torch.distributed.run")
+
+
+def train_command(target: Target, *, nproc: int) -> list[str]:
+    """A run on one target: the trainer itself, or torchrun (standalone rendezvous) with `nproc` processes."""
+    launcher = [*TORCHRUN, "--standalone", f"--nproc-per-node={nproc}"] if nproc > 1 else []
+    return [target.python, *launcher, *TRAIN_ARGS]
+
+
+def node_train_command(target: Target, *, nnodes: int, nproc: int, endpoint: str, job_id: str, is_host: bool,
+                       local_addr: str, timeout: float) -> list[str]:
+    """torchrun for one node of a multi-node job (c10d rendezvous at `endpoint`, nothing restarted)."""
+    conf = f"is_host={str(is_host).lower()},join_timeout={timeout:g},read_timeout={min(timeout, 60.0):g}"
+    return [target.python, *TORCHRUN, f"--nnodes={nnodes}", f"--nproc-per-node={nproc}",
+            "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={job_id}", f"--rdzv-conf={conf}",
+            f"--local-addr={local_addr}", "--max-restarts=0", *TRAIN_ARGS]
+
+
+def check_command(target: Target, *, base_dir: str, source: str) -> list[str]:
+    """The trainer's check of a config; the config comes on its stdin. The agent runs it in the run's environment."""
+    return [target.python, "-m", "trainer", "check", "--config", "-", "--json", "--base-dir", base_dir,
+            "--source", source]

@@ -1,0 +1,81 @@
+"""The controller's layout stays livable: a small root, small modules and functions, imports one way only."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CONTROLLER = ("orchestrator", "tui")
+MAX_ROOT_MODULES = 10
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 60
+
+
+def modules() -> dict[str, ast.Module]:
+    return {path.relative_to(ROOT).as_posix(): ast.parse(path.read_text(encoding="utf-8"))
+            for package in CONTROLLER for path in sorted((ROOT / package).rglob("*.py"))}
+
+
+def imported(tree: ast.Module, name: str) -> set[str]:
+    """Absolute names of every module `tree` (the module `name`) imports, relative imports resolved."""
+    package = name.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                parts = parts[:len(parts) - node.level + 1]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+    return found
+
+
+def test_the_orchestrator_root_holds_at_most_ten_modules() -> None:
+    root = sorted(path.name for path in (ROOT / "orchestrator").glob("*.py"))
+    assert len(root) <= MAX_ROOT_MODULES, root
+
+
+def test_no_module_and_no_function_is_too_long() -> None:
+    too_long = []
+    for name, tree in modules().items():
+        lines = (ROOT / name).read_text(encoding="utf-8").count("\n")
+        if lines > MAX_MODULE_LINES:
+            too_long.append(f"{name}: {lines} lines")
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    too_long.append(f"{name}:{node.lineno} {node.name}: {length} lines")
+    assert too_long == []
+
+
+def test_every_module_opens_with_a_docstring() -> None:
+    assert [name for name, tree in modules().items() if not ast.get_docstring(tree)] == []
+
+
+def test_the_tui_never_reaches_back_into_the_cli() -> None:
+    offenders = []
+    for name, tree in modules().items():
+        if name.startswith("tui/"):
+            dotted = name[:-3].replace("/", ".")
+            if any(module == "orchestrator.cli" or module.startswith("orchestrator.cli.")
+                   for module in imported(tree, dotted)):
+                offenders.append(name)
+    assert offenders == []
+
+
+# the commands that open the dashboard; nothing else in orchestrator/ knows the tui exists
+DASHBOARD_OPENERS = ("orchestrator/cli/watch.py", "orchestrator/cli/demo.py")
+
+
+def test_the_controller_imports_no_torch_and_only_the_dashboard_commands_import_the_tui() -> None:
+    for name, tree in modules().items():
+        dotted = name[:-3].replace("/", ".")
+        names = imported(tree, dotted)
+        assert not any(module.split(".")[0] in {"torch", "transformers"} for module in names), name
+        if name.startswith("orchestrator/") and name not in DASHBOARD_OPENERS:
+            assert not any(module.split(".")[0] == "tui" for module in names), name

@@ -1,0 +1,62 @@
+"""Every shared concept is defined once: a second definition is found here before the two drift apart."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("orchestrator", "tui", "trainer")
+PROTOCOL = "orchestrator/agent/protocol.py"
+TRACEBACKS = "orchestrator/trainlog/tracebacks.py"
+
+# concept -> (a pattern that matches its definition, the one file that may hold it)
+DEFINITIONS = {
+    "run state names": (r"""["']killed["']|["']succeeded["']""", PROTOCOL),
+    "terminal state tuple": (r"^\s*(TERMINAL|ENDED|LIVE)(_STATES)?\s*=\s*(frozenset|[({])", PROTOCOL),
+    "run-id pattern": (r"\[A-Za-z0-9\]\[A-Za-z0-9\._-\]\{0,63\}", PROTOCOL),
+    "ANSI escape regex": (r"\\x1b\\\[\[0-\?\]", PROTOCOL),
+    "nvidia-smi query fields": (r"[\"']--query-gpu=|^\s*GPU_\w*FIELDS\s*=", PROTOCOL),
+    "GPU-held threshold": (r"^\s*\w*(HELD|held|min_memory)\w*\s*(:\s*\w+\s*)?=\s*[\d.]+", PROTOCOL),
+    "protocol version": (r"^\s*PROTOCOL_VERSION\s*=", PROTOCOL),
+    "state colours": (r"^\s*\w*(STATE_STYLES|COLORS|COLOURS)\s*=", "orchestrator/display.py"),
+    "duration formatting": (r"^def format_duration\b", "orchestrator/display.py"),
+    "exit codes": (r"^EXIT_UNREACHABLE\s*=", "orchestrator/errors.py"),
+    "what an exception line looks like": (r"Segmentation fault|most recent call last\)", TRACEBACKS),
+}
+
+
+def sources() -> dict[str, str]:
+    files = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            files[path.relative_to(ROOT).as_posix()] = path.read_text(encoding="utf-8")
+    return files
+
+
+@pytest.mark.parametrize("concept", sorted(DEFINITIONS))
+def test_each_concept_is_defined_in_exactly_one_module(concept: str) -> None:
+    pattern, home = DEFINITIONS[concept]
+    regex = re.compile(pattern, re.MULTILINE)
+    holders = sorted(name for name, text in sources().items() if regex.search(text))
+    assert holders == [home], f"{concept}: defined in {holders}, expected only in {home}"
+
+
+def test_no_literal_exit_code_comparisons() -> None:
+    literal = re.compile(r"exit_code\s*==\s*\d|return [123]\s*$", re.MULTILINE)
+    cli = {name: text for name, text in sources().items() if name.startswith("orchestrator/cli/")}
+    offenders = sorted(name for name, text in cli.items() if literal.search(text))
+    assert offenders == []
+
+
+def test_ps_and_the_dashboard_colour_every_state_alike() -> None:
+    from orchestrator.agent.protocol import RUN_STATES
+    from orchestrator.cli.ps import _state
+    from orchestrator.watch.model import RunView
+    from tui.runcells import run_cells
+
+    for state in RUN_STATES:
+        run = RunView(run_id="r-1", target="local", name="r", state=state)
+        dashboard = run_cells(run)["state"].style
+        assert _state(state) == f"[{dashboard}]{state}[/]", state
