@@ -17,6 +17,7 @@ from itertools import chain
 
 import torch
 
+from trainer.errors import TrainerError
 from trainer.memplan import sharding_ways, zero_partition
 
 BETAS = (0.9, 0.95)
@@ -72,6 +73,11 @@ def full_state(optimizer, ctx) -> dict | None:
 
 def load_state(optimizer, state: dict) -> None:
     """Load a whole optimizer state (either optimizer's checkpoint layout); a ZeRO rank keeps its share only."""
+    saved = sum(len(group["params"]) for group in state["param_groups"])
+    mine = sum(len(group["params"]) for group in optimizer.param_groups)
+    if saved != mine:
+        raise TrainerError(f"the checkpoint's optimizer state is of {saved} parameters, this run optimizes {mine}: "
+                           f"a simulate_shards run's checkpoint holds one rank's share only; use --resume never")
     if not _is_zero(optimizer):
         optimizer.load_state_dict(state)
         return

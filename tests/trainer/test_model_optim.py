@@ -54,3 +54,23 @@ def test_a_zero_rank_resumes_its_share_of_a_whole_fused_adamw_state():
     for param, state in kept.items():   # where a fused AdamW keeps its step counters: on the parameter's device
         assert state["step"].device == param.device and state["step"].dtype == torch.float32
         assert float(state["step"]) == 2
+
+
+def test_a_simulated_runs_partial_state_is_refused_by_a_whole_optimizer():
+    import pytest
+
+    from trainer.errors import TrainerError
+
+    params = [torch.nn.Parameter(torch.randn(*shape)) for shape in SHAPES]
+    cfg = SimpleNamespace(lr=1e-2, weight_decay=0.0, simulate_shards=3, shard_optimizer="auto")
+    simulated, _ = optim.build_optimizer(params, cfg, SimpleNamespace(world_size=1, rank=0), fused=False)
+    set_grads(params, 0)
+    simulated.step()
+    whole, _ = optim.build_optimizer(params, SimpleNamespace(**{**vars(cfg), "simulate_shards": 0}),
+                                     SimpleNamespace(world_size=1), fused=False)
+    with pytest.raises(TrainerError, match=r"optimizer state is of \d parameters, this run optimizes 5: a "
+                                           r"simulate_shards run's checkpoint"):
+        optim.load_state(whole, simulated.state_dict())
+    resumed, _ = optim.build_optimizer(params, cfg, SimpleNamespace(world_size=1, rank=0), fused=False)
+    optim.load_state(resumed, simulated.state_dict())   # the same simulation resumes its own state
+    assert len(resumed.state) == len(simulated.state) > 0
