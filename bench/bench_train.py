@@ -56,6 +56,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--bucket", type=int, default=None, help="only batches of this bucket index")
     parser.add_argument("--compile", action="store_true", help="torch.compile the drafter; pad to bucket bounds")
     parser.add_argument("--profile", default=None, help="write a torch.profiler trace of 2 steps to this file")
+    parser.add_argument("--skip-baselines", action="store_true",
+                        help="time the training step only (no plain-forward or target-alone baselines)")
     parser.add_argument("--plain-length", type=int, default=4096,
                         help="sequence length of the plain-forward baseline (rows fill the token budget)")
     parser.add_argument("--seed", type=int, default=0)
@@ -354,12 +356,22 @@ def profile_steps(parts: SimpleNamespace, stream, args, ctx, autocast) -> str:
 
 # ---------------------------------------------------------------------------------------------- report
 
-def summarise(args, ctx, *, peak: tuple[float, str], taps: list[int], target_only: dict, training: dict,
-              plain: dict, target_line: str) -> dict:
+def summarise(args, ctx, *, peak: tuple[float, str], taps: list[int], target_only: dict | None, training: dict,
+              plain: dict | None, target_line: str) -> dict:
+    """The figures; the baselines' (and the ratios to them) are None when they were skipped."""
     flops, phases = training["flops"], training["phases"]
     world_peak = peak[0] * 1e12 * ctx.world_size
     phase_total = sum(phases.values()) or 1.0
-    target_only_rate = target_only["tokens"] / target_only["seconds"]
+    target_rate = training["tokens"] / phases["target"] if phases["target"] else 0.0
+
+    def ratio(baseline: dict | None, rate: float) -> float | None:
+        return target_rate / rate if baseline and rate else None
+
+    def rates(measured: dict | None, **extra) -> dict | None:
+        if measured is None:
+            return None
+        mfu = all_ranks_sum(measured["flops"], ctx) / measured["seconds"] / world_peak
+        return {"tok_per_s": measured["tok_per_s"], "mfu": mfu, **extra}
     blocks = training["real_blocks"] + training["padded_blocks"]
     return {
         "device": str(ctx.device), "device_name": device_name(ctx.device), "world_size": ctx.world_size,
@@ -369,21 +381,17 @@ def summarise(args, ctx, *, peak: tuple[float, str], taps: list[int], target_onl
         "block_size": args.block_size, "drafter_layers": args.drafter_layers,
         "matmul_peak_tflops": peak[0], "matmul_peak_what": peak[1],
         "target_line": target_line,
-        "plain_forward": {"tok_per_s": plain["tok_per_s"], "rows": plain["rows"], "length": plain["length"],
-                          "mfu": all_ranks_sum(plain["flops"], ctx) / plain["seconds"] / world_peak},
-        "target_only": {"tok_per_s": target_only["tok_per_s"],
-                        "mfu": all_ranks_sum(target_only["flops"], ctx) / target_only["seconds"] / world_peak},
+        "plain_forward": rates(plain, **({"rows": plain["rows"], "length": plain["length"]} if plain else {})),
+        "target_only": rates(target_only),
         "step": {
             "tok_per_s": training["tok_per_s"], "step_ms": 1000 * training["seconds"] / args.steps,
             "mfu": all_ranks_sum(flops.total, ctx) / training["seconds"] / world_peak,
             "flops_per_step": {k: v / args.steps for k, v in flops.as_dict().items()},
             "target_flop_share": flops.target / flops.total, "drafter_flop_share": flops.drafter_total / flops.total,
             "phase_share": {k: v / phase_total for k, v in phases.items()},
-            "target_phase_tok_per_s": training["tokens"] / phases["target"] if phases["target"] else 0.0,
-            "target_in_step_ratio": (training["tokens"] / phases["target"] / target_only_rate
-                                     if phases["target"] else 0.0),
-            "target_phase_vs_plain_forward": (training["tokens"] / phases["target"] / plain["tok_per_s"]
-                                              * ctx.world_size if phases["target"] else 0.0),
+            "target_phase_tok_per_s": target_rate,
+            "target_in_step_ratio": ratio(target_only, target_only and target_only["tokens"] / target_only["seconds"]),
+            "target_phase_vs_plain_forward": ratio(plain, plain and plain["tok_per_s"] / ctx.world_size),
             "padded_block_share": training["padded_blocks"] / blocks if blocks else 0.0,
             "loss": training["loss"],
         },
@@ -428,22 +436,29 @@ def planned_memory(args, target, drafter, ctx) -> dict:
 
 
 def format_table(result: dict) -> str:
-    step, target = result["step"], result["target_only"]
+    step, target, plain = result["step"], result["target_only"], result["plain_forward"]
+    baselines = [
+        f"plain HF forward ({plain['rows']} x {plain['length']}): {plain['tok_per_s']:,.0f} tok/s, "
+        f"MFU {plain['mfu']:.1%}" if plain else "plain HF forward: not measured",
+        f"target features alone: {target['tok_per_s']:,.0f} tok/s, MFU {target['mfu']:.1%}" if target
+        else "target features alone: not measured",
+    ]
+    inside = f"  target inside the step: {step['target_phase_tok_per_s']:,.0f} tok/s"
+    if step["target_in_step_ratio"] is not None:
+        inside += f" = {step['target_in_step_ratio']:.1%} of the target alone"
+    if step["target_phase_vs_plain_forward"] is not None:
+        inside += f", {step['target_phase_vs_plain_forward']:.1%} of the plain forward"
     lines = [
         f"{result['model']} on {result['world_size']} x {result['device_name']} ({result['device']}), "
         f"compile={result['compile']}, taps {result['taps']}",
         result["target_line"],
         f"matmul peak ({result['matmul_peak_what']}): {result['matmul_peak_tflops']:.3g} TFLOP/s",
-        f"plain HF forward ({result['plain_forward']['rows']} x {result['plain_forward']['length']}): "
-        f"{result['plain_forward']['tok_per_s']:,.0f} tok/s, MFU {result['plain_forward']['mfu']:.1%}",
-        f"target features alone: {target['tok_per_s']:,.0f} tok/s, MFU {target['mfu']:.1%}",
+        *baselines,
         f"training step:        {step['tok_per_s']:,.0f} tok/s, {step['step_ms']:.1f} ms/step, MFU {step['mfu']:.1%}",
         f"  FLOP shares: target {step['target_flop_share']:.1%}, drafter {step['drafter_flop_share']:.1%} "
         f"(padded blocks {step['padded_block_share']:.1%}, not counted)",
         "  time shares: " + ", ".join(f"{k} {v:.1%}" for k, v in step["phase_share"].items()),
-        f"  target inside the step: {step['target_phase_tok_per_s']:,.0f} tok/s = "
-        f"{step['target_in_step_ratio']:.1%} of the target alone, {step['target_phase_vs_plain_forward']:.1%} "
-        f"of the plain forward",
+        inside,
         f"peak memory: {result['peak_memory_gib']:.2f} GiB ({result['peak_memory_kind']}); compiled frames after "
         f"warm-up: {result['compiled_frames_after_warmup']} (total {result['compiled_frames_total']})",
     ]
@@ -490,10 +505,12 @@ def main(argv=None) -> int:
     autocast = torch.autocast(device_type=ctx.device.type, dtype=dtype, enabled=on_gpu)
     streams = [batch_stream(dataset, args, ctx) for _ in range(2)]   # the same batches for both measurements
     try:
-        plain = measure_plain_forward(target, args, ctx, autocast)
-        progress(f"plain forward: {plain['tok_per_s']:,.0f} tok/s")
-        target_only = measure_target_only(target, streams[0], args, ctx, autocast)
-        progress(f"target features alone: {target_only['tok_per_s']:,.0f} tok/s")
+        plain = target_only = None
+        if not args.skip_baselines:
+            plain = measure_plain_forward(target, args, ctx, autocast)
+            progress(f"plain forward: {plain['tok_per_s']:,.0f} tok/s")
+            target_only = measure_target_only(target, streams[0], args, ctx, autocast)
+            progress(f"target features alone: {target_only['tok_per_s']:,.0f} tok/s")
         if args.simulate_shards and on_gpu:  # the plan is of training steps: their peak, not the baselines'
             torch.cuda.reset_peak_memory_stats(ctx.device)
         training = measure_training(parts, streams[1], args, ctx, autocast)

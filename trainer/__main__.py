@@ -41,7 +41,7 @@ def _check(args) -> int:
 
 
 def _prepare(args) -> int:
-    from trainer.data import prepare
+    from trainer.prepare import prepare
 
     report = prepare(target=args.target, input_path=args.input, output=args.output, block_size=args.block_size,
                      max_length=args.max_length, overlong=args.overlong)

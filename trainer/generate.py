@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from trainer.data import record_messages
+from trainer.prepare import record_messages
 from trainer.errors import TrainerError
 
 

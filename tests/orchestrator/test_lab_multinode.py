@@ -28,7 +28,7 @@ DIST_TIMEOUT_S = 15
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> dict[str, Path]:
     """The tiny target, and a dataset of its own answers, where every lab container can read them."""
-    from trainer.data import prepare
+    from trainer.prepare import prepare
     from trainer.generate import generate
     from trainer.tiny import write_tiny_target
 

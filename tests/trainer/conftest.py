@@ -59,7 +59,7 @@ def tiny_target(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def self_generated(tiny_target, tmp_path_factory) -> dict[str, Path]:
     """Prompts answered by the tiny target itself, prepared into a dataset, and four of them for eval."""
-    from trainer.data import prepare
+    from trainer.prepare import prepare
     from trainer.generate import generate
 
     root = tmp_path_factory.mktemp("self_generated")

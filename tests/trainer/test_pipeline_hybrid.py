@@ -13,7 +13,7 @@ from tests.trainer.test_pipeline_training import step_records, write_untrained_d
 
 
 def _self_generated(root: Path, *, composite: bool, prompts: int) -> dict[str, Path]:
-    from trainer.data import prepare
+    from trainer.prepare import prepare
     from trainer.generate import generate
     from trainer.tiny import write_tiny_target
 
