@@ -196,7 +196,8 @@ def test_gpu_features_with_the_fla_kernels_equal_the_torch_path(tmp_path, family
     got = on_gpu.features(ids.cuda(), mask.cuda()).cpu()
     want = torch.load(tmp_path / "want.pt")
     real = mask.bool()
-    torch.testing.assert_close(got[real], want[real], rtol=2e-3, atol=2e-3)
+    # fla's Triton dot products take fp32 inputs as TF32 (10-bit mantissa): agreement to ~1e-2, not to 1e-5
+    torch.testing.assert_close(got[real], want[real], rtol=1e-2, atol=1e-2)
 
 
 def test_with_fla_installed_a_cpu_run_of_a_hybrid_target_is_refused_in_one_line(tmp_path):
