@@ -31,7 +31,7 @@ from trainer.config import SEED_BUCKETS, default_gamma
 from trainer.flops import LayerShape, StepFlops, TargetShape, target_feature_flops, training_step_flops
 from trainer.optim import rank_share
 from trainer.synthetic import SHAPES, causal_lm_class, target_config
-from trainer.train import compiled_graphs, seconds_between, timing_mark
+from trainer.metrics import compiled_graphs, seconds_between, timing_mark
 
 MODELS = {name: SHAPES[name] for name in ("qwen3-1.7b", "qwen3-8b", "qwen3-32b", "tiny", "qwen3.6-27b",
                                           "qwen3.6-35b-a3b", "tiny-hybrid")}

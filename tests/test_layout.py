@@ -53,6 +53,25 @@ def test_no_module_and_no_function_is_too_long() -> None:
     assert too_long == []
 
 
+TRAINER_LOOP = "trainer/train.py:train"  # the training loop reads best as one function
+
+
+def test_trainer_modules_and_functions_are_small_too() -> None:
+    too_long = []
+    for path in sorted((ROOT / "trainer").glob("*.py")):
+        name = path.relative_to(ROOT).as_posix()
+        text = path.read_text(encoding="utf-8")
+        if text.count("\n") > MAX_MODULE_LINES:
+            too_long.append(f"{name}: {text.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and f"{name}:{node.name}" != TRAINER_LOOP:
+                if node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES:
+                    too_long.append(f"{name}:{node.lineno} {node.name}")
+        if not ast.get_docstring(ast.parse(text)):
+            too_long.append(f"{name}: no opening docstring")
+    assert too_long == []
+
+
 def test_every_module_opens_with_a_docstring() -> None:
     assert [name for name, tree in modules().items() if not ast.get_docstring(tree)] == []
 

@@ -80,11 +80,8 @@ def _tiny_target(args) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _add_train_command(commands) -> None:
     from trainer.config import field_help
-
-    parser = argparse.ArgumentParser(prog="python -m trainer", description="DFlash drafter trainer.")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     train = commands.add_parser(
         "train", help="train a drafter from a YAML config", formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -101,6 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="with --plan: GiB per GPU (default: this machine's GPU, else not checked)")
     train.set_defaults(run=_train)
 
+
+def _add_check_command(commands) -> None:
     check = commands.add_parser(
         "check", help="check a config, the paths it names and the data, without loading a model",
         description="Every problem of a training config in one pass, one line each: the keys and values, the "
@@ -114,6 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--json", action="store_true", help="print one JSON object: ok, problems, what was read")
     check.set_defaults(run=_check)
 
+
+def _add_prepare_command(commands) -> None:
     prepare = commands.add_parser("prepare", help="tokenize JSONL chat records into an Arrow dataset")
     prepare.add_argument("--target", required=True, help="target model directory (its tokenizer and chat template)")
     prepare.add_argument("--input", required=True, help='JSONL: {"messages": [...]} or {"prompt", "completion"}')
@@ -125,6 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
                          help="what to do with samples over --max-length (default truncate)")
     prepare.set_defaults(run=_prepare)
 
+
+def _add_generate_command(commands) -> None:
     generate = commands.add_parser("generate", help="regenerate answers with the target itself (greedy)")
     generate.add_argument("--target", required=True, help="target model directory")
     generate.add_argument("--prompts", required=True, help='JSONL: {"messages": [...]} or {"prompt": ...}')
@@ -134,6 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
     generate.set_defaults(run=_generate)
 
+
+def _add_eval_command(commands) -> None:
     evaluate = commands.add_parser("eval", help="speculative decoding: acceptance length and speed vs greedy")
     evaluate.add_argument("--target", required=True, help="target model directory")
     evaluate.add_argument("--drafter", required=True, help="drafter checkpoint directory (a step_N)")
@@ -147,6 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--json", action="store_true", help="print one JSON object")
     evaluate.set_defaults(run=_eval)
 
+
+def _add_tiny_target_command(commands) -> None:
     tiny = commands.add_parser("tiny-target", help="write a tiny random target (no downloads)",
                                description="A tiny random target and its tokenizer, for CPU tests and demos.")
     tiny.add_argument("out_dir", metavar="OUT_DIR", help="directory to write")
@@ -158,6 +165,17 @@ def build_parser() -> argparse.ArgumentParser:
                            "published Qwen3.5/3.6 models are")
     tiny.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
     tiny.set_defaults(run=_tiny_target)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m trainer", description="DFlash drafter trainer.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_train_command(commands)
+    _add_check_command(commands)
+    _add_prepare_command(commands)
+    _add_generate_command(commands)
+    _add_eval_command(commands)
+    _add_tiny_target_command(commands)
     return parser
 
 

@@ -8,10 +8,7 @@ checkpoints. All GPU work runs on the main thread: the batch-builder threads onl
 """
 from __future__ import annotations
 
-import json
 import math
-import os
-import random
 import shutil
 import sys
 import time
@@ -21,18 +18,14 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from trainer import logformat, memplan, optim
+from trainer.metrics import MetricsLog, Throughput, compiled_graphs, log_step
+from trainer.checkpoint import (agree_on_resume, check_resumable, choose_resume_dir, gather_to_main,
+                                restore_rng, resume_state, rng_state, save_checkpoint)
 from trainer.config import TrainConfig, resolved_config_text
 from trainer.errors import TrainerError
 from trainer.startup import compile_attention, default_compile_caches, stage_line
 from trainer.preflight import checked_config  # every problem of config, paths and data in one pass
 
-STATE_FILE = "training_state.pt"
-CONFIG_FILE = "trainer_config.json"  # the resolved training config, readable without torch
-CHECKPOINT_FILES = ("config.json", "model.safetensors", STATE_FILE, CONFIG_FILE)
-# config keys that shape the drafter or the data order: a checkpoint resumes only with the same values
-RESUME_KEYS = ("block_size", "drafter_layers", "target_layer_ids", "sliding_window", "drafter_heads",
-               "drafter_kv_heads", "drafter_head_dim", "drafter_intermediate_size", "drafter_rope_theta",
-               "mask_token_id", "seed", "buckets", "token_budget", "max_length", "overlong")
 
 
 class DraftDDP(DistributedDataParallel):
@@ -77,215 +70,7 @@ def lr_factor(step: int, *, total_steps: int, warmup_steps: int) -> float:
 
 # ---------------------------------------------------------------------------------------------- checkpoints
 
-def complete_checkpoints(output_dir: Path) -> list[tuple[int, Path]]:
-    """(step, dir) of every step_N/ holding all its files, oldest first; temp dirs are never named step_N."""
-    found = []
-    for path in output_dir.glob("step_*"):
-        suffix = path.name.removeprefix("step_")
-        if suffix.isdigit() and all((path / name).is_file() for name in CHECKPOINT_FILES):
-            found.append((int(suffix), path))
-    return sorted(found)
-
-
-def choose_resume_dir(cfg: TrainConfig) -> Path | None:
-    if cfg.resume == "never":
-        return None
-    if cfg.resume == "auto":
-        found = complete_checkpoints(Path(cfg.output_dir))
-        return found[-1][1] if found else None
-    path = Path(cfg.resume)
-    if not all((path / name).is_file() for name in CHECKPOINT_FILES):
-        raise TrainerError(f"resume: {path} is not a complete checkpoint (needs {', '.join(CHECKPOINT_FILES)})")
-    return path
-
-
-def check_resumable(resume_dir: Path, cfg: TrainConfig) -> None:
-    saved = json.loads((resume_dir / CONFIG_FILE).read_text())
-    changed = [key for key in RESUME_KEYS if saved.get(key) != getattr(cfg, key)]
-    if changed:
-        details = ", ".join(f"{key}: {saved.get(key)!r} -> {getattr(cfg, key)!r}" for key in changed)
-        raise TrainerError(f"cannot resume from {resume_dir}: the config changed ({details}); "
-                           f"use --resume never or a new output_dir")
-
-
-def save_checkpoint(output_dir: Path, step: int, *, drafter, state: dict, keep: int) -> Path:
-    """Write step_N/ into a temp dir and rename it: a kill mid-write never leaves a complete-looking step_N."""
-    from trainer.checkpoint import save_drafter
-
-    final = output_dir / f"step_{step}"
-    temp = output_dir / f".tmp-step_{step}-{os.getpid()}"
-    shutil.rmtree(temp, ignore_errors=True)
-    temp.mkdir(parents=True)
-    save_drafter(drafter, temp)
-    torch.save(state, temp / STATE_FILE)
-    (temp / CONFIG_FILE).write_text(json.dumps(state["config"], indent=2))
-    for path in temp.iterdir():
-        with open(path, "rb") as handle:
-            os.fsync(handle.fileno())
-    if final.exists():
-        shutil.rmtree(final)
-    os.rename(temp, final)
-    if keep:
-        for _, old in complete_checkpoints(output_dir)[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
-    return final
-
-
-def rng_state(generator) -> dict:
-    import numpy as np
-
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
-             "anchors": generator.get_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def restore_rng(state: dict, generator) -> None:
-    import numpy as np
-
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    generator.set_state(state["anchors"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def agree_on_resume(resume_dir: Path | None, ctx) -> tuple[Path | None, bool]:
-    """Rank 0's choice of checkpoint holds for the whole job, and whether this rank can read it itself.
-
-    In a job across hosts only the first node has the checkpoints (rank 0 writes them): the other nodes must
-    resume from the same step, with the state rank 0 sends them, not start fresh.
-    """
-    from trainer.distributed import broadcast_object
-
-    chosen = broadcast_object(str(resume_dir) if resume_dir is not None else None, ctx)
-    if chosen is None:
-        return None, False
-    path = Path(chosen)
-    return path, (path / STATE_FILE).is_file()
-
-
-def resume_state(resume_dir: Path, local: bool, ctx) -> dict:
-    """The training state of the checkpoint: read from disk, or from rank 0 where this node lacks the files."""
-    from trainer.distributed import any_rank, broadcast_object
-
-    state = torch.load(resume_dir / STATE_FILE, map_location="cpu", weights_only=False) if local else None
-    if any_rank(not local, ctx):  # only pay for the broadcast when some rank cannot read the checkpoint
-        state = broadcast_object(state, ctx)
-    return state
-
-
-def gather_to_main(value, ctx) -> list:
-    import torch.distributed as dist
-
-    if not ctx.is_distributed:
-        return [value]
-    gathered = [None] * ctx.world_size if ctx.is_main else None
-    dist.gather_object(value, gathered, dst=0)
-    return gathered
-
-
 # ---------------------------------------------------------------------------------------------- logging
-
-class MetricsLog:
-    """Rank 0's step lines on stdout and the same numbers as JSON lines in {output_dir}/metrics.jsonl."""
-
-    def __init__(self, output_dir: Path, enabled: bool):
-        self.enabled = enabled
-        self.file = open(output_dir / "metrics.jsonl", "a") if enabled else None
-        if enabled:
-            link_into_run_dir(output_dir / "metrics.jsonl")
-
-    def say(self, *lines: str) -> None:
-        if self.enabled:
-            for line in lines:
-                print(line, flush=True)
-
-    def event(self, event: str, **fields) -> None:
-        if self.enabled:
-            self.file.write(logformat.event_json(event, **fields) + "\n")
-            self.file.flush()
-
-    def step(self, metrics: logformat.StepMetrics, **extra) -> None:
-        if self.enabled:
-            print(logformat.format_step_line(metrics), flush=True)
-            record = json.loads(logformat.metrics_json(metrics))
-            record.update(extra)
-            self.file.write(json.dumps(record) + "\n")
-            self.file.flush()
-
-    def close(self) -> None:
-        if self.file:
-            self.file.close()
-
-
-def link_into_run_dir(metrics: Path) -> None:
-    """Under a launcher that gives each run a directory (DFLASH_RUN_DIR), make metrics.jsonl visible there too,
-    where run tools look for it, without writing it twice."""
-    run_dir = os.environ.get("DFLASH_RUN_DIR")
-    if not run_dir or not os.path.isdir(run_dir):
-        return
-    link = Path(run_dir) / "metrics.jsonl"
-    if link.resolve() != metrics.resolve() and not os.path.lexists(link):
-        os.symlink(metrics.resolve(), link)
-
-
-def timing_mark(cuda: bool):
-    """A point in the step: a CUDA event on a GPU (read later, so no step waits for the GPU), else a clock."""
-    if cuda:
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
-    return time.perf_counter()
-
-
-def seconds_between(start, end) -> float:
-    """Seconds between two timing marks of the same kind."""
-    return start.elapsed_time(end) / 1000 if isinstance(start, torch.cuda.Event) else end - start
-
-
-def compiled_graphs() -> int:
-    """Frames torch.compile has compiled in this process so far (flex_attention and its mask builder count)."""
-    try:
-        from torch._dynamo.utils import counters
-    except ImportError:  # a torch without dynamo
-        return 0
-    return int(counters["frames"].get("total", 0))
-
-
-class Throughput:
-    """Per log interval: seconds spent in the target and in the drafter step, tokens and wall time.
-
-    On a GPU the split uses CUDA events read only at log time, so steps never wait for the GPU to finish."""
-
-    def __init__(self, device):
-        self.cuda = device.type == "cuda"
-        self.reset()
-
-    def reset(self) -> None:
-        self.marks: list[tuple] = []
-        self.tokens = 0
-        self.steps = 0
-        self.started = time.perf_counter()
-
-    def mark(self):
-        return timing_mark(self.cuda)
-
-    def add(self, start, after_target, end, tokens: int) -> None:
-        self.marks.append((start, after_target, end))
-        self.tokens += tokens
-        self.steps += 1
-
-    def seconds(self) -> tuple[float, float, float]:
-        """(target seconds, drafter seconds, wall seconds) of the interval."""
-        if self.cuda:
-            self.marks[-1][2].synchronize()
-        target = sum(seconds_between(a, b) for a, b, _ in self.marks)
-        drafter = sum(seconds_between(b, c) for _, b, c in self.marks)
-        return target, drafter, time.perf_counter() - self.started
-
 
 def main(config_path: str, *, resume: str | None = None) -> int:
     # ------------------------------------------------------------------ config: everything is checked before models load
@@ -311,27 +96,26 @@ def main(config_path: str, *, resume: str | None = None) -> int:
         compute_cleanup()
 
 
-def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> int:
-    from trainer import data as data_lib
-    from trainer.checkpoint import load_drafter
-    from trainer.distributed import barrier, broadcast_parameters, weights_digest
-    from trainer.drafter import DFlashDrafter, DrafterConfig
-    from trainer.families import drafter_shape
-    from trainer.objective import dflash_step
-    from trainer.target import TargetModel
-
+def open_output(cfg: TrainConfig, ctx) -> tuple[Path, MetricsLog]:
+    """The output directory (a checkpoint write a kill interrupted is removed) and the run's log, which opens
+    with the resolved config and the memory plan (refused here, before loading, when it cannot fit)."""
     output_dir = Path(cfg.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     if ctx.is_main:
-        for stale in output_dir.glob(".tmp-step_*"):  # a checkpoint write that a kill interrupted
+        for stale in output_dir.glob(".tmp-step_*"):
             shutil.rmtree(stale, ignore_errors=True)
     log = MetricsLog(output_dir, enabled=ctx.is_main)
     log.say("Resolved config:", *("  " + line for line in resolved_config_text(cfg).splitlines()))
     log.say(f"World: {ctx.world_size} process(es), rank 0 on {ctx.device}")
     gpu_bytes = torch.cuda.get_device_properties(ctx.device).total_memory if ctx.device.type == "cuda" else None
     memplan.check(cfg, world_size=ctx.world_size, limit=gpu_bytes, on_gpu=gpu_bytes is not None, say=log.say)
+    return output_dir, log
 
-    # ------------------------------------------------------------------ data
+
+def describe_data(log: MetricsLog, cfg: TrainConfig, ctx, dataset, layout) -> tuple[int, int]:
+    """Log the dataset and its batches; (batches per rank per epoch, the smallest batch size)."""
+    from trainer import data as data_lib
+
     per_rank = data_lib.batches_per_rank(layout, world_size=ctx.world_size)
     if per_rank == 0:
         raise TrainerError(f"the dataset gives {sum(layout.batch_counts())} batches: fewer than one per rank "
@@ -344,22 +128,27 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
     log.say(logformat.format_batches_line(sum(layout.batch_counts()), min_size=min_size, max_size=max_size,
                                           avg_size=avg_size),
             logformat.format_bucket_table(layout.bounds, layout.batch_counts()))
-    total_steps = cfg.max_steps or cfg.epochs * per_rank
+    return per_rank, min_size
 
-    # ------------------------------------------------------------------ model
+
+def run_dtype(cfg: TrainConfig, ctx) -> torch.dtype:
+    """The target's weights and the autocast dtype: bf16 on a GPU and fp32 on a CPU unless the config says."""
     on_gpu = ctx.device.type == "cuda"
-    dtype = {"auto": torch.bfloat16 if on_gpu else torch.float32, "bfloat16": torch.bfloat16,
-             "float16": torch.float16, "float32": torch.float32}[cfg.dtype]
-    log.say(stage_line("loading target"), logformat.format_loading_targets(ctx.world_size),
-            logformat.format_target_on(ctx.rank, str(ctx.device)))
-    target = TargetModel.load(cfg.target_path, layer_ids=cfg.target_layer_ids, num_taps=len(cfg.target_layer_ids),
-                              device=ctx.device, dtype=dtype, mask_token_id=cfg.mask_token_id)
-    log.say(target.describe())
-    log.say(stage_line("building drafter"))
+    return {"auto": torch.bfloat16 if on_gpu else torch.float32, "bfloat16": torch.bfloat16,
+            "float16": torch.float16, "float32": torch.float32}[cfg.dtype]
+
+
+def build_drafter(cfg: TrainConfig, ctx, log: MetricsLog, target, checkpoint: Path | None):
+    """The drafter in fp32 on the device, the same on every rank: from `checkpoint`, or new from the target
+    family's recipe with the config's drafter_* keys over it."""
+    from trainer.checkpoint import load_drafter
+    from trainer.distributed import broadcast_parameters
+    from trainer.drafter import DFlashDrafter, DrafterConfig
+    from trainer.families import drafter_shape
+
     torch.manual_seed(cfg.seed)  # same init on every rank; the broadcast below makes it certain
-    resume_dir, local_resume = agree_on_resume(resume_dir, ctx)
-    if local_resume:
-        drafter = load_drafter(resume_dir, embed_tokens=target.embed_tokens, lm_head=target.lm_head,
+    if checkpoint is not None:
+        drafter = load_drafter(checkpoint, embed_tokens=target.embed_tokens, lm_head=target.lm_head,
                                device=ctx.device)
     else:  # a fresh run, or a rank on another node that gets rank 0's checkpointed weights by broadcast
         shape = drafter_shape(target.spec, heads=cfg.drafter_heads, kv_heads=cfg.drafter_kv_heads,
@@ -378,13 +167,14 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
     log.say(f"Drafter: {cfg.drafter_layers} layers, {n_params / 1e6:.2f}M trainable parameters, "
             f"{shown.num_attention_heads} heads / {shown.num_key_value_heads} KV x {shown.head_dim}, MLP "
             f"{shown.intermediate_size}{window}, mask token {shown.mask_token_id}, taps {cfg.target_layer_ids}")
-    model = DraftDDP(drafter, device_ids=[ctx.device] if on_gpu else None) if ctx.is_distributed else drafter
-    if cfg.compile:
-        model = torch.compile(model)
+    return drafter
 
-    # ------------------------------------------------------------------ optimizer
+
+def build_optimization(cfg: TrainConfig, ctx, log: MetricsLog, drafter, *, total_steps: int,
+                       resume_dir: Path | None, local_resume: bool):
+    """(params, optimizer, scheduler, anchor generator, step, data position), restored from `resume_dir`."""
     params = [p for p in drafter.parameters() if p.requires_grad]
-    optimizer, optimizer_line = optim.build_optimizer(params, cfg, ctx, fused=on_gpu)
+    optimizer, optimizer_line = optim.build_optimizer(params, cfg, ctx, fused=ctx.device.type == "cuda")
     log.say(optimizer_line)
     warmup = math.ceil(cfg.warmup_ratio * total_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -401,6 +191,33 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
             restore_rng(state["rng"][ctx.rank], anchor_rng)
         log.say(f"Resumed from {resume_dir} at step {step} (epoch {position['epoch']}, batch {position['index']})")
         log.event("resume", step=step, path=str(resume_dir), data_position=position)
+    return params, optimizer, scheduler, anchor_rng, step, position
+
+
+def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> int:
+    """Set up (each part above) and run the loop."""
+    from trainer import data as data_lib
+    from trainer.distributed import barrier, weights_digest
+    from trainer.objective import dflash_step
+    from trainer.target import TargetModel
+
+    output_dir, log = open_output(cfg, ctx)
+    per_rank, min_size = describe_data(log, cfg, ctx, dataset, layout)
+    total_steps = cfg.max_steps or cfg.epochs * per_rank
+    on_gpu, dtype = ctx.device.type == "cuda", run_dtype(cfg, ctx)
+    log.say(stage_line("loading target"), logformat.format_loading_targets(ctx.world_size),
+            logformat.format_target_on(ctx.rank, str(ctx.device)))
+    target = TargetModel.load(cfg.target_path, layer_ids=cfg.target_layer_ids, num_taps=len(cfg.target_layer_ids),
+                              device=ctx.device, dtype=dtype, mask_token_id=cfg.mask_token_id)
+    log.say(target.describe())
+    log.say(stage_line("building drafter"))
+    resume_dir, local_resume = agree_on_resume(resume_dir, ctx)
+    drafter = build_drafter(cfg, ctx, log, target, resume_dir if local_resume else None)
+    model = DraftDDP(drafter, device_ids=[ctx.device] if on_gpu else None) if ctx.is_distributed else drafter
+    if cfg.compile:
+        model = torch.compile(model)
+    params, optimizer, scheduler, anchor_rng, step, position = build_optimization(
+        cfg, ctx, log, drafter, total_steps=total_steps, resume_dir=resume_dir, local_resume=local_resume)
 
     # ------------------------------------------------------------------ loop
     stream = data_lib.BatchStream(
@@ -480,29 +297,3 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
     log.say(f"Finished: {step} steps in {time.perf_counter() - started:.1f}s; checkpoint {output_dir}/step_{step}")
     log.close()
     return 0
-
-
-def log_step(log: MetricsLog, meter: Throughput, sums, ctx, cfg: TrainConfig, *, step: int, total_steps: int,
-             lr: float, epoch: float, elapsed: float, q_pre: list[int], batch) -> None:
-    """Average the interval over steps and ranks (one small all-reduce, on log steps only) and write it."""
-    import torch.distributed as dist
-
-    from trainer.distributed import all_reduce_sum
-
-    steps = meter.steps
-    totals = sums.clone()
-    if ctx.is_distributed:
-        dist.all_reduce(totals)
-    loss, acc, streak = (totals / (steps * ctx.world_size)).tolist()
-    target_s, drafter_s, wall_s = meter.seconds()
-    tokens = all_reduce_sum(float(meter.tokens), ctx)
-    seconds_per_step = wall_s / steps
-    metrics = logformat.StepMetrics(
-        elapsed_s=elapsed, step=step, loss=loss, acc=acc, streak=streak, lr=lr, noise=cfg.noise,
-        tgt_batches_per_s=steps / target_s if target_s > 0 else 0.0,
-        dft_batches_per_s=steps / drafter_s if drafter_s > 0 else 0.0,
-        tok_per_s=tokens / wall_s if wall_s > 0 else 0.0, q_pre=q_pre, q_hs=[], epoch=epoch,
-        eta_s=(total_steps - step) * seconds_per_step)
-    log.step(metrics, data_position=[batch.epoch, batch.index], world_size=ctx.world_size)
-    sums.zero_()
-    meter.reset()

@@ -140,7 +140,7 @@ def test_start_up_compile_leaves_nothing_to_compile_for_real_batches(cuda_target
 
     from trainer.objective import dflash_step
     from trainer.startup import compile_attention
-    from trainer.train import compiled_graphs
+    from trainer.metrics import compiled_graphs
 
     drafter = make_drafter(cuda_target, num_layers=3, block_size=8, sliding_window=sliding_window, seed=6)
     lines: list[str] = []

@@ -114,7 +114,7 @@ def test_resume_after_sigkill_repeats_the_uninterrupted_losses(base_config, tmp_
 
 
 def test_complete_checkpoints_ignore_partial_writes(tmp_path):
-    from trainer.train import CHECKPOINT_FILES, complete_checkpoints
+    from trainer.checkpoint import CHECKPOINT_FILES, complete_checkpoints
 
     for name, files in (("step_5", CHECKPOINT_FILES), ("step_9", CHECKPOINT_FILES[:-1]),
                         (".tmp-step_12-123", CHECKPOINT_FILES), ("step_x", CHECKPOINT_FILES)):
