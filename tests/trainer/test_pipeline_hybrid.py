@@ -34,6 +34,15 @@ def _config(run: dict[str, Path], out: Path, **values) -> dict:
             "num_workers": 1, "prefetch": 2, **values}
 
 
+def _train(run: dict[str, Path], tmp_path: Path, *, gpu: bool = False, **values) -> tuple[Path, str]:
+    """Train as a real process; (the output directory, its stdout), which names the target's layer types."""
+    config = _config(run, tmp_path / "out", **values)
+    result = run_trainer("train", "--config", write_config(tmp_path / "run.yaml", **config), gpu=gpu)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Target: qwen3_5 " in result.stdout and "6 linear-attention layers (" in result.stdout
+    return Path(config["output_dir"]), result.stdout
+
+
 def _eval(target: Path, drafter: Path, prompts: Path) -> dict:
     result = run_trainer("eval", "--target", target, "--drafter", drafter, "--prompts", prompts,
                          "--max-new-tokens", "48", "--json")
@@ -44,16 +53,13 @@ def _eval(target: Path, drafter: Path, prompts: Path) -> dict:
 @pytest.mark.slow
 def test_hybrid_text_target_trains_a_drafter_that_beats_an_untrained_one(tmp_path):
     run = _self_generated(tmp_path, composite=False, prompts=48)
-    config = _config(run, tmp_path / "out", drafter_layers=2, max_steps=150, log_every=50)
-    result = run_trainer("train", "--config", write_config(tmp_path / "run.yaml", **config))
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "Target: qwen3_5 " in result.stdout and "6 linear-attention layers (" in result.stdout
-    records = step_records(Path(config["output_dir"]))
+    out, _ = _train(run, tmp_path, drafter_layers=2, max_steps=150, log_every=50)
+    records = step_records(out)
     assert records[-1]["loss"] < records[0]["loss"] - 0.5, [r["loss"] for r in records]
-    drafter_config = json.loads((Path(config["output_dir"]) / "step_150" / "config.json").read_text())
+    drafter_config = json.loads((out / "step_150" / "config.json").read_text())
     assert drafter_config["num_target_layers"] == 8 and drafter_config["dflash_config"]["target_layer_ids"] == [1, 5]
 
-    trained = _eval(run["target"], Path(config["output_dir"]) / "step_150", run["eval_prompts"])
+    trained = _eval(run["target"], out / "step_150", run["eval_prompts"])
     untrained_dir = write_untrained_drafter(run["target"], tmp_path / "untrained", layers=2, block_size=8)
     untrained = _eval(run["target"], untrained_dir, run["eval_prompts"])
     assert trained["identical_to_greedy"] and untrained["identical_to_greedy"], (trained, untrained)
@@ -65,11 +71,8 @@ def test_hybrid_text_target_trains_a_drafter_that_beats_an_untrained_one(tmp_pat
 @pytest.mark.slow
 def test_composite_checkpoint_trains_and_decodes_exactly(tmp_path):
     run = _self_generated(tmp_path, composite=True, prompts=16)
-    config = _config(run, tmp_path / "out", drafter_layers=1, max_steps=8, log_every=4)
-    result = run_trainer("train", "--config", write_config(tmp_path / "run.yaml", **config))
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "Target: qwen3_5 " in result.stdout
-    report = _eval(run["target"], Path(config["output_dir"]) / "step_8", run["eval_prompts"])
+    out, _ = _train(run, tmp_path, drafter_layers=1, max_steps=8, log_every=4)
+    report = _eval(run["target"], out / "step_8", run["eval_prompts"])
     assert report["identical_to_greedy"] and report["rejected_rounds"] > 0, report
 
 
@@ -79,11 +82,9 @@ def test_hybrid_on_a_gpu_trains_and_decodes_exactly_in_float32(tmp_path):
     """On a GPU the linear layers run flash-linear-attention's kernels where installed: the chunked kernel in
     the verify pass, the recurrent one in greedy steps; in float32 the outputs must still be the same."""
     run = _self_generated(tmp_path, composite=False, prompts=32)
-    config = _config(run, tmp_path / "out", drafter_layers=2, max_steps=40, log_every=20, device="cuda")
-    result = run_trainer("train", "--config", write_config(tmp_path / "run.yaml", **config), gpu=True)
-    assert result.returncode == 0, result.stderr[-3000:]
-    print(next(line for line in result.stdout.splitlines() if line.startswith("Target:")))
-    report = run_trainer("eval", "--target", run["target"], "--drafter", Path(config["output_dir"]) / "step_40",
+    out, stdout = _train(run, tmp_path, gpu=True, drafter_layers=2, max_steps=40, log_every=20, device="cuda")
+    print(next(line for line in stdout.splitlines() if line.startswith("Target:")))
+    report = run_trainer("eval", "--target", run["target"], "--drafter", out / "step_40",
                          "--prompts", run["eval_prompts"], "--max-new-tokens", "48", "--json", "--dtype", "float32",
                          gpu=True)
     print(report.stdout.strip())
