@@ -48,7 +48,8 @@ class LayerTaps:
 class Decoded:
     tokens: list[int]
     seconds: float
-    accepted_per_round: list[int] = field(default_factory=list)
+    accepted_per_round: list[int] = field(default_factory=list)  # tokens each round kept (after the final cut)
+    rejected_rounds: int = 0  # rounds whose draft the target refused somewhere
 
 
 def _cache_argument(model) -> str:
@@ -113,6 +114,7 @@ def speculative_decode(model, drafter, taps: LayerTaps, prompt_ids: list[int], *
     features = taps.features()  # states of every accepted position before the anchor
     tokens = [int(logits[-1].argmax())]
     accepted_per_round: list[int] = []
+    rejected = 0
     done = _finish(tokens, max_new_tokens=max_new_tokens, eos_ids=eos_ids)[1]
     while not done:
         anchor_pos = len(prompt_ids) + len(tokens) - 1
@@ -129,16 +131,19 @@ def speculative_decode(model, drafter, taps: LayerTaps, prompt_ids: list[int], *
         elif n < len(draft):  # roll the recurrent state back to the anchor, then take the accepted tokens in
             cache = before
             _forward(model, [tokens[-1], *draft[:n]], cache)
-        accepted_per_round.append(len(accepted))
+        rejected += n < len(draft)
+        kept_before = len(tokens)
         tokens, done = _finish(tokens + accepted, max_new_tokens=max_new_tokens, eos_ids=eos_ids)
-    return Decoded(tokens=tokens, seconds=time.perf_counter() - started, accepted_per_round=accepted_per_round)
+        accepted_per_round.append(len(tokens) - kept_before)  # what max_new_tokens / an end token left of it
+    return Decoded(tokens=tokens, seconds=time.perf_counter() - started, accepted_per_round=accepted_per_round,
+                   rejected_rounds=rejected)
 
 
 @dataclass
 class EvalReport:
     prompts: int
     new_tokens: int
-    tau: float  # mean tokens accepted per verification forward (drafted prefix + bonus)
+    tau: float  # mean tokens kept per verification forward (drafted prefix + bonus, cut at the end)
     rounds: int  # verification forwards
     rejected_rounds: int  # rounds that refused a draft (on a hybrid target, each one rolled the state back)
     speculative_tok_per_s: float
@@ -181,12 +186,11 @@ def evaluate(*, target: str | Path, drafter_dir: str | Path, prompts: str | Path
     finally:
         taps.remove()
     rounds = [n for run in spec_runs for n in run.accepted_per_round]
-    block = drafter.config.block_size
     new_tokens = sum(len(run.tokens) for run in spec_runs)
     mismatched = [i for i, (a, b) in enumerate(zip(spec_runs, greedy_runs)) if a.tokens != b.tokens]
     return EvalReport(
         prompts=len(chats), new_tokens=new_tokens, tau=sum(rounds) / len(rounds) if rounds else 0.0,
-        rounds=len(rounds), rejected_rounds=sum(n < block for n in rounds),
+        rounds=len(rounds), rejected_rounds=sum(run.rejected_rounds for run in spec_runs),
         speculative_tok_per_s=new_tokens / max(1e-9, sum(run.seconds for run in spec_runs)),
         greedy_tok_per_s=sum(len(r.tokens) for r in greedy_runs) / max(1e-9, sum(r.seconds for r in greedy_runs)),
         identical_to_greedy=not mismatched, mismatched_prompts=mismatched)

@@ -58,6 +58,9 @@ def test_training_on_self_generated_data_raises_eval_tau(base_config, tiny_targe
     untrained_report = json.loads(untrained.stdout)
     assert trained_report["identical_to_greedy"] and untrained_report["identical_to_greedy"]
     assert trained_report["tau"] > untrained_report["tau"] + 0.25, (trained_report, untrained_report)
+    # tau counts the tokens kept: the rounds add up to every new token but each prompt's first (the prefill's)
+    for report in (trained_report, untrained_report):
+        assert round(report["tau"] * report["rounds"]) == report["new_tokens"] - report["prompts"], report
 
 
 def _start_training(config_path: Path) -> subprocess.Popen:
