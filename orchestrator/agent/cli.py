@@ -29,7 +29,7 @@ Errors: {"ok": false, "error": MESSAGE, "code": CODE, ...details}. Answers (keys
              or code check_failed with "check": {"exit_code", "stdout", "stderr"}
     check    {"check": {"exit_code", "stdout", "stderr"}}; failure: code check_failed, the same "check"
     netinfo  {"toward", "address", "interface", "hostname" (+ "port": a TCP port free here, with --free-port)}
-    probe    {"probe": {"devices", "nvml", "limits", "workdir", "shm", "paths", "gpus" (+ "model" with --model)}}
+    probe    {"probe": {"devices", "nvml", "limits", "workdir", "shm", "paths", "live_gpus" (+ "model" with --model)}}
     ps       {"runs": [RECORD (+ "log_tail": str with --tail-bytes)]}
     kill     {"runs": [{"run_id", "ok", "state", "signal", "exit_code", "already_ended", "survivors":
              [{"pid", "cmdline", "state"}], "actions": [str], "run": RECORD}]}

@@ -4,8 +4,9 @@ One round trip answers: the /dev/nvidia* nodes (present, a character device, ope
 that does not allow them makes open() fail although the node is there), the version of the NVIDIA user-space
 library (libnvidia-ml.so.<version>, which must equal the host's kernel module), the filesystems under the
 workdir, /dev/shm and any paths asked about (type, free bytes and inodes: tmpfs is lost on a restart), the
-CPUs and memory the container may use, the target model's config.json and size on disk, and GPUs that hold
-memory while no live run of the runs directory claims them.
+CPUs and memory the container may use, the target model's config.json and size on disk, and the GPUs the
+live runs of the runs directory claim (with nvidia-smi's numbers, which the controller has already, that tells
+which GPUs hold memory no run accounts for).
 """
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ import json
 import os
 import stat
 
-from . import gpus
 from .rundir import RunPaths, list_run_ids
 from .runstate import is_live, read_run, read_state
 
@@ -143,25 +143,22 @@ def limits() -> dict:
             "memory_max_bytes": int(memory_max) if memory_max and memory_max.isdigit() else None}
 
 
-def gpus_without_run(runs_dir: str) -> dict:
-    """nvidia-smi's per-GPU memory, and the GPUs holding memory that no live run claims (cleanup's rule)."""
+def live_gpu_sets(runs_dir: str) -> list:
+    """The GPUs each live run of the runs directory claims (None: a run without --gpus, which may use any)."""
     live = []
     for run_id in list_run_ids(runs_dir):
         paths = RunPaths(runs_dir, run_id)
         run, state = read_run(paths), read_state(paths)
         if is_live(run, state):
             live.append(run.get("gpus"))
-    result = gpus.query_gpus()
-    result["unclaimed"] = gpus.held_without_run(result["gpus"], live)
-    result["live_runs"] = len(live)
-    return result
+    return live
 
 
 def probe(*, workdir: str, runs_dir: str, paths: list, nodes: list, model: str | None) -> dict:
     mounts = _mounts()
     facts = {"devices": device_nodes(nodes), "nvml": nvml_library(), "limits": limits(),
              "workdir": filesystem(workdir, mounts), "shm": filesystem("/dev/shm", mounts),
-             "paths": {p: filesystem(p, mounts) for p in paths}, "gpus": gpus_without_run(runs_dir)}
+             "paths": {p: filesystem(p, mounts) for p in paths}, "live_gpus": live_gpu_sets(runs_dir)}
     if model is not None and os.path.isdir(model):
         facts["model"] = {"config": model_config(model), "size_bytes": tree_size(model)}
     return {"ok": True, "probe": facts}

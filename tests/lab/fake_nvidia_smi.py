@@ -11,8 +11,8 @@ default, as nvidia-smi shows them inside an LXC container. The valid field names
 Answers: --query-gpu=F1,F2 --format=csv[,noheader][,nounits], --query-compute-apps=..., -i/--id, -l/--loop,
 -L, --version, --help-query-gpu, and plain `nvidia-smi` (the table). Exit codes as the real one: 0, 2 for a
 bad argument or field, 6 when -i names no GPU, 9 when there is no driver (no state file), 18 with "Failed to
-initialize NVML: Driver/library version mismatch" when, in a lab container, the host's kernel module
-(<lab>/hosts/<host>/proc/driver/nvidia/version) and the container's libnvidia-ml.so.<version> differ.
+initialize NVML: Driver/library version mismatch" when the kernel module (/proc/driver/nvidia/version, in a lab
+container its host's) and the container's libnvidia-ml.so.<version> differ.
 """
 
 from __future__ import annotations
@@ -257,15 +257,13 @@ def render(opts: dict[str, str], state: dict, first: bool) -> list[str]:
 
 
 def driver_versions() -> tuple[str | None, str | None]:
-    """(the lab host's kernel module, this container's libnvidia-ml) when this is a lab container that has both:
-    <lab>/hosts/<host>/proc/driver/nvidia/version and /usr/lib/<arch>/libnvidia-ml.so.<version>."""
-    if LAB_DIR.parent.parent.name != "ct":
-        return None, None
-    host_dir = LAB_DIR.parent.parent.parent
+    """(the kernel module's version, libnvidia-ml's) as NVML finds them: /proc/driver/nvidia/version (a lab
+    container sees its host's) and the libnvidia-ml.so.<version> in the system's library directory."""
     try:
-        module = re.search(r"Kernel Module(?: for \S+)?\s+(\S+)", (host_dir / "proc/driver/nvidia/version").read_text())
+        text = Path("/proc/driver/nvidia/version").read_text()
     except OSError:
         return None, None
+    module = re.search(r"Kernel Module(?: for \S+)?\s+(\S+)", text)
     libs = [p.name.split(".so.", 1)[1] for p in Path("/usr/lib").glob("*-linux-gnu/libnvidia-ml.so.*.*")]
     return (module.group(1) if module else None), (libs[0] if libs else None)
 

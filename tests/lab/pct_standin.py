@@ -199,6 +199,9 @@ def container_init(ctid_text: str) -> None:
     host_pid = int(os.readlink("/proc/self"))  # still the host's /proc: our pid as the host sees it
     start_time = process_start_time(host_pid)
     libc_mount("proc", "/proc", "proc", 0)
+    root, host = host_dirs()
+    if (root / "hosts" / host / "proc" / "driver").is_dir():  # procfs shows a container the host's driver
+        libc_mount(str(root / "hosts" / host / "proc" / "driver"), "/proc/driver", None, MS_BIND)
     socket.sethostname(container.config().get("hostname", f"ct{container.ctid}"))
     for path in ("/workspace", "/opt/lab"):
         os.makedirs(path, exist_ok=True)

@@ -57,7 +57,7 @@ def _reach(client: RunClient, target: Target, report: DoctorReport) -> None:
 
 
 def _judge(client: RunClient, target: Target, report: DoctorReport, needs: Needs | None) -> None:
-    facts = gather(client, target, smi_gpus=len(report.gpus) if report.gpus else None, needs=needs)
+    facts = gather(client, target, smi_gpus=report.gpus if report.nvidia_smi else None, needs=needs)
     if facts.probe.get("error"):
         report.add(Row("probe", FAIL, f"the agent's probe did not run: {facts.probe['error']}",
                        f"check that {target.workdir} is writable on {target.name}"))
@@ -69,7 +69,7 @@ def _judge(client: RunClient, target: Target, report: DoctorReport, needs: Needs
 def preflight(client: RunClient, target: Target, needs: Needs) -> list[Row]:
     """What `launch --config` checks first: the config's rows, the workdir's, and (unless the config runs on
     the CPU) the GPU rows; one host round trip and one probe."""
-    facts = gather(client, target, smi_gpus=None, needs=needs)
+    facts = gather(client, target, smi_gpus=None, needs=needs, with_host=not needs.cpu_only)
     if facts.probe.get("error"):
         return []  # the launch itself reports a target it cannot run the agent on
     return run_checks(facts, PREFLIGHT + (() if needs.cpu_only else PREFLIGHT_GPU))

@@ -19,9 +19,11 @@ from ..client import RunClient
 from ..spec import runs_dir
 from .pctconfig import CtConfig, parse_ct_config
 
+# "$@", when given, is `pct config CTID` (pct as the inventory spells it): one round trip for everything
 HOST_SCRIPT = ("cat /proc/driver/nvidia/version 2>/dev/null; echo '--- gpus'; ls /proc/driver/nvidia/gpus 2>/dev/null;"
                " echo '--- devices'; cat /proc/devices; echo '--- cpus'; nproc;"
-               " echo '--- meminfo'; grep MemTotal /proc/meminfo; true")
+               " echo '--- meminfo'; grep MemTotal /proc/meminfo;"
+               ' if [ $# -gt 0 ]; then echo "--- pct"; "$@" 2>&1 || echo "--- pct failed: exit $?"; fi; true')
 MODULE_VERSION = re.compile(r"Kernel Module(?: for \S+)?\s+(\d+(?:\.\d+)+)")
 GIB = 1024 ** 3
 
@@ -57,6 +59,7 @@ class Facts:
     probe: dict
     expected_gpus: int
     needs: Needs | None = None
+    smi_gpus: list[dict] | None = None         # nvidia-smi's rows (GpuInfo.as_dict), None where it did not answer
 
     @property
     def nproc(self) -> int:
@@ -91,18 +94,20 @@ def read_needs(config: Path) -> Needs:
 
 def host_facts(host: Transport, target: Target) -> HostFacts:
     facts = HostFacts()
-    result = host.run(["sh", "-c", HOST_SCRIPT], timeout=30)
-    if result.ok:
-        _parse_host_script(result.out, facts)
-    else:
+    pct = [*PctTransport(host, target.ctid, pct_command=target.host.pct).pct, "config", str(target.ctid)] \
+        if target.ctid is not None else []
+    result = host.run(["sh", "-c", HOST_SCRIPT, "sh", *pct], timeout=30)
+    if not result.ok:
         facts.error = f"cannot read the host's driver files: {result.describe()}"
+        return facts
+    text, _, config = result.out.partition("\n--- pct\n")
+    _parse_host_script(text, facts)
     if target.ctid is not None:
-        pct = PctTransport(host, target.ctid, pct_command=target.host.pct).pct
-        config = host.run([*pct, "config", str(target.ctid)], timeout=30)
-        if config.ok:
-            facts.ct = parse_ct_config(config.out)
+        body, failed, status = config.partition("--- pct failed: ")
+        if failed:
+            facts.error = f"`{target.host.pct} config {target.ctid}` failed ({status.strip()}): {body.strip()[-200:]}"
         else:
-            facts.error = f"`{target.host.pct} config {target.ctid}` failed: {config.describe()}"
+            facts.ct = parse_ct_config(body)
     return facts
 
 
@@ -145,10 +150,12 @@ def container_probe(client: RunClient, target: Target, gpus: int, needs: Needs |
     return payload.get("probe") if payload.get("ok") else {"error": str(payload.get("error"))}
 
 
-def gather(client: RunClient, target: Target, *, smi_gpus: int | None, needs: Needs | None) -> Facts:
-    host = host_facts(client.conns.host_transport(target.host), target)
-    expected = target.gpus or smi_gpus or (host.gpus if target.ctid is None else 0)
+def gather(client: RunClient, target: Target, *, smi_gpus: list[dict] | None, needs: Needs | None,
+           with_host: bool = True) -> Facts:
+    """Facts for the checks; without the host's (a CPU run's launch needs none of them) one round trip."""
+    host = host_facts(client.conns.host_transport(target.host), target) if with_host else HostFacts()
+    expected = target.gpus or len(smi_gpus or ()) or (host.gpus if target.ctid is None else 0)
     if not expected and target.ctid is not None and host.ct is not None and host.gpus:
         expected = sum(1 for i in range(host.gpus) if host.ct.provides(f"/dev/nvidia{i}"))
     probe = container_probe(client, target, expected, needs)
-    return Facts(target=target, host=host, probe=probe, expected_gpus=expected, needs=needs)
+    return Facts(target=target, host=host, probe=probe, expected_gpus=expected, needs=needs, smi_gpus=smi_gpus)

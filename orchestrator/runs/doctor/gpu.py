@@ -2,6 +2,7 @@
 them through, and no GPU holds memory that no run accounts for."""
 from __future__ import annotations
 
+from ...agent.gpus import held_without_run
 from ...display import format_bytes
 from .facts import Facts, expected_nodes
 from .report import FAIL, GUIDE, OK, WARN, Row
@@ -106,14 +107,14 @@ def ct_devices(facts: Facts) -> Row | None:
 
 
 def gpus_unclaimed(facts: Facts) -> Row | None:
-    gpus = facts.probe.get("gpus") or {}
-    if not gpus.get("available") or gpus.get("error"):
+    if facts.smi_gpus is None or "live_gpus" not in facts.probe:
         return None  # no nvidia-smi, or it fails: the nvidia-smi row says so
-    unclaimed = gpus.get("unclaimed") or []
+    live = facts.probe["live_gpus"]
+    unclaimed = held_without_run(facts.smi_gpus, live)
     if not unclaimed:
-        return Row("gpus_held", OK, f"no GPU holds memory outside a live run ({gpus.get('live_runs', 0)} live)")
+        return Row("gpus_held", OK, f"no GPU holds memory outside a live run ({len(live)} live)")
     shown = ", ".join(f"GPU {g['index']} {format_bytes((g['memory_used_mib'] or 0) * 1024 ** 2)} at "
-                      f"{g['utilization_pct']} %" for g in unclaimed[:4])
+                      f"{g['utilization_pct']:g} %" for g in unclaimed[:4])
     host = facts.target.host.name
     fix = (f"`nvidia-smi` on {host} names the PID (inside a container it cannot): end it, or restart its container"
            if facts.target.ctid is not None else "`nvidia-smi` names the PID: end it")
