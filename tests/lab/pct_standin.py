@@ -3,9 +3,15 @@
 
 A container is a PID + mount + UTS namespace made by `unshare`. Its PID 1 is `sleep infinity`, which never
 calls wait(), so orphans that exit stay zombies until the container stops, as in the seed run. Its mount
-namespace has the container's persistent directory on /workspace, a fresh tmpfs on /dev/shm (lost on stop
-and reboot) and its lab directory on /opt/lab (bin/nvidia-smi, gpus.json). The init's host pid and start
-time are kept in <lab>/hosts/<host>/ct/<id>/init.json while it runs.
+namespace has the container's persistent directory on /workspace (or, for `mp0: ...,mp=/workspace,size=S`, an
+ext4 image of that size, loop-mounted), a fresh tmpfs on /dev/shm (lost on stop and reboot; sized by an
+`lxc.mount.entry: tmpfs dev/shm tmpfs size=...` line) and its lab directory on /opt/lab (bin/nvidia-smi,
+gpus.json). It sees the host's /proc/driver (the NVIDIA kernel module's version), its <ct>/lib laid over the
+system library directory (libnvidia-ml.so.<version>), and the host's /dev with the CT config's GPU nodes on
+top: a bound node whose host node exists is there, one whose host node is missing is an empty file
+(`create=file`), and one whose major no devices.allow rule allows does not open. `cores: N` limits every
+process of the container to N CPUs. The init's host pid and start time are kept in
+<lab>/hosts/<host>/ct/<id>/init.json while it runs.
 
 `pct exec CTID [--] CMD [ARG...]` behaves like `lxc-attach --clear-env`, bad habits included:
   - CMD is exec'd directly (no shell, argv untouched) in the container's pid, mount and UTS namespaces, cwd /,
