@@ -60,8 +60,8 @@ def _print(reports: list[DoctorReport]) -> None:
     for r in reports:
         if r.checks:
             out.print(_rows(r))
-        for message in ([r.error] if r.error and not r.checks else []) + r.warnings:
-            out.print(about(r.target, message), markup=False)
+        elif r.error:
+            out.print(about(r.target, r.error), markup=False)
 
 
 def _mark(value: bool | None) -> str:

@@ -83,7 +83,7 @@ def gpu_config_lines(gpus: int) -> list[str]:
 def ct_config(ctid: int, gpus: int = 0, *, extra: tuple[str, ...] = (), drop: tuple[str, ...] = ()) -> str:
     """A CT config as Proxmox writes it: healthy GPU entries for `gpus`, `extra` lines added, lines containing
     any of `drop` left out."""
-    lines = [f"arch: amd64", f"hostname: ct{ctid}", "memory: 65536", "ostype: debian", "unprivileged: 1",
+    lines = ["arch: amd64", f"hostname: ct{ctid}", "memory: 65536", "ostype: debian", "unprivileged: 1",
              *(gpu_config_lines(gpus) if gpus else []), *extra]
     return "".join(line + "\n" for line in lines if not any(part in line for part in drop))
 

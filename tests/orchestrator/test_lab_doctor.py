@@ -21,12 +21,7 @@ OLD_DRIVER = "575.57.08"
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> dict[str, Path]:
-    from tests.trainer.test_pipeline_data import write_dataset
-    from trainer.tiny import write_tiny_target
-
-    root = tmp_path_factory.mktemp("doctor-tiny")
-    return {"target": write_tiny_target(root / "target", seed=0),
-            "dataset": write_dataset(root / "dataset", [40, 60, 90] * 8)}
+    return lab_configs.write_tiny(tmp_path_factory.mktemp("doctor-tiny"))
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +68,7 @@ def test_doctor_gives_each_planted_failure_its_row_and_fix(lab, planted, capsys)
     assert code == 1, err
     reports = payload["targets"]
     healthy = rows(reports[f"{HOST}/{HEALTHY}"])
-    assert set(healthy) == {"reach", "nvidia_smi", "driver", "device_nodes", "ct_config", "gpus_held", "shm",
+    assert set(healthy) == {"reach", "compile_cache", "nvidia_smi", "driver", "device_nodes", "ct_config", "gpus_held", "shm",
                             "workdir", "limits"}
     assert {name: row["status"] for name, row in healthy.items() if row["status"] != "ok"} == {}
     assert reports[f"{HOST}/{HEALTHY}"]["ok"] and reports[f"{HOST}/{HEALTHY}"]["error"] is None

@@ -6,6 +6,7 @@ points torch.compile at).
 """
 from __future__ import annotations
 
+from ...display import format_bytes
 from ...errors import AuthError, CommandTimeout, HostKeyError, Unreachable
 from ...gpus import parse_query_csv, query_argv
 from ...inventory.model import Target
@@ -78,11 +79,18 @@ def measure_cache(transport: Transport, target: Target, report: DoctorReport) ->
     try:
         result = transport.run(size_argv(target), timeout=60)
     except CommandTimeout:
-        report.warnings.append(f"the compile cache {report.cache_dir} took over 60 s to measure")
+        _cache_warning(report, f"the compile cache {report.cache_dir} took over 60 s to measure")
         return
     report.cache_bytes = parse_size_kib(result.out) if result.ok else None
     if report.cache_bytes is None:
-        report.warnings.append(f"cannot measure the compile cache {report.cache_dir}: {result.describe()}")
+        _cache_warning(report, f"cannot measure the compile cache {report.cache_dir}: {result.describe()}")
+    else:
+        report.add(Row("compile_cache", OK, f"{report.cache_dir}: {format_bytes(report.cache_bytes)}"))
+
+
+def _cache_warning(report: DoctorReport, message: str) -> None:
+    report.warnings.append(message)
+    report.add(Row("compile_cache", WARN, message, "check that the workdir is readable"))
 
 
 def check_gpus(transport: Transport, target: Target, report: DoctorReport) -> None:

@@ -82,7 +82,7 @@ def checkpoint_space(facts: Facts) -> Row | None:
     found = f"~{format_bytes(size)} per checkpoint x {count} = {format_bytes(want)}, {format_bytes(free)} free"
     if free is not None and want > free:
         return Row("config.checkpoints", FAIL, found,
-                   f"free space there, lower keep_checkpoints, or point output_dir at a bigger disk")
+                   "free space there, lower keep_checkpoints, or point output_dir at a bigger disk")
     return Row("config.checkpoints", OK, found)
 
 
