@@ -57,3 +57,15 @@ def format_rate(per_s: float | None) -> str:
         if abs(per_s) >= divisor:
             return f"{per_s / divisor:.1f}{suffix}"
     return f"{per_s:.0f}"
+
+
+def format_bytes(size: float | None) -> str:
+    """Bytes as a person reads them: 0 B, 296 KiB, 1.2 GiB."""
+    if size is None:
+        return "-"
+    value, unit = float(size), "B"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            break
+        value /= 1024
+    return f"{value:.0f} {unit}" if unit in ("B", "KiB") or value >= 100 else f"{value:.1f} {unit}"

@@ -13,6 +13,7 @@
     kill     --runs-dir D --run-id ID... [--grace S]
     cleanup  --runs-dir D [--dry-run] [--grace S]
     netinfo  --toward ADDR [--free-port]
+    probe    --workdir W --runs-dir D [--path P]... [--node DEV]... [--model DIR]   (doctor's facts, see probe)
     node-watch --stall S -- CMD                        (a job node's workload: CMD's exit, no JSON; see nodewatch)
     watch    --runs-dir D [--gpu-interval S] [--heartbeat S] [--idle-exit S]   (JSON lines, see watchstream)
     lines    --runs-dir D --run-id ID --start S --stop E
@@ -28,6 +29,7 @@ Errors: {"ok": false, "error": MESSAGE, "code": CODE, ...details}. Answers (keys
              or code check_failed with "check": {"exit_code", "stdout", "stderr"}
     check    {"check": {"exit_code", "stdout", "stderr"}}; failure: code check_failed, the same "check"
     netinfo  {"toward", "address", "interface", "hostname" (+ "port": a TCP port free here, with --free-port)}
+    probe    {"probe": {"devices", "nvml", "limits", "workdir", "shm", "paths", "live_gpus" (+ "model" with --model)}}
     ps       {"runs": [RECORD (+ "log_tail": str with --tail-bytes)]}
     kill     {"runs": [{"run_id", "ok", "state", "signal", "exit_code", "already_ended", "survivors":
              [{"pid", "cmdline", "state"}], "actions": [str], "run": RECORD}]}
@@ -94,6 +96,12 @@ def build_parser() -> argparse.ArgumentParser:
     netinfo = sub.add_parser("netinfo", help="local address and interface toward an address; a free port")
     netinfo.add_argument("--toward", required=True)
     netinfo.add_argument("--free-port", action="store_true")
+    probe = sub.add_parser("probe", help="facts doctor judges: device nodes, driver library, filesystems, limits")
+    probe.add_argument("--workdir", required=True)
+    probe.add_argument("--runs-dir", required=True)
+    probe.add_argument("--path", action="append", default=[], help="a path whose filesystem to report (repeat)")
+    probe.add_argument("--node", action="append", default=[], help="a device node expected to be there (repeat)")
+    probe.add_argument("--model", help="a model directory: its config.json and size on disk")
     sub.add_parser("version", help="agent and protocol version")
     supervise = sub.add_parser("supervise", help=argparse.SUPPRESS)
     supervise.add_argument("--runs-dir", required=True)
@@ -218,6 +226,10 @@ def dispatch(args: argparse.Namespace, command: list) -> dict:
     if args.command == "netinfo":
         from .netinfo import netinfo
         return netinfo(args.toward, want_port=args.free_port)
+    if args.command == "probe":
+        from .probe import probe
+        return probe(workdir=args.workdir, runs_dir=args.runs_dir, paths=args.path, nodes=args.node,
+                     model=args.model)
     if args.command == "version":
         return {"ok": True, "agent_version": AGENT_VERSION, "python": sys.version.split()[0]}
     raise BadInput("no subcommand given (launch, ps, kill, cleanup, version)", code=BAD_USAGE)

@@ -1,63 +1,71 @@
-"""`dflashctl doctor [TARGET...] [--json]`."""
+"""`dflashctl doctor [TARGET...] [--config FILE] [--json]`."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import List, Optional
 
 import typer
 from rich.table import Table
 
+from ..display import format_bytes
 from ..errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
-from ..runs.doctor import DoctorReport, check_target
+from ..runs.client import RunClient
+from ..runs.doctor import FAIL, OK, WARN, DoctorReport, check_target, read_needs
 from ..transports.fanout import per_host
 from ..transports.pool import Connections
 from .output import about, print_json, stderr, stdout
 from .state import AppState
+
+STATUS_STYLE = {OK: "[green]ok[/]", WARN: "[yellow]warn[/]", FAIL: "[red]fail[/]"}
 
 
 def doctor(
     ctx: typer.Context,
     targets: Optional[List[str]] = typer.Argument(None, metavar="TARGET",
                                                   help="HOST/CTID, HOST or local (default: every target)."),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", metavar="FILE",
+                                          help="Also check what this trainer config needs on each target."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
 ) -> int:
     """Check every target: reachable, host key, login, pct, container running, python, nvidia-smi and GPUs,
-    and show the size of its compile cache ({workdir}/.dflash/cache).
+    then what a GPU run needs there: the host's kernel module against the container's libnvidia-ml, the
+    /dev/nvidia* nodes and the CT config's device and mount entries, /dev/shm, the workdir's free space and
+    inodes, CPU and memory limits, GPU memory held with no live run. With --config, also the config's paths
+    (there, and not on tmpfs), room for its checkpoints and /dev/shm for its processes.
 
-    Hosts are checked in parallel. Exit 0 when all is well, 3 when a target is unreachable (the others are still
-    reported), 1 when a check failed.
+    One row per check: ok, warn or fail, and the fix. Hosts are checked in parallel. Exit 0 when nothing
+    failed (warnings allowed), 3 when a target is unreachable (the others are still reported), 1 when a check
+    failed, 2 for a config that cannot be read.
     """
     state: AppState = ctx.obj
     resolved = state.inventory().targets(targets)
+    needs = read_needs(config) if config is not None else None
     stderr().print(f"checking {len(resolved)} target(s)...") if as_json else None
     with Connections() as conns:
-        outcomes = per_host(resolved, lambda t: check_target(conns, t))
+        client = RunClient(state.inventory(), conns)
+        outcomes = per_host(resolved, lambda t: check_target(client, t, needs))
     reports = [o.value if o.ok else DoctorReport(o.target.name, error=str(o.error)) for o in outcomes]
     if as_json:
         print_json({"targets": {r.target: r.as_dict() for r in reports}})
     else:
-        stdout().print(_table(reports))
-        for r in reports:
-            for message in ([r.error] if r.error else []) + r.warnings:
-                stdout().print(about(r.target, message), markup=False)
+        _print(reports)
     if any(r.unreachable for r in reports):
         return EXIT_UNREACHABLE
     return EXIT_OK if all(r.ok for r in reports) else EXIT_FAILED
 
 
+def _print(reports: list[DoctorReport]) -> None:
+    out = stdout()
+    out.print(_table(reports))
+    for r in reports:
+        if r.checks:
+            out.print(_rows(r))
+        elif r.error:
+            out.print(about(r.target, r.error), markup=False)
+
+
 def _mark(value: bool | None) -> str:
     return {True: "[green]ok[/]", False: "[red]no[/]", None: "[dim]-[/]"}[value]
-
-
-def _size(size: int | None) -> str:
-    """Bytes as a person reads them: 0 B, 296 KiB, 1.2 GiB."""
-    if size is None:
-        return "-"
-    value, unit = float(size), "B"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            break
-        value /= 1024
-    return f"{value:.0f} {unit}" if unit in ("B", "KiB") or value >= 100 else f"{value:.1f} {unit}"
 
 
 def _table(reports: list[DoctorReport]) -> Table:
@@ -68,6 +76,15 @@ def _table(reports: list[DoctorReport]) -> Table:
         gpus = "-" if r.gpus is None else (f"{len(r.gpus)}" + (f" {r.gpus[0]['name']}" if r.gpus and
                                                                  r.gpus[0].get("name") else ""))
         table.add_row(r.target, _mark(r.reachable), _mark(r.host_key_ok), _mark(r.auth_ok), _mark(r.pct),
-                      r.container or "-", r.python or "-", gpus, _size(r.cache_bytes),
+                      r.container or "-", r.python or "-", gpus, format_bytes(r.cache_bytes),
                       "[green]ok[/]" if r.ok else "[red]unreachable[/]" if r.unreachable else "[red]failed[/]")
+    return table
+
+
+def _rows(report: DoctorReport) -> Table:
+    table = Table(title=report.target, title_justify="left", show_lines=False)
+    for col in ("check", "", "found", "fix"):
+        table.add_column(col, overflow="fold")
+    for row in report.checks:
+        table.add_row(row.name, STATUS_STYLE.get(row.status, row.status), row.detail, row.fix)
     return table

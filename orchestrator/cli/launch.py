@@ -12,6 +12,7 @@ from ..errors import EXIT_OK, UsageError, shorten
 from ..inventory.model import Target
 from ..runs.client import LaunchFailed, RunClient
 from ..runs.command import CONFIG_INPUT, train_command
+from ..runs.doctor import OK, WARN, preflight, read_needs, refuse_failed
 from ..runs.jobs import DEFAULT_DIST_TIMEOUT_S, JobLaunchFailed, JobSpec, launch_job
 from ..runs.spec import LaunchSpec, check_name, default_name
 from ..transports.pool import Connections
@@ -35,7 +36,8 @@ def launch(
     gpus: Optional[str] = typer.Option(None, "--gpus", metavar="0,1|0-7",
                                        help="GPUs of the target the run may use (sets CUDA_VISIBLE_DEVICES)."),
     env: Optional[List[str]] = typer.Option(None, "--env", "-e", metavar="K=V", help="Extra environment (repeat)."),
-    force: bool = typer.Option(False, "--force", help="Start even if a live run holds the GPUs."),
+    force: bool = typer.Option(False, "--force", help="Start even if a live run holds the GPUs, or doctor's "
+                                                      "checks of the config fail (tmpfs paths, no room, no GPU)."),
     grace: float = typer.Option(DEFAULT_GRACE_S, "--grace", min=0, callback=finite,
                                 help="Seconds a later `kill` waits after TERM."),
     nproc_per_node: Optional[int] = typer.Option(
@@ -68,19 +70,36 @@ def launch(
         targets = _job_targets(state, [target, *command])
         spec = job_spec(targets, config, name=name, gpus=parse_gpus(gpus), env=parse_env(env), force=force,
                         grace=grace, nproc_per_node=nproc_per_node, dist_timeout=dist_timeout)
-        return _launch_job(state, spec, as_json=as_json)
+        return _launch_job(state, spec, config, as_json=as_json)
     spec = launch_spec(state.inventory().target(target), command or [], name=name, config=config,
                        gpus=parse_gpus(gpus), env=parse_env(env), force=force, grace=grace)
-    return _launch_run(state, spec, as_json=as_json)
+    return _launch_run(state, spec, config, as_json=as_json)
 
 
-def _launch_run(state: AppState, spec: LaunchSpec, *, as_json: bool) -> int:
+def _preflight(client: RunClient, targets: list[Target], config: Path | None, *, force: bool) -> None:
+    """doctor's checks of what the config needs, on every target before anything starts: a fail refuses the
+    launch (exit 2) unless --force, which only reports it."""
+    if config is None:
+        return
+    needs = read_needs(config)
+    for target in targets:
+        rows = preflight(client, target, needs)
+        for row in rows:
+            if row.status != OK and (force or row.status == WARN):
+                stderr().print(f"{target.name}: {row.status}: {row.line()}", markup=False)
+        if not force:
+            refuse_failed(target, rows)
+
+
+def _launch_run(state: AppState, spec: LaunchSpec, config: Path | None, *, as_json: bool) -> int:
     err = stderr()
     where = spec.target.name
     err.print(f"launching {spec.name} on {where}...")
     with Connections() as conns:
+        client = RunClient(state.inventory(), conns)
+        _preflight(client, [spec.target], config, force=spec.force)
         try:
-            record = RunClient(state.inventory(), conns).launch(spec)
+            record = client.launch(spec)
         except LaunchFailed as failed:
             _report_failure(failed)
             raise
@@ -104,12 +123,14 @@ def _job_targets(state: AppState, names: list[str]) -> list[Target]:
     return targets
 
 
-def _launch_job(state: AppState, spec: JobSpec, *, as_json: bool) -> int:
+def _launch_job(state: AppState, spec: JobSpec, config: Path, *, as_json: bool) -> int:
     err = stderr()
     err.print(f"launching job {spec.name} on {', '.join(t.name for t in spec.targets)}...", markup=False)
     with Connections() as conns:
+        client = RunClient(state.inventory(), conns)
+        _preflight(client, spec.targets, config, force=spec.force)
         try:
-            job = launch_job(RunClient(state.inventory(), conns), spec)
+            job = launch_job(client, spec)
         except JobLaunchFailed as failed:
             if failed.payload:
                 _report_failure(LaunchFailed(failed.payload, "node"))

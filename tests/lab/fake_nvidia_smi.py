@@ -10,7 +10,9 @@ default, as nvidia-smi shows them inside an LXC container. The valid field names
 
 Answers: --query-gpu=F1,F2 --format=csv[,noheader][,nounits], --query-compute-apps=..., -i/--id, -l/--loop,
 -L, --version, --help-query-gpu, and plain `nvidia-smi` (the table). Exit codes as the real one: 0, 2 for a
-bad argument or field, 6 when -i names no GPU, 9 when there is no driver (no state file).
+bad argument or field, 6 when -i names no GPU, 9 when there is no driver (no state file), 18 with "Failed to
+initialize NVML: Driver/library version mismatch" when the kernel module (/proc/driver/nvidia/version, in a lab
+container its host's) and the container's libnvidia-ml.so.<version> differ.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ DRIVER, CUDA = "580.159.04", "13.0"
 VERSION_TEXT = f"NVIDIA-SMI version  : {DRIVER}\nNVML version        : 580.159\nDRIVER version      : {DRIVER}\nCUDA Version        : {CUDA}\n"
 NO_DRIVER = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
              "Make sure that the latest NVIDIA driver is installed and running.\n\n")
+MISMATCH = "Failed to initialize NVML: Driver/library version mismatch\nNVML library version: {}\n"
 BAD_ARGS = "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.\n\n"
 IDLE_H200 = {
     "name": "NVIDIA H200", "serial": "0000000000000", "driver_version": DRIVER, "persistence_mode": "Enabled",
@@ -253,7 +256,23 @@ def render(opts: dict[str, str], state: dict, first: bool) -> list[str]:
     return table(state, gpus)
 
 
+def driver_versions() -> tuple[str | None, str | None]:
+    """(the kernel module's version, libnvidia-ml's) as NVML finds them: /proc/driver/nvidia/version (a lab
+    container sees its host's) and the libnvidia-ml.so.<version> in the system's library directory."""
+    try:
+        text = Path("/proc/driver/nvidia/version").read_text()
+    except OSError:
+        return None, None
+    module = re.search(r"Kernel Module(?: for \S+)?\s+(\S+)", text)
+    libs = [p.name.split(".so.", 1)[1] for p in Path("/usr/lib").glob("*-linux-gnu/libnvidia-ml.so.*.*")]
+    return (module.group(1) if module else None), (libs[0] if libs else None)
+
+
 def run(opts: dict[str, str]) -> int:
+    module, library = driver_versions()
+    if module and library and module != library:
+        sys.stdout.write(MISMATCH.format(library.rsplit(".", 1)[0] if library.count(".") > 1 else library))
+        return 18
     interval = float(opts["--loop"]) if "--loop" in opts else None
     first = True
     while True:

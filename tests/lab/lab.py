@@ -18,6 +18,7 @@ import re
 import secrets
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -28,6 +29,7 @@ from pathlib import Path
 import yaml
 
 from tests.lab import netns, sshd
+from tests.lab.fake_nvidia_smi import DRIVER
 from tests.lab.procs import ProcInfo, container_processes
 
 HERE = Path(__file__).resolve().parent
@@ -41,7 +43,9 @@ REQUIRED_TOOLS = ("ip", "unshare", "nsenter", "ssh", "ssh-keygen", sshd.SSHD)
 _lab_numbers = count()
 
 __all__ = ["Lab", "LabHost", "LabContainer", "ProcInfo", "ContainerSpec", "HostSpec", "DEFAULT_SPEC",
-           "lab_unavailable_reason", "seed_8gpu_state"]
+           "lab_unavailable_reason", "seed_8gpu_state", "ct_config", "gpu_config_lines", "DRIVER"]
+# the majors the lab hosts' NVIDIA drivers have in their /proc/devices (nvidia-uvm's is dynamic on a real host)
+NVIDIA_MAJORS = {"nvidia-frontend": 195, "nvidia-uvm": 508, "nvidia-caps": 509}
 
 
 def lab_unavailable_reason() -> str | None:
@@ -67,11 +71,30 @@ def seed_8gpu_state() -> list[dict]:
     return gpus
 
 
+def gpu_config_lines(gpus: int) -> list[str]:
+    """What a CT config needs for `gpus` GPUs (README: Preparing a GPU container on Proxmox)."""
+    lines = [f"lxc.cgroup2.devices.allow: c {NVIDIA_MAJORS['nvidia-frontend']}:* rwm",
+             f"lxc.cgroup2.devices.allow: c {NVIDIA_MAJORS['nvidia-uvm']}:* rwm"]
+    for node in [*(f"nvidia{i}" for i in range(gpus)), "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"]:
+        lines.append(f"lxc.mount.entry: /dev/{node} dev/{node} none bind,optional,create=file")
+    return lines
+
+
+def ct_config(ctid: int, gpus: int = 0, *, extra: tuple[str, ...] = (), drop: tuple[str, ...] = ()) -> str:
+    """A CT config as Proxmox writes it: healthy GPU entries for `gpus`, `extra` lines added, lines containing
+    any of `drop` left out."""
+    lines = ["arch: amd64", f"hostname: ct{ctid}", "memory: 65536", "ostype: debian", "unprivileged: 1",
+             *(gpu_config_lines(gpus) if gpus else []), *extra]
+    return "".join(line + "\n" for line in lines if not any(part in line for part in drop))
+
+
 @dataclass(frozen=True)
 class ContainerSpec:
     ctid: int
     running: bool = True
     gpus: int | list[dict] = 0      # a count of idle H200s, or the fake nvidia-smi's GPU dicts
+    config: str | None = None       # the CT config's text (default: ct_config(ctid, gpus))
+    nvml: str | None = None         # the libnvidia-ml version installed (default: the host's driver, with GPUs)
 
     def gpu_states(self) -> list[dict]:
         return [{} for _ in range(self.gpus)] if isinstance(self.gpus, int) else list(self.gpus)
@@ -81,6 +104,8 @@ class ContainerSpec:
 class HostSpec:
     name: str
     containers: tuple[ContainerSpec, ...] = ()
+    gpus: int | None = None         # the host's GPUs (default: as many as its biggest container has)
+    driver: str | None = DRIVER     # its kernel module's version; None: no driver loaded
 
 
 DEFAULT_SPEC: tuple[HostSpec, ...] = (
@@ -162,7 +187,8 @@ class Lab:
         for host_spec in spec:
             self.hosts[host_spec.name] = self._create_host(host_spec, links[host_spec.name])
         for host in self.hosts.values():
-            host.sshd_proc = sshd.start(host.netns, host.dir / "sshd_config", host.dir / "sshd.log")
+            binds = ((host.dir / "proc" / "driver", "/proc/driver"), (host.dir / "proc" / "devices", "/proc/devices"))
+            host.sshd_proc = sshd.start(host.netns, host.dir / "sshd_config", host.dir / "sshd.log", binds=binds)
         for host in self.hosts.values():
             sshd.wait_accepting(host.sshd_proc, host.address, host.port, host.dir / "sshd.log")
         self.known_hosts.write_text("".join(
@@ -193,29 +219,63 @@ class Lab:
         pct = host_dir / "bin" / "pct"
         shutil.copy(HERE / "pct_standin.py", pct)
         pct.chmod(0o755)
+        gpus = spec.gpus if spec.gpus is not None else max(
+            [len(ct.gpu_states()) for ct in spec.containers] or [0])
+        _create_host_driver(host_dir, gpus, spec.driver)
         host_key = sshd.generate_key(host_dir / "ssh_host_ed25519_key", f"lab-{spec.name}")
         sshd.write_config(host_dir / "sshd_config", address=link.address, port=22, host_key=host_key,
                           authorized_keys=self.root / "client" / "authorized_keys",
                           pid_file=host_dir / "sshd.pid",
                           set_env={"LAB_ROOT": str(self.root), "LAB_HOST": spec.name})
-        containers = {ct.ctid: self._create_container(host_dir, ct) for ct in spec.containers}
+        containers = {ct.ctid: self._create_container(host_dir, ct, spec.driver) for ct in spec.containers}
         return LabHost(name=spec.name, netns=link.netns, address=link.address, port=22,
                        pct_command=str(pct), host_key_pub_path=host_key.with_suffix(".pub"),
                        containers=containers, dir=host_dir, link=link)
 
-    def _create_container(self, host_dir: Path, spec: ContainerSpec) -> LabContainer:
+    def _create_container(self, host_dir: Path, spec: ContainerSpec, driver: str | None) -> LabContainer:
         ct_dir = host_dir / "ct" / str(spec.ctid)
-        (host_dir / "lxc" / f"{spec.ctid}.conf").write_text(
-            f"arch: amd64\nhostname: ct{spec.ctid}\nostype: debian\nunprivileged: 1\n")
-        container = LabContainer(ctid=spec.ctid, gpus=len(spec.gpu_states()), dir=ct_dir,
+        gpus = len(spec.gpu_states())
+        (host_dir / "lxc" / f"{spec.ctid}.conf").write_text(spec.config if spec.config is not None
+                                                            else ct_config(spec.ctid, gpus))
+        container = LabContainer(ctid=spec.ctid, gpus=gpus, dir=ct_dir,
                                  workspace=ct_dir / "workspace", lab_dir=ct_dir / "lab",
                                  gpu_state_file=ct_dir / "lab" / "gpus.json")
         container.workspace.mkdir(parents=True, exist_ok=True)
         (container.lab_dir / "bin").mkdir(parents=True, exist_ok=True)
+        nvml = spec.nvml or (driver if gpus else None)
+        if nvml:  # the user-space driver as NVIDIA's installer leaves it: the versioned file and its .so.1 link
+            (ct_dir / "lib").mkdir(exist_ok=True)
+            (ct_dir / "lib" / f"libnvidia-ml.so.{nvml}").write_bytes(b"\x7fELF")
+            (ct_dir / "lib" / "libnvidia-ml.so.1").symlink_to(f"libnvidia-ml.so.{nvml}")
         if container.gpus:
             _install_nvidia_smi(container)
             _write_json_atomically(container.gpu_state_file, {"gpus": spec.gpu_states()})
         return container
+
+    def add_container(self, host: str, spec: ContainerSpec) -> LabContainer:
+        """A container made (and started, if spec.running) on a running lab; remove_container undoes it."""
+        target = self.hosts[host]
+        driver = _read_driver(target.dir)
+        container = self._create_container(target.dir, spec, driver)
+        target.containers[spec.ctid] = container
+        if spec.running:
+            self.pct(host, "start", str(spec.ctid), check=True)
+        return container
+
+    def remove_container(self, host: str, ctid: int) -> None:
+        target = self.hosts[host]
+        container = target.containers.pop(ctid)
+        _kill_init(container)
+        (target.dir / "lxc" / f"{ctid}.conf").unlink(missing_ok=True)
+        shutil.rmtree(container.dir, ignore_errors=True)
+
+    def set_host_driver(self, host: str, version: str | None) -> None:
+        """The kernel module version the host's /proc/driver/nvidia/version shows (None: no module loaded)."""
+        version_file = self.hosts[host].dir / "proc" / "driver" / "nvidia" / "version"
+        if version is None:
+            version_file.unlink(missing_ok=True)
+        else:
+            version_file.write_text(_module_version_text(version))
 
     def stop(self) -> None:
         """Kills the containers and sshds, removes links and namespaces. Idempotent."""
@@ -338,6 +398,43 @@ def _yaml_str(value: str) -> str:
     """A string as a YAML scalar: plain when that is unambiguous, else double-quoted (JSON is YAML)."""
     plain = re.fullmatch(r"[\w./+-][\w./+:-]*", value) and yaml.safe_load(value) == value
     return value if plain else json.dumps(value)
+
+
+def _module_version_text(version: str) -> str:
+    return (f"NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  {version}  Release Build  "
+            f"(dvs-builder@U22-I3-AF03-09-1)  Mon Oct 27 02:14:36 UTC 2026\nGCC version:  gcc version 12.2.0 "
+            f"(Debian 12.2.0-14+deb12u1)\n")
+
+
+def _read_driver(host_dir: Path) -> str | None:
+    try:
+        text = (host_dir / "proc" / "driver" / "nvidia" / "version").read_text()
+    except OSError:
+        return None
+    match = re.search(r"Kernel Module(?: for \S+)?\s+(\S+)", text)
+    return match.group(1) if match else None
+
+
+def _create_host_driver(host_dir: Path, gpus: int, driver: str | None) -> None:
+    """What a Proxmox host with the NVIDIA driver has: /proc/driver/nvidia/{version,gpus/}, the drivers' majors
+    in /proc/devices, and /dev/nvidia* (here stand-ins with /dev/null's numbers, so that they open). The
+    host's sshd sessions see the first two in place of the real /proc files."""
+    driver_dir = host_dir / "proc" / "driver"
+    (driver_dir / "nvidia" / "gpus").mkdir(parents=True, exist_ok=True)
+    for index in range(gpus if driver else 0):
+        (driver_dir / "nvidia" / "gpus" / f"0000:{0x18 + index:02x}:00.0").mkdir(exist_ok=True)
+    if driver:
+        (driver_dir / "nvidia" / "version").write_text(_module_version_text(driver))
+    real = Path("/proc/devices").read_text()
+    chars, _, blocks = real.partition("Block devices:")
+    ours = "".join(f"{major:3d} {name}\n" for name, major in NVIDIA_MAJORS.items()) if driver else ""
+    (host_dir / "proc" / "devices").write_text(chars.rstrip("\n") + "\n" + ours + "\nBlock devices:" + blocks)
+    dev = host_dir / "dev"
+    dev.mkdir(exist_ok=True)
+    for node in ([*(f"nvidia{i}" for i in range(gpus)), "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"]
+                 if driver and gpus else []):
+        if not (dev / node).exists():
+            os.mknod(dev / node, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
 
 
 def _install_nvidia_smi(container: LabContainer) -> None:

@@ -3,9 +3,15 @@
 
 A container is a PID + mount + UTS namespace made by `unshare`. Its PID 1 is `sleep infinity`, which never
 calls wait(), so orphans that exit stay zombies until the container stops, as in the seed run. Its mount
-namespace has the container's persistent directory on /workspace, a fresh tmpfs on /dev/shm (lost on stop
-and reboot) and its lab directory on /opt/lab (bin/nvidia-smi, gpus.json). The init's host pid and start
-time are kept in <lab>/hosts/<host>/ct/<id>/init.json while it runs.
+namespace has the container's persistent directory on /workspace (or, for `mp0: ...,mp=/workspace,size=S`, an
+ext4 image of that size, loop-mounted), a fresh tmpfs on /dev/shm (lost on stop and reboot; sized by an
+`lxc.mount.entry: tmpfs dev/shm tmpfs size=...` line) and its lab directory on /opt/lab (bin/nvidia-smi,
+gpus.json). It sees the host's /proc/driver (the NVIDIA kernel module's version), its <ct>/lib laid over the
+system library directory (libnvidia-ml.so.<version>), and the host's /dev with the CT config's GPU nodes on
+top: a bound node whose host node exists is there, one whose host node is missing is an empty file
+(`create=file`), and one whose major no devices.allow rule allows does not open. `cores: N` limits every
+process of the container to N CPUs. The init's host pid and start time are kept in
+<lab>/hosts/<host>/ct/<id>/init.json while it runs.
 
 `pct exec CTID [--] CMD [ARG...]` behaves like `lxc-attach --clear-env`, bad habits included:
   - CMD is exec'd directly (no shell, argv untouched) in the container's pid, mount and UTS namespaces, cwd /,
@@ -46,7 +52,7 @@ CONTAINER_ENV = {
 }
 STOP_SIGNALS = (signal.SIGHUP, signal.SIGTERM, signal.SIGINT)
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWPID = 0x00020000, 0x04000000, 0x20000000
-MS_BIND, MS_REC = 4096, 16384
+MS_BIND, MS_REC, MS_REMOUNT, MS_NODEV = 4096, 16384, 32, 4
 USAGE = """USAGE: pct <COMMAND> [ARGS] [OPTIONS]
        pct list
        pct status <vmid>
@@ -84,9 +90,13 @@ class Container:
         if not self.conf.is_file():
             raise PctError(f"Configuration file 'nodes/{host}/lxc/{self.ctid}.conf' does not exist")
 
-    def config(self) -> dict[str, str]:
+    def entries(self) -> list[tuple[str, str]]:
+        """Every `key: value` line in order (lxc.* keys repeat)."""
         pairs = (line.split(":", 1) for line in self.conf.read_text().splitlines() if ":" in line)
-        return {key.strip(): value.strip() for key, value in pairs}
+        return [(key.strip(), value.strip()) for key, value in pairs if not key.lstrip().startswith("#")]
+
+    def config(self) -> dict[str, str]:
+        return dict(self.entries())
 
     def init_pid(self) -> int | None:
         try:
@@ -158,6 +168,7 @@ def cmd_exec(args: list[str]) -> int:
     if not argv:
         raise PctError("missing command")
     enter_namespaces(container.running_pid())
+    limit_cpus(container)
     signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     child = os.fork()
     if child == 0:
@@ -194,18 +205,137 @@ def container_init(ctid_text: str) -> None:
     host_pid = int(os.readlink("/proc/self"))  # still the host's /proc: our pid as the host sees it
     start_time = process_start_time(host_pid)
     libc_mount("proc", "/proc", "proc", 0)
+    root, host = host_dirs()
+    if (root / "hosts" / host / "proc" / "driver").is_dir():  # procfs shows a container the host's driver
+        libc_mount(str(root / "hosts" / host / "proc" / "driver"), "/proc/driver", None, MS_BIND)
     socket.sethostname(container.config().get("hostname", f"ct{container.ctid}"))
     for path in ("/workspace", "/opt/lab"):
         os.makedirs(path, exist_ok=True)
-    libc_mount(str(container.dir / "workspace"), "/workspace", None, MS_BIND | MS_REC)
+    mount_workspace(container)
     libc_mount(str(container.dir / "lab"), "/opt/lab", None, MS_BIND | MS_REC)
-    libc_mount("tmpfs", "/dev/shm", "tmpfs", 0, "mode=1777")
+    mount_devices(container)
+    libc_mount("tmpfs", "/dev/shm", "tmpfs", 0, "mode=1777" + shm_size(container))
+    mount_nvidia_libraries(container)
+    limit_cpus(container)
     tmp = container.init_file.with_suffix(".tmp")
     tmp.write_text(json.dumps({"pid": host_pid, "start_time": start_time}))
     os.replace(tmp, container.init_file)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     os.chdir("/")
     os.execvpe("sleep", ["sleep", "infinity"], {"PATH": CONTAINER_ENV["PATH"], "container": "lxc"})
+
+
+def mount_workspace(container: Container) -> None:
+    """/workspace: the container's directory, or a disk of its own (`mp0: ...,mp=/workspace,size=128M`): an
+    ext4 image made on first start, loop-mounted."""
+    for key, value in container.entries():
+        options = dict(part.partition("=")[::2] for part in value.split(",")[1:])
+        if key.startswith("mp") and options.get("mp") == "/workspace" and options.get("size"):
+            image = container.dir / f"{key}.raw"
+            if not image.exists():
+                subprocess.run(["truncate", "-s", options["size"], str(image)], check=True)
+                subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], check=True, stdout=subprocess.DEVNULL)
+            subprocess.run(["mount", "-o", "loop", str(image), "/workspace"], check=True)
+            return
+    libc_mount(str(container.dir / "workspace"), "/workspace", None, MS_BIND | MS_REC)
+
+
+def host_majors() -> dict[str, int]:
+    """The lab host's /proc/devices (its NVIDIA majors included): driver name -> major."""
+    root, host = host_dirs()
+    majors = {}
+    try:
+        text = (root / "hosts" / host / "proc" / "devices").read_text()
+    except FileNotFoundError:
+        return majors
+    for line in text.split("Block devices:")[0].splitlines():
+        fields = line.split()
+        if len(fields) == 2 and fields[0].isdigit():
+            majors[fields[1]] = int(fields[0])
+    return majors
+
+
+def allowed(rules: list[str], major: int | None) -> bool:
+    for rule in rules:
+        parts = rule.split()
+        if parts[:1] == ["a"] or (len(parts) >= 2 and parts[0] in ("c", "a")
+                                  and parts[1].split(":")[0] in ("*", str(major))):
+            return True
+    return False
+
+
+def device_entries(container: Container) -> list[tuple[str, str, bool]]:
+    """(node, host source, create=file) of every /dev node the CT config binds in or passes through (devN:)."""
+    found = []
+    for key, value in container.entries():
+        fields = value.split()
+        if key == "lxc.mount.entry" and len(fields) >= 4 and fields[0].startswith("/dev/"):
+            found.append(("/" + fields[1].strip("/"), fields[0], "create=file" in fields[3]))
+        elif key[:3] == "dev" and key[3:].isdigit():
+            node = value.split(",")[0].strip()
+            found.append((node, node, False))
+    return found
+
+
+def mount_devices(container: Container) -> None:
+    """LXC's habits with GPU nodes: a bind entry whose host node exists gives the node; one whose host node is
+    missing leaves an empty file (`optional,create=file`); a node whose major no devices.allow rule (or devN:
+    entry) allows is there but does not open. /dev becomes the host's /dev with these nodes laid over it."""
+    entries = device_entries(container)
+    if not entries:
+        return
+    root, host = host_dirs()
+    layer = container.dir / "dev"
+    subprocess.run(["rm", "-rf", str(layer)], check=True)
+    layer.mkdir()
+    rules = [v for k, v in container.entries() if k in ("lxc.cgroup2.devices.allow", "lxc.cgroup.devices.allow")]
+    passed = {node for key, value in container.entries() if key[:3] == "dev" and key[3:].isdigit()
+              for node in [value.split(",")[0].strip()]}
+    majors, denied = host_majors(), []
+    for node, source, create_file in entries:
+        host_node = root / "hosts" / host / source.lstrip("/")
+        target = layer / node[len("/dev/"):]
+        if host_node.exists():
+            os.mknod(target, 0o666 | (os.stat(host_node).st_mode & 0o170000), os.stat(host_node).st_rdev)
+            major = majors.get("nvidia-uvm" if "uvm" in node else "nvidia-frontend")
+            if node not in passed and not allowed(rules, major):
+                denied.append(node)
+        elif create_file:
+            target.touch()
+    libc_mount("overlay", "/dev", "overlay", 0, f"lowerdir={layer}:/dev")
+    for node in denied:  # what the cgroup's device rules do to open(): refuse (here EACCES, there EPERM)
+        libc_mount(node, node, None, MS_BIND)
+        libc_mount(node, node, None, MS_BIND | MS_REMOUNT | MS_NODEV)
+    try:
+        libc_mount("devpts", "/dev/pts", "devpts", 0, "newinstance,ptmxmode=0666")
+    except OSError:
+        pass
+
+
+def shm_size(container: Container) -> str:
+    """`lxc.mount.entry: tmpfs dev/shm tmpfs size=16G,...`: the size given to /dev/shm."""
+    for key, value in container.entries():
+        fields = value.split()
+        if key == "lxc.mount.entry" and len(fields) >= 4 and fields[1].strip("/") == "dev/shm":
+            sizes = [o for o in fields[3].split(",") if o.startswith("size=")]
+            return "," + sizes[0] if sizes else ""
+    return ""
+
+
+def mount_nvidia_libraries(container: Container) -> None:
+    """The container's NVIDIA user-space libraries (<ct>/lib: libnvidia-ml.so.<version>) laid over the system
+    library directory, where a driver installed with --no-kernel-module puts them."""
+    libs = container.dir / "lib"
+    system = next((d for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu") if os.path.isdir(d)), None)
+    if system and libs.is_dir() and any(libs.iterdir()):
+        libc_mount("overlay", system, "overlay", 0, f"lowerdir={libs}:{system}")
+
+
+def limit_cpus(container: Container) -> None:
+    """`cores: N`: the container's processes run on N of the host's CPUs (Proxmox uses a cpuset)."""
+    cores = container.config().get("cores", "")
+    if cores.isdigit():
+        os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:max(int(cores), 1)])
 
 
 def cmd_start(args: list[str]) -> int:

@@ -62,12 +62,17 @@ Subsystem sftp internal-sftp
     return path
 
 
-def start(netns: str, config: Path, log: Path) -> subprocess.Popen[bytes]:
+def start(netns: str, config: Path, log: Path, *, binds: tuple[tuple[Path, str], ...] = ()) -> subprocess.Popen[bytes]:
+    """sshd in `netns`; `binds` (source, mount point) are bind-mounted first in the mount namespace `ip netns
+    exec` makes for it, so its sessions (and only they) see them: a fake host's /proc/driver, /proc/devices."""
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
-    # `ip netns exec` execs sshd in place, so the pid we get is sshd's own. Should the test process die
-    # without tearing down, the next lab's start removes what is left (lab.reap_stale_labs).
+    # `ip netns exec` and then sh exec sshd in place, so the pid we get is sshd's own. Should the test process
+    # die without tearing down, the next lab's start removes what is left (lab.reap_stale_labs).
+    mounts = "".join(f'mount --bind "${2 * i + 1}" "${2 * i + 2}" && ' for i in range(len(binds)))
+    argv = ["sh", "-c", f'{mounts}shift {2 * len(binds)} && exec "$@"', "sh",
+            *(str(part) for pair in binds for part in pair)] if binds else []
     return subprocess.Popen(
-        ["ip", "netns", "exec", netns, SSHD, "-D", "-f", str(config), "-E", str(log)],
+        ["ip", "netns", "exec", netns, *argv, SSHD, "-D", "-f", str(config), "-E", str(log)],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         start_new_session=True,
     )

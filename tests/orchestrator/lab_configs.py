@@ -1,4 +1,5 @@
-"""The tiny trainer config the lab tests launch: one writer for every lab test file."""
+"""The tiny trainer config the lab tests launch, and the tiny target and dataset it names: one writer for every
+lab test file."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,3 +14,12 @@ def write_config(path: Path, tiny: dict[str, Path], **overrides) -> Path:
               "checkpoint_every": 3, "seed": 0, "device": "cpu", "num_workers": 1, "prefetch": 2, **overrides}
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
+
+
+def write_tiny(root: Path) -> dict[str, Path]:
+    """The tiny target and a small dataset in its format under `root`, where every lab container can read them."""
+    from tests.trainer.test_pipeline_data import write_dataset
+    from trainer.tiny import write_tiny_target
+
+    return {"target": write_tiny_target(root / "target", seed=0),
+            "dataset": write_dataset(root / "dataset", [40, 60, 90] * 8)}

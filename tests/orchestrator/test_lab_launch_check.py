@@ -19,13 +19,7 @@ CACHE = {"TORCHINDUCTOR_CACHE_DIR": "/workspace/.dflash/cache/inductor",
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> dict[str, Path]:
-    """The tiny target and a small dataset in its format, where every lab container can read them."""
-    from tests.trainer.test_pipeline_data import write_dataset
-    from trainer.tiny import write_tiny_target
-
-    root = tmp_path_factory.mktemp("launch-check")
-    return {"target": write_tiny_target(root / "target", seed=0),
-            "dataset": write_dataset(root / "dataset", [40, 60, 90] * 8)}
+    return lab_configs.write_tiny(tmp_path_factory.mktemp("launch-check"))
 
 
 @pytest.fixture(scope="module")

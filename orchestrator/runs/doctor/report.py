@@ -1,0 +1,52 @@
+"""A doctor's report: one row per check (ok / warn / fail, what was found, the fix in one line) per target."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+OK, WARN, FAIL = "ok", "warn", "fail"
+GUIDE = "README: Preparing a GPU container on Proxmox"
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    status: str          # ok / warn / fail
+    detail: str          # what was found
+    fix: str = ""        # one line: what to do about it (empty when ok)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def line(self) -> str:
+        return f"{self.name}: {self.detail}" + (f"; fix: {self.fix}" if self.fix else "")
+
+
+@dataclass
+class DoctorReport:
+    target: str
+    ok: bool = False
+    error: str | None = None
+    unreachable: bool = False
+    reachable: bool | None = None
+    host_key_ok: bool | None = None
+    auth_ok: bool | None = None
+    pct: bool | None = None          # None where the target has no container
+    container: str | None = None     # running / stopped / missing
+    python: str | None = None
+    nvidia_smi: bool | None = None
+    gpus: list[dict] | None = None
+    cache_dir: str | None = None
+    cache_bytes: int | None = None   # 0 where nothing was compiled there yet
+    warnings: list[str] = field(default_factory=list)
+    checks: list[Row] = field(default_factory=list)
+    elapsed_ms: int = 0
+
+    def add(self, row: Row | None) -> None:
+        if row is not None:
+            self.checks.append(row)
+
+    def failed(self) -> list[Row]:
+        return [row for row in self.checks if row.status == FAIL]
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "checks": [row.as_dict() for row in self.checks]}
