@@ -198,3 +198,24 @@ def test_retries_and_permanent_failures_leave_every_prompt_answered_or_failed_on
     assert "invalid JSON" in failed[3] and "HTTP 500: engine down" in failed[5]
     assert "gave up after 4 attempts" in failed[5] and "HTTP 400: prompt longer" in failed[6]
     assert json.loads(done.stdout)["failed"] == 3
+
+
+def test_prepare_reads_the_output_as_it_is(local_answers, tiny_target, tmp_path):
+    import datasets
+
+    from trainer.prepare import prepare
+
+    lines = local_answers.read_text().splitlines(keepends=True)
+    in_order = tmp_path / "in_order.jsonl"
+    in_order.write_text("".join(sorted(lines, key=lambda line: json.loads(line)["index"])))
+    as_written = tmp_path / "as_written.jsonl"  # finished out of order, and a record half-written at the end
+    as_written.write_text("".join(reversed(lines)) + lines[0][:len(lines[0]) // 2])
+    first = prepare(target=tiny_target, input_path=in_order, output=tmp_path / "a", block_size=4)
+    second = prepare(target=tiny_target, input_path=as_written, output=tmp_path / "b", block_size=4)
+    assert (first.kept, second.kept, first.torn_last_line, second.torn_last_line) == (6, 6, False, True)
+    rows = [sorted(map(tuple, datasets.load_from_disk(str(tmp_path / name))["input_ids"])) for name in "ab"]
+    assert rows[0] == rows[1]
+    answers = [json.loads(line)["completion_token_ids"] for line in lines]
+    # the target's own answer ids are kept as generate wrote them, not re-tokenized from the text
+    assert all(any(tuple(ids) == row[i:i + len(ids)] for row in rows[0] for i in range(len(row)))
+               for ids in answers)
