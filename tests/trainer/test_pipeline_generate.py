@@ -136,7 +136,7 @@ def test_sigkill_mid_way_then_rerun_answers_every_prompt_once(chat_server, promp
     assert all(answers[i]["completion_token_ids"] == local[i]["completion_token_ids"] for i in answers)
 
 
-class _Flaky(BaseHTTPRequestHandler):
+class StandInEngine(BaseHTTPRequestHandler):
     """A stand-in engine: answers a prompt by its words, after the faults its content asks for."""
 
     protocol_version = "HTTP/1.1"
@@ -184,7 +184,7 @@ def test_retries_and_permanent_failures_leave_every_prompt_answered_or_failed_on
     lines = [json.dumps({"prompt": c}) for c in contents]
     lines.insert(3, "{not json")
     prompts.write_text("\n".join(lines) + "\n")
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Flaky)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), StandInEngine)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         output = tmp_path / "answers.jsonl"
