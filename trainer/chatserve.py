@@ -86,12 +86,17 @@ class _Handler(BaseHTTPRequestHandler):
                          "usage": {"completion_tokens": len(ids)}})
 
     def _send(self, status: int, payload: dict) -> None:
-        data = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        send_json(self, status, payload)
+
+
+def send_json(handler: BaseHTTPRequestHandler, status: int, payload: dict) -> None:
+    """One JSON reply on a kept-alive HTTP/1.1 connection (the length said, so the client knows its end)."""
+    data = json.dumps(payload).encode()
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
 
 
 def main(argv: list[str] | None = None) -> int:

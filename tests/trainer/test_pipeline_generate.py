@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.trainer.conftest import REPO_ROOT, run_trainer, trainer_env, write_prompts
+from trainer.chatserve import send_json
 
 TOKENS = "12"
 
@@ -170,12 +171,7 @@ class StandInEngine(BaseHTTPRequestHandler):
                              "usage": {"completion_tokens": len(prompt.split())}})
 
     def _send(self, status: int, payload: dict) -> None:
-        data = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        send_json(self, status, payload)
 
 
 def test_retries_and_permanent_failures_leave_every_prompt_answered_or_failed_once(tmp_path):
@@ -225,3 +221,13 @@ def test_prepare_reads_the_output_as_it_is(local_answers, tiny_target, tmp_path)
     # the target's own answer ids are kept as generate wrote them, not re-tokenized from the text
     assert all(any(tuple(ids) == row[i:i + len(ids)] for row in rows[0] for i in range(len(row)))
                for ids in answers)
+
+
+def test_the_benchmark_prints_both_paths_rates():
+    done = subprocess.run([sys.executable, "bench/bench_generate.py", "--prompts", "2", "--max-new-tokens", "4",
+                           "--device", "cpu"], capture_output=True, text=True, timeout=300, env=trainer_env(),
+                          cwd=REPO_ROOT)
+    assert done.returncode == 0, done.stderr
+    rows = [line.split() for line in done.stdout.splitlines()]
+    assert [row[0] for row in rows] == ["local", "--server"]
+    assert all(row[row.index("prompts") - 1] == "2" and row[row.index("tokens") - 1] == "8" for row in rows)
