@@ -87,7 +87,6 @@ def resume_output(output: Path) -> Resumed:
     if not output.exists():
         return Resumed(answered, False)
     good_end = 0
-    torn = False
     with output.open("rb") as lines:
         previous: bytes | None = None
         for number, line in enumerate(lines, 1):
@@ -96,6 +95,9 @@ def resume_output(output: Path) -> Resumed:
                                    "refusing to append to it")
             index = _record_index(line) if line.endswith(b"\n") else None
             if index is None and line.strip():
+                if line.endswith(b"\n") and _is_json(line):  # whole, but not generate's
+                    raise TrainerError(f"{output}:{number}: a record without an 'index' (not written by this "
+                                       "generate); refusing to append to it")
                 previous = line
                 continue
             if index is not None:
@@ -106,6 +108,14 @@ def resume_output(output: Path) -> Resumed:
         with output.open("r+b") as sink:
             sink.truncate(good_end)
     return Resumed(answered, torn)
+
+
+def _is_json(line: bytes) -> bool:
+    try:
+        json.loads(line)
+    except (ValueError, UnicodeDecodeError):
+        return False
+    return True
 
 
 def _record_index(line: bytes) -> int | None:

@@ -231,3 +231,20 @@ def test_the_benchmark_prints_both_paths_rates():
     rows = [line.split() for line in done.stdout.splitlines()]
     assert [row[0] for row in rows] == ["local", "--server"]
     assert all(row[row.index("prompts") - 1] == "2" and row[row.index("tokens") - 1] == "8" for row in rows)
+
+
+def test_resume_appends_only_to_its_own_records(tmp_path):
+    from trainer.answers import resume_output
+    from trainer.errors import TrainerError
+
+    ours = tmp_path / "ours.jsonl"
+    ours.write_text('{"index": 4, "messages": []}\n{"index": 1, "messages": []}\n{"index": 2, "mess')
+    resumed = resume_output(ours)
+    assert (resumed.answered, resumed.torn) == ({1, 4}, True)
+    assert ours.read_text().endswith('{"index": 1, "messages": []}\n')
+    for name, text in (("old.jsonl", '{"messages": []}\n'), ("middle.jsonl", '{"index": 0}\n{"ind\n{"index": 1}\n')):
+        path = tmp_path / name
+        path.write_text(text)
+        with pytest.raises(TrainerError, match="refusing to append to it"):
+            resume_output(path)
+        assert path.read_text() == text  # nothing cut from a file that is not ours
