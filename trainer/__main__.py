@@ -50,12 +50,17 @@ def _prepare(args) -> int:
 
 
 def _generate(args) -> int:
+    from trainer.errors import TrainerError
     from trainer.generate import generate
 
-    count = generate(target=args.target, prompts=args.prompts, output=args.output,
-                     max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, device=args.device)
-    print(f"Wrote {count} chat records to {args.output}", flush=True)
-    return 0
+    if (args.target is None) == (args.server is None):
+        raise TrainerError("generate needs exactly one of --target (load it here) or --server (ask an engine)")
+    summary = generate(target=args.target, prompts=args.prompts, output=args.output,
+                       max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, device=args.device,
+                       server=args.server, model=args.model, concurrency=args.concurrency, retries=args.retries,
+                       retry_wait_s=args.retry_wait, progress_every_s=args.progress_every)
+    print(summary.as_json() if args.json else summary.line(), flush=True)
+    return 1 if summary.failed else 0
 
 
 def _eval(args) -> int:
@@ -128,13 +133,28 @@ def _add_prepare_command(commands) -> None:
 
 
 def _add_generate_command(commands) -> None:
-    generate = commands.add_parser("generate", help="regenerate answers with the target itself (greedy)")
-    generate.add_argument("--target", required=True, help="target model directory")
+    generate = commands.add_parser(
+        "generate", help="regenerate answers with the target itself (greedy), resumably",
+        description="Answer each prompt with the target (greedy) and append one chat record per answer, with "
+                    "its prompt's index, to --output. A rerun skips the prompts already answered. Prompts that "
+                    "fail for good go to OUTPUT.failed.jsonl; the exit code is then 1.")
+    generate.add_argument("--target", help="target model directory, loaded here (small jobs)")
+    generate.add_argument("--server", help="URL of an OpenAI-compatible server (vLLM, SGLang) serving the target")
+    generate.add_argument("--model", help="the served model's name (default: the server's only one)")
+    generate.add_argument("--concurrency", type=int, default=8, help="requests in flight with --server (default 8)")
+    generate.add_argument("--retries", type=int, default=6,
+                          help="retries of a request on 429, 5xx or a lost connection (default 6)")
+    generate.add_argument("--retry-wait", type=float, default=1.0,
+                          help="seconds before the first retry, doubling each time (default 1)")
     generate.add_argument("--prompts", required=True, help='JSONL: {"messages": [...]} or {"prompt": ...}')
-    generate.add_argument("--output", required=True, help="JSONL of chat records to write")
+    generate.add_argument("--output", required=True, help="JSONL of chat records to append to (resumed)")
     generate.add_argument("--max-new-tokens", type=int, default=512, help="answer length limit (default 512)")
-    generate.add_argument("--batch-size", type=int, default=16, help="prompts per generate call (default 16)")
+    generate.add_argument("--batch-size", type=int, default=16,
+                          help="prompts per generate call without --server (default 16)")
     generate.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
+    generate.add_argument("--progress-every", type=float, default=10.0,
+                          help="seconds between progress lines on stderr (default 10)")
+    generate.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     generate.set_defaults(run=_generate)
 
 

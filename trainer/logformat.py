@@ -135,3 +135,12 @@ def format_loading_targets(n_targets: int) -> str:
 
 def format_target_on(index: int, device: str) -> str:
     return f"  Target {index} on {device}..."
+
+
+def format_generate_line(elapsed_s: float, *, answered: int, total: int, failed: int, tok_per_s: float,
+                         prompts_per_s: float, eta_s: float | None) -> str:
+    """`generate`'s progress, e.g. `[6m] generate answered=1200/100000 failed=3 | 1.9Ktok/s 3.33prompts/s |
+    ETA=9.1h` (on one line): answered counts the prompts a resumed run skipped too, the rates are this run's."""
+    tokens = f"{tok_per_s / 1000:.1f}Ktok/s" if tok_per_s >= 1000 else f"{tok_per_s:.1f}tok/s"  # a CPU's rate too
+    return (f"[{format_elapsed(elapsed_s)}] generate answered={answered}/{total} failed={failed} | "
+            f"{tokens} {prompts_per_s:.2f}prompts/s | ETA={format_eta(eta_s)}")

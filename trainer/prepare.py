@@ -18,13 +18,14 @@ class PrepareReport:
     overlong_truncated: int = 0
     overlong_dropped: int = 0
     tokens: int = 0
+    torn_last_line: bool = False
 
     def lines(self, output: str) -> list[str]:
         return [
             f"Read {self.records} records; wrote {self.kept} samples ({self.tokens} tokens) to {output}",
             f"  dropped {self.too_few_supervised} with fewer than 2*block_size supervised tokens",
             f"  over-long: {self.overlong_truncated} truncated, {self.overlong_dropped} dropped",
-        ]
+        ] + (["  skipped a cut-off last line (a generate still running, or killed)"] if self.torn_last_line else [])
 
 
 def record_messages(record: object, *, where: str) -> list[dict[str, str]]:
@@ -116,7 +117,9 @@ def tokenize_record(tokenizer, record: object, *, where: str) -> tuple[list[int]
     return tokenize_chat(tokenizer, messages)
 
 
-def _read_jsonl(path: Path):
+def _read_jsonl(path: Path, report: PrepareReport):
+    """Records in file order, whatever their order of `index` (generate writes answers as they finish). A last
+    line with no newline that is not JSON is a record being written: skipped, and the report says so."""
     import json
 
     with path.open() as lines:
@@ -126,6 +129,9 @@ def _read_jsonl(path: Path):
             try:
                 yield f"{path}:{number}", json.loads(line)
             except json.JSONDecodeError as exc:
+                if not line.endswith("\n"):
+                    report.torn_last_line = True
+                    return
                 raise TrainerError(f"{path}:{number}: invalid JSON: {exc.msg}") from None
 
 
@@ -134,7 +140,7 @@ def _tokenized_batches(tokenizer, input_path: Path, report: PrepareReport, *, mi
     import pyarrow as pa
 
     rows: dict[str, list] = {"input_ids": [], "loss_mask": [], "length": []}
-    for where, record in _read_jsonl(input_path):
+    for where, record in _read_jsonl(input_path, report):
         report.records += 1
         ids, mask = tokenize_record(tokenizer, record, where=where)
         if max_length is not None and len(ids) > max_length:

@@ -11,7 +11,7 @@ from ..agent.protocol import DEFAULT_GRACE_S
 from ..errors import EXIT_OK, UsageError, shorten
 from ..inventory.model import Target
 from ..runs.client import LaunchFailed, RunClient
-from ..runs.command import CONFIG_INPUT, train_command
+from ..runs.command import CONFIG_INPUT, runs_bundled_trainer, train_command
 from ..runs.doctor import OK, WARN, preflight, read_needs, refuse_failed
 from ..runs.jobs import DEFAULT_DIST_TIMEOUT_S, JobLaunchFailed, JobSpec, launch_job
 from ..runs.spec import LaunchSpec, check_name, default_name
@@ -172,7 +172,8 @@ def launch_spec(target: Target, command: list[str], *, name: str | None, config:
                          f"(0-{target.gpus - 1}) in the inventory")
     if command:
         return LaunchSpec(target=target, command=command, name=check_name(name or default_name(command)),
-                          env=env, gpus=gpus, force=force, grace=grace)
+                          env=env, gpus=gpus, force=force, grace=grace,
+                          uses_trainer=runs_bundled_trainer(command))
     if config is None:
         raise UsageError("nothing to run: give --config FILE for the bundled trainer, or -- CMD")
     return _trainer_spec(target, config, name=name, gpus=gpus, env=env, force=force, grace=grace)

@@ -27,6 +27,12 @@ def node_train_command(target: Target, *, nnodes: int, nproc: int, endpoint: str
             f"--local-addr={local_addr}", "--max-restarts=0", *TRAIN_ARGS]
 
 
+def runs_bundled_trainer(command: list[str]) -> bool:
+    """CMD that runs the trainer itself (`python -m trainer generate ...`): it gets the bundled trainer deployed
+    and on its PYTHONPATH, as a `--config` run does."""
+    return any(flag == "-m" and module == "trainer" for flag, module in zip(command, command[1:]))
+
+
 def check_command(target: Target, *, base_dir: str, source: str) -> list[str]:
     """The trainer's check of a config; the config comes on its stdin. The agent runs it in the run's environment."""
     return [target.python, "-m", "trainer", "check", "--config", "-", "--json", "--base-dir", base_dir,

@@ -68,6 +68,7 @@ class StepEvent:
     q_hs: tuple[int, ...] | None = None
     epoch: float | None = None
     eta_s: float | None = None
+    total: int | None = None  # a `generate` progress line: the prompts in all; `step` is the answered count
 
 
 _new_object = object.__new__
@@ -210,6 +211,23 @@ def _step_from_fields(text: str, line_no: int | None) -> StepEvent | None:
         fields["elapsed_s"] = parse_duration(elapsed.group(1))
     partial = any(fields.get(name) is None for name in STEP_FIELDS if name != "eta_s") or "eta_s" not in fields
     return StepEvent(line_no, text, partial, **fields)
+
+
+# ---------------------------------------------------------------------------------------------- generate lines
+
+GENERATE_LINE = re.compile(r"\[([^\]]*)\] generate answered=(\d+)/(\d+) failed=(\d+) \| "
+                           r"([\d.]+)([KMG]?)tok/s (\S+)prompts/s \| ETA=(\S+)")
+
+
+def parse_generate_line(text: str, line_no: int | None = None) -> StepEvent | None:
+    """`generate`'s progress line (trainer/logformat.py) read like a step line: the answered count is the step,
+    with tok/s, ETA and the total; the training metrics are absent (partial). None if not one."""
+    match = GENERATE_LINE.fullmatch(text.rstrip())
+    if match is None:
+        return None
+    elapsed, answered, total, _failed, tokens, scale, _prompts, eta = match.groups()
+    return StepEvent(line_no, text, True, elapsed_s=parse_duration(elapsed), step=int(answered),
+                     tok_per_s=_tok_per_s(tokens, scale), eta_s=parse_duration(eta), total=int(total))
 
 
 # ---------------------------------------------------------------------------------------------- metrics.jsonl

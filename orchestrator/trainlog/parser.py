@@ -22,6 +22,7 @@ from .lines import (
     PhaseEvent,
     StepEvent,
     parse_duration,
+    parse_generate_line,
     parse_metrics_jsonl_line,
     parse_metrics_jsonl_record,
     parse_phase_line,
@@ -44,7 +45,7 @@ from .tracebacks import (
 __all__ = [
     "CLOSED", "FOREIGN", "MAX_FOREIGN_LINES", "MAX_LINE_BYTES", "MAX_TRACEBACK_LINES", "PHASES", "STEP_FIELDS",
     "TOOK", "TRACEBACK_MARK", "Event", "ExceptionEvent", "LogLine", "LogParser", "PhaseEvent", "StepEvent",
-    "parse_duration", "parse_lines", "parse_metrics_jsonl_line", "parse_metrics_jsonl_record", "parse_phase_line",
+    "parse_duration", "parse_generate_line", "parse_lines", "parse_metrics_jsonl_line", "parse_metrics_jsonl_record", "parse_phase_line",
     "parse_step_line", "standalone_exception",
 ]
 
@@ -210,6 +211,11 @@ class LogParser:
             step = parse_step_line(text, line_no)
             if step is not None:
                 out.append(step)
+                return
+        if "] generate answered=" in text:
+            progress = parse_generate_line(text, line_no)
+            if progress is not None:
+                out.append(progress)
                 return
         mark = text.find(TRACEBACK_MARK)
         if mark >= 0:

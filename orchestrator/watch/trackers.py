@@ -117,7 +117,7 @@ class RunTracker:
 
     def _take_step(self, step: StepEvent) -> None:
         if self.phase != "finished":
-            self.phase = "training"
+            self.phase = "training" if step.total is None else "generating"
         if step.step is not None:
             self.last_step = step.step
             self.history.append(MetricPoint(step.step, step.loss, step.acc, step.streak, step.tok_per_s))

@@ -76,3 +76,17 @@ def test_the_view_carries_the_grace_the_run_recorded() -> None:
     for bad in ("5", -1, True, float("nan")):
         record = {"run_id": "r", "state": "running", "grace_s": bad}
         assert RunTracker("local", record, history=1, tail=1).view().grace_s is None
+
+
+def test_a_generate_progress_line_reads_like_a_step_line() -> None:
+    from trainer import logformat
+
+    run = tracker()
+    lines = [logformat.format_generate_line(seconds, answered=answered, total=100000, failed=3,
+                                            tok_per_s=1900.0, prompts_per_s=3.33, eta_s=eta)
+             for seconds, answered, eta in ((300.0, 1000, 32700.0), (360.0, 1200, 32760.0))]
+    run.feed(0, 1, ("Generating with model 'q' of http://127.0.0.1:8000/v1 (64 at a time)\n"
+                    + "\n".join(lines) + "\n").encode(), now=0.0)
+    view = run.view()
+    assert (view.phase, view.last_step, view.tok_per_s, view.eta_s) == ("generating", 1200, 1900.0, 9.1 * 3600)
+    assert view.loss is None and [p.step for p in run.history] == [1000, 1200]

@@ -1,0 +1,168 @@
+"""An OpenAI-compatible chat-completions client for `generate --server`: vLLM, SGLang, `transformers serve` or
+any other server that speaks `/v1/chat/completions`. Standard library only (urllib and threads): one request
+per prompt, at most `concurrency` in flight, retries with exponential backoff on 429, 5xx and dropped or
+refused connections; any other answer is a permanent failure of that prompt, with the server's reason.
+
+Greedy by default (temperature 0); the server applies the target's own chat template. `return_token_ids` asks
+the server for the answer's token ids (vLLM returns them as `choices[0].token_ids`); a server that has none
+gives text only, which `prepare` tokenizes.
+"""
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+
+from trainer.errors import TrainerError
+
+RETRIED_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+
+
+@dataclass(frozen=True)
+class Answer:
+    text: str
+    token_ids: list[int] | None
+    completion_tokens: int
+    finish_reason: str | None
+
+
+class PermanentFailure(Exception):
+    """This prompt will not be answered by asking again; the message says why."""
+
+
+class ServerClient:
+    def __init__(self, url: str, *, model: str | None = None, concurrency: int = 8, max_new_tokens: int = 512,
+                 retries: int = 6, retry_wait_s: float = 1.0, timeout_s: float = 600.0) -> None:
+        base = url.rstrip("/")
+        self.base = base if base.endswith("/v1") else base + "/v1"
+        self.concurrency = max(1, concurrency)
+        self.max_new_tokens = max_new_tokens
+        self.retries = retries
+        self.retry_wait_s = retry_wait_s
+        self.timeout_s = timeout_s
+        self.model = self._served_model(model)
+
+    # -- the model
+
+    def _served_model(self, wanted: str | None) -> str:
+        try:
+            listing = self._with_retries(lambda: self._request("GET", "/models", None))
+        except PermanentFailure as exc:
+            raise TrainerError(f"server {self.base}: cannot list its models: {exc}") from None
+        served = [entry.get("id") for entry in listing.get("data", []) if isinstance(entry, dict)]
+        if wanted is None:
+            if len(served) != 1:
+                raise TrainerError(f"server {self.base} serves {_names(served)}: pick one with --model")
+            return served[0]
+        if wanted not in served:
+            raise TrainerError(f"server {self.base} does not serve model {wanted!r}; it serves {_names(served)}")
+        return wanted
+
+    # -- answering
+
+    def answer_all(self, prompts: Iterable[tuple[int, list[dict[str, str]]]]
+                   ) -> Iterator[tuple[int, Answer | PermanentFailure]]:
+        """(index, Answer or PermanentFailure) as each finishes; prompts are read only as slots free up."""
+        with ThreadPoolExecutor(self.concurrency, thread_name_prefix="chat") as pool:
+            running: dict[Future, int] = {}
+            source = iter(prompts)
+            exhausted = False
+            while running or not exhausted:
+                while not exhausted and len(running) < 2 * self.concurrency:  # a queue keeps every slot busy
+                    item = next(source, None)
+                    if item is None:
+                        exhausted = True
+                        break
+                    running[pool.submit(self._answer_one, item[1])] = item[0]
+                if not running:
+                    break
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in done:
+                    index = running.pop(future)
+                    error = future.exception()
+                    if error is not None and not isinstance(error, PermanentFailure):
+                        error = PermanentFailure(f"{type(error).__name__}: {error}")
+                    yield index, error if error is not None else future.result()
+
+    def _answer_one(self, messages: list[dict[str, str]]) -> Answer:
+        body = {"model": self.model, "messages": messages, "max_tokens": self.max_new_tokens,
+                "temperature": 0.0, "return_token_ids": True}
+        reply = self._with_retries(lambda: self._request("POST", "/chat/completions", body))
+        try:
+            choice = reply["choices"][0]
+            text = choice["message"]["content"] or ""
+        except (KeyError, IndexError, TypeError):
+            raise PermanentFailure(f"the server's reply has no answer: {json.dumps(reply)[:300]}") from None
+        token_ids = choice.get("token_ids")
+        token_ids = token_ids if isinstance(token_ids, list) else None
+        usage = reply.get("usage") if isinstance(reply.get("usage"), dict) else {}
+        tokens = usage.get("completion_tokens", len(token_ids) if token_ids is not None else 0)
+        return Answer(text, token_ids, int(tokens or 0), choice.get("finish_reason"))
+
+    # -- HTTP
+
+    def _with_retries(self, call):
+        for attempt in range(self.retries + 1):
+            try:
+                return call()
+            except _Retry as exc:
+                if attempt == self.retries:
+                    raise PermanentFailure(f"gave up after {self.retries + 1} attempts: {exc}") from None
+                time.sleep(exc.wait_s if exc.wait_s is not None else self.retry_wait_s * 2 ** attempt)
+        raise AssertionError("unreachable")
+
+    def _request(self, method: str, path: str, body: dict | None) -> dict:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.base + path, data=data, method=method,
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                payload = response.read()
+        except urllib.error.HTTPError as exc:
+            detail = _error_detail(exc)
+            if exc.code in RETRIED_STATUS:
+                raise _Retry(f"HTTP {exc.code}: {detail}", _retry_after(exc)) from None
+            raise PermanentFailure(f"HTTP {exc.code}: {detail}") from None
+        except (urllib.error.URLError, http.client.HTTPException, ConnectionError, socket.timeout, OSError) as exc:
+            raise _Retry(f"connection: {getattr(exc, 'reason', None) or exc}", None) from None
+        try:
+            return json.loads(payload)
+        except ValueError:
+            raise _Retry(f"a reply that is not JSON: {payload[:200]!r}", None) from None
+
+
+class _Retry(Exception):
+    def __init__(self, message: str, wait_s: float | None) -> None:
+        super().__init__(message)
+        self.wait_s = wait_s
+
+
+def _retry_after(error: urllib.error.HTTPError) -> float | None:
+    value = error.headers.get("Retry-After") if error.headers else None
+    try:
+        return min(60.0, max(0.0, float(value))) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _error_detail(error: urllib.error.HTTPError) -> str:
+    try:
+        text = error.read().decode("utf-8", "replace")
+    except (OSError, http.client.HTTPException):
+        return error.reason or ""
+    try:
+        message = json.loads(text).get("error", {})
+        message = message.get("message", message) if isinstance(message, dict) else message
+        return str(message)[:300]
+    except (ValueError, AttributeError):
+        return text[:300] or str(error.reason)
+
+
+def _names(served: list) -> str:
+    return ", ".join(repr(name) for name in served) if served else "no models"
