@@ -91,6 +91,12 @@ class LiveSource:
         with self._lock:
             return self._lock.wait_for(lambda: all(s.answered for s in self._targets.values()), timeout)
 
+    def settle(self) -> None:
+        """Have every parser emit what it holds for a quiet stream (a traceback that ends the log), as the live
+        loop's ticks do: a one-shot snapshot taken before the first tick must show it too."""
+        for state in list(self._targets.values()):
+            self.tick(state.target)
+
     def unreachable(self) -> dict[str, str]:
         """Targets not connected now, with the reason."""
         with self._lock:

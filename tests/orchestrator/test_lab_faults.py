@@ -1,0 +1,47 @@
+"""Faults an operator meets on long runs (issue 20), injected from outside the tool against the lab: each test
+fails on the fault it names and passes once the controller handles it."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.inventory.model import load_inventory
+
+from tests.lab.workloads import QUIET, TRACEBACK, log_path, quick_inventory
+from tests.lab.workloads import run_cli as cli
+
+pytestmark = pytest.mark.lab
+TARGET = "pve2/300"
+
+
+@pytest.fixture(scope="module")
+def inv(lab, tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("inv") / "inventory.yaml"
+    quick_inventory(lab, path)
+    return str(path)
+
+
+@pytest.fixture()
+def quiet_run(inv: str, capsys):
+    """A live run that prints one line and waits; killed at the end."""
+    code, record, err = cli(inv, "launch", TARGET, "--json", "--name", "quiet", "--", "python3", "-c", QUIET,
+                            capsys=capsys)
+    assert code == 0, err
+    yield record
+    cli(inv, "kill", record["run_id"], "--grace", "1", capsys=capsys)
+
+
+def test_watch_once_shows_a_traceback_that_ends_the_log(lab, inv: str, quiet_run: dict, capsys) -> None:
+    # the seed's failure: worker threads die with a traceback, the main thread hangs, the log ends there
+    run_id = quiet_run["run_id"]
+    log = log_path(lab, load_inventory(Path(inv)), "pve2", 300, run_id)
+    with log.open("a") as handle:
+        handle.write(TRACEBACK.format(message="x"))
+    code, snapshot, err = cli(inv, "watch", TARGET, "--once", "--json", capsys=capsys)
+    assert code == 0, err
+    run = next(r for r in snapshot["runs"] if r["run_id"] == run_id)
+    assert run["exceptions"] == 1 and "RuntimeError: x" in run["exception_texts"][0]
+    assert "RuntimeError: x" in run["log_tail"]
+    assert any(a["kind"] == "exception" and a["run_id"] == run_id for a in snapshot["alerts"])
