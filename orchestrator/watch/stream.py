@@ -34,6 +34,7 @@ class StreamSink(Protocol):
     def message(self, target: Target, message: dict) -> dict[str, object] | None: ...  # -> new follows
     def tick(self, target: Target) -> None: ...
     def disconnected(self, target: Target, error: str, retry_at: float) -> None: ...
+    def reconnecting(self, target: Target) -> None: ...  # the backoff is over; a new attempt begins
 
 
 def drop_connection(transport: Transport) -> None:
@@ -100,6 +101,8 @@ class ContainerStream:
             self.sink.disconnected(self.target, reason, time.time() + delay)
             self._stop.wait(delay)
             self.conns.reset(self.target.host.name)
+            if not self._stop.is_set():
+                self.sink.reconnecting(self.target)
 
     def _session(self) -> str:
         transport = self.conns.for_target(self.target)

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.inventory.model import load_inventory
+from orchestrator.watch.source import LiveSource
 
 from tests.lab.workloads import QUIET, TRACEBACK, log_path, quick_inventory
 from tests.lab.workloads import run_cli as cli
@@ -45,3 +46,32 @@ def test_watch_once_shows_a_traceback_that_ends_the_log(lab, inv: str, quiet_run
     assert run["exceptions"] == 1 and "RuntimeError: x" in run["exception_texts"][0]
     assert "RuntimeError: x" in run["log_tail"]
     assert any(a["kind"] == "exception" and a["run_id"] == run_id for a in snapshot["alerts"])
+
+
+def test_kill_of_a_run_on_an_unreachable_host_exits_3(lab, inv: str, quiet_run: dict, capsys) -> None:
+    lab.link_down("pve2")
+    try:
+        code, _, err = cli(inv, "kill", quiet_run["run_id"], "--grace", "1", capsys=capsys)
+    finally:
+        lab.link_up("pve2")
+    assert code == 3, err
+    assert "pve2/300" in err and "unreachable" in err
+
+
+def test_the_dashboards_retry_countdown_moves_and_then_says_reconnecting(lab, inv: str) -> None:
+    inventory = load_inventory(Path(inv))
+    lab.link_down("pve2")
+    try:
+        with LiveSource(inventory, [inventory.target(TARGET)]) as source:
+            assert source.wait_until_answered(10)
+            assert source.snapshot().hosts[0].retry_in_s is not None
+            # nothing arrives while the host is down, yet the countdown the dashboard shows must move on
+            started = time.monotonic()
+            assert source.wait_for_change(5.0) and time.monotonic() - started < 1.5
+            deadline = time.monotonic() + 5
+            while not source.snapshot().hosts[0].reconnecting and time.monotonic() < deadline:
+                source.wait_for_change(0.2)
+            host = source.snapshot().hosts[0]  # the 2 s connect attempt: no frozen "retry in 0 s"
+            assert host.reconnecting and host.retry_in_s is None and not host.connected
+    finally:
+        lab.link_up("pve2")
