@@ -90,17 +90,24 @@ def read_inputs(names: list, raw: bytes) -> dict:
     return inputs
 
 
-def busy_gpus(runs_dir: str, gpus: list, *, exclude: str) -> dict:
-    """run id -> the requested GPUs that a live run of this runs directory holds."""
-    wanted, clashes = set(gpus), {}
+def busy_gpus(runs_dir: str, gpus: list | None, *, exclude: str) -> dict:
+    """run id -> the requested GPUs that a live run of this runs directory holds.
+
+    A run without --gpus sees every GPU (no CUDA_VISIBLE_DEVICES), so it holds all of them against a run that
+    names its GPUs, and the other way round. Two runs that name none share the target as before (CPU jobs).
+    """
+    clashes = {}
     for run_id in list_run_ids(runs_dir):
         if run_id == exclude:
             continue
         paths = RunPaths(runs_dir, run_id)
         run, state = read_run(paths), read_state(paths)
-        held = set(run.get("gpus") or [])
-        if held & wanted and is_live(run, state):
-            clashes[run_id] = sorted(held & wanted)
+        held = run.get("gpus")
+        if gpus is None and held is None:
+            continue
+        both = sorted(held or []) if gpus is None else sorted(set(gpus) if held is None else set(gpus) & set(held))
+        if both and is_live(run, state):
+            clashes[run_id] = both
     return clashes
 
 
@@ -109,7 +116,7 @@ def create_run(req: LaunchRequest) -> None:
     os.makedirs(runs_dir, mode=0o700, exist_ok=True)
     # One launch at a time decides about GPUs and creates its directory, so two cannot take the same GPU.
     with file_lock(os.path.join(runs_dir, ".launch.lock")):
-        if req.gpus and not req.force:
+        if req.gpus != [] and not req.force:
             clashes = busy_gpus(runs_dir, req.gpus, exclude=req.paths.run_id)
             if clashes:
                 raise OperationFailed("GPUs already held by a live run: {}".format(

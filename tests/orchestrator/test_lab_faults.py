@@ -75,3 +75,27 @@ def test_the_dashboards_retry_countdown_moves_and_then_says_reconnecting(lab, in
             assert host.reconnecting and host.retry_in_s is None and not host.connected
     finally:
         lab.link_up("pve2")
+
+
+def test_a_run_without_gpus_holds_them_all_and_the_other_way_round(lab, inv: str, capsys) -> None:
+    started = []
+
+    def launch(*extra: str) -> tuple[int, str]:
+        code, record, err = cli(inv, "launch", TARGET, "--json", *extra, "--", "sleep", "300", capsys=capsys)
+        if code == 0:
+            started.append(record["run_id"])
+        return code, err
+
+    try:
+        code, note = launch()
+        assert code == 0
+        code, err = launch("--gpus", "0")
+        assert code == 1 and started[0] in err
+        assert "holds them all" in note  # and the launch said so
+        assert launch("--gpus", "0", "--force")[0] == 0
+        assert cli(inv, "kill", started[0], "--grace", "1", capsys=capsys)[0] == 0
+        code, err = launch()  # the reverse: GPU 0 is held by the forced run now
+        assert code == 1 and started[1] in err
+        assert launch("--force")[0] == 0
+    finally:
+        cli(inv, "kill", *started, "--grace", "1", capsys=capsys)
