@@ -17,6 +17,7 @@ from ..transports.base import Transport
 from ..transports.pct import PctTransport
 from ..transports.pool import Connections
 from .compilecache import cache_root, parse_size_kib, size_argv
+from .doctorchecks import check_agent
 
 MIN_PYTHON = (3, 8)
 PYTHON_VERSION = "import sys; print('%d.%d.%d' % sys.version_info[:3])"
@@ -38,6 +39,7 @@ class DoctorReport:
     gpus: list[dict] | None = None
     cache_dir: str | None = None
     cache_bytes: int | None = None   # 0 where nothing was compiled there yet
+    agent: str | None = None         # the deployed agent: ok / absent / damaged (doctorchecks.py)
     warnings: list[str] = field(default_factory=list)
     elapsed_ms: int = 0
 
@@ -59,6 +61,7 @@ def check_target(conns: Connections, target: Target) -> DoctorReport:
         transport = conns.for_target(target)
         _check_python(transport, target, report)
         _measure_cache(transport, target, report)
+        check_agent(transport, target, report)
         _check_gpus(transport, target, report)
         report.ok = True
     except _Stop as stop:

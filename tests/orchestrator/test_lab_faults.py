@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.inventory.model import load_inventory
+from orchestrator.runs.deploy import agent_bundle
 from orchestrator.watch.source import LiveSource
 
 from tests.lab.workloads import QUIET, TRACEBACK, log_path, quick_inventory
@@ -99,3 +100,20 @@ def test_a_run_without_gpus_holds_them_all_and_the_other_way_round(lab, inv: str
         assert launch("--force")[0] == 0
     finally:
         cli(inv, "kill", *started, "--grace", "1", capsys=capsys)
+
+
+def test_a_damaged_agent_file_is_replaced_not_run(lab, inv: str, capsys) -> None:
+    # what a connection reset during the first deploy left before uploads were verified: the first 32,704
+    # bytes of the agent under its final, content-addressed name
+    agent = agent_bundle()
+    installed = (lab.hosts["pve2"].containers[300].workspace / ".dflash" / "agent" / f"agent-{agent.digest}.pyz")
+    installed.parent.mkdir(parents=True, exist_ok=True)
+    installed.write_bytes(agent.data[:32704])
+    code, report, _ = cli(inv, "doctor", TARGET, "--json", capsys=capsys)
+    assert report["targets"][TARGET]["agent"] == "damaged"
+    assert any("damaged" in w for w in report["targets"][TARGET]["warnings"])
+    code, payload, err = cli(inv, "ps", TARGET, "--all", "--json", capsys=capsys)
+    assert code == 0, err
+    assert "runs" in payload and installed.read_bytes() == agent.data
+    code, report, _ = cli(inv, "doctor", TARGET, "--json", capsys=capsys)
+    assert report["targets"][TARGET]["agent"] == "ok"
