@@ -3,14 +3,16 @@ from __future__ import annotations
 
 import base64
 import binascii
+import errno
 import json
 import os
+import shutil
 import time
 
 from . import keeper, procfs
 from .errors import BadInput, OperationFailed
-from .rundir import (RUN_DIR_FILES, RunPaths, file_lock, list_run_ids, parse_env_pairs, parse_gpus, tail_lines,
-                     utc_now_iso, validate_name, validate_target, write_json_atomic)
+from .rundir import (RUN_DIR_FILES, RunPaths, file_lock, list_run_ids, make_reserve, parse_env_pairs, parse_gpus,
+                     tail_lines, utc_now_iso, validate_name, validate_target, write_json_atomic)
 from .protocol import LOST, RUNNING, STARTING, TERMINAL_STATES
 from .runstate import finish, is_live, load_record, read_run, read_state, supervisor_alive
 from .spawn import agent_entry, entry_env
@@ -126,12 +128,24 @@ def create_run(req: LaunchRequest) -> None:
             os.mkdir(req.paths.dir, 0o755)
         except FileExistsError:
             raise BadInput("run {} already exists".format(req.paths.run_id), code="run_exists")
-        for name, data in sorted(req.inputs.items()):
-            with open(os.path.join(req.paths.dir, name), "wb") as handle:
-                handle.write(data)
-        write_json_atomic(req.paths.run_json, req.run_json())
-        write_json_atomic(req.paths.state_json, {"version": 1, "run_id": req.paths.run_id, "state": STARTING,
-                                                 "updated_at": utc_now_iso()})
+        try:
+            _fill_run_dir(req)
+        except OSError as exc:  # a full disk, say: leave no half-made run behind to be listed
+            shutil.rmtree(req.paths.dir, ignore_errors=True)
+            full = exc.errno == errno.ENOSPC
+            raise OperationFailed("cannot create run {} in {}: {}".format(
+                req.paths.run_id, runs_dir, "disk full (no space left on device)" if full else exc),
+                code="disk_full" if full else "run_dir_failed")
+
+
+def _fill_run_dir(req: LaunchRequest) -> None:
+    make_reserve(req.paths.reserve)  # first: no run starts without room to record its end
+    for name, data in sorted(req.inputs.items()):
+        with open(os.path.join(req.paths.dir, name), "wb") as handle:
+            handle.write(data)
+    write_json_atomic(req.paths.run_json, req.run_json())
+    write_json_atomic(req.paths.state_json, {"version": 1, "run_id": req.paths.run_id, "state": STARTING,
+                                             "updated_at": utc_now_iso()})
 
 
 def start_supervisor(req: LaunchRequest) -> None:

@@ -30,7 +30,7 @@ import time
 from .protocol import (GPU_FIELDS, MSG_GPU, MSG_HEARTBEAT, MSG_LOG, MSG_RESET, MSG_RUNS, MSG_SYNCED, RUN_ID_PATTERN,
                        TERMINAL_STATES, gpu_query_args)
 from .rundir import RunPaths, list_run_ids
-from .runstate import load_record, settle_liveness
+from .runstate import load_record, settle_or_note
 
 TAIL_BYTES = 256 * 1024
 MAX_MESSAGE_BYTES = 1024 * 1024
@@ -141,14 +141,14 @@ class RunsWatcher:
             self.next_liveness = now + LIVENESS_POLL_S
             for run_id in self.live:
                 if run_id in run_ids:
-                    settle_liveness(RunPaths(self.runs_dir, run_id))
+                    settle_or_note(RunPaths(self.runs_dir, run_id))
         if self._signature(run_ids) == self.signature:
             return
         records = []
         for run_id in run_ids:
             paths = RunPaths(self.runs_dir, run_id)
-            settle_liveness(paths)
-            records.append(load_record(paths))
+            note = settle_or_note(paths)
+            records.append(dict(load_record(paths), **({"error": note} if note else {})))
         self.signature = self._signature(run_ids)  # after settling, which may have rewritten a state.json
         self.live = [r["run_id"] for r in records if r.get("state") not in TERMINAL_STATES]
         self.out.send({"t": MSG_RUNS, "runs": records})

@@ -17,7 +17,7 @@ from ..transports.base import Transport
 from ..transports.pct import PctTransport
 from ..transports.pool import Connections
 from .compilecache import cache_root, parse_size_kib, size_argv
-from .doctorchecks import check_agent
+from .doctorchecks import check_agent, check_free_space
 
 MIN_PYTHON = (3, 8)
 PYTHON_VERSION = "import sys; print('%d.%d.%d' % sys.version_info[:3])"
@@ -40,6 +40,7 @@ class DoctorReport:
     cache_dir: str | None = None
     cache_bytes: int | None = None   # 0 where nothing was compiled there yet
     agent: str | None = None         # the deployed agent: ok / absent / damaged (doctorchecks.py)
+    free_bytes: int | None = None    # free space of the workdir's filesystem (doctorchecks.py)
     warnings: list[str] = field(default_factory=list)
     elapsed_ms: int = 0
 
@@ -62,6 +63,7 @@ def check_target(conns: Connections, target: Target) -> DoctorReport:
         _check_python(transport, target, report)
         _measure_cache(transport, target, report)
         check_agent(transport, target, report)
+        check_free_space(transport, target, report)
         _check_gpus(transport, target, report)
         report.ok = True
     except _Stop as stop:

@@ -2,6 +2,7 @@
 fails on the fault it names and passes once the controller handles it."""
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import pytest
 
 from orchestrator.inventory.model import load_inventory
 from orchestrator.runs.deploy import agent_bundle
+from orchestrator.runs.spec import runs_dir
 from orchestrator.watch.source import LiveSource
 
 from tests.lab.workloads import QUIET, TRACEBACK, log_path, quick_inventory
@@ -117,3 +119,54 @@ def test_a_damaged_agent_file_is_replaced_not_run(lab, inv: str, capsys) -> None
     assert "runs" in payload and installed.read_bytes() == agent.data
     code, report, _ = cli(inv, "doctor", TARGET, "--json", capsys=capsys)
     assert report["targets"][TARGET]["agent"] == "ok"
+
+
+@pytest.fixture()
+def full_disk(lab, tmp_path):
+    """pve2/300 with its runs directory on a 512 KiB tmpfs (inside the container), and an inventory for it."""
+    inv = quick_inventory(lab, tmp_path / "inventory.yaml")
+    path = tmp_path / "inventory.yaml"
+    path.write_text(path.read_text().replace("300: {gpus: 1}", "300: {gpus: 1, workdir: /workspace/full}"))
+    runs = runs_dir(load_inventory(path).target(TARGET))
+    ct = ("pve2", 300)
+    lab.ct_run(*ct, ["mkdir", "-p", runs])
+    assert lab.ct_run(*ct, ["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", runs]).returncode == 0
+    try:
+        yield str(path), runs
+    finally:
+        keeper = lab.ct_run(*ct, ["cat", f"{runs}/.keeper/keeper.json"], text=True).stdout
+        if keeper:
+            lab.ct_run(*ct, ["kill", str(json.loads(keeper)["pid"])])
+        lab.ct_run(*ct, ["umount", "-l", runs])
+    del inv
+
+
+def test_a_full_disk_hides_no_run_and_keeps_its_exit(lab, full_disk, capsys) -> None:
+    inv, runs = full_disk
+    code, record, err = cli(inv, "launch", TARGET, "--json", "--name", "filler", "--", "sh", "-c",
+                            "sleep 1.5; head -c 4M /dev/zero; exit 3", capsys=capsys)
+    assert code == 0, err
+    run_id = record["run_id"]
+    deadline = time.monotonic() + 15
+    while True:
+        code, payload, err = cli(inv, "ps", TARGET, "--all", "--json", capsys=capsys)
+        assert code == 0, err
+        run = next(r for r in payload["runs"] if r["run_id"] == run_id)  # never "no runs"
+        if run["state"] != "running" or time.monotonic() > deadline:
+            break
+        time.sleep(0.3)
+    assert (run["state"], run["exit_code"]) == ("failed", 3) and "disk full" in run["error"]
+    assert cli(inv, "logs", run_id, "-n", "1", capsys=capsys)[0] == 0
+    # a launch on the full disk fails with the reason and leaves no empty run directory behind
+    code, _, err = cli(inv, "launch", TARGET, "--name", "second", "--", "sleep", "60", capsys=capsys)
+    assert code == 1 and "disk full" in err
+    left = lab.ct_run("pve2", 300, ["ls", runs], text=True).stdout.split()
+    assert not [name for name in left if name.startswith("second")]
+
+    # and doctor says how little room is left (the workdir is on the container's disk, the runs on the tmpfs)
+    path = Path(inv)
+    path.write_text(path.read_text().replace("workdir: /workspace/full}", f"workdir: {runs}}}"))
+    code, report, _ = cli(inv, "doctor", TARGET, "--json", capsys=capsys)
+    checked = report["targets"][TARGET]
+    assert checked["free_bytes"] < 64 * 1024 and any("GiB free" in w for w in checked["warnings"])
+
