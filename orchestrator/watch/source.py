@@ -184,7 +184,7 @@ class LiveSource:
             elif kind == MSG_RESET:
                 tracker = state.runs.get(str(message.get("run")))
                 if tracker is not None:
-                    tracker.reset()
+                    self._add_alerts(state, tracker.reset(str(message.get("why") or "replaced"), now))
             elif kind == MSG_SYNCED:
                 for run_id in message.get("runs") or []:
                     if run_id in state.runs:
@@ -302,4 +302,4 @@ class LiveSource:
 def _resume_point(tracker: RunTracker) -> object:
     if tracker.offset is None:
         return -1
-    return {"offset": tracker.offset, "ino": tracker.ino}
+    return {"offset": tracker.offset, "ino": tracker.ino, "fp": base64.b64encode(tracker.fingerprint).decode()}

@@ -170,3 +170,43 @@ def test_a_full_disk_hides_no_run_and_keeps_its_exit(lab, full_disk, capsys) -> 
     checked = report["targets"][TARGET]
     assert checked["free_bytes"] < 64 * 1024 and any("GiB free" in w for w in checked["warnings"])
 
+
+def wait_for(source: LiveSource, predicate, timeout: float = 5.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = predicate(source.snapshot())
+        if found:
+            return found
+        source.wait_for_change(0.2)
+    raise AssertionError(f"not within {timeout}s")
+
+
+def test_a_truncated_or_rewritten_log_is_announced_and_read_again_whole(lab, inv, quiet_run) -> None:
+    inventory, run_id = load_inventory(Path(inv)), quiet_run["run_id"]
+    log = log_path(lab, inventory, "pve2", 300, run_id)
+
+    def tail(snapshot):
+        run = next((r for r in snapshot.runs if r.run_id == run_id), None)
+        return run.log_tail if run else ()
+
+    def lines(prefix: str, count: int) -> str:
+        return "".join(f"{prefix} {i}\n" for i in range(count))
+
+    with LiveSource(inventory, [inventory.target(TARGET)], heartbeat_s=1.0) as source:
+        assert source.wait_until_answered(20)
+        with log.open("a") as handle:
+            handle.write(lines("old", 40))
+        wait_for(source, lambda s: "old 39" in tail(s))
+        log.write_text(lines("short", 3))  # truncated in place: smaller than what was read
+        wait_for(source, lambda s: "short 2" in tail(s))
+        shown = list(tail(source.snapshot()))
+        assert any("truncated" in line for line in shown)
+        assert shown[shown.index(next(l for l in shown if "truncated" in l)) + 1:] == ["short 0", "short 1", "short 2"]
+        with log.open("r+") as handle:  # rewritten in place, ending past the old offset: same inode, same start
+            handle.write(lines("new", 60))
+        wait_for(source, lambda s: "new 59" in tail(s))
+        shown = list(tail(source.snapshot()))
+        mark = max(i for i, line in enumerate(shown) if "dflashctl: train.log was" in line)
+        assert "rewritten" in shown[mark] and shown[mark + 1:] == [f"new {i}" for i in range(60)]
+        kinds = [a.kind for a in source.snapshot().alerts if a.run_id == run_id]
+        assert kinds.count("log_reset") == 2
