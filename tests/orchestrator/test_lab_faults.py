@@ -3,6 +3,8 @@ fails on the fault it names and passes once the controller handles it."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -210,3 +212,27 @@ def test_a_truncated_or_rewritten_log_is_announced_and_read_again_whole(lab, inv
         assert "rewritten" in shown[mark] and shown[mark + 1:] == [f"new {i}" for i in range(60)]
         kinds = [a.kind for a in source.snapshot().alerts if a.run_id == run_id]
         assert kinds.count("log_reset") == 2
+
+
+def test_logs_follow_outlives_a_link_cut_and_prints_every_line_once(lab, inv: str, capsys) -> None:
+    count = 90
+    code, record, err = cli(inv, "launch", TARGET, "--json", "--name", "lines", "--", "python3", "-c",
+                            f"import time\nfor i in range({count}):\n    print('line', i, flush=True)\n"
+                            "    time.sleep(0.2)", capsys=capsys)
+    assert code == 0, err
+    follow = subprocess.Popen([sys.executable, "-m", "orchestrator", "--inventory", inv, "logs", "-f", "-n", "1000",
+                               record["run_id"]], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              bufsize=0)  # unbuffered: readline takes one line, communicate the rest
+    try:
+        first = follow.stdout.readline()  # it follows now
+        lab.link_down("pve2")
+        time.sleep(15.0)  # longer than the ~11 s after which `logs -f` used to give up
+        lab.link_up("pve2")
+        out, err = follow.communicate(timeout=40)
+        out = first + out
+    finally:
+        lab.link_up("pve2")
+        if follow.poll() is None:
+            follow.kill()
+    assert follow.returncode == 0, err
+    assert out.decode().splitlines() == [f"line {i}" for i in range(count)]
