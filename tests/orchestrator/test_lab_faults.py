@@ -236,3 +236,37 @@ def test_logs_follow_outlives_a_link_cut_and_prints_every_line_once(lab, inv: st
             follow.kill()
     assert follow.returncode == 0, err
     assert out.decode().splitlines() == [f"line {i}" for i in range(count)]
+
+
+def orphan_workload(tag: int) -> list[str]:
+    # `kill -9 $PPID` stands in for an OOM-killed supervisor; one child runs with an emptied environment
+    return ["bash", "-c", f"env -i /bin/sleep {tag} & sleep {tag} & sleep 2; kill -9 $PPID; exec sleep {tag}"]
+
+
+def sleeps(lab, tag: int) -> list:
+    return [p for p in lab.ct_processes("pve2", 300)
+            if p.cmdline[-1:] == [str(tag)] and p.cmdline[0].endswith("sleep") and p.state != "Z"]
+
+
+def launch_orphaning(lab, inv: str, capsys, tag: int) -> str:
+    code, record, err = cli(inv, "launch", TARGET, "--json", "--", *orphan_workload(tag), capsys=capsys)
+    assert code == 0, err
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # the supervisor is gone once its workload runs bare
+        if not any("supervise" in " ".join(p.cmdline) and record["run_id"] in " ".join(p.cmdline)
+                   for p in lab.ct_processes("pve2", 300)):
+            break
+        time.sleep(0.1)
+    assert len(sleeps(lab, tag)) == 3
+    return record["run_id"]
+
+
+def test_kill_and_cleanup_after_the_supervisor_died_leave_no_env_cleared_orphan(lab, inv: str, capsys) -> None:
+    run_id = launch_orphaning(lab, inv, capsys, 6008)
+    code, result, _ = cli(inv, "kill", run_id, "--grace", "1", "--json", capsys=capsys)
+    assert code == 0, result
+    assert sleeps(lab, 6008) == []
+    launch_orphaning(lab, inv, capsys, 6009)
+    code, result, _ = cli(inv, "cleanup", TARGET, "--json", capsys=capsys)
+    ended = [a for a in result["targets"][TARGET]["actions"] if a["action"] == "end_orphan"]
+    assert len(ended) == 3 and sleeps(lab, 6009) == []
