@@ -3,6 +3,8 @@ fails on the fault it names and passes once the controller handles it."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -270,3 +272,29 @@ def test_kill_and_cleanup_after_the_supervisor_died_leave_no_env_cleared_orphan(
     code, result, _ = cli(inv, "cleanup", TARGET, "--json", capsys=capsys)
     ended = [a for a in result["targets"][TARGET]["actions"] if a["action"] == "end_orphan"]
     assert len(ended) == 3 and sleeps(lab, 6009) == []
+
+
+def test_one_containers_silent_agent_does_not_end_its_siblings_stream(lab, inv: str) -> None:
+    inventory = load_inventory(Path(inv))
+    lab.pct("pve1", "start", "201", check=True)
+    agent = None
+    try:
+        targets = [inventory.target("pve1/200"), inventory.target("pve1/201")]
+        with LiveSource(inventory, targets, heartbeat_s=1.0) as source:
+            assert source.wait_until_answered(20) and source.unreachable() == {}
+            agent = next(p for p in lab.ct_processes("pve1", 201) if "watch" in p.cmdline and p.state != "Z")
+            os.kill(agent.host_pid, signal.SIGSTOP)  # as starved as an agent on a machine at load 30
+            seen: set[str] = set()
+            deadline = time.monotonic() + 12
+            while "pve1/201" not in seen and time.monotonic() < deadline:
+                seen |= set(source.unreachable())
+                source.wait_for_change(0.1)
+            assert "pve1/201" in seen       # the silent one is noticed...
+            for _ in range(10):             # ...and its sibling on the same connection carries on
+                seen |= set(source.unreachable())
+                time.sleep(0.1)
+            assert "pve1/200" not in seen
+    finally:
+        if agent is not None:
+            os.kill(agent.host_pid, signal.SIGCONT)
+        lab.pct("pve1", "stop", "201")
