@@ -51,16 +51,28 @@ class Cleanup:
                 live[run_id] = (run, state)
         return live
 
-    def end_orphans(self, live: dict) -> None:
+    def orphans(self, live: dict) -> dict:
+        """pid -> (run id, why) of processes left by runs that are no longer live: by DFLASH_RUN_ID, and by
+        the ended workload's session (for a child that cleared its environment)."""
         known = set(list_run_ids(self.runs_dir))
+        found = {}
+        for pid, (run_id, env) in procfs.processes_with_env("DFLASH_RUN_ID").items():
+            if env.get("DFLASH_RUNS_DIR", self.runs_dir) == self.runs_dir and run_id not in live:
+                found[pid] = (run_id, "run {} has ended".format(run_id) if run_id in known
+                              else "no run {} here".format(run_id))
+        table = procfs.snapshot()
+        for run_id in sorted(known - set(live)):
+            state = read_state(RunPaths(self.runs_dir, run_id))
+            for pid in procfs.session_members(table, state.get("pid"), state.get("pid_start_time")):
+                found.setdefault(pid, (run_id, "run {} has ended (a process of its session)".format(run_id)))
+        return found
+
+    def end_orphans(self, live: dict) -> None:
         targets, planned = [], []
-        for pid, (run_id, env) in sorted(procfs.processes_with_env("DFLASH_RUN_ID").items()):
-            if env.get("DFLASH_RUNS_DIR", self.runs_dir) != self.runs_dir or run_id in live:
-                continue
+        for pid, (run_id, reason) in sorted(self.orphans(live).items()):
             start = procfs.start_time(pid)
             if start is None:
                 continue
-            reason = "run {} has ended".format(run_id) if run_id in known else "no run {} here".format(run_id)
             cmdline = procfs.read_cmdline(pid)
             planned.append(self.action(action="end_orphan", pid=pid, run_id=run_id, cmdline=cmdline, detail=reason,
                                        description="end orphan {} ({}): {}".format(pid, cmdline[:60], reason)))

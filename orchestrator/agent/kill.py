@@ -17,9 +17,10 @@ POLL_S = 0.05
 
 
 def run_processes(paths: RunPaths, state: dict) -> list:
-    """(pid, start) of every live process of the run: by DFLASH_RUN_ID, and the supervisor with its tree."""
+    """(pid, start) of every live process of the run: by DFLASH_RUN_ID, by the workload's session (which
+    finds an `env -i` child the keeper adopted after the supervisor died), and the supervisor with its tree."""
     table = procfs.snapshot()
-    pids = set()
+    pids = set(procfs.session_members(table, state.get("pid"), state.get("pid_start_time")))
     for pid, (value, env) in procfs.processes_with_env("DFLASH_RUN_ID", table).items():
         if value == paths.run_id and env.get("DFLASH_RUNS_DIR", paths.runs_dir) == paths.runs_dir:
             pids.add(pid)

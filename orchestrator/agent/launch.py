@@ -3,14 +3,16 @@ from __future__ import annotations
 
 import base64
 import binascii
+import errno
 import json
 import os
+import shutil
 import time
 
 from . import keeper, procfs
 from .errors import BadInput, OperationFailed
-from .rundir import (RUN_DIR_FILES, RunPaths, file_lock, list_run_ids, parse_env_pairs, parse_gpus, tail_lines,
-                     utc_now_iso, validate_name, validate_target, write_json_atomic)
+from .rundir import (RUN_DIR_FILES, RunPaths, file_lock, list_run_ids, make_reserve, parse_env_pairs, parse_gpus,
+                     tail_lines, utc_now_iso, validate_name, validate_target, write_json_atomic)
 from .protocol import LOST, RUNNING, STARTING, TERMINAL_STATES
 from .runstate import finish, is_live, load_record, read_run, read_state, supervisor_alive
 from .spawn import agent_entry, entry_env
@@ -90,17 +92,24 @@ def read_inputs(names: list, raw: bytes) -> dict:
     return inputs
 
 
-def busy_gpus(runs_dir: str, gpus: list, *, exclude: str) -> dict:
-    """run id -> the requested GPUs that a live run of this runs directory holds."""
-    wanted, clashes = set(gpus), {}
+def busy_gpus(runs_dir: str, gpus: list | None, *, exclude: str) -> dict:
+    """run id -> the requested GPUs that a live run of this runs directory holds.
+
+    A run without --gpus sees every GPU (no CUDA_VISIBLE_DEVICES), so it holds all of them against a run that
+    names its GPUs, and the other way round. Two runs that name none share the target as before (CPU jobs).
+    """
+    clashes = {}
     for run_id in list_run_ids(runs_dir):
         if run_id == exclude:
             continue
         paths = RunPaths(runs_dir, run_id)
         run, state = read_run(paths), read_state(paths)
-        held = set(run.get("gpus") or [])
-        if held & wanted and is_live(run, state):
-            clashes[run_id] = sorted(held & wanted)
+        held = run.get("gpus")
+        if gpus is None and held is None:
+            continue
+        both = sorted(held or []) if gpus is None else sorted(set(gpus) if held is None else set(gpus) & set(held))
+        if both and is_live(run, state):
+            clashes[run_id] = both
     return clashes
 
 
@@ -109,7 +118,7 @@ def create_run(req: LaunchRequest) -> None:
     os.makedirs(runs_dir, mode=0o700, exist_ok=True)
     # One launch at a time decides about GPUs and creates its directory, so two cannot take the same GPU.
     with file_lock(os.path.join(runs_dir, ".launch.lock")):
-        if req.gpus and not req.force:
+        if req.gpus != [] and not req.force:
             clashes = busy_gpus(runs_dir, req.gpus, exclude=req.paths.run_id)
             if clashes:
                 raise OperationFailed("GPUs already held by a live run: {}".format(
@@ -119,12 +128,24 @@ def create_run(req: LaunchRequest) -> None:
             os.mkdir(req.paths.dir, 0o755)
         except FileExistsError:
             raise BadInput("run {} already exists".format(req.paths.run_id), code="run_exists")
-        for name, data in sorted(req.inputs.items()):
-            with open(os.path.join(req.paths.dir, name), "wb") as handle:
-                handle.write(data)
-        write_json_atomic(req.paths.run_json, req.run_json())
-        write_json_atomic(req.paths.state_json, {"version": 1, "run_id": req.paths.run_id, "state": STARTING,
-                                                 "updated_at": utc_now_iso()})
+        try:
+            _fill_run_dir(req)
+        except OSError as exc:  # a full disk, say: leave no half-made run behind to be listed
+            shutil.rmtree(req.paths.dir, ignore_errors=True)
+            full = exc.errno == errno.ENOSPC
+            raise OperationFailed("cannot create run {} in {}: {}".format(
+                req.paths.run_id, runs_dir, "disk full (no space left on device)" if full else exc),
+                code="disk_full" if full else "run_dir_failed")
+
+
+def _fill_run_dir(req: LaunchRequest) -> None:
+    make_reserve(req.paths.reserve)  # first: no run starts without room to record its end
+    for name, data in sorted(req.inputs.items()):
+        with open(os.path.join(req.paths.dir, name), "wb") as handle:
+            handle.write(data)
+    write_json_atomic(req.paths.run_json, req.run_json())
+    write_json_atomic(req.paths.state_json, {"version": 1, "run_id": req.paths.run_id, "state": STARTING,
+                                             "updated_at": utc_now_iso()})
 
 
 def start_supervisor(req: LaunchRequest) -> None:

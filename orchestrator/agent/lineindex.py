@@ -55,8 +55,12 @@ class LineIndex:
             return cls()
 
     def save(self, path: str) -> None:
-        write_json_atomic(path, {"ino": self.ino, "scanned": self.scanned, "lines": self.lines,
-                                 "every": EVERY, "marks": self.marks})
+        """Keep the index for the next call; it is only a cache, so a full disk just means a rescan."""
+        try:
+            write_json_atomic(path, {"ino": self.ino, "scanned": self.scanned, "lines": self.lines,
+                                     "every": EVERY, "marks": self.marks})
+        except OSError:
+            pass
 
     def extend(self, handle, ino: int, size: int) -> bool:
         """Scan what was appended since the last call; start over for a replaced or truncated file."""

@@ -97,6 +97,20 @@ def descendants(table: dict, root: int) -> list:
     return found
 
 
+def session_members(table: dict, sid: int | None, leader_start: int | None) -> list:
+    """Live processes of the session that `sid` led, its leader having started at `leader_start`: a run's
+    workload leads its own session, and a child that cleared its environment or lost its parent stays in it.
+    A pid cannot be reused while a session still carries it, so members that outlive the leader are safe to
+    count; a leader pid now held by another process means the session is not ours."""
+    if not sid or leader_start is None:
+        return []
+    leader = table.get(sid)
+    if leader is not None and leader.start_time != leader_start:
+        return []
+    return sorted(pid for pid, stat in table.items()
+                  if stat.sid == sid and not stat.is_zombie and stat.start_time >= leader_start)
+
+
 def own_lineage() -> set:
     """This process and its ancestors: never signalled by the agent, whatever their environment says."""
     lineage, pid = set(), os.getpid()

@@ -38,6 +38,9 @@ CHECK_FAILED, INTERNAL_ERROR = "check_failed", "internal_error"
 USAGE_CODES = (BAD_USAGE, UNKNOWN_RUN, BAD_RUN_ID)
 
 # -- the watch stream's messages (agent -> controller), by their "t" ----------------------------------------
+# The bytes just before a followed log's offset that the watch agent compares on every poll (the controller
+# sends the ones it has when it resumes): a truncation, a replacement or a rewrite in place all show.
+FINGERPRINT_BYTES = 64
 MSG_RUNS, MSG_LOG, MSG_RESET, MSG_SYNCED, MSG_GPU, MSG_HEARTBEAT = "runs", "log", "reset", "synced", "gpu", "hb"
 
 # -- nvidia-smi -----------------------------------------------------------------------------------------------

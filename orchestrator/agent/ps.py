@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from .rundir import RunPaths, existing_run, list_run_ids, tail_bytes
-from .runstate import load_record, settle_liveness
+from .runstate import load_record, settle_or_note
 
 
 def list_runs(runs_dir: str, run_ids: list, *, tail: int = 0) -> dict:
@@ -13,8 +13,10 @@ def list_runs(runs_dir: str, run_ids: list, *, tail: int = 0) -> dict:
         targets = [RunPaths(runs_dir, run_id) for run_id in list_run_ids(runs_dir)]
     records = []
     for paths in targets:
-        settle_liveness(paths)
+        note = settle_or_note(paths)
         record = load_record(paths)
+        if note:
+            record["error"] = record.get("error") or note
         if tail > 0:
             record["log_tail"] = tail_bytes(paths.log, tail)
         records.append(record)

@@ -77,6 +77,7 @@ class RunPaths:
         self.supervisor_log = os.path.join(self.dir, "supervisor.log")
         self.kill_request = os.path.join(self.dir, "kill_request.json")
         self.lock = os.path.join(self.dir, ".lock")
+        self.reserve = os.path.join(self.dir, ".state-reserve")
 
     def exists(self) -> bool:
         return os.path.isfile(self.run_json)
@@ -115,6 +116,36 @@ def write_json_atomic(path: str, data: dict, *, mode: int = 0o644) -> None:
             os.unlink(tmp)
         raise
     _fsync_dir(directory)
+
+
+# Space kept for the run's state.json: a workload that fills the disk with its log must not take from the
+# supervisor the room to record how the run ended. Released (deleted) only by a state write that hit ENOSPC.
+STATE_RESERVE_BYTES = 64 * 1024
+
+
+def make_reserve(path: str) -> None:
+    with open(path, "wb") as handle:
+        handle.write(b"\0" * STATE_RESERVE_BYTES)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def release_reserve(path: str) -> bool:
+    """Free the reserved space; False when there was none left to free."""
+    try:
+        os.unlink(path)
+    except OSError:
+        return False
+    return True
+
+
+def disk_full(directory: str) -> bool:
+    """The filesystem of `directory` has (next to) no room left for unprivileged writes."""
+    try:
+        stat = os.statvfs(directory)
+    except OSError:
+        return False
+    return stat.f_bavail * stat.f_frsize < STATE_RESERVE_BYTES
 
 
 def _fsync_dir(directory: str) -> None:

@@ -1,14 +1,16 @@
 """A run's state machine on disk: reading records, locked transitions, and deciding `lost`."""
 from __future__ import annotations
 
+import errno
 import time
 
 from . import procfs
 from .protocol import LOST, STARTING, TERMINAL_STATES
-from .rundir import RunPaths, file_lock, read_json, utc_now_iso, write_json_atomic
+from .rundir import RunPaths, file_lock, read_json, release_reserve, utc_now_iso, write_json_atomic
 
 # A run may sit in `starting` without a supervisor pid while the keeper spawns it; after this it is lost.
 SPAWN_DEADLINE_S = 60.0
+DISK_FULL = "disk full: no space left for the run's files (its log may end early)"
 
 RECORD_FROM_RUN = ("run_id", "target", "name", "gpus", "command", "cwd", "created_at", "grace_s", "job_id",
                    "node_rank", "nnodes")
@@ -34,8 +36,26 @@ def update_state(paths: RunPaths, mutate) -> dict:
         changed["version"] = 1
         changed["run_id"] = paths.run_id
         changed["updated_at"] = utc_now_iso()
-        write_json_atomic(paths.state_json, changed)
+        try:
+            write_json_atomic(paths.state_json, changed)
+        except OSError as exc:
+            # a full disk: spend the run's reserve on this write, the one that says how it ended
+            if exc.errno != errno.ENOSPC or not release_reserve(paths.reserve):
+                raise
+            changed.setdefault("error", None)
+            changed["error"] = changed["error"] or DISK_FULL
+            write_json_atomic(paths.state_json, changed)
         return changed
+
+
+def settle_or_note(paths: RunPaths) -> str | None:
+    """settle_liveness for readers (ps, watch): a state that cannot be written (a full disk) is no reason
+    to hide the run; the reason comes back instead, for the record."""
+    try:
+        settle_liveness(paths)
+    except OSError as exc:
+        return "cannot update its state: {}".format(exc)
+    return None
 
 
 def finish(paths: RunPaths, state_name: str, **fields) -> dict:

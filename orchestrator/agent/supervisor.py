@@ -14,8 +14,8 @@ from . import procfs
 from .childwatch import Wakeup, decode_status, ignore_signal, reap_children, set_child_subreaper, signal_name
 from .errors import OperationFailed
 from .protocol import DEFAULT_GRACE_S, FAILED, KILLED, RUNNING, STARTING, SUCCEEDED
-from .rundir import RunPaths, existing_run, read_json, utc_now_iso, write_json_atomic
-from .runstate import finish, read_run, update_state
+from .rundir import RunPaths, disk_full, existing_run, read_json, utc_now_iso, write_json_atomic
+from .runstate import DISK_FULL, finish, read_run, update_state
 
 LEFTOVER_GRACE_S = 5.0
 POLL_S = 0.1
@@ -166,13 +166,14 @@ class Supervisor:
 
     def conclude(self) -> dict:
         exit_code, sig = decode_status(self.workload_status) if self.workload_status is not None else (None, None)
+        # a full disk is most likely why it ended (its log could not be written): say so beside the exit code
+        why = {"error": DISK_FULL} if disk_full(self.paths.dir) else {}
         if self.term_signal is not None:
             sig = sig if sig is not None else signal.SIGTERM
-            return finish(self.paths, KILLED, exit_code=exit_code, signal=sig, signal_name=signal_name(sig))
+            return finish(self.paths, KILLED, exit_code=exit_code, signal=sig, signal_name=signal_name(sig), **why)
         if exit_code == 0:
-            return finish(self.paths, SUCCEEDED, exit_code=0, signal=None)
-        return finish(self.paths, FAILED, exit_code=exit_code, signal=sig, signal_name=signal_name(sig))
-
+            return finish(self.paths, SUCCEEDED, exit_code=0, signal=None, **why)
+        return finish(self.paths, FAILED, exit_code=exit_code, signal=sig, signal_name=signal_name(sig), **why)
 
 def supervise(runs_dir: str, run_id: str, *, grace: float | None = None) -> dict:
     paths = existing_run(runs_dir, run_id)

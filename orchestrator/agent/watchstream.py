@@ -3,12 +3,15 @@
     agent watch --runs-dir D [--gpu-interval S] [--heartbeat S] [--idle-exit S]     (options parsed in cli.py)
 
 stdin (one JSON object a line, from the controller):
-    {"follow": {RUN_ID: OFFSET | {"offset": OFFSET, "ino": INODE}}}   OFFSET -1: the last 256 KiB (from a line start)
+    {"follow": {RUN_ID: OFFSET | {"offset": OFFSET, "ino": INODE, "fp": BASE64}}}   OFFSET -1: the last 256 KiB
+                                     (from a line start); fp: the last bytes (<= 64) the controller has before OFFSET
     {"unfollow": [RUN_ID, ...]}      {"ping": 1}
 stdout (one JSON object a line, flushed):
     {"t": "runs", "runs": [RECORD...]}          at start and whenever a state.json or the set of runs changes
     {"t": "log", "run": ID, "offset": N, "ino": I, "data": BASE64}   new bytes of train.log from byte N
-    {"t": "reset", "run": ID, "size": N}        the log was truncated or replaced: restart its parser
+    {"t": "reset", "run": ID, "size": N, "why": truncated|replaced|rewritten}   restart its parser: the bytes
+                                                before the offset are no longer what was sent (fp), so the new
+                                                content is sent from its start
     {"t": "synced", "runs": [ID...]}            these followed logs have been sent up to their current end
     {"t": "gpu", "csv": TEXT} | {"t": "gpu", "error": TEXT}    one sample of one looping nvidia-smi
     {"t": "hb"}                                 every HEARTBEAT_S, so the controller can tell a dead link
@@ -27,10 +30,10 @@ import subprocess
 import sys
 import time
 
-from .protocol import (GPU_FIELDS, MSG_GPU, MSG_HEARTBEAT, MSG_LOG, MSG_RESET, MSG_RUNS, MSG_SYNCED, RUN_ID_PATTERN,
-                       TERMINAL_STATES, gpu_query_args)
+from .protocol import (FINGERPRINT_BYTES, GPU_FIELDS, MSG_GPU, MSG_HEARTBEAT, MSG_LOG, MSG_RESET, MSG_RUNS,
+                       MSG_SYNCED, RUN_ID_PATTERN, TERMINAL_STATES, gpu_query_args)
 from .rundir import RunPaths, list_run_ids
-from .runstate import load_record, settle_liveness
+from .runstate import load_record, settle_or_note
 
 TAIL_BYTES = 256 * 1024
 MAX_MESSAGE_BYTES = 1024 * 1024
@@ -54,11 +57,38 @@ class Output:
 class FollowedLog:
     """Where the controller's copy of one run's train.log ends."""
 
-    def __init__(self, path: str, offset: int, ino: int | None) -> None:
+    def __init__(self, path: str, offset: int, ino: int | None, fingerprint: bytes = b"") -> None:
         self.path = path
         self.offset = offset  # -1 until the file exists: then its last TAIL_BYTES
         self.ino = ino
+        self.fingerprint = fingerprint  # the last bytes sent before `offset`
         self.synced = False
+
+    def changed(self, handle, info) -> str | None:
+        """Why the file is no longer the one sent up to `offset` (None while it is)."""
+        if self.offset < 0:
+            return None
+        if self.ino is not None and self.ino != info.st_ino:
+            return "replaced"
+        if info.st_size < self.offset:
+            return "truncated"
+        if self.fingerprint:
+            handle.seek(self.offset - len(self.fingerprint))
+            if handle.read(len(self.fingerprint)) != self.fingerprint:
+                return "rewritten"
+        return None
+
+    def sent(self, data: bytes) -> None:
+        self.offset += len(data)
+        self.fingerprint = (self.fingerprint + data[-FINGERPRINT_BYTES:])[-FINGERPRINT_BYTES:]
+
+
+def _fingerprint(where: dict, offset: int) -> bytes:
+    try:
+        raw = base64.b64decode(where.get("fp") or "", validate=True)
+    except (ValueError, TypeError):
+        return b""
+    return raw[-FINGERPRINT_BYTES:] if 0 < len(raw) <= offset else b""
 
 
 def tail_start(handle, size: int) -> int:
@@ -83,10 +113,11 @@ class LogPump:
         for run_id, where in wanted.items():
             if not isinstance(run_id, str) or RUN_ID_PATTERN.fullmatch(run_id) is None:
                 continue
-            offset, ino = (where.get("offset"), where.get("ino")) if isinstance(where, dict) else (where, None)
+            where = where if isinstance(where, dict) else {"offset": where}
+            offset, ino = where.get("offset"), where.get("ino")
             offset = offset if isinstance(offset, int) and not isinstance(offset, bool) else -1
             self.followed[run_id] = FollowedLog(RunPaths(self.runs_dir, run_id).log, offset,
-                                                ino if isinstance(ino, int) else None)
+                                                ino if isinstance(ino, int) else None, _fingerprint(where, offset))
 
     def unfollow(self, run_ids: list) -> None:
         for run_id in run_ids if isinstance(run_ids, list) else []:
@@ -109,9 +140,11 @@ class LogPump:
             return True  # no log yet: nothing to send, nothing missing
         with handle:
             info = os.fstat(handle.fileno())
-            if log.offset >= 0 and (info.st_size < log.offset or (log.ino is not None and log.ino != info.st_ino)):
-                self.out.send({"t": MSG_RESET, "run": run_id, "size": info.st_size})
-                log.offset = -1
+            why = log.changed(handle, info)
+            if why is not None:
+                self.out.send({"t": MSG_RESET, "run": run_id, "size": info.st_size, "why": why})
+                # the new content from its start (its last TAIL_BYTES if it is bigger, as for a first look)
+                log.offset, log.fingerprint = -1, b""
             if log.offset < 0:
                 log.offset = tail_start(handle, info.st_size)
             log.ino = info.st_ino
@@ -121,7 +154,7 @@ class LogPump:
             data = handle.read(min(MAX_MESSAGE_BYTES, info.st_size - log.offset))
         self.out.send({"t": MSG_LOG, "run": run_id, "offset": log.offset, "ino": log.ino,
                        "data": base64.b64encode(data).decode("ascii")})
-        log.offset += len(data)
+        log.sent(data)
         return log.offset >= info.st_size
 
 
@@ -141,14 +174,14 @@ class RunsWatcher:
             self.next_liveness = now + LIVENESS_POLL_S
             for run_id in self.live:
                 if run_id in run_ids:
-                    settle_liveness(RunPaths(self.runs_dir, run_id))
+                    settle_or_note(RunPaths(self.runs_dir, run_id))
         if self._signature(run_ids) == self.signature:
             return
         records = []
         for run_id in run_ids:
             paths = RunPaths(self.runs_dir, run_id)
-            settle_liveness(paths)
-            records.append(load_record(paths))
+            note = settle_or_note(paths)
+            records.append(dict(load_record(paths), **({"error": note} if note else {})))
         self.signature = self._signature(run_ids)  # after settling, which may have rewritten a state.json
         self.live = [r["run_id"] for r in records if r.get("state") not in TERMINAL_STATES]
         self.out.send({"t": MSG_RUNS, "runs": records})

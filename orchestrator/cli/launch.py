@@ -95,6 +95,9 @@ def _launch_run(state: AppState, spec: LaunchSpec, config: Path | None, *, as_js
     err = stderr()
     where = spec.target.name
     err.print(f"launching {spec.name} on {where}...")
+    if spec.gpus is None and spec.target.gpus:
+        err.print(f"no --gpus: the run sees all {spec.target.gpus} GPUs of {where} and holds them all "
+                  f"(a launch there that names GPUs is refused while it lives, unless --force)", markup=False)
     with Connections() as conns:
         client = RunClient(state.inventory(), conns)
         _preflight(client, [spec.target], config, force=spec.force)

@@ -8,14 +8,17 @@ from typing import Optional
 import typer
 
 from ..agent.protocol import TERMINAL_STATES
-from ..errors import EXIT_FAILED, EXIT_OK, CommandTimeout, TargetNotFound
+from ..errors import EXIT_FAILED, EXIT_OK, CommandTimeout, DflashError, TargetNotFound, UsageError
 from ..runs.addressing import Match, locate
 from ..runs.client import RunClient
 from ..transports.pool import Connections
+from ..watch.stream import drop_connection, reason_only
 from .output import stderr
 from .state import AppState
 
 STATE_POLL_S = 2.0
+RECONNECT_FIRST_S = 1.0
+RECONNECT_CAP_S = 5.0  # an operator following a log wants it back soon after the Wi-Fi is
 
 
 def logs(
@@ -47,7 +50,9 @@ def logs(
             sys.stdout.buffer.write(result.stdout)
             sys.stdout.flush()
             return EXIT_OK if result.ok else EXIT_FAILED
-        return _follow(client, transport, target, run_id, log_path, lines)
+        follower = _Follower(client, target, run_id, log_path)
+        follower.start_from_tail(transport, lines)
+        return follower.run(transport)
 
 
 def _pick(match: Match, node: int | None) -> tuple:
@@ -61,27 +66,72 @@ def _pick(match: Match, node: int | None) -> tuple:
     return nodes[rank]
 
 
-def _follow(client: RunClient, transport, target, run_id: str, log_path: str, lines: int) -> int:
-    """tail -F until the run is in a terminal state (checked every few seconds), then drain and stop."""
-    proc = transport.start(["tail", "-n", str(lines), "-F", "--", log_path])
-    ended_at: float | None = None
-    next_check = time.monotonic() + STATE_POLL_S
-    try:
+class _Follower:
+    """`logs -f`: print from a byte offset with `tail -c +N -F`; when the link drops, say so on stderr, reconnect
+    with backoff and resume at the byte where printing stopped (no line lost or repeated). Ends once the run has
+    ended and its last output has had time to arrive; never while it is live (Ctrl-C ends it)."""
+
+    def __init__(self, client: RunClient, target, run_id: str, log_path: str) -> None:
+        self.client, self.target, self.run_id, self.log_path = client, target, run_id, log_path
+        self.offset = 0  # the next byte of the log to print
+        self.ended_at: float | None = None
+
+    def start_from_tail(self, transport, lines: int) -> None:
+        """Print the last `lines` lines of what is there now and remember where that ends."""
+        script = 'n=$(($(wc -c < "$1" 2>/dev/null || echo 0))); echo "$n"; head -c "$n" -- "$1" | tail -n "$2"'
+        result = transport.run(["sh", "-c", script, "sh", self.log_path, str(lines)], timeout=60)
+        size, _, text = result.stdout.partition(b"\n")
+        self.offset = int(size or 0)
+        _write(text)
+
+    def run(self, transport) -> int:
+        failures = 0
         while True:
             try:
-                chunk = proc.read(timeout=0.5)
-            except CommandTimeout:
-                chunk = None
-            if chunk == b"":
-                return EXIT_OK
-            if chunk:
-                sys.stdout.buffer.write(chunk)
-                sys.stdout.flush()
-            if ended_at is not None and time.monotonic() - ended_at > 1.0:
-                return EXIT_OK  # the run ended and its last output has had time to arrive
-            if ended_at is None and time.monotonic() >= next_check:
-                next_check = time.monotonic() + STATE_POLL_S
-                if any(r.get("state") in TERMINAL_STATES for r in client.runs_on(target, [run_id])):
-                    ended_at = time.monotonic()
-    finally:
-        proc.close()
+                transport = transport or self.client.conns.for_target(self.target)
+                if self._session(transport):
+                    return EXIT_OK
+                failures = 0
+            except UsageError:
+                raise  # the run is gone (its directory removed): nothing to wait for
+            except DflashError as exc:
+                failures += 1
+                stderr().print(f"{self.target.name}: {reason_only(str(exc), self.target.name)}; reconnecting...",
+                               markup=False)
+                if transport is not None:
+                    drop_connection(transport)
+            time.sleep(min(RECONNECT_CAP_S, RECONNECT_FIRST_S * 2 ** max(0, failures - 1)))
+            self.client.conns.reset(self.target.host.name)
+            transport = None  # a new connection at the next attempt
+
+    def _session(self, transport) -> bool:
+        """Follow until the run ended (True) or the stream ended while it is live (False); raise on a lost link."""
+        proc = transport.start(["tail", "-c", f"+{self.offset + 1}", "-F", "--", self.log_path])
+        next_check = time.monotonic() + STATE_POLL_S
+        try:
+            while True:
+                try:
+                    chunk = proc.read(timeout=0.5)
+                except CommandTimeout:
+                    chunk = None
+                if chunk:
+                    _write(chunk)
+                    self.offset += len(chunk)
+                if self.ended_at is not None and time.monotonic() - self.ended_at > 1.0:
+                    return True  # the run ended and its last output has had time to arrive
+                if chunk == b"":
+                    return self._ended()
+                if self.ended_at is None and time.monotonic() >= next_check:
+                    next_check = time.monotonic() + STATE_POLL_S
+                    if self._ended():
+                        self.ended_at = time.monotonic()
+        finally:
+            proc.close()
+
+    def _ended(self) -> bool:
+        return any(r.get("state") in TERMINAL_STATES for r in self.client.runs_on(self.target, [self.run_id]))
+
+
+def _write(data: bytes) -> None:
+    sys.stdout.buffer.write(data)
+    sys.stdout.flush()

@@ -49,6 +49,7 @@ def watch(
         stderr().print(f"watching {len(resolved)} target(s) once...")
     with LiveSource(inventory, resolved, gpu_interval=interval) as source:
         source.wait_until_answered(timeout)
+        source.settle()
         snapshot = source.snapshot()
         unreachable = source.unreachable()
     if as_json:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..agent.protocol import LIVE_STATES
-from ..errors import TargetNotFound, UsageError, shorten
+from ..errors import TargetNotFound, Unreachable, UsageError, shorten
 from ..inventory.model import Target
 from .client import RunClient
 from .spec import check_run_id
@@ -61,11 +61,21 @@ def locate(client: RunClient, refs: list[str]) -> list[Match]:
         else:
             matches.append(match)
     if missing:
-        down = [f"{o.target.name} ({o.error})" for o in outcomes if not o.ok]
-        hint = f"; not searched, unreachable: {'; '.join(down)}" if down else ""
-        raise TargetNotFound(f"no run or job {', '.join(map(repr, missing))} on any target (a run id, a "
-                             f"unique prefix of one, or the name given at launch; see `dflashctl ps`){hint}")
+        _raise_missing(missing, outcomes)
     return matches
+
+
+def _raise_missing(missing: list[str], outcomes: list) -> None:
+    names = ", ".join(map(repr, missing))
+    failed = [o for o in outcomes if not o.ok]
+    down = [f"{o.target.name} ({o.error})" for o in failed if isinstance(o.error, Unreachable)]
+    if down:  # it may well be on a target we could not reach: an outage (exit 3), not a typo
+        raise Unreachable(f"no run or job {names} on the targets that answered; not searched, "
+                          f"unreachable: {'; '.join(down)}")
+    others = [f"{o.target.name} ({o.error})" for o in failed]
+    hint = f"; not searched: {'; '.join(others)}" if others else ""
+    raise TargetNotFound(f"no run or job {names} on any target (a run id, a unique prefix of one, or the name "
+                         f"given at launch; see `dflashctl ps`){hint}")
 
 
 def resolve(ref: str, runs: list[tuple[Target, dict]]) -> Match | None:

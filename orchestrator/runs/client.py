@@ -144,7 +144,10 @@ class RunClient:
             args += ["--run-id", run_id]
         if tail_bytes:
             args += ["--tail-bytes", str(tail_bytes)]
-        return [with_metrics(r) for r in self.agent(target, args).get("runs", [])]
+        payload = self.agent(target, args)
+        if not payload.get("ok"):  # never "no runs" for runs the agent could not read
+            raise OperationFailed(f"{target.name}: {payload.get('error') or 'the agent could not list the runs'}")
+        return [with_metrics(r) for r in payload.get("runs", [])]
 
     def log_lines(self, target: Target, run_id: str, start: int, stop: int) -> dict:
         """Lines [start, stop) of a run's log and its line count: {"total": N, "lines": [...]}."""

@@ -7,6 +7,7 @@ when nothing changed. Archives are built deterministically so the digest changes
 from __future__ import annotations
 
 import functools
+import hashlib
 import io
 import logging
 import tarfile
@@ -23,7 +24,11 @@ log = logging.getLogger("dflashctl.deploy")
 
 UNPACK = ('set -e; rm -rf -- "$1.tmp"; mkdir -p -- "$1.tmp"; tar -xzf - -C "$1.tmp"; '
           'rm -rf -- "$1"; mv -- "$1.tmp" "$1"')
-PRESENT = 'test -f "$1" && echo agent; test -d "$2/trainer" && echo pkg; true'
+# $1 agent path, $2 trainer dir, $3 agent size, $4 agent sha256: an agent file that is not exactly the one its
+# name promises (an upload that an older version installed cut short) counts as absent and is replaced.
+PRESENT = ('if test -f "$1"; then if [ $(($(wc -c < "$1"))) -eq "$3" ] && { ! command -v sha256sum >/dev/null '
+           '2>&1 || [ "$(sha256sum < "$1" | cut -d" " -f1)" = "$4" ]; }; then echo agent; else echo agent-damaged; '
+           'fi; fi; test -d "$2/trainer" && echo pkg; true')
 
 
 @dataclass(frozen=True)
@@ -64,17 +69,32 @@ def _shipped(path: Path) -> bool:
     return path.is_file() and "__pycache__" not in path.parts and path.suffix in {".py", ".yaml", ".json", ".txt"}
 
 
+def agent_path_in(workdir: str) -> str:
+    return f"{workdir}/.dflash/agent/agent-{agent_bundle().digest}.pyz"
+
+
+def present(transport: Transport, workdir: str) -> set[str]:
+    """What of this version is on the target: "agent" (whole, as its hash says), "agent-damaged", "pkg"."""
+    agent = agent_bundle()
+    pkg_dir = f"{workdir}/.dflash/pkg/{trainer_bundle().digest}"
+    result = transport.run(["sh", "-c", PRESENT, "sh", agent_path_in(workdir), pkg_dir, str(len(agent.data)),
+                            hashlib.sha256(agent.data).hexdigest()], timeout=60)
+    if not result.ok:  # the script always exits 0 once it runs: the target itself refused (e.g. CT stopped)
+        reason = (result.err or result.out).strip().splitlines()[-1:] or [f"exit {result.exit_code}"]
+        raise TransportError(f"{transport.label}: cannot run commands there: {reason[0]}")
+    return set(result.out.split())
+
+
 def deploy(transport: Transport, workdir: str, *, with_trainer: bool) -> Deployment:
     """Make sure the agent (and, for trainer runs, the trainer) of this version are on the target."""
     agent, pkg = agent_bundle(), trainer_bundle()
-    agent_path = f"{workdir}/.dflash/agent/agent-{agent.digest}.pyz"
+    agent_path = agent_path_in(workdir)
     pkg_dir = f"{workdir}/.dflash/pkg/{pkg.digest}"
-    present = transport.run(["sh", "-c", PRESENT, "sh", agent_path, pkg_dir], timeout=60)
-    if not present.ok:  # the script always exits 0 once it runs: the target itself refused (e.g. CT stopped)
-        reason = (present.err or present.out).strip().splitlines()[-1:] or [f"exit {present.exit_code}"]
-        raise TransportError(f"{transport.label}: cannot run commands there: {reason[0]}")
-    have = set(present.out.split())
+    have = present(transport, workdir)
     sent = []
+    if "agent-damaged" in have:
+        log.warning("%s: %s is damaged (not the content its name promises); replacing it", transport.label,
+                    agent_path)
     if "agent" not in have:
         transport.write_file(agent_path, agent.data, mode=0o644)
         sent.append("agent")

@@ -6,6 +6,7 @@ end unchanged (the SSH transport quotes it for the remote shell; `pct exec` pass
 from __future__ import annotations
 
 import abc
+import hashlib
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -66,6 +67,21 @@ class RemoteProcess(abc.ABC):
         """Stop the command (if still running) and release the channel."""
 
 
+# $1 path, $2 mode, $3 size, $4 sha256. sha256sum is in coreutils and busybox; without it the size must do.
+WRITE_VERIFIED = (
+    'set -e; d=$(dirname -- "$1"); mkdir -p -- "$d"; t="$1.tmp.$$"; trap \'rm -f -- "$t"\' EXIT; cat > "$t"; '
+    'n=$(($(wc -c < "$t"))); if [ "$n" -ne "$3" ]; then echo "upload cut short: $n of $3 bytes arrived" >&2; '
+    'exit 3; fi; if command -v sha256sum >/dev/null 2>&1; then h=$(sha256sum < "$t"); h=${h%% *}; '
+    'if [ "$h" != "$4" ]; then echo "upload damaged: sha256 $h, sent $4" >&2; exit 3; fi; fi; '
+    'chmod "$2" "$t"; mv -f -- "$t" "$1"; trap - EXIT')
+
+
+def write_file_argv(path: str, data: bytes, mode: int) -> list[str]:
+    """The command that receives `data` on stdin and installs it at `path` only if all of it arrived."""
+    return ["sh", "-c", WRITE_VERIFIED, "sh", path, format(mode, "o"), str(len(data)),
+            hashlib.sha256(data).hexdigest()]
+
+
 class Transport(abc.ABC):
     """Where commands run: this machine, an SSH host, or a container of one."""
 
@@ -81,10 +97,9 @@ class Transport(abc.ABC):
         """Start argv and return a handle to stream its output."""
 
     def write_file(self, path: str, data: bytes, *, mode: int = 0o644, timeout: float | None = 300.0) -> None:
-        """Write `data` to `path` atomically (temp file + rename) through the command channel."""
-        script = 'set -e; d=$(dirname -- "$1"); mkdir -p -- "$d"; t="$1.tmp.$$"; ' \
-                 'cat > "$t"; chmod "$2" "$t"; mv -f -- "$t" "$1"'
-        result = self.run(["sh", "-c", script, "sh", path, format(mode, "o")], stdin=data, timeout=timeout)
+        """Write `data` to `path` atomically through the command channel: to a temp name, then renamed only once
+        its size and content hash on the target are what was sent (a cut upload leaves nothing behind)."""
+        result = self.run(write_file_argv(path, data, mode), stdin=data, timeout=timeout)
         if not result.ok:
             raise TransportError(f"{self.label}: cannot write {path}: {result.describe()}")
 

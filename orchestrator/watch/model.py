@@ -79,6 +79,7 @@ class HostView:
     connected: bool
     error: str | None = None
     retry_in_s: float | None = None
+    reconnecting: bool = False  # a connect attempt is under way (the countdown has run out)
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from .trackers import GpuTracker, RunTracker, alert_view, iso
 
 MAX_ALERTS = 500
 LINE_COUNT_CACHE_S = 1.0
+COUNTDOWN_TICK_S = 1.0  # how often a retry countdown the dashboard shows moves on
 
 
 @dataclass
@@ -39,6 +40,7 @@ class TargetState:
     connected: bool = False
     error: str | None = None
     retry_at: float | None = None
+    reconnecting: bool = False
     got_runs: bool = False
     got_gpus: bool = False
     failed_once: bool = False
@@ -83,13 +85,23 @@ class LiveSource:
                             alerts=tuple(self._alerts))
 
     def wait_for_change(self, timeout: float) -> bool:
+        """True once something changed; a host's retry countdown counts as a change every second."""
         with self._lock:
-            return self._lock.wait_for(lambda: self._version != self._seen_version, timeout)
+            counting = any(s.retry_at is not None for s in self._targets.values())
+            changed = self._lock.wait_for(lambda: self._version != self._seen_version,
+                                          min(timeout, COUNTDOWN_TICK_S) if counting else timeout)
+            return changed or counting
 
     def wait_until_answered(self, timeout: float) -> bool:
         """Block until every target has answered once or failed; False if the timeout came first."""
         with self._lock:
             return self._lock.wait_for(lambda: all(s.answered for s in self._targets.values()), timeout)
+
+    def settle(self) -> None:
+        """Have every parser emit what it holds for a quiet stream (a traceback that ends the log), as the live
+        loop's ticks do: a one-shot snapshot taken before the first tick must show it too."""
+        for state in list(self._targets.values()):
+            self.tick(state.target)
 
     def unreachable(self) -> dict[str, str]:
         """Targets not connected now, with the reason."""
@@ -163,7 +175,7 @@ class LiveSource:
         with self._lock:
             state = self._targets[target.name]
             if not state.connected:  # connected once the agent speaks, not when the command was sent
-                state.connected, state.error, state.retry_at = True, None, None
+                state.connected, state.error, state.retry_at, state.reconnecting = True, None, None, False
                 self._changed()
             if kind == MSG_RUNS:
                 return self._on_runs(state, message.get("runs") or [], now)
@@ -172,7 +184,7 @@ class LiveSource:
             elif kind == MSG_RESET:
                 tracker = state.runs.get(str(message.get("run")))
                 if tracker is not None:
-                    tracker.reset()
+                    self._add_alerts(state, tracker.reset(str(message.get("why") or "replaced"), now))
             elif kind == MSG_SYNCED:
                 for run_id in message.get("runs") or []:
                     if run_id in state.runs:
@@ -195,6 +207,13 @@ class LiveSource:
         with self._lock:
             state = self._targets[target.name]
             state.connected, state.error, state.retry_at, state.failed_once = False, error, retry_at, True
+            state.reconnecting = False
+            self._changed()
+
+    def reconnecting(self, target: Target) -> None:
+        with self._lock:
+            state = self._targets[target.name]
+            state.retry_at, state.reconnecting = None, True
             self._changed()
 
     # -- message handling -----------------------------------------------------------------------------------
@@ -259,7 +278,8 @@ class LiveSource:
             down = [s for s in states if not s.connected]
             retry = [s.retry_at for s in down if s.retry_at is not None]
             views.append(HostView(name=name, connected=not down, error=next((s.error for s in down if s.error), None),
-                                  retry_in_s=max(0.0, min(retry) - now) if retry else None))
+                                  retry_in_s=max(0.0, min(retry) - now) if retry else None,
+                                  reconnecting=any(s.reconnecting for s in down)))
         return tuple(views)
 
     # -- actions --------------------------------------------------------------------------------------------
@@ -282,4 +302,4 @@ class LiveSource:
 def _resume_point(tracker: RunTracker) -> object:
     if tracker.offset is None:
         return -1
-    return {"offset": tracker.offset, "ino": tracker.ino}
+    return {"offset": tracker.offset, "ino": tracker.ino, "fp": base64.b64encode(tracker.fingerprint).decode()}

@@ -6,7 +6,7 @@ import json
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from ..errors import CommandTimeout, DflashError, Unreachable
@@ -25,6 +25,8 @@ READ_TICK_S = 1.0
 PING_EVERY_S = 10.0
 AGENT_IDLE_EXIT_S = 60.0  # the agent's own limit: a controller behind a dead link never closes its stdin
 STEADY_S = 30.0  # a session that lasted this long starts the next backoff from the beginning
+SILENCE_CAP_S = AGENT_IDLE_EXIT_S  # past this the agent has given up on us anyway
+FIRST_WORD_S = 45.0  # an agent's first message may wait for a deploy and a Python start on a loaded machine
 
 
 class StreamSink(Protocol):
@@ -34,6 +36,7 @@ class StreamSink(Protocol):
     def message(self, target: Target, message: dict) -> dict[str, object] | None: ...  # -> new follows
     def tick(self, target: Target) -> None: ...
     def disconnected(self, target: Target, error: str, retry_at: float) -> None: ...
+    def reconnecting(self, target: Target) -> None: ...  # the backoff is over; a new attempt begins
 
 
 def drop_connection(transport: Transport) -> None:
@@ -43,14 +46,38 @@ def drop_connection(transport: Transport) -> None:
         base.conn.close()
 
 
+class HostActivity:
+    """When each host last sent anything on any of its streams: one container's silent agent (stopped, or
+    starved on a loaded machine) says nothing about the link, as long as a sibling's stream still speaks."""
+
+    def __init__(self) -> None:
+        self._heard: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def heard(self, host: str, now: float) -> None:
+        with self._lock:
+            self._heard[host] = now
+
+    def silent_for(self, host: str, now: float) -> float:
+        with self._lock:
+            return now - self._heard.get(host, float("-inf"))
+
+
 @dataclass
 class StreamOptions:
     gpu_interval: float = 1.0
     heartbeat_s: float = 5.0
+    activity: HostActivity = field(default_factory=HostActivity)  # shared by the streams of one source
 
     @property
     def silence_limit_s(self) -> float:
         return 3 * self.heartbeat_s + 1.0
+
+
+def silence_limit(options: StreamOptions, worst_gap_s: float) -> float:
+    """How long a stream may stay silent before it counts as lost: three heartbeats, or three times the worst
+    gap this session has already survived (a loaded machine delivers heartbeats late, not never)."""
+    return min(SILENCE_CAP_S, max(options.silence_limit_s, 3 * worst_gap_s))
 
 
 class ContainerStream:
@@ -100,6 +127,8 @@ class ContainerStream:
             self.sink.disconnected(self.target, reason, time.time() + delay)
             self._stop.wait(delay)
             self.conns.reset(self.target.host.name)
+            if not self._stop.is_set():
+                self.sink.reconnecting(self.target)
 
     def _session(self) -> str:
         transport = self.conns.for_target(self.target)
@@ -116,6 +145,8 @@ class ContainerStream:
     def _pump(self, proc: RemoteProcess, transport: Transport) -> str:
         buffer = b""
         last_data = last_tick = last_ping = time.monotonic()
+        worst_gap, heard = 0.0, False
+        host, activity = self.target.host.name, self.options.activity
         while not self._stop.is_set():
             try:
                 chunk = proc.read(READ_TICK_S)
@@ -125,13 +156,13 @@ class ContainerStream:
             if chunk == b"":
                 return "the watch agent ended" + _exit_note(proc)
             if chunk:
-                last_data = now
+                worst_gap = max(worst_gap, now - last_data) if heard else worst_gap
+                last_data, heard = now, True
+                activity.heard(host, now)
                 *lines, buffer = (buffer + chunk).split(b"\n")
                 self._dispatch(proc, lines)
-            elif now - last_data > self.options.silence_limit_s:
-                drop_connection(transport)
-                raise Unreachable(f"{self.target.name}: no word from the watch agent for "
-                                  f"{now - last_data:.0f}s (connection lost)")
+            elif now - last_data > (silence_limit(self.options, worst_gap) if heard else FIRST_WORD_S):
+                self._silent(transport, now - last_data, activity.silent_for(host, now))
             if now - last_tick >= READ_TICK_S:
                 last_tick = now
                 self.sink.tick(self.target)
@@ -139,6 +170,15 @@ class ContainerStream:
                 last_ping = now
                 self._send(proc, {"ping": 1})
         return "stopped"
+
+    def _silent(self, transport: Transport, silent_s: float, host_silent_s: float) -> None:
+        """This stream is lost; the host's connection too only when none of its streams spoke meanwhile."""
+        if host_silent_s >= silent_s:
+            drop_connection(transport)
+            raise Unreachable(f"{self.target.name}: no word from the watch agent for {silent_s:.0f}s "
+                              f"(connection lost)")
+        raise Unreachable(f"{self.target.name}: no word from the watch agent for {silent_s:.0f}s while the "
+                          f"host's other streams speak (the agent is stuck; restarting it)")
 
     def _dispatch(self, proc: RemoteProcess, lines: list[bytes]) -> None:
         for line in lines:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime
 from collections import deque
 
-from ..agent.protocol import STARTING, TERMINAL_STATES
+from ..agent.protocol import FINGERPRINT_BYTES, STARTING, TERMINAL_STATES
 from ..gpus import GpuInfo, parse_query_csv
 from ..trainlog.parser import ExceptionEvent, LogLine, LogParser, PhaseEvent, StepEvent
 from .alerts import Alert, GpuSample, RunHealth
@@ -48,6 +48,7 @@ class RunTracker:
         self.health = RunHealth(self.run_id, gpu_indices=record.get("gpus") or None)
         self.offset: int | None = None  # the next byte of train.log we expect: the resume point
         self.ino: int | None = None
+        self.fingerprint = b""  # the last bytes before `offset`: the agent checks the file still has them
         self.synced = False
         self.history: deque[MetricPoint] = deque(maxlen=history)
         self.tail: deque[str] = deque(maxlen=tail)
@@ -77,14 +78,19 @@ class RunTracker:
         if not data:
             return []
         self.offset, self.ino = offset + len(data), ino
+        self.fingerprint = (self.fingerprint + data[-FINGERPRINT_BYTES:])[-FINGERPRINT_BYTES:]
         return self._events(self.parser.feed(data), now)
 
-    def reset(self) -> None:
-        """The log was truncated or replaced: read the new one from scratch (metrics history is kept)."""
+    def reset(self, why: str, now: float) -> list[Alert]:
+        """The log was truncated, replaced or rewritten: say so in the tail and as an alert, then read the new
+        content from its start (metrics history is kept; the lines before the mark are the old content's)."""
         self.parser = LogParser()
         self.offset = self.ino = None
-        self.tail.clear()
+        self.fingerprint = b""
+        self.tail.append(f"--- dflashctl: train.log was {why}; reading it again from the start ---")
         self._view = None
+        return self._keep([Alert(now, self.run_id, "log_reset", "warning",
+                                 f"train.log was {why}; the lines shown from here are its new content")])
 
     def settle(self, now: float) -> list[Alert]:
         return self._events(self.parser.settle(), now) + self._keep(self.health.check(now))

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import CommandTimeout
+from orchestrator.transports.base import write_file_argv
 from orchestrator.transports.local import LocalTransport
 from orchestrator.transports.mock import MockTransport, answer
 from orchestrator.transports.pct import PctTransport
@@ -41,6 +42,16 @@ def test_write_file_is_atomic_and_creates_dirs(tmp_path: Path) -> None:
     assert target.read_bytes() == data
     assert oct(target.stat().st_mode & 0o777) == "0o600"
     assert [p.name for p in target.parent.iterdir()] == ["f.bin"]
+
+
+@pytest.mark.parametrize("arrived", [lambda d: d[:len(d) // 2], lambda d: d[:-1] + b"?"])
+def test_write_file_installs_nothing_when_the_upload_is_cut_or_damaged(tmp_path: Path, arrived) -> None:
+    # what a connection reset mid-upload delivers: stdin ends early (or one byte differs), the shell sees EOF
+    target = tmp_path / "agent-0123.pyz"
+    data = bytes(range(256)) * 200
+    result = LocalTransport().run(write_file_argv(str(target), data, 0o644), stdin=arrived(data))
+    assert result.exit_code == 3 and ("cut short" in result.err or "damaged" in result.err)
+    assert list(tmp_path.iterdir()) == []  # neither the final name nor the temp file
 
 
 def test_streaming_process_reads_as_output_comes() -> None:

@@ -38,7 +38,8 @@ def demo_and_watch(inventory: Path, capsys) -> None:
     assert code == 0
     run = next(r for r in snapshot["runs"] if r["run_id"] == run_id)
     assert (run["state"], run["last_step"], run["phase"]) == ("succeeded", 20, "finished")
-    assert snapshot["hosts"] == [{"name": "local", "connected": True, "error": None, "retry_in_s": None}]
+    assert snapshot["hosts"] == [{"name": "local", "connected": True, "error": None, "retry_in_s": None,
+                                  "reconnecting": False}]
     # the run directory has the trainer's metrics.jsonl too (DESIGN.md's layout), one record per step line
     metrics = Path(run["log_path"]).parent / "metrics.jsonl"
     steps = [json.loads(line) for line in metrics.read_text().splitlines() if '"step"' in line]

@@ -25,12 +25,13 @@ def test_overlapping_resends_are_dropped_and_split_lines_join() -> None:
 def test_reset_restarts_the_parser_and_exceptions_alert() -> None:
     run = tracker()
     run.feed(0, 1, b"half a li", now=0.0)
-    run.reset()
-    alerts = run.feed(0, 2, b"Traceback (most recent call last):\n  File \"x\", line 1\nValueError: bad\n",
-                      now=1.0)
+    alerts = run.reset("truncated", now=0.5)
+    alerts += run.feed(0, 2, b"Traceback (most recent call last):\n  File \"x\", line 1\nValueError: bad\n",
+                       now=1.0)
     alerts += run.settle(now=2.0)
-    assert [a.kind for a in alerts] == ["exception"]
-    assert run.view().exceptions == 1 and run.view().log_tail[0].startswith("Traceback")
+    assert [a.kind for a in alerts] == ["log_reset", "exception"]
+    assert run.view().exceptions == 1 and "truncated" in run.view().log_tail[0]
+    assert run.view().log_tail[1].startswith("Traceback")
 
 
 def test_runs_ended_before_watching_raise_no_alerts_but_new_ends_do() -> None:

@@ -51,3 +51,12 @@ def test_reason_only_strips_the_target_and_host_prefixes_and_nothing_else() -> N
     assert reason_only("the watch agent ended (exit code 1)", "pve1/200", "pve1") == \
         "the watch agent ended (exit code 1)"
     assert reason_only("pve10: refused", "pve1") == "pve10: refused"
+
+
+def test_silence_tolerance_grows_with_the_gaps_a_stream_survived() -> None:
+    from orchestrator.watch.stream import SILENCE_CAP_S, StreamOptions, silence_limit
+
+    options = StreamOptions(heartbeat_s=1.0)
+    assert silence_limit(options, 0.0) == options.silence_limit_s == 4.0
+    assert silence_limit(options, 5.0) == 15.0  # heartbeats came 5 s apart under load: that was no outage
+    assert silence_limit(options, 1000.0) == SILENCE_CAP_S

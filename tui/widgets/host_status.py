@@ -48,7 +48,9 @@ def host_text(host: HostView) -> Text:
     if host.error:
         error = host.error if len(host.error) <= MAX_ERROR_CHARS else host.error[: MAX_ERROR_CHARS - 1] + "…"
         text.append(f": {error}")
-    if host.retry_in_s is not None:
+    if host.reconnecting:
+        text.append(" (reconnecting...)", style="dim")
+    elif host.retry_in_s is not None:
         text.append(f" (retry in {host.retry_in_s:.0f} s)", style="dim")
     return text
 

@@ -12,7 +12,7 @@ import time
 from ...errors import DflashError, UsageError, Unreachable
 from ...inventory.model import Target
 from ..client import RunClient
-from . import basics
+from . import basics, ownfiles
 from .checks import CHECKS, CONTAINER_CHECKS, GPU_CHECKS, PREFLIGHT, PREFLIGHT_GPU, run_checks
 from .facts import Needs, gather, read_needs
 from .report import FAIL, OK, WARN, DoctorReport, Row
@@ -53,6 +53,8 @@ def _reach(client: RunClient, target: Target, report: DoctorReport) -> None:
     where = f"container {target.ctid} running, " if target.ctid is not None else ""
     report.add(Row("reach", OK, f"{where}python {report.python}"))
     basics.measure_cache(transport, target, report)
+    ownfiles.check_agent(transport, target, report)
+    ownfiles.check_free_space(transport, target, report)
     basics.check_gpus(transport, target, report)
 
 

@@ -37,6 +37,8 @@ class DoctorReport:
     gpus: list[dict] | None = None
     cache_dir: str | None = None
     cache_bytes: int | None = None   # 0 where nothing was compiled there yet
+    agent: str | None = None         # the deployed agent: ok / absent / damaged (ownfiles.py)
+    free_bytes: int | None = None    # free space of the workdir's filesystem (ownfiles.py)
     warnings: list[str] = field(default_factory=list)
     checks: list[Row] = field(default_factory=list)
     elapsed_ms: int = 0

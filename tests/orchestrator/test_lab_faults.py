@@ -1,0 +1,300 @@
+"""Faults an operator meets on long runs (issue 20), injected from outside the tool against the lab: each test
+fails on the fault it names and passes once the controller handles it."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.inventory.model import load_inventory
+from orchestrator.runs.deploy import agent_bundle
+from orchestrator.runs.spec import runs_dir
+from orchestrator.watch.source import LiveSource
+
+from tests.lab.workloads import QUIET, TRACEBACK, log_path, quick_inventory
+from tests.lab.workloads import run_cli as cli
+
+pytestmark = pytest.mark.lab
+TARGET = "pve2/300"
+
+
+@pytest.fixture(scope="module")
+def inv(lab, tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("inv") / "inventory.yaml"
+    quick_inventory(lab, path)
+    return str(path)
+
+
+@pytest.fixture()
+def quiet_run(inv: str, capsys):
+    """A live run that prints one line and waits; killed at the end."""
+    code, record, err = cli(inv, "launch", TARGET, "--json", "--name", "quiet", "--", "python3", "-c", QUIET,
+                            capsys=capsys)
+    assert code == 0, err
+    yield record
+    cli(inv, "kill", record["run_id"], "--grace", "1", capsys=capsys)
+
+
+def test_watch_once_shows_a_traceback_that_ends_the_log(lab, inv: str, quiet_run: dict, capsys) -> None:
+    # the seed's failure: worker threads die with a traceback, the main thread hangs, the log ends there
+    run_id = quiet_run["run_id"]
+    log = log_path(lab, load_inventory(Path(inv)), "pve2", 300, run_id)
+    with log.open("a") as handle:
+        handle.write(TRACEBACK.format(message="x"))
+    code, snapshot, err = cli(inv, "watch", TARGET, "--once", "--json", capsys=capsys)
+    assert code == 0, err
+    run = next(r for r in snapshot["runs"] if r["run_id"] == run_id)
+    assert run["exceptions"] == 1 and "RuntimeError: x" in run["exception_texts"][0]
+    assert "RuntimeError: x" in run["log_tail"]
+    assert any(a["kind"] == "exception" and a["run_id"] == run_id for a in snapshot["alerts"])
+
+
+def test_kill_of_a_run_on_an_unreachable_host_exits_3(lab, inv: str, quiet_run: dict, capsys) -> None:
+    lab.link_down("pve2")
+    try:
+        code, _, err = cli(inv, "kill", quiet_run["run_id"], "--grace", "1", capsys=capsys)
+    finally:
+        lab.link_up("pve2")
+    assert code == 3, err
+    assert "pve2/300" in err and "unreachable" in err
+
+
+def test_the_dashboards_retry_countdown_moves_and_then_says_reconnecting(lab, inv: str) -> None:
+    inventory = load_inventory(Path(inv))
+    lab.link_down("pve2")
+    try:
+        with LiveSource(inventory, [inventory.target(TARGET)]) as source:
+            assert source.wait_until_answered(10)
+            assert source.snapshot().hosts[0].retry_in_s is not None
+            # nothing arrives while the host is down, yet the countdown the dashboard shows must move on
+            started = time.monotonic()
+            assert source.wait_for_change(5.0) and time.monotonic() - started < 1.5
+            deadline = time.monotonic() + 5
+            while not source.snapshot().hosts[0].reconnecting and time.monotonic() < deadline:
+                source.wait_for_change(0.2)
+            host = source.snapshot().hosts[0]  # the 2 s connect attempt: no frozen "retry in 0 s"
+            assert host.reconnecting and host.retry_in_s is None and not host.connected
+    finally:
+        lab.link_up("pve2")
+
+
+def test_a_run_without_gpus_holds_them_all_and_the_other_way_round(lab, inv: str, capsys) -> None:
+    started = []
+
+    def launch(*extra: str) -> tuple[int, str]:
+        code, record, err = cli(inv, "launch", TARGET, "--json", *extra, "--", "sleep", "300", capsys=capsys)
+        if code == 0:
+            started.append(record["run_id"])
+        return code, err
+
+    try:
+        code, note = launch()
+        assert code == 0
+        code, err = launch("--gpus", "0")
+        assert code == 1 and started[0] in err
+        assert "holds them all" in note  # and the launch said so
+        assert launch("--gpus", "0", "--force")[0] == 0
+        assert cli(inv, "kill", started[0], "--grace", "1", capsys=capsys)[0] == 0
+        code, err = launch()  # the reverse: GPU 0 is held by the forced run now
+        assert code == 1 and started[1] in err
+        assert launch("--force")[0] == 0
+    finally:
+        cli(inv, "kill", *started, "--grace", "1", capsys=capsys)
+
+
+def test_a_damaged_agent_file_is_replaced_not_run(lab, inv: str, capsys) -> None:
+    # what a connection reset during the first deploy left before uploads were verified: the first 32,704
+    # bytes of the agent under its final, content-addressed name
+    agent = agent_bundle()
+    installed = (lab.hosts["pve2"].containers[300].workspace / ".dflash" / "agent" / f"agent-{agent.digest}.pyz")
+    installed.parent.mkdir(parents=True, exist_ok=True)
+    installed.write_bytes(agent.data[:32704])
+    code, report, _ = cli(inv, "doctor", TARGET, "--json", capsys=capsys)
+    assert report["targets"][TARGET]["agent"] == "damaged"
+    assert any("damaged" in w for w in report["targets"][TARGET]["warnings"])
+    code, payload, err = cli(inv, "ps", TARGET, "--all", "--json", capsys=capsys)
+    assert code == 0, err
+    assert "runs" in payload and installed.read_bytes() == agent.data
+    code, report, _ = cli(inv, "doctor", TARGET, "--json", capsys=capsys)
+    assert report["targets"][TARGET]["agent"] == "ok"
+
+
+@pytest.fixture()
+def full_disk(lab, tmp_path):
+    """pve2/300 with its runs directory on a 512 KiB tmpfs (inside the container), and an inventory for it."""
+    inv = quick_inventory(lab, tmp_path / "inventory.yaml")
+    path = tmp_path / "inventory.yaml"
+    path.write_text(path.read_text().replace("300: {gpus: 1}", "300: {gpus: 1, workdir: /workspace/full}"))
+    runs = runs_dir(load_inventory(path).target(TARGET))
+    ct = ("pve2", 300)
+    lab.ct_run(*ct, ["mkdir", "-p", runs])
+    assert lab.ct_run(*ct, ["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", runs]).returncode == 0
+    try:
+        yield str(path), runs
+    finally:
+        keeper = lab.ct_run(*ct, ["cat", f"{runs}/.keeper/keeper.json"], text=True).stdout
+        if keeper:
+            lab.ct_run(*ct, ["kill", str(json.loads(keeper)["pid"])])
+        lab.ct_run(*ct, ["umount", "-l", runs])
+    del inv
+
+
+def test_a_full_disk_hides_no_run_and_keeps_its_exit(lab, full_disk, capsys) -> None:
+    inv, runs = full_disk
+    code, record, err = cli(inv, "launch", TARGET, "--json", "--name", "filler", "--", "sh", "-c",
+                            "sleep 1.5; head -c 4M /dev/zero; exit 3", capsys=capsys)
+    assert code == 0, err
+    run_id = record["run_id"]
+    deadline = time.monotonic() + 15
+    while True:
+        code, payload, err = cli(inv, "ps", TARGET, "--all", "--json", capsys=capsys)
+        assert code == 0, err
+        run = next(r for r in payload["runs"] if r["run_id"] == run_id)  # never "no runs"
+        if run["state"] != "running" or time.monotonic() > deadline:
+            break
+        time.sleep(0.3)
+    assert (run["state"], run["exit_code"]) == ("failed", 3) and "disk full" in run["error"]
+    assert cli(inv, "logs", run_id, "-n", "1", capsys=capsys)[0] == 0
+    # a launch on the full disk fails with the reason and leaves no empty run directory behind
+    code, _, err = cli(inv, "launch", TARGET, "--name", "second", "--", "sleep", "60", capsys=capsys)
+    assert code == 1 and "disk full" in err
+    left = lab.ct_run("pve2", 300, ["ls", runs], text=True).stdout.split()
+    assert not [name for name in left if name.startswith("second")]
+
+    # and doctor says how little room is left (the workdir is on the container's disk, the runs on the tmpfs)
+    path = Path(inv)
+    path.write_text(path.read_text().replace("workdir: /workspace/full}", f"workdir: {runs}}}"))
+    code, report, _ = cli(inv, "doctor", TARGET, "--json", capsys=capsys)
+    checked = report["targets"][TARGET]
+    assert checked["free_bytes"] < 64 * 1024 and any("GiB free" in w for w in checked["warnings"])
+
+
+def wait_for(source: LiveSource, predicate, timeout: float = 5.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = predicate(source.snapshot())
+        if found:
+            return found
+        source.wait_for_change(0.2)
+    raise AssertionError(f"not within {timeout}s")
+
+
+def test_a_truncated_or_rewritten_log_is_announced_and_read_again_whole(lab, inv, quiet_run) -> None:
+    inventory, run_id = load_inventory(Path(inv)), quiet_run["run_id"]
+    log = log_path(lab, inventory, "pve2", 300, run_id)
+
+    def tail(snapshot):
+        run = next((r for r in snapshot.runs if r.run_id == run_id), None)
+        return run.log_tail if run else ()
+
+    def lines(prefix: str, count: int) -> str:
+        return "".join(f"{prefix} {i}\n" for i in range(count))
+
+    with LiveSource(inventory, [inventory.target(TARGET)], heartbeat_s=1.0) as source:
+        assert source.wait_until_answered(20)
+        with log.open("a") as handle:
+            handle.write(lines("old", 40))
+        wait_for(source, lambda s: "old 39" in tail(s))
+        log.write_text(lines("short", 3))  # truncated in place: smaller than what was read
+        wait_for(source, lambda s: "short 2" in tail(s))
+        shown = list(tail(source.snapshot()))
+        assert any("truncated" in line for line in shown)
+        assert shown[shown.index(next(l for l in shown if "truncated" in l)) + 1:] == ["short 0", "short 1", "short 2"]
+        with log.open("r+") as handle:  # rewritten in place, ending past the old offset: same inode, same start
+            handle.write(lines("new", 60))
+        wait_for(source, lambda s: "new 59" in tail(s))
+        shown = list(tail(source.snapshot()))
+        mark = max(i for i, line in enumerate(shown) if "dflashctl: train.log was" in line)
+        assert "rewritten" in shown[mark] and shown[mark + 1:] == [f"new {i}" for i in range(60)]
+        kinds = [a.kind for a in source.snapshot().alerts if a.run_id == run_id]
+        assert kinds.count("log_reset") == 2
+
+
+def test_logs_follow_outlives_a_link_cut_and_prints_every_line_once(lab, inv: str, capsys) -> None:
+    count = 90
+    code, record, err = cli(inv, "launch", TARGET, "--json", "--name", "lines", "--", "python3", "-c",
+                            f"import time\nfor i in range({count}):\n    print('line', i, flush=True)\n"
+                            "    time.sleep(0.2)", capsys=capsys)
+    assert code == 0, err
+    follow = subprocess.Popen([sys.executable, "-m", "orchestrator", "--inventory", inv, "logs", "-f", "-n", "1000",
+                               record["run_id"]], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              bufsize=0)  # unbuffered: readline takes one line, communicate the rest
+    try:
+        first = follow.stdout.readline()  # it follows now
+        lab.link_down("pve2")
+        time.sleep(15.0)  # longer than the ~11 s after which `logs -f` used to give up
+        lab.link_up("pve2")
+        out, err = follow.communicate(timeout=40)
+        out = first + out
+    finally:
+        lab.link_up("pve2")
+        if follow.poll() is None:
+            follow.kill()
+    assert follow.returncode == 0, err
+    assert out.decode().splitlines() == [f"line {i}" for i in range(count)]
+
+
+def orphan_workload(tag: int) -> list[str]:
+    # `kill -9 $PPID` stands in for an OOM-killed supervisor; one child runs with an emptied environment
+    return ["bash", "-c", f"env -i /bin/sleep {tag} & sleep {tag} & sleep 2; kill -9 $PPID; exec sleep {tag}"]
+
+
+def sleeps(lab, tag: int) -> list:
+    return [p for p in lab.ct_processes("pve2", 300)
+            if p.cmdline[-1:] == [str(tag)] and p.cmdline[0].endswith("sleep") and p.state != "Z"]
+
+
+def launch_orphaning(lab, inv: str, capsys, tag: int) -> str:
+    code, record, err = cli(inv, "launch", TARGET, "--json", "--", *orphan_workload(tag), capsys=capsys)
+    assert code == 0, err
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # the supervisor is gone once its workload runs bare
+        if not any("supervise" in " ".join(p.cmdline) and record["run_id"] in " ".join(p.cmdline)
+                   for p in lab.ct_processes("pve2", 300)):
+            break
+        time.sleep(0.1)
+    assert len(sleeps(lab, tag)) == 3
+    return record["run_id"]
+
+
+def test_kill_and_cleanup_after_the_supervisor_died_leave_no_env_cleared_orphan(lab, inv: str, capsys) -> None:
+    run_id = launch_orphaning(lab, inv, capsys, 6008)
+    code, result, _ = cli(inv, "kill", run_id, "--grace", "1", "--json", capsys=capsys)
+    assert code == 0, result
+    assert sleeps(lab, 6008) == []
+    launch_orphaning(lab, inv, capsys, 6009)
+    code, result, _ = cli(inv, "cleanup", TARGET, "--json", capsys=capsys)
+    ended = [a for a in result["targets"][TARGET]["actions"] if a["action"] == "end_orphan"]
+    assert len(ended) == 3 and sleeps(lab, 6009) == []
+
+
+def test_one_containers_silent_agent_does_not_end_its_siblings_stream(lab, inv: str) -> None:
+    inventory = load_inventory(Path(inv))
+    lab.pct("pve1", "start", "201", check=True)
+    agent = None
+    try:
+        targets = [inventory.target("pve1/200"), inventory.target("pve1/201")]
+        with LiveSource(inventory, targets, heartbeat_s=1.0) as source:
+            assert source.wait_until_answered(20) and source.unreachable() == {}
+            agent = next(p for p in lab.ct_processes("pve1", 201) if "watch" in p.cmdline and p.state != "Z")
+            os.kill(agent.host_pid, signal.SIGSTOP)  # as starved as an agent on a machine at load 30
+            seen: set[str] = set()
+            deadline = time.monotonic() + 12
+            while "pve1/201" not in seen and time.monotonic() < deadline:
+                seen |= set(source.unreachable())
+                source.wait_for_change(0.1)
+            assert "pve1/201" in seen       # the silent one is noticed...
+            for _ in range(10):             # ...and its sibling on the same connection carries on
+                seen |= set(source.unreachable())
+                time.sleep(0.1)
+            assert "pve1/200" not in seen
+    finally:
+        if agent is not None:
+            os.kill(agent.host_pid, signal.SIGCONT)
+        lab.pct("pve1", "stop", "201")
