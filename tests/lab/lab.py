@@ -16,6 +16,7 @@ import json
 import os
 import re
 import secrets
+import shlex
 import shutil
 import signal
 import stat
@@ -180,14 +181,28 @@ class Lab:
             raise
         return lab
 
+    def _session_shell_rc(self) -> tuple[tuple[Path, str], ...]:
+        """What bash reads when sshd starts a session (the login user's ~/.bashrc), replaced in the hosts' mount
+        namespaces by one line giving the sessions this test process's PATH. The machine's own rc may run
+        tools that lock files and wait a minute for a lock a killed session left behind (pyenv's rehash): no
+        lab session may hang on that, and every session finds the same python as the tests."""
+        rc = Path.home() / ".bashrc"
+        if not rc.is_file():
+            return ()
+        replacement = self.root / "session-bashrc"
+        replacement.write_text(f"export PATH={shlex.quote(os.environ.get('PATH', '/usr/bin:/bin'))}\n")
+        return ((replacement, str(rc)),)
+
     def _build(self, spec: tuple[HostSpec, ...]) -> None:
         sshd.generate_key(self.client_key, "dflashctl-lab-client")
         shutil.copy(self.client_key.with_suffix(".pub"), self.root / "client" / "authorized_keys")
         links = self._create_links(spec)
         for host_spec in spec:
             self.hosts[host_spec.name] = self._create_host(host_spec, links[host_spec.name])
+        shell_rc = self._session_shell_rc()
         for host in self.hosts.values():
-            binds = ((host.dir / "proc" / "driver", "/proc/driver"), (host.dir / "proc" / "devices", "/proc/devices"))
+            binds = ((host.dir / "proc" / "driver", "/proc/driver"), (host.dir / "proc" / "devices", "/proc/devices"),
+                     *shell_rc)
             host.sshd_proc = sshd.start(host.netns, host.dir / "sshd_config", host.dir / "sshd.log", binds=binds)
         for host in self.hosts.values():
             sshd.wait_accepting(host.sshd_proc, host.address, host.port, host.dir / "sshd.log")
