@@ -7,6 +7,7 @@ from typing import Protocol
 from ...inventory.model import Target
 from ...transports.base import Transport
 from ..deploy import agent_path_in, present
+from .storage import LOW_FREE_BYTES, LOW_FREE_FRACTION
 
 
 class AgentReport(Protocol):
@@ -24,9 +25,6 @@ def check_agent(transport: Transport, target: Target, report: AgentReport) -> No
                                f"promises); the next launch, ps or watch replaces it")
 
 
-# Below either mark a long run is about to lose its log: warn (2 GiB, or 5 % of the filesystem).
-LOW_SPACE_BYTES = 2 * 1024 ** 3
-LOW_SPACE_FRACTION = 0.05
 
 
 class SpaceReport(Protocol):
@@ -44,7 +42,7 @@ def parse_df(text: str) -> tuple[int, int] | None:
 
 
 def low_space(free: int, total: int) -> bool:
-    return free < LOW_SPACE_BYTES or (total > 0 and free < LOW_SPACE_FRACTION * total)
+    return free < LOW_FREE_BYTES or (total > 0 and free < LOW_FREE_FRACTION * total)
 
 
 def check_free_space(transport: Transport, target: Target, report: SpaceReport) -> None:

@@ -10,6 +10,7 @@ NCCL_SHM_BYTES = GIB          # NCCL between the GPUs of one node keeps its buff
 MIN_SHM_BYTES = 64 * MIB      # Docker's famous default: too little for torch's shared tensors
 SHM_KEPT_BYTES = GIB          # this much in /dev/shm is probably a model or a dataset, lost on restart
 MIN_FREE_BYTES = GIB          # below this a checkpoint write fails
+LOW_FREE_BYTES = 2 * GIB      # below this (or LOW_FREE_FRACTION) a long run is about to lose its log: warn
 LOW_FREE_FRACTION = 0.05
 MIN_FREE_INODES = 10000
 
