@@ -64,14 +64,24 @@ def _generate(args) -> int:
 
 
 def _eval(args) -> int:
-    from dataclasses import asdict
-
-    from trainer.speculative import evaluate
+    from trainer.evaluation import evaluate
 
     report = evaluate(target=args.target, drafter_dir=args.drafter, prompts=args.prompts,
-                      max_new_tokens=args.max_new_tokens, device=args.device, dtype=args.dtype)
-    print(json.dumps(asdict(report)) if args.json else "\n".join(report.lines()), flush=True)
-    return 0 if report.identical_to_greedy else 1
+                      max_new_tokens=args.max_new_tokens, device=args.device, dtype=args.dtype,
+                      tree_budgets=args.tree_budget, baseline=args.baseline, batch_size=args.batch_size)
+    print(json.dumps(report.as_dict()) if args.json else "\n".join(report.lines()), flush=True)
+    return 0 if report.ok else 1
+
+
+def _budgets(text: str) -> list[int]:
+    """--tree-budget 8,32,64 (or repeated): node budgets, each at least 1."""
+    try:
+        budgets = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: node budgets are whole numbers, e.g. 8,32,64") from None
+    if not budgets or min(budgets) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: each node budget must be at least 1")
+    return budgets
 
 
 def _tiny_target(args) -> int:
@@ -159,16 +169,34 @@ def _add_generate_command(commands) -> None:
 
 
 def _add_eval_command(commands) -> None:
-    evaluate = commands.add_parser("eval", help="speculative decoding: acceptance length and speed vs greedy")
+    evaluate = commands.add_parser(
+        "eval", help="speculative decoding: acceptance length and speed vs greedy, beside an untrained baseline",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Decode the prompts greedily, then speculatively with the drafter (chain), with an untrained "
+                    "drafter of the same shape (baseline) and with the drafter's DDTree trees (--tree-budget), "
+                    "and check that every output equals greedy's. Reports tau (tokens kept per target forward), "
+                    "per-position acceptance (share of rounds keeping at least k drafted tokens) and tok/s.",
+        epilog="Full-attention targets decode --batch-size prompts at once over one KV cache; hybrid (linear-"
+               "attention) and sliding-window targets one prompt at a time, chains only.\n"
+               "Exit 0: every output equals greedy (in bfloat16/float16, up to near-ties within rounding, which "
+               "are listed as precision notes); 1: a real divergence; 2: bad input.")
     evaluate.add_argument("--target", required=True, help="target model directory")
     evaluate.add_argument("--drafter", required=True, help="drafter checkpoint directory (a step_N)")
     evaluate.add_argument("--prompts", required=True, help='JSONL: {"messages": [...]} or {"prompt": ...}')
     evaluate.add_argument("--max-new-tokens", type=int, default=128, help="tokens per prompt (default 128)")
+    evaluate.add_argument("--tree-budget", type=_budgets, action="extend", default=[], metavar="N[,N...]",
+                          help="also decode with DDTree trees of N drafted nodes (best-first on the product of "
+                               "the drafter's slot probabilities, verified in one forward); repeatable, e.g. "
+                               "8,32,64. Full-attention targets only")
+    evaluate.add_argument("--no-baseline", dest="baseline", action="store_false",
+                          help="skip the untrained baseline drafter")
+    evaluate.add_argument("--batch-size", type=int, default=64,
+                          help="prompts decoded at once on full-attention targets (default 64)")
     evaluate.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
     evaluate.add_argument("--dtype", choices=("auto", "bfloat16", "float16", "float32"), default="auto",
-                          help="target weights: auto = bfloat16 on GPU, float32 on CPU. In low precision a "
-                               "block-verify pass can round differently from a one-token step, so the "
-                               "greedy-equality check is exact only in float32")
+                          help="target weights: auto = bfloat16 on GPU, float32 on CPU. float32 checks the "
+                               "outputs exactly; in lower precision a divergence at a near-tie of the target's "
+                               "two best logits (margin within 8 epsilons of the largest) is a precision note")
     evaluate.add_argument("--json", action="store_true", help="print one JSON object")
     evaluate.set_defaults(run=_eval)
 

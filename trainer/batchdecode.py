@@ -1,0 +1,200 @@
+"""Greedy, chain and tree decoding of many prompts at once, over one KV cache the target keeps for the whole run.
+
+Each prompt is a row. The prompts are prefilled once, left-padded into one batch; every round then feeds each
+row one draft tree (greedy: the anchor alone; DFlash: a chain; DDTree: a best-first tree) of the same node count
+and verifies all rows in one target forward. Rows accept different numbers of tokens, so the cache is never
+cropped: it grows by one slot per fed node, and a per-row validity mask hides the slots of refused nodes (and of
+the padding) from every later query. The additive 4D mask a round passes to the target is [that validity | the
+tree's ancestor-only mask], with each node at position anchor + depth: a node sees exactly the accepted text and
+its own path, as one-token steps would. A row leaves the batch when it is done.
+
+Targets with linear-attention layers (one recurrent state per row, which a masked slot cannot undo) and with
+sliding-window layers (a window the custom mask would not apply) are decoded one prompt at a time instead
+(trainer/speculative.py).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from trainer.speculative import (Decoded, DecodeRun, LayerTaps, cache_argument, finish, has_recurrent_state,
+                                 top_logits)
+from trainer.tree import DraftTree, best_first, chain, tree_layout
+
+COMPACT_MIN_SLOTS = 32  # hidden slots tolerated before the cache is compacted
+# (features [A, S, k*H] by position, anchor tokens [A], anchor positions [A]) -> one tree per row, equal sizes
+Propose = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], list[DraftTree]]
+
+
+def can_batch(model) -> bool:
+    """True when the masked shared cache is exact for this target (full attention, no recurrent state)."""
+    layer_types = getattr(model.config, "layer_types", None) or ()
+    return not has_recurrent_state(model) and "sliding_attention" not in layer_types \
+        and not getattr(model.config, "use_sliding_window", False)
+
+
+def greedy_proposer() -> Propose:
+    return lambda features, anchors, positions: [chain(int(a), []) for a in anchors.tolist()]
+
+
+def block_logits(drafter, features: torch.Tensor, anchors: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """[A, B-1, V] logits of one block per row; each row's context is its features before its anchor."""
+    context = features[:, :int(positions.max())].to(drafter.fc.weight.dtype)
+    hidden = drafter(context, anchors[:, None], positions[:, None], backend="sdpa")
+    return drafter.lm_head(hidden[:, 0, 1:].to(drafter.lm_head.weight.dtype))
+
+
+def chain_proposer(drafter) -> Propose:
+    def propose(features, anchors, positions):
+        drafts = block_logits(drafter, features, anchors, positions).argmax(dim=-1).tolist()
+        return [chain(int(a), d) for a, d in zip(anchors.tolist(), drafts)]
+    return propose
+
+
+def tree_proposer(drafter, budget: int) -> Propose:
+    def propose(features, anchors, positions):
+        logits = block_logits(drafter, features, anchors, positions).float()
+        logprobs, ids = torch.log_softmax(logits, dim=-1).topk(min(budget, logits.shape[-1]), dim=-1)
+        return [best_first(int(a), lp, i, budget)
+                for a, lp, i in zip(anchors.tolist(), logprobs.tolist(), ids.tolist())]
+    return propose
+
+
+@dataclass
+class _Row:
+    index: int  # the prompt's place in the input
+    prompt_len: int
+    tokens: list[int] = field(default_factory=list)
+    rounds: list[int] = field(default_factory=list)
+    rejected: int = 0
+    top: list[tuple[list[float], list[int]]] = field(default_factory=list)
+    done: bool = False
+
+    def anchor_pos(self) -> int:
+        return self.prompt_len + len(self.tokens) - 1
+
+
+class _Batch:
+    """The rows still decoding and what the target and the drafter need of them."""
+
+    def __init__(self, model, taps: LayerTaps, prompts: list[list[int]], *, extra_positions: int):
+        from transformers import DynamicCache
+
+        self.model, self.taps = model, taps
+        self.rows = [_Row(index=i, prompt_len=len(p)) for i, p in enumerate(prompts)]
+        self.cache = DynamicCache()
+        width = max(map(len, prompts))
+        device = model.device
+        self.valid = torch.zeros(len(prompts), width, dtype=torch.bool, device=device)
+        ids = torch.zeros(len(prompts), width, dtype=torch.long, device=device)
+        positions = torch.zeros_like(ids)
+        for r, prompt in enumerate(prompts):
+            pad = width - len(prompt)
+            ids[r, pad:] = torch.tensor(prompt, device=device)
+            positions[r, pad:] = torch.arange(len(prompt), device=device)
+            self.valid[r, pad:] = True
+        causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
+        logits = self._forward(ids, positions, self.valid[:, None, :] & causal, old=0)
+        states = taps.features()
+        self.features = states.new_zeros(len(prompts), width + extra_positions, states.shape[-1])
+        for r, prompt in enumerate(prompts):
+            self.features[r, :len(prompt)] = states[r, width - len(prompt):]
+        self.last_logits = logits[:, -1]
+
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, new_mask: torch.Tensor, *, old: int):
+        """Logits [A, n, V] of n new slots; new_mask [A, n, n] says which new slots each new one may see (itself
+        included: a row never attends to nothing), the validity mask which of the `old` cached ones."""
+        seen = torch.cat([self.valid[:, None, :old].expand(-1, ids.shape[1], -1), new_mask], dim=-1)
+        additive = torch.zeros(seen.shape, dtype=self.model.dtype, device=ids.device)
+        additive.masked_fill_(~seen, torch.finfo(self.model.dtype).min)
+        kwargs = {cache_argument(self.model): self.cache}
+        return self.model(input_ids=ids, position_ids=positions, attention_mask=additive[:, None], use_cache=True,
+                          **kwargs).logits
+
+    def compact(self) -> None:
+        """Drop the slots no row can see any more (refused nodes, padding) once they are worth a gather: each
+        row's visible slots move to the front, in order; positions travel with them, so nothing else changes."""
+        counts = self.valid.sum(dim=1)
+        width = int(counts.max())
+        if self.valid.shape[1] - width < max(COMPACT_MIN_SLOTS, width // 4):
+            return
+        length = self.valid.shape[1]
+        slots = torch.arange(length, device=counts.device)
+        order = (slots + length * (~self.valid)).sort(dim=1).indices[:, :width]  # visible ones first, in order
+        for layer in self.cache.layers:
+            index = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1])
+            layer.keys, layer.values = layer.keys.gather(2, index), layer.values.gather(2, index)
+        self.valid = slots[:width] < counts[:, None]
+
+    def keep(self, alive: list[int]) -> None:
+        index = torch.tensor(alive, device=self.valid.device)
+        self.cache.batch_select_indices(index)
+        self.valid, self.features = self.valid[index], self.features[index]
+        self.rows = [self.rows[i] for i in alive]
+
+
+def _emit(row: _Row, tokens: list[int], logits: torch.Tensor, record_top: bool, *, max_new_tokens: int,
+          eos_ids: set[int]) -> None:
+    """Append the tokens the round accepted, cut at max_new_tokens / an end token; logits [len(tokens), V] are
+    the target's at the places that chose them."""
+    kept_before = len(row.tokens)
+    row.tokens, row.done = finish(row.tokens + tokens, max_new_tokens=max_new_tokens, eos_ids=eos_ids)
+    kept = len(row.tokens) - kept_before
+    if record_top:
+        row.top += [top_logits(position) for position in logits[:kept]]
+    if kept_before:  # the prefill's token is no round's
+        row.rounds.append(kept)
+
+
+def _round(batch: _Batch, propose: Propose, record_top: bool, *, max_new_tokens: int, eos_ids: set[int]) -> None:
+    device = batch.valid.device
+    anchors = torch.tensor([row.tokens[-1] for row in batch.rows], device=device)
+    positions = torch.tensor([row.anchor_pos() for row in batch.rows], device=device)
+    trees = propose(batch.features, anchors, positions)
+    depths, ancestors = tree_layout(torch.tensor([tree.parents for tree in trees], device=device))
+    ids = torch.tensor([tree.tokens for tree in trees], device=device)
+    old = batch.valid.shape[1]
+    logits = batch._forward(ids, positions[:, None] + depths, ancestors, old=old)
+    choices = logits.argmax(dim=-1).tolist()
+    states = batch.taps.features()
+    new_valid = torch.zeros(len(trees), len(trees[0]), dtype=torch.bool, device=device)
+    for r, (row, tree) in enumerate(zip(batch.rows, trees)):
+        path, bonus = tree.accept(choices[r])
+        nodes = [0, *path]
+        new_valid[r, nodes] = True
+        start = row.anchor_pos()
+        batch.features[r, start:start + len(nodes)] = states[r, nodes]
+        row.rejected += any(parent == nodes[-1] for parent in tree.parents)
+        _emit(row, [tree.tokens[n] for n in path] + [bonus], logits[r, nodes], record_top,
+              max_new_tokens=max_new_tokens, eos_ids=eos_ids)
+    batch.valid = torch.cat([batch.valid, new_valid], dim=1)
+    batch.compact()
+
+
+@torch.no_grad()
+def decode_batch(model, taps: LayerTaps, prompts: list[list[int]], propose: Propose, *, max_new_tokens: int,
+                 eos_ids: set[int], extra_positions: int, record_top: bool = False) -> DecodeRun:
+    """Decode every prompt (one Decoded each, in order; `seconds` is the batch's). `extra_positions`: the most a round may add past
+    max_new_tokens (the tree's depth); `record_top` keeps the target's best logits for every emitted token."""
+    started = time.perf_counter()
+    batch = _Batch(model, taps, prompts, extra_positions=max_new_tokens + extra_positions + 1)
+    finished: list[_Row] = []
+    for r, row in enumerate(batch.rows):
+        _emit(row, [int(batch.last_logits[r].argmax())], batch.last_logits[r:r + 1], record_top,
+              max_new_tokens=max_new_tokens, eos_ids=eos_ids)
+    while batch.rows:
+        if any(row.done for row in batch.rows):
+            finished += [row for row in batch.rows if row.done]
+            alive = [r for r, row in enumerate(batch.rows) if not row.done]
+            if not alive:
+                break
+            batch.keep(alive)
+        _round(batch, propose, record_top, max_new_tokens=max_new_tokens, eos_ids=eos_ids)
+    seconds = time.perf_counter() - started
+    finished.sort(key=lambda row: row.index)
+    return DecodeRun(outputs=[Decoded(tokens=row.tokens, seconds=seconds, accepted_per_round=row.rounds,
+                                      rejected_rounds=row.rejected, top=row.top) for row in finished],
+                     seconds=seconds)
