@@ -25,8 +25,19 @@ from trainer.speculative import (Decoded, DecodeRun, LayerTaps, cache_argument, 
 from trainer.tree import DraftTree, best_first, chain, tree_layout
 
 COMPACT_MIN_SLOTS = 32  # hidden slots tolerated before the cache is compacted
-# (features [A, S, k*H] by position, anchor tokens [A], anchor positions [A]) -> one tree per row, equal sizes
-Propose = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], list[DraftTree]]
+
+
+@dataclass
+class RoundInput:
+    """What a proposer sees of the rows in flight: it returns one tree per row, all of one size."""
+
+    features: torch.Tensor  # [A, S, k*H] tapped target states by position (valid before each anchor)
+    anchors: torch.Tensor  # [A] the last accepted token of each row
+    positions: torch.Tensor  # [A] its position
+    prompts: list[int]  # which prompt each row decodes
+
+
+Propose = Callable[[RoundInput], list[DraftTree]]
 
 
 def can_batch(model) -> bool:
@@ -37,29 +48,30 @@ def can_batch(model) -> bool:
 
 
 def greedy_proposer() -> Propose:
-    return lambda features, anchors, positions: [chain(int(a), []) for a in anchors.tolist()]
+    return lambda round_input: [chain(int(a), []) for a in round_input.anchors.tolist()]
 
 
-def block_logits(drafter, features: torch.Tensor, anchors: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+def block_logits(drafter, round_input: RoundInput) -> torch.Tensor:
     """[A, B-1, V] logits of one block per row; each row's context is its features before its anchor."""
-    context = features[:, :int(positions.max())].to(drafter.fc.weight.dtype)
-    hidden = drafter(context, anchors[:, None], positions[:, None], backend="sdpa")
+    positions = round_input.positions
+    context = round_input.features[:, :int(positions.max())].to(drafter.fc.weight.dtype)
+    hidden = drafter(context, round_input.anchors[:, None], positions[:, None], backend="sdpa")
     return drafter.lm_head(hidden[:, 0, 1:].to(drafter.lm_head.weight.dtype))
 
 
 def chain_proposer(drafter) -> Propose:
-    def propose(features, anchors, positions):
-        drafts = block_logits(drafter, features, anchors, positions).argmax(dim=-1).tolist()
-        return [chain(int(a), d) for a, d in zip(anchors.tolist(), drafts)]
+    def propose(round_input: RoundInput) -> list[DraftTree]:
+        drafts = block_logits(drafter, round_input).argmax(dim=-1).tolist()
+        return [chain(int(a), d) for a, d in zip(round_input.anchors.tolist(), drafts)]
     return propose
 
 
 def tree_proposer(drafter, budget: int) -> Propose:
-    def propose(features, anchors, positions):
-        logits = block_logits(drafter, features, anchors, positions).float()
+    def propose(round_input: RoundInput) -> list[DraftTree]:
+        logits = block_logits(drafter, round_input).float()
         logprobs, ids = torch.log_softmax(logits, dim=-1).topk(min(budget, logits.shape[-1]), dim=-1)
         return [best_first(int(a), lp, i, budget)
-                for a, lp, i in zip(anchors.tolist(), logprobs.tolist(), ids.tolist())]
+                for a, lp, i in zip(round_input.anchors.tolist(), logprobs.tolist(), ids.tolist())]
     return propose
 
 
@@ -153,7 +165,7 @@ def _round(batch: _Batch, propose: Propose, record_top: bool, *, max_new_tokens:
     device = batch.valid.device
     anchors = torch.tensor([row.tokens[-1] for row in batch.rows], device=device)
     positions = torch.tensor([row.anchor_pos() for row in batch.rows], device=device)
-    trees = propose(batch.features, anchors, positions)
+    trees = propose(RoundInput(batch.features, anchors, positions, [row.index for row in batch.rows]))
     depths, ancestors = tree_layout(torch.tensor([tree.parents for tree in trees], device=device))
     ids = torch.tensor([tree.tokens for tree in trees], device=device)
     old = batch.valid.shape[1]

@@ -14,6 +14,7 @@ a token outside greedy's best 8, is a failure.
 """
 from __future__ import annotations
 
+import textwrap
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -161,9 +162,16 @@ class EvalReport:
         notes, failures = self.divergences("precision"), self.divergences("failure")
         if not notes and not failures:
             return ["Output identical to greedy decoding: yes"]
-        lines = [f"Divergences from greedy ({self.dtype}): {len(notes)} precision note(s), {len(failures)} failure(s)"]
-        lines += [d.line() for d in failures + notes]
+        lines = [f"Divergences from greedy ({self.dtype}): {len(failures)} failure(s), {len(notes)} precision note(s) "
+                 f"(a near-tie: margin within {ROUNDING_EPSILONS} epsilons of the largest logit)"]
+        lines += [d.line() for d in failures]
+        for run in self.runs():
+            mine = [f"prompt {d.prompt} at token {d.position} (margin {d.margin:.3g})" for d in run.divergences
+                    if d.kind == "precision"]
+            if mine:
+                lines += textwrap.wrap(f"{run.name} notes: " + ", ".join(mine), width=116, initial_indent="  ",
+                                       subsequent_indent="    ")
         if failures:
             return lines + [f"Output identical to greedy decoding: NO ({len(failures)} real divergence(s))"]
-        return lines + [f"Output identical to greedy decoding: up to {self.dtype} rounding (every divergence is a "
+        return lines + [f"Output identical to greedy decoding: up to {self.dtype} rounding (each divergence is a "
                         f"near-tie of the target's two best tokens)"]

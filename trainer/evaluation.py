@@ -117,6 +117,6 @@ def evaluate(*, target: str | Path, drafter_dir: str | Path, prompts: str | Path
         taps.remove()
     return EvalReport(
         prompts=len(chats), max_new_tokens=max_new_tokens, dtype=str(model.dtype).removeprefix("torch."),
-        device=str(torch_device), batch_size=runner.batch_size, block_size=drafter.config.block_size,
+        device=str(torch_device), batch_size=min(runner.batch_size, len(chats)), block_size=drafter.config.block_size,
         greedy_tok_per_s=greedy.tok_per_s(), drafter=summaries[0],
         baseline=summaries[1] if baseline else None, trees=summaries[1 + baseline:])

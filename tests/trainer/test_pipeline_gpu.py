@@ -29,9 +29,14 @@ def test_gpu_training_and_eval(base_config, tiny_target, self_generated, tmp_pat
                              "--prompts", self_generated["eval_prompts"], "--max-new-tokens", "64", "--json",
                              "--dtype", dtype, gpu=True)
         print(dtype, report.stdout.strip())
+        # bf16: a verify pass may round a near-tie differently from one-token steps: a precision note, exit 0
+        assert report.returncode == 0, report.stderr[-3000:]
+        found = json.loads(report.stdout)
+        assert found["tau"] > 1.2 and not found["failures"], found
         if dtype == "float32":
-            assert report.returncode == 0, report.stderr[-3000:]
-            assert json.loads(report.stdout)["tau"] > 1.2
+            assert found["identical_to_greedy"] and not found["precision_notes"]
+        else:
+            assert all(note["margin"] <= note["tolerance"] for note in found["precision_notes"])
 
 
 @pytest.mark.slow

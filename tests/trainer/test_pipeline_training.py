@@ -49,18 +49,24 @@ def test_training_on_self_generated_data_raises_eval_tau(base_config, tiny_targe
     assert "Loading dataset from" in result.stdout and "Batches per epoch:" in result.stdout
 
     trained = run_trainer("eval", "--target", tiny_target, "--drafter", Path(config["output_dir"]) / "step_150",
-                          "--prompts", self_generated["eval_prompts"], "--max-new-tokens", "64", "--json")
+                          "--prompts", self_generated["eval_prompts"], "--max-new-tokens", "64",
+                          "--tree-budget", "8,32,64", "--json")
     assert trained.returncode == 0, trained.stderr[-3000:]
     trained_report = json.loads(trained.stdout)
-    untrained_dir = write_untrained_drafter(tiny_target, tmp_path / "untrained", layers=2, block_size=8)
-    untrained = run_trainer("eval", "--target", tiny_target, "--drafter", untrained_dir,
-                            "--prompts", self_generated["eval_prompts"], "--max-new-tokens", "64", "--json")
-    untrained_report = json.loads(untrained.stdout)
+    untrained_report = trained_report["baseline"]  # an untrained drafter of the same shape, in the same run
     assert trained_report["identical_to_greedy"] and untrained_report["identical_to_greedy"]
     assert trained_report["tau"] > untrained_report["tau"] + 0.25, (trained_report, untrained_report)
     # tau counts the tokens kept: the rounds add up to every new token but each prompt's first (the prefill's)
     for report in (trained_report, untrained_report):
-        assert round(report["tau"] * report["rounds"]) == report["new_tokens"] - report["prompts"], report
+        assert round(report["tau"] * report["rounds"]) == report["new_tokens"] - trained_report["prompts"], report
+    # DDTree: the drafter's second choices are worth something; trees equal greedy and beat the chain at every
+    # budget, more nodes accepting more
+    trees = trained_report["trees"]
+    assert [tree["budget"] for tree in trees] == [8, 32, 64] and all(tree["identical_to_greedy"] for tree in trees)
+    assert all(tree["tau"] >= trained_report["tau"] for tree in trees), [t["tau"] for t in trees]
+    assert trees[-1]["tau"] > trees[0]["tau"], [t["tau"] for t in trees]
+    for run in (trained_report, untrained_report, *trees):  # share accepting >= k drafts, k = 1..B-1: tau - 1
+        assert len(run["acceptance"]) == 7 and abs(sum(run["acceptance"]) - (run["tau"] - 1)) < 1e-9, run
 
 
 def _start_training(config_path: Path) -> subprocess.Popen:
