@@ -210,3 +210,21 @@ def test_a_hybrid_target_decodes_one_prompt_at_a_time_and_refuses_trees(tiny, tm
     errors = [line for line in stderr.splitlines() if line.startswith("error:")]
     assert code == 2 and len(errors) == 1, stderr[-2000:]
     assert "cannot be verified in one target forward" in errors[0] and "Traceback" not in stderr
+
+
+def test_the_eval_benchmark_times_the_command_and_the_old_loop():
+    import re
+    import subprocess
+    import sys
+
+    from tests.trainer.conftest import REPO_ROOT, trainer_env
+
+    done = subprocess.run([sys.executable, "bench/bench_eval.py", "--prompts", "3", "--max-new-tokens", "6",
+                           "--tree-budget", "4"], capture_output=True, text=True, timeout=300, env=trainer_env(),
+                          cwd=REPO_ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    new = re.search(r"^new: trainer eval \(greedy, chain, baseline, trees\): ([\d.]+)s wall for 3 prompts x 6",
+                    done.stdout, re.MULTILINE)
+    old = re.search(r"^old: one prompt at a time \(greedy, chain\): ([\d.]+)s", done.stdout, re.MULTILINE)
+    assert new and old and float(new.group(1)) > 0 and float(old.group(1)) > 0, done.stdout
+    assert "tree 4: tau" in done.stdout and "failures 0," in done.stdout and "load average:" in done.stdout
