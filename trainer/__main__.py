@@ -172,14 +172,14 @@ def _add_eval_command(commands) -> None:
     evaluate = commands.add_parser(
         "eval", help="speculative decoding: acceptance length and speed vs greedy, beside an untrained baseline",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Decode the prompts greedily, then speculatively with the drafter (chain), with an untrained "
-                    "drafter of the same shape (baseline) and with the drafter's DDTree trees (--tree-budget), "
-                    "and check that every output equals greedy's. Reports tau (tokens kept per target forward), "
+        description="Decode the prompts greedily, then speculatively with the drafter (chain), with an untrained\n"
+                    "drafter of the same shape (baseline) and with the drafter's DDTree trees (--tree-budget), and\n"
+                    "check that every output equals greedy's. Reports tau (tokens kept per target forward),\n"
                     "per-position acceptance (share of rounds keeping at least k drafted tokens) and tok/s.",
-        epilog="Full-attention targets decode --batch-size prompts at once over one KV cache; hybrid (linear-"
+        epilog="Full-attention targets decode --batch-size prompts at once over one KV cache; hybrid (linear-\n"
                "attention) and sliding-window targets one prompt at a time, chains only.\n"
-               "Exit 0: every output equals greedy (in bfloat16/float16, up to near-ties within rounding, which "
-               "are listed as precision notes); 1: a real divergence; 2: bad input.")
+               "Exit 0: every output equals greedy (in bfloat16/float16 up to near-ties within rounding, listed\n"
+               "as precision notes); 1: a real divergence; 2: bad input.")
     evaluate.add_argument("--target", required=True, help="target model directory")
     evaluate.add_argument("--drafter", required=True, help="drafter checkpoint directory (a step_N)")
     evaluate.add_argument("--prompts", required=True, help='JSONL: {"messages": [...]} or {"prompt": ...}')

@@ -109,14 +109,14 @@ class _Batch:
             positions[r, pad:] = torch.arange(len(prompt), device=device)
             self.valid[r, pad:] = True
         causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
-        logits = self._forward(ids, positions, self.valid[:, None, :] & causal, old=0)
+        logits = self.forward(ids, positions, self.valid[:, None, :] & causal, old=0)
         states = taps.features()
         self.features = states.new_zeros(len(prompts), width + extra_positions, states.shape[-1])
         for r, prompt in enumerate(prompts):
             self.features[r, :len(prompt)] = states[r, width - len(prompt):]
         self.last_logits = logits[:, -1]
 
-    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, new_mask: torch.Tensor, *, old: int):
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, new_mask: torch.Tensor, *, old: int):
         """Logits [A, n, V] of n new slots; new_mask [A, n, n] says which new slots each new one may see (itself
         included: a row never attends to nothing), the validity mask which of the `old` cached ones."""
         seen = torch.cat([self.valid[:, None, :old].expand(-1, ids.shape[1], -1), new_mask], dim=-1)
@@ -169,7 +169,7 @@ def _round(batch: _Batch, propose: Propose, record_top: bool, *, max_new_tokens:
     depths, ancestors = tree_layout(torch.tensor([tree.parents for tree in trees], device=device))
     ids = torch.tensor([tree.tokens for tree in trees], device=device)
     old = batch.valid.shape[1]
-    logits = batch._forward(ids, positions[:, None] + depths, ancestors, old=old)
+    logits = batch.forward(ids, positions[:, None] + depths, ancestors, old=old)
     choices = logits.argmax(dim=-1).tolist()
     states = batch.taps.features()
     new_valid = torch.zeros(len(trees), len(trees[0]), dtype=torch.bool, device=device)
@@ -189,8 +189,9 @@ def _round(batch: _Batch, propose: Propose, record_top: bool, *, max_new_tokens:
 @torch.no_grad()
 def decode_batch(model, taps: LayerTaps, prompts: list[list[int]], propose: Propose, *, max_new_tokens: int,
                  eos_ids: set[int], extra_positions: int, record_top: bool = False) -> DecodeRun:
-    """Decode every prompt (one Decoded each, in order; `seconds` is the batch's). `extra_positions`: the most a round may add past
-    max_new_tokens (the tree's depth); `record_top` keeps the target's best logits for every emitted token."""
+    """Decode every prompt (one Decoded each, in order; `seconds` is the whole batch's). `extra_positions`: the
+    most a round may reach past max_new_tokens (the tree's depth); `record_top` keeps the target's best logits for
+    every emitted token (a greedy reference's)."""
     started = time.perf_counter()
     batch = _Batch(model, taps, prompts, extra_positions=max_new_tokens + extra_positions + 1)
     finished: list[_Row] = []
