@@ -56,8 +56,8 @@ class JsonLines:
 def run_headless(source: LiveSource, destinations: Sequence[Destination], *, out: TextIO | None = None) -> int:
     """Watch until SIGTERM/SIGINT; returns the exit code (0: stopped as asked)."""
     pump = AlertPump(source, destinations, on_feed=JsonLines(out or sys.stdout))
-
-    previous = {sig: signal.signal(sig, lambda _signum, _frame: pump.request_stop()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    previous = {sig: signal.signal(sig, lambda _signum, _frame: pump.request_stop())
+                for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         pump.run()
     finally:
