@@ -187,3 +187,17 @@ def test_an_url_apprise_does_not_know_is_refused_with_its_inventory_line(tmp_pat
     assert main(["-i", str(inv.path), "watch", "--headless"]) == 2
     assert f"{inv.path}:6: notify.1.url: apprise does not understand the URL 'nosuchservice://x/y'" in \
         capsys.readouterr().err
+
+
+def test_the_notifier_reads_the_alerts_without_taking_the_dashboards_changes() -> None:
+    with NotifySink() as sink, LiveSource(builtin_inventory(), []) as source:
+        pump = AlertPump(source, destinations(builtin_inventory(), [sink.url()])).start()
+        try:
+            source.snapshot()  # the dashboard has seen everything so far
+            source.note(alert("nan", message="loss is nan at step 7", severity="error"))
+            [got] = sink.wait_for(lambda received: len(received) == 1, 10)
+            assert got.title == "dflashctl: r1 on pve1/200: nan" and got.message.startswith("nan: loss is nan")
+            assert source.wait_for_change(0.5)  # the pump read the same change; the dashboard still gets it
+            assert [a.kind for a in source.snapshot().alerts] == ["nan"]
+        finally:
+            pump.stop()
