@@ -32,10 +32,11 @@ class JsonLines:
         self._hosts: dict[str, tuple[bool, str | None]] = {}
 
     def __call__(self, feed: AlertFeed) -> None:
-        for alert in feed.alerts:
+        for alert, old in feed.flagged():
             run = feed.runs.get(alert.run_id or "")
             self._print({"type": "alert", **asdict(alert), "name": run.name if run else None,
-                         "state": run.state if run else None, "last_step_line": run.last_step_line if run else None})
+                         "state": run.state if run else None, "last_step_line": run.last_step_line if run else None,
+                         "backlog": old})
         for host in feed.hosts:
             self._host(host)
 

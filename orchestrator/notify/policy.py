@@ -1,6 +1,7 @@
 """Which alerts become notifications, and when. Pure: no IO, no clock (callers pass `now`).
 
-Each destination gets the kinds it asked for. Repeats are collapsed: one kind of one run reaches a destination
+Each destination gets the kinds it asked for, of what happens while the watch runs (not what a log already held
+when it began). Repeats are collapsed: one kind of one run reaches a destination
 at most once per its window (the next one that is sent says how many were held back). A run whose notified
 conditions (a stall, idle GPUs, a NaN loss...) have all cleared, while it still lives, sends one "recovered"
 line to each destination that was told about them.
@@ -41,8 +42,8 @@ class NotifyPolicy:
     def observe(self, feed: AlertFeed, now: float) -> list[Outgoing]:
         """The messages the feed's new alerts and the runs' present conditions call for."""
         out: list[Outgoing] = []
-        for alert in feed.alerts:
-            if alert.run_id is not None:
+        for alert, old in feed.flagged():
+            if alert.run_id is not None and not old:  # old news: what a log held when the watch began
                 out += self._on_alert(alert, feed.runs.get(alert.run_id), now)
         return out + self._recoveries(feed.runs)
 

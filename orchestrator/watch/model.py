@@ -123,8 +123,13 @@ class AlertFeed:
     cursor: int                       # pass it back to get only what came after
     version: int                      # the source's change counter (to wait for the next change)
     alerts: tuple[AlertView, ...] = ()
+    backlog: tuple[bool, ...] = ()    # per alert: found in what a log held when the watch began (old news)
     runs: dict[str, RunStatus] = field(default_factory=dict)
     hosts: tuple[HostView, ...] = ()
+
+    def flagged(self) -> list[tuple[AlertView, bool]]:
+        """Each alert with its backlog flag (False where the feed carries none)."""
+        return list(zip(self.alerts, self.backlog or (False,) * len(self.alerts)))
 
 
 @dataclass(frozen=True)

@@ -67,6 +67,7 @@ class LiveSource:
         self._lock = threading.Condition(threading.RLock())
         self._version = self._seen_version = 0
         self._alerts: deque[AlertView] = deque(maxlen=MAX_ALERTS)
+        self._alert_backlog: deque[bool] = deque(maxlen=MAX_ALERTS)  # per alert: found in a log's old content
         self._targets = {t.name: TargetState(t, gpus=GpuTracker(t.name, history=gpu_history)) for t in targets}
         self._line_counts: dict[str, tuple[float, int]] = {}
         self._jobs: dict[str, list[RunView]] = {}  # job id -> its node runs, as of the last snapshot
@@ -107,14 +108,16 @@ class LiveSource:
                 self._lock.wait_for(lambda: self._version != after_version, timeout)
             new = min(self._alert_total - cursor, len(self._alerts))
             alerts = tuple(self._alerts)[len(self._alerts) - new:] if new > 0 else ()
+            backlog = tuple(self._alert_backlog)[len(self._alert_backlog) - new:] if new > 0 else ()
             runs = {run_id: t.status() for s in self._targets.values() for run_id, t in s.runs.items()}
-            return AlertFeed(cursor=self._alert_total, version=self._version, alerts=alerts, runs=runs,
-                             hosts=self._host_views())
+            return AlertFeed(cursor=self._alert_total, version=self._version, alerts=alerts, backlog=backlog,
+                             runs=runs, hosts=self._host_views())
 
     def note(self, note: AlertView) -> None:
         """An alert of the watch itself (a notification that could not be sent): shown like the others."""
         with self._lock:
             self._alerts.append(note)
+            self._alert_backlog.append(False)
             self._alert_total += 1
             self._changed()
 
@@ -212,9 +215,7 @@ class LiveSource:
                 if tracker is not None:
                     self._add_alerts(state, tracker.reset(str(message.get("why") or "replaced"), now))
             elif kind == MSG_SYNCED:
-                for run_id in message.get("runs") or []:
-                    if run_id in state.runs:
-                        state.runs[run_id].synced = True
+                self._on_synced(state, message.get("runs") or [], now)
             elif kind == MSG_GPU:
                 self._on_gpu(state, message, now)
             else:
@@ -226,8 +227,8 @@ class LiveSource:
         now = time.time()
         with self._lock:
             state = self._targets[target.name]
-            alerts = [a for t in state.runs.values() for a in t.settle(now)]
-            self._add_alerts(state, alerts)
+            for tracker in state.runs.values():
+                self._add_alerts(state, tracker.settle(now), backlog=tracker.backlog)
 
     def disconnected(self, target: Target, error: str, retry_at: float) -> None:
         with self._lock:
@@ -256,6 +257,7 @@ class LiveSource:
             if tracker is None:
                 tracker = state.runs[run_id] = RunTracker(state.target.name, record, history=self._history,
                                                           tail=self._tail, rules=self._rules)
+                tracker.backlog = not state.got_runs  # there when the watch began: its log so far is old news
                 follow[run_id] = -1
             self._add_alerts(state, tracker.update_record(record, now))
         for gone in set(state.runs) - seen:  # its run directory was removed
@@ -273,7 +275,17 @@ class LiveSource:
             data = base64.b64decode(message.get("data") or "", validate=True)
         except (binascii.Error, ValueError):
             return
-        self._add_alerts(state, tracker.feed(offset, message.get("ino"), data, now))
+        self._add_alerts(state, tracker.feed(offset, message.get("ino"), data, now), backlog=tracker.backlog)
+
+    def _on_synced(self, state: TargetState, run_ids: list, now: float) -> None:
+        for run_id in run_ids:
+            tracker = state.runs.get(run_id)
+            if tracker is None:
+                continue
+            tracker.synced = True
+            if tracker.backlog:  # the old content is read: what it still held (a final traceback) is old too
+                self._add_alerts(state, tracker.settle(now), backlog=True)
+                tracker.backlog = False
 
     def _on_gpu(self, state: TargetState, message: dict, now: float) -> None:
         state.got_gpus = True
@@ -285,9 +297,10 @@ class LiveSource:
             if tracker.record.get("state") not in TERMINAL_STATES:
                 self._add_alerts(state, tracker.observe_gpus(samples, now))
 
-    def _add_alerts(self, state: TargetState, alerts: list[Alert]) -> None:
+    def _add_alerts(self, state: TargetState, alerts: list[Alert], *, backlog: bool = False) -> None:
         if alerts:
             self._alerts.extend(alert_view(a, state.target.name) for a in alerts)
+            self._alert_backlog.extend([backlog] * len(alerts))
             self._alert_total += len(alerts)
             self._changed()
 

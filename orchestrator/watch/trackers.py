@@ -51,6 +51,9 @@ class RunTracker:
         self.ino: int | None = None
         self.fingerprint = b""  # the last bytes before `offset`: the agent checks the file still has them
         self.synced = False
+        # until its log is first read to the end: alerts found now come from what the log held before the watch
+        # began (shown, never notified); set by the source for the runs that were already there
+        self.backlog = False
         self.history: deque[MetricPoint] = deque(maxlen=history)
         self.tail: deque[str] = deque(maxlen=tail)
         self.exception_texts: deque[str] = deque(maxlen=MAX_EXCEPTION_TEXTS)

@@ -47,6 +47,9 @@ steps(4)
 raise RuntimeError("second failure")
 """
 
+VETERAN = ("import time; print('Traceback (most recent call last):\\n  File \"x.py\", line 1, in <module>\\n'"
+           "'OSError: old failure', flush=True); time.sleep(3600)")
+
 
 def env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(REPO)}
@@ -75,10 +78,12 @@ def test_a_headless_watch_notifies_stall_recovery_and_failure_and_nothing_for_a_
     target = inventory.target("pve2/300")
     out = tmp_path / "headless.jsonl"
     with NotifySink() as sink, Connections() as conns, out.open("w") as stdout:
+        client = RunClient(inventory, conns)
+        # a run whose log held a traceback before the watch began: old news, printed but not sent
+        veteran = client.launch(LaunchSpec(target, [sys.executable, "-c", VETERAN], "veteran"))["run_id"]
         watcher = subprocess.Popen([sys.executable, "-m", "orchestrator", "-i", str(inventory.path), "watch",
                                     "pve2/300", "--headless", "--stall", str(STALL_S), "--notify", sink.url()],
                                    stdout=stdout, stderr=subprocess.PIPE, env=env(), text=True)
-        client = RunClient(inventory, conns)
         try:
             wait_for_line(out, lambda line: line["type"] == "host" and line["connected"], 30)
             healthy = client.launch(LaunchSpec(target, [sys.executable, "-c", counter(0.2)], "healthy"))["run_id"]
@@ -90,9 +95,11 @@ def test_a_headless_watch_notifies_stall_recovery_and_failure_and_nothing_for_a_
         finally:
             if watcher.poll() is None:
                 watcher.kill()
-            client.kill(target, [healthy], grace=1)
+            client.kill(target, [healthy, veteran], grace=1)
     assert watcher.returncode == 0 and "Traceback" not in err, err
-    assert sink.about(healthy) == []
+    assert sink.about(healthy) == [] and sink.about(veteran) == []
+    [old] = [line for line in headless_lines(out) if line.get("run_id") == veteran]
+    assert old["kind"] == "exception" and old["backlog"] is True and "old failure" in old["message"]
     sent = sink.about(troubled)
     assert [(kind_of(m), m.type) for m in sent] == [("stall", "warning"), ("recovered", "success"),
                                                     ("exception", "failure"), ("failed", "failure")]

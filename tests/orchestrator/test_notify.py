@@ -94,6 +94,14 @@ def test_recovered_once_every_notified_condition_cleared_and_never_for_an_ended_
     assert policy.observe(feed(runs={"r3": run("killed", run_id="r3")}), now=5) == []  # ended, not recovered
 
 
+def test_what_a_log_held_when_the_watch_began_is_not_notified() -> None:
+    policy = NotifyPolicy(destinations(builtin_inventory(), ["json://127.0.0.1:9/x"]))
+    old, new = alert("exception", message="traceback: OSError: old"), alert("exception", message="OSError: new")
+    sent = policy.observe(AlertFeed(cursor=2, version=1, alerts=(old, new), backlog=(True, False),
+                                    runs={"r1": run()}), now=0)
+    assert [m.body.splitlines()[0] for m in sent] == ["exception: OSError: new"]
+
+
 def test_the_sender_delivers_in_the_background_and_reports_what_failed() -> None:
     failures: list[tuple[Outgoing, str]] = []
     with NotifySink() as sink, NotifySink() as refusing:
