@@ -43,9 +43,9 @@ def watch(
     no_notify: bool = typer.Option(False, "--no-notify", help="Send nothing, the inventory's notify: entries "
                                    "included (e.g. while a headless watcher sends them)."),
     stall: Optional[float] = typer.Option(None, "--stall", min=0.1, callback=finite, metavar="S",
-                                          help="A run is stalled after at least S seconds without a new step "
-                                          "(default 120, or 5 median step intervals if longer; 900 until the "
-                                          "first steps are timed)."),
+                                          help="A run is stalled after S seconds without a new step, or 5 median "
+                                          "step intervals if longer (default: 120 s, and 900 s until three steps "
+                                          "are timed)."),
 ) -> int:
     """The live dashboard of every run, GPU and alert of the targets (keys: k kill, l log, c cleanup, / filter,
     m switch chart, ? help, q quit).
@@ -53,7 +53,8 @@ def watch(
     One SSH connection per host and one small agent per container stream new log lines, run states and
     nvidia-smi samples; a lost host is retried with backoff while the others keep updating. With --once, waits
     until every target has answered (or failed), prints what the dashboard would show, and exits: 0, or 3 when
-    a target is unreachable.
+    a target is unreachable. Alerts go to the inventory's notify: entries and --notify URLs while it runs;
+    --headless runs it without a screen, printing them as JSON lines.
     """
     if as_json and not once:
         raise UsageError("--json needs --once (the dashboard itself is interactive)")
