@@ -24,8 +24,8 @@ pytest.importorskip("apprise")
 pytestmark = pytest.mark.lab
 
 REPO = Path(__file__).resolve().parents[2]
-STALL_S = 3  # --stall: short, so a stall takes seconds; the healthy run's lines come 15 times as often
-GAP_S = 6.5  # the troubled run's silences: past the stall limit and the next tick
+STALL_S = 4  # --stall: short, so a stall takes seconds; the healthy run's lines come 20 times as often
+GAP_S = 7.5  # the troubled run's silences: past the stall limit and the next tick
 # Steps, a stall, steps (recovered), a second stall (collapsed: within the repeat window), steps, an exception
 # in the log while it carries on, steps, then a second exception that ends the run with exit code 1.
 TROUBLED = f"""
