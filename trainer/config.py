@@ -128,7 +128,8 @@ class TrainConfig(BaseModel):
     pack_target: bool | Literal["auto"] = Field(
         "auto", description="Run the target's feature pass on each batch packed into one row (no padding "
                             "computed; attention kept inside each sequence). auto = on a GPU, where flash "
-                            "attention's varlen kernel runs, for targets without linear-attention layers.")
+                            "attention's varlen kernel runs, for targets without linear-attention layers; true also packs "
+                            "a Qwen3.5/3.6 hybrid (its conv1d and delta-rule state restart per sequence).")
     num_workers: int = Field(2, ge=1, description="CPU threads that build batches (never GPU work).")
     prefetch: int = Field(8, ge=1, description="Batches built ahead of the training step.")
     device: str = Field("auto", description="auto (cuda:LOCAL_RANK if CUDA is available, else cpu), cpu or cuda.")

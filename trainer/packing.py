@@ -1,6 +1,8 @@
 """The target's feature pass without padding: a batch's sequences packed into one row, attention kept inside each
 sequence (document-causal), positions restarting per sequence, and the tapped states put back in the batch's
-padded layout for the drafter.
+padded layout for the drafter. The linear-attention layers of a hybrid target keep each sequence apart too: their
+causal conv1d sees zeros before each sequence, and the gated delta rule restarts its state per sequence
+(`packed_linear_attention`).
 
 At the seed's buckets about a sixth of a right-padded batch is padding that the target's layers compute and
 throw away. Packed, every computed token is real. Attention runs through a function registered with
@@ -11,6 +13,7 @@ elsewhere (CPU tests, small batches).
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -162,3 +165,46 @@ def packed_attention(config):
         yield
     finally:
         config._attn_implementation = previous
+
+
+def document_ids(plan_: PackPlan) -> torch.Tensor:
+    """[T]: the index of the sequence each packed token belongs to."""
+    lengths = torch.tensor([n for n in plan_.lengths if n], device=plan_.index.device)
+    return torch.repeat_interleave(torch.arange(len(lengths), device=lengths.device), lengths)
+
+
+def _conv_per_sequence(conv, plan_: PackPlan, hidden_states, weight, bias=None, activation=None, **_ignored):
+    """transformers' causal conv1d ([1, C, T]) over the packed row with kernel-1 zeros before every sequence, so no
+    sequence sees the end of the one before it; the outputs of the real positions only."""
+    gap = weight.shape[-1] - 1
+    positions = torch.arange(hidden_states.shape[-1], device=hidden_states.device) + gap * (document_ids(plan_) + 1)
+    gapped = hidden_states.new_zeros(*hidden_states.shape[:-1], hidden_states.shape[-1] + gap * len(plan_.lengths))
+    gapped[..., positions] = hidden_states
+    return conv(gapped, weight, bias, activation=activation)[..., positions]
+
+
+def _rule_per_sequence(rule, plan_: PackPlan, native: bool, query, key, value, *, g, beta, **options):
+    """The gated delta rule over the packed row, its state restarting at each sequence: flash-linear-attention's
+    kernel takes the sequences' bounds itself; the torch reference runs them one by one."""
+    options = {k: v for k, v in options.items() if k not in ("cu_seqlens", PACKING_KWARG)}
+    if native:
+        return rule(query, key, value, g=g, beta=beta, cu_seqlens=plan_.cu_seqlens.long(), **options)
+    bounds = plan_.cu_seqlens.tolist()
+    parts = [rule(query[:, s:e], key[:, s:e], value[:, s:e], g=g[:, s:e], beta=beta[:, s:e], **options)[0]
+             for s, e in zip(bounds, bounds[1:])]
+    return torch.cat(parts, dim=1), None
+
+
+@contextmanager
+def packed_linear_attention(model_type: str, plan_: PackPlan, *, kernel: str):
+    """Inside this block the linear-attention layers of a `model_type` target (qwen3_5, qwen3_5_moe) keep the plan's
+    sequences apart: transformers' modeling module looks both functions up on every call."""
+    name = model_type.removesuffix("_text")
+    module = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+    conv, rule = module.causal_conv1d_fn, module.torch_chunk_gated_delta_rule
+    module.causal_conv1d_fn = functools.partial(_conv_per_sequence, conv, plan_)
+    module.torch_chunk_gated_delta_rule = functools.partial(_rule_per_sequence, rule, plan_, kernel == "fla")
+    try:
+        yield
+    finally:
+        module.causal_conv1d_fn, module.torch_chunk_gated_delta_rule = conv, rule

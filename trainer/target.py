@@ -5,6 +5,7 @@ full-attention ones), text-only or the language model of a composite image-text 
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import inspect
 from pathlib import Path
@@ -154,10 +155,10 @@ class TargetModel:
         return f"Target: {model_type} {size}, {', '.join(parts)}, taps {self.layer_ids}"
 
     def can_pack(self) -> bool:
-        """Whether this target's feature pass can run packed here: its attention layers can (the linear-attention
-        layers of a hybrid would need their own per-sequence state resets), and with "auto" only where the varlen
-        flash kernel runs."""
-        if self.packing is False or LINEAR in self._layer_types():
+        """Whether this target's feature pass runs packed here: with "auto" where the varlen flash kernel runs, for
+        targets without linear-attention layers (a hybrid's packed pass is exact on the CPU but not yet measured on
+        a GPU: it packs only when asked, `packing=True`)."""
+        if self.packing is False or (LINEAR in self._layer_types() and self.packing is not True):
             return False
         on_gpu = packing_lib.varlen_available(self.device)
         windowed = SLIDING in self._layer_types() and getattr(self.config, "sliding_window", None)
@@ -230,7 +231,11 @@ class TargetModel:
         """features() of a right-padded batch computed on its real tokens alone, packed into one row (the plan's);
         padded positions of the result are zero."""
         masks = {kind: None for kind in (FULL, SLIDING, LINEAR)}
-        with packing_lib.packed_attention(self.config):
+        linear = contextlib.nullcontext()
+        if LINEAR in self._layer_types():
+            linear = packing_lib.packed_linear_attention(self.spec.model_type, plan,
+                                                         kernel=linear_attention_kernel(self.spec))
+        with packing_lib.packed_attention(self.config), linear:
             packed = self._tapped(packing_lib.pack(input_ids, plan), plan.position_ids, masks,
                                   **{packing_lib.PACKING_KWARG: plan})
         return packing_lib.unpack(packed, plan)
