@@ -69,6 +69,9 @@ def _print(snapshot: Snapshot, unreachable: dict[str, str]) -> None:
                       _value(run.loss, "{:.4f}"), _value(run.acc, "{:.3f}"),
                       format_rate(run.tok_per_s), str(run.exceptions))
     out.print(table if snapshot.runs else "no runs")
+    for run in snapshot.runs:
+        if run.bottleneck is not None:
+            out.print(f"{run.target} {run.run_id} {run.bottleneck.evidence}", markup=False)
     for gpu in snapshot.gpus:
         out.print(f"{gpu.target} GPU{gpu.index}: {_value(gpu.memory_used_mib, '{:.0f}')}/"
                   f"{_value(gpu.memory_total_mib, '{:.0f}')} MiB, {_value(gpu.utilization_pct, '{:.0f}')} %",
