@@ -14,6 +14,7 @@ from ..watch.source import LiveSource
 from .args import finite
 from .output import print_json, stderr, stdout
 from .state import AppState
+from .watchserve import serve_dashboard
 
 
 def watch(
@@ -26,6 +27,13 @@ def watch(
                                    help="Seconds between GPU samples (nvidia-smi loops in the container)."),
     timeout: float = typer.Option(30.0, "--timeout", min=0.0, callback=finite, metavar="S",
                                   help="With --once: the longest wait for every target to answer."),
+    serve: bool = typer.Option(False, "--serve", help="Serve the dashboard to a browser instead of this terminal "
+                               "(needs the serve extra: pip install 'dflashctl[serve]')."),
+    host: str = typer.Option("127.0.0.1", "--host", metavar="ADDR",
+                             help="With --serve: the address to listen on; any but loopback needs a token."),
+    port: int = typer.Option(8000, "--port", min=1, max=65535, help="With --serve: the port to listen on."),
+    token: Optional[str] = typer.Option(None, "--token", metavar="T", help="With --serve: the token every "
+                                        "request must carry (?token=T); made up and printed off loopback."),
 ) -> int:
     """The live dashboard of every run, GPU and alert of the targets (keys: k kill, l log, c cleanup, / filter,
     m switch chart, ? help, q quit).
@@ -34,12 +42,20 @@ def watch(
     nvidia-smi samples; a lost host is retried with backoff while the others keep updating. With --once, waits
     until every target has answered (or failed), prints what the dashboard would show, and exits: 0, or 3 when
     a target is unreachable.
+
+    With --serve, the same dashboard runs once per browser tab at http://HOST:PORT/ (127.0.0.1:8000 by
+    default), keys and confirmations included; off loopback every request needs the token.
     """
     if as_json and not once:
         raise UsageError("--json needs --once (the dashboard itself is interactive)")
+    if not serve and (host, port, token) != ("127.0.0.1", 8000, None):
+        raise UsageError("--host, --port and --token go with --serve")
     state: AppState = ctx.obj
     inventory = state.inventory()
     resolved = inventory.targets(targets)
+    if serve:
+        return serve_dashboard(state, [t.name for t in resolved] if targets else [], interval, once=once,
+                               host=host, port=port, token=token)
     if not once:
         from tui import run_dashboard
 
