@@ -42,23 +42,19 @@ def test_seed_run_is_drafter_bound_with_its_queues_and_idle_target_gpus() -> Non
     assert later.bound_by == "drafter" and "hidden-state queue 18/50" in later.evidence
 
 
-def test_data_starved_run_is_data_bound() -> None:
-    log = "Loading 5 target models...\n" + "\n".join([
-        STEP.format(i=1, tgt=0.40, dft=0.45, pre="50, 50, 50, 50, 50", hs=40),
-        STEP.format(i=2, tgt=0.08, dft=0.09, pre="2, 0, 1, 0, 0", hs=1)]) + "\n"
-    verdict = fed(log).diagnosed_view(gpus_at(4, 2, 3, 1, 0, 2, 1, 0)).bottleneck
-    assert verdict.bound_by == "data"
-    assert verdict.evidence == "data-bound: prefetch queue empty 0/50, GPUs 0-7 at 0-4 %"
-
-
-def test_target_bound_run_starves_the_drafter() -> None:
-    log = "Loading 5 target models...\n" + "\n".join([
-        STEP.format(i=1, tgt=0.10, dft=0.60, pre="50, 50, 50, 50, 50", hs=50),
-        STEP.format(i=2, tgt=0.11, dft=0.62, pre="50, 50, 49, 50, 50", hs=0)]) + "\n"
-    verdict = fed(log).diagnosed_view(gpus_at(99, 98, 100, 97, 99, 0, 0, 0)).bottleneck
-    assert verdict.bound_by == "target"
-    assert verdict.evidence == ("target-bound: prefetch queue full 50/50, hidden-state queue empty 0/50, "
-                                "GPUs 5-7 at 0 %")
+@pytest.mark.parametrize("steps, util, bound_by, evidence", [
+    # data-starved: the prefetch queues that were full have drained, every GPU waits
+    ([(0.40, 0.45, "50, 50, 50, 50, 50", 40), (0.08, 0.09, "2, 0, 1, 0, 0", 1)], (4, 2, 3, 1, 0, 2, 1, 0), "data",
+     "data-bound: prefetch queue empty 0/50, GPUs 0-7 at 0-4 %"),
+    # target-bound: batches wait for the target, the drafter's GPUs (after the 5 targets') starve
+    ([(0.10, 0.60, "50, 50, 50, 50, 50", 50), (0.11, 0.62, "50, 50, 49, 50, 50", 0)], (99, 98, 100, 97, 99, 0, 0, 0),
+     "target", "target-bound: prefetch queue full 50/50, hidden-state queue empty 0/50, GPUs 5-7 at 0 %"),
+])
+def test_synthetic_data_starved_and_target_bound_runs(steps, util, bound_by, evidence) -> None:
+    log = "Loading 5 target models...\n" + "".join(
+        STEP.format(i=i, tgt=tgt, dft=dft, pre=pre, hs=hs) + "\n" for i, (tgt, dft, pre, hs) in enumerate(steps, 1))
+    verdict = fed(log).diagnosed_view(gpus_at(*util)).bottleneck
+    assert (verdict.bound_by, verdict.evidence) == (bound_by, evidence)
 
 
 def test_a_half_full_hidden_state_queue_defers_to_the_batch_rates() -> None:

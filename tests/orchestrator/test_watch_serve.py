@@ -213,3 +213,20 @@ def test_once_json_names_the_seed_runs_bound(seed_run, capsys) -> None:
     assert runs[run_id]["bottleneck"] == {
         "bound_by": "drafter",
         "evidence": "drafter-bound: prefetch queue full 50/50, hidden-state queue 15/50, GPUs 0-4 at 0 %"}
+
+
+def test_what_decides_access_and_what_the_browser_tab_runs(tmp_path) -> None:
+    import shlex
+
+    from orchestrator.cli.watchserve import choose_token, is_loopback, same_origin, served_command
+
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("198.18.0.1") and not is_loopback("myhost")
+    assert choose_token("127.0.0.1", None) is None and choose_token("::1", "given-token") == "given-token"
+    made = choose_token("0.0.0.0", None)
+    assert made and len(made) >= 20 and made != choose_token("0.0.0.0", None)
+    assert same_origin(None, "h:1") and same_origin("http://H:1", "h:1") and not same_origin("http://e:1", "h:1")
+    inventory = tmp_path / "my inventory.yaml"
+    argv = shlex.split(served_command(inventory, ["pve1/200", "x;rm -rf /"], 2.5))
+    assert argv == [sys.executable, "-m", "orchestrator", "--inventory", str(inventory.resolve()), "watch",
+                    "pve1/200", "x;rm -rf /", "--interval", "2.5"]
