@@ -179,9 +179,11 @@ async def kill_from_the_browser(browser: Browser, state_of, shots: Path) -> bool
     and y: True once the lab says the run was killed."""
     import asyncio
 
-    deadline = time.monotonic() + 60
+    opened = time.monotonic()
+    deadline = opened + 60
     while time.monotonic() < deadline and not selected_row_shown(await browser.pixel(TEXT_LAYER, *FIRST_ROW)):
         await asyncio.sleep(0.5)
+    print(f"the run's row showed {time.monotonic() - opened:.1f} s after the page was opened")
     await browser.screenshot(shots / "table.png")
     await browser.focus("textarea")  # the terminal's input: where a person's typing goes once they click in
     await browser.press("k")
