@@ -208,13 +208,16 @@ def selected_row_shown(rgba: tuple[int, ...] | None) -> bool:
 
 @pytest.mark.lab
 def test_once_json_names_the_seed_runs_bound(seed_run, capsys) -> None:
-    """The seed's start-up and step line on the lab's seed GPUs (8 held at 0 %): drafter-bound, as the JSON says."""
+    """The seed's start-up and step line on the lab's seed GPUs (8 held at 0 %): drafter-bound, in the JSON and
+    in the plain snapshot."""
     inventory_path, run_id, _ = seed_run
     assert main(["--inventory", str(inventory_path), "watch", "pve1/200", "--once", "--json"]) == 0
     runs = {run["run_id"]: run for run in json.loads(capsys.readouterr().out)["runs"]}
     assert runs[run_id]["bottleneck"] == {
         "bound_by": "drafter",
         "evidence": "drafter-bound: prefetch queue full 50/50, hidden-state queue 15/50, GPUs 0-4 at 0 %"}
+    assert main(["--inventory", str(inventory_path), "watch", "pve1/200", "--once"]) == 0
+    assert f"pve1/200 {run_id} drafter-bound: prefetch queue full 50/50" in capsys.readouterr().out
 
 
 def test_what_decides_access_and_what_the_browser_tab_runs(tmp_path) -> None:
