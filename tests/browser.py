@@ -1,5 +1,5 @@
-"""A real headless Chromium driven over the DevTools protocol (aiohttp's websocket client, no extra package):
-open a page, type keys into it, read what it shows, take a screenshot. Used by the `watch --serve` tests."""
+"""A real headless Chromium driven over the DevTools protocol (the websocket client of aiohttp, which the serve
+extra brings; no browser-automation package): open a page, type keys into it, read what it shows, take a screenshot. Used by the `watch --serve` tests."""
 from __future__ import annotations
 
 import asyncio
@@ -12,8 +12,6 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-
-import aiohttp
 
 LISTENING = re.compile(r"DevTools listening on (ws://\S+)")
 
@@ -29,11 +27,13 @@ class Browser:
         self.width, self.height = width, height
         self._profile = tempfile.TemporaryDirectory(prefix="dflash-chromium-")
         self._proc: subprocess.Popen[str] | None = None
-        self._session: aiohttp.ClientSession | None = None
+        self._session = None  # an aiohttp.ClientSession (aiohttp comes with the serve extra)
         self._ws = None
         self._ids = itertools.count(1)
 
     async def __aenter__(self) -> "Browser":
+        import aiohttp
+
         self._proc = subprocess.Popen(
             [chromium_path() or "chromium", "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
              "--no-first-run", "--remote-debugging-port=0", f"--user-data-dir={self._profile.name}",

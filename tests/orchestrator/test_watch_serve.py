@@ -2,6 +2,7 @@
 token, refusing requests without it; the kill key and its confirmation work in the browser; the usage errors."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -25,6 +26,8 @@ from tests.lab.workloads import quick_inventory
 from tests.seed_logs import SEED_STARTUP, SEED_STEPS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+needs_textual_serve = pytest.mark.skipif(importlib.util.find_spec("textual_serve") is None,
+                                         reason="needs the serve extra: pip install -e '.[serve]'")
 SERVING = re.compile(r"serving the dashboard on (http://\S+)")
 # the seed's start-up and first step line, then quiet: the dashboard names its bound (drafter) from them
 SEED_RUN = f"import sys, time; sys.stdout.write({SEED_STARTUP + SEED_STEPS.splitlines()[0] + chr(10)!r}); " \
@@ -100,6 +103,7 @@ def test_serve_usage_mistakes(args, says, capsys) -> None:
     assert says in capsys.readouterr().err
 
 
+@needs_textual_serve
 def test_loopback_needs_no_token_but_refuses_another_sites_websocket(tmp_path) -> None:
     port = free_port("127.0.0.1")
     proc, url = start_server("watch", "local", "--serve", "--port", str(port),
@@ -146,6 +150,7 @@ def in_namespace(netns: str, url: str) -> int:
 
 @pytest.mark.lab
 @pytest.mark.asyncio
+@needs_textual_serve
 @pytest.mark.skipif(chromium_path() is None, reason="needs chromium (Debian: apt-get install chromium)")
 async def test_the_dashboard_in_a_browser_off_loopback_with_its_token(lab, seed_run, tmp_path) -> None:
     inventory_path, run_id, state_of = seed_run
