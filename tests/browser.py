@@ -1,5 +1,6 @@
 """A real headless Chromium driven over the DevTools protocol (the websocket client of aiohttp, which the serve
-extra brings; no browser-automation package): open a page, type keys into it, read what it shows, take a screenshot. Used by the `watch --serve` tests."""
+extra brings; no browser-automation package): open a page, type keys into it, read a canvas pixel, take a
+screenshot. Used by the `watch --serve` tests."""
 from __future__ import annotations
 
 import asyncio
