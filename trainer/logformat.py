@@ -144,3 +144,16 @@ def format_generate_line(elapsed_s: float, *, answered: int, total: int, failed:
     tokens = f"{tok_per_s / 1000:.1f}Ktok/s" if tok_per_s >= 1000 else f"{tok_per_s:.1f}tok/s"  # a CPU's rate too
     return (f"[{format_elapsed(elapsed_s)}] generate answered={answered}/{total} failed={failed} | "
             f"{tokens} {prompts_per_s:.2f}prompts/s | ETA={format_eta(eta_s)}")
+
+
+STEP_TIME_PHASES = ("data", "target", "drafter", "optimizer", "comm")
+
+
+def format_step_times_line(seconds: dict[str, float | None], *, wall_s: float) -> str:
+    """Where a step's time went, averaged over the log interval, printed after the step line, e.g.
+    `  step times: data 0.003s, target 0.180s, drafter 0.200s, optimizer 0.009s, comm 0.020s, wall 0.420s`.
+    data: the loop waiting for its next batch; drafter: forward and backward (without the exposed gradient
+    all-reduce, which is comm); a phase not measured is left out. What wall holds beyond the phases is host time
+    with the GPU idle."""
+    parts = [f"{name} {seconds[name]:.3f}s" for name in STEP_TIME_PHASES if seconds.get(name) is not None]
+    return "  step times: " + ", ".join(parts + [f"wall {wall_s:.3f}s"])

@@ -19,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from trainer import kernels as kernel_lib
 from trainer import logformat, memplan, optim
-from trainer.metrics import MetricsLog, Throughput, compiled_graphs, log_step
+from trainer.metrics import MetricsLog, PhaseMeter, Throughput, compiled_graphs, log_step
 from trainer.checkpoint import (agree_on_resume, check_resumable, choose_resume_dir, gather_to_main,
                                 restore_rng, resume_state, rng_state, save_checkpoint)
 from trainer.config import TrainConfig, resolved_config_text
@@ -219,6 +219,7 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
     log.say(f"Kernels: {target.packing_line()}; {kernel_lib.install(drafter, kernels)}; loss: chunked "
             f"cross-entropy (logits in the head's dtype)")
     model = DraftDDP(drafter, device_ids=[ctx.device] if on_gpu else None) if ctx.is_distributed else drafter
+    phases = PhaseMeter(ctx.device, ddp=model if ctx.is_distributed else None)
     if cfg.compile:
         model = torch.compile(model)
     params, optimizer, scheduler, anchor_rng, step, position = build_optimization(
@@ -257,6 +258,7 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
         while step < total_steps:
             graphs_before, step_began = compiled_graphs(), time.perf_counter()
             batch = next(stream)
+            phases.waited(time.perf_counter() - step_began)
             input_ids = batch.input_ids.to(ctx.device, non_blocking=True)
             loss_mask = batch.loss_mask.to(ctx.device, non_blocking=True)
             t0 = meter.mark()
@@ -269,6 +271,7 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
                 out = dflash_step(model, features, input_ids, loss_mask, num_anchors=n_anchors,
                                   block_size=cfg.block_size, gamma=cfg.gamma, noise=cfg.noise, generator=anchor_rng)
             out.loss.backward()
+            t2 = meter.mark()
             if cfg.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
             lr = scheduler.get_last_lr()[0]
@@ -276,7 +279,9 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
-            meter.add(t0, t1, meter.mark(), batch.n_tokens)
+            t3 = meter.mark()
+            meter.add(t0, t1, t3, batch.n_tokens)
+            phases.add(t0, t1, t2, t3)
             graphs = compiled_graphs()
             if graphs > graphs_before:  # say why this step was slow: it is not a hang
                 log.say(logformat.format_compiled_line(
@@ -287,7 +292,8 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
             if step % cfg.log_every == 0 or step == total_steps or step == start_step + 1:
                 epoch = batch.epoch + (batch.index + 1) / per_rank
                 log_step(log, meter, sums, ctx, cfg, step=step, total_steps=total_steps, lr=lr, epoch=epoch,
-                         elapsed=time.perf_counter() - started, q_pre=[stream.queue_depth()], batch=batch)
+                         elapsed=time.perf_counter() - started, q_pre=[stream.queue_depth()], batch=batch,
+                         phases=phases)
             if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < total_steps:
                 write_checkpoint()
         if step > start_step:  # a run resumed from its last step has nothing new to save

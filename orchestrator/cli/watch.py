@@ -18,6 +18,7 @@ from ..watch.source import LiveSource
 from .args import finite
 from .output import print_json, stderr, stdout
 from .state import AppState
+from .watchserve import serve_dashboard
 
 
 def watch(
@@ -46,6 +47,13 @@ def watch(
                                           help="A run is stalled after S seconds without a new step, or 5 median "
                                           "step intervals if longer (default: 120 s, and 900 s until three steps "
                                           "are timed)."),
+    serve: bool = typer.Option(False, "--serve", help="Serve the dashboard to a browser instead of this terminal "
+                               "(needs the serve extra: pip install 'dflashctl[serve]')."),
+    host: str = typer.Option("127.0.0.1", "--host", metavar="ADDR",
+                             help="With --serve: the address to listen on; any but loopback needs a token."),
+    port: int = typer.Option(8000, "--port", min=1, max=65535, help="With --serve: the port to listen on."),
+    token: Optional[str] = typer.Option(None, "--token", metavar="T", help="With --serve: the token every "
+                                        "request must carry (?token=T); made up and printed off loopback."),
 ) -> int:
     """The live dashboard of every run, GPU and alert of the targets (keys: k kill, l log, c cleanup, / filter,
     m switch chart, ? help, q quit).
@@ -55,13 +63,25 @@ def watch(
     until every target has answered (or failed), prints what the dashboard would show, and exits: 0, or 3 when
     a target is unreachable. Alerts go to the inventory's notify: entries and --notify URLs while it runs;
     --headless runs it without a screen, printing them as JSON lines.
+
+    With --serve, the same dashboard runs once per browser tab at http://HOST:PORT/ (127.0.0.1:8000 by
+    default), keys and confirmations included; off loopback every request needs the token. The tabs send no
+    notifications (a headless watcher does, once).
     """
     if as_json and not once:
         raise UsageError("--json needs --once (the dashboard itself is interactive)")
+    if not serve and (host, port, token) != ("127.0.0.1", 8000, None):
+        raise UsageError("--host, --port and --token go with --serve")
+    if serve and (headless or notify or stall is not None or notify_repeat is not None):
+        raise UsageError("--serve serves the dashboard: --headless, --notify, --notify-repeat and --stall do not "
+                         "go with it (run a headless watcher beside it for notifications)")
     _check_live_options(once=once, headless=headless, notify=notify, no_notify=no_notify)
     state: AppState = ctx.obj
     inventory = state.inventory()
     resolved = inventory.targets(targets)
+    if serve:
+        return serve_dashboard(state, [t.name for t in resolved] if targets else [], interval, once=once,
+                               host=host, port=port, token=token)
     rules = AlertRules() if stall is None else dataclasses.replace(AlertRules(), stall_floor_s=stall,
                                                                    stall_startup_s=stall)
     if not once:
@@ -118,6 +138,9 @@ def _print(snapshot: Snapshot, unreachable: dict[str, str]) -> None:
                       _value(run.loss, "{:.4f}"), _value(run.acc, "{:.3f}"),
                       format_rate(run.tok_per_s), str(run.exceptions))
     out.print(table if snapshot.runs else "no runs")
+    for run in snapshot.runs:
+        if run.bottleneck is not None:
+            out.print(f"{run.target} {run.run_id} {run.bottleneck.evidence}", markup=False)
     for gpu in snapshot.gpus:
         out.print(f"{gpu.target} GPU{gpu.index}: {_value(gpu.memory_used_mib, '{:.0f}')}/"
                   f"{_value(gpu.memory_total_mib, '{:.0f}')} MiB, {_value(gpu.utilization_pct, '{:.0f}')} %",

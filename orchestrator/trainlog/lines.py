@@ -230,6 +230,22 @@ def parse_generate_line(text: str, line_no: int | None = None) -> StepEvent | No
                      tok_per_s=_tok_per_s(tokens, scale), eta_s=parse_duration(eta), total=int(total))
 
 
+# ---------------------------------------------------------------------------------------------- step times
+
+_STEP_TIMES = re.compile(r"\s*step times: (.*)")
+_STEP_TIME = re.compile(r"(data|target|drafter|optimizer|comm|wall) (\d+(?:\.\d*)?)s")
+
+
+def parse_step_times_line(text: str) -> dict[str, float] | None:
+    """The bundled trainer's `step times: data 0.003s, target 0.180s, ..., wall 0.420s` line (seconds per step
+    in each phase, trainer/logformat.py) -> {phase: seconds}; None if not one, or one without its wall time."""
+    match = _STEP_TIMES.fullmatch(text.rstrip())
+    if match is None:
+        return None
+    times = {name: float(value) for name, value in _STEP_TIME.findall(match.group(1))}
+    return times if "wall" in times else None
+
+
 # ---------------------------------------------------------------------------------------------- metrics.jsonl
 
 _JSON_NAMES = {"tgt_batches_per_s": "tgt_bps", "dft_batches_per_s": "dft_bps"}

@@ -32,6 +32,15 @@ class NodeView:
 
 
 @dataclass(frozen=True)
+class Bottleneck:
+    """The stage that bounds a run (data / target / drafter / communication / host) and the evidence, one line:
+    `drafter-bound: prefetch queue full 50/50, hidden-state queue 15/50, GPUs 0-4 at 0 %`."""
+
+    bound_by: str
+    evidence: str
+
+
+@dataclass(frozen=True)
 class RunView:
     run_id: str
     target: str
@@ -60,6 +69,7 @@ class RunView:
     log_tail: tuple[str, ...] = ()            # the last lines of the log, oldest first
     exception_texts: tuple[str, ...] = ()     # whole tracebacks / error lines, oldest first
     nodes: tuple[NodeView, ...] = ()          # a multi-node job: its nodes (run_id is then the job id)
+    bottleneck: Bottleneck | None = None      # a live run's bounding stage (orchestrator/watch/bottleneck.py)
 
 
 @dataclass(frozen=True)

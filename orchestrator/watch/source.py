@@ -82,7 +82,8 @@ class LiveSource:
         with self._lock:
             self._seen_version = self._version
             states = list(self._targets.values())
-            runs, self._jobs = fold_jobs([(t.record, t.view()) for s in states for t in s.runs.values()])
+            runs, self._jobs = fold_jobs([(t.record, t.diagnosed_view(s.gpus.views()))
+                                          for s in states for t in s.runs.values()])
             gpus = tuple(g for s in states for g in s.gpus.views())
             return Snapshot(taken_at=iso(time.time()), runs=tuple(runs), gpus=gpus, hosts=self._host_views(),
                             alerts=tuple(self._alerts))

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import datetime
 from collections import deque
+from dataclasses import replace
 
 from ..agent.protocol import FINGERPRINT_BYTES, STARTING, TERMINAL_STATES
 from ..gpus import GpuInfo, parse_query_csv
+from ..trainlog.lines import parse_step_times_line
 from ..trainlog.parser import ExceptionEvent, LogLine, LogParser, PhaseEvent, StepEvent
 from .alerts import Alert, AlertRules, GpuSample, RunHealth
+from .bottleneck import RunSignals, diagnose
 from .model import AlertView, GpuView, MetricPoint, RunStatus, RunView
 
 # The parser's fine-grained start-up phases, folded into the few the dashboard shows.
@@ -26,7 +29,7 @@ def shown_phase(event: PhaseEvent, current: str | None) -> str | None:
     return PHASE_SHOWN.get(event.phase, current)
 
 
-STEP_VALUES = ("loss", "acc", "streak", "lr", "tok_per_s", "eta_s")
+STEP_VALUES = ("loss", "acc", "streak", "lr", "tok_per_s", "eta_s", "tgt_bps", "dft_bps")
 MAX_EXCEPTION_TEXTS = 20
 
 
@@ -64,7 +67,11 @@ class RunTracker:
         self.q_pre: tuple[int, ...] = ()
         self.q_hs: tuple[int, ...] = ()
         self.values: dict[str, float | None] = dict.fromkeys(STEP_VALUES)
+        self.queue_capacity = 0  # the deepest any of its queues has been
+        self.step_times: dict[str, float] = {}
+        self.n_targets: int | None = None
         self._view: RunView | None = None
+        self._diagnosed: tuple[RunView, tuple, RunView] | None = None
 
     # -- inputs
 
@@ -123,6 +130,9 @@ class RunTracker:
             return
         elif isinstance(event, PhaseEvent):
             self.phase = shown_phase(event, self.phase)
+            self.n_targets = event.n_targets if event.phase == "loading_targets" else self.n_targets
+        elif isinstance(event, LogLine) and event.text.startswith("  step times:"):
+            self.step_times = parse_step_times_line(event.text) or self.step_times
         if isinstance(event, (StepEvent, PhaseEvent, LogLine)):
             self.tail.append(event.text)
 
@@ -139,6 +149,7 @@ class RunTracker:
                 self.values[name] = value
         self.q_pre = step.q_pre if step.q_pre is not None else self.q_pre
         self.q_hs = step.q_hs if step.q_hs is not None else self.q_hs
+        self.queue_capacity = max((self.queue_capacity, *self.q_pre, *self.q_hs))
 
     def _keep(self, alerts: list[Alert]) -> list[Alert]:
         return [] if self.quiet else alerts
@@ -153,6 +164,20 @@ class RunTracker:
         if self._view is None:
             self._view = self._build_view()
         return self._view
+
+    def diagnosed_view(self, gpus: tuple[GpuView, ...]) -> RunView:
+        """The view with the bounding stage named from the log and the target's GPUs (live runs only); kept
+        while neither changed, so an unchanged run is the same object from one snapshot to the next."""
+        view = self.view()
+        if self._diagnosed is None or self._diagnosed[0] is not view or self._diagnosed[1] is not gpus:
+            verdict = diagnose(self.signals(), gpus) if view.state not in TERMINAL_STATES else None
+            self._diagnosed = (view, gpus, replace(view, bottleneck=verdict) if verdict else view)
+        return self._diagnosed[2]
+
+    def signals(self) -> RunSignals:
+        return RunSignals(tgt_bps=self.values["tgt_bps"], dft_bps=self.values["dft_bps"], q_pre=self.q_pre,
+                          q_hs=self.q_hs, queue_capacity=self.queue_capacity or None, step_times=self.step_times,
+                          n_targets=self.n_targets, gpus=tuple(self.record.get("gpus") or ()))
 
     def _build_view(self) -> RunView:
         r, v = self.record, self.values
