@@ -97,6 +97,8 @@ def test_without_textual_serve_one_line_with_the_install_hint_and_exit_2(monkeyp
     (["--port", "9000"], "go with --serve"),
     (["--serve", "--once"], "--serve and --once"),
     (["--serve", "--host", "0.0.0.0", "--token", "short"], "at least 8"),
+    (["--serve", "--headless"], "do not go with it"),
+    (["--serve", "--notify", "json://127.0.0.1:9/x"], "do not go with it"),
 ])
 def test_serve_usage_mistakes(args, says, capsys) -> None:
     assert main(["watch", "local", *args]) == 2
