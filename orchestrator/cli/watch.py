@@ -62,20 +62,11 @@ def watch(
     nvidia-smi samples; a lost host is retried with backoff while the others keep updating. With --once, waits
     until every target has answered (or failed), prints what the dashboard would show, and exits: 0, or 3 when
     a target is unreachable. Alerts go to the inventory's notify: entries and --notify URLs while it runs;
-    --headless runs it without a screen, printing them as JSON lines.
-
-    With --serve, the same dashboard runs once per browser tab at http://HOST:PORT/ (127.0.0.1:8000 by
-    default), keys and confirmations included; off loopback every request needs the token. The tabs send no
-    notifications (a headless watcher does, once).
+    --headless runs it without a screen, printing them as JSON lines. --serve runs the same dashboard once per
+    browser tab at http://HOST:PORT/ (off loopback every request needs the token; the tabs notify nobody).
     """
-    if as_json and not once:
-        raise UsageError("--json needs --once (the dashboard itself is interactive)")
-    if not serve and (host, port, token) != ("127.0.0.1", 8000, None):
-        raise UsageError("--host, --port and --token go with --serve")
-    if serve and (headless or notify or stall is not None or notify_repeat is not None):
-        raise UsageError("--serve serves the dashboard: --headless, --notify, --notify-repeat and --stall do not "
-                         "go with it (run a headless watcher beside it for notifications)")
-    _check_live_options(once=once, headless=headless, notify=notify, no_notify=no_notify)
+    _check_options(once=once, as_json=as_json, headless=headless, notify=notify, no_notify=no_notify, serve=serve,
+                   serving=(host, port, token), tuning=(stall, notify_repeat))
     state: AppState = ctx.obj
     inventory = state.inventory()
     resolved = inventory.targets(targets)
@@ -87,9 +78,31 @@ def watch(
     if not once:
         sinks = [] if no_notify else notify_destinations(inventory, notify or [], repeat_s=notify_repeat)
         return _live(LiveSource(inventory, resolved, gpu_interval=interval, rules=rules), sinks, headless=headless)
+    return _once(LiveSource(inventory, resolved, gpu_interval=interval, rules=rules), timeout=timeout,
+                 as_json=as_json)
+
+
+def _check_options(*, once: bool, as_json: bool, headless: bool, notify: list[str] | None, no_notify: bool,
+                   serve: bool, serving: tuple, tuning: tuple) -> None:
+    """The combinations of options that cannot go together, each a usage error (exit 2)."""
+    if as_json and not once:
+        raise UsageError("--json needs --once (the dashboard itself is interactive)")
+    if not serve and serving != ("127.0.0.1", 8000, None):
+        raise UsageError("--host, --port and --token go with --serve")
+    if serve and (headless or notify or any(value is not None for value in tuning)):
+        raise UsageError("--serve serves the dashboard: --headless, --notify, --notify-repeat and --stall do not "
+                         "go with it (run a headless watcher beside it for notifications)")
+    if once and (headless or notify):
+        raise UsageError(f"{'--headless' if headless else '--notify'} needs a live watch, not --once")
+    if notify and no_notify:
+        raise UsageError("--notify and --no-notify contradict each other")
+
+
+def _once(source: LiveSource, *, timeout: float, as_json: bool) -> int:
+    """One snapshot once every target answered (or failed): 0, or 3 when a target is unreachable."""
     if not as_json:
-        stderr().print(f"watching {len(resolved)} target(s) once...")
-    with LiveSource(inventory, resolved, gpu_interval=interval, rules=rules) as source:
+        stderr().print(f"watching {len(source.targets)} target(s) once...")
+    with source:
         source.wait_until_answered(timeout)
         source.settle()
         snapshot = source.snapshot()
@@ -99,13 +112,6 @@ def watch(
     else:
         _print(snapshot, unreachable)
     return EXIT_UNREACHABLE if unreachable else EXIT_OK
-
-
-def _check_live_options(*, once: bool, headless: bool, notify: list[str] | None, no_notify: bool) -> None:
-    if once and (headless or notify):
-        raise UsageError(f"{'--headless' if headless else '--notify'} needs a live watch, not --once")
-    if notify and no_notify:
-        raise UsageError("--notify and --no-notify contradict each other")
 
 
 def _live(source: LiveSource, sinks: list[Destination], *, headless: bool) -> int:

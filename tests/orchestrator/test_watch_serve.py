@@ -241,4 +241,4 @@ def test_what_decides_access_and_what_the_browser_tab_runs(tmp_path) -> None:
     inventory = tmp_path / "my inventory.yaml"
     argv = shlex.split(served_command(inventory, ["pve1/200", "x;rm -rf /"], 2.5))
     assert argv == [sys.executable, "-m", "orchestrator", "--inventory", str(inventory.resolve()), "watch",
-                    "pve1/200", "x;rm -rf /", "--interval", "2.5"]
+                    "pve1/200", "x;rm -rf /", "--interval", "2.5", "--no-notify"]
