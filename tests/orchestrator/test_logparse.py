@@ -136,6 +136,9 @@ step_metrics = st.builds(
     noise=st.floats(min_value=0, max_value=1), tgt_batches_per_s=finite, dft_batches_per_s=finite,
     tok_per_s=st.floats(min_value=0, max_value=1e8), q_pre=depths, q_hs=depths,
     epoch=st.floats(min_value=0, max_value=100), eta_s=st.one_of(st.none(), st.floats(min_value=0, max_value=1e9)),
+    tau_replay=st.one_of(st.none(), st.floats(min_value=1, max_value=16)),
+    tau_heldout=st.one_of(st.none(), st.floats(min_value=1, max_value=16)),
+    tau_eval=st.one_of(st.none(), st.floats(min_value=1, max_value=16)),
 )
 
 
@@ -165,6 +168,10 @@ def test_writer_step_line_round_trip(metrics):
         assert event.eta_s is None
     else:
         assert same_number(event.eta_s, metrics.eta_s, rel_tol=0.05, abs_tol=0.05)
+    for name in logformat.TAU_FIELDS:  # written with three decimals, only where measured
+        written = getattr(metrics, name)
+        assert (getattr(event, name) is None) if written is None else same_number(getattr(event, name), written,
+                                                                                  abs_tol=5.1e-4), name
 
 
 @settings(max_examples=300, deadline=None)
