@@ -151,8 +151,10 @@ def _tok_per_s(number: str, scale: str) -> float | None:
 STEP_LINE = re.compile(
     r"\[([^\]]*)\] step=(\d+) loss=(\S+) acc=(\S+) streak=(\S+) lr=(\S+) noise=(\S+) \| "
     r"tgt=(\S+)b/s dft=(\S+)b/s \((\S+?)([KMG]?)tok/s\) \| q_pre=\[([^\]]*)\] q_hs=\[([^\]]*)\] \| "
-    r"epoch~(\S+) ETA=(\S+)(?: \| ((?:tau_\w+=\S+ ?)+))?"
+    r"epoch~(\S+) ETA=(\S+)(?: \| ((?:tau_\w+=\d+\.\d{3} ?)+))?"
 )
+# τ values are written with three decimals: a value cut short fails the whole-line pattern, and the tolerant
+# reader then leaves the value the line ends on out
 _TAU_PAIR = re.compile(r"(tau_replay|tau_heldout|tau_eval)=(\S+)")
 _STEP_KEYS = re.compile(r"\b(step|loss|acc|streak|lr|noise|tgt|dft|epoch|ETA|tau_replay|tau_heldout|tau_eval)"
                         r"[=~]([^\s|()\[\]]+)")

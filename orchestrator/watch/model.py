@@ -16,6 +16,8 @@ class MetricPoint:
     acc: float | None = None
     streak: float | None = None
     tok_per_s: float | None = None
+    tau_replay: float | None = None   # τ of replayed decoding rounds on the step's batch
+    tau_heldout: float | None = None  # the same on the held-out split (eval_every steps only)
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,13 @@ class RunView:
     log_tail: tuple[str, ...] = ()            # the last lines of the log, oldest first
     exception_texts: tuple[str, ...] = ()     # whole tracebacks / error lines, oldest first
     nodes: tuple[NodeView, ...] = ()          # a multi-node job: its nodes (run_id is then the job id)
+    tau_replay: float | None = None           # the latest τ replayed on a training batch
+    tau_heldout: float | None = None          # the latest τ replayed on the held-out split
+
+    @property
+    def tau(self) -> float | None:
+        """The τ a person should read: held-out when the run evaluates, else the training batch's."""
+        return self.tau_heldout if self.tau_heldout is not None else self.tau_replay
 
 
 @dataclass(frozen=True)
