@@ -212,7 +212,7 @@ def prepare_data(work: Path, snippets: list[str], args) -> dict:
     generated = time.perf_counter() - began
     report = prepare(target=work / "target", input_path=work / "chats.jsonl", output=work / "dataset",
                      block_size=args.block_size, heldout=args.heldout)
-    return {"prompts": len(picked), "train_samples": report.kept, "heldout_samples": report.heldout,
+    return {"prompts": len(picked), "train_samples": report.kept, "heldout_samples": report.set_aside,
             "train_tokens": report.tokens, "generate_seconds": round(generated, 1)}
 
 

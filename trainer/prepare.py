@@ -19,14 +19,14 @@ class PrepareReport:
     overlong_dropped: int = 0
     tokens: int = 0
     torn_last_line: bool = False
-    heldout: int = 0  # samples set aside for evaluation (not in `kept`)
+    set_aside: int = 0  # samples of the held-out split (not in `kept`)
 
     def lines(self, output: str) -> list[str]:
         return [
             f"Read {self.records} records; wrote {self.kept} samples ({self.tokens} tokens) to {output}",
             f"  dropped {self.too_few_supervised} with fewer than 2*block_size supervised tokens",
             f"  over-long: {self.overlong_truncated} truncated, {self.overlong_dropped} dropped",
-            f"  held out: {self.heldout} samples in {output}/heldout (never trained on)",
+            f"  held out: {self.set_aside} samples in {output}/heldout (never trained on)",
         ] + (["  skipped a cut-off last line (a generate still running, or killed)"] if self.torn_last_line else [])
 
 
@@ -170,7 +170,7 @@ def _tokenized_batches(tokenizer, input_path: Path, report: PrepareReport, *, mi
             continue
         side = "heldout" if is_heldout(record_messages(record, where=where), heldout) else "train"
         if side == "heldout":
-            report.heldout += 1
+            report.set_aside += 1
         else:
             report.kept += 1
             report.tokens += len(ids)
@@ -221,7 +221,7 @@ def prepare(*, target: str | Path, input_path: str | Path, output: str | Path, b
                                                   max_length=max_length, overlong=overlong, heldout=heldout):
                 writers[side].write_batch(batch)
         datasets.Dataset.from_file(str(staging["train"])).save_to_disk(str(output))
-        if report.heldout:
+        if report.set_aside:
             datasets.Dataset.from_file(str(staging["heldout"])).save_to_disk(str(output / "heldout"))
     finally:
         for path in staging.values():

@@ -34,18 +34,18 @@ def test_prepare_sets_aside_a_deterministic_heldout_share(tiny_target, self_gene
 
     report, root = split["report"], split["root"]
     train, held = sample_set(split["dataset"]), sample_set(split["dataset"] / "heldout")
-    assert report.heldout == len(held) and report.kept == len(train)
-    assert report.kept + report.heldout == report.records - report.too_few_supervised
-    assert 4 <= report.heldout <= 20 and not train & held  # about a quarter of 48, never in both
+    assert report.set_aside == len(held) and report.kept == len(train)
+    assert report.kept + report.set_aside == report.records - report.too_few_supervised
+    assert 4 <= report.set_aside <= 20 and not train & held  # about a quarter of 48, never in both
     # the same chats in reverse order (generate writes answers as they finish): the same split
     lines = self_generated["chats"].read_text().splitlines(keepends=True)
     (root / "reversed.jsonl").write_text("".join(reversed(lines)))
     again = prepare(target=tiny_target, input_path=root / "reversed.jsonl", output=root / "again", block_size=8,
                     heldout=0.25)
-    assert sample_set(root / "again" / "heldout") == held and again.heldout == report.heldout
+    assert sample_set(root / "again" / "heldout") == held and again.set_aside == report.set_aside
     none = prepare(target=tiny_target, input_path=self_generated["chats"], output=root / "none", block_size=8,
                    heldout=0)
-    assert none.heldout == 0 and not (root / "none" / "heldout").exists()
+    assert none.set_aside == 0 and not (root / "none" / "heldout").exists()
     assert len(sample_set(root / "none")) == len(train | held)
 
 
