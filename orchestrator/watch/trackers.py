@@ -26,7 +26,7 @@ def shown_phase(event: PhaseEvent, current: str | None) -> str | None:
     return PHASE_SHOWN.get(event.phase, current)
 
 
-STEP_VALUES = ("loss", "acc", "streak", "lr", "tok_per_s", "eta_s", "tau_replay", "tau_heldout")
+STEP_VALUES = ("loss", "acc", "streak", "lr", "tok_per_s", "eta_s", "tau_replay", "tau_heldout", "tau_eval")
 MAX_EXCEPTION_TEXTS = 20
 
 
@@ -127,7 +127,7 @@ class RunTracker:
         if step.step is not None:
             self.last_step = step.step
             self.history.append(MetricPoint(step.step, step.loss, step.acc, step.streak, step.tok_per_s,
-                                            step.tau_replay, step.tau_heldout))
+                                            step.tau_replay, step.tau_heldout, step.tau_eval))
         for name in STEP_VALUES:
             value = getattr(step, name)
             if value is not None:
@@ -155,7 +155,7 @@ class RunTracker:
             loss=v["loss"], acc=v["acc"], streak=v["streak"], lr=v["lr"], tok_per_s=v["tok_per_s"],
             eta_s=v["eta_s"], q_pre=self.q_pre, q_hs=self.q_hs, exceptions=self.exception_count,
             history=tuple(self.history), log_tail=tuple(self.tail), exception_texts=tuple(self.exception_texts),
-            tau_replay=v["tau_replay"], tau_heldout=v["tau_heldout"])
+            tau_replay=v["tau_replay"], tau_heldout=v["tau_heldout"], tau_eval=v["tau_eval"])
 
 
 class GpuTracker:

@@ -1,6 +1,8 @@
 """RunTracker: resume from byte offsets without loss or duplicates, resets, alerts kept quiet for old runs."""
 from __future__ import annotations
 
+import dataclasses
+
 from orchestrator.watch.trackers import GpuTracker, RunTracker
 
 STEP = ("[{i}s] step={i} loss=2.5 acc=0.1 streak=0.5 lr=1e-4 noise=0.0 | tgt=1.0b/s dft=1.0b/s (11.7Ktok/s) | "
@@ -106,7 +108,11 @@ def test_tau_figures_reach_the_view_and_the_history() -> None:
     run.feed(0, 1, log.encode(), now=0.0)
     view = run.view()
     # a later line without τ keeps the last figures: held-out τ is measured only every eval_every steps
-    assert (view.tau_replay, view.tau_heldout, view.tau) == (2.25, 1.8, 1.8) and view.last_step == 30
+    assert (view.tau_replay, view.tau_heldout, view.tau_eval) == (2.25, 1.8, 1.75) and view.last_step == 30
+    assert view.tau == 1.75  # the measured τ first, then the held-out replay, then the training batches'
+    assert dataclasses.replace(view, tau_eval=None).tau == 1.8
+    assert dataclasses.replace(view, tau_eval=None, tau_heldout=None).tau == 2.25
     assert [(p.step, p.tau_replay, p.tau_heldout) for p in view.history] == [(10, 2.1, None), (20, 2.25, 1.8),
                                                                             (30, None, None)]
+    assert view.history[1].tau_eval == 1.75
     assert tracker().view().tau is None

@@ -21,10 +21,12 @@ ACCURACY: tuple[Series, ...] = (
 )
 THROUGHPUT: tuple[Series, ...] = (("Ktok/s", lambda p: None if p.tok_per_s is None else p.tok_per_s / 1e3,
                                    "yellow", "left"),)
-# τ from replayed decoding rounds: on training batches against the held-out split (the gap is overfitting)
+# τ from replayed decoding rounds: on training batches against the held-out split (the gap is overfitting),
+# and measured by real speculative decoding of held-out prompts where the run does that (eval_prompts)
 TAU: tuple[Series, ...] = (
     ("train", lambda p: p.tau_replay, "magenta", "left"),
     ("held-out", lambda p: p.tau_heldout, "green", "left"),
+    ("decoded", lambda p: p.tau_eval, "yellow", "left"),
 )
 # The charts a small terminal shows one at a time, in switching order: (plot id, what its title calls it).
 SINGLE_CHARTS = (("chart-loss", "loss"), ("chart-toks", "tok/s"), ("chart-tau", "τ"))
