@@ -44,7 +44,7 @@ def _prepare(args) -> int:
     from trainer.prepare import prepare
 
     report = prepare(target=args.target, input_path=args.input, output=args.output, block_size=args.block_size,
-                     max_length=args.max_length, overlong=args.overlong)
+                     max_length=args.max_length, overlong=args.overlong, heldout=args.heldout)
     print("\n".join(report.lines(args.output)), flush=True)
     return 0
 
@@ -129,6 +129,10 @@ def _add_prepare_command(commands) -> None:
     prepare.add_argument("--max-length", type=int, default=None, help="longest sample in tokens (default: none)")
     prepare.add_argument("--overlong", choices=("truncate", "drop"), default="truncate",
                          help="what to do with samples over --max-length (default truncate)")
+    prepare.add_argument("--heldout", type=float, default=0.01, metavar="SHARE",
+                         help="share of the samples set aside in OUTPUT/heldout, never trained on, for the "
+                              "trainer's eval_every (by a hash of each chat: the same split every time; "
+                              "default 0.01, 0 = none)")
     prepare.set_defaults(run=_prepare)
 
 

@@ -146,6 +146,18 @@ class TrainConfig(BaseModel):
         0, ge=0, description="Memory check on one process: keep only the AdamW states rank 0 of N ranks would "
                              "keep (and update only those weights; the others stay as initialised), so the peak "
                              "memory can be measured against the N-GPU plan. Not a way to train; 0 = off.")
+    replay_sequences: int = Field(
+        2, ge=0, description="Sequences of each logged step's batch whose decoding rounds are replayed "
+                             "teacher-forced (tau_replay, the acceptance histogram): one no-grad drafter pass "
+                             "over their anchors, on logged steps only; 0 = off.")
+    eval_every: int = Field(0, ge=0, description="Steps between evaluations on the held-out split that `prepare` "
+                                                 "set aside (tau_heldout; rank 0); 0 = off.")
+    eval_samples: int = Field(32, ge=1, description="Held-out samples whose rounds each evaluation replays.")
+    eval_prompts: int = Field(0, ge=0, description="Held-out prompts each evaluation also decodes for real "
+                                                   "(speculative decoding against the target: tau_eval); 0 = none.")
+    eval_max_new_tokens: int = Field(64, ge=1, description="Tokens each real speculative decoding generates.")
+    heldout_path: str | None = Field(None, description="Held-out dataset directory; null = {data_path}/heldout, "
+                                                       "where `prepare` writes it.")
 
     @model_validator(mode="after")
     def _check_consistency(self, info: ValidationInfo) -> "TrainConfig":

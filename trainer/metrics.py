@@ -113,9 +113,10 @@ class Throughput:
 
 
 def log_step(log: MetricsLog, meter: Throughput, sums, ctx, cfg: TrainConfig, *, step: int, total_steps: int,
-             lr: float, epoch: float, elapsed: float, q_pre: list[int], batch, phases: "PhaseMeter | None" = None
-             ) -> None:
-    """Average the interval over steps and ranks (one small all-reduce, on log steps only) and write it."""
+             lr: float, epoch: float, elapsed: float, q_pre: list[int], batch, phases: "PhaseMeter | None" = None,
+             taus: dict | None = None) -> None:
+    """Average the interval over steps and ranks (one small all-reduce, on log steps only) and write it.
+    `taus`: the τ fields measured at this step (trainer/heldout.py); histograms go to metrics.jsonl only."""
     import torch.distributed as dist
 
     from trainer.distributed import all_reduce_sum
@@ -133,9 +134,11 @@ def log_step(log: MetricsLog, meter: Throughput, sums, ctx, cfg: TrainConfig, *,
         tgt_batches_per_s=steps / target_s if target_s > 0 else 0.0,
         dft_batches_per_s=steps / drafter_s if drafter_s > 0 else 0.0,
         tok_per_s=tokens / wall_s if wall_s > 0 else 0.0, q_pre=q_pre, q_hs=[], epoch=epoch,
-        eta_s=(total_steps - step) * seconds_per_step)
+        eta_s=(total_steps - step) * seconds_per_step,
+        **{name: (taus or {}).get(name) for name in logformat.TAU_FIELDS})
     times, times_line = step_time_fields(phases, wall_s, steps) if phases is not None else ({}, None)
-    log.step(metrics, data_position=[batch.epoch, batch.index], world_size=ctx.world_size, **times)
+    extra = {key: value for key, value in (taus or {}).items() if key not in logformat.TAU_FIELDS}
+    log.step(metrics, data_position=[batch.epoch, batch.index], world_size=ctx.world_size, **times, **extra)
     if times_line is not None:
         log.say(times_line)
         phases.reset()

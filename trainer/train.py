@@ -235,6 +235,10 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
     if on_gpu and not cfg.compile:  # compile: true traces flex_attention inside the drafter's own graph
         compile_attention(drafter, feature_dtype=dtype, autocast=autocast, say=log.say,
                           single_sequence_batches=min_size == 1)
+    from trainer.heldout import TauMonitor
+
+    monitor = TauMonitor(cfg, ctx, target, drafter, autocast=autocast,
+                         width=anchors_per_sequence(cfg, max(1, cfg.replay_sequences)))
     log.say(stage_line("first step"))
     meter = Throughput(ctx.device)
     sums = torch.zeros(3, dtype=torch.float64, device=ctx.device)  # loss, acc, streak of the interval
@@ -289,11 +293,14 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
                     batch=len(input_ids), seq_len=input_ids.shape[1], blocks=len(input_ids) * n_anchors))
             # metrics stay on the device; they are read once per log interval, not every step
             sums += torch.stack([out.loss.detach(), out.acc, out.streak]).double()
-            if step % cfg.log_every == 0 or step == total_steps or step == start_step + 1:
+            if step % cfg.log_every == 0 or step == total_steps or step == start_step + 1 or monitor.eval_due(step):
                 epoch = batch.epoch + (batch.index + 1) / per_rank
+                measuring = time.perf_counter()
+                taus = monitor.measure(step, features, input_ids, loss_mask, last=step == total_steps)
+                meter.started += time.perf_counter() - measuring  # measuring is not training: not in tok/s
                 log_step(log, meter, sums, ctx, cfg, step=step, total_steps=total_steps, lr=lr, epoch=epoch,
                          elapsed=time.perf_counter() - started, q_pre=[stream.queue_depth()], batch=batch,
-                         phases=phases)
+                         phases=phases, taus=taus)
             if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < total_steps:
                 write_checkpoint()
         if step > start_step:  # a run resumed from its last step has nothing new to save

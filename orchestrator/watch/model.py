@@ -16,6 +16,9 @@ class MetricPoint:
     acc: float | None = None
     streak: float | None = None
     tok_per_s: float | None = None
+    tau_replay: float | None = None   # τ of replayed decoding rounds on the step's batch
+    tau_heldout: float | None = None  # the same on the held-out split (eval_every steps only)
+    tau_eval: float | None = None     # real speculative decoding of held-out prompts (eval_prompts)
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,18 @@ class RunView:
     exception_texts: tuple[str, ...] = ()     # whole tracebacks / error lines, oldest first
     nodes: tuple[NodeView, ...] = ()          # a multi-node job: its nodes (run_id is then the job id)
     bottleneck: Bottleneck | None = None      # a live run's bounding stage (orchestrator/watch/bottleneck.py)
+    tau_replay: float | None = None           # the latest τ replayed on a training batch
+    tau_heldout: float | None = None          # the latest τ replayed on the held-out split
+    tau_eval: float | None = None             # the latest τ of real speculative decoding of held-out prompts
+
+    @property
+    def tau(self) -> float | None:
+        """The τ that best predicts serving: measured on held-out prompts where the run decodes them, else
+        replayed on the held-out split, else on its training batches."""
+        for value in (self.tau_eval, self.tau_heldout, self.tau_replay):
+            if value is not None:
+                return value
+        return None
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,8 @@ def shown_phase(event: PhaseEvent, current: str | None) -> str | None:
     return PHASE_SHOWN.get(event.phase, current)
 
 
-STEP_VALUES = ("loss", "acc", "streak", "lr", "tok_per_s", "eta_s", "tgt_bps", "dft_bps")
+STEP_VALUES = ("loss", "acc", "streak", "lr", "tok_per_s", "eta_s", "tgt_bps", "dft_bps", "tau_replay", "tau_heldout",
+               "tau_eval")
 MAX_EXCEPTION_TEXTS = 20
 
 
@@ -142,7 +143,8 @@ class RunTracker:
             self.phase = "training" if step.total is None else "generating"
         if step.step is not None:
             self.last_step = step.step
-            self.history.append(MetricPoint(step.step, step.loss, step.acc, step.streak, step.tok_per_s))
+            self.history.append(MetricPoint(step.step, step.loss, step.acc, step.streak, step.tok_per_s,
+                                            step.tau_replay, step.tau_heldout, step.tau_eval))
         for name in STEP_VALUES:
             value = getattr(step, name)
             if value is not None:
@@ -188,7 +190,8 @@ class RunTracker:
             gpus=tuple(r.get("gpus") or ()), grace_s=_seconds(r.get("grace_s")), last_step=self.last_step,
             loss=v["loss"], acc=v["acc"], streak=v["streak"], lr=v["lr"], tok_per_s=v["tok_per_s"],
             eta_s=v["eta_s"], q_pre=self.q_pre, q_hs=self.q_hs, exceptions=self.exception_count,
-            history=tuple(self.history), log_tail=tuple(self.tail), exception_texts=tuple(self.exception_texts))
+            history=tuple(self.history), log_tail=tuple(self.tail), exception_texts=tuple(self.exception_texts),
+            tau_replay=v["tau_replay"], tau_heldout=v["tau_heldout"], tau_eval=v["tau_eval"])
 
 
 class GpuTracker:
