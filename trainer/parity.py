@@ -173,6 +173,9 @@ def _mask_token(pair: Pair) -> Check:
     trained = (pair.trained or {}).get("mask_token_id")
     if trained is not None and trained != mask_id:
         return Check(key, False, f"{mask_id}, but trainer_config.json has mask_token_id {trained}", RETRAIN)
+    roles = _token_roles(pair.spec.text)
+    if mask_id in roles:
+        return Check(key, False, f"{mask_id} is the target's {roles[mask_id]} token: real text contains it", fix)
     if mask_id in tokenizer.special:
         return Check(key, True, f"{mask_id} is the special token {tokenizer.special[mask_id]!r}")
     if mask_id in tokenizer.ordinary:
@@ -182,6 +185,17 @@ def _mask_token(pair: Pair) -> Check:
         return Check(key, True, f"{mask_id} is a spare embedding row past the tokenizer ({tokenizer.size} "
                                 f"tokens): no text encodes to it")
     return Check(key, False, f"{mask_id} is not a token of the target's tokenizer", fix)
+
+
+def _token_roles(text: dict) -> dict[int, str]:
+    """id -> bos/eos/pad for the ids the target's config names (eos may be a list)."""
+    roles = {}
+    for role in ("bos", "eos", "pad"):
+        value = text.get(f"{role}_token_id")
+        for token_id in value if isinstance(value, list) else [value]:
+            if isinstance(token_id, int):
+                roles.setdefault(token_id, role)
+    return roles
 
 
 def _taps(pair: Pair) -> list[Check]:

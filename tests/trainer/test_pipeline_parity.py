@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.trainer.conftest import run_trainer, write_config
+from trainer.__main__ import main
 from trainer.parity import check_parity
 
 TRAINING_ONLY = {"training_state.pt", "master_weights.safetensors", "trainer_config.json"}
@@ -40,15 +41,16 @@ def plant(checkpoint: Path, out: Path, **changes) -> Path:
     return out
 
 
-def test_training_ends_with_the_parity_check_and_it_passes(trained, tiny_target):
+def test_training_ends_with_the_parity_check_and_it_passes(trained, tiny_target, capsys):
     lines = [line for line in trained["stdout"].splitlines() if line.startswith(("ok ", "FAIL"))]
     assert lines and all(line.startswith("ok ") for line in lines), lines
     assert any(line.startswith("ok   chat_template") for line in lines)
     records = [json.loads(line) for line in (trained["checkpoint"].parent / "metrics.jsonl").read_text().splitlines()]
     assert [r for r in records if r["event"] == "parity"][0]["ok"] is True
-    result = run_trainer("check", "--target", tiny_target, "--drafter", trained["checkpoint"], "--json")
-    assert result.returncode == 0, result.stdout + result.stderr
-    report = json.loads(result.stdout)
+    code = main(["check", "--target", str(tiny_target), "--drafter", str(trained["checkpoint"]), "--json"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    report = json.loads(out)
     assert report["ok"] and {c["key"] for c in report["checks"]} >= {
         "dflash_config.mask_token_id", "dflash_config.target_layer_ids", "eagle_aux_hidden_state_layer_ids",
         "hidden_size", "vocab_size", "head_dim", "rope_theta", "rope_scaling", "block_size", "layer_types",
@@ -58,6 +60,8 @@ def test_training_ends_with_the_parity_check_and_it_passes(trained, tiny_target)
 PLANTED = {
     # an ordinary token of the tiny tokenizer (ids 0..3 are its special tokens)
     "wrong mask id": ({"dflash_config__mask_token_id": 100}, "dflash_config.mask_token_id", "ordinary token"),
+    "mask id is the eos token": ({"dflash_config__mask_token_id": 2}, "dflash_config.mask_token_id",
+                                 "the target's eos token"),
     "mask id past the embedding": ({"dflash_config__mask_token_id": 5000}, "dflash_config.mask_token_id",
                                    "outside the target's embedding"),
     "tap past the last layer": ({"dflash_config__target_layer_ids": [6]}, "dflash_config.target_layer_ids",
@@ -83,13 +87,13 @@ def test_each_planted_mismatch_fails_naming_its_key(trained, tiny_target, tmp_pa
     assert message in failed[key].detail and failed[key].fix, failed[key].line()
 
 
-def test_the_cli_exits_1_and_says_what_to_change(trained, tiny_target, tmp_path):
+def test_the_cli_exits_1_and_says_what_to_change(trained, tiny_target, tmp_path, capsys):
     planted = plant(trained["checkpoint"], tmp_path / "planted", dflash_config__target_layer_ids=[1, 9])
-    result = run_trainer("check", "--target", tiny_target, "--drafter", planted)
-    assert result.returncode == 1
-    failing = [line for line in result.stdout.splitlines() if line.startswith("FAIL")]
+    assert main(["check", "--target", str(tiny_target), "--drafter", str(planted)]) == 1
+    out = capsys.readouterr().out
+    failing = [line for line in out.splitlines() if line.startswith("FAIL")]
     assert failing and failing[0].startswith("FAIL dflash_config.target_layer_ids: [9] past") and "fix:" in failing[0]
-    assert "mismatch" in result.stdout.splitlines()[-1]
+    assert "mismatch" in out.splitlines()[-1]
 
 
 def test_a_target_without_chat_template_or_tokenizer_fails(trained, tiny_target, tmp_path):
@@ -103,17 +107,20 @@ def test_a_target_without_chat_template_or_tokenizer_fails(trained, tiny_target,
     assert "dflash_config.mask_token_id" in {c.key for c in check_parity(bare, trained["checkpoint"]).failed}
 
 
-def test_usage_errors_exit_2(trained, tiny_target, tmp_path):
-    assert run_trainer("check", "--target", tiny_target).returncode == 2
-    missing = run_trainer("check", "--target", tiny_target, "--drafter", tmp_path)
-    assert missing.returncode == 2 and "error:" in missing.stderr and "Traceback" not in missing.stderr
+def test_usage_errors_exit_2(trained, tiny_target, tmp_path, capsys):
+    assert main(["check", "--target", str(tiny_target)]) == 2
+    assert "check needs --config FILE" in capsys.readouterr().err
+    assert main(["check", "--target", str(tiny_target), "--drafter", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {tmp_path} is not a drafter checkpoint") and "Traceback" not in err
 
 
-def test_export_writes_a_serving_only_directory(trained, tiny_target, tmp_path):
+def test_export_writes_a_serving_only_directory(trained, tiny_target, tmp_path, capsys):
     out = tmp_path / "served"
-    result = run_trainer("export", trained["checkpoint"], out, "--json")
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert json.loads(result.stdout)["parity"]["ok"] is True
+    code = main(["export", str(trained["checkpoint"]), str(out), "--json"])
+    printed = capsys.readouterr()
+    assert code == 0, printed
+    assert json.loads(printed.out)["parity"]["ok"] is True
     names = {path.name for path in out.iterdir()}
     assert names == {"config.json", "model.safetensors", "dflash.py", "README.md"}
     assert not names & TRAINING_ONLY
@@ -128,11 +135,15 @@ def test_export_writes_a_serving_only_directory(trained, tiny_target, tmp_path):
     assert check_parity(tiny_target, out).ok
 
 
-def test_export_writes_nothing_for_a_drafter_that_does_not_fit(trained, tiny_target, tmp_path):
+def test_export_writes_nothing_for_a_drafter_that_does_not_fit(trained, tiny_target, tmp_path, capsys):
     planted = plant(trained["checkpoint"], tmp_path / "planted", hidden_size=128)
-    result = run_trainer("export", planted, tmp_path / "served")
-    assert result.returncode == 1 and "FAIL hidden_size" in result.stdout
+    assert main(["export", str(planted), str(tmp_path / "served")]) == 1
+    assert "FAIL hidden_size" in capsys.readouterr().out
     assert not (tmp_path / "served").exists()
+    (tmp_path / "served").mkdir()
+    (tmp_path / "served" / "keep").write_text("")
+    assert main(["export", str(trained["checkpoint"]), str(tmp_path / "served")]) == 2  # not empty: refused
+    assert "is not an empty directory" in capsys.readouterr().err
 
 
 def test_the_parity_check_imports_no_torch(trained, tiny_target):
