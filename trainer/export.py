@@ -139,6 +139,9 @@ def export(checkpoint: str | Path, out: str | Path, *, target: str | Path | None
     facts = training_facts(ckpt)
     parity = None
     if check:
+        if target is None and facts["target"] and not (Path(facts["target"]) / "config.json").is_file():
+            raise TrainerError(f"the target {ckpt} was trained against, {facts['target']}, is not here: give "
+                               f"--target DIR (or --no-check)")
         target = target or facts["target"]
         if not target:
             raise TrainerError(f"{ckpt} does not record its target: give --target DIR (or --no-check)")

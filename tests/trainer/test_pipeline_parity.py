@@ -158,3 +158,17 @@ def test_the_parity_check_imports_no_torch(trained, tiny_target):
     result = subprocess.run([sys.executable, "-c", probe, str(tiny_target), str(trained["checkpoint"])],
                             capture_output=True, text=True, env=trainer_env(), cwd=REPO_ROOT, timeout=60)
     assert result.stdout.strip().splitlines()[-1] == "0 []", result.stdout + result.stderr
+
+
+def test_the_card_takes_the_latest_eval_tau_up_to_the_checkpoints_step(tmp_path):
+    from trainer.export import training_facts
+
+    checkpoint = tmp_path / "out" / "step_10"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "trainer_config.json").write_text(json.dumps({"target_path": "/models/t"}))
+    records = [{"event": "step", "step": 5, "loss": 3.0}, {"event": "eval", "step": 5, "tau": 1.5},
+               {"event": "eval", "step": 10, "tau": 2.25}, {"event": "eval", "step": 15, "tau": 3.0}]
+    (tmp_path / "out" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records) + "{cut")
+    assert training_facts(checkpoint) == {"step": 10, "target": "/models/t", "tau": (2.25, 10)}
+    (tmp_path / "out" / "metrics.jsonl").unlink()
+    assert training_facts(checkpoint)["tau"] is None
