@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 import traceback
 
 from trainer.errors import TrainerError
@@ -130,15 +131,16 @@ def _add_check_command(commands) -> None:
     check = commands.add_parser(
         "check", help="check a config (and its paths and data), or a drafter against its target, loading no model",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="--config: every problem of a training config in one pass, one line each: the keys and "
-                    "values, the target, data and output paths, the target's config.json against the taps, the "
-                    "dataset's files and columns. Exit 0 when `train` would start, 2 otherwise.\n\n"
-                    "--target DIR --drafter CKPT: train/serve parity, one line per check: the mask token is a "
-                    "special token of the target's tokenizer, the taps lie within the target's layers and agree "
-                    "between config keys, hidden size, vocabulary, head_dim, RoPE theta and scaling match, block "
-                    "size and sliding-window layout agree, the target has a chat template. Exit 0 when all hold, "
-                    "1 on a mismatch (each line says what to change), 2 when a directory is not a model.\n\n"
-                    "Needs no torch.")
+        description="\n\n".join(textwrap.fill(paragraph, 79) for paragraph in (
+            "--config: every problem of a training config in one pass, one line each: the keys and values, the "
+            "target, data and output paths, the target's config.json against the taps, the dataset's files and "
+            "columns. Exit 0 when `train` would start, 2 otherwise.",
+            "--target DIR --drafter CKPT: train/serve parity, one line per check: the mask token is a special "
+            "token of the target's tokenizer, the taps lie within the target's layers and agree between config "
+            "keys, hidden size, vocabulary, head_dim, RoPE theta and scaling match, block size and sliding-window "
+            "layout agree, the target has a chat template. Exit 0 when all hold, 1 on a mismatch (each line says "
+            "what to change), 2 when a directory is not a model.",
+            "Needs no torch.")))
     check.add_argument("--config", default=None, help="YAML config file, or - for stdin")
     check.add_argument("--target", default=None, metavar="DIR", help="target model directory (with --drafter)")
     check.add_argument("--drafter", default=None, metavar="CKPT",

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainer.errors import TrainerError
-from trainer.parity import ParityReport, check_parity
+from trainer.parity import ParityReport, check_parity, read_json
 
 README_FILE = "README.md"
 
@@ -40,16 +40,9 @@ class ExportResult:
                 "parity": self.parity.as_dict() if self.parity else None}
 
 
-def _read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def training_facts(ckpt: Path) -> dict:
     """Steps, target and the latest eval tau of a step_N checkpoint, from what its run left next to it."""
-    trained = _read_json(ckpt / "trainer_config.json") or {}
+    trained = read_json(ckpt / "trainer_config.json") or {}
     suffix = ckpt.resolve().name.removeprefix("step_")
     step = int(suffix) if suffix.isdigit() else None
     tau = None

@@ -52,7 +52,8 @@ class ParityReport:
                 "checks": [asdict(check) for check in self.checks]}
 
 
-def _read_json(path: Path) -> dict | None:
+def read_json(path: Path) -> dict | None:
+    """A JSON object file, or None when it is missing, unreadable or not an object."""
     try:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, ValueError):
@@ -88,7 +89,7 @@ def _add_tokens(found: Tokenizer, tokens: dict[int, dict]) -> None:
 def read_tokenizer(path: Path) -> Tokenizer | None:
     """From tokenizer.json (or vocab.json), tokenizer_config.json and chat_template.*; None when none is there."""
     found = Tokenizer()
-    fast, config, vocab = (_read_json(path / name) for name in ("tokenizer.json", "tokenizer_config.json",
+    fast, config, vocab = (read_json(path / name) for name in ("tokenizer.json", "tokenizer_config.json",
                                                                  "vocab.json"))
     if fast is None and vocab is None:
         return None
@@ -291,13 +292,13 @@ def _chat_template(pair: Pair) -> Check:
 def read_pair(target: str | Path, drafter: str | Path) -> Pair:
     target, drafter = Path(target), Path(drafter)
     spec = read_target_spec(target)
-    config = _read_json(drafter / "config.json")
+    config = read_json(drafter / "config.json")
     if config is None:
         raise TrainerError(f"{drafter} is not a drafter checkpoint (no readable config.json)")
     if "dflash_config" not in config:
         raise TrainerError(f"{drafter}/config.json is not a DFlash drafter's (no dflash_config)")
     return Pair(spec=spec, tokenizer=read_tokenizer(target), drafter=config,
-                trained=_read_json(drafter / "trainer_config.json"),
+                trained=read_json(drafter / "trainer_config.json"),
                 shapes=safetensors_shapes(drafter / "model.safetensors"))
 
 
