@@ -172,3 +172,16 @@ def test_the_card_takes_the_latest_eval_tau_up_to_the_checkpoints_step(tmp_path)
     assert training_facts(checkpoint) == {"step": 10, "target": "/models/t", "tau": (2.25, 10)}
     (tmp_path / "out" / "metrics.jsonl").unlink()
     assert training_facts(checkpoint)["tau"] is None
+
+
+def test_a_spare_embedding_row_past_the_tokenizer_is_a_mask_no_text_encodes_to(trained, tiny_target, tmp_path):
+    """Qwen3's 151669: one past the tokenizer, inside the embedding the target pads to a round size."""
+    padded = tmp_path / "padded"
+    shutil.copytree(tiny_target, padded)
+    config = json.loads((padded / "config.json").read_text())
+    (padded / "config.json").write_text(json.dumps({**config, "vocab_size": 384}))
+    planted = plant(trained["checkpoint"], tmp_path / "planted", vocab_size=384, dflash_config__mask_token_id=320)
+    (mask,) = [c for c in check_parity(padded, planted).checks if c.key == "dflash_config.mask_token_id"]
+    assert mask.ok and "spare embedding row past the tokenizer (320 tokens)" in mask.detail
+    (mask,) = [c for c in check_parity(tiny_target, planted).checks if c.key == "dflash_config.mask_token_id"]
+    assert not mask.ok and "outside the target's embedding (0..319)" in mask.detail
