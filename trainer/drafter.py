@@ -1,4 +1,7 @@
-"""The DFlash drafter: Qwen3-style decoder layers whose keys/values also carry the target's context features."""
+"""The DFlash drafter: Qwen3-style decoder layers whose keys/values also carry the target's context features.
+
+Its config (DrafterConfig, what config.json holds) and the trainer's module around the layers; the layers and the
+forward themselves are trainer/modeling_dflash.py's, the file every checkpoint ships."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
@@ -8,8 +11,8 @@ from torch import nn
 
 from trainer.families import DrafterShape, drafter_shape, target_spec
 from trainer.masks import build_drafter_mask, choose_backend
-from trainer.modeling_dflash import (FULL_ATTENTION, SLIDING_ATTENTION, DFlashBlocks, DrafterLayer, RMSNorm,  # noqa: F401
-                                     RotaryEmbedding, block_input_ids)
+from trainer.modeling_dflash import (  # noqa: F401  (the layers are importable from here too)
+    FULL_ATTENTION, SLIDING_ATTENTION, DFlashBlocks, DrafterLayer, RMSNorm, RotaryEmbedding, block_input_ids)
 
 
 @dataclass

@@ -252,21 +252,22 @@ def _shape(pair: Pair) -> list[Check]:
     ]
 
 
-def _layout(pair: Pair) -> list[Check]:
-    """Block size and which layers slide, against each other and the training config."""
-    config, trained = pair.drafter, pair.trained or {}
-    block = config.get("block_size")
-    checks = []
+def _block_size(pair: Pair) -> Check:
+    block, trained = pair.drafter.get("block_size"), (pair.trained or {}).get("block_size")
     if not isinstance(block, int) or block < 2:
-        checks.append(Check("block_size", False, f"{block!r} is not a block of at least 2 slots", RETRAIN))
-    elif "block_size" in trained and trained["block_size"] != block:
-        checks.append(Check("block_size", False, f"{block}, but it was trained with block_size "
-                                                 f"{trained['block_size']}", f"set block_size to {trained['block_size']}"))
-    else:
-        checks.append(Check("block_size", True, f"{block} slots" + (", as trained" if trained else "")))
-    types, layers = config.get("layer_types") or [FULL] * int(config.get("num_hidden_layers") or 0), \
-        config.get("num_hidden_layers")
-    sliding, window = SLIDING in types, config.get("sliding_window")
+        return Check("block_size", False, f"{block!r} is not a block of at least 2 slots", RETRAIN)
+    if trained is not None and trained != block:
+        return Check("block_size", False, f"{block}, but it was trained with block_size {trained}",
+                     f"set block_size to {trained}")
+    return Check("block_size", True, f"{block} slots" + (", as trained" if trained is not None else ""))
+
+
+def _sliding_layout(pair: Pair) -> Check:
+    """Which layers slide, against use_sliding_window, the window, the block and the training config."""
+    config, trained = pair.drafter, (pair.trained or {}).get("sliding_window")
+    layers, block, window = config.get("num_hidden_layers"), config.get("block_size"), config.get("sliding_window")
+    types = config.get("layer_types") or [FULL] * (layers if isinstance(layers, int) else 0)
+    sliding = SLIDING in types
     problem = None
     if len(types) != layers or set(types) - {FULL, SLIDING}:
         problem = f"{len(types)} entries of {sorted(set(types))} for {layers} layers"
@@ -274,12 +275,12 @@ def _layout(pair: Pair) -> list[Check]:
         problem = f"use_sliding_window is {config.get('use_sliding_window')} with layer_types {types}"
     elif sliding and (not isinstance(window, int) or not isinstance(block, int) or window < block):
         problem = f"sliding_window {window!r} is smaller than a block ({block})"
-    elif trained.get("sliding_window") is not None and (trained["sliding_window"] or None) != (window if sliding else None):
-        problem = f"sliding_window {window if sliding else None}, trained with {trained['sliding_window']}"
-    checks.append(Check("layer_types", problem is None, problem or (
-        f"{types.count(SLIDING)} sliding (window {window}), {types.count(FULL)} full" if sliding
-        else f"{len(types)} full-attention layers"), RETRAIN))
-    return checks
+    elif trained is not None and (trained or None) != (window if sliding else None):
+        problem = f"sliding_window {window if sliding else None}, trained with {trained}"
+    if problem:
+        return Check("layer_types", False, problem, RETRAIN)
+    return Check("layer_types", True, f"{types.count(SLIDING)} sliding (window {window}), {types.count(FULL)} full"
+                 if sliding else f"{len(types)} full-attention layers")
 
 
 def _chat_template(pair: Pair) -> Check:
@@ -307,5 +308,6 @@ def check_parity(target: str | Path, drafter: str | Path) -> ParityReport:
     directory is not what it should be at all."""
     pair = read_pair(target, drafter)
     report = ParityReport(target=str(target), drafter=str(drafter))
-    report.checks += [_mask_token(pair), *_taps(pair), *_shape(pair), *_layout(pair), _chat_template(pair)]
+    report.checks += [_mask_token(pair), *_taps(pair), *_shape(pair), _block_size(pair), _sliding_layout(pair),
+                      _chat_template(pair)]
     return report
