@@ -12,7 +12,8 @@ from torch import nn
 from trainer.families import DrafterShape, drafter_shape, target_spec
 from trainer.masks import build_drafter_mask, choose_backend
 from trainer.modeling_dflash import (  # noqa: F401  (the layers are importable from here too)
-    FULL_ATTENTION, SLIDING_ATTENTION, DFlashBlocks, DrafterLayer, RMSNorm, RotaryEmbedding, block_input_ids)
+    FULL_ATTENTION, SLIDING_ATTENTION, DFlashBlocks, DrafterLayer, DrafterMLP, RMSNorm, RotaryEmbedding,
+    block_input_ids)
 
 
 @dataclass

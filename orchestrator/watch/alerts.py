@@ -95,6 +95,11 @@ class RunHealth:
         return self.state in TERMINAL_SEVERITY
 
     @property
+    def conditions(self) -> frozenset[str]:
+        """The conditions raised and not cleared since (a stall, idle GPUs, a NaN loss...)."""
+        return frozenset(self._active)
+
+    @property
     def training(self) -> bool:
         return self.phase == "training" and not self.ended
 
@@ -186,7 +191,8 @@ class RunHealth:
         if len(self._intervals) >= self.rules.stall_min_intervals:
             median = statistics.median(self._intervals)
             limit = max(self.rules.stall_floor_s, self.rules.stall_factor * median)
-            why = f"{self.rules.stall_factor:g}x the median step interval {_duration(median)}"
+            why = (f"{self.rules.stall_factor:g}x the median step interval {_duration(median)}"
+                   if limit > self.rules.stall_floor_s else f"the stall limit {_duration(limit)}")
         else:
             limit, why = self.rules.stall_startup_s, "the start-up limit"
         if silent_s <= limit:
