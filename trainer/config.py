@@ -136,6 +136,10 @@ class TrainConfig(BaseModel):
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         "auto", description="Target weights and autocast dtype; auto = bfloat16 on GPU, float32 on CPU. "
                             "Drafter master weights are always float32.")
+    save_dtype: Literal["bfloat16", "float16", "float32"] = Field(
+        "bfloat16", description="dtype of each checkpoint's model.safetensors, the weights a server loads. The fp32 "
+                                "master weights are kept next to the training state (master_weights.safetensors), "
+                                "so a resumed run continues exactly.")
     resume: str = Field("auto", description="auto (newest complete checkpoint in output_dir), never, or a "
                                             "step_N directory.")
     shard_optimizer: bool | Literal["auto"] = Field(

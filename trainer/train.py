@@ -195,6 +195,20 @@ def build_optimization(cfg: TrainConfig, ctx, log: MetricsLog, drafter, *, total
     return params, optimizer, scheduler, anchor_rng, step, position
 
 
+def check_served_parity(log: MetricsLog, cfg: TrainConfig, checkpoint: Path, step: int) -> None:
+    """The last checkpoint against its target, as a server will pair them (trainer/parity.py): one line per
+    check in the log, and a `parity` event."""
+    from trainer.parity import check_parity
+
+    try:
+        report = check_parity(cfg.target_path, checkpoint)
+    except Exception as exc:  # noqa: BLE001 - the run is done and saved: a check that cannot run must not fail it
+        log.say(f"Parity check not run: {exc}")
+        return
+    log.say(*report.lines())
+    log.event("parity", step=step, ok=report.ok, failed=[check.key for check in report.failed])
+
+
 def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> int:
     """Set up (each part above) and run the loop."""
     from trainer import data as data_lib
@@ -253,7 +267,8 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
             state = {"step": step, "optimizer": optimizer_state, "scheduler": scheduler.state_dict(),
                      "rng": rngs, "data_position": stream.position(), "config": cfg.model_dump(),
                      "world_size": ctx.world_size}
-            path = save_checkpoint(output_dir, step, drafter=drafter, state=state, keep=cfg.keep_checkpoints)
+            path = save_checkpoint(output_dir, step, drafter=drafter, state=state, keep=cfg.keep_checkpoints,
+                                   save_dtype=cfg.save_dtype)
             log.event("checkpoint", step=step, path=str(path))
         barrier(ctx)
         meter.started += time.perf_counter() - began  # saving is not training: keep it out of tok/s
@@ -312,6 +327,8 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
     sys.stdout.write(f"rank {ctx.rank} drafter weights digest {digest}\n")
     sys.stdout.flush()
     log.event("finished", step=step, digest=digest)
+    if ctx.is_main and (output_dir / f"step_{step}").is_dir():
+        check_served_parity(log, cfg, output_dir / f"step_{step}", step)
     log.say(f"Finished: {step} steps in {time.perf_counter() - started:.1f}s; checkpoint {output_dir}/step_{step}")
     log.close()
     return 0
