@@ -19,7 +19,7 @@ import signal
 import sys
 import time
 
-from . import procfs
+from . import lineage, procfs
 from .childwatch import Wakeup, ignore_signal, reap_children, set_child_subreaper
 from .errors import AgentError
 from .protocol import AGENT_VERSION
@@ -103,6 +103,7 @@ class Keeper:
         self.idle_exit = idle_exit
         self.stopping = False
         self.children = set()
+        self.known = lineage.load_known(self.paths.dir)  # (pid, start time) -> run id of what is below us
 
     def run(self) -> int:
         # Handlers first: a launch may SIGUSR1 us as soon as keeper.json names us, and its default kills.
@@ -120,6 +121,7 @@ class Keeper:
         idle_since = time.monotonic()
         while not (self.stopping and not self.children):
             self._reap()
+            self._track()
             if not self.stopping:
                 self._spawn_requested()
             if self.children or self._requests():
@@ -160,6 +162,17 @@ class Keeper:
         for pid, status in reap_children():
             self.children.discard(pid)
             _log("reaped pid {} (status {})".format(pid, status))
+
+    def _track(self) -> None:
+        """Record the run of every process below us, so an orphan keeps its run once the chain of parents that
+        tied it to the workload breaks (lineage.py). Nothing to walk while only our supervisors are below us."""
+        table, me = procfs.snapshot(), os.getpid()
+        if not self.known and all(stat.pid in self.children for stat in table.values() if stat.ppid == me):
+            return
+        found = lineage.attribute(table, me, lineage.run_states(self.runs_dir), self.known)
+        if found != self.known:
+            self.known = found
+            lineage.save_known(self.paths.dir, found)
 
     def _spawn_requested(self) -> None:
         for name in self._requests():

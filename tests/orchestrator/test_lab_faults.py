@@ -241,8 +241,11 @@ def test_logs_follow_outlives_a_link_cut_and_prints_every_line_once(lab, inv: st
 
 
 def orphan_workload(tag: int) -> list[str]:
-    # `kill -9 $PPID` stands in for an OOM-killed supervisor; one child runs with an emptied environment
-    return ["bash", "-c", f"env -i /bin/sleep {tag} & sleep {tag} & sleep 2; kill -9 $PPID; exec sleep {tag}"]
+    # `kill -9 $PPID` stands in for an OOM-killed supervisor; one child runs with an emptied environment, and
+    # one more, started after the supervisor died, also leaves the workload's session (its parent, a subshell,
+    # exits at once: the keeper inherits it with nothing that names the run)
+    return ["bash", "-c", f"env -i /bin/sleep {tag} & sleep {tag} & sleep 2; kill -9 $PPID; sleep 0.5; "
+                          f"(env -i /usr/bin/setsid /bin/sleep {tag} &); exec sleep {tag}"]
 
 
 def sleeps(lab, tag: int) -> list:
@@ -259,7 +262,9 @@ def launch_orphaning(lab, inv: str, capsys, tag: int) -> str:
                    for p in lab.ct_processes("pve2", 300)):
             break
         time.sleep(0.1)
-    assert len(sleeps(lab, tag)) == 3
+    while len(sleeps(lab, tag)) < 4 and time.monotonic() < deadline + 5:
+        time.sleep(0.1)
+    assert len(sleeps(lab, tag)) == 4
     return record["run_id"]
 
 
@@ -271,7 +276,7 @@ def test_kill_and_cleanup_after_the_supervisor_died_leave_no_env_cleared_orphan(
     launch_orphaning(lab, inv, capsys, 6009)
     code, result, _ = cli(inv, "cleanup", TARGET, "--json", capsys=capsys)
     ended = [a for a in result["targets"][TARGET]["actions"] if a["action"] == "end_orphan"]
-    assert len(ended) == 3 and sleeps(lab, 6009) == []
+    assert len(ended) == 4 and sleeps(lab, 6009) == []
 
 
 def test_one_containers_silent_agent_does_not_end_its_siblings_stream(lab, inv: str) -> None:
