@@ -7,8 +7,9 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from ..display import format_rate
+from ..display import format_bytes, format_rate
 from ..errors import EXIT_OK, EXIT_UNREACHABLE, UsageError
+from ..watch.alerts import DiskRules
 from ..watch.model import Snapshot
 from ..watch.source import LiveSource
 from .args import finite
@@ -26,6 +27,11 @@ def watch(
                                    help="Seconds between GPU samples (nvidia-smi loops in the container)."),
     timeout: float = typer.Option(30.0, "--timeout", min=0.0, callback=finite, metavar="S",
                                   help="With --once: the longest wait for every target to answer."),
+    min_free_gib: float = typer.Option(DiskRules.min_free_bytes / 1024 ** 3, "--min-free-gib", min=0.0,
+                                       callback=finite, metavar="GIB",
+                                       help="low_disk alert: a container's runs filesystem has less free than this..."),
+    min_free_pct: float = typer.Option(DiskRules.min_free_fraction * 100, "--min-free-pct", min=0.0, max=100.0,
+                                       callback=finite, metavar="PCT", help="...or less than this share of it."),
 ) -> int:
     """The live dashboard of every run, GPU and alert of the targets (keys: k kill, l log, c cleanup, / filter,
     m switch chart, ? help, q quit).
@@ -40,14 +46,15 @@ def watch(
     state: AppState = ctx.obj
     inventory = state.inventory()
     resolved = inventory.targets(targets)
+    disk = DiskRules(min_free_bytes=min_free_gib * 1024 ** 3, min_free_fraction=min_free_pct / 100)
     if not once:
         from tui import run_dashboard
 
-        run_dashboard(LiveSource(inventory, resolved, gpu_interval=interval))
+        run_dashboard(LiveSource(inventory, resolved, gpu_interval=interval, disk_rules=disk))
         return EXIT_OK
     if not as_json:
         stderr().print(f"watching {len(resolved)} target(s) once...")
-    with LiveSource(inventory, resolved, gpu_interval=interval) as source:
+    with LiveSource(inventory, resolved, gpu_interval=interval, disk_rules=disk) as source:
         source.wait_until_answered(timeout)
         source.settle()
         snapshot = source.snapshot()
@@ -73,6 +80,10 @@ def _print(snapshot: Snapshot, unreachable: dict[str, str]) -> None:
         out.print(f"{gpu.target} GPU{gpu.index}: {_value(gpu.memory_used_mib, '{:.0f}')}/"
                   f"{_value(gpu.memory_total_mib, '{:.0f}')} MiB, {_value(gpu.utilization_pct, '{:.0f}')} %",
                   markup=False)
+    for host in snapshot.hosts:
+        if host.free_bytes is not None:
+            out.print(f"{host.name}: {format_bytes(host.free_bytes)} free of {format_bytes(host.total_bytes)} "
+                      f"where runs write{' (low)' if host.low_disk else ''}", markup=False)
     for alert in snapshot.alerts[-20:]:
         out.print(f"{alert.time} {alert.severity} {alert.target} {alert.run_id}: {alert.message}", markup=False)
     for name, error in unreachable.items():

@@ -175,6 +175,23 @@ def test_a_full_disk_hides_no_run_and_keeps_its_exit(lab, full_disk, capsys) -> 
     assert checked["free_bytes"] < 64 * 1024 and any("GiB free" in w for w in checked["warnings"])
 
 
+def test_watch_shows_how_little_room_the_runs_have_and_alerts(lab, full_disk, capsys) -> None:
+    inv, _ = full_disk  # a 512 KiB tmpfs: under both marks (2 GiB, 5 %) as soon as anything is written
+    lab.ct_run("pve2", 300, ["sh", "-c", f"head -c 400k /dev/zero > {full_disk[1]}/ballast"])
+    code, snapshot, err = cli(inv, "watch", TARGET, "--once", "--json", capsys=capsys)
+    assert code == 0, err
+    host = next(h for h in snapshot["hosts"] if h["name"] == "pve2")
+    assert host["free_bytes"] < 200 * 1024 and host["total_bytes"] == 512 * 1024 and host["low_disk"]
+    low = [a for a in snapshot["alerts"] if a["kind"] == "low_disk"]
+    assert len(low) == 1 and low[0]["target"] == TARGET and "KiB free" in low[0]["message"]
+    # the marks are the user's: below neither, no alert
+    code, snapshot, err = cli(inv, "watch", TARGET, "--once", "--json", "--min-free-gib", "0",
+                              "--min-free-pct", "10", capsys=capsys)
+    assert code == 0, err
+    assert not [a for a in snapshot["alerts"] if a["kind"] == "low_disk"]
+    assert not next(h for h in snapshot["hosts"] if h["name"] == "pve2")["low_disk"]
+
+
 def wait_for(source: LiveSource, predicate, timeout: float = 5.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
