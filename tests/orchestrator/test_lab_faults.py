@@ -320,3 +320,35 @@ def test_one_containers_silent_agent_does_not_end_its_siblings_stream(lab, inv: 
         if agent is not None:
             os.kill(agent.host_pid, signal.SIGCONT)
         lab.pct("pve1", "stop", "201")
+
+
+SPINNERS = 2  # busy loops beside the 40 clients (which load the machine most): one already loaded before they start
+
+
+@pytest.mark.slow
+def test_forty_parallel_ps_and_watch_once_on_a_loaded_machine_see_no_outage(lab, quiet_run: dict, tmp_path) -> None:
+    # what an operator's scripts do on a busy box: 20 `ps` and 20 `watch --once` at once, each its own process
+    # with its own SSH connection; none of them may call a reachable host unreachable (with the inventory's
+    # default connect timeout: the 2 s of the link-cut tests is too short for 40 handshakes at load 40)
+    targets = [TARGET]
+    base = [sys.executable, "-m", "orchestrator", "--inventory", str(lab.write_inventory(tmp_path / "inv.yaml"))]
+    started = time.monotonic()
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(SPINNERS)]
+    clients = []
+    try:
+        for _ in range(20):
+            for argv in (["ps", *targets, "--json"], ["watch", *targets, "--once", "--json", "--timeout", "60"]):
+                clients.append((argv[0], subprocess.Popen(base + argv, stdout=subprocess.PIPE,
+                                                          stderr=subprocess.PIPE)))
+        answers = [(kind, proc, *proc.communicate(timeout=150)) for kind, proc in clients]
+    finally:
+        for proc in spinners + [proc for _, proc in clients]:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    print(f"40 clients answered in {time.monotonic() - started:.1f}s")
+    outages = [(kind, proc.returncode, err.decode()[-300:]) for kind, proc, _, err in answers if proc.returncode]
+    assert outages == []
+    for kind, _, out, _ in answers:
+        runs = json.loads(out)["runs"]
+        assert quiet_run["run_id"] in [r["run_id"] for r in runs], kind
