@@ -352,3 +352,37 @@ def test_forty_parallel_ps_and_watch_once_on_a_loaded_machine_see_no_outage(lab,
     for kind, _, out, _ in answers:
         runs = json.loads(out)["runs"]
         assert quiet_run["run_id"] in [r["run_id"] for r in runs], kind
+
+
+def test_an_upload_cut_mid_way_leaves_no_damaged_agent(lab, tmp_path, capsys) -> None:
+    # the first deploy to a fresh workdir over a slow link, and the server side resets the connection while the
+    # agent is half sent: nothing may be installed under the agent's final name, and the next command works
+    path = tmp_path / "inventory.yaml"
+    quick_inventory(lab, path)
+    workdir = f"/workspace/cut-{os.getpid()}-{time.monotonic_ns()}"
+    path.write_text(path.read_text().replace("300: {gpus: 1}", f"300: {{gpus: 1, workdir: {workdir}}}"))
+    agent, host = agent_bundle(), lab.hosts["pve2"]
+    agent_dir = host.containers[300].workspace / workdir.removeprefix("/workspace/") / ".dflash" / "agent"
+    final = agent_dir / f"agent-{agent.digest}.pyz"
+    shaper = ["tc", "qdisc", "add", "dev", host.link.root_veth, "root", "tbf", "rate", "64kbit", "burst", "1600",
+              "latency", "2s"]
+    subprocess.run(shaper, check=True)  # the link towards pve2: ~8 KB/s, so the upload takes seconds
+    try:
+        ps = subprocess.Popen([sys.executable, "-m", "orchestrator", "--inventory", str(path), "ps", TARGET],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 30
+        while not [p for p in agent_dir.glob("*.tmp.*") if p.stat().st_size > 4096] and time.monotonic() < deadline:
+            time.sleep(0.02)
+        arrived = sum(p.stat().st_size for p in agent_dir.glob("*.tmp.*"))
+        assert 0 < arrived < len(agent.data)
+        reset = ["ip", "netns", "exec", host.netns, "ss", "-K", "state", "established", "( sport = :22 )"]
+        subprocess.run(reset, check=True, capture_output=True)  # the server's side resets the connection
+        _, err = ps.communicate(timeout=60)
+    finally:
+        subprocess.run(["tc", "qdisc", "del", "dev", host.link.root_veth, "root"], check=False)
+    assert ps.returncode == 3, err.decode()
+    assert not final.exists()
+    code, payload, err = cli(str(path), "ps", TARGET, "--json", capsys=capsys)
+    assert code == 0, err
+    assert final.read_bytes() == agent.data
+    assert list(agent_dir.glob("*.tmp.*")) == []  # what the killed receiver left is gone too
