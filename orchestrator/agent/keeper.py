@@ -121,9 +121,9 @@ class Keeper:
         idle_since = time.monotonic()
         while not (self.stopping and not self.children):
             self._reap()
-            self._track()
             if not self.stopping:
                 self._spawn_requested()
+            self._track()
             if self.children or self._requests():
                 idle_since = time.monotonic()
             elif time.monotonic() - idle_since >= self.idle_exit:
@@ -166,10 +166,10 @@ class Keeper:
     def _track(self) -> None:
         """Record the run of every process below us, so an orphan keeps its run once the chain of parents that
         tied it to the workload breaks (lineage.py). Nothing to walk while only our supervisors are below us."""
-        table, me = procfs.snapshot(), os.getpid()
-        if not self.known and all(stat.pid in self.children for stat in table.values() if stat.ppid == me):
+        me = os.getpid()
+        if not self.known and not (_child_pids(me) - self.children):
             return
-        found = lineage.attribute(table, me, lineage.run_states(self.runs_dir), self.known)
+        found = lineage.attribute(procfs.snapshot(), me, lineage.run_states(self.runs_dir), self.known)
         if found != self.known:
             self.known = found
             lineage.save_known(self.paths.dir, found)
@@ -210,6 +210,15 @@ def _take_lock(path: str) -> int | None:
                 os.close(fd)
                 return None
             time.sleep(0.01)
+
+
+def _child_pids(pid: int) -> set:
+    """Our children, from one small file where the kernel lists them; a walk of /proc where it does not."""
+    try:
+        with open("/proc/{0}/task/{0}/children".format(pid)) as handle:
+            return {int(word) for word in handle.read().split()}
+    except (OSError, ValueError):
+        return {stat.pid for stat in procfs.snapshot().values() if stat.ppid == pid}
 
 
 def _has_children(pid: int) -> bool:
