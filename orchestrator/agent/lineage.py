@@ -72,7 +72,7 @@ def _direct_child_run(stat, table: dict, states: dict, keeper_cmdline: str) -> s
     """The run of a process the keeper started or inherited and has not recorded yet."""
     cmdline = procfs.read_cmdline(stat.pid)
     words = cmdline.split()
-    if cmdline == keeper_cmdline or ("supervise" in words and "--run-id" in words):
+    if (cmdline and cmdline == keeper_cmdline) or ("supervise" in words and "--run-id" in words):
         return None  # a supervisor (or the keeper's fork about to become one): its tree is its own to end
     for run_id, state in states.items():
         workload = state.get("pid")
