@@ -121,6 +121,14 @@ class TrainConfig(BaseModel):
         None, ge=0, description="Token id of the drafter's masked slots; null = the tokenizer's mask token, else "
                                 "<|MASK|>, else the family's (248070 for the Qwen3.5/3.6 tokenizer), else the first "
                                 "id past the tokenizer (151669 for Qwen3).")
+    kernels: Literal["auto", "torch", "liger"] = Field(
+        "auto", description="The drafter's RMSNorm and SwiGLU kernels: liger (liger-kernel's fused Triton kernels; "
+                            "pip install 'dflashctl[fast]'), torch, or auto = liger where it runs (a CUDA device "
+                            "with liger-kernel installed), torch elsewhere.")
+    pack_target: bool | Literal["auto"] = Field(
+        "auto", description="Run the target's feature pass on each batch packed into one row (no padding "
+                            "computed; attention kept inside each sequence). auto = on a GPU, where flash "
+                            "attention's varlen kernel runs, for targets without linear-attention layers.")
     num_workers: int = Field(2, ge=1, description="CPU threads that build batches (never GPU work).")
     prefetch: int = Field(8, ge=1, description="Batches built ahead of the training step.")
     device: str = Field("auto", description="auto (cuda:LOCAL_RANK if CUDA is available, else cpu), cpu or cuda.")

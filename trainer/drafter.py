@@ -112,7 +112,9 @@ class RMSNorm(nn.Module):
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        # the output keeps the input's dtype: an fp32 master weight must not turn a bf16 residual stream into fp32
+        # (every projection would then cast it back, and the saved activations double)
+        return (self.weight * x.to(dtype)).to(dtype)
 
 
 class RotaryEmbedding(nn.Module):
@@ -219,7 +221,9 @@ class DFlashDrafter(nn.Module):
 
     def project_context(self, features: torch.Tensor) -> torch.Tensor:
         """[B, S, k*H] tapped target states -> [B, S, H] context for every layer's keys/values."""
-        return self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
+        if not torch.is_autocast_enabled(features.device.type):  # under autocast fc reads bf16 features as they are
+            features = features.to(self.fc.weight.dtype)
+        return self.hidden_norm(self.fc(features))
 
     def block_positions(self, anchors: torch.Tensor) -> torch.Tensor:
         """[B, A*Bs]: anchor + k for slot k (padded blocks get harmless positions from 0)."""

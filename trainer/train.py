@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from trainer import kernels as kernel_lib
 from trainer import logformat, memplan, optim
 from trainer.metrics import MetricsLog, Throughput, compiled_graphs, log_step
 from trainer.checkpoint import (agree_on_resume, check_resumable, choose_resume_dir, gather_to_main,
@@ -207,12 +208,16 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
     on_gpu, dtype = ctx.device.type == "cuda", run_dtype(cfg, ctx)
     log.say(stage_line("loading target"), logformat.format_loading_targets(ctx.world_size),
             logformat.format_target_on(ctx.rank, str(ctx.device)))
+    kernels = kernel_lib.resolve(cfg.kernels, ctx.device)
     target = TargetModel.load(cfg.target_path, layer_ids=cfg.target_layer_ids, num_taps=len(cfg.target_layer_ids),
-                              device=ctx.device, dtype=dtype, mask_token_id=cfg.mask_token_id)
+                              device=ctx.device, dtype=dtype, mask_token_id=cfg.mask_token_id,
+                              packing=cfg.pack_target)
     log.say(target.describe())
     log.say(stage_line("building drafter"))
     resume_dir, local_resume = agree_on_resume(resume_dir, ctx)
     drafter = build_drafter(cfg, ctx, log, target, resume_dir if local_resume else None)
+    log.say(f"Kernels: {target.packing_line()}; {kernel_lib.install(drafter, kernels)}; loss: chunked "
+            f"cross-entropy (logits in the head's dtype)")
     model = DraftDDP(drafter, device_ids=[ctx.device] if on_gpu else None) if ctx.is_distributed else drafter
     if cfg.compile:
         model = torch.compile(model)

@@ -1,6 +1,7 @@
-"""`dflashctl watch [TARGET...] [--once] [--json] [--interval S]`."""
+"""`dflashctl watch [TARGET...] [--once] [--json] [--interval S] [--headless] [--notify URL]...`."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import List, Optional
 
@@ -9,12 +10,22 @@ from rich.table import Table
 
 from ..display import format_bytes, format_rate
 from ..errors import EXIT_OK, EXIT_UNREACHABLE, UsageError
-from ..watch.alerts import DiskRules
+from ..notify.destinations import Destination
+from ..notify.destinations import destinations as notify_destinations
+from ..runs.doctor.storage import LOW_FREE_BYTES, LOW_FREE_FRACTION
+from ..watch.alerts import AlertRules
 from ..watch.model import Snapshot
 from ..watch.source import LiveSource
 from .args import finite
 from .output import print_json, stderr, stdout
 from .state import AppState
+
+
+# the low_disk alert's marks (doctor's, by default)
+MIN_FREE_GIB = typer.Option(LOW_FREE_BYTES / 1024 ** 3, "--min-free-gib", min=0.0, callback=finite, metavar="GIB",
+                            help="low_disk alert: a container's runs filesystem has less free than this...")
+MIN_FREE_PCT = typer.Option(LOW_FREE_FRACTION * 100, "--min-free-pct", min=0.0, max=100.0, callback=finite,
+                            metavar="PCT", help="...or less than this share of it.")
 
 
 def watch(
@@ -27,11 +38,24 @@ def watch(
                                    help="Seconds between GPU samples (nvidia-smi loops in the container)."),
     timeout: float = typer.Option(30.0, "--timeout", min=0.0, callback=finite, metavar="S",
                                   help="With --once: the longest wait for every target to answer."),
-    min_free_gib: float = typer.Option(DiskRules.min_free_bytes / 1024 ** 3, "--min-free-gib", min=0.0,
-                                       callback=finite, metavar="GIB",
-                                       help="low_disk alert: a container's runs filesystem has less free than this..."),
-    min_free_pct: float = typer.Option(DiskRules.min_free_fraction * 100, "--min-free-pct", min=0.0, max=100.0,
-                                       callback=finite, metavar="PCT", help="...or less than this share of it."),
+    headless: bool = typer.Option(False, "--headless", help="No screen: print each alert as a JSON line on stdout "
+                                  "and send the notifications, until SIGTERM. Detached and supervised: "
+                                  "`dflashctl launch local -- dflashctl watch --headless`."),
+    notify: Optional[List[str]] = typer.Option(None, "--notify", metavar="URL", help="Also send alerts to this "
+                                               "apprise URL (ntfy://, slack://, json://...; repeatable) besides the "
+                                               "inventory's notify: entries; kinds: failed, killed, lost, exception, "
+                                               "stall, gpu_idle_held, nan. Needs `pip install 'dflashctl[notify]'`."),
+    notify_repeat: Optional[float] = typer.Option(None, "--notify-repeat", min=0.0, callback=finite, metavar="S",
+                                                  help="At most one notification per alert kind and run in S "
+                                                  "seconds (default 600, or the entry's repeat_s)."),
+    no_notify: bool = typer.Option(False, "--no-notify", help="Send nothing, the inventory's notify: entries "
+                                   "included (e.g. while a headless watcher sends them)."),
+    stall: Optional[float] = typer.Option(None, "--stall", min=0.1, callback=finite, metavar="S",
+                                          help="A run is stalled after S seconds without a new step, or 5 median "
+                                          "step intervals if longer (default: 120 s, and 900 s until three steps "
+                                          "are timed)."),
+    min_free_gib: float = MIN_FREE_GIB,
+    min_free_pct: float = MIN_FREE_PCT,
 ) -> int:
     """The live dashboard of every run, GPU and alert of the targets (keys: k kill, l log, c cleanup, / filter,
     m switch chart, ? help, q quit).
@@ -39,22 +63,22 @@ def watch(
     One SSH connection per host and one small agent per container stream new log lines, run states and
     nvidia-smi samples; a lost host is retried with backoff while the others keep updating. With --once, waits
     until every target has answered (or failed), prints what the dashboard would show, and exits: 0, or 3 when
-    a target is unreachable.
+    a target is unreachable. Alerts go to the inventory's notify: entries and --notify URLs while it runs;
+    --headless runs it without a screen, printing them as JSON lines.
     """
     if as_json and not once:
         raise UsageError("--json needs --once (the dashboard itself is interactive)")
+    _check_live_options(once=once, headless=headless, notify=notify, no_notify=no_notify)
     state: AppState = ctx.obj
     inventory = state.inventory()
     resolved = inventory.targets(targets)
-    disk = DiskRules(min_free_bytes=min_free_gib * 1024 ** 3, min_free_fraction=min_free_pct / 100)
+    rules = _rules(stall, min_free_gib, min_free_pct)
     if not once:
-        from tui import run_dashboard
-
-        run_dashboard(LiveSource(inventory, resolved, gpu_interval=interval, disk_rules=disk))
-        return EXIT_OK
+        sinks = [] if no_notify else notify_destinations(inventory, notify or [], repeat_s=notify_repeat)
+        return _live(LiveSource(inventory, resolved, gpu_interval=interval, rules=rules), sinks, headless=headless)
     if not as_json:
         stderr().print(f"watching {len(resolved)} target(s) once...")
-    with LiveSource(inventory, resolved, gpu_interval=interval, disk_rules=disk) as source:
+    with LiveSource(inventory, resolved, gpu_interval=interval, rules=rules) as source:
         source.wait_until_answered(timeout)
         source.settle()
         snapshot = source.snapshot()
@@ -64,6 +88,38 @@ def watch(
     else:
         _print(snapshot, unreachable)
     return EXIT_UNREACHABLE if unreachable else EXIT_OK
+
+
+def _check_live_options(*, once: bool, headless: bool, notify: list[str] | None, no_notify: bool) -> None:
+    if once and (headless or notify):
+        raise UsageError(f"{'--headless' if headless else '--notify'} needs a live watch, not --once")
+    if notify and no_notify:
+        raise UsageError("--notify and --no-notify contradict each other")
+
+
+def _live(source: LiveSource, sinks: list[Destination], *, headless: bool) -> int:
+    """The dashboard, or (headless) the JSON lines; notifications go out from a thread beside either."""
+    from ..notify.headless import run_headless
+    from ..notify.pump import AlertPump
+
+    if headless:
+        stderr().print(f"watching {len(source.targets)} target(s) without a screen, notifying {len(sinks)} "
+                       "destination(s); SIGTERM stops", markup=False)
+        return run_headless(source, sinks)
+    from tui import run_dashboard
+
+    pump = AlertPump(source, sinks).start() if sinks else None
+    try:
+        run_dashboard(source)
+    finally:
+        if pump is not None:
+            pump.stop()
+    return EXIT_OK
+
+
+def _rules(stall: float | None, min_free_gib: float, min_free_pct: float) -> AlertRules:
+    rules = AlertRules(min_free_bytes=min_free_gib * 1024 ** 3, min_free_fraction=min_free_pct / 100)
+    return rules if stall is None else dataclasses.replace(rules, stall_floor_s=stall, stall_startup_s=stall)
 
 
 def _print(snapshot: Snapshot, unreachable: dict[str, str]) -> None:

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 from ..agent.protocol import FAILED, GPU_HELD_MIB, KILLED, LOST, SUCCEEDED
 from ..display import format_bytes, format_duration, format_rate
-from ..runs.doctor.storage import LOW_FREE_BYTES, LOW_FREE_FRACTION, low_free
 from ..trainlog.parser import ExceptionEvent, PhaseEvent, StepEvent
 
 INFO, WARNING, ERROR = "info", "warning", "error"
@@ -65,6 +64,8 @@ class AlertRules:
     prefetch_full_fraction: float = 0.9
     prefetch_capacity: int | None = None  # None: the deepest prefetch queue seen counts as full
     exception_repeat_s: float = 60.0  # the same exception again within this time raises no new alert
+    min_free_bytes: float | None = None  # low_disk: less free than this where a target's runs write...
+    min_free_fraction: float | None = None  # ...or less than this share; None: doctor's marks (2 GiB, 5 %)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +98,11 @@ class RunHealth:
     @property
     def ended(self) -> bool:
         return self.state in TERMINAL_SEVERITY
+
+    @property
+    def conditions(self) -> frozenset[str]:
+        """The conditions raised and not cleared since (a stall, idle GPUs, a NaN loss...)."""
+        return frozenset(self._active)
 
     @property
     def training(self) -> bool:
@@ -190,7 +196,8 @@ class RunHealth:
         if len(self._intervals) >= self.rules.stall_min_intervals:
             median = statistics.median(self._intervals)
             limit = max(self.rules.stall_floor_s, self.rules.stall_factor * median)
-            why = f"{self.rules.stall_factor:g}x the median step interval {_duration(median)}"
+            why = (f"{self.rules.stall_factor:g}x the median step interval {_duration(median)}"
+                   if limit > self.rules.stall_floor_s else f"the stall limit {_duration(limit)}")
         else:
             limit, why = self.rules.stall_startup_s, "the start-up limit"
         if silent_s <= limit:
@@ -283,34 +290,30 @@ class RunHealth:
         return Alert(now, self.run_id, kind, severity, message)
 
 
-@dataclass(frozen=True)
-class DiskRules:
-    """Below either mark the room left for logs and checkpoints is running out (doctor warns at the same)."""
-
-    min_free_bytes: float = LOW_FREE_BYTES
-    min_free_fraction: float = LOW_FREE_FRACTION
-
-
 class DiskHealth:
     """The free space of the filesystem one target's runs are written to: one alert when it runs low, none
     while it stays low, another once it recovered and ran low again."""
 
-    def __init__(self, target: str, *, rules: DiskRules | None = None) -> None:
+    def __init__(self, target: str, *, rules: AlertRules | None = None) -> None:
         self.target = target
-        self.rules = rules or DiskRules()
+        self.rules = rules or AlertRules()
         self.free_bytes: int | None = None
         self.total_bytes: int | None = None
         self.low = False
 
     def observe(self, free_bytes: int, total_bytes: int, now: float) -> list[Alert]:
+        # here, not at the top: the doctor package imports the inventory, whose notify config imports this module
+        from ..runs.doctor.storage import LOW_FREE_BYTES, LOW_FREE_FRACTION, low_free
+
         self.free_bytes, self.total_bytes = free_bytes, total_bytes
-        low = low_free(free_bytes, total_bytes, min_bytes=self.rules.min_free_bytes,
-                       fraction=self.rules.min_free_fraction)
+        mark = LOW_FREE_BYTES if self.rules.min_free_bytes is None else self.rules.min_free_bytes
+        fraction = LOW_FREE_FRACTION if self.rules.min_free_fraction is None else self.rules.min_free_fraction
+        low = low_free(free_bytes, total_bytes, min_bytes=mark, fraction=fraction)
         raised, self.low = low and not self.low, low
         if not raised:
             return []
         share = f" ({100 * free_bytes / total_bytes:.1f} %)" if total_bytes else ""
-        return [Alert(now, None, LOW_DISK, ERROR if free_bytes < self.rules.min_free_bytes / 8 else WARNING,
+        return [Alert(now, None, LOW_DISK, ERROR if free_bytes < mark / 8 else WARNING,
                       f"{self.target}: only {format_bytes(free_bytes)} free of {format_bytes(total_bytes)}{share} "
                       f"where its runs write: a run that fills it loses its log and checkpoints")]
 

@@ -108,6 +108,34 @@ class Snapshot:
 
 
 @dataclass(frozen=True)
+class RunStatus:
+    """What a notification says of a run besides its alert: who it is, how it is, its last step line."""
+
+    run_id: str
+    target: str
+    name: str
+    state: str
+    conditions: frozenset[str] = frozenset()  # alert conditions raised and not cleared (stall, nan, ...)
+    last_step_line: str | None = None
+
+
+@dataclass(frozen=True)
+class AlertFeed:
+    """The alerts added since a cursor, with every run's status and the hosts as they are now."""
+
+    cursor: int                       # pass it back to get only what came after
+    version: int                      # the source's change counter (to wait for the next change)
+    alerts: tuple[AlertView, ...] = ()
+    backlog: tuple[bool, ...] = ()    # per alert: found in what a log held when the watch began (old news)
+    runs: dict[str, RunStatus] = field(default_factory=dict)
+    hosts: tuple[HostView, ...] = ()
+
+    def flagged(self) -> list[tuple[AlertView, bool]]:
+        """Each alert with its backlog flag (False where the feed carries none)."""
+        return list(zip(self.alerts, self.backlog or (False,) * len(self.alerts)))
+
+
+@dataclass(frozen=True)
 class ActionResult:
     ok: bool
     message: str

@@ -8,8 +8,8 @@ from collections import deque
 from ..agent.protocol import FINGERPRINT_BYTES, STARTING, TERMINAL_STATES
 from ..gpus import GpuInfo, parse_query_csv
 from ..trainlog.parser import ExceptionEvent, LogLine, LogParser, PhaseEvent, StepEvent
-from .alerts import Alert, GpuSample, RunHealth
-from .model import AlertView, GpuView, MetricPoint, RunView
+from .alerts import Alert, AlertRules, GpuSample, RunHealth
+from .model import AlertView, GpuView, MetricPoint, RunStatus, RunView
 
 # The parser's fine-grained start-up phases, folded into the few the dashboard shows.
 PHASE_SHOWN = {"loading_dataset": "loading_dataset", "dataset_loaded": "loading_dataset",
@@ -38,24 +38,29 @@ def iso(seconds: float) -> str:
 class RunTracker:
     """One run: its record from the agent, its log parsed incrementally from byte offsets, its health."""
 
-    def __init__(self, target: str, record: dict, *, history: int, tail: int) -> None:
+    def __init__(self, target: str, record: dict, *, history: int, tail: int,
+                 rules: AlertRules | None = None) -> None:
         self.target = target
         self.run_id: str = record["run_id"]
         self.record = record
         # a run that had ended before we looked raises no alerts: they would all be old news
         self.quiet = record.get("state") in TERMINAL_STATES
         self.parser = LogParser()
-        self.health = RunHealth(self.run_id, gpu_indices=record.get("gpus") or None)
+        self.health = RunHealth(self.run_id, rules=rules, gpu_indices=record.get("gpus") or None)
         self.offset: int | None = None  # the next byte of train.log we expect: the resume point
         self.ino: int | None = None
         self.fingerprint = b""  # the last bytes before `offset`: the agent checks the file still has them
         self.synced = False
+        # until its log is first read to the end: alerts found now come from what the log held before the watch
+        # began (shown, never notified); set by the source for the runs that were already there
+        self.backlog = False
         self.history: deque[MetricPoint] = deque(maxlen=history)
         self.tail: deque[str] = deque(maxlen=tail)
         self.exception_texts: deque[str] = deque(maxlen=MAX_EXCEPTION_TEXTS)
         self.exception_count = 0
         self.phase: str | None = None
         self.last_step: int | None = None
+        self.last_step_line: str | None = None
         self.q_pre: tuple[int, ...] = ()
         self.q_hs: tuple[int, ...] = ()
         self.values: dict[str, float | None] = dict.fromkeys(STEP_VALUES)
@@ -122,6 +127,7 @@ class RunTracker:
             self.tail.append(event.text)
 
     def _take_step(self, step: StepEvent) -> None:
+        self.last_step_line = step.text
         if self.phase != "finished":
             self.phase = "training" if step.total is None else "generating"
         if step.step is not None:
@@ -138,6 +144,10 @@ class RunTracker:
         return [] if self.quiet else alerts
 
     # -- output
+
+    def status(self) -> RunStatus:
+        return RunStatus(self.run_id, self.target, self.record.get("name") or "", self.record.get("state") or STARTING,
+                         self.health.conditions, self.last_step_line)
 
     def view(self) -> RunView:
         if self._view is None:

@@ -288,7 +288,7 @@ def test_finished_or_reloading_trainer_is_not_training():
 
 
 def test_low_disk_fires_once_below_either_mark_and_again_after_recovery() -> None:
-    from orchestrator.watch.alerts import LOW_DISK, DiskHealth, DiskRules
+    from orchestrator.watch.alerts import LOW_DISK, DiskHealth
 
     gib = 1024 ** 3
     disk = DiskHealth("pve1/200")
@@ -300,5 +300,5 @@ def test_low_disk_fires_once_below_either_mark_and_again_after_recovery() -> Non
     assert disk.observe(100 * gib, 1000 * gib, 3.0) == []           # recovered
     again = disk.observe(gib, 10 * gib, 4.0)                        # under 2 GiB of a small disk (10 %)
     assert [a.kind for a in again] == [LOW_DISK] and disk.low
-    relaxed = DiskHealth("pve1/200", rules=DiskRules(min_free_bytes=0.5 * gib, min_free_fraction=0.01))
+    relaxed = DiskHealth("pve1/200", rules=AlertRules(min_free_bytes=0.5 * gib, min_free_fraction=0.01))
     assert relaxed.observe(gib, 10 * gib, 0.0) == [] and not relaxed.low

@@ -366,7 +366,9 @@ def test_an_upload_cut_mid_way_leaves_no_damaged_agent(lab, tmp_path, capsys) ->
     final = agent_dir / f"agent-{agent.digest}.pyz"
     shaper = ["tc", "qdisc", "add", "dev", host.link.root_veth, "root", "tbf", "rate", "64kbit", "burst", "1600",
               "latency", "2s"]
-    subprocess.run(shaper, check=True)  # the link towards pve2: ~8 KB/s, so the upload takes seconds
+    shaped = subprocess.run(shaper, capture_output=True, text=True)  # towards pve2: ~8 KB/s, the upload takes seconds
+    if shaped.returncode != 0:
+        pytest.skip(f"this kernel cannot slow a link (tc tbf): {shaped.stderr.strip()}")
     try:
         ps = subprocess.Popen([sys.executable, "-m", "orchestrator", "--inventory", str(path), "ps", TARGET],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
