@@ -169,7 +169,7 @@ class Keeper:
         me = os.getpid()
         if not self.known and not (_child_pids(me) - self.children):
             return
-        found = lineage.attribute(procfs.snapshot(), me, lineage.run_states(self.runs_dir), self.known)
+        found = lineage.attribute(procfs.snapshot(), me, lambda: lineage.run_states(self.runs_dir), self.known)
         if found != self.known:
             self.known = found
             lineage.save_known(self.paths.dir, found)

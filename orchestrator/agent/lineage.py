@@ -47,9 +47,11 @@ def save_known(keeper_dir: str, known: dict) -> None:
         pass  # a full disk: the walk itself still finds what is below the keeper now
 
 
-def attribute(table: dict, keeper_pid: int, states: dict, known: dict) -> dict:
+def attribute(table: dict, keeper_pid: int, states, known: dict) -> dict:
     """(pid, start time) -> run id for every live process the keeper inherited, with their descendants; the
-    supervisors it started, and their trees, are not walked (kill and cleanup find those from state.json)."""
+    supervisors it started, and their trees, are not walked (kill and cleanup find those from state.json).
+    `states`: run id -> state.json, or a function that reads them (called only if a process needs them)."""
+    states = _Once(states)
     children = {}
     for stat in table.values():
         children.setdefault(stat.ppid, []).append(stat)
@@ -68,7 +70,19 @@ def attribute(table: dict, keeper_pid: int, states: dict, known: dict) -> dict:
     return found
 
 
-def _direct_child_run(stat, table: dict, states: dict, keeper_cmdline: str) -> str | None:
+class _Once:
+    """The run states, read at the first use only: a keeper with nothing inherited reads no state.json."""
+
+    def __init__(self, states) -> None:
+        self._source, self._value = states, None if callable(states) else states
+
+    def items(self):
+        if self._value is None:
+            self._value = self._source()
+        return self._value.items()
+
+
+def _direct_child_run(stat, table: dict, states: _Once, keeper_cmdline: str) -> str | None:
     """The run of a process the keeper started or inherited and has not recorded yet."""
     cmdline = procfs.read_cmdline(stat.pid)
     words = cmdline.split()
@@ -88,7 +102,7 @@ def _leader_ok(table: dict, sid: int, leader_start: int | None) -> bool:
     return leader_start is not None and (leader is None or leader.start_time == leader_start)
 
 
-def _orphaned_by(start_time: int, table: dict, states: dict) -> str | None:
+def _orphaned_by(start_time: int, table: dict, states: _Once) -> str | None:
     """The run whose supervisor, now dead, started last before `start_time`: only a dead supervisor's run
     hands processes to the keeper."""
     best = None
@@ -111,4 +125,4 @@ def members(runs_dir: str, keeper_dir: str, table: dict) -> dict:
     keeper = table.get(pid) if isinstance(pid, int) else None
     if keeper is None or keeper.start_time != info.get("start_time") or keeper.is_zombie:
         return {}
-    return attribute(table, pid, run_states(runs_dir), load_known(keeper_dir))
+    return attribute(table, pid, lambda: run_states(runs_dir), load_known(keeper_dir))
