@@ -8,10 +8,11 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from ..display import format_rate
+from ..display import format_bytes, format_rate
 from ..errors import EXIT_OK, EXIT_UNREACHABLE, UsageError
 from ..notify.destinations import Destination
 from ..notify.destinations import destinations as notify_destinations
+from ..runs.doctor.storage import LOW_FREE_BYTES, LOW_FREE_FRACTION
 from ..watch.alerts import AlertRules
 from ..watch.model import Snapshot
 from ..watch.source import LiveSource
@@ -19,6 +20,13 @@ from .args import finite
 from .output import print_json, stderr, stdout
 from .state import AppState
 from .watchserve import serve_dashboard
+
+
+# the low_disk alert's marks (doctor's, by default)
+MIN_FREE_GIB = typer.Option(LOW_FREE_BYTES / 1024 ** 3, "--min-free-gib", min=0.0, callback=finite, metavar="GIB",
+                            help="low_disk alert: a container's runs filesystem has less free than this...")
+MIN_FREE_PCT = typer.Option(LOW_FREE_FRACTION * 100, "--min-free-pct", min=0.0, max=100.0, callback=finite,
+                            metavar="PCT", help="...or less than this share of it.")
 
 
 def watch(
@@ -54,6 +62,8 @@ def watch(
     port: int = typer.Option(8000, "--port", min=1, max=65535, help="With --serve: the port to listen on."),
     token: Optional[str] = typer.Option(None, "--token", metavar="T", help="With --serve: the token every "
                                         "request must carry (?token=T); made up and printed off loopback."),
+    min_free_gib: float = MIN_FREE_GIB,
+    min_free_pct: float = MIN_FREE_PCT,
 ) -> int:
     """The live dashboard of every run, GPU and alert of the targets (keys: k kill, l log, c cleanup, / filter,
     m switch chart, ? help, q quit).
@@ -73,8 +83,7 @@ def watch(
     if serve:
         return serve_dashboard(state, [t.name for t in resolved] if targets else [], interval, once=once,
                                host=host, port=port, token=token)
-    rules = AlertRules() if stall is None else dataclasses.replace(AlertRules(), stall_floor_s=stall,
-                                                                   stall_startup_s=stall)
+    rules = _rules(stall, min_free_gib, min_free_pct)
     if not once:
         sinks = [] if no_notify else notify_destinations(inventory, notify or [], repeat_s=notify_repeat)
         return _live(LiveSource(inventory, resolved, gpu_interval=interval, rules=rules), sinks, headless=headless)
@@ -134,6 +143,11 @@ def _live(source: LiveSource, sinks: list[Destination], *, headless: bool) -> in
     return EXIT_OK
 
 
+def _rules(stall: float | None, min_free_gib: float, min_free_pct: float) -> AlertRules:
+    rules = AlertRules(min_free_bytes=min_free_gib * 1024 ** 3, min_free_fraction=min_free_pct / 100)
+    return rules if stall is None else dataclasses.replace(rules, stall_floor_s=stall, stall_startup_s=stall)
+
+
 def _print(snapshot: Snapshot, unreachable: dict[str, str]) -> None:
     out = stdout()
     table = Table(box=None, header_style="bold")
@@ -151,6 +165,10 @@ def _print(snapshot: Snapshot, unreachable: dict[str, str]) -> None:
         out.print(f"{gpu.target} GPU{gpu.index}: {_value(gpu.memory_used_mib, '{:.0f}')}/"
                   f"{_value(gpu.memory_total_mib, '{:.0f}')} MiB, {_value(gpu.utilization_pct, '{:.0f}')} %",
                   markup=False)
+    for host in snapshot.hosts:
+        if host.free_bytes is not None:
+            out.print(f"{host.name}: {format_bytes(host.free_bytes)} free of {format_bytes(host.total_bytes)} "
+                      f"where runs write{' (low)' if host.low_disk else ''}", markup=False)
     for alert in snapshot.alerts[-20:]:
         out.print(f"{alert.time} {alert.severity} {alert.target} {alert.run_id}: {alert.message}", markup=False)
     for name, error in unreachable.items():

@@ -105,6 +105,9 @@ class HostView:
     error: str | None = None
     retry_in_s: float | None = None
     reconnecting: bool = False  # a connect attempt is under way (the countdown has run out)
+    free_bytes: int | None = None   # free space where runs are written, of its watched container nearest to full
+    total_bytes: int | None = None
+    low_disk: bool = False          # some watched container of it is below the low_disk alert's mark
 
 
 @dataclass(frozen=True)
@@ -112,7 +115,7 @@ class AlertView:
     time: str            # ISO 8601 UTC
     run_id: str | None
     target: str | None
-    kind: str            # exception / ended / stall / gpu_idle / throughput / nan / starvation / ...
+    kind: str            # exception / ended / stall / gpu_idle / throughput / nan / starvation / low_disk / ...
     severity: str        # info / warning / error
     message: str
 

@@ -14,12 +14,12 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from ..agent.protocol import MSG_GPU, MSG_LOG, MSG_RESET, MSG_RUNS, MSG_SYNCED, TERMINAL_STATES
+from ..agent.protocol import MSG_DISK, MSG_GPU, MSG_LOG, MSG_RESET, MSG_RUNS, MSG_SYNCED, TERMINAL_STATES
 from ..errors import DflashError, TargetNotFound
 from ..inventory.model import Inventory, Target
 from ..runs.client import RunClient
 from ..transports.pool import Connections
-from .alerts import Alert, AlertRules
+from .alerts import Alert, AlertRules, DiskHealth
 from .jobrows import fold_jobs
 from .model import ActionResult, AlertFeed, AlertView, HostView, RunView, Snapshot
 from .stream import ContainerStream, StreamOptions
@@ -37,6 +37,7 @@ class TargetState:
     target: Target
     runs: dict[str, RunTracker] = field(default_factory=dict)
     gpus: GpuTracker | None = None
+    disk: DiskHealth | None = None   # free space where its runs are written
     connected: bool = False
     error: str | None = None
     retry_at: float | None = None
@@ -68,7 +69,8 @@ class LiveSource:
         self._version = self._seen_version = 0
         self._alerts: deque[AlertView] = deque(maxlen=MAX_ALERTS)
         self._alert_backlog: deque[bool] = deque(maxlen=MAX_ALERTS)  # per alert: found in a log's old content
-        self._targets = {t.name: TargetState(t, gpus=GpuTracker(t.name, history=gpu_history)) for t in targets}
+        self._targets = {t.name: TargetState(t, gpus=GpuTracker(t.name, history=gpu_history),
+                                             disk=DiskHealth(t.name, rules=rules)) for t in targets}
         self._line_counts: dict[str, tuple[float, int]] = {}
         self._jobs: dict[str, list[RunView]] = {}  # job id -> its node runs, as of the last snapshot
         options = StreamOptions(gpu_interval=gpu_interval, heartbeat_s=heartbeat_s)
@@ -219,6 +221,10 @@ class LiveSource:
                 self._on_synced(state, message.get("runs") or [], now)
             elif kind == MSG_GPU:
                 self._on_gpu(state, message, now)
+            elif kind == MSG_DISK:
+                free, total = message.get("free_bytes"), message.get("total_bytes")
+                if isinstance(free, int) and isinstance(total, int):
+                    self._add_alerts(state, state.disk.observe(free, total, now))
             else:
                 return None  # heartbeats change nothing
             self._changed()
@@ -318,9 +324,14 @@ class LiveSource:
         for name, states in hosts.items():
             down = [s for s in states if not s.connected]
             retry = [s.retry_at for s in down if s.retry_at is not None]
+            disks = [s.disk for s in states if s.disk.free_bytes is not None]
+            least = min(disks, key=lambda d: d.free_bytes) if disks else None  # the container nearest to full
             views.append(HostView(name=name, connected=not down, error=next((s.error for s in down if s.error), None),
                                   retry_in_s=max(0.0, min(retry) - now) if retry else None,
-                                  reconnecting=any(s.reconnecting for s in down)))
+                                  reconnecting=any(s.reconnecting for s in down),
+                                  free_bytes=least.free_bytes if least else None,
+                                  total_bytes=least.total_bytes if least else None,
+                                  low_disk=any(d.low for d in disks)))
         return tuple(views)
 
     # -- actions --------------------------------------------------------------------------------------------
