@@ -18,6 +18,7 @@ updates only those weights, and the result holds the plan beside the peak of the
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -37,6 +38,16 @@ MODELS = {name: SHAPES[name] for name in ("qwen3-1.7b", "qwen3-8b", "qwen3-32b",
                                           "qwen3.6-35b-a3b", "tiny-hybrid")}
 TINY_DEFAULTS = dict(buckets=[0, 64, 128, 257], token_budget=512, num_anchors=16, anchor_budget=0)
 PHASES = ("data", "target", "drafter_forward", "backward", "optimizer")
+DATASHEET_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0}   # dense bf16, SXM: the basis the field quotes
+# before/after switches of one run: target packing, drafter kernels, and "legacy": the drafter's elementwise code as
+# it was before (RMSNorm returning fp32 under autocast, features cast to fp32 before fc)
+VARIANTS = {
+    "legacy": dict(pack=False, kernels="torch", legacy=True),
+    "padded": dict(pack=False, kernels="torch", legacy=False),
+    "packed": dict(pack=True, kernels="torch", legacy=False),
+    "packed+liger": dict(pack=True, kernels="liger", legacy=False),
+    "auto": dict(pack="auto", kernels="auto", legacy=False),
+}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -64,8 +75,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--simulate-shards", type=int, default=0, metavar="N",
                         help="hold what rank 0 of N ranks holds with the optimizer sharded N ways, and report the "
                              "memory plan beside the measured peak (a memory check: other weights stay fixed)")
+    parser.add_argument("--variants", default=None,
+                        help="comma-separated step variants measured one after the other in this process, on the "
+                             "same batches (before/after figures of one run): " + ", ".join(VARIANTS)
+                             + "; default: the trainer's own choice (pack_target and kernels auto)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = parser.parse_args(argv)
+    unknown = [v for v in (args.variants or "").split(",") if v and v not in VARIANTS]
+    if unknown:
+        parser.error(f"unknown variant(s) {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
     defaults = TINY_DEFAULTS if args.tiny else dict(buckets=list(SEED_BUCKETS), token_budget=49152,
                                                     num_anchors=512, anchor_budget=3072)
     for key, value in defaults.items():
@@ -334,9 +352,49 @@ def measure_training(parts: SimpleNamespace, stream, args, ctx, autocast) -> dic
     phases = clock.seconds()
     flops, real, padded = replay_flops(records, parts, args)
     tokens = sum(sum(lengths) for _, _, lengths in records)
+    positions = sum(mask.numel() for _, mask, _ in records)
     return {"seconds": seconds, "tokens": tokens, "flops": flops, "phases": phases, "real_blocks": real,
+            "padding_share": 1 - tokens / positions,
             "padded_blocks": padded, "frames_after_warmup": compiled_graphs() - frames_before,
             "loss": float(torch.stack(losses).float().mean()), "tok_per_s": all_ranks_sum(tokens, ctx) / seconds}
+
+
+@contextlib.contextmanager
+def legacy_elementwise():
+    """The drafter's RMSNorm and context projection as they were before the dtype fix: an fp32 master weight made
+    the normalised output (and so the residual stream) fp32, and the bf16 features were cast to fp32 before fc."""
+    from trainer.drafter import DFlashDrafter, RMSNorm
+
+    def norm(self, x):
+        dtype = x.dtype
+        x = x.float()
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)).to(dtype)
+
+    def project(self, features):
+        return self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
+
+    saved = RMSNorm.forward, DFlashDrafter.project_context
+    RMSNorm.forward, DFlashDrafter.project_context = norm, project
+    try:
+        yield
+    finally:
+        RMSNorm.forward, DFlashDrafter.project_context = saved
+
+
+@contextlib.contextmanager
+def variant(name: str, parts: SimpleNamespace, ctx):
+    """The target's packing and the drafter's kernels (and the legacy code) of one variant, restored after."""
+    from trainer import kernels
+
+    spec = VARIANTS[name]
+    parts.target.packing = spec["pack"]
+    kernels.install(parts.drafter, kernels.resolve(spec["kernels"], ctx.device))
+    try:
+        with legacy_elementwise() if spec["legacy"] else contextlib.nullcontext():
+            yield
+    finally:
+        parts.target.packing = "auto"
+        kernels.install(parts.drafter, "torch")
 
 
 def profile_steps(parts: SimpleNamespace, stream, args, ctx, autocast) -> str:
@@ -361,6 +419,7 @@ def summarise(args, ctx, *, peak: tuple[float, str], taps: list[int], target_onl
     """The figures; the baselines' (and the ratios to them) are None when they were skipped."""
     flops, phases = training["flops"], training["phases"]
     world_peak = peak[0] * 1e12 * ctx.world_size
+    datasheet = datasheet_tflops(ctx.device)
     phase_total = sum(phases.values()) or 1.0
     target_rate = training["tokens"] / phases["target"] if phases["target"] else 0.0
 
@@ -386,6 +445,11 @@ def summarise(args, ctx, *, peak: tuple[float, str], taps: list[int], target_onl
         "step": {
             "tok_per_s": training["tok_per_s"], "step_ms": 1000 * training["seconds"] / args.steps,
             "mfu": all_ranks_sum(flops.total, ctx) / training["seconds"] / world_peak,
+            "mfu_datasheet": (all_ranks_sum(flops.total, ctx) / training["seconds"] / (datasheet * 1e12 * ctx.world_size)
+                              if datasheet else None),
+            "target_tflops": flops.target / phases["target"] / 1e12 if phases["target"] else None,
+            "drafter_tflops": (flops.drafter_total / (phases["drafter_forward"] + phases["backward"]) / 1e12
+                               if phases["drafter_forward"] + phases["backward"] else None),
             "flops_per_step": {k: v / args.steps for k, v in flops.as_dict().items()},
             "target_flop_share": flops.target / flops.total, "drafter_flop_share": flops.drafter_total / flops.total,
             "phase_share": {k: v / phase_total for k, v in phases.items()},
@@ -393,12 +457,27 @@ def summarise(args, ctx, *, peak: tuple[float, str], taps: list[int], target_onl
             "target_in_step_ratio": ratio(target_only, target_only and target_only["tokens"] / target_only["seconds"]),
             "target_phase_vs_plain_forward": ratio(plain, plain and plain["tok_per_s"] / ctx.world_size),
             "padded_block_share": training["padded_blocks"] / blocks if blocks else 0.0,
+            # of the right-padded batches: what a target pass without packing computes for nothing
+            "target_padding_share": training["padding_share"],
             "loss": training["loss"],
         },
         "peak_memory_gib": peak_memory_gib(ctx.device)[0], "peak_memory_kind": peak_memory_gib(ctx.device)[1],
         "compiled_frames_after_warmup": training["frames_after_warmup"],
         "compiled_frames_total": compiled_graphs(),
     }
+
+
+def variant_row(name: str, summary: dict, peak_gib: float) -> dict:
+    step = summary["step"]
+    return {"variant": name, "tok_per_s": step["tok_per_s"], "step_ms": step["step_ms"], "mfu": step["mfu"],
+            "mfu_datasheet": step["mfu_datasheet"], "target_tflops": step["target_tflops"],
+            "drafter_tflops": step["drafter_tflops"], "phase_share": step["phase_share"],
+            "target_phase_vs_plain_forward": step["target_phase_vs_plain_forward"], "peak_memory_gib": peak_gib}
+
+
+def datasheet_tflops(device: torch.device) -> float | None:
+    name = device_name(device)
+    return next((tflops for key, tflops in DATASHEET_BF16_TFLOPS.items() if key in name), None)
 
 
 def device_name(device: torch.device) -> str:
@@ -455,6 +534,12 @@ def format_table(result: dict) -> str:
         f"matmul peak ({result['matmul_peak_what']}): {result['matmul_peak_tflops']:.3g} TFLOP/s",
         *baselines,
         f"training step:        {step['tok_per_s']:,.0f} tok/s, {step['step_ms']:.1f} ms/step, MFU {step['mfu']:.1%}",
+        f"  MFU against the datasheet's bf16 peak: " + (f"{step['mfu_datasheet']:.1%}" if step["mfu_datasheet"]
+                                                        else "no datasheet figure for this device"),
+        f"  phases: target {step['target_tflops'] or 0:.0f} TFLOP/s, drafter fwd+bwd {step['drafter_tflops'] or 0:.0f}"
+        f" TFLOP/s; padding in the batches {step['target_padding_share']:.1%}",
+        *(f"  variant {row['variant']:>13}: {row['tok_per_s']:,.0f} tok/s, {row['step_ms']:.1f} ms/step, MFU "
+          f"{row['mfu']:.1%}, peak {row['peak_memory_gib']:.1f} GiB" for row in result.get("variants", [])),
         f"  FLOP shares: target {step['target_flop_share']:.1%}, drafter {step['drafter_flop_share']:.1%} "
         f"(padded blocks {step['padded_block_share']:.1%}, not counted)",
         "  time shares: " + ", ".join(f"{k} {v:.1%}" for k, v in step["phase_share"].items()),
@@ -511,16 +596,30 @@ def main(argv=None) -> int:
             progress(f"plain forward: {plain['tok_per_s']:,.0f} tok/s")
             target_only = measure_target_only(target, streams[0], args, ctx, autocast)
             progress(f"target features alone: {target_only['tok_per_s']:,.0f} tok/s")
-        if args.simulate_shards and on_gpu:  # the plan is of training steps: their peak, not the baselines'
-            torch.cuda.reset_peak_memory_stats(ctx.device)
-        training = measure_training(parts, streams[1], args, ctx, autocast)
-        progress(f"training: {training['tok_per_s']:,.0f} tok/s")
-        table = profile_steps(parts, streams[1], args, ctx, autocast) if args.profile else None
+        names = args.variants.split(",") if args.variants else ["auto"]
+        measured = []
+        for name in names:
+            if on_gpu:  # each variant's own peak (and the plan's, with --simulate-shards, is of training steps)
+                torch.cuda.reset_peak_memory_stats(ctx.device)
+            stream = batch_stream(dataset, args, ctx)   # a fresh stream of the same seed: the same batches
+            try:
+                with variant(name, parts, ctx):
+                    training = measure_training(parts, stream, args, ctx, autocast)
+                    peak_gib = peak_memory_gib(ctx.device)[0]
+                    last = name == names[-1]
+                    table = profile_steps(parts, stream, args, ctx, autocast) if args.profile and last else None
+            finally:
+                stream.close()
+            measured.append((name, training, peak_gib))
+            progress(f"training ({name}): {training['tok_per_s']:,.0f} tok/s")
     finally:
         for stream in streams:
             stream.close()
     result = summarise(args, ctx, peak=peak, taps=taps, target_only=target_only, training=training, plain=plain,
                        target_line=target.describe())
+    result["variants"] = [variant_row(name, summarise(args, ctx, peak=peak, taps=taps, target_only=target_only,
+                                                      training=figures, plain=plain, target_line=""), peak_gib)
+                          for name, figures, peak_gib in measured]
     if args.simulate_shards:
         result["memory_plan"] = planned_memory(args, target, drafter, ctx)
     if ctx.is_main:

@@ -64,6 +64,10 @@ def above_idle(used: dict[int, int], idle: dict[int, int]) -> dict[int, int]:
     return {index: used[index] - idle[index] for index in idle if used[index] > idle[index] + IDLE_TOLERANCE_MIB}
 
 
+def progress(what: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {what}", file=sys.stderr, flush=True)
+
+
 def make_inputs(args) -> Path:
     """The target, the data and the trainer config (the target and data are made once per workdir and shape)."""
     from trainer.synthetic import SHAPES, write_random_dataset, write_random_target
@@ -71,8 +75,12 @@ def make_inputs(args) -> Path:
     args.workdir.mkdir(parents=True, exist_ok=True)
     target = args.workdir / f"target-{args.shape}"
     if not (target / "config.json").is_file():
-        # made on the CPU: this process never holds GPU memory of its own, so nvidia-smi's idle value is the GPU's
-        write_random_target(target, args.shape, device="cpu")
+        # made in a child process (on the GPU when there is one: an 8B shape takes minutes on a CPU), so this
+        # process never holds GPU memory of its own and nvidia-smi's idle value is the GPU's
+        progress(f"writing a random {args.shape} target")
+        make = ("import sys; from pathlib import Path; from trainer.synthetic import write_random_target; "
+                "write_random_target(Path(sys.argv[1]), sys.argv[2], device=sys.argv[3])")
+        subprocess.run([sys.executable, "-c", make, str(target), args.shape, args.device], check=True)
     # a GPU gets the trainer's defaults (5 drafter layers, B=16, 512 anchors); a CPU a size it can step through
     sizes = (dict(buckets=[0, 1024, 2048, 4097], token_budget=16384) if args.device == "cuda" else
              dict(buckets=[0, 128, 257], token_budget=1024, drafter_layers=1, block_size=8, num_anchors=16))
@@ -125,6 +133,7 @@ def main(argv=None) -> int:
     idle = gpu_memory_mib(args.gpu_list)
     report: dict = {"shape": args.shape, "device": args.device, "idle_memory_mib": idle}
 
+    progress("dflashctl launch local")
     started = time.monotonic()
     code, out, err = cli("launch", "local", "--config", str(config), "--name", "e2e", "--json",
                          "--grace", str(args.grace), *(["--gpus", args.gpus] if args.device == "cuda" else []))
@@ -138,8 +147,10 @@ def main(argv=None) -> int:
     # would otherwise hold the GPU after this script is gone
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
+        progress(f"launched {run_id} in {report['launch_s']} s; watching until step {args.steps_seen}")
         run, gpus, waited = watch_until_steps(args, run_id)
     finally:
+        progress("dflashctl kill")
         kill_started = time.monotonic()
         code, out, err = cli("kill", run_id, "--json", "--grace", str(args.grace))
         kill_s = time.monotonic() - kill_started
@@ -156,6 +167,7 @@ def main(argv=None) -> int:
     back, last = memory_back_to_idle(args, idle)
     report["memory_back_to_idle_s"] = None if back is None else round(back, 2)
     report["memory_after_kill_mib"] = last
+    report["launch_to_idle_s"] = round(time.monotonic() - started, 1)   # launch, watch, kill, GPU memory back
     survivors = subprocess.run(["grep", "-l", f"DFLASH_RUN_ID={run_id}", *Path("/proc").glob("[0-9]*/environ")],
                                capture_output=True, text=True).stdout.split()
     report["processes_left"] = survivors

@@ -1,4 +1,4 @@
-"""`python -m trainer COMMAND`: train, check, prepare, generate, eval, tiny-target.
+"""`python -m trainer COMMAND`: train, check, export, prepare, generate, eval, tiny-target.
 
 Exit codes: 0 success; 1 an unexpected error (full traceback printed); 2 bad input (a TrainerError: the
 message only, one `error:` line per problem). SIGTERM keeps its default action, so the process ends at once;
@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 import traceback
 
 from trainer.errors import TrainerError
@@ -25,6 +26,11 @@ def _train(args) -> int:
 
 
 def _check(args) -> int:
+    if (args.target is None) != (args.drafter is None) or (args.config is None) == (args.target is None):
+        raise TrainerError("check needs --config FILE (a training config), or --target DIR and --drafter CKPT "
+                           "(a drafter against the target it will be served with)")
+    if args.config is None:
+        return _check_parity(args)
     from trainer.preflight import check_config_file
 
     from_stdin = args.config == "-"
@@ -40,11 +46,28 @@ def _check(args) -> int:
     return 0 if found.ok else 2
 
 
+def _check_parity(args) -> int:
+    from trainer.parity import check_parity
+
+    report = check_parity(args.target, args.drafter)
+    print(json.dumps(report.as_dict()) if args.json else "\n".join(report.lines()), flush=True)
+    return 0 if report.ok else 1
+
+
+def _export(args) -> int:
+    from trainer.export import export
+
+    result = export(args.checkpoint, args.out, target=args.target, dtype=args.dtype, check=not args.no_check,
+                    force=args.force)
+    print(json.dumps(result.as_dict()) if args.json else "\n".join(result.lines()), flush=True)
+    return 0 if result.ok else 1
+
+
 def _prepare(args) -> int:
     from trainer.prepare import prepare
 
     report = prepare(target=args.target, input_path=args.input, output=args.output, block_size=args.block_size,
-                     max_length=args.max_length, overlong=args.overlong)
+                     max_length=args.max_length, overlong=args.overlong, heldout=args.heldout)
     print("\n".join(report.lines(args.output)), flush=True)
     return 0
 
@@ -116,17 +139,49 @@ def _add_train_command(commands) -> None:
 
 def _add_check_command(commands) -> None:
     check = commands.add_parser(
-        "check", help="check a config, the paths it names and the data, without loading a model",
-        description="Every problem of a training config in one pass, one line each: the keys and values, the "
-                    "target, data and output paths, the target's config.json against the taps, the dataset's "
-                    "files and columns. Exit 0 when `train` would start, 2 otherwise. Needs no torch.")
-    check.add_argument("--config", required=True, help="YAML config file, or - for stdin")
+        "check", help="check a config (and its paths and data), or a drafter against its target, loading no model",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="\n\n".join(textwrap.fill(paragraph, 79) for paragraph in (
+            "--config: every problem of a training config in one pass, one line each: the keys and values, the "
+            "target, data and output paths, the target's config.json against the taps, the dataset's files and "
+            "columns. Exit 0 when `train` would start, 2 otherwise.",
+            "--target DIR --drafter CKPT: train/serve parity, one line per check: the mask token is a special "
+            "token of the target's tokenizer, the taps lie within the target's layers and agree between config "
+            "keys, hidden size, vocabulary, head_dim, RoPE theta and scaling match, block size and sliding-window "
+            "layout agree, the target has a chat template. Exit 0 when all hold, 1 on a mismatch (each line says "
+            "what to change), 2 when a directory is not a model.",
+            "Needs no torch.")))
+    check.add_argument("--config", default=None, help="YAML config file, or - for stdin")
+    check.add_argument("--target", default=None, metavar="DIR", help="target model directory (with --drafter)")
+    check.add_argument("--drafter", default=None, metavar="CKPT",
+                       help="drafter checkpoint directory (a step_N or an export; with --target)")
     check.add_argument("--base-dir", default=None, metavar="DIR",
                        help="take relative paths from DIR, the run's working directory (default: here); "
                             "DIR need not exist yet")
     check.add_argument("--source", default=None, metavar="NAME", help="the config's name in messages")
-    check.add_argument("--json", action="store_true", help="print one JSON object: ok, problems, what was read")
+    check.add_argument("--json", action="store_true",
+                       help="print one JSON object: ok, and the problems (--config) or the checks (--drafter)")
     check.set_defaults(run=_check)
+
+
+def _add_export_command(commands) -> None:
+    export = commands.add_parser(
+        "export", help="write a serving-only copy of a checkpoint (no training state)",
+        description="Copy a drafter checkpoint for serving: config.json (with auto_map and "
+                    "eagle_aux_hidden_state_layer_ids), model.safetensors in --dtype, the modeling file dflash.py "
+                    "(AutoModel.from_pretrained(OUT, trust_remote_code=True) loads it) and a README.md card, "
+                    "without optimizer state or master weights. Runs the train/serve parity check against the "
+                    "target first (the training config's target_path, or --target) and writes nothing if it fails.")
+    export.add_argument("checkpoint", metavar="CKPT", help="drafter checkpoint directory (a step_N)")
+    export.add_argument("out", metavar="OUT", help="directory to write (new, or empty)")
+    export.add_argument("--target", default=None, metavar="DIR",
+                        help="target model directory for the parity check (default: the checkpoint's target_path)")
+    export.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16",
+                        help="weights dtype (default bfloat16, as the public DFlash drafters)")
+    export.add_argument("--no-check", action="store_true", help="skip the parity check (no target at hand)")
+    export.add_argument("--force", action="store_true", help="write into OUT even if it is not empty")
+    export.add_argument("--json", action="store_true", help="print one JSON object")
+    export.set_defaults(run=_export)
 
 
 def _add_prepare_command(commands) -> None:
@@ -139,6 +194,10 @@ def _add_prepare_command(commands) -> None:
     prepare.add_argument("--max-length", type=int, default=None, help="longest sample in tokens (default: none)")
     prepare.add_argument("--overlong", choices=("truncate", "drop"), default="truncate",
                          help="what to do with samples over --max-length (default truncate)")
+    prepare.add_argument("--heldout", type=float, default=0.01, metavar="SHARE",
+                         help="share of the samples set aside in OUTPUT/heldout, never trained on, for the "
+                              "trainer's eval_every (by a hash of each chat: the same split every time; "
+                              "default 0.01, 0 = none)")
     prepare.set_defaults(run=_prepare)
 
 
@@ -220,6 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_train_command(commands)
     _add_check_command(commands)
+    _add_export_command(commands)
     _add_prepare_command(commands)
     _add_generate_command(commands)
     _add_eval_command(commands)

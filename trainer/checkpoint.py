@@ -1,8 +1,11 @@
-"""The drafter on disk, in the layout SGLang and vLLM load: config.json + model.safetensors, no embedding/LM head.
+"""The drafter on disk, in the layout SGLang and vLLM load: config.json + model.safetensors, no embedding/LM head,
+plus `dflash.py` (trainer/modeling_dflash.py, named by config.json's auto_map) so that transformers loads it too.
 
-A training checkpoint `step_N/` adds the training state (optimizer, scheduler, RNG, data position) and the
-resolved config; it appears whole or not at all (written under a temporary name, then renamed). Which one a
-run resumes from, and whether its config allows it, is decided here too.
+A training checkpoint `step_N/` adds the training state (optimizer, scheduler, RNG, data position), the fp32
+master weights when model.safetensors holds a lower precision (save_dtype), and the resolved config; it appears
+whole or not at all (written under a temporary name, then renamed). Every file is readable as the umask allows
+(644 by default), so a server run by another user can load it. Which checkpoint a run resumes from, and whether
+its config allows it, is decided here too.
 """
 from __future__ import annotations
 
@@ -24,14 +27,18 @@ if TYPE_CHECKING:
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
+MODELING_FILE = "dflash.py"   # the public DFlash checkpoints' name: auto_map "dflash.DFlashDraftModel"
 STATE_FILE = "training_state.pt"
+MASTER_WEIGHTS_FILE = "master_weights.safetensors"  # fp32, written when model.safetensors is not
 TRAINER_CONFIG_FILE = "trainer_config.json"  # the resolved training config, readable without torch
 CHECKPOINT_FILES = (CONFIG_FILE, WEIGHTS_FILE, STATE_FILE, TRAINER_CONFIG_FILE)
+TRAINING_FILES = (STATE_FILE, MASTER_WEIGHTS_FILE, TRAINER_CONFIG_FILE)  # what a serving copy leaves out
 # config keys that shape the drafter or the data order: a checkpoint resumes only with the same values
 RESUME_KEYS = ("block_size", "drafter_layers", "target_layer_ids", "sliding_window", "drafter_heads",
                "drafter_kv_heads", "drafter_head_dim", "drafter_intermediate_size", "drafter_rope_theta",
                "mask_token_id", "seed", "buckets", "token_budget", "max_length", "overlong")
-_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_DTYPE_NAMES = {value: key for key, value in DTYPES.items()}
 
 
 def drafter_tensors(drafter: nn.Module, *, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
@@ -47,22 +54,64 @@ def drafter_tensors(drafter: nn.Module, *, dtype: torch.dtype | None = None) -> 
     return tensors
 
 
-def save_drafter(drafter: nn.Module, out_dir: Path, *, dtype: torch.dtype | None = None) -> None:
-    """Write config.json and model.safetensors into out_dir (the caller makes the directory appear atomically).
+def current_umask() -> int:
+    """The process umask, read without changing it where Linux allows (os.umask alone must set it to read it)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
-    dtype: cast floating tensors on the way out (e.g. bf16 for serving); default keeps the training dtype."""
+
+def make_readable(path: Path) -> None:
+    """The mode an ordinary new file gets (0o666 minus the umask): safetensors writes its files 0o600."""
+    os.chmod(path, 0o666 & ~current_umask())
+
+
+def serving_config(config: DrafterConfig, dtype: torch.dtype) -> dict:
+    """config.json: DFLASH.md's keys, the dtype of the weights and the auto_map that names the modeling file."""
+    data = config.to_hf_dict()
+    # transformers 5 reads "dtype", older releases and serving engines "torch_dtype"
+    data["torch_dtype"] = data["dtype"] = _DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))
+    data["auto_map"] = {"AutoModel": f"{Path(MODELING_FILE).stem}.DFlashDraftModel"}
+    return data
+
+
+def write_modeling_file(out_dir: Path) -> Path:
+    """trainer/modeling_dflash.py, verbatim, as the checkpoint's dflash.py."""
+    from trainer import modeling_dflash
+
+    path = Path(out_dir) / MODELING_FILE
+    shutil.copyfile(modeling_dflash.__file__, path)
+    make_readable(path)
+    return path
+
+
+def save_weights(tensors: dict[str, torch.Tensor], path: Path) -> None:
     from safetensors.torch import save_file
 
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    make_readable(path)
+
+
+def save_drafter(drafter: nn.Module, out_dir: Path, *, dtype: torch.dtype | None = None) -> None:
+    """Write config.json, model.safetensors and dflash.py into out_dir (the caller makes the directory appear
+    atomically).
+
+    dtype: cast floating tensors on the way out (e.g. bf16 for serving); default keeps the training dtype."""
     model = unwrap(drafter)
     tensors = drafter_tensors(model, dtype=dtype)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    config = model.config.to_hf_dict()
-    saved_dtype = next(iter(tensors.values())).dtype
-    # transformers 5 reads "dtype", older releases and serving engines "torch_dtype"
-    config["torch_dtype"] = config["dtype"] = _DTYPE_NAMES.get(saved_dtype, str(saved_dtype).removeprefix("torch."))
+    config = serving_config(model.config, next(iter(tensors.values())).dtype)
     (out_dir / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
-    save_file(tensors, str(out_dir / WEIGHTS_FILE), metadata={"format": "pt"})
+    make_readable(out_dir / CONFIG_FILE)
+    save_weights(tensors, out_dir / WEIGHTS_FILE)
+    write_modeling_file(out_dir)
 
 
 def read_drafter_config(ckpt_dir: Path) -> DrafterConfig:
@@ -90,8 +139,11 @@ def _check_shared_modules(config: DrafterConfig, embed_tokens: nn.Embedding, lm_
 
 
 def load_drafter(ckpt_dir: Path, *, embed_tokens: nn.Embedding, lm_head: nn.Linear,
-                 device: torch.device | str | None = None) -> DFlashDrafter:
-    """A drafter built from a checkpoint, sharing the given (target's) embedding and LM head."""
+                 device: torch.device | str | None = None, serving: bool = False) -> DFlashDrafter:
+    """A drafter built from a checkpoint, sharing the given (target's) embedding and LM head.
+
+    It holds the fp32 master weights where the checkpoint has them (a training checkpoint whose
+    model.safetensors is bf16), else model.safetensors; `serving` loads model.safetensors, what a server runs."""
     from safetensors.torch import load_file
 
     ckpt_dir = Path(ckpt_dir)
@@ -100,6 +152,8 @@ def load_drafter(ckpt_dir: Path, *, embed_tokens: nn.Embedding, lm_head: nn.Line
     weights_path = ckpt_dir / WEIGHTS_FILE
     if not weights_path.is_file():
         raise TrainerError(f"{ckpt_dir} has no {WEIGHTS_FILE}")
+    if not serving and (ckpt_dir / MASTER_WEIGHTS_FILE).is_file():
+        weights_path = ckpt_dir / MASTER_WEIGHTS_FILE
     tensors = load_file(str(weights_path))
     drafter = DFlashDrafter(config, embed_tokens=embed_tokens, lm_head=lm_head)
     dtype = next(iter(tensors.values())).dtype
@@ -143,18 +197,25 @@ def check_resumable(resume_dir: Path, cfg: TrainConfig) -> None:
                            f"use --resume never or a new output_dir")
 
 
-def save_checkpoint(output_dir: Path, step: int, *, drafter, state: dict, keep: int) -> Path:
-    """Write step_N/ into a temp dir and rename it: a kill mid-write never leaves a complete-looking step_N."""
-    from trainer.checkpoint import save_drafter
+def save_checkpoint(output_dir: Path, step: int, *, drafter, state: dict, keep: int,
+                    save_dtype: str = "float32") -> Path:
+    """Write step_N/ into a temp dir and rename it: a kill mid-write never leaves a complete-looking step_N.
 
+    model.safetensors is written in `save_dtype`; when that is not the training dtype, the master weights go
+    to master_weights.safetensors as they are, and a resumed run loads those."""
     final = output_dir / f"step_{step}"
     temp = output_dir / f".tmp-step_{step}-{os.getpid()}"
     shutil.rmtree(temp, ignore_errors=True)
     temp.mkdir(parents=True)
-    save_drafter(drafter, temp)
+    dtype = DTYPES[save_dtype]
+    save_drafter(drafter, temp, dtype=dtype)
+    master = drafter_tensors(drafter)
+    if any(t.is_floating_point() and t.dtype != dtype for t in master.values()):
+        save_weights(master, temp / MASTER_WEIGHTS_FILE)
     torch.save(state, temp / STATE_FILE)
     (temp / TRAINER_CONFIG_FILE).write_text(json.dumps(state["config"], indent=2))
     for path in temp.iterdir():
+        make_readable(path)
         with open(path, "rb") as handle:
             os.fsync(handle.fileno())
     if final.exists():

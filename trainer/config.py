@@ -121,12 +121,25 @@ class TrainConfig(BaseModel):
         None, ge=0, description="Token id of the drafter's masked slots; null = the tokenizer's mask token, else "
                                 "<|MASK|>, else the family's (248070 for the Qwen3.5/3.6 tokenizer), else the first "
                                 "id past the tokenizer (151669 for Qwen3).")
+    kernels: Literal["auto", "torch", "liger"] = Field(
+        "auto", description="The drafter's RMSNorm and SwiGLU kernels: liger (liger-kernel's fused Triton kernels; "
+                            "pip install 'dflashctl[fast]'), torch, or auto = liger where it runs (a CUDA device "
+                            "with liger-kernel installed), torch elsewhere.")
+    pack_target: bool | Literal["auto"] = Field(
+        "auto", description="Run the target's feature pass on each batch packed into one row (no padding "
+                            "computed; attention kept inside each sequence). auto = on a GPU, where flash "
+                            "attention's varlen kernel runs, for targets without linear-attention layers; true also packs "
+                            "a Qwen3.5/3.6 hybrid (its conv1d and delta-rule state restart per sequence).")
     num_workers: int = Field(2, ge=1, description="CPU threads that build batches (never GPU work).")
     prefetch: int = Field(8, ge=1, description="Batches built ahead of the training step.")
     device: str = Field("auto", description="auto (cuda:LOCAL_RANK if CUDA is available, else cpu), cpu or cuda.")
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         "auto", description="Target weights and autocast dtype; auto = bfloat16 on GPU, float32 on CPU. "
                             "Drafter master weights are always float32.")
+    save_dtype: Literal["bfloat16", "float16", "float32"] = Field(
+        "bfloat16", description="dtype of each checkpoint's model.safetensors, the weights a server loads. The fp32 "
+                                "master weights are kept next to the training state (master_weights.safetensors), "
+                                "so a resumed run continues exactly.")
     resume: str = Field("auto", description="auto (newest complete checkpoint in output_dir), never, or a "
                                             "step_N directory.")
     shard_optimizer: bool | Literal["auto"] = Field(
@@ -137,6 +150,18 @@ class TrainConfig(BaseModel):
         0, ge=0, description="Memory check on one process: keep only the AdamW states rank 0 of N ranks would "
                              "keep (and update only those weights; the others stay as initialised), so the peak "
                              "memory can be measured against the N-GPU plan. Not a way to train; 0 = off.")
+    replay_sequences: int = Field(
+        2, ge=0, description="Sequences of each logged step's batch whose decoding rounds are replayed "
+                             "teacher-forced (tau_replay, the acceptance histogram): one no-grad drafter pass "
+                             "over their anchors, on logged steps only; 0 = off.")
+    eval_every: int = Field(0, ge=0, description="Steps between evaluations on the held-out split that `prepare` "
+                                                 "set aside (tau_heldout; rank 0); 0 = off.")
+    eval_samples: int = Field(32, ge=1, description="Held-out samples whose rounds each evaluation replays.")
+    eval_prompts: int = Field(0, ge=0, description="Held-out prompts each evaluation also decodes for real "
+                                                   "(speculative decoding against the target: tau_eval); 0 = none.")
+    eval_max_new_tokens: int = Field(64, ge=1, description="Tokens each real speculative decoding generates.")
+    heldout_path: str | None = Field(None, description="Held-out dataset directory; null = {data_path}/heldout, "
+                                                       "where `prepare` writes it.")
 
     @model_validator(mode="after")
     def _check_consistency(self, info: ValidationInfo) -> "TrainConfig":

@@ -1,4 +1,7 @@
-"""The DFlash drafter: Qwen3-style decoder layers whose keys/values also carry the target's context features."""
+"""The DFlash drafter: Qwen3-style decoder layers whose keys/values also carry the target's context features.
+
+Its config (DrafterConfig, what config.json holds) and the trainer's module around the layers; the layers and the
+forward themselves are trainer/modeling_dflash.py's, the file every checkpoint ships."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
@@ -7,7 +10,10 @@ import torch
 from torch import nn
 
 from trainer.families import DrafterShape, drafter_shape, target_spec
-from trainer.masks import FULL_ATTENTION, SLIDING_ATTENTION, DrafterMask, build_drafter_mask, choose_backend
+from trainer.masks import build_drafter_mask, choose_backend
+from trainer.modeling_dflash import (  # noqa: F401  (the layers are importable from here too)
+    FULL_ATTENTION, SLIDING_ATTENTION, DFlashBlocks, DrafterLayer, DrafterMLP, RMSNorm, RotaryEmbedding,
+    block_input_ids)
 
 
 @dataclass
@@ -81,6 +87,9 @@ class DrafterConfig:
             out[key] = getattr(self, key)
         out["rope_scaling"] = None
         out["dflash_config"] = {"mask_token_id": self.mask_token_id, "target_layer_ids": self.target_layer_ids}
+        # vLLM's name for the taps, counted from the embedding output (layer i's output is hidden state i + 1);
+        # releases without a fallback to dflash_config would otherwise tap 3 default layers
+        out["eagle_aux_hidden_state_layer_ids"] = [i + 1 for i in self.target_layer_ids]
         out["layer_types"] = self.resolved_layer_types
         out["use_sliding_window"] = self.sliding_window is not None
         out["sliding_window"] = self.sliding_window
@@ -102,101 +111,10 @@ class DrafterConfig:
         return asdict(self)
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
-
-
-class RotaryEmbedding(nn.Module):
-    """Neox-style RoPE (rotate-half), as Qwen3, SGLang and vLLM apply it.
-
-    The frequencies are recomputed in fp32 on every call rather than kept as a buffer, so casting the drafter
-    to bf16 never degrades the positions."""
-
-    def __init__(self, head_dim: int, theta: float):
-        super().__init__()
-        self.head_dim, self.theta = head_dim, theta
-
-    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        exponents = torch.arange(0, self.head_dim, 2, dtype=torch.float32, device=positions.device) / self.head_dim
-        inv_freq = 1.0 / (self.theta ** exponents)
-        freqs = positions.float()[..., None] * inv_freq
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [B, heads, L, D]; cos/sin: [B, L, D]."""
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
-
-
-class DrafterAttention(nn.Module):
-    def __init__(self, config: DrafterConfig, layer_type: str):
-        super().__init__()
-        self.layer_type = layer_type
-        self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
-        self.head_dim = config.head_dim
-        self.scale = config.head_dim ** -0.5
-        h, d = config.hidden_size, config.head_dim
-        self.q_proj = nn.Linear(h, self.num_heads * d, bias=False)
-        self.k_proj = nn.Linear(h, self.num_kv_heads * d, bias=False)
-        self.v_proj = nn.Linear(h, self.num_kv_heads * d, bias=False)
-        self.o_proj = nn.Linear(self.num_heads * d, h, bias=False)
-        self.q_norm = RMSNorm(d, config.rms_norm_eps)
-        self.k_norm = RMSNorm(d, config.rms_norm_eps)
-
-    def _heads(self, x: torch.Tensor, num_heads: int) -> torch.Tensor:
-        return x.view(*x.shape[:2], num_heads, self.head_dim)
-
-    def forward(self, x: torch.Tensor, context: torch.Tensor, rope_q, rope_kv, mask: DrafterMask) -> torch.Tensor:
-        """x: block tokens [B, Q, H]; context: projected target features [B, S, H]."""
-        q = self.q_norm(self._heads(self.q_proj(x), self.num_heads)).transpose(1, 2)
-        kv_input = torch.cat([context, x], dim=1)
-        k = self.k_norm(self._heads(self.k_proj(kv_input), self.num_kv_heads)).transpose(1, 2)
-        v = self._heads(self.v_proj(kv_input), self.num_kv_heads).transpose(1, 2)
-        q, k = apply_rope(q, *rope_q), apply_rope(k, *rope_kv)
-        out = mask.attend(self.layer_type, q, k, v, scale=self.scale)
-        return self.o_proj(out.transpose(1, 2).reshape(*x.shape[:2], -1))
-
-
-class DrafterMLP(nn.Module):
-    def __init__(self, config: DrafterConfig):
-        super().__init__()
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-class DrafterLayer(nn.Module):
-    def __init__(self, config: DrafterConfig, layer_type: str):
-        super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = DrafterAttention(config, layer_type)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = DrafterMLP(config)
-
-    def forward(self, x, context, rope_q, rope_kv, mask: DrafterMask) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), context, rope_q, rope_kv, mask)
-        return x + self.mlp(self.post_attention_layernorm(x))
-
-
-class DFlashDrafter(nn.Module):
-    """The drafter. The target's embedding and LM head are used but never registered: they stay frozen and
-    out of state_dict(), parameters() and the checkpoint."""
+class DFlashDrafter(DFlashBlocks, nn.Module):
+    """The drafter. Its layers and forward are trainer/modeling_dflash.py's, the file every checkpoint ships. The
+    target's embedding and LM head are used but never registered: they stay frozen and out of state_dict(),
+    parameters() and the checkpoint."""
 
     def __init__(self, config: DrafterConfig, *, embed_tokens: nn.Embedding, lm_head: nn.Linear,
                  attention_backend: str = "auto"):
@@ -205,33 +123,18 @@ class DFlashDrafter(nn.Module):
         self.attention_backend = attention_backend
         self.__dict__["embed_tokens"] = embed_tokens
         self.__dict__["lm_head"] = lm_head
-        num_taps = len(config.target_layer_ids)
-        self.fc = nn.Linear(num_taps * config.hidden_size, config.hidden_size, bias=False)
-        self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.layers = nn.ModuleList(DrafterLayer(config, t) for t in config.resolved_layer_types)
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta)
+        self.build_blocks(config, layer_types=config.resolved_layer_types, num_taps=len(config.target_layer_ids),
+                          rope_theta=config.rope_theta)
         self.apply(self._init_weights)
 
     def _init_weights(self, module: nn.Module) -> None:
         if isinstance(module, nn.Linear):
             nn.init.normal_(module.weight, mean=0.0, std=self.config.initializer_range)
 
-    def project_context(self, features: torch.Tensor) -> torch.Tensor:
-        """[B, S, k*H] tapped target states -> [B, S, H] context for every layer's keys/values."""
-        return self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
-
-    def block_positions(self, anchors: torch.Tensor) -> torch.Tensor:
-        """[B, A*Bs]: anchor + k for slot k (padded blocks get harmless positions from 0)."""
-        offsets = torch.arange(self.config.block_size, device=anchors.device)
-        return (anchors.clamp(min=0)[..., None] + offsets).flatten(1)
-
     def block_tokens(self, anchor_tokens: torch.Tensor) -> torch.Tensor:
         """[B, A*Bs]: the anchor's real token in slot 0, the mask token in slots 1..Bs-1."""
-        tokens = torch.full((*anchor_tokens.shape, self.config.block_size), self.config.mask_token_id,
-                            dtype=torch.long, device=anchor_tokens.device)
-        tokens[..., 0] = anchor_tokens
-        return tokens.flatten(1)
+        return block_input_ids(anchor_tokens, block_size=self.config.block_size,
+                               mask_token_id=self.config.mask_token_id)
 
     def forward(self, features: torch.Tensor, anchor_tokens: torch.Tensor, anchors: torch.Tensor,
                 *, backend: str | None = None, layers: list[int] | None = None) -> torch.Tensor:
@@ -240,19 +143,12 @@ class DFlashDrafter(nn.Module):
         Apply `lm_head` to slots 1..Bs-1 (objective.py does it in chunks). `layers` runs only those layers (the
         start-up compile warms one layer of each type)."""
         context = self.project_context(features)
-        batch, context_len = context.shape[:2]
-        x = self.embed_tokens(self.block_tokens(anchor_tokens)).to(context.dtype)
-        positions = self.block_positions(anchors)
-        context_positions = torch.arange(context_len, device=anchors.device).expand(batch, context_len)
-        rope_q = self.rotary(positions, x.dtype)
-        rope_kv = self.rotary(torch.cat([context_positions, positions], dim=1), x.dtype)
+        x = self.embed_tokens(self.block_tokens(anchor_tokens))
         mask = build_drafter_mask(
-            anchors, context_len=context_len, block_size=self.config.block_size,
+            anchors, context_len=context.shape[1], block_size=self.config.block_size,
             layer_types=self.config.resolved_layer_types, sliding_window=self.config.sliding_window,
             backend=choose_backend(anchors.device, backend or self.attention_backend))
-        for layer in self.layers if layers is None else [self.layers[i] for i in layers]:
-            x = layer(x, context, rope_q, rope_kv, mask)
-        return self.norm(x).view(batch, anchors.shape[1], self.config.block_size, -1)
+        return self.run_blocks(context, x, anchors, mask, layers=layers)
 
     @torch.no_grad()
     def draft_logits(self, context_features: torch.Tensor, anchor_token: int, anchor_pos: int) -> torch.Tensor:

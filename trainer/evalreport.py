@@ -115,6 +115,12 @@ class EvalReport:
     baseline: RunSummary | None  # an untrained drafter of the same shape, its chain
     trees: list[RunSummary]  # the trained drafter's trees, one per budget
 
+    # the drafter's chain under the names of the first version, for Python callers
+    tau = property(lambda self: self.drafter.tau)
+    rounds = property(lambda self: self.drafter.rounds)
+    identical_to_greedy = property(lambda self: self.drafter.identical_to_greedy)
+    speculative_tok_per_s = property(lambda self: self.drafter.tok_per_s)
+
     def runs(self) -> list[RunSummary]:
         return [self.drafter, *([self.baseline] if self.baseline else []), *self.trees]
 

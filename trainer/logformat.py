@@ -34,6 +34,14 @@ class StepMetrics:
     q_hs: list[int] = field(default_factory=list)
     epoch: float = 0.0
     eta_s: float | None = None
+    # τ predicted from replayed decoding rounds (trainer/replay.py), present only where measured: on the step's
+    # own batch, on the held-out split (eval_every), and from real speculative decoding of held-out prompts
+    tau_replay: float | None = None
+    tau_heldout: float | None = None
+    tau_eval: float | None = None
+
+
+TAU_FIELDS = ("tau_replay", "tau_heldout", "tau_eval")
 
 
 def format_elapsed(seconds: float) -> str:
@@ -61,7 +69,18 @@ def _format_queue(depths: Sequence[int]) -> str:
 def format_step_line(m: StepMetrics) -> str:
     """One step line, e.g. the seed's
     `[6m] step=8 loss=12.5546 acc=0.025 streak=0.0 lr=4.52e-06 noise=0.0003 | tgt=0.34b/s dft=0.29b/s
-    (11.7Ktok/s) | q_pre=[50, 50] q_hs=[15] | epoch~0.01 ETA=12.0d` (on one line)."""
+    (11.7Ktok/s) | q_pre=[50, 50] q_hs=[15] | epoch~0.01 ETA=12.0d` (on one line), then, an addition to the
+    seed format, the τ figures measured at this step: ` | tau_replay=1.84 tau_heldout=1.79 tau_eval=1.81`."""
+    return _format_seed_step(m) + format_tau_suffix(m)
+
+
+def format_tau_suffix(m: StepMetrics) -> str:
+    """` | tau_replay=1.84 ...` with the τ fields that were measured, or nothing."""
+    shown = [f"{name}={getattr(m, name):.3f}" for name in TAU_FIELDS if getattr(m, name) is not None]
+    return " | " + " ".join(shown) if shown else ""
+
+
+def _format_seed_step(m: StepMetrics) -> str:
     return (
         f"[{format_elapsed(m.elapsed_s)}] step={m.step} loss={m.loss:.4f} acc={m.acc:.3f} "
         f"streak={m.streak:.1f} lr={m.lr:.2e} noise={m.noise:g} | "
@@ -81,7 +100,8 @@ def _finite_or_none(value):
 def metrics_json(m: StepMetrics) -> str:
     """One line of metrics.jsonl: the StepMetrics fields plus `"event": "step"` (NaN becomes null: strict JSON)."""
     record = {"event": "step", "v": METRICS_SCHEMA_VERSION}
-    record.update({key: _finite_or_none(value) for key, value in asdict(m).items()})
+    record.update({key: _finite_or_none(value) for key, value in asdict(m).items()
+                   if key not in TAU_FIELDS or value is not None})
     return json.dumps(record, separators=(", ", ": "))
 
 
@@ -144,3 +164,16 @@ def format_generate_line(elapsed_s: float, *, answered: int, total: int, failed:
     tokens = f"{tok_per_s / 1000:.1f}Ktok/s" if tok_per_s >= 1000 else f"{tok_per_s:.1f}tok/s"  # a CPU's rate too
     return (f"[{format_elapsed(elapsed_s)}] generate answered={answered}/{total} failed={failed} | "
             f"{tokens} {prompts_per_s:.2f}prompts/s | ETA={format_eta(eta_s)}")
+
+
+STEP_TIME_PHASES = ("data", "target", "drafter", "optimizer", "comm")
+
+
+def format_step_times_line(seconds: dict[str, float | None], *, wall_s: float) -> str:
+    """Where a step's time went, averaged over the log interval, printed after the step line, e.g.
+    `  step times: data 0.003s, target 0.180s, drafter 0.200s, optimizer 0.009s, comm 0.020s, wall 0.420s`.
+    data: the loop waiting for its next batch; drafter: forward and backward (without the exposed gradient
+    all-reduce, which is comm); a phase not measured is left out. What wall holds beyond the phases is host time
+    with the GPU idle."""
+    parts = [f"{name} {seconds[name]:.3f}s" for name in STEP_TIME_PHASES if seconds.get(name) is not None]
+    return "  step times: " + ", ".join(parts + [f"wall {wall_s:.3f}s"])

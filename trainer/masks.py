@@ -9,55 +9,26 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
-FULL_ATTENTION = "full_attention"
-SLIDING_ATTENTION = "sliding_attention"
-
-MaskMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+# the mask itself lives with the layers in the file every checkpoint ships; the BlockMask machinery stays here
+from trainer.modeling_dflash import (FULL_ATTENTION, SLIDING_ATTENTION, DenseMask, MaskMod,  # noqa: F401
+                                     block_mask_mod, dense_drafter_masks, dense_mask)
 
 
-def block_mask_mod(anchors: torch.Tensor, *, context_len: int, block_size: int,
-                   window: int | None = None) -> MaskMod:
-    """mask_mod(b, h, q_idx, kv_idx) -> bool for anchors [batch, num_blocks] (-1 marks a padded block).
+class DrafterMask(DenseMask):
+    """The masks of one forward pass, built once and shared by every layer of the same type: flex_attention
+    BlockMasks, or the dense boolean masks the shipped model uses (backend "sdpa")."""
 
-    Full-attention layers: a block sees context positions kv < anchor and all of its own slots.
-    Sliding layers (window W): slot k sees context [anchor + k - (W-1), anchor) and its own slots <= k.
-    Blocks never see each other; padded blocks see nothing.
-    """
-    last_block = anchors.shape[1] - 1
-
-    def mask_mod(b, h, q_idx, kv_idx):
-        # clamped so that kernels evaluating padded query rows never index past the anchors
-        q_block = torch.clamp(q_idx // block_size, max=last_block)
-        q_slot = q_idx % block_size
-        anchor = anchors[b, q_block]
-        in_context = kv_idx < context_len
-        kv_rel = kv_idx - context_len
-        same_block = (kv_rel >= 0) & (kv_rel // block_size == q_idx // block_size)
-        context_ok = kv_idx < anchor
-        if window is not None:
-            context_ok = context_ok & (kv_idx >= anchor + q_slot - (window - 1))
-            same_block = same_block & (kv_rel % block_size <= q_slot)
-        return (anchor >= 0) & torch.where(in_context, context_ok, same_block)
-
-    return mask_mod
-
-
-@dataclass
-class DrafterMask:
-    """The masks of one forward pass, built once and shared by every layer of the same type."""
-
-    backend: str                       # "flex" or "sdpa"
-    masks: dict[str, object]           # layer type -> BlockMask (flex) or bool [batch, 1, Q, KV] (sdpa)
+    def __init__(self, backend: str, masks: dict[str, object]) -> None:
+        super().__init__(masks)
+        self.backend = backend
 
     def attend(self, layer_type: str, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                *, scale: float) -> torch.Tensor:
-        mask = self.masks[layer_type]
         if self.backend == "flex":
-            return flex_attention_for(query.device)(query, key, value, block_mask=mask, scale=scale, enable_gqa=True)
-        # fully masked rows (padded blocks) come out as zeros, as with flex_attention
-        return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale, enable_gqa=True)
+            return flex_attention_for(query.device)(query, key, value, block_mask=self.masks[layer_type],
+                                                    scale=scale, enable_gqa=True)
+        return super().attend(layer_type, query, key, value, scale=scale)
 
 
 def choose_backend(device: torch.device, requested: str = "auto") -> str:
@@ -71,18 +42,16 @@ def choose_backend(device: torch.device, requested: str = "auto") -> str:
 
 def build_drafter_mask(anchors: torch.Tensor, *, context_len: int, block_size: int, layer_types: list[str],
                        sliding_window: int | None, backend: str) -> DrafterMask:
-    batch, num_blocks = anchors.shape
-    q_len, kv_len = num_blocks * block_size, context_len + num_blocks * block_size
+    if backend != "flex":
+        return DrafterMask("sdpa", dense_drafter_masks(anchors, context_len=context_len, block_size=block_size,
+                                                       layer_types=layer_types, sliding_window=sliding_window))
     masks: dict[str, object] = {}
     for layer_type in sorted(set(layer_types)):
         window = sliding_window if layer_type == SLIDING_ATTENTION else None
         mask_mod = block_mask_mod(anchors, context_len=context_len, block_size=block_size, window=window)
-        if backend == "flex":
-            masks[layer_type] = closed_form_block_mask(anchors, mask_mod, context_len=context_len,
-                                                       block_size=block_size, window=window)
-        else:
-            masks[layer_type] = dense_mask(mask_mod, batch, q_len, kv_len, device=anchors.device)
-    return DrafterMask(backend=backend, masks=masks)
+        masks[layer_type] = closed_form_block_mask(anchors, mask_mod, context_len=context_len,
+                                                   block_size=block_size, window=window)
+    return DrafterMask("flex", masks)
 
 
 # ---------------------------------------------------------------------------------------------- block sparsity
@@ -158,15 +127,6 @@ def closed_form_block_mask(anchors: torch.Tensor, mask_mod: MaskMod, *, context_
     q_len = anchors.shape[1] * block_size
     return BlockMask.from_kv_blocks(*_kv_block_lists(tiles.partial), *_kv_block_lists(tiles.full),
                                     BLOCK_SIZE=TILE, mask_mod=mask_mod, seq_lengths=(q_len, context_len + q_len))
-
-
-def dense_mask(mask_mod: MaskMod, batch: int, q_len: int, kv_len: int, *, device) -> torch.Tensor:
-    """[batch, 1, q_len, kv_len] bool, evaluated from the mask_mod by broadcasting (no vmap)."""
-    b = torch.arange(batch, device=device).view(batch, 1, 1, 1)
-    h = torch.zeros(1, 1, 1, 1, dtype=torch.long, device=device)
-    q_idx = torch.arange(q_len, device=device).view(1, 1, q_len, 1)
-    kv_idx = torch.arange(kv_len, device=device).view(1, 1, 1, kv_len)
-    return mask_mod(b, h, q_idx, kv_idx).expand(batch, 1, q_len, kv_len)
 
 
 _FLEX_ATTENTION: dict[str, Callable] = {}

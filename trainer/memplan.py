@@ -115,35 +115,41 @@ class Precision:
         return cls(target=size, act=size if on_gpu else FP32, casts=on_gpu and size < FP32)
 
 
+def norm_saved_bytes(width: int, p: Precision) -> int:
+    """What the drafter's torch RMSNorm keeps per token: an fp32 copy of its input, the fp32 rstd and the
+    normalised value in the input's dtype (the autocast dtype: the residual stream stays in it)."""
+    return (FP32 + p.act) * width + FP32
+
+
 def saved_bytes_per_layer(d: DrafterSizes, p: Precision) -> tuple[int, int]:
     """What autograd keeps of one drafter layer, in bytes (per block token, per key/value token).
 
-    Residual stream in fp32 (the master weights' dtype): each RMSNorm keeps its fp32 input and normalised
-    output (+ its fp32 rstd); each linear layer keeps its input in the autocast dtype (q_proj, gate_proj and
-    up_proj each cast their own copy; without autocast gate and up share one). q_norm / k_norm keep an fp32
-    copy of their input and the normalised value in the autocast dtype; attention keeps q, k, v, its output and
-    fp32 log-sum-exp; the SwiGLU MLP keeps gate, silu(gate), up and their product."""
+    Two RMSNorms per block token; the linear layers' inputs in the autocast dtype (q_proj's, and one shared by
+    gate_proj and up_proj: the norms already return that dtype, so autocast makes no copies); q_norm / k_norm
+    keep an fp32 copy of their input and the normalised value; attention keeps q, k, v, its output and fp32
+    log-sum-exp; the SwiGLU MLP keeps gate, silu(gate), up and their product. Per key, k_proj and v_proj share
+    the saved [context; block] input."""
     a, f = p.act, FP32
-    per_query = (2 * (2 * f * d.hidden_size + f) + (3 if p.casts else 2) * a * d.hidden_size
+    per_query = (2 * norm_saved_bytes(d.hidden_size, p) + 2 * a * d.hidden_size
                  + (f + 3 * a) * d.q_width + 2 * f * d.num_heads + 4 * a * d.intermediate_size)
-    per_key = (2 if p.casts else 1) * a * d.hidden_size + (f + 3 * a) * d.kv_width + f * d.num_kv_heads
+    per_key = a * d.hidden_size + (f + 3 * a) * d.kv_width + f * d.num_kv_heads
     return per_query, per_key
 
 
 def drafter_saved_bytes(d: DrafterSizes, p: Precision, *, context_tokens: int, block_tokens: int) -> int:
-    """Everything autograd keeps for one drafter step (weights and the target's features excepted).
+    """Everything autograd keeps for one drafter step (weights and the target's features excepted: under autocast
+    fc reads the features as they are).
 
-    Around the layers: fc's input copy (autocast) and hidden_norm (fp32 input, rstd, normalised value) per
-    context token; per block token the token id, the fp32 RoPE tables (also per key), the final norm and the
-    loss's fp32 gradient of the hidden states of slots 1..B-1."""
+    Around the layers: hidden_norm per context token; per block token the token id, the RoPE tables (in the
+    autocast dtype; also per key), the final norm and the loss's gradient of the hidden states of slots 1..B-1.
+    liger-kernel's fused RMSNorm and SwiGLU keep less than this torch path: the plan stays on the safe side."""
     per_query, per_key = saved_bytes_per_layer(d, p)
     keys = context_tokens + block_tokens
     layers = d.num_layers * (per_query * block_tokens + per_key * keys)
-    context = context_tokens * ((p.act * d.num_taps * d.hidden_size if p.casts else 0)
-                                + FP32 * d.hidden_size + FP32 + p.act * d.hidden_size)
+    context = context_tokens * norm_saved_bytes(d.hidden_size, p)
     supervised = block_tokens * (d.block_size - 1) // d.block_size
-    blocks = (block_tokens * (8 + 2 * FP32 * d.head_dim + 2 * FP32 * d.hidden_size + FP32)
-              + keys * 2 * FP32 * d.head_dim + supervised * FP32 * d.hidden_size)
+    blocks = (block_tokens * (8 + 2 * p.act * d.head_dim + norm_saved_bytes(d.hidden_size, p))
+              + keys * 2 * p.act * d.head_dim + supervised * p.act * d.hidden_size)
     return layers + context + blocks
 
 

@@ -113,8 +113,10 @@ class Throughput:
 
 
 def log_step(log: MetricsLog, meter: Throughput, sums, ctx, cfg: TrainConfig, *, step: int, total_steps: int,
-             lr: float, epoch: float, elapsed: float, q_pre: list[int], batch) -> None:
-    """Average the interval over steps and ranks (one small all-reduce, on log steps only) and write it."""
+             lr: float, epoch: float, elapsed: float, q_pre: list[int], batch, phases: "PhaseMeter | None" = None,
+             taus: dict | None = None) -> None:
+    """Average the interval over steps and ranks (one small all-reduce, on log steps only) and write it.
+    `taus`: the τ fields measured at this step (trainer/heldout.py); histograms go to metrics.jsonl only."""
     import torch.distributed as dist
 
     from trainer.distributed import all_reduce_sum
@@ -132,7 +134,69 @@ def log_step(log: MetricsLog, meter: Throughput, sums, ctx, cfg: TrainConfig, *,
         tgt_batches_per_s=steps / target_s if target_s > 0 else 0.0,
         dft_batches_per_s=steps / drafter_s if drafter_s > 0 else 0.0,
         tok_per_s=tokens / wall_s if wall_s > 0 else 0.0, q_pre=q_pre, q_hs=[], epoch=epoch,
-        eta_s=(total_steps - step) * seconds_per_step)
-    log.step(metrics, data_position=[batch.epoch, batch.index], world_size=ctx.world_size)
+        eta_s=(total_steps - step) * seconds_per_step,
+        **{name: (taus or {}).get(name) for name in logformat.TAU_FIELDS})
+    times, times_line = step_time_fields(phases, wall_s, steps) if phases is not None else ({}, None)
+    extra = {key: value for key, value in (taus or {}).items() if key not in logformat.TAU_FIELDS}
+    log.step(metrics, data_position=[batch.epoch, batch.index], world_size=ctx.world_size, **times, **extra)
+    if times_line is not None:
+        log.say(times_line)
+        phases.reset()
     sums.zero_()
     meter.reset()
+
+
+class PhaseMeter:
+    """Per log interval: where each step's time went (data wait, target, drafter forward+backward, optimizer,
+    exposed gradient all-reduce), so the dashboard can name the bound exactly. GPU phases come from the same
+    kind of timing marks as Throughput's and are read only when a line is written."""
+
+    def __init__(self, device, ddp=None):
+        self.cuda = device.type == "cuda"
+        self.ddp = ddp  # the DistributedDataParallel wrapper of a multi-rank run: it measures its own all-reduce
+        self.reset()
+
+    def reset(self) -> None:
+        self.data_s = 0.0
+        self.marks: list[tuple] = []
+
+    def waited(self, seconds: float) -> None:
+        """Host seconds the loop spent waiting for its next batch."""
+        self.data_s += seconds
+
+    def add(self, start, after_target, after_drafter, end) -> None:
+        self.marks.append((start, after_target, after_drafter, end))
+
+    def per_step(self) -> dict[str, float | None]:
+        """Seconds per step of each phase over the interval (call after Throughput.seconds(), which waits for
+        the interval's last mark)."""
+        steps = max(1, len(self.marks))
+        totals = [sum(seconds_between(m[i], m[i + 1]) for m in self.marks) / steps for i in range(3)]
+        comm = self.comm_seconds()
+        drafter = totals[1] if comm is None else max(0.0, totals[1] - comm)
+        return {"data": self.data_s / steps, "target": totals[0], "drafter": drafter, "optimizer": totals[2],
+                "comm": comm}
+
+    def comm_seconds(self) -> float | None:
+        """The gradient all-reduce time not hidden behind the backward, per step, as DDP samples it itself
+        (a running average over its sampled iterations); None for a single-rank run or before DDP has a sample."""
+        if self.ddp is None:
+            return None
+        try:
+            stats = self.ddp._get_ddp_logging_data()
+        except (AttributeError, RuntimeError):
+            return None
+        comm, overlap = stats.get("avg_backward_comm_time"), stats.get("avg_backward_compute_comm_overlap_time")
+        if not comm:
+            return None
+        return max(0.0, comm - (overlap or 0)) / 1e9
+
+
+def step_time_fields(phases: PhaseMeter, wall_s: float, steps: int) -> tuple[dict, str]:
+    """The interval's per-step phase times as metrics.jsonl keys (`data_s`, ..., `step_s`) and as the human line
+    printed after the step line."""
+    seconds = phases.per_step()
+    wall = wall_s / max(1, steps)
+    fields = {f"{name}_s": value for name, value in seconds.items()}
+    fields["step_s"] = wall
+    return fields, logformat.format_step_times_line(seconds, wall_s=wall)

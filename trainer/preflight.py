@@ -71,8 +71,29 @@ def check_config_file(path: str | Path, *, text: str | None = None, base_dir: st
         _check_target(report.config, report.unusable, resolve, found)
     if "data_path" in present:
         _check_dataset(resolve(report.config.data_path), found)
+    problem = heldout_problem(report.config, resolve) if not {"eval_every", "heldout_path"} & report.unusable else None
+    if problem is not None and ("data_path" in present or report.config.heldout_path):
+        found.problems.append(problem)
     _check_modules(found.problems)
     return found
+
+
+HELDOUT_DIR = "heldout"  # where prepare writes the held-out split, inside the dataset directory
+
+
+def heldout_dir(config: TrainConfig, resolve=Path) -> Path:
+    """The held-out dataset: the config's heldout_path, else {data_path}/heldout."""
+    return resolve(config.heldout_path) if config.heldout_path else resolve(config.data_path) / HELDOUT_DIR
+
+
+def heldout_problem(config: TrainConfig, resolve=Path) -> Problem | None:
+    """eval_every without a held-out split to evaluate on, with the fix."""
+    path = heldout_dir(config, resolve)
+    if not config.eval_every or path.is_dir():
+        return None
+    return Problem("eval_every", f"eval_every={config.eval_every} needs a held-out split and {path} does not "
+                                 f"exist: run `python -m trainer prepare` with --heldout above 0 (default 0.01), "
+                                 f"or set heldout_path")
 
 
 def _check_modules(problems: list[Problem]) -> None:

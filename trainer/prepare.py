@@ -19,12 +19,14 @@ class PrepareReport:
     overlong_dropped: int = 0
     tokens: int = 0
     torn_last_line: bool = False
+    set_aside: int = 0  # samples of the held-out split (not in `kept`)
 
     def lines(self, output: str) -> list[str]:
         return [
             f"Read {self.records} records; wrote {self.kept} samples ({self.tokens} tokens) to {output}",
             f"  dropped {self.too_few_supervised} with fewer than 2*block_size supervised tokens",
             f"  over-long: {self.overlong_truncated} truncated, {self.overlong_dropped} dropped",
+            f"  held out: {self.set_aside} samples in {output}/heldout (never trained on)",
         ] + (["  skipped a cut-off last line (a generate still running, or killed)"] if self.torn_last_line else [])
 
 
@@ -135,11 +137,25 @@ def _read_jsonl(path: Path, report: PrepareReport):
                 raise TrainerError(f"{path}:{number}: invalid JSON: {exc.msg}") from None
 
 
+def is_heldout(messages: list[dict[str, str]], share: float) -> bool:
+    """Whether a sample belongs to the held-out split: a hash of its chat, below `share` of the hash range. The
+    same chat always lands on the same side, whatever the file's order or the record's index."""
+    import hashlib
+    import json
+
+    if share <= 0:
+        return False
+    text = json.dumps(messages, sort_keys=True, ensure_ascii=False).encode()
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "big") / 2 ** 64 < share
+
+
 def _tokenized_batches(tokenizer, input_path: Path, report: PrepareReport, *, min_supervised: int,
-                       max_length: int | None, overlong: str, chunk: int = 1024):
+                       max_length: int | None, overlong: str, heldout: float = 0.0, chunk: int = 1024):
+    """("train" | "heldout", Arrow record batch) pairs, each side flushed every `chunk` rows and at the end."""
     import pyarrow as pa
 
-    rows: dict[str, list] = {"input_ids": [], "loss_mask": [], "length": []}
+    sides: dict[str, dict[str, list]] = {side: {"input_ids": [], "loss_mask": [], "length": []}
+                                         for side in ("train", "heldout")}
     for where, record in _read_jsonl(input_path, report):
         report.records += 1
         ids, mask = tokenize_record(tokenizer, record, where=where)
@@ -152,14 +168,20 @@ def _tokenized_batches(tokenizer, input_path: Path, report: PrepareReport, *, mi
         if sum(mask) < min_supervised:
             report.too_few_supervised += 1
             continue
-        report.kept += 1
-        report.tokens += len(ids)
+        side = "heldout" if is_heldout(record_messages(record, where=where), heldout) else "train"
+        if side == "heldout":
+            report.set_aside += 1
+        else:
+            report.kept += 1
+            report.tokens += len(ids)
+        rows = sides[side]
         for key, value in (("input_ids", ids), ("loss_mask", mask), ("length", len(ids))):
             rows[key].append(value)
         if len(rows["length"]) >= chunk:
-            yield pa.record_batch(_arrow_columns(rows))
-            rows = {key: [] for key in rows}
-    yield pa.record_batch(_arrow_columns(rows))
+            yield side, pa.record_batch(_arrow_columns(rows))
+            sides[side] = {key: [] for key in rows}
+    for side, rows in sides.items():
+        yield side, pa.record_batch(_arrow_columns(rows))
 
 
 def _arrow_columns(rows: dict[str, list]) -> dict:
@@ -171,10 +193,11 @@ def _arrow_columns(rows: dict[str, list]) -> dict:
 
 
 def prepare(*, target: str | Path, input_path: str | Path, output: str | Path, block_size: int = 16,
-            max_length: int | None = None, overlong: str = "truncate") -> PrepareReport:
+            max_length: int | None = None, overlong: str = "truncate", heldout: float = 0.01) -> PrepareReport:
     """Tokenize JSONL chat records with the target's tokenizer and chat template into an Arrow dataset,
     streaming: neither the records nor the tokens are ever all in memory. Records that carry
-    `completion_token_ids` (written by `generate`) keep the target's exact answer tokens."""
+    `completion_token_ids` (written by `generate`) keep the target's exact answer tokens. A `heldout` share of
+    the samples (by a hash of each chat: deterministic) goes to {output}/heldout instead, never trained on."""
     import datasets
     import pyarrow as pa
     from transformers import AutoTokenizer
@@ -182,18 +205,25 @@ def prepare(*, target: str | Path, input_path: str | Path, output: str | Path, b
     input_path, output = Path(input_path), Path(output)
     if not input_path.is_file():
         raise TrainerError(f"input {input_path} does not exist")
+    if not 0 <= heldout < 1:
+        raise TrainerError(f"the held-out share must be in [0, 1), got {heldout}")
     tokenizer = AutoTokenizer.from_pretrained(str(target))
     report = PrepareReport()
     output.parent.mkdir(parents=True, exist_ok=True)
-    staging = output.parent / f".{output.name}.staging.arrow"
+    staging = {side: output.parent / f".{output.name}.{side}.staging.arrow" for side in ("train", "heldout")}
     schema = pa.schema([("input_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.int8())),
                         ("length", pa.int32())])
     try:
-        with pa.OSFile(str(staging), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
-            for batch in _tokenized_batches(tokenizer, input_path, report, min_supervised=2 * block_size,
-                                            max_length=max_length, overlong=overlong):
-                writer.write_batch(batch)
-        datasets.Dataset.from_file(str(staging)).save_to_disk(str(output))
+        with (pa.OSFile(str(staging["train"]), "wb") as train_sink, pa.ipc.new_stream(train_sink, schema) as train,
+              pa.OSFile(str(staging["heldout"]), "wb") as held_sink, pa.ipc.new_stream(held_sink, schema) as held):
+            writers = {"train": train, "heldout": held}
+            for side, batch in _tokenized_batches(tokenizer, input_path, report, min_supervised=2 * block_size,
+                                                  max_length=max_length, overlong=overlong, heldout=heldout):
+                writers[side].write_batch(batch)
+        datasets.Dataset.from_file(str(staging["train"])).save_to_disk(str(output))
+        if report.set_aside:
+            datasets.Dataset.from_file(str(staging["heldout"])).save_to_disk(str(output / "heldout"))
     finally:
-        staging.unlink(missing_ok=True)
+        for path in staging.values():
+            path.unlink(missing_ok=True)
     return report

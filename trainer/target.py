@@ -5,6 +5,7 @@ full-attention ones), text-only or the language model of a composite image-text 
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import inspect
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from trainer import packing as packing_lib
 from trainer.errors import TrainerError
 from trainer.families import FULL, LINEAR, SLIDING, TargetSpec, family_mask_token_id, read_target_spec, target_spec
 from trainer.taps import default_target_layer_ids, validate_layer_ids  # noqa: F401 (their old home)
@@ -90,7 +92,8 @@ def refuse_fla_off_gpu(spec: TargetSpec, device: torch.device) -> None:
 class TargetModel:
     """A frozen HF causal LM. `features` runs only the embedding and the layers up to the last tap."""
 
-    def __init__(self, hf_model: nn.Module, *, layer_ids: list[int], mask_token_id: int, tokenizer=None):
+    def __init__(self, hf_model: nn.Module, *, layer_ids: list[int], mask_token_id: int, tokenizer=None,
+                 packing: bool | str = "auto"):
         implementation = getattr(hf_model.config, "_attn_implementation", "sdpa")
         if implementation != "sdpa":
             # features() hands the layers boolean masks, which only the SDPA implementation reads as such
@@ -104,11 +107,12 @@ class TargetModel:
         self.decoder = hf_model.base_model
         self.embed_tokens: nn.Embedding = self.decoder.embed_tokens
         self.lm_head: nn.Linear = hf_model.get_output_embeddings()
+        self.packing = packing   # "auto": pack where flash attention's varlen kernel runs; True/False: always/never
 
     @classmethod
     def load(cls, path: str | Path, *, layer_ids: list[int] | None, num_taps: int,
              device: torch.device | str = "cpu", dtype: torch.dtype | None = None,
-             mask_token_id: int | None = None) -> "TargetModel":
+             mask_token_id: int | None = None, packing: bool | str = "auto") -> "TargetModel":
         """Load a local HF model directory (of a composite checkpoint, its language model only: transformers maps
         a qwen3_5 image-text checkpoint to Qwen3_5ForCausalLM and skips the vision tower's weights); dtype
         defaults to bf16 on GPU and fp32 on CPU. The model and the taps are checked before any weight is read."""
@@ -130,7 +134,8 @@ class TargetModel:
             mask_token_id = resolve_mask_token_id(tokenizer, rows, family_default=family_mask_token_id(spec))
         elif not 0 <= mask_token_id < rows:
             raise TrainerError(f"mask_token_id={mask_token_id} is outside the target's embedding (0..{rows - 1})")
-        return cls(hf_model.to(device), layer_ids=layer_ids, mask_token_id=mask_token_id, tokenizer=tokenizer)
+        return cls(hf_model.to(device), layer_ids=layer_ids, mask_token_id=mask_token_id, tokenizer=tokenizer,
+                   packing=packing)
 
     def kernels(self) -> dict[str, str]:
         """The kernel each layer type runs on."""
@@ -148,6 +153,24 @@ class TargetModel:
                  for i, kind in enumerate(kinds)]
         model_type = self.spec.model_type.removesuffix("_text")
         return f"Target: {model_type} {size}, {', '.join(parts)}, taps {self.layer_ids}"
+
+    def can_pack(self) -> bool:
+        """Whether this target's feature pass runs packed here: with "auto" where the varlen flash kernel runs, for
+        targets without linear-attention layers (a hybrid's packed pass is exact on the CPU but not yet measured on
+        a GPU: it packs only when asked, `packing=True`)."""
+        if self.packing is False or (LINEAR in self._layer_types() and self.packing is not True):
+            return False
+        on_gpu = packing_lib.varlen_available(self.device)
+        windowed = SLIDING in self._layer_types() and getattr(self.config, "sliding_window", None)
+        if on_gpu and windowed and not packing_lib.supports_window():
+            return False
+        return on_gpu or self.packing is True
+
+    def packing_line(self) -> str:
+        if not self.can_pack():
+            return "target batches padded"
+        kernel = "varlen flash attention" if packing_lib.varlen_available(self.device) else "SDPA, document mask"
+        return f"target batches packed ({kernel})"
 
     @property
     def device(self) -> torch.device:
@@ -194,25 +217,45 @@ class TargetModel:
         layers run the unmasked causal kernel. Outputs at padded positions are then not meaningful."""
         input_ids = input_ids.to(self.device)
         if attention_mask is not None and attention_mask.device.type == "cpu" and is_right_padded(attention_mask):
+            if len(input_ids) > 1 and not bool(attention_mask.all()) and self.can_pack():
+                return self.packed_features(input_ids, packing_lib.plan(attention_mask, self.device))
             attention_mask = None
         if attention_mask is not None:
             attention_mask = attention_mask.to(self.device)
-        hidden = self.embed_tokens(input_ids)
         position_ids = torch.arange(input_ids.shape[1], device=self.device).unsqueeze(0)
+        masks = self._layer_masks(input_ids.shape[1], attention_mask)
+        return self._tapped(input_ids, position_ids, masks)
+
+    @torch.no_grad()
+    def packed_features(self, input_ids: torch.Tensor, plan: packing_lib.PackPlan) -> torch.Tensor:
+        """features() of a right-padded batch computed on its real tokens alone, packed into one row (the plan's);
+        padded positions of the result are zero."""
+        masks = {kind: None for kind in (FULL, SLIDING, LINEAR)}
+        linear = contextlib.nullcontext()
+        if LINEAR in self._layer_types():
+            linear = packing_lib.packed_linear_attention(self.spec.model_type, plan,
+                                                         kernel=linear_attention_kernel(self.spec))
+        with packing_lib.packed_attention(self.config), linear:
+            packed = self._tapped(packing_lib.pack(input_ids, plan), plan.position_ids, masks,
+                                  **{packing_lib.PACKING_KWARG: plan})
+        return packing_lib.unpack(packed, plan)
+
+    def _tapped(self, input_ids: torch.Tensor, position_ids: torch.Tensor, masks: dict, **attention) -> torch.Tensor:
+        """The embedding and the layers up to the last tap; the tapped outputs concatenated."""
+        hidden = self.embed_tokens(input_ids)
         # Qwen3.5's rotary embedding is multimodal (one row of positions per time/height/width axis); text uses
         # the same positions on all three, which some releases broadcast themselves and others require given
         rope_positions = position_ids
         if hasattr(self.decoder.rotary_emb, "mrope_section"):
             rope_positions = position_ids[None].expand(3, -1, -1)
         position_embeddings = self.decoder.rotary_emb(hidden, rope_positions)
-        masks = self._layer_masks(input_ids.shape[1], attention_mask)
         layer_types = self._layer_types()
         tapped, wanted = [], set(self.layer_ids)
         # layers past the last tap never run: their outputs would be thrown away
         for i in range(self.layer_ids[-1] + 1):
             hidden = self.decoder.layers[i](
                 hidden, attention_mask=masks[layer_types[i]], position_ids=position_ids,
-                position_embeddings=position_embeddings)
+                position_embeddings=position_embeddings, **attention)
             if isinstance(hidden, tuple):  # older transformers return (hidden,)
                 hidden = hidden[0]
             if i in wanted:

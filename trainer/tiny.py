@@ -34,8 +34,9 @@ def tokenizer_corpus(num_words: int = 400) -> list[str]:
     return lines + ["user assistant system: Hello, what is 1 + 2? It is 3!"]
 
 
-def build_tokenizer(vocab_size: int):
-    """A byte-level BPE trained in memory, wrapped as a transformers fast tokenizer with a chat template."""
+def build_tokenizer(vocab_size: int, *, corpus: list[str] | None = None):
+    """A byte-level BPE trained in memory (on `corpus`, default the fixed pseudo-words), wrapped as a
+    transformers fast tokenizer with a chat template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -48,7 +49,7 @@ def build_tokenizer(vocab_size: int):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    core.train_from_iterator(tokenizer_corpus(), trainer=trainer)
+    core.train_from_iterator(tokenizer_corpus() if corpus is None else corpus, trainer=trainer)
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=core,
         eos_token=IM_END,

@@ -17,8 +17,9 @@ from pathlib import Path
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from trainer import kernels as kernel_lib
 from trainer import logformat, memplan, optim
-from trainer.metrics import MetricsLog, Throughput, compiled_graphs, log_step
+from trainer.metrics import MetricsLog, PhaseMeter, Throughput, compiled_graphs, log_step
 from trainer.checkpoint import (agree_on_resume, check_resumable, choose_resume_dir, gather_to_main,
                                 restore_rng, resume_state, rng_state, save_checkpoint)
 from trainer.config import TrainConfig, resolved_config_text
@@ -194,6 +195,20 @@ def build_optimization(cfg: TrainConfig, ctx, log: MetricsLog, drafter, *, total
     return params, optimizer, scheduler, anchor_rng, step, position
 
 
+def check_served_parity(log: MetricsLog, cfg: TrainConfig, checkpoint: Path, step: int) -> None:
+    """The last checkpoint against its target, as a server will pair them (trainer/parity.py): one line per
+    check in the log, and a `parity` event."""
+    from trainer.parity import check_parity
+
+    try:
+        report = check_parity(cfg.target_path, checkpoint)
+    except Exception as exc:  # noqa: BLE001 - the run is done and saved: a check that cannot run must not fail it
+        log.say(f"Parity check not run: {exc}")
+        return
+    log.say(*report.lines())
+    log.event("parity", step=step, ok=report.ok, failed=[check.key for check in report.failed])
+
+
 def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> int:
     """Set up (each part above) and run the loop."""
     from trainer import data as data_lib
@@ -207,13 +222,18 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
     on_gpu, dtype = ctx.device.type == "cuda", run_dtype(cfg, ctx)
     log.say(stage_line("loading target"), logformat.format_loading_targets(ctx.world_size),
             logformat.format_target_on(ctx.rank, str(ctx.device)))
+    kernels = kernel_lib.resolve(cfg.kernels, ctx.device)
     target = TargetModel.load(cfg.target_path, layer_ids=cfg.target_layer_ids, num_taps=len(cfg.target_layer_ids),
-                              device=ctx.device, dtype=dtype, mask_token_id=cfg.mask_token_id)
+                              device=ctx.device, dtype=dtype, mask_token_id=cfg.mask_token_id,
+                              packing=cfg.pack_target)
     log.say(target.describe())
     log.say(stage_line("building drafter"))
     resume_dir, local_resume = agree_on_resume(resume_dir, ctx)
     drafter = build_drafter(cfg, ctx, log, target, resume_dir if local_resume else None)
+    log.say(f"Kernels: {target.packing_line()}; {kernel_lib.install(drafter, kernels)}; loss: chunked "
+            f"cross-entropy (logits in the head's dtype)")
     model = DraftDDP(drafter, device_ids=[ctx.device] if on_gpu else None) if ctx.is_distributed else drafter
+    phases = PhaseMeter(ctx.device, ddp=model if ctx.is_distributed else None)
     if cfg.compile:
         model = torch.compile(model)
     params, optimizer, scheduler, anchor_rng, step, position = build_optimization(
@@ -229,6 +249,10 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
     if on_gpu and not cfg.compile:  # compile: true traces flex_attention inside the drafter's own graph
         compile_attention(drafter, feature_dtype=dtype, autocast=autocast, say=log.say,
                           single_sequence_batches=min_size == 1)
+    from trainer.heldout import TauMonitor
+
+    monitor = TauMonitor(cfg, ctx, target, drafter, autocast=autocast,
+                         width=anchors_per_sequence(cfg, max(1, cfg.replay_sequences)))
     log.say(stage_line("first step"))
     meter = Throughput(ctx.device)
     sums = torch.zeros(3, dtype=torch.float64, device=ctx.device)  # loss, acc, streak of the interval
@@ -243,7 +267,8 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
             state = {"step": step, "optimizer": optimizer_state, "scheduler": scheduler.state_dict(),
                      "rng": rngs, "data_position": stream.position(), "config": cfg.model_dump(),
                      "world_size": ctx.world_size}
-            path = save_checkpoint(output_dir, step, drafter=drafter, state=state, keep=cfg.keep_checkpoints)
+            path = save_checkpoint(output_dir, step, drafter=drafter, state=state, keep=cfg.keep_checkpoints,
+                                   save_dtype=cfg.save_dtype)
             log.event("checkpoint", step=step, path=str(path))
         barrier(ctx)
         meter.started += time.perf_counter() - began  # saving is not training: keep it out of tok/s
@@ -252,6 +277,7 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
         while step < total_steps:
             graphs_before, step_began = compiled_graphs(), time.perf_counter()
             batch = next(stream)
+            phases.waited(time.perf_counter() - step_began)
             input_ids = batch.input_ids.to(ctx.device, non_blocking=True)
             loss_mask = batch.loss_mask.to(ctx.device, non_blocking=True)
             t0 = meter.mark()
@@ -264,6 +290,7 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
                 out = dflash_step(model, features, input_ids, loss_mask, num_anchors=n_anchors,
                                   block_size=cfg.block_size, gamma=cfg.gamma, noise=cfg.noise, generator=anchor_rng)
             out.loss.backward()
+            t2 = meter.mark()
             if cfg.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
             lr = scheduler.get_last_lr()[0]
@@ -271,7 +298,9 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
-            meter.add(t0, t1, meter.mark(), batch.n_tokens)
+            t3 = meter.mark()
+            meter.add(t0, t1, t3, batch.n_tokens)
+            phases.add(t0, t1, t2, t3)
             graphs = compiled_graphs()
             if graphs > graphs_before:  # say why this step was slow: it is not a hang
                 log.say(logformat.format_compiled_line(
@@ -279,10 +308,14 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
                     batch=len(input_ids), seq_len=input_ids.shape[1], blocks=len(input_ids) * n_anchors))
             # metrics stay on the device; they are read once per log interval, not every step
             sums += torch.stack([out.loss.detach(), out.acc, out.streak]).double()
-            if step % cfg.log_every == 0 or step == total_steps or step == start_step + 1:
+            if step % cfg.log_every == 0 or step == total_steps or step == start_step + 1 or monitor.eval_due(step):
                 epoch = batch.epoch + (batch.index + 1) / per_rank
+                measuring = time.perf_counter()
+                taus = monitor.measure(step, features, input_ids, loss_mask, last=step == total_steps)
+                meter.started += time.perf_counter() - measuring  # measuring is not training: not in tok/s
                 log_step(log, meter, sums, ctx, cfg, step=step, total_steps=total_steps, lr=lr, epoch=epoch,
-                         elapsed=time.perf_counter() - started, q_pre=[stream.queue_depth()], batch=batch)
+                         elapsed=time.perf_counter() - started, q_pre=[stream.queue_depth()], batch=batch,
+                         phases=phases, taus=taus)
             if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < total_steps:
                 write_checkpoint()
         if step > start_step:  # a run resumed from its last step has nothing new to save
@@ -294,6 +327,8 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
     sys.stdout.write(f"rank {ctx.rank} drafter weights digest {digest}\n")
     sys.stdout.flush()
     log.event("finished", step=step, digest=digest)
+    if ctx.is_main and (output_dir / f"step_{step}").is_dir():
+        check_served_parity(log, cfg, output_dir / f"step_{step}", step)
     log.say(f"Finished: {step} steps in {time.perf_counter() - started:.1f}s; checkpoint {output_dir}/step_{step}")
     log.close()
     return 0

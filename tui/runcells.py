@@ -20,6 +20,7 @@ COLUMNS = (
     ("loss", "loss"),
     ("acc", "acc"),
     ("streak", "streak"),
+    ("tau", "τ"),
     ("lr", "lr"),
     ("tok_s", "tok/s"),
     ("eta", "ETA"),
@@ -33,8 +34,12 @@ NARROW_TARGET_CHARS = 10
 ID_SUFFIX_CHARS = 4  # a run id ends in 4 random hex digits: `ticker-261201-120000-3f2a`
 
 
-def columns(*, narrow: bool = False) -> tuple[tuple[str, str], ...]:
-    return tuple(column for column in COLUMNS if column[0] in NARROW_COLUMNS) if narrow else COLUMNS
+def columns(*, narrow: bool = False, tau: bool = True) -> tuple[tuple[str, str], ...]:
+    """The narrow or the full columns; the full ones without τ when `tau` is false (no run has one, or the
+    terminal has no room for it: it goes before the run names are cut below NARROW_NAME_CHARS)."""
+    if narrow:
+        return tuple(column for column in COLUMNS if column[0] in NARROW_COLUMNS)
+    return COLUMNS if tau else tuple(column for column in COLUMNS if column[0] != "tau")
 
 
 def widest_cells(runs: Sequence[RunView]) -> dict[str, int]:
@@ -84,6 +89,7 @@ def run_cells(run: RunView, *, name: str | None = None, narrow: bool = False) ->
         "loss": _number(format_float(run.loss, 4), bad=not _finite(run.loss)),
         "acc": _number(format_float(run.acc, 3)),
         "streak": _number(format_float(run.streak, 2)),
+        "tau": _number(format_float(run.tau, 2)),
         "lr": _number(MISSING if run.lr is None else f"{run.lr:.2e}"),
         "tok_s": _number(format_rate(run.tok_per_s)),
         # an ended run has nothing left to wait for, whatever its last step line promised

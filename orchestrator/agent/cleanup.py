@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 
-from . import gpus, procfs, terminate
+from . import gpus, lineage, procfs, terminate
 from .keeper import KeeperPaths
 from .rundir import RunPaths, list_run_ids, read_json
 from .runstate import is_live, read_run, read_state, settle_liveness
@@ -52,8 +52,9 @@ class Cleanup:
         return live
 
     def orphans(self, live: dict) -> dict:
-        """pid -> (run id, why) of processes left by runs that are no longer live: by DFLASH_RUN_ID, and by
-        the ended workload's session (for a child that cleared its environment)."""
+        """pid -> (run id, why) of processes left by runs that are no longer live: by DFLASH_RUN_ID, by the
+        ended workload's session (for a child that cleared its environment), and by the keeper's record of
+        what it inherited (for one that also left the session)."""
         known = set(list_run_ids(self.runs_dir))
         found = {}
         for pid, (run_id, env) in procfs.processes_with_env("DFLASH_RUN_ID").items():
@@ -65,6 +66,9 @@ class Cleanup:
             state = read_state(RunPaths(self.runs_dir, run_id))
             for pid in procfs.session_members(table, state.get("pid"), state.get("pid_start_time")):
                 found.setdefault(pid, (run_id, "run {} has ended (a process of its session)".format(run_id)))
+        for (pid, _), run_id in lineage.members(self.runs_dir, KeeperPaths(self.runs_dir).dir, table).items():
+            if run_id not in live:
+                found.setdefault(pid, (run_id, "run {} has ended (an orphan the keeper inherited)".format(run_id)))
         return found
 
     def end_orphans(self, live: dict) -> None:

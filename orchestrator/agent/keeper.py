@@ -19,7 +19,7 @@ import signal
 import sys
 import time
 
-from . import procfs
+from . import lineage, procfs
 from .childwatch import Wakeup, ignore_signal, reap_children, set_child_subreaper
 from .errors import AgentError
 from .protocol import AGENT_VERSION
@@ -103,6 +103,7 @@ class Keeper:
         self.idle_exit = idle_exit
         self.stopping = False
         self.children = set()
+        self.known = lineage.load_known(self.paths.dir)  # (pid, start time) -> run id of what is below us
 
     def run(self) -> int:
         # Handlers first: a launch may SIGUSR1 us as soon as keeper.json names us, and its default kills.
@@ -122,6 +123,7 @@ class Keeper:
             self._reap()
             if not self.stopping:
                 self._spawn_requested()
+            self._track()
             if self.children or self._requests():
                 idle_since = time.monotonic()
             elif time.monotonic() - idle_since >= self.idle_exit:
@@ -161,6 +163,17 @@ class Keeper:
             self.children.discard(pid)
             _log("reaped pid {} (status {})".format(pid, status))
 
+    def _track(self) -> None:
+        """Record the run of every process below us, so an orphan keeps its run once the chain of parents that
+        tied it to the workload breaks (lineage.py). Nothing to walk while only our supervisors are below us."""
+        me = os.getpid()
+        if not self.known and not (_child_pids(me) - self.children):
+            return
+        found = lineage.attribute(procfs.snapshot(), me, lambda: lineage.run_states(self.runs_dir), self.known)
+        if found != self.known:
+            self.known = found
+            lineage.save_known(self.paths.dir, found)
+
     def _spawn_requested(self) -> None:
         for name in self._requests():
             self._spawn_one(os.path.join(self.paths.spawn_dir, name))
@@ -197,6 +210,15 @@ def _take_lock(path: str) -> int | None:
                 os.close(fd)
                 return None
             time.sleep(0.01)
+
+
+def _child_pids(pid: int) -> set:
+    """Our children, from one small file where the kernel lists them; a walk of /proc where it does not."""
+    try:
+        with open("/proc/{0}/task/{0}/children".format(pid)) as handle:
+            return {int(word) for word in handle.read().split()}
+    except (OSError, ValueError):
+        return {stat.pid for stat in procfs.snapshot().values() if stat.ppid == pid}
 
 
 def _has_children(pid: int) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import signal
 import time
 
-from . import keeper, procfs, terminate
+from . import keeper, lineage, procfs, terminate
 from .childwatch import signal_name
 from .protocol import DEFAULT_GRACE_S, KILLED, LOST, STARTING, TERMINAL_STATES
 from .rundir import RunPaths, existing_run, utc_now_iso, write_json_atomic
@@ -18,9 +18,12 @@ POLL_S = 0.05
 
 def run_processes(paths: RunPaths, state: dict) -> list:
     """(pid, start) of every live process of the run: by DFLASH_RUN_ID, by the workload's session (which
-    finds an `env -i` child the keeper adopted after the supervisor died), and the supervisor with its tree."""
+    finds an `env -i` child the keeper adopted after the supervisor died), by the keeper's record of what it
+    inherited (which finds one that also left the session), and the supervisor with its tree."""
     table = procfs.snapshot()
     pids = set(procfs.session_members(table, state.get("pid"), state.get("pid_start_time")))
+    below_keeper = lineage.members(paths.runs_dir, keeper.KeeperPaths(paths.runs_dir).dir, table)
+    pids.update(pid for (pid, _), run_id in below_keeper.items() if run_id == paths.run_id)
     for pid, (value, env) in procfs.processes_with_env("DFLASH_RUN_ID", table).items():
         if value == paths.run_id and env.get("DFLASH_RUNS_DIR", paths.runs_dir) == paths.runs_dir:
             pids.add(pid)

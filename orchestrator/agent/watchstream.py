@@ -14,6 +14,8 @@ stdout (one JSON object a line, flushed):
                                                 content is sent from its start
     {"t": "synced", "runs": [ID...]}            these followed logs have been sent up to their current end
     {"t": "gpu", "csv": TEXT} | {"t": "gpu", "error": TEXT}    one sample of one looping nvidia-smi
+    {"t": "disk", "free_bytes": N, "total_bytes": N}   free space where the runs are written, at start and
+                                                every DISK_POLL_S while it changes
     {"t": "hb"}                                 every HEARTBEAT_S, so the controller can tell a dead link
 The process ends when stdin closes (or no command came for --idle-exit seconds: a controller behind a dead
 link never closes it), and takes its nvidia-smi child with it.
@@ -30,7 +32,7 @@ import subprocess
 import sys
 import time
 
-from .protocol import (FINGERPRINT_BYTES, GPU_FIELDS, MSG_GPU, MSG_HEARTBEAT, MSG_LOG, MSG_RESET, MSG_RUNS,
+from .protocol import (FINGERPRINT_BYTES, GPU_FIELDS, MSG_DISK, MSG_GPU, MSG_HEARTBEAT, MSG_LOG, MSG_RESET, MSG_RUNS,
                        MSG_SYNCED, RUN_ID_PATTERN, TERMINAL_STATES, gpu_query_args)
 from .rundir import RunPaths, list_run_ids
 from .runstate import load_record, settle_or_note
@@ -41,6 +43,7 @@ LOG_POLL_S = 0.1
 RUNS_POLL_S = 0.5
 LIVENESS_POLL_S = 2.0
 HEARTBEAT_S = 5.0
+DISK_POLL_S = 5.0
 
 
 class Output:
@@ -159,7 +162,8 @@ class LogPump:
 
 
 class RunsWatcher:
-    """Sends every run's record when a state.json or the set of runs changes; settles dead supervisors."""
+    """Sends every run's record when a state.json or the set of runs changes; settles dead supervisors; sends
+    the free space where they are written."""
 
     def __init__(self, runs_dir: str, out: Output) -> None:
         self.runs_dir = runs_dir
@@ -167,8 +171,13 @@ class RunsWatcher:
         self.signature: tuple | None = None
         self.live: list = []
         self.next_liveness = 0.0
+        self.disk = DiskWatcher(runs_dir, out)
+        self.next_disk = 0.0
 
     def poll(self, now: float) -> None:
+        if now >= self.next_disk:  # before the first runs message: a one-shot snapshot has it too
+            self.next_disk = now + DISK_POLL_S
+            self.disk.poll()
         run_ids = list_run_ids(self.runs_dir)
         if now >= self.next_liveness:
             self.next_liveness = now + LIVENESS_POLL_S
@@ -188,6 +197,28 @@ class RunsWatcher:
 
     def _signature(self, run_ids: list) -> tuple:
         return tuple((run_id, _stamp(RunPaths(self.runs_dir, run_id).state_json)) for run_id in run_ids)
+
+
+class DiskWatcher:
+    """Sends the free space of the filesystem the runs are written to (their logs, state and checkpoints)."""
+
+    def __init__(self, runs_dir: str, out: Output) -> None:
+        self.runs_dir = runs_dir
+        self.out = out
+        self.last: tuple | None = None
+
+    def poll(self) -> None:
+        where = os.path.abspath(self.runs_dir)
+        while not os.path.exists(where) and where != "/":
+            where = os.path.dirname(where)  # no run yet: the workdir (or a parent) it will be made in
+        try:
+            stat = os.statvfs(where)
+        except OSError:
+            return
+        space = (stat.f_bavail * stat.f_frsize, stat.f_blocks * stat.f_frsize)
+        if space != self.last:
+            self.last = space
+            self.out.send({"t": MSG_DISK, "free_bytes": space[0], "total_bytes": space[1]})
 
 
 def _stamp(path: str) -> tuple:

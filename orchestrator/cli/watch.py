@@ -1,19 +1,32 @@
-"""`dflashctl watch [TARGET...] [--once] [--json] [--interval S]`."""
+"""`dflashctl watch [TARGET...] [--once] [--json] [--interval S] [--headless] [--notify URL]...`."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import List, Optional
 
 import typer
 from rich.table import Table
 
-from ..display import format_rate
+from ..display import format_bytes, format_rate
 from ..errors import EXIT_OK, EXIT_UNREACHABLE, UsageError
+from ..notify.destinations import Destination
+from ..notify.destinations import destinations as notify_destinations
+from ..runs.doctor.storage import LOW_FREE_BYTES, LOW_FREE_FRACTION
+from ..watch.alerts import AlertRules
 from ..watch.model import Snapshot
 from ..watch.source import LiveSource
 from .args import finite
 from .output import print_json, stderr, stdout
 from .state import AppState
+from .watchserve import serve_dashboard
+
+
+# the low_disk alert's marks (doctor's, by default)
+MIN_FREE_GIB = typer.Option(LOW_FREE_BYTES / 1024 ** 3, "--min-free-gib", min=0.0, callback=finite, metavar="GIB",
+                            help="low_disk alert: a container's runs filesystem has less free than this...")
+MIN_FREE_PCT = typer.Option(LOW_FREE_FRACTION * 100, "--min-free-pct", min=0.0, max=100.0, callback=finite,
+                            metavar="PCT", help="...or less than this share of it.")
 
 
 def watch(
@@ -26,6 +39,31 @@ def watch(
                                    help="Seconds between GPU samples (nvidia-smi loops in the container)."),
     timeout: float = typer.Option(30.0, "--timeout", min=0.0, callback=finite, metavar="S",
                                   help="With --once: the longest wait for every target to answer."),
+    headless: bool = typer.Option(False, "--headless", help="No screen: print each alert as a JSON line on stdout "
+                                  "and send the notifications, until SIGTERM. Detached and supervised: "
+                                  "`dflashctl launch local -- dflashctl watch --headless`."),
+    notify: Optional[List[str]] = typer.Option(None, "--notify", metavar="URL", help="Also send alerts to this "
+                                               "apprise URL (ntfy://, slack://, json://...; repeatable) besides the "
+                                               "inventory's notify: entries; kinds: failed, killed, lost, exception, "
+                                               "stall, gpu_idle_held, nan. Needs `pip install 'dflashctl[notify]'`."),
+    notify_repeat: Optional[float] = typer.Option(None, "--notify-repeat", min=0.0, callback=finite, metavar="S",
+                                                  help="At most one notification per alert kind and run in S "
+                                                  "seconds (default 600, or the entry's repeat_s)."),
+    no_notify: bool = typer.Option(False, "--no-notify", help="Send nothing, the inventory's notify: entries "
+                                   "included (e.g. while a headless watcher sends them)."),
+    stall: Optional[float] = typer.Option(None, "--stall", min=0.1, callback=finite, metavar="S",
+                                          help="A run is stalled after S seconds without a new step, or 5 median "
+                                          "step intervals if longer (default: 120 s, and 900 s until three steps "
+                                          "are timed)."),
+    serve: bool = typer.Option(False, "--serve", help="Serve the dashboard to a browser instead of this terminal "
+                               "(needs the serve extra: pip install 'dflashctl[serve]')."),
+    host: str = typer.Option("127.0.0.1", "--host", metavar="ADDR",
+                             help="With --serve: the address to listen on; any but loopback needs a token."),
+    port: int = typer.Option(8000, "--port", min=1, max=65535, help="With --serve: the port to listen on."),
+    token: Optional[str] = typer.Option(None, "--token", metavar="T", help="With --serve: the token every "
+                                        "request must carry (?token=T); made up and printed off loopback."),
+    min_free_gib: float = MIN_FREE_GIB,
+    min_free_pct: float = MIN_FREE_PCT,
 ) -> int:
     """The live dashboard of every run, GPU and alert of the targets (keys: k kill, l log, c cleanup, / filter,
     m switch chart, ? help, q quit).
@@ -33,21 +71,47 @@ def watch(
     One SSH connection per host and one small agent per container stream new log lines, run states and
     nvidia-smi samples; a lost host is retried with backoff while the others keep updating. With --once, waits
     until every target has answered (or failed), prints what the dashboard would show, and exits: 0, or 3 when
-    a target is unreachable.
+    a target is unreachable. Alerts go to the inventory's notify: entries and --notify URLs while it runs;
+    --headless runs it without a screen, printing them as JSON lines. --serve runs the same dashboard once per
+    browser tab at http://HOST:PORT/ (off loopback every request needs the token; the tabs notify nobody).
     """
-    if as_json and not once:
-        raise UsageError("--json needs --once (the dashboard itself is interactive)")
+    _check_options(once=once, as_json=as_json, headless=headless, notify=notify, no_notify=no_notify, serve=serve,
+                   serving=(host, port, token), tuning=(stall, notify_repeat))
     state: AppState = ctx.obj
     inventory = state.inventory()
     resolved = inventory.targets(targets)
+    if serve:
+        return serve_dashboard(state, [t.name for t in resolved] if targets else [], interval, once=once,
+                               host=host, port=port, token=token)
+    rules = _rules(stall, min_free_gib, min_free_pct)
     if not once:
-        from tui import run_dashboard
+        sinks = [] if no_notify else notify_destinations(inventory, notify or [], repeat_s=notify_repeat)
+        return _live(LiveSource(inventory, resolved, gpu_interval=interval, rules=rules), sinks, headless=headless)
+    return _once(LiveSource(inventory, resolved, gpu_interval=interval, rules=rules), timeout=timeout,
+                 as_json=as_json)
 
-        run_dashboard(LiveSource(inventory, resolved, gpu_interval=interval))
-        return EXIT_OK
+
+def _check_options(*, once: bool, as_json: bool, headless: bool, notify: list[str] | None, no_notify: bool,
+                   serve: bool, serving: tuple, tuning: tuple) -> None:
+    """The combinations of options that cannot go together, each a usage error (exit 2)."""
+    if as_json and not once:
+        raise UsageError("--json needs --once (the dashboard itself is interactive)")
+    if not serve and serving != ("127.0.0.1", 8000, None):
+        raise UsageError("--host, --port and --token go with --serve")
+    if serve and (headless or notify or any(value is not None for value in tuning)):
+        raise UsageError("--serve serves the dashboard: --headless, --notify, --notify-repeat and --stall do not "
+                         "go with it (run a headless watcher beside it for notifications)")
+    if once and (headless or notify):
+        raise UsageError(f"{'--headless' if headless else '--notify'} needs a live watch, not --once")
+    if notify and no_notify:
+        raise UsageError("--notify and --no-notify contradict each other")
+
+
+def _once(source: LiveSource, *, timeout: float, as_json: bool) -> int:
+    """One snapshot once every target answered (or failed): 0, or 3 when a target is unreachable."""
     if not as_json:
-        stderr().print(f"watching {len(resolved)} target(s) once...")
-    with LiveSource(inventory, resolved, gpu_interval=interval) as source:
+        stderr().print(f"watching {len(source.targets)} target(s) once...")
+    with source:
         source.wait_until_answered(timeout)
         source.settle()
         snapshot = source.snapshot()
@@ -57,6 +121,31 @@ def watch(
     else:
         _print(snapshot, unreachable)
     return EXIT_UNREACHABLE if unreachable else EXIT_OK
+
+
+def _live(source: LiveSource, sinks: list[Destination], *, headless: bool) -> int:
+    """The dashboard, or (headless) the JSON lines; notifications go out from a thread beside either."""
+    from ..notify.headless import run_headless
+    from ..notify.pump import AlertPump
+
+    if headless:
+        stderr().print(f"watching {len(source.targets)} target(s) without a screen, notifying {len(sinks)} "
+                       "destination(s); SIGTERM stops", markup=False)
+        return run_headless(source, sinks)
+    from tui import run_dashboard
+
+    pump = AlertPump(source, sinks).start() if sinks else None
+    try:
+        run_dashboard(source)
+    finally:
+        if pump is not None:
+            pump.stop()
+    return EXIT_OK
+
+
+def _rules(stall: float | None, min_free_gib: float, min_free_pct: float) -> AlertRules:
+    rules = AlertRules(min_free_bytes=min_free_gib * 1024 ** 3, min_free_fraction=min_free_pct / 100)
+    return rules if stall is None else dataclasses.replace(rules, stall_floor_s=stall, stall_startup_s=stall)
 
 
 def _print(snapshot: Snapshot, unreachable: dict[str, str]) -> None:
@@ -69,10 +158,17 @@ def _print(snapshot: Snapshot, unreachable: dict[str, str]) -> None:
                       _value(run.loss, "{:.4f}"), _value(run.acc, "{:.3f}"),
                       format_rate(run.tok_per_s), str(run.exceptions))
     out.print(table if snapshot.runs else "no runs")
+    for run in snapshot.runs:
+        if run.bottleneck is not None:
+            out.print(f"{run.target} {run.run_id} {run.bottleneck.evidence}", markup=False)
     for gpu in snapshot.gpus:
         out.print(f"{gpu.target} GPU{gpu.index}: {_value(gpu.memory_used_mib, '{:.0f}')}/"
                   f"{_value(gpu.memory_total_mib, '{:.0f}')} MiB, {_value(gpu.utilization_pct, '{:.0f}')} %",
                   markup=False)
+    for host in snapshot.hosts:
+        if host.free_bytes is not None:
+            out.print(f"{host.name}: {format_bytes(host.free_bytes)} free of {format_bytes(host.total_bytes)} "
+                      f"where runs write{' (low)' if host.low_disk else ''}", markup=False)
     for alert in snapshot.alerts[-20:]:
         out.print(f"{alert.time} {alert.severity} {alert.target} {alert.run_id}: {alert.message}", markup=False)
     for name, error in unreachable.items():

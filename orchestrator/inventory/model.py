@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from ..errors import InventoryError, TargetNotFound
+from .notify import NotifySpec
 from .yaml_lines import LocatedYaml, load_located
 
 LOCAL = "local"
@@ -79,6 +80,12 @@ class HostSpec(_Strict):
 class InventoryModel(_Strict):
     defaults: Defaults = Field(default_factory=Defaults)
     hosts: dict[str, HostSpec] = Field(default_factory=dict)
+    notify: list[NotifySpec] = Field(default_factory=list)
+
+    @field_validator("notify", mode="before")
+    @classmethod
+    def _no_notify_is_none(cls, value: object) -> object:
+        return [] if value is None else value  # `notify:` with every entry commented out
 
     @field_validator("hosts")
     @classmethod
@@ -240,12 +247,15 @@ def parse_inventory(text: str, path: Path) -> Inventory:
     located = load_located(text, str(path))
     data = located.data if located.data is not None else {}
     if not isinstance(data, dict):
-        raise InventoryError(f"{path}:1: the inventory must be a mapping with `hosts:` (and optional `defaults:`)")
+        raise InventoryError(f"{path}:1: the inventory must be a mapping with `hosts:` (and optional `defaults:`,"
+                             " `notify:`)")
     _check_container_ids(data, located, path)
     try:
         model = InventoryModel.model_validate(data)
     except ValidationError as exc:
         raise InventoryError(_describe_validation(exc, located, path)) from None
+    for index, spec in enumerate(model.notify):
+        spec._line = located.line_of(("notify", index, "url"))
     inv = Inventory(path=path, model=model)
     if LOCAL not in model.hosts:
         model.hosts[LOCAL] = HostSpec(transport="local")
@@ -326,4 +336,6 @@ def _model_at(loc: tuple) -> type[BaseModel] | None:
         return HostSpec
     if len(loc) == 4 and loc[0] == "hosts" and loc[2] == "containers":
         return ContainerSpec
+    if len(loc) == 2 and loc[0] == "notify":
+        return NotifySpec
     return None

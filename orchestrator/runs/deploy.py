@@ -25,8 +25,11 @@ log = logging.getLogger("dflashctl.deploy")
 UNPACK = ('set -e; rm -rf -- "$1.tmp"; mkdir -p -- "$1.tmp"; tar -xzf - -C "$1.tmp"; '
           'rm -rf -- "$1"; mv -- "$1.tmp" "$1"')
 # $1 agent path, $2 trainer dir, $3 agent size, $4 agent sha256: an agent file that is not exactly the one its
-# name promises (an upload that an older version installed cut short) counts as absent and is replaced.
-PRESENT = ('if test -f "$1"; then if [ $(($(wc -c < "$1"))) -eq "$3" ] && { ! command -v sha256sum >/dev/null '
+# name promises (an upload that an older version installed cut short) counts as absent and is replaced. The
+# temp file of an upload whose receiving shell was killed by the cut (pct kills the command's group) is removed
+# once no process holds the pid in its name.
+PRESENT = ('for t in "${1%/*}"/agent-*.tmp.*; do [ -e "$t" ] || continue; kill -0 "${t##*.}" 2>/dev/null || '
+           'rm -f -- "$t"; done; if test -f "$1"; then if [ $(($(wc -c < "$1"))) -eq "$3" ] && { ! command -v sha256sum >/dev/null '
            '2>&1 || [ "$(sha256sum < "$1" | cut -d" " -f1)" = "$4" ]; }; then echo agent; else echo agent-damaged; '
            'fi; fi; test -d "$2/trainer" && echo pkg; true')
 

@@ -69,12 +69,16 @@ class StepEvent:
     epoch: float | None = None
     eta_s: float | None = None
     total: int | None = None  # a `generate` progress line: the prompts in all; `step` is the answered count
+    tau_replay: float | None = None   # τ from replayed decoding rounds on the step's batch (only where measured)
+    tau_heldout: float | None = None  # the same on the held-out split (eval_every steps)
+    tau_eval: float | None = None     # real speculative decoding of held-out prompts
 
 
 _new_object = object.__new__
 _set_attribute = object.__setattr__
 STEP_FIELDS = ("elapsed_s", "step", "loss", "acc", "streak", "lr", "noise", "tgt_bps", "dft_bps",
                "tok_per_s", "q_pre", "q_hs", "epoch", "eta_s")
+TAU_FIELDS = ("tau_replay", "tau_heldout", "tau_eval")  # optional: a step line without them is whole
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,14 +151,19 @@ def _tok_per_s(number: str, scale: str) -> float | None:
 STEP_LINE = re.compile(
     r"\[([^\]]*)\] step=(\d+) loss=(\S+) acc=(\S+) streak=(\S+) lr=(\S+) noise=(\S+) \| "
     r"tgt=(\S+)b/s dft=(\S+)b/s \((\S+?)([KMG]?)tok/s\) \| q_pre=\[([^\]]*)\] q_hs=\[([^\]]*)\] \| "
-    r"epoch~(\S+) ETA=(\S+)"
+    r"epoch~(\S+) ETA=(\S+)(?: \| ((?:tau_\w+=\d+\.\d{3} ?)+))?"
 )
-_STEP_KEYS = re.compile(r"\b(step|loss|acc|streak|lr|noise|tgt|dft|epoch|ETA)[=~]([^\s|()\[\]]+)")
+# τ values are written with three decimals: a value cut short fails the whole-line pattern, and the tolerant
+# reader then leaves the value the line ends on out
+_TAU_PAIR = re.compile(r"(tau_replay|tau_heldout|tau_eval)=(\S+)")
+_STEP_KEYS = re.compile(r"\b(step|loss|acc|streak|lr|noise|tgt|dft|epoch|ETA|tau_replay|tau_heldout|tau_eval)"
+                        r"[=~]([^\s|()\[\]]+)")
 _STEP_QUEUES = re.compile(r"\b(q_pre|q_hs)=\[([\d,\s]*)\]")
 _STEP_TOKENS = re.compile(r"\(([\d.]+(?:[eE][-+]?\d+)?)([KMG]?)tok/s\)")
 _STEP_ELAPSED = re.compile(r"\[(\d[\d.dhms]*)\] step=")
 _STEP_CONVERT = {"step": _int, "loss": _float, "acc": _float, "streak": _float, "lr": _float, "noise": _float,
-                 "epoch": _float, "ETA": parse_duration,
+                 "epoch": _float, "ETA": parse_duration, "tau_replay": _float, "tau_heldout": _float,
+                 "tau_eval": _float,
                  "tgt": lambda v: _float(v.removesuffix("b/s")), "dft": lambda v: _float(v.removesuffix("b/s"))}
 _STEP_NAMES = {"tgt": "tgt_bps", "dft": "dft_bps", "ETA": "eta_s"}
 
@@ -172,7 +181,8 @@ def parse_step_line(text: str, line_no: int | None = None) -> StepEvent | None:
 
 
 def step_from_match(match: re.Match[str], text: str, line_no: int | None) -> StepEvent | None:
-    (elapsed, step, loss, acc, streak, lr, noise, tgt, dft, tokens, scale, q_pre, q_hs, epoch, eta) = match.groups()
+    (elapsed, step, loss, acc, streak, lr, noise, tgt, dft, tokens, scale, q_pre, q_hs, epoch, eta,
+     taus) = match.groups()
     try:
         fields = {
             "line_no": line_no, "text": text, "partial": False, "elapsed_s": parse_duration(elapsed),
@@ -182,6 +192,8 @@ def step_from_match(match: re.Match[str], text: str, line_no: int | None) -> Ste
             "q_pre": _queue_depths(q_pre), "q_hs": _queue_depths(q_hs),
             "epoch": float(epoch), "eta_s": parse_duration(eta),
         }
+        if taus:
+            fields.update((name, float(value)) for name, value in _TAU_PAIR.findall(taus))
     except ValueError:
         return None  # the shape matched but a value did not: let the tolerant reader take what is good
     # The generated __init__ of a frozen dataclass sets each field through object.__setattr__, which is a
@@ -230,6 +242,22 @@ def parse_generate_line(text: str, line_no: int | None = None) -> StepEvent | No
                      tok_per_s=_tok_per_s(tokens, scale), eta_s=parse_duration(eta), total=int(total))
 
 
+# ---------------------------------------------------------------------------------------------- step times
+
+_STEP_TIMES = re.compile(r"\s*step times: (.*)")
+_STEP_TIME = re.compile(r"(data|target|drafter|optimizer|comm|wall) (\d+(?:\.\d*)?)s")
+
+
+def parse_step_times_line(text: str) -> dict[str, float] | None:
+    """The bundled trainer's `step times: data 0.003s, target 0.180s, ..., wall 0.420s` line (seconds per step
+    in each phase, trainer/logformat.py) -> {phase: seconds}; None if not one, or one without its wall time."""
+    match = _STEP_TIMES.fullmatch(text.rstrip())
+    if match is None:
+        return None
+    times = {name: float(value) for name, value in _STEP_TIME.findall(match.group(1))}
+    return times if "wall" in times else None
+
+
 # ---------------------------------------------------------------------------------------------- metrics.jsonl
 
 _JSON_NAMES = {"tgt_batches_per_s": "tgt_bps", "dft_batches_per_s": "dft_bps"}
@@ -245,7 +273,7 @@ def parse_metrics_jsonl_line(line: str | bytes) -> StepEvent | None:
     if not isinstance(record, dict) or record.get("event", "step") != "step" or "step" not in record:
         return None
     fields = {_JSON_NAMES.get(key, key): value for key, value in record.items()}
-    values = {name: _json_value(name, fields[name]) for name in STEP_FIELDS if name in fields}
+    values = {name: _json_value(name, fields[name]) for name in STEP_FIELDS + TAU_FIELDS if name in fields}
     partial = any(values.get(name) is None for name in STEP_FIELDS if name != "eta_s")
     text = line.decode("utf-8", "replace") if isinstance(line, bytes) else line
     return StepEvent(None, text.rstrip("\r\n"), partial, **values)

@@ -1,6 +1,8 @@
 """Alert rules for one run: fed with parsed log events, state changes and GPU samples, they say what a person
 watching should be told, once.
 
+DiskHealth does the same for the free space of one target's runs directory (a target's alert, no run id).
+
 Pure: no IO and no clock. Every call takes `now` (seconds, any epoch) so tests drive time and a replayed log
 gives the same alerts. A condition (stall, idle GPUs, slow throughput, NaN loss, starvation) raises one alert
 when it starts and none while it lasts; once it clears it may raise again.
@@ -14,12 +16,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ..agent.protocol import FAILED, GPU_HELD_MIB, KILLED, LOST, SUCCEEDED
-from ..display import format_duration, format_rate
+from ..display import format_bytes, format_duration, format_rate
 from ..trainlog.parser import ExceptionEvent, PhaseEvent, StepEvent
 
 INFO, WARNING, ERROR = "info", "warning", "error"
 EXCEPTION, ENDED, STALL, GPU_IDLE, THROUGHPUT, NAN, STARVATION = (
     "exception", "ended", "stall", "gpu_idle", "throughput", "nan", "starvation")
+LOW_DISK = "low_disk"
 TERMINAL_SEVERITY = {SUCCEEDED: INFO, FAILED: ERROR, KILLED: WARNING, LOST: ERROR}
 
 
@@ -35,7 +38,7 @@ class GpuSample:
 @dataclass(frozen=True, slots=True)
 class Alert:
     time: float
-    run_id: str
+    run_id: str | None  # None: the alert is a target's (low_disk)
     kind: str
     severity: str
     message: str
@@ -61,6 +64,8 @@ class AlertRules:
     prefetch_full_fraction: float = 0.9
     prefetch_capacity: int | None = None  # None: the deepest prefetch queue seen counts as full
     exception_repeat_s: float = 60.0  # the same exception again within this time raises no new alert
+    min_free_bytes: float | None = None  # low_disk: less free than this where a target's runs write...
+    min_free_fraction: float | None = None  # ...or less than this share; None: doctor's marks (2 GiB, 5 %)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +98,11 @@ class RunHealth:
     @property
     def ended(self) -> bool:
         return self.state in TERMINAL_SEVERITY
+
+    @property
+    def conditions(self) -> frozenset[str]:
+        """The conditions raised and not cleared since (a stall, idle GPUs, a NaN loss...)."""
+        return frozenset(self._active)
 
     @property
     def training(self) -> bool:
@@ -186,7 +196,8 @@ class RunHealth:
         if len(self._intervals) >= self.rules.stall_min_intervals:
             median = statistics.median(self._intervals)
             limit = max(self.rules.stall_floor_s, self.rules.stall_factor * median)
-            why = f"{self.rules.stall_factor:g}x the median step interval {_duration(median)}"
+            why = (f"{self.rules.stall_factor:g}x the median step interval {_duration(median)}"
+                   if limit > self.rules.stall_floor_s else f"the stall limit {_duration(limit)}")
         else:
             limit, why = self.rules.stall_startup_s, "the start-up limit"
         if silent_s <= limit:
@@ -277,6 +288,34 @@ class RunHealth:
 
     def _alert(self, now: float, kind: str, severity: str, message: str) -> Alert:
         return Alert(now, self.run_id, kind, severity, message)
+
+
+class DiskHealth:
+    """The free space of the filesystem one target's runs are written to: one alert when it runs low, none
+    while it stays low, another once it recovered and ran low again."""
+
+    def __init__(self, target: str, *, rules: AlertRules | None = None) -> None:
+        self.target = target
+        self.rules = rules or AlertRules()
+        self.free_bytes: int | None = None
+        self.total_bytes: int | None = None
+        self.low = False
+
+    def observe(self, free_bytes: int, total_bytes: int, now: float) -> list[Alert]:
+        # here, not at the top: the doctor package imports the inventory, whose notify config imports this module
+        from ..runs.doctor.storage import LOW_FREE_BYTES, LOW_FREE_FRACTION, low_free
+
+        self.free_bytes, self.total_bytes = free_bytes, total_bytes
+        mark = LOW_FREE_BYTES if self.rules.min_free_bytes is None else self.rules.min_free_bytes
+        fraction = LOW_FREE_FRACTION if self.rules.min_free_fraction is None else self.rules.min_free_fraction
+        low = low_free(free_bytes, total_bytes, min_bytes=mark, fraction=fraction)
+        raised, self.low = low and not self.low, low
+        if not raised:
+            return []
+        share = f" ({100 * free_bytes / total_bytes:.1f} %)" if total_bytes else ""
+        return [Alert(now, None, LOW_DISK, ERROR if free_bytes < mark / 8 else WARNING,
+                      f"{self.target}: only {format_bytes(free_bytes)} free of {format_bytes(total_bytes)}{share} "
+                      f"where its runs write: a run that fills it loses its log and checkpoints")]
 
 
 def _shorten(text: str, limit: int = 300) -> str:

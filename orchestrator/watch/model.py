@@ -16,6 +16,9 @@ class MetricPoint:
     acc: float | None = None
     streak: float | None = None
     tok_per_s: float | None = None
+    tau_replay: float | None = None   # τ of replayed decoding rounds on the step's batch
+    tau_heldout: float | None = None  # the same on the held-out split (eval_every steps only)
+    tau_eval: float | None = None     # real speculative decoding of held-out prompts (eval_prompts)
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,15 @@ class NodeView:
     pid: int | None = None
     exit_code: int | None = None
     signal: int | None = None
+
+
+@dataclass(frozen=True)
+class Bottleneck:
+    """The stage that bounds a run (data / target / drafter / communication / host) and the evidence, one line:
+    `drafter-bound: prefetch queue full 50/50, hidden-state queue 15/50, GPUs 0-4 at 0 %`."""
+
+    bound_by: str
+    evidence: str
 
 
 @dataclass(frozen=True)
@@ -60,6 +72,19 @@ class RunView:
     log_tail: tuple[str, ...] = ()            # the last lines of the log, oldest first
     exception_texts: tuple[str, ...] = ()     # whole tracebacks / error lines, oldest first
     nodes: tuple[NodeView, ...] = ()          # a multi-node job: its nodes (run_id is then the job id)
+    bottleneck: Bottleneck | None = None      # a live run's bounding stage (orchestrator/watch/bottleneck.py)
+    tau_replay: float | None = None           # the latest τ replayed on a training batch
+    tau_heldout: float | None = None          # the latest τ replayed on the held-out split
+    tau_eval: float | None = None             # the latest τ of real speculative decoding of held-out prompts
+
+    @property
+    def tau(self) -> float | None:
+        """The τ that best predicts serving: measured on held-out prompts where the run decodes them, else
+        replayed on the held-out split, else on its training batches."""
+        for value in (self.tau_eval, self.tau_heldout, self.tau_replay):
+            if value is not None:
+                return value
+        return None
 
 
 @dataclass(frozen=True)
@@ -80,6 +105,9 @@ class HostView:
     error: str | None = None
     retry_in_s: float | None = None
     reconnecting: bool = False  # a connect attempt is under way (the countdown has run out)
+    free_bytes: int | None = None   # free space where runs are written, of its watched container nearest to full
+    total_bytes: int | None = None
+    low_disk: bool = False          # some watched container of it is below the low_disk alert's mark
 
 
 @dataclass(frozen=True)
@@ -87,7 +115,7 @@ class AlertView:
     time: str            # ISO 8601 UTC
     run_id: str | None
     target: str | None
-    kind: str            # exception / ended / stall / gpu_idle / throughput / nan / starvation / ...
+    kind: str            # exception / ended / stall / gpu_idle / throughput / nan / starvation / low_disk / ...
     severity: str        # info / warning / error
     message: str
 
@@ -102,6 +130,34 @@ class Snapshot:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    """What a notification says of a run besides its alert: who it is, how it is, its last step line."""
+
+    run_id: str
+    target: str
+    name: str
+    state: str
+    conditions: frozenset[str] = frozenset()  # alert conditions raised and not cleared (stall, nan, ...)
+    last_step_line: str | None = None
+
+
+@dataclass(frozen=True)
+class AlertFeed:
+    """The alerts added since a cursor, with every run's status and the hosts as they are now."""
+
+    cursor: int                       # pass it back to get only what came after
+    version: int                      # the source's change counter (to wait for the next change)
+    alerts: tuple[AlertView, ...] = ()
+    backlog: tuple[bool, ...] = ()    # per alert: found in what a log held when the watch began (old news)
+    runs: dict[str, RunStatus] = field(default_factory=dict)
+    hosts: tuple[HostView, ...] = ()
+
+    def flagged(self) -> list[tuple[AlertView, bool]]:
+        """Each alert with its backlog flag (False where the feed carries none)."""
+        return list(zip(self.alerts, self.backlog or (False,) * len(self.alerts)))
 
 
 @dataclass(frozen=True)

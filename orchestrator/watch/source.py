@@ -14,14 +14,14 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from ..agent.protocol import MSG_GPU, MSG_LOG, MSG_RESET, MSG_RUNS, MSG_SYNCED, TERMINAL_STATES
+from ..agent.protocol import MSG_DISK, MSG_GPU, MSG_LOG, MSG_RESET, MSG_RUNS, MSG_SYNCED, TERMINAL_STATES
 from ..errors import DflashError, TargetNotFound
 from ..inventory.model import Inventory, Target
 from ..runs.client import RunClient
 from ..transports.pool import Connections
-from .alerts import Alert
+from .alerts import Alert, AlertRules, DiskHealth
 from .jobrows import fold_jobs
-from .model import ActionResult, AlertView, HostView, RunView, Snapshot
+from .model import ActionResult, AlertFeed, AlertView, HostView, RunView, Snapshot
 from .stream import ContainerStream, StreamOptions
 from .trackers import GpuTracker, RunTracker, alert_view, iso
 
@@ -37,6 +37,7 @@ class TargetState:
     target: Target
     runs: dict[str, RunTracker] = field(default_factory=dict)
     gpus: GpuTracker | None = None
+    disk: DiskHealth | None = None   # free space where its runs are written
     connected: bool = False
     error: str | None = None
     retry_at: float | None = None
@@ -56,16 +57,20 @@ class TargetState:
 class LiveSource:
     def __init__(self, inventory: Inventory, targets: list[Target], *, gpu_interval: float = 1.0,
                  history: int = 2000, log_tail: int = 200, gpu_history: int = 120, heartbeat_s: float = 5.0,
-                 conns: Connections | None = None) -> None:
+                 conns: Connections | None = None, rules: AlertRules | None = None) -> None:
         self.inventory = inventory
         self.conns = conns or Connections()
         self._own_conns = conns is None
         self.client = RunClient(inventory, self.conns)
         self._history, self._tail = history, log_tail
+        self._rules = rules
+        self._alert_total = 0  # alerts ever added: the alert feed's cursor
         self._lock = threading.Condition(threading.RLock())
         self._version = self._seen_version = 0
         self._alerts: deque[AlertView] = deque(maxlen=MAX_ALERTS)
-        self._targets = {t.name: TargetState(t, gpus=GpuTracker(t.name, history=gpu_history)) for t in targets}
+        self._alert_backlog: deque[bool] = deque(maxlen=MAX_ALERTS)  # per alert: found in a log's old content
+        self._targets = {t.name: TargetState(t, gpus=GpuTracker(t.name, history=gpu_history),
+                                             disk=DiskHealth(t.name, rules=rules)) for t in targets}
         self._line_counts: dict[str, tuple[float, int]] = {}
         self._jobs: dict[str, list[RunView]] = {}  # job id -> its node runs, as of the last snapshot
         options = StreamOptions(gpu_interval=gpu_interval, heartbeat_s=heartbeat_s)
@@ -79,7 +84,8 @@ class LiveSource:
         with self._lock:
             self._seen_version = self._version
             states = list(self._targets.values())
-            runs, self._jobs = fold_jobs([(t.record, t.view()) for s in states for t in s.runs.values()])
+            runs, self._jobs = fold_jobs([(t.record, t.diagnosed_view(s.gpus.views()))
+                                          for s in states for t in s.runs.values()])
             gpus = tuple(g for s in states for g in s.gpus.views())
             return Snapshot(taken_at=iso(time.time()), runs=tuple(runs), gpus=gpus, hosts=self._host_views(),
                             alerts=tuple(self._alerts))
@@ -91,6 +97,32 @@ class LiveSource:
             changed = self._lock.wait_for(lambda: self._version != self._seen_version,
                                           min(timeout, COUNTDOWN_TICK_S) if counting else timeout)
             return changed or counting
+
+    @property
+    def targets(self) -> list[Target]:
+        return [state.target for state in self._targets.values()]
+
+    def alert_feed(self, cursor: int, *, after_version: int | None = None, timeout: float = 0.0) -> AlertFeed:
+        """The alerts added since `cursor` (0: every alert still kept), with each run's status and the hosts.
+        With `after_version`, waits up to `timeout` for a change after it first. Unlike `snapshot()` it leaves
+        the dashboard's change tracking alone, so a notifier can read it beside the dashboard."""
+        with self._lock:
+            if after_version is not None:
+                self._lock.wait_for(lambda: self._version != after_version, timeout)
+            new = min(self._alert_total - cursor, len(self._alerts))
+            alerts = tuple(self._alerts)[len(self._alerts) - new:] if new > 0 else ()
+            backlog = tuple(self._alert_backlog)[len(self._alert_backlog) - new:] if new > 0 else ()
+            runs = {run_id: t.status() for s in self._targets.values() for run_id, t in s.runs.items()}
+            return AlertFeed(cursor=self._alert_total, version=self._version, alerts=alerts, backlog=backlog,
+                             runs=runs, hosts=self._host_views())
+
+    def note(self, note: AlertView) -> None:
+        """An alert of the watch itself (a notification that could not be sent): shown like the others."""
+        with self._lock:
+            self._alerts.append(note)
+            self._alert_backlog.append(False)
+            self._alert_total += 1
+            self._changed()
 
     def wait_until_answered(self, timeout: float) -> bool:
         """Block until every target has answered once or failed; False if the timeout came first."""
@@ -186,11 +218,13 @@ class LiveSource:
                 if tracker is not None:
                     self._add_alerts(state, tracker.reset(str(message.get("why") or "replaced"), now))
             elif kind == MSG_SYNCED:
-                for run_id in message.get("runs") or []:
-                    if run_id in state.runs:
-                        state.runs[run_id].synced = True
+                self._on_synced(state, message.get("runs") or [], now)
             elif kind == MSG_GPU:
                 self._on_gpu(state, message, now)
+            elif kind == MSG_DISK:
+                free, total = message.get("free_bytes"), message.get("total_bytes")
+                if isinstance(free, int) and isinstance(total, int):
+                    self._add_alerts(state, state.disk.observe(free, total, now))
             else:
                 return None  # heartbeats change nothing
             self._changed()
@@ -200,8 +234,8 @@ class LiveSource:
         now = time.time()
         with self._lock:
             state = self._targets[target.name]
-            alerts = [a for t in state.runs.values() for a in t.settle(now)]
-            self._add_alerts(state, alerts)
+            for tracker in state.runs.values():
+                self._add_alerts(state, tracker.settle(now), backlog=tracker.backlog)
 
     def disconnected(self, target: Target, error: str, retry_at: float) -> None:
         with self._lock:
@@ -229,7 +263,8 @@ class LiveSource:
             tracker = state.runs.get(run_id)
             if tracker is None:
                 tracker = state.runs[run_id] = RunTracker(state.target.name, record, history=self._history,
-                                                          tail=self._tail)
+                                                          tail=self._tail, rules=self._rules)
+                tracker.backlog = not state.got_runs  # there when the watch began: its log so far is old news
                 follow[run_id] = -1
             self._add_alerts(state, tracker.update_record(record, now))
         for gone in set(state.runs) - seen:  # its run directory was removed
@@ -247,7 +282,17 @@ class LiveSource:
             data = base64.b64decode(message.get("data") or "", validate=True)
         except (binascii.Error, ValueError):
             return
-        self._add_alerts(state, tracker.feed(offset, message.get("ino"), data, now))
+        self._add_alerts(state, tracker.feed(offset, message.get("ino"), data, now), backlog=tracker.backlog)
+
+    def _on_synced(self, state: TargetState, run_ids: list, now: float) -> None:
+        for run_id in run_ids:
+            tracker = state.runs.get(run_id)
+            if tracker is None:
+                continue
+            tracker.synced = True
+            if tracker.backlog:  # the old content is read: what it still held (a final traceback) is old too
+                self._add_alerts(state, tracker.settle(now), backlog=True)
+                tracker.backlog = False
 
     def _on_gpu(self, state: TargetState, message: dict, now: float) -> None:
         state.got_gpus = True
@@ -259,9 +304,11 @@ class LiveSource:
             if tracker.record.get("state") not in TERMINAL_STATES:
                 self._add_alerts(state, tracker.observe_gpus(samples, now))
 
-    def _add_alerts(self, state: TargetState, alerts: list[Alert]) -> None:
+    def _add_alerts(self, state: TargetState, alerts: list[Alert], *, backlog: bool = False) -> None:
         if alerts:
             self._alerts.extend(alert_view(a, state.target.name) for a in alerts)
+            self._alert_backlog.extend([backlog] * len(alerts))
+            self._alert_total += len(alerts)
             self._changed()
 
     def _changed(self) -> None:
@@ -277,9 +324,14 @@ class LiveSource:
         for name, states in hosts.items():
             down = [s for s in states if not s.connected]
             retry = [s.retry_at for s in down if s.retry_at is not None]
+            disks = [s.disk for s in states if s.disk.free_bytes is not None]
+            least = min(disks, key=lambda d: d.free_bytes) if disks else None  # the container nearest to full
             views.append(HostView(name=name, connected=not down, error=next((s.error for s in down if s.error), None),
                                   retry_in_s=max(0.0, min(retry) - now) if retry else None,
-                                  reconnecting=any(s.reconnecting for s in down)))
+                                  reconnecting=any(s.reconnecting for s in down),
+                                  free_bytes=least.free_bytes if least else None,
+                                  total_bytes=least.total_bytes if least else None,
+                                  low_disk=any(d.low for d in disks)))
         return tuple(views)
 
     # -- actions --------------------------------------------------------------------------------------------

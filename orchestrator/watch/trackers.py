@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import datetime
 from collections import deque
+from dataclasses import replace
 
 from ..agent.protocol import FINGERPRINT_BYTES, STARTING, TERMINAL_STATES
 from ..gpus import GpuInfo, parse_query_csv
+from ..trainlog.lines import parse_step_times_line
 from ..trainlog.parser import ExceptionEvent, LogLine, LogParser, PhaseEvent, StepEvent
-from .alerts import Alert, GpuSample, RunHealth
-from .model import AlertView, GpuView, MetricPoint, RunView
+from .alerts import Alert, AlertRules, GpuSample, RunHealth
+from .bottleneck import RunSignals, diagnose
+from .model import AlertView, GpuView, MetricPoint, RunStatus, RunView
 
 # The parser's fine-grained start-up phases, folded into the few the dashboard shows.
 PHASE_SHOWN = {"loading_dataset": "loading_dataset", "dataset_loaded": "loading_dataset",
@@ -26,7 +29,8 @@ def shown_phase(event: PhaseEvent, current: str | None) -> str | None:
     return PHASE_SHOWN.get(event.phase, current)
 
 
-STEP_VALUES = ("loss", "acc", "streak", "lr", "tok_per_s", "eta_s")
+STEP_VALUES = ("loss", "acc", "streak", "lr", "tok_per_s", "eta_s", "tgt_bps", "dft_bps", "tau_replay", "tau_heldout",
+               "tau_eval")
 MAX_EXCEPTION_TEXTS = 20
 
 
@@ -38,28 +42,37 @@ def iso(seconds: float) -> str:
 class RunTracker:
     """One run: its record from the agent, its log parsed incrementally from byte offsets, its health."""
 
-    def __init__(self, target: str, record: dict, *, history: int, tail: int) -> None:
+    def __init__(self, target: str, record: dict, *, history: int, tail: int,
+                 rules: AlertRules | None = None) -> None:
         self.target = target
         self.run_id: str = record["run_id"]
         self.record = record
         # a run that had ended before we looked raises no alerts: they would all be old news
         self.quiet = record.get("state") in TERMINAL_STATES
         self.parser = LogParser()
-        self.health = RunHealth(self.run_id, gpu_indices=record.get("gpus") or None)
+        self.health = RunHealth(self.run_id, rules=rules, gpu_indices=record.get("gpus") or None)
         self.offset: int | None = None  # the next byte of train.log we expect: the resume point
         self.ino: int | None = None
         self.fingerprint = b""  # the last bytes before `offset`: the agent checks the file still has them
         self.synced = False
+        # until its log is first read to the end: alerts found now come from what the log held before the watch
+        # began (shown, never notified); set by the source for the runs that were already there
+        self.backlog = False
         self.history: deque[MetricPoint] = deque(maxlen=history)
         self.tail: deque[str] = deque(maxlen=tail)
         self.exception_texts: deque[str] = deque(maxlen=MAX_EXCEPTION_TEXTS)
         self.exception_count = 0
         self.phase: str | None = None
         self.last_step: int | None = None
+        self.last_step_line: str | None = None
         self.q_pre: tuple[int, ...] = ()
         self.q_hs: tuple[int, ...] = ()
         self.values: dict[str, float | None] = dict.fromkeys(STEP_VALUES)
+        self.queue_capacity = 0  # the deepest any of its queues has been
+        self.step_times: dict[str, float] = {}
+        self.n_targets: int | None = None
         self._view: RunView | None = None
+        self._diagnosed: tuple[RunView, tuple, RunView] | None = None
 
     # -- inputs
 
@@ -118,31 +131,55 @@ class RunTracker:
             return
         elif isinstance(event, PhaseEvent):
             self.phase = shown_phase(event, self.phase)
+            self.n_targets = event.n_targets if event.phase == "loading_targets" else self.n_targets
+        elif isinstance(event, LogLine) and event.text.startswith("  step times:"):
+            self.step_times = parse_step_times_line(event.text) or self.step_times
         if isinstance(event, (StepEvent, PhaseEvent, LogLine)):
             self.tail.append(event.text)
 
     def _take_step(self, step: StepEvent) -> None:
+        self.last_step_line = step.text
         if self.phase != "finished":
             self.phase = "training" if step.total is None else "generating"
         if step.step is not None:
             self.last_step = step.step
-            self.history.append(MetricPoint(step.step, step.loss, step.acc, step.streak, step.tok_per_s))
+            self.history.append(MetricPoint(step.step, step.loss, step.acc, step.streak, step.tok_per_s,
+                                            step.tau_replay, step.tau_heldout, step.tau_eval))
         for name in STEP_VALUES:
             value = getattr(step, name)
             if value is not None:
                 self.values[name] = value
         self.q_pre = step.q_pre if step.q_pre is not None else self.q_pre
         self.q_hs = step.q_hs if step.q_hs is not None else self.q_hs
+        self.queue_capacity = max((self.queue_capacity, *self.q_pre, *self.q_hs))
 
     def _keep(self, alerts: list[Alert]) -> list[Alert]:
         return [] if self.quiet else alerts
 
     # -- output
 
+    def status(self) -> RunStatus:
+        return RunStatus(self.run_id, self.target, self.record.get("name") or "", self.record.get("state") or STARTING,
+                         self.health.conditions, self.last_step_line)
+
     def view(self) -> RunView:
         if self._view is None:
             self._view = self._build_view()
         return self._view
+
+    def diagnosed_view(self, gpus: tuple[GpuView, ...]) -> RunView:
+        """The view with the bounding stage named from the log and the target's GPUs (live runs only); kept
+        while neither changed, so an unchanged run is the same object from one snapshot to the next."""
+        view = self.view()
+        if self._diagnosed is None or self._diagnosed[0] is not view or self._diagnosed[1] is not gpus:
+            verdict = diagnose(self.signals(), gpus) if view.state not in TERMINAL_STATES else None
+            self._diagnosed = (view, gpus, replace(view, bottleneck=verdict) if verdict else view)
+        return self._diagnosed[2]
+
+    def signals(self) -> RunSignals:
+        return RunSignals(tgt_bps=self.values["tgt_bps"], dft_bps=self.values["dft_bps"], q_pre=self.q_pre,
+                          q_hs=self.q_hs, queue_capacity=self.queue_capacity or None, step_times=self.step_times,
+                          n_targets=self.n_targets, gpus=tuple(self.record.get("gpus") or ()))
 
     def _build_view(self) -> RunView:
         r, v = self.record, self.values
@@ -153,7 +190,8 @@ class RunTracker:
             gpus=tuple(r.get("gpus") or ()), grace_s=_seconds(r.get("grace_s")), last_step=self.last_step,
             loss=v["loss"], acc=v["acc"], streak=v["streak"], lr=v["lr"], tok_per_s=v["tok_per_s"],
             eta_s=v["eta_s"], q_pre=self.q_pre, q_hs=self.q_hs, exceptions=self.exception_count,
-            history=tuple(self.history), log_tail=tuple(self.tail), exception_texts=tuple(self.exception_texts))
+            history=tuple(self.history), log_tail=tuple(self.tail), exception_texts=tuple(self.exception_texts),
+            tau_replay=v["tau_replay"], tau_heldout=v["tau_heldout"], tau_eval=v["tau_eval"])
 
 
 class GpuTracker:

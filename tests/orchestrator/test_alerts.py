@@ -285,3 +285,20 @@ def test_finished_or_reloading_trainer_is_not_training():
         assert restarted.observe_gpus(samples(HELD_H200, last + t), last + t) == []
     restarted.observe_event(step(11), last + 200)
     assert restarted.training and restarted.check(last + 200 + 800) == []  # the start-up limit again
+
+
+def test_low_disk_fires_once_below_either_mark_and_again_after_recovery() -> None:
+    from orchestrator.watch.alerts import LOW_DISK, DiskHealth
+
+    gib = 1024 ** 3
+    disk = DiskHealth("pve1/200")
+    assert disk.observe(100 * gib, 1000 * gib, 0.0) == []          # 10 %: fine
+    first = disk.observe(40 * gib, 1000 * gib, 1.0)                 # 4 % of a big disk, though 40 GiB
+    assert [a.kind for a in first] == [LOW_DISK] and first[0].run_id is None
+    assert "40.0 GiB free" in first[0].message and "pve1/200" in first[0].message
+    assert disk.observe(30 * gib, 1000 * gib, 2.0) == []            # still low: said once
+    assert disk.observe(100 * gib, 1000 * gib, 3.0) == []           # recovered
+    again = disk.observe(gib, 10 * gib, 4.0)                        # under 2 GiB of a small disk (10 %)
+    assert [a.kind for a in again] == [LOW_DISK] and disk.low
+    relaxed = DiskHealth("pve1/200", rules=AlertRules(min_free_bytes=0.5 * gib, min_free_fraction=0.01))
+    assert relaxed.observe(gib, 10 * gib, 0.0) == [] and not relaxed.low

@@ -136,6 +136,9 @@ step_metrics = st.builds(
     noise=st.floats(min_value=0, max_value=1), tgt_batches_per_s=finite, dft_batches_per_s=finite,
     tok_per_s=st.floats(min_value=0, max_value=1e8), q_pre=depths, q_hs=depths,
     epoch=st.floats(min_value=0, max_value=100), eta_s=st.one_of(st.none(), st.floats(min_value=0, max_value=1e9)),
+    tau_replay=st.one_of(st.none(), st.floats(min_value=1, max_value=16)),
+    tau_heldout=st.one_of(st.none(), st.floats(min_value=1, max_value=16)),
+    tau_eval=st.one_of(st.none(), st.floats(min_value=1, max_value=16)),
 )
 
 
@@ -165,6 +168,10 @@ def test_writer_step_line_round_trip(metrics):
         assert event.eta_s is None
     else:
         assert same_number(event.eta_s, metrics.eta_s, rel_tol=0.05, abs_tol=0.05)
+    for name in logformat.TAU_FIELDS:  # written with three decimals, only where measured
+        written = getattr(metrics, name)
+        assert (getattr(event, name) is None) if written is None else same_number(getattr(event, name), written,
+                                                                                  abs_tol=5.1e-4), name
 
 
 @settings(max_examples=300, deadline=None)
@@ -575,3 +582,16 @@ def test_a_real_training_run_log_and_metrics(tmp_path):
     for line, record in zip(steps, records, strict=True):
         assert line.loss == pytest.approx(record.loss, abs=5.1e-5) and line.q_pre == record.q_pre
         assert line.tok_per_s == pytest.approx(record.tok_per_s, abs=51)
+
+
+def test_tau_fields_after_the_seed_format_are_read_whole_or_cut():
+    line = ("[1m] step=3 loss=2.5 acc=0.400 streak=2.0 lr=1.00e-04 noise=0 | tgt=1.00b/s dft=1.00b/s "
+            "(1.0Ktok/s) | q_pre=[1] q_hs=[1] | epoch~0.00 ETA=5.0m | tau_replay=2.100 tau_heldout=1.850")
+    whole = parse_step_line(line)
+    assert not whole.partial and (whole.tau_replay, whole.tau_heldout, whole.tau_eval) == (2.1, 1.85, None)
+    cut = parse_step_line(line[:-3])  # the last value may be cut mid-number: it is left out, the rest is kept
+    assert (cut.tau_replay, cut.tau_heldout, cut.loss) == (2.1, None, 2.5)
+    plain = parse_step_line(line.split(" | tau_")[0])
+    assert not plain.partial and plain.tau_replay is None  # a line without τ is whole, as the seed's are
+    record = json.dumps({"event": "step", "step": 3, "loss": 2.5, "tau_replay": 2.1, "accept_hist": [0.5, 0.5]})
+    assert parse_metrics_jsonl_line(record).tau_replay == 2.1

@@ -1,6 +1,8 @@
 """RunTracker: resume from byte offsets without loss or duplicates, resets, alerts kept quiet for old runs."""
 from __future__ import annotations
 
+import dataclasses
+
 from orchestrator.watch.trackers import GpuTracker, RunTracker
 
 STEP = ("[{i}s] step={i} loss=2.5 acc=0.1 streak=0.5 lr=1e-4 noise=0.0 | tgt=1.0b/s dft=1.0b/s (11.7Ktok/s) | "
@@ -91,3 +93,26 @@ def test_a_generate_progress_line_reads_like_a_step_line() -> None:
     view = run.view()
     assert (view.phase, view.last_step, view.tok_per_s, view.eta_s) == ("generating", 1200, 1900.0, 9.1 * 3600)
     assert view.loss is None and [p.step for p in run.history] == [1000, 1200]
+
+
+def test_tau_figures_reach_the_view_and_the_history() -> None:
+    from trainer import logformat
+
+    def line(step: int, **taus: float) -> str:
+        return logformat.format_step_line(logformat.StepMetrics(
+            elapsed_s=60.0 * step, step=step, loss=3.0, acc=0.4, streak=2.0, lr=1e-4, noise=0.0,
+            tgt_batches_per_s=1.0, dft_batches_per_s=1.0, tok_per_s=1000.0, q_pre=[1], eta_s=60.0, **taus)) + "\n"
+
+    run = tracker()
+    log = line(10, tau_replay=2.1) + line(20, tau_replay=2.25, tau_heldout=1.8, tau_eval=1.75) + line(30)
+    run.feed(0, 1, log.encode(), now=0.0)
+    view = run.view()
+    # a later line without τ keeps the last figures: held-out τ is measured only every eval_every steps
+    assert (view.tau_replay, view.tau_heldout, view.tau_eval) == (2.25, 1.8, 1.75) and view.last_step == 30
+    assert view.tau == 1.75  # the measured τ first, then the held-out replay, then the training batches'
+    assert dataclasses.replace(view, tau_eval=None).tau == 1.8
+    assert dataclasses.replace(view, tau_eval=None, tau_heldout=None).tau == 2.25
+    assert [(p.step, p.tau_replay, p.tau_heldout) for p in view.history] == [(10, 2.1, None), (20, 2.25, 1.8),
+                                                                            (30, None, None)]
+    assert view.history[1].tau_eval == 1.75
+    assert tracker().view().tau is None

@@ -71,8 +71,13 @@ def run_bench(*args: str) -> dict:
 
 
 def test_tiny_cpu_benchmark_reports_every_figure():
-    result = run_bench("--tiny", "--device", "cpu", "--steps", "2", "--json")
+    result = run_bench("--tiny", "--device", "cpu", "--steps", "2", "--variants", "legacy,packed", "--json")
     step, target = result["step"], result["target_only"]
+    # before/after rows of one run, on the same batches; the summary is the last variant's
+    assert [row["variant"] for row in result["variants"]] == ["legacy", "packed"]
+    assert all(row["tok_per_s"] > 0 and row["mfu"] > 0 and row["drafter_tflops"] > 0 for row in result["variants"])
+    assert result["variants"][-1]["tok_per_s"] == step["tok_per_s"]
+    assert 0 < step["target_padding_share"] < 1 and step["mfu_datasheet"] is None     # no datasheet for a CPU
     assert result["device"] == "cpu" and result["model"] == "tiny" and result["world_size"] == 1
     assert result["taps"] == [1, 2, 3, 4, 5]           # 5 taps spread over layers 1..N-3 of 8 layers
     assert result["matmul_peak_tflops"] > 0 and result["peak_memory_gib"] > 0
@@ -87,6 +92,12 @@ def test_tiny_cpu_benchmark_reports_every_figure():
     assert flops["lm_head_forward"] == flops["lm_head_backward"] > 0
     assert step["target_in_step_ratio"] > 0 and step["loss"] > 0
     assert result["compiled_frames_after_warmup"] == 0        # eager: nothing compiles at all
+
+
+def test_an_unknown_variant_is_a_usage_error():
+    result = subprocess.run([sys.executable, "bench/bench_train.py", "--tiny", "--variants", "packed,fastest"],
+                            capture_output=True, text=True, timeout=120, env=trainer_env(), cwd=REPO_ROOT)
+    assert result.returncode == 2 and "unknown variant(s) fastest" in result.stderr
 
 
 def test_anchor_budget_caps_the_blocks_per_batch():

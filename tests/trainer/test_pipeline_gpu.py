@@ -24,6 +24,13 @@ def test_gpu_training_and_eval(base_config, tiny_target, self_generated, tmp_pat
     assert "Target 0 on cuda:0..." in result.stdout
     records = step_records(Path(config["output_dir"]))
     assert records[-1]["loss"] < records[0]["loss"]
+    # where each step's time went, from CUDA events: the GPU phases fit in the wall time (the host's data wait
+    # may overlap them, so it is left out of the sum)
+    for record in records:
+        gpu_phases = record["target_s"] + record["drafter_s"] + record["optimizer_s"]
+        assert min(record["target_s"], record["drafter_s"], record["optimizer_s"]) > 0, record
+        assert gpu_phases <= record["step_s"] * 1.01, record
+    assert result.stdout.count("  step times: data ") == len(records)
     for dtype in ("float32", "bfloat16"):
         report = run_trainer("eval", "--target", tiny_target, "--drafter", Path(config["output_dir"]) / "step_150",
                              "--prompts", self_generated["eval_prompts"], "--max-new-tokens", "64", "--json",

@@ -25,9 +25,11 @@ def torchrun(config_path: Path) -> subprocess.CompletedProcess:
 
 
 def weights(step_dir: Path) -> dict:
+    """The weights training left: the fp32 master weights of a checkpoint whose model.safetensors is bf16."""
     from safetensors.torch import load_file
 
-    return load_file(str(step_dir / "model.safetensors"))
+    master = step_dir / "master_weights.safetensors"
+    return load_file(str(master if master.is_file() else step_dir / "model.safetensors"))
 
 
 def optimizer_state(step_dir: Path) -> dict:

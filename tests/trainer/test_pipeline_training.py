@@ -147,6 +147,8 @@ def test_torchrun_two_cpu_ranks_keep_identical_weights(base_config, tmp_path):
     records = step_records(Path(config["output_dir"]))
     assert [r["step"] for r in records] == list(range(1, 9))  # rank 0 alone logs
     assert all(r["world_size"] == 2 for r in records)
+    # the exposed all-reduce, as DDP times it itself from its first sampled step on
+    assert all(r["comm_s"] is not None and r["comm_s"] >= 0 for r in records[1:]), records
     assert result.stdout.count("Loading dataset from") == 1
 
 
@@ -187,3 +189,26 @@ def test_compile_on_a_gpu_is_refused_before_anything_loads(base_config, tmp_path
     assert result.returncode == 2, (result.stdout + result.stderr)[-3000:]
     assert "compile: true is not supported on a GPU" in result.stderr
     assert "Traceback" not in result.stderr and "Loading" not in result.stdout
+
+
+def test_each_step_line_is_followed_by_where_the_step_time_went(base_config, tmp_path):
+    """The bundled trainer says per log interval how long data wait, target, drafter, optimizer took per step:
+    the human line (read by the dashboard's parser) and metrics.jsonl carry the same numbers, and the phases
+    never add up to more than the step's wall time."""
+    from orchestrator.trainlog.lines import parse_step_times_line
+
+    config = {**base_config, "max_steps": 4, "log_every": 2}
+    result = run_trainer("train", "--config", write_config(tmp_path / "times.yaml", **config), timeout=600)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    lines = result.stdout.splitlines()
+    after_steps = [lines[i + 1] for i, line in enumerate(lines) if re.search(r"\] step=\d+ ", line)]
+    times = [parse_step_times_line(line) for line in after_steps]
+    assert len(times) == 3 and all(times), after_steps  # steps 1, 2 and 4
+    records = step_records(Path(config["output_dir"]))
+    for parsed, record in zip(times, records):
+        assert set(parsed) == {"data", "target", "drafter", "optimizer", "wall"}  # one rank: no comm
+        assert record["comm_s"] is None
+        for name in ("data", "target", "drafter", "optimizer"):
+            assert parsed[name] == pytest.approx(record[f"{name}_s"], abs=6e-4)
+        assert record["target_s"] > 0 and record["drafter_s"] > 0
+        assert sum(record[f"{n}_s"] for n in ("data", "target", "drafter", "optimizer")) <= record["step_s"] * 1.01

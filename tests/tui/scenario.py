@@ -17,7 +17,12 @@ TRACEBACK = (
 
 def history(steps: int, *, every: int = 10) -> tuple[MetricPoint, ...]:
     return tuple(MetricPoint(step=step, loss=12.5 * math.exp(-step / 400) + 2.0, acc=0.6 * (1 - math.exp(-step / 300)),
-                             streak=3.5 * (1 - math.exp(-step / 350)), tok_per_s=11_700 + 400 * math.sin(step / 50))
+                             streak=3.5 * (1 - math.exp(-step / 350)), tok_per_s=11_700 + 400 * math.sin(step / 50),
+                             tau_replay=1 + 1.4 * (1 - math.exp(-step / 350)),
+                             # evaluated every 100 steps: held-out τ trails the training batches' (overfitting)
+                             tau_heldout=1 + 1.0 * (1 - math.exp(-step / 300)) if step % 100 == 0 else None,
+                             # real speculative decoding of held-out prompts agrees with the held-out replay
+                             tau_eval=1 + 0.95 * (1 - math.exp(-step / 300)) if step % 200 == 0 else None)
                  for step in range(every, steps + 1, every))
 
 
@@ -31,7 +36,8 @@ def training_run() -> RunView:
     return RunView(run_id="r-0001", target="pve1/200", name="qwen3-8b-drafter", state="running", phase="training",
                    pid=4100, created_at="2026-12-01T10:00:00Z", gpus=(0, 1), last_step=1200, loss=points[-1].loss,
                    acc=points[-1].acc, streak=points[-1].streak, lr=4.52e-06, tok_per_s=11_700.0, eta_s=12 * 86400.0,
-                   q_pre=(50, 50, 50, 49, 50), q_hs=(15,), history=points,
+                   q_pre=(50, 50, 50, 49, 50), q_hs=(15,), history=points, tau_replay=points[-1].tau_replay,
+                   tau_heldout=points[-1].tau_heldout, tau_eval=points[-1].tau_eval,
                    log_tail=tuple(step_line(step, 2.5) for step in range(1100, 1201, 10)))
 
 

@@ -48,6 +48,10 @@ async def test_80x24_shows_one_chart_that_m_switches_and_a_gpu_line(app):
         await pilot.press("m")
         await wait_until(pilot, lambda: shown_charts(app) == ["chart-toks"], what="the tok/s chart")
         assert str(charts.border_title).startswith("tok/s · qwen3-8b-drafter")
+        assert charts.border_subtitle == "m: τ"
+        await pilot.press("m")
+        await wait_until(pilot, lambda: shown_charts(app) == ["chart-tau"], what="the τ chart")
+        assert str(charts.border_title).startswith("τ · qwen3-8b-drafter")
         assert charts.border_subtitle == "m: loss"
         await pilot.press("m")
         await wait_until(pilot, lambda: shown_charts(app) == ["chart-loss"], what="the loss chart again")
@@ -57,14 +61,14 @@ async def test_80x24_shows_one_chart_that_m_switches_and_a_gpu_line(app):
 
 
 async def test_the_layout_follows_the_terminal_size(app):
-    full_charts = ["chart-loss", "chart-acc", "chart-toks"]
+    full_charts = ["chart-loss", "chart-acc", "chart-toks", "chart-tau"]
     footer_keys = lambda: [key.key for key in app.query_one(Footer).query("FooterKey")]  # noqa: E731
     async with app.run_test(size=(80, 24)) as pilot:
         table = await wait_for_rows(pilot, 4)
         await select_run(pilot, "r-0003")
         await pilot.resize_terminal(120, 40)
         await wait_until(pilot, lambda: len(column_keys(table)) == 12, what="every column")
-        await wait_until(pilot, lambda: shown_charts(app) == full_charts, what="the three charts")
+        await wait_until(pilot, lambda: shown_charts(app) == full_charts, what="the four charts")
         await wait_until(pilot, lambda: app.query_one("#gpus").display and not app.query_one("#gpu-line").display,
                          what="the GPU panel instead of the line")
         # only one chart at a time needs switching
@@ -87,3 +91,15 @@ async def test_a_long_run_name_is_cut_before_any_column_is_dropped(app, source):
                          what="no sideways scrolling")
         shown = cell(table, "r-0001", "run")
         assert shown.endswith("…") and 17 <= len(shown) < 24, shown
+
+
+async def test_the_tau_column_shows_where_a_run_has_one_and_there_is_room(app, source):
+    async with app.run_test(size=(140, 40)) as pilot:
+        table = await wait_for_rows(pilot, 4)
+        await wait_until(pilot, lambda: "tau" in column_keys(table), what="the τ column")
+        # the τ decoded on held-out prompts where the run measures it (1 + 0.95 (1 - e^-4) at step 1200), a dash
+        # where a run has none
+        assert cell(table, "r-0001", "tau") == "1.93" and cell(table, "r-0003", "tau") == "-"
+        await pilot.resize_terminal(120, 40)  # no room: τ goes first, every other column stays
+        await wait_until(pilot, lambda: len(column_keys(table)) == 12 and "tau" not in column_keys(table),
+                         what="the columns without τ")

@@ -181,3 +181,21 @@ async def test_short_terminal_shows_one_chart_one_line_per_queue_family_and_one_
         assert gpus == "GPUs pve2/300 · util ▁▁▁▁▁▁▁▁ 0% mem ▇█▇█▆▄▄▄ 577/765G"
         assert [column.key.value for column in app.query_one(RunsTable).columns.values()][-4:] == \
             ["lr", "tok_s", "eta", "exceptions"]  # wide enough for every column
+
+
+async def test_the_selected_runs_bound_is_named_above_its_charts(app, source):
+    from orchestrator.watch.model import Bottleneck
+    from tui.widgets.bottleneck_line import BottleneckLine
+
+    evidence = "drafter-bound: prefetch queue full 50/50, hidden-state queue 15/50, GPUs 0-4 at 0 %"
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for_rows(pilot, 4)
+        line = app.query_one(BottleneckLine)
+        await select_run(pilot, "r-0003")
+        assert not line.display  # no verdict yet: the line takes no room
+        source.update_run("r-0003", bottleneck=Bottleneck("drafter", evidence))
+        await wait_until(pilot, lambda: line.display and line.region.height == 1, what="the bound line")
+        assert line.render().plain == ("bound by: drafter  prefetch queue full 50/50, hidden-state queue 15/50, "
+                                       "GPUs 0-4 at 0 %")
+        await select_run(pilot, "r-0001")
+        await wait_until(pilot, lambda: not line.display, what="no line for a run without a verdict")

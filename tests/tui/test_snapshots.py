@@ -51,3 +51,8 @@ def test_help_screen_80x24(snap_compare):
         await pilot.pause(0.1)
 
     assert snap_compare(dashboard(), terminal_size=(80, 24), run_before=open_help)
+
+
+def test_main_screen_80x24_tau_chart(snap_compare):
+    """The τ chart of the compact layout: replayed τ on training batches (magenta) against held-out (green)."""
+    assert snap_compare(dashboard(), terminal_size=(80, 24), run_before=settled_on("r-0001", "m", "m"))

@@ -22,6 +22,7 @@ from orchestrator.watch.model import RunView, Snapshot
 from ..messages import CleanupRequested, KillRequested, LogRequested
 from ..runcells import run_label
 from ..widgets.alerts_list import AlertsList
+from ..widgets.bottleneck_line import BottleneckLine
 from ..widgets.filter_bar import FilterBar, run_matches
 from ..widgets.gpu_panel import GpuPanel
 from ..widgets.gpu_summary import GpuSummary
@@ -59,6 +60,7 @@ class MainScreen(Screen):
         yield GpuSummary(id="gpu-line")
         with Horizontal(id="detail"):
             with Vertical(id="detail-main"):
+                yield BottleneckLine(id="bottleneck")
                 yield MetricCharts(id="charts")
                 yield LogTail(id="log-tail")
             with Vertical(id="detail-side"):
@@ -135,6 +137,7 @@ class MainScreen(Screen):
         gpus = [gpu for gpu in self.snapshot.gpus if gpu.target in targets]
         self.query_one(MetricCharts).show_run(run)
         self.query_one(QueueBars).show_run(run)
+        self.query_one(BottleneckLine).show_run(run)
         self.query_one(GpuPanel).show(gpus, () if run is None else run.gpus)
         self.query_one(GpuSummary).show(gpus, ", ".join(sorted(targets)))
         self.query_one(LogTail).show_run(run)

@@ -7,6 +7,7 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
 
+from orchestrator.display import format_bytes
 from orchestrator.watch.model import HostView
 
 MAX_ERROR_CHARS = 60
@@ -43,7 +44,10 @@ class HostStatus(Widget):
 
 def host_text(host: HostView) -> Text:
     if host.connected:
-        return Text.assemble(("● ", "green"), host.name)
+        text = Text.assemble(("● ", "green"), host.name)
+        if host.free_bytes is not None:  # the room its runs' logs and checkpoints have left
+            text.append(f" {format_bytes(host.free_bytes)} free", style="bold red" if host.low_disk else "dim")
+        return text
     text = Text.assemble(("✗ ", "bold red"), (host.name, "bold red"), " disconnected")
     if host.error:
         error = host.error if len(host.error) <= MAX_ERROR_CHARS else host.error[: MAX_ERROR_CHARS - 1] + "…"

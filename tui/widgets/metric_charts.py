@@ -1,4 +1,4 @@
-"""Loss, acc/streak and throughput of the selected run over its steps (plotext)."""
+"""Loss, acc/streak, throughput and τ (train replay vs held-out) of the selected run over its steps (plotext)."""
 from __future__ import annotations
 
 import math
@@ -21,12 +21,19 @@ ACCURACY: tuple[Series, ...] = (
 )
 THROUGHPUT: tuple[Series, ...] = (("Ktok/s", lambda p: None if p.tok_per_s is None else p.tok_per_s / 1e3,
                                    "yellow", "left"),)
+# τ from replayed decoding rounds: on training batches against the held-out split (the gap is overfitting),
+# and measured by real speculative decoding of held-out prompts where the run does that (eval_prompts)
+TAU: tuple[Series, ...] = (
+    ("train", lambda p: p.tau_replay, "magenta", "left"),
+    ("held-out", lambda p: p.tau_heldout, "green", "left"),
+    ("decoded", lambda p: p.tau_eval, "yellow", "left"),
+)
 # The charts a small terminal shows one at a time, in switching order: (plot id, what its title calls it).
-SINGLE_CHARTS = (("chart-loss", "loss"), ("chart-toks", "tok/s"))
+SINGLE_CHARTS = (("chart-loss", "loss"), ("chart-toks", "tok/s"), ("chart-tau", "τ"))
 
 
 class MetricCharts(Horizontal):
-    """Three charts side by side; where the layout shows one (the compact one), `chosen` is that one."""
+    """Four charts side by side; where the layout shows one (the compact one), `chosen` is that one."""
 
     DEFAULT_CSS = """
     MetricCharts { height: 12; }
@@ -43,6 +50,7 @@ class MetricCharts(Horizontal):
         yield PlotextPlot(id="chart-loss")
         yield PlotextPlot(id="chart-acc")
         yield PlotextPlot(id="chart-toks")
+        yield PlotextPlot(id="chart-tau")
 
     def watch_chosen(self, chosen: str) -> None:
         for plot in self.query(PlotextPlot):
@@ -75,9 +83,12 @@ class MetricCharts(Horizontal):
         self._draw(self.query_one("#chart-loss", PlotextPlot), "loss", history, LOSS)
         self._draw(self.query_one("#chart-acc", PlotextPlot), "acc · streak", history, ACCURACY)
         self._draw(self.query_one("#chart-toks", PlotextPlot), "Ktok/s", history, THROUGHPUT)
+        # no legend: it would hide the curves' ends in a small plot; the title names the colours
+        self._draw(self.query_one("#chart-tau", PlotextPlot), "τ train·held", history, TAU, legend=False)
 
     @staticmethod
-    def _draw(plot: PlotextPlot, title: str, history: tuple[MetricPoint, ...], series: tuple[Series, ...]) -> None:
+    def _draw(plot: PlotextPlot, title: str, history: tuple[MetricPoint, ...], series: tuple[Series, ...], *,
+              legend: bool = True) -> None:
         plt = plot.plt
         plt.clear_figure()
         plt.title(title)
@@ -85,7 +96,7 @@ class MetricCharts(Horizontal):
         for label, field, colour, side in series:
             steps, values = finite_points(history, field)
             if steps:
-                plt.plot(steps, values, label=label if len(series) > 1 else None, color=colour,
+                plt.plot(steps, values, label=label if legend and len(series) > 1 else None, color=colour,
                          yside=side, marker="braille")
                 all_steps.extend(steps)
         if all_steps:

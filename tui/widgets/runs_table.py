@@ -33,6 +33,7 @@ class RunsTable(DataTable):
         self._name_chars = MAX_NAME_CHARS
         self._names: dict[str, str] = {}
         self._chosen = False  # the first rows put the cursor on the newest live run; later ones keep it
+        self._tau = False  # the τ column: shown when a run has a τ and the full table has room for it
 
     def on_mount(self) -> None:
         self._add_columns()
@@ -71,13 +72,17 @@ class RunsTable(DataTable):
         if width <= 0:
             return False
         cell = 2 * self.cell_padding
-        others = sum(chars + cell for key, chars in widest_cells(self._runs).items() if key != "run")
+        widths = widest_cells(self._runs)
+        others = sum(chars + cell for key, chars in widths.items() if key != "run")
         room = width - others - cell
+        tau = room >= NARROW_NAME_CHARS and any(run.tau is not None for run in self._runs)
+        if not tau:
+            room += widths["tau"] + cell
         narrow = room < NARROW_NAME_CHARS
         name_chars = NARROW_NAME_CHARS if narrow else min(room, MAX_NAME_CHARS)
-        if (narrow, name_chars) == (self.narrow, self._name_chars):
+        if (narrow, name_chars, tau) == (self.narrow, self._name_chars, self._tau):
             return False
-        self._name_chars = name_chars
+        self._name_chars, self._tau = name_chars, tau
         self._names = run_names(self._among, limit=name_chars)
         if narrow != self.narrow:
             self.narrow = narrow  # its watcher rebuilds columns and rows
@@ -86,7 +91,7 @@ class RunsTable(DataTable):
         return True
 
     def _add_columns(self) -> None:
-        for key, header in columns(narrow=self.narrow):
+        for key, header in columns(narrow=self.narrow, tau=self._tau):
             self.add_column(header, key=key)
 
     def _cells_of(self, run: RunView) -> dict[str, Text]:
@@ -95,7 +100,7 @@ class RunsTable(DataTable):
     def _update_row(self, run: RunView) -> None:
         old = self._cells[run.run_id]
         new = self._cells_of(run)
-        for column, _ in columns(narrow=self.narrow):
+        for column, _ in columns(narrow=self.narrow, tau=self._tau):
             if old.get(column) != new[column]:
                 self.update_cell(run.run_id, column, new[column], update_width=True)
         self._cells[run.run_id] = new
@@ -109,7 +114,7 @@ class RunsTable(DataTable):
         for run in runs:
             cells = self._cells_of(run)
             self._cells[run.run_id] = cells
-            self.add_row(*(cells[key] for key, _ in columns(narrow=self.narrow)), key=run.run_id)
+            self.add_row(*(cells[key] for key, _ in columns(narrow=self.narrow, tau=self._tau)), key=run.run_id)
         if selected not in self._cells and not self._chosen:
             newest = newest_run(runs)
             selected = None if newest is None else newest.run_id

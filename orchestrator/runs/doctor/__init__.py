@@ -54,12 +54,12 @@ def _reach(client: RunClient, target: Target, report: DoctorReport) -> None:
     report.add(Row("reach", OK, f"{where}python {report.python}"))
     basics.measure_cache(transport, target, report)
     ownfiles.check_agent(transport, target, report)
-    ownfiles.check_free_space(transport, target, report)
     basics.check_gpus(transport, target, report)
 
 
 def _judge(client: RunClient, target: Target, report: DoctorReport, needs: Needs | None) -> None:
     facts = gather(client, target, smi_gpus=report.gpus if report.nvidia_smi else None, needs=needs)
+    ownfiles.check_free_space(client.conns.for_target(target), target, report, facts.probe.get("workdir"))
     if facts.probe.get("error"):
         report.add(Row("probe", FAIL, f"the agent's probe did not run: {facts.probe['error']}",
                        f"check that {target.workdir} is writable on {target.name}"))

@@ -8,7 +8,7 @@ from .facts import Facts
 from .report import FAIL, OK, WARN, Row
 from .storage import NCCL_SHM_BYTES, shm_fix
 
-BYTES_PER_PARAM = 12   # fp32 weights + AdamW's two moments: a checkpoint's step_N/ and training_state.pt
+BYTES_PER_PARAM = 14   # bf16 weights (model.safetensors) + fp32 master weights + AdamW's two moments, per step_N/
 READ_KEYS = ("target_path", "data_path")
 VOLATILE = ("tmpfs", "ramfs")
 

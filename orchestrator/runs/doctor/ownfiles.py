@@ -7,7 +7,7 @@ from typing import Protocol
 from ...inventory.model import Target
 from ...transports.base import Transport
 from ..deploy import agent_path_in, present
-from .storage import LOW_FREE_BYTES, LOW_FREE_FRACTION
+from .storage import low_free
 
 
 class AgentReport(Protocol):
@@ -41,18 +41,20 @@ def parse_df(text: str) -> tuple[int, int] | None:
         return None
 
 
-def low_space(free: int, total: int) -> bool:
-    return free < LOW_FREE_BYTES or (total > 0 and free < LOW_FREE_FRACTION * total)
-
-
-def check_free_space(transport: Transport, target: Target, report: SpaceReport) -> None:
-    """Free space of the filesystem that holds the workdir (the runs, their logs and checkpoints)."""
-    result = transport.run(["df", "-Pk", target.workdir], timeout=30)
-    space = parse_df(result.out) if result.ok else None
-    if space is None:
-        report.warnings.append(f"cannot measure the free space of {target.workdir}: {result.describe()}")
-        return
+def check_free_space(transport: Transport, target: Target, report: SpaceReport, measured: dict | None) -> None:
+    """Free space of the filesystem that holds the workdir (the runs, their logs and checkpoints), as the
+    agent's probe measured it for the `workdir` row; `df` only where the probe could not run (a disk too full
+    to take the agent is the case that matters most)."""
+    space = None
+    if measured and measured.get("free_bytes") is not None:
+        space = (int(measured["free_bytes"]), int(measured.get("total_bytes") or 0))
+    else:
+        result = transport.run(["df", "-Pk", target.workdir], timeout=30)
+        space = parse_df(result.out) if result.ok else None
+        if space is None:
+            report.warnings.append(f"cannot measure the free space of {target.workdir}: {result.describe()}")
+            return
     report.free_bytes = space[0]
-    if low_space(*space):
+    if low_free(*space):
         report.warnings.append(f"{target.workdir} has only {space[0] / 1024 ** 3:.1f} GiB free of "
                                f"{space[1] / 1024 ** 3:.1f} GiB: a run that fills it loses its log")

@@ -15,6 +15,13 @@ LOW_FREE_FRACTION = 0.05
 MIN_FREE_INODES = 10000
 
 
+def low_free(free: int, total: int, *, min_bytes: float = LOW_FREE_BYTES,
+             fraction: float = LOW_FREE_FRACTION) -> bool:
+    """Room for a long run's log and checkpoints is running out: under `min_bytes`, or under `fraction` of the
+    filesystem (the one test doctor's warning and watch's low_disk alert both apply)."""
+    return free < min_bytes or (total > 0 and free < fraction * total)
+
+
 def shm_fix(facts: Facts, size: str = "16G") -> str:
     if facts.target.ctid is None:
         return f"remount it bigger: `mount -o remount,size={size} /dev/shm`"
@@ -57,6 +64,6 @@ def workdir(facts: Facts) -> Row | None:
     fix = f"free space on {fs.get('mount_point', where)} (old checkpoints, caches) or grow the disk"
     if free < MIN_FREE_BYTES or (inodes_total and inodes is not None and inodes < MIN_FREE_INODES):
         return Row("workdir", FAIL, f"{where} nearly full: {found}", fix)
-    if total and free < LOW_FREE_FRACTION * total:
+    if total and low_free(free, total, min_bytes=0):
         return Row("workdir", WARN, f"{where}: {found}", fix)
     return Row("workdir", OK, f"{where}: {found}")

@@ -1,0 +1,159 @@
+"""`dflashctl watch --serve`: the same dashboard in a browser, through textual-serve (the `serve` extra).
+
+textual-serve starts the given command once per browser tab, with Textual's web driver, and relays its screen
+and keys over a websocket. The command is this dflashctl's own `watch` with the inventory and targets the
+server was started with, so the browser shows exactly what the terminal would, and its kill and cleanup keys
+ask the same confirmations.
+
+Access: loopback only by default. On any other address a token is required (given with --token, or made up
+and printed with the URL). The token is checked in front of every route, page and websocket alike: the page
+accepts it as `?token=` and sets it as a same-site cookie, which the page's own websocket and static files
+carry. A websocket opened by another site's page (its Origin names another host) is refused on any address,
+loopback too: it would otherwise drive the dashboard's kill key from a browser that merely visits that site.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import ipaddress
+import secrets
+import shlex
+import signal
+import socket
+import sys
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from ..errors import EXIT_OK, UsageError
+from ..inventory.model import find_inventory
+
+INSTALL_HINT = "pip install 'dflashctl[serve]'"
+TOKEN_COOKIE = "dflashctl_token"
+REFUSED = "dflashctl watch --serve: this dashboard needs its token: open the URL it printed (?token=...)\n"
+
+
+def is_loopback(host: str) -> bool:
+    """True for addresses only this machine can reach (a name other than localhost counts as reachable)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def choose_token(host: str, token: str | None) -> str | None:
+    """The token the server will require: the given one, a new one off loopback, none on loopback."""
+    if token is not None:
+        if len(token) < 8 or not token.isprintable() or " " in token:
+            raise UsageError("--token: use at least 8 printable characters without spaces")
+        return token
+    return None if is_loopback(host) else secrets.token_urlsafe(18)
+
+
+def served_command(inventory: Path | None, targets: list[str], interval: float) -> str:
+    """The shell command textual-serve runs per browser tab: this Python's dflashctl, same inventory and targets."""
+    argv = [sys.executable, "-m", "orchestrator"]
+    if inventory is not None:
+        argv += ["--inventory", str(inventory.resolve())]
+    argv += ["watch", *targets, "--interval", repr(interval), "--no-notify"]   # one notifier, not one per tab
+    return shlex.join(argv)
+
+
+def page_url(host: str, port: int, token: str | None) -> str:
+    """The URL to open: the address bound (this machine's name for a wildcard bind), with the token."""
+    shown = socket.getfqdn() if host in ("0.0.0.0", "::", "") else host
+    shown = f"[{shown}]" if ":" in shown else shown
+    return f"http://{shown}:{port}/" + (f"?token={token}" if token else "")
+
+
+def token_ok(given: str | None, token: str) -> bool:
+    return given is not None and hmac.compare_digest(given.encode(), token.encode())
+
+
+def same_origin(origin: str | None, host: str | None) -> bool:
+    """A websocket handshake's Origin against the Host it was sent to; a client that sends no Origin (not a
+    browser page) passes."""
+    if origin is None:
+        return True
+    return urlsplit(origin).netloc.lower() == (host or "").lower()
+
+
+def serve(command: str, *, host: str, port: int, token: str | None, title: str) -> int:
+    """Serve `command` until interrupted (Ctrl-C or SIGTERM)."""
+    try:
+        from aiohttp import web
+        from textual_serve.server import Server
+    except ImportError:
+        raise UsageError(f"watch --serve needs textual-serve, which is not installed: {INSTALL_HINT}") from None
+    server = _server_class(Server, web)(command, host=host, port=port, title=title)
+    server.token = token
+    server.url = page_url(host, port, token)
+    try:
+        server.serve()
+    except OSError as exc:  # the port is taken, the address is not this machine's
+        raise UsageError(f"watch --serve cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return EXIT_OK
+
+
+def _server_class(server_base: type, web):
+    """textual-serve's Server with the origin and token checks in front of every route."""
+
+    class TokenServer(server_base):
+        token: str | None = None
+        url = ""
+
+        async def _make_app(self):
+            app = await super()._make_app()
+            app.middlewares.append(self._guard(web))
+            return app
+
+        def _guard(self, web):
+            @web.middleware
+            async def guard(request, handler):
+                if request.path == "/ws" and not same_origin(request.headers.get("Origin"), request.host):
+                    return web.Response(status=403, text="dflashctl watch --serve: a websocket from another "
+                                                         "site is refused\n")
+                given = request.query.get("token")
+                if self.token and not (token_ok(given, self.token)
+                                       or token_ok(request.cookies.get(TOKEN_COOKIE), self.token)):
+                    return web.Response(status=403, text=REFUSED)
+                response = await handler(request)
+                if self.token and given and request.path == "/":
+                    response.set_cookie(TOKEN_COOKIE, self.token, httponly=True, samesite="Strict")
+                return response
+
+            return guard
+
+        async def handle_index(self, request):
+            # the page's websocket goes back to the address the browser used, not to the bound one
+            self.public_url = f"{request.scheme}://{request.host}"
+            return await super().handle_index(request)
+
+        async def on_startup(self, app) -> None:
+            """Quiet: the line that says where to point a browser comes once the socket listens (serve)."""
+
+        def serve(self, debug: bool = False) -> None:
+            self.debug = debug
+            self.initialize_logging()
+            loop = asyncio.new_event_loop()
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(signum, self.request_exit)
+            web.run_app(self._make_app(), host=self.host, port=self.port, handle_signals=False, loop=loop,
+                        print=lambda _text: self._listening())
+
+        def _listening(self) -> None:
+            print(f"dflashctl: serving the dashboard on {self.url} (Ctrl-C stops it)", file=sys.stderr, flush=True)
+
+    return TokenServer
+
+
+def serve_dashboard(state, targets: list[str], interval: float, *, once: bool, host: str, port: int,
+                    token: str | None) -> int:
+    """`watch --serve`: check the options, then serve this inventory's dashboard for `targets`."""
+    if once:
+        raise UsageError("--serve and --once do not go together (--once prints one snapshot here)")
+    required = choose_token(host, token)  # a made-up one is in the URL the server prints when it listens
+    inventory = find_inventory(state.inventory_path)
+    return serve(served_command(inventory, targets, interval), host=host, port=port, token=required,
+                 title="dflashctl watch")

@@ -1,0 +1,69 @@
+"""`dflashctl watch --headless`: the dashboard's live source and alert rules with no screen.
+
+Every new alert is one JSON line on stdout (and every host that drops or comes back, so a log of the watcher
+says why it went quiet); notifications go out as the dashboard would send them. It runs until SIGTERM or
+SIGINT, then sends what is still queued (a few seconds at most) and exits 0.
+"""
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict
+from typing import TextIO
+
+from ..errors import EXIT_OK
+from ..watch.model import AlertFeed, HostView
+from ..watch.source import LiveSource
+from ..watch.trackers import iso
+from .destinations import Destination
+from .pump import AlertPump
+
+LINE_VERSION = 1
+
+
+class JsonLines:
+    """Prints a feed's news as JSON lines: each alert with its run's name and last step line, host changes."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self._hosts: dict[str, tuple[bool, str | None]] = {}
+
+    def __call__(self, feed: AlertFeed) -> None:
+        for alert, old in feed.flagged():
+            run = feed.runs.get(alert.run_id or "")
+            self._print({"type": "alert", **asdict(alert), "name": run.name if run else None,
+                         "state": run.state if run else None, "last_step_line": run.last_step_line if run else None,
+                         "backlog": old})
+        for host in feed.hosts:
+            self._host(host)
+
+    def _host(self, host: HostView) -> None:
+        now = (host.connected, host.error)
+        before = self._hosts.get(host.name)
+        self._hosts[host.name] = now
+        if before == now or (before is None and not host.connected and not host.error):
+            return  # unchanged, or not connected *yet*: only an answer or a failure is news
+        self._print({"type": "host", "time": iso(time.time()), "host": host.name, "connected": host.connected,
+                     "error": host.error})
+
+    def _print(self, record: dict) -> None:
+        self.out.write(json.dumps({"version": LINE_VERSION, **record}, default=str) + "\n")
+        self.out.flush()
+
+
+def run_headless(source: LiveSource, destinations: Sequence[Destination], *, out: TextIO | None = None) -> int:
+    """Watch until SIGTERM/SIGINT; returns the exit code (0: stopped as asked)."""
+    pump = AlertPump(source, destinations, on_feed=JsonLines(out or sys.stdout))
+    previous = {sig: signal.signal(sig, lambda _signum, _frame: pump.request_stop())
+                for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        pump.run()
+    finally:
+        pump.stop()
+        source.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return EXIT_OK

@@ -1,0 +1,244 @@
+"""`watch --serve`: the dashboard in a real headless Chromium, served off loopback to a lab namespace with its
+token, refusing requests without it; the kill key and its confirmation work in the browser; the usage errors."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from orchestrator.cli import main
+from orchestrator.runs.client import RunClient
+from orchestrator.runs.spec import LaunchSpec
+from orchestrator.transports.pool import Connections
+from tests.browser import Browser, chromium_path
+from tests.lab.workloads import quick_inventory
+from tests.seed_logs import SEED_STARTUP, SEED_STEPS
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+needs_textual_serve = pytest.mark.skipif(importlib.util.find_spec("textual_serve") is None,
+                                         reason="needs the serve extra: pip install -e '.[serve]'")
+SERVING = re.compile(r"serving the dashboard on (http://\S+)")
+# the seed's start-up and first step line, then quiet: the dashboard names its bound (drafter) from them
+SEED_RUN = f"import sys, time; sys.stdout.write({SEED_STARTUP + SEED_STEPS.splitlines()[0] + chr(10)!r}); " \
+           "sys.stdout.flush(); time.sleep(3600)"
+
+
+def free_port(address: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((address, 0))
+        return sock.getsockname()[1]
+
+
+def start_server(*args: str, env_extra: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], str]:
+    """`dflashctl ... watch --serve ...` as its own process; (process, the URL it printed)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), **(env_extra or {})}
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", *args], cwd=REPO_ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        match = SERVING.search(line)
+        if match:
+            url = match.group(1)
+            host, port = re.match(r"http://([^/:]+):(\d+)/", url).groups()
+            while time.monotonic() < deadline:  # the message comes as the server starts: wait for its socket
+                try:
+                    socket.create_connection((host, int(port)), timeout=1).close()
+                    return proc, url
+                except OSError:
+                    time.sleep(0.1)
+        if not line and proc.poll() is not None:
+            break
+    stop(proc)
+    raise AssertionError(f"the server did not start: {proc.stderr.read()}")
+
+
+def stop(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def status_of(url: str, **headers: str) -> int:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as answer:
+            return answer.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+# ------------------------------------------------------------------------------------------------ usage
+
+def test_without_textual_serve_one_line_with_the_install_hint_and_exit_2(monkeypatch, capsys) -> None:
+    monkeypatch.setitem(sys.modules, "textual_serve", None)  # as if not installed: importing it fails
+    monkeypatch.setitem(sys.modules, "textual_serve.server", None)
+    monkeypatch.setenv("XDG_DATA_HOME", "/nonexistent-dflash-test")
+    assert main(["watch", "local", "--serve"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "textual-serve" in err and "pip install 'dflashctl[serve]'" in err
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--port", "9000"], "go with --serve"),
+    (["--serve", "--once"], "--serve and --once"),
+    (["--serve", "--host", "0.0.0.0", "--token", "short"], "at least 8"),
+    (["--serve", "--headless"], "do not go with it"),
+    (["--serve", "--notify", "json://127.0.0.1:9/x"], "do not go with it"),
+])
+def test_serve_usage_mistakes(args, says, capsys) -> None:
+    assert main(["watch", "local", *args]) == 2
+    assert says in capsys.readouterr().err
+
+
+@needs_textual_serve
+def test_loopback_needs_no_token_but_refuses_another_sites_websocket(tmp_path) -> None:
+    port = free_port("127.0.0.1")
+    proc, url = start_server("watch", "local", "--serve", "--port", str(port),
+                             env_extra={"XDG_DATA_HOME": str(tmp_path)})
+    try:
+        assert url == f"http://127.0.0.1:{port}/"
+        assert status_of(url) == 200
+        ws = url + "ws"
+        upgrade = {"Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Version": "13",
+                   "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}
+        assert status_of(ws, Origin="http://evil.example", **upgrade) == 403
+        # a second server on the same port: one line, exit 2, and never the line that says it serves
+        taken = subprocess.run([sys.executable, "-m", "orchestrator", "watch", "local", "--serve", "--port",
+                                str(port)], cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+                               capture_output=True, text=True, timeout=60)
+        assert taken.returncode == 2 and "cannot listen on 127.0.0.1" in taken.stderr
+        assert "serving" not in taken.stderr
+    finally:
+        stop(proc)
+
+
+# ------------------------------------------------------------------------------------------------ the lab
+
+@pytest.fixture()
+def seed_run(lab, tmp_path):
+    inventory = quick_inventory(lab, tmp_path / "inventory.yaml")
+    target = inventory.target("pve1/200")
+    with Connections() as conns:
+        client = RunClient(inventory, conns)
+        run = client.launch(LaunchSpec(target, [sys.executable, "-c", SEED_RUN], "servedseed", grace=1.0))
+        yield tmp_path / "inventory.yaml", run["run_id"], lambda: client.runs_on(target, [run["run_id"]])[0]["state"]
+        client.kill(target, [run["run_id"]], grace=1)
+
+
+def in_namespace(netns: str, url: str) -> int:
+    """The HTTP status a client inside a lab host's network namespace gets for `url`."""
+    code = ("import sys, urllib.request, urllib.error\ntry:\n    print(urllib.request.urlopen(sys.argv[1], "
+            "timeout=10).status)\nexcept urllib.error.HTTPError as exc:\n    print(exc.code)")
+    result = subprocess.run(["ip", "netns", "exec", netns, sys.executable, "-c", code, url],
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    return int(result.stdout)
+
+
+@pytest.mark.lab
+@pytest.mark.asyncio
+@needs_textual_serve
+@pytest.mark.skipif(chromium_path() is None, reason="needs chromium (Debian: apt-get install chromium)")
+async def test_the_dashboard_in_a_browser_off_loopback_with_its_token(lab, seed_run, tmp_path) -> None:
+    inventory_path, run_id, state_of = seed_run
+    host = lab.hosts["pve1"]
+    address = host.link.root_address  # this machine's side of pve1's link: reachable from pve1, not loopback
+    port = free_port(address)
+    proc, url = start_server("--inventory", str(inventory_path), "watch", "pve1/200", "--serve",
+                             "--host", address, "--port", str(port))
+    try:
+        token = re.fullmatch(rf"http://{re.escape(address)}:{port}/\?token=([\w-]+)", url).group(1)
+        bare = f"http://{address}:{port}/"
+        # from the lab host: the page and its websocket refused without the token, the page served with it
+        assert in_namespace(host.netns, bare) == 403
+        assert in_namespace(host.netns, bare + "ws") == 403
+        assert in_namespace(host.netns, bare + "?token=wrong-token-x") == 403
+        assert in_namespace(host.netns, url) == 200
+        assert status_of(bare + "static/js/textual.js") == 403
+
+        async with Browser(width=1400, height=900) as browser:
+            await browser.open(url)
+            killed = await kill_from_the_browser(browser, state_of, tmp_path)
+        assert killed, f"the run is {state_of()} after pressing k, y in the browser"
+    finally:
+        stop(proc)
+    print(f"screenshots: {tmp_path / 'table.png'} {tmp_path / 'confirm.png'}")
+    assert (tmp_path / "table.png").stat().st_size > 20_000  # a full dashboard, not a blank or error page
+
+
+async def kill_from_the_browser(browser: Browser, state_of, shots: Path) -> bool:
+    """Wait until the dashboard shows its run selected, screenshot it, then k (screenshot the confirmation)
+    and y: True once the lab says the run was killed."""
+    import asyncio
+
+    opened = time.monotonic()
+    deadline = opened + 60
+    while time.monotonic() < deadline and not selected_row_shown(await browser.pixel(TEXT_LAYER, *FIRST_ROW)):
+        await asyncio.sleep(0.5)
+    print(f"the run's row showed {time.monotonic() - opened:.1f} s after the page was opened")
+    await browser.screenshot(shots / "table.png")
+    await browser.focus("textarea")  # the terminal's input: where a person's typing goes once they click in
+    await browser.press("k")
+    await asyncio.sleep(2)
+    await browser.screenshot(shots / "confirm.png")
+    await browser.press("y")
+    while time.monotonic() < deadline:
+        if state_of() == "killed":
+            return True
+        await asyncio.sleep(0.5)
+    return False
+
+
+TEXT_LAYER = "canvas.xterm-text-layer"
+FIRST_ROW = (60, 62)  # a point of the runs table's first row, at the page's default font size
+
+
+def selected_row_shown(rgba: tuple[int, ...] | None) -> bool:
+    """The cursor row's blue: the table has a run in it (an empty table's row stays the background)."""
+    return rgba is not None and rgba[2] > 150 and rgba[0] < 80
+
+
+@pytest.mark.lab
+def test_once_json_names_the_seed_runs_bound(seed_run, capsys) -> None:
+    """The seed's start-up and step line on the lab's seed GPUs (8 held at 0 %): drafter-bound, in the JSON and
+    in the plain snapshot."""
+    inventory_path, run_id, _ = seed_run
+    assert main(["--inventory", str(inventory_path), "watch", "pve1/200", "--once", "--json"]) == 0
+    runs = {run["run_id"]: run for run in json.loads(capsys.readouterr().out)["runs"]}
+    assert runs[run_id]["bottleneck"] == {
+        "bound_by": "drafter",
+        "evidence": "drafter-bound: prefetch queue full 50/50, hidden-state queue 15/50, GPUs 0-4 at 0 %"}
+    assert main(["--inventory", str(inventory_path), "watch", "pve1/200", "--once"]) == 0
+    assert f"pve1/200 {run_id} drafter-bound: prefetch queue full 50/50" in capsys.readouterr().out
+
+
+def test_what_decides_access_and_what_the_browser_tab_runs(tmp_path) -> None:
+    import shlex
+
+    from orchestrator.cli.watchserve import choose_token, is_loopback, same_origin, served_command
+
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("198.18.0.1") and not is_loopback("myhost")
+    assert choose_token("127.0.0.1", None) is None and choose_token("::1", "given-token") == "given-token"
+    made = choose_token("0.0.0.0", None)
+    assert made and len(made) >= 20 and made != choose_token("0.0.0.0", None)
+    assert same_origin(None, "h:1") and same_origin("http://H:1", "h:1") and not same_origin("http://e:1", "h:1")
+    inventory = tmp_path / "my inventory.yaml"
+    argv = shlex.split(served_command(inventory, ["pve1/200", "x;rm -rf /"], 2.5))
+    assert argv == [sys.executable, "-m", "orchestrator", "--inventory", str(inventory.resolve()), "watch",
+                    "pve1/200", "x;rm -rf /", "--interval", "2.5", "--no-notify"]

@@ -1,0 +1,33 @@
+"""bench/bench_tau.py end to end at its CPU smoke size, as a real process: a target LM trained on standard-library
+source, its own answers generated, prepared with a held-out split, a drafter trained with eval_every, and
+`trainer eval` on held-out prompts; every figure the GPU run reports is there and consistent."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.trainer.conftest import REPO_ROOT, trainer_env
+
+
+@pytest.mark.slow
+def test_tau_benchmark_runs_every_stage_on_the_cpu(tmp_path):
+    done = subprocess.run([sys.executable, "bench/bench_tau.py", "--tiny", "--workdir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600, env=trainer_env(), cwd=REPO_ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    data, drafter, evaluated, tau = result["data"], result["drafter"], result["eval"], result["tau"]
+    assert result["device"] == "cpu" and result["target"]["steps"] == 20 and result["target"]["parameters"] > 0
+    assert data["heldout_samples"] > 0 and data["train_samples"] + data["heldout_samples"] <= data["prompts"] == 32
+    assert drafter["steps"] == 6 and sorted(map(int, drafter["tau_heldout_by_step"])) == [1, 2, 3, 4, 5, 6]
+    assert sum(drafter["accept_hist_heldout"]) == pytest.approx(1.0, abs=1e-3)
+    assert evaluated["identical_to_greedy"] and evaluated["prompts"] == 3 and evaluated["rounds"] > 0
+    assert all(1.0 <= tau[key] <= 8.0 for key in ("eval_heldout_prompts", "replay_heldout", "replay_train_batches",
+                                                   "streak_plus_1"))
+    assert tau["replay_over_eval"] == pytest.approx(tau["replay_heldout"] / tau["eval_heldout_prompts"], abs=1e-3)
+    assert tau["streak_plus_1_over_eval"] == pytest.approx(tau["streak_plus_1"] / tau["eval_heldout_prompts"],
+                                                           abs=1e-3)
+    # the run's own files stay in the work directory for a look afterwards
+    assert (tmp_path / "drafter" / "metrics.jsonl").is_file() and (tmp_path / "dataset" / "heldout").is_dir()

@@ -1,0 +1,78 @@
+"""The drafter's kernels: liger-kernel's fused RMSNorm and SwiGLU where they run, the torch code elsewhere, and
+the dtype the drafter's elementwise code hands on (no fp32 residual stream, no cast of the features to fp32)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.trainer.test_model_support import device, make_drafter, random_ids, tiny_target, tiny_target_dir  # noqa: F401
+from trainer import kernels
+from trainer.drafter import RMSNorm
+from trainer.errors import TrainerError
+
+
+def test_auto_takes_torch_where_liger_cannot_run():
+    assert kernels.resolve("auto", torch.device("cpu")) == "torch"
+    assert kernels.resolve("torch", torch.device("cuda")) == "torch"
+    with pytest.raises(TrainerError, match="kernels: liger was asked for"):
+        kernels.resolve("liger", torch.device("cpu"))
+
+
+def test_rms_norm_keeps_a_bf16_input_bf16_under_an_fp32_weight():
+    norm = RMSNorm(32, 1e-6)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    x = torch.randn(4, 32)
+    out = norm(x.bfloat16())
+    assert out.dtype == torch.bfloat16
+    # the same numbers as the fp32 computation, rounded once
+    torch.testing.assert_close(out.float(), norm(x), rtol=1e-2, atol=1e-2)
+
+
+def test_under_autocast_the_features_reach_fc_as_they_are(tiny_target):
+    drafter = make_drafter(tiny_target)
+    seen = []
+    hook = drafter.fc.register_forward_pre_hook(lambda _m, args: seen.append(args[0].dtype))
+    features = torch.randn(2, 12, drafter.fc.in_features, device=tiny_target.device).bfloat16()
+    try:
+        with torch.autocast(tiny_target.device.type, dtype=torch.bfloat16):
+            context = drafter.project_context(features)
+        drafter.project_context(features.float())
+    finally:
+        hook.remove()
+    assert seen == [torch.bfloat16, torch.float32] and context.dtype == torch.bfloat16
+
+
+def test_installing_torch_restores_the_modules_own_forward(tiny_target):
+    drafter = make_drafter(tiny_target)
+    norm = drafter.layers[0].input_layernorm
+    norm.forward = lambda x: x * 0    # what a swapped kernel looks like to the module
+    assert kernels.install(drafter, "torch") == "drafter RMSNorm and SwiGLU: torch"
+    x = torch.randn(3, tiny_target.hidden_size, device=tiny_target.device)
+    torch.testing.assert_close(norm(x), RMSNorm.forward(norm, x))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or kernels.liger_version() is None,
+                    reason="needs a CUDA GPU and liger-kernel")
+def test_liger_kernels_match_the_torch_code_in_bf16(tiny_target_dir):
+    from trainer.objective import dflash_step
+    from trainer.target import TargetModel
+
+    target = TargetModel.load(tiny_target_dir, layer_ids=None, num_taps=3, device="cuda", dtype=torch.bfloat16)
+    input_ids = random_ids(target, (2, 96), seed=3)
+    loss_mask = torch.ones_like(input_ids)
+    results = []
+    for choice in ("torch", "liger"):
+        drafter = make_drafter(target, seed=1).float().train()
+        kernels.install(drafter, choice)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            features = target.features(input_ids)
+            out = dflash_step(drafter, features, input_ids, loss_mask, num_anchors=8, block_size=8, gamma=4.0,
+                              noise=0.0, generator=torch.Generator().manual_seed(0))
+        out.loss.backward()
+        results.append((out.loss.detach().float(), [p.grad.float() for p in drafter.parameters()]))
+    (loss_t, grads_t), (loss_l, grads_l) = results
+    torch.testing.assert_close(loss_l, loss_t, rtol=1e-2, atol=1e-2)
+    for g_l, g_t in zip(grads_l, grads_t):
+        assert float((g_l - g_t).norm() / g_t.norm().clamp(min=1e-12)) < 5e-2

@@ -1,0 +1,210 @@
+"""The target's feature pass without padding: a batch's sequences packed into one row, attention kept inside each
+sequence (document-causal), positions restarting per sequence, and the tapped states put back in the batch's
+padded layout for the drafter. The linear-attention layers of a hybrid target keep each sequence apart too: their
+causal conv1d sees zeros before each sequence, and the gated delta rule restarts its state per sequence
+(`packed_linear_attention`).
+
+At the seed's buckets about a sixth of a right-padded batch is padding that the target's layers compute and
+throw away. Packed, every computed token is real. Attention runs through a function registered with
+transformers' attention interface for the duration of one feature pass (`packed_attention`): torch's
+variable-length flash attention (`torch.nn.attention.varlen`) on a GPU, and SDPA with a dense document mask
+elsewhere (CPU tests, small batches).
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+IMPLEMENTATION = "dflash_packed"   # the name the target's attention layers look up while a packed pass runs
+PACKING_KWARG = "dflash_packing"   # how the plan reaches the attention function through the decoder layers
+
+
+@dataclass(frozen=True)
+class PackPlan:
+    """Where each real token of a right-padded [B, S] batch goes in the packed row of T = sum(lengths) tokens."""
+
+    index: torch.Tensor        # [T] int64, on the device: flat position (row * S + column) of each packed token
+    position_ids: torch.Tensor  # [1, T] int64, on the device: the column, i.e. the position inside its sequence
+    cu_seqlens: torch.Tensor   # [N + 1] int32, on the device: where each sequence starts in the packed row
+    lengths: tuple[int, ...]   # per row of the batch (rows of length 0 are left out of cu_seqlens)
+    shape: tuple[int, int]     # (B, S)
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.lengths)
+
+    @property
+    def max_length(self) -> int:
+        return max(self.lengths)
+
+    @property
+    def padding_share(self) -> float:
+        """The share of the padded batch's positions that are padding (what the unpacked pass computed for
+        nothing)."""
+        return 1.0 - self.tokens / (self.shape[0] * self.shape[1])
+
+
+def plan(attention_mask: torch.Tensor, device: torch.device) -> PackPlan:
+    """The plan of a right-padded CPU mask [B, S] (read on the host, so nothing waits for the GPU); the index
+    tensors are copied to `device` without blocking."""
+    batch, seq_len = attention_mask.shape
+    lengths = attention_mask.sum(dim=1).tolist()
+    columns = torch.cat([torch.arange(n) for n in lengths])
+    rows = torch.repeat_interleave(torch.arange(batch), torch.tensor(lengths))
+    cu = torch.tensor([0] + [n for n in lengths if n], dtype=torch.int32).cumsum(0, dtype=torch.int32)
+
+    def put(tensor: torch.Tensor) -> torch.Tensor:
+        if device.type == "cuda":
+            tensor = tensor.pin_memory()
+        return tensor.to(device, non_blocking=True)
+
+    return PackPlan(index=put(rows * seq_len + columns), position_ids=put(columns[None]), cu_seqlens=put(cu),
+                    lengths=tuple(lengths), shape=(batch, seq_len))
+
+
+def pack(tokens: torch.Tensor, plan_: PackPlan) -> torch.Tensor:
+    """[B, S] -> [1, T]: the real tokens in order, row after row."""
+    return tokens.flatten()[plan_.index][None]
+
+
+def unpack(packed: torch.Tensor, plan_: PackPlan) -> torch.Tensor:
+    """[1, T, D] -> [B, S, D]: each token back at its place; padded positions are zero (never NaN: the drafter
+    keeps them out of every block's view, but a NaN there would still poison an attention product)."""
+    batch, seq_len = plan_.shape
+    out = packed.new_zeros(batch * seq_len, packed.shape[-1])
+    out.index_copy_(0, plan_.index, packed[0])
+    return out.view(batch, seq_len, -1)
+
+
+@functools.lru_cache(maxsize=1)
+def _varlen():
+    """torch's variable-length flash attention and the keywords this release takes, or None (older torch)."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn, frozenset(inspect.signature(varlen_attn).parameters)
+
+
+def varlen_available(device: torch.device) -> bool:
+    return device.type == "cuda" and _varlen() is not None
+
+
+def supports_window() -> bool:
+    found = _varlen()
+    return found is not None and "window_size" in found[1]
+
+
+def _varlen_attention(query, key, value, plan_: PackPlan, *, scale: float | None, window: int | None):
+    """query [1, Hq, T, D], key/value [1, Hkv, T, D] -> [1, T, Hq, D] through flash attention's varlen kernel."""
+    varlen_attn, params = _varlen()
+    q, k, v = (t[0].transpose(0, 1).contiguous() for t in (query, key, value))   # [T, heads, D]
+    options = {"scale": scale}
+    if "enable_gqa" in params:
+        options["enable_gqa"] = q.shape[1] != k.shape[1]
+    elif q.shape[1] != k.shape[1]:   # a release that takes no GQA flag: give every query head its keys
+        groups = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    if "window_size" in params:
+        options["window_size"] = (window - 1 if window else -1, 0)
+    else:
+        options["is_causal"] = True
+    n = plan_.max_length
+    out = varlen_attn(q, k, v, plan_.cu_seqlens, plan_.cu_seqlens, n, n, **options)
+    return out[None]
+
+
+def document_mask(plan_: PackPlan, window: int | None) -> torch.Tensor:
+    """[1, 1, T, T] boolean: a token sees the earlier tokens of its own sequence (within the window, if any)."""
+    device = plan_.index.device
+    lengths = torch.tensor([n for n in plan_.lengths if n], device=device)
+    document = torch.repeat_interleave(torch.arange(len(lengths), device=device), lengths)
+    position = plan_.position_ids[0]
+    same = document[:, None] == document[None, :]
+    causal = position[None, :] <= position[:, None]
+    mask = same & causal
+    if window:
+        mask &= position[:, None] - position[None, :] < window
+    return mask[None, None]
+
+
+def packed_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0,
+                             scaling: float | None = None, sliding_window: int | None = None, **kwargs):
+    """The attention function the target's layers call during a packed pass (transformers' interface: returns
+    (output [1, T, Hq, D], no weights))."""
+    plan_: PackPlan = kwargs[PACKING_KWARG]
+    if varlen_available(query.device) and query.dtype in (torch.bfloat16, torch.float16):  # flash: half types
+        return _varlen_attention(query, key, value, plan_, scale=scaling, window=sliding_window), None
+    groups = query.shape[1] // key.shape[1]
+    key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=document_mask(plan_, sliding_window), scale=scaling)
+    return out.transpose(1, 2).contiguous(), None
+
+
+@functools.lru_cache(maxsize=1)
+def _register() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(IMPLEMENTATION, packed_attention_forward)
+
+
+@contextmanager
+def packed_attention(config):
+    """The target's attention layers call `packed_attention_forward` inside this block (they read the config's
+    implementation on every call), and their own implementation again after it."""
+    _register()
+    previous = config._attn_implementation
+    config._attn_implementation = IMPLEMENTATION
+    try:
+        yield
+    finally:
+        config._attn_implementation = previous
+
+
+def document_ids(plan_: PackPlan) -> torch.Tensor:
+    """[T]: the index of the sequence each packed token belongs to."""
+    lengths = torch.tensor([n for n in plan_.lengths if n], device=plan_.index.device)
+    return torch.repeat_interleave(torch.arange(len(lengths), device=lengths.device), lengths)
+
+
+def _conv_per_sequence(conv, plan_: PackPlan, hidden_states, weight, bias=None, activation=None, **_ignored):
+    """transformers' causal conv1d ([1, C, T]) over the packed row with kernel-1 zeros before every sequence, so no
+    sequence sees the end of the one before it; the outputs of the real positions only."""
+    gap = weight.shape[-1] - 1
+    positions = torch.arange(hidden_states.shape[-1], device=hidden_states.device) + gap * (document_ids(plan_) + 1)
+    gapped = hidden_states.new_zeros(*hidden_states.shape[:-1], hidden_states.shape[-1] + gap * len(plan_.lengths))
+    gapped[..., positions] = hidden_states
+    return conv(gapped, weight, bias, activation=activation)[..., positions]
+
+
+def _rule_per_sequence(rule, plan_: PackPlan, native: bool, query, key, value, *, g, beta, **options):
+    """The gated delta rule over the packed row, its state restarting at each sequence: flash-linear-attention's
+    kernel takes the sequences' bounds itself; the torch reference runs them one by one."""
+    options = {k: v for k, v in options.items() if k not in ("cu_seqlens", PACKING_KWARG)}
+    if native:
+        return rule(query, key, value, g=g, beta=beta, cu_seqlens=plan_.cu_seqlens.long(), **options)
+    bounds = plan_.cu_seqlens.tolist()
+    parts = [rule(query[:, s:e], key[:, s:e], value[:, s:e], g=g[:, s:e], beta=beta[:, s:e], **options)[0]
+             for s, e in zip(bounds, bounds[1:])]
+    return torch.cat(parts, dim=1), None
+
+
+@contextmanager
+def packed_linear_attention(model_type: str, plan_: PackPlan, *, kernel: str):
+    """Inside this block the linear-attention layers of a `model_type` target (qwen3_5, qwen3_5_moe) keep the plan's
+    sequences apart: transformers' modeling module looks both functions up on every call."""
+    name = model_type.removesuffix("_text")
+    module = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+    conv, rule = module.causal_conv1d_fn, module.torch_chunk_gated_delta_rule
+    module.causal_conv1d_fn = functools.partial(_conv_per_sequence, conv, plan_)
+    module.torch_chunk_gated_delta_rule = functools.partial(_rule_per_sequence, rule, plan_, kernel == "fla")
+    try:
+        yield
+    finally:
+        module.causal_conv1d_fn, module.torch_chunk_gated_delta_rule = conv, rule
