@@ -237,19 +237,21 @@ def all_ranks_sum(value: float, ctx) -> float:
 
 # ---------------------------------------------------------------------------------------------- measurements
 
-def measure_target_only(target, stream, args, ctx, autocast) -> dict:
-    """Feature throughput of the target alone: the batches are on the device before the clock starts."""
+def measure_target_only(target, stream, args, ctx, autocast, *, forward=None) -> dict:
+    """Feature throughput of the target alone: the batches are on the device before the clock starts.
+    `forward(input_ids, cpu_mask)` replaces the feature pass (the plain packed forward below)."""
     shape = TargetShape.from_config(target.config)
+    forward = forward or target.features
     batches = [next(stream) for _ in range(args.warmup + args.steps)]
     on_device = [to_device(batch, ctx.device) for batch in batches]
     for input_ids, _, attention_mask in on_device[:args.warmup]:
         with autocast:
-            target.features(input_ids, attention_mask)
+            forward(input_ids, attention_mask)
     synchronize(ctx.device)
     start = time.perf_counter()
     for input_ids, _, attention_mask in on_device[args.warmup:]:
         with autocast:
-            target.features(input_ids, attention_mask)
+            forward(input_ids, attention_mask)
     synchronize(ctx.device)
     seconds = time.perf_counter() - start
     lengths = [batch.attention_mask.sum(dim=1).tolist() for batch in batches[args.warmup:]]
@@ -257,6 +259,26 @@ def measure_target_only(target, stream, args, ctx, autocast) -> dict:
     flops = sum(target_feature_flops(shape, num_layers=target.layer_ids[-1] + 1, lengths=row) for row in lengths)
     return {"seconds": seconds, "tokens": tokens, "flops": flops,
             "tok_per_s": all_ranks_sum(tokens, ctx) / seconds}
+
+
+def plain_packed_forward(target):
+    """The HF decoder's own forward (no taps, no unpacking) over a batch's real tokens packed into one row, with
+    the same per-sequence attention the packed feature pass uses: the baseline of "the same packed tokens"."""
+    from trainer import packing
+    from trainer.families import LINEAR
+    from trainer.target import linear_attention_kernel
+
+    @torch.no_grad()
+    def forward(input_ids, attention_mask):
+        plan = packing.plan(attention_mask, target.device)
+        linear = contextlib.nullcontext()
+        if LINEAR in target.spec.layer_types:
+            linear = packing.packed_linear_attention(target.spec.model_type, plan,
+                                                     kernel=linear_attention_kernel(target.spec))
+        with packing.packed_attention(target.config), linear:
+            target.decoder(input_ids=packing.pack(input_ids, plan), position_ids=plan.position_ids, use_cache=False,
+                           **{packing.PACKING_KWARG: plan})
+    return forward
 
 
 def measure_plain_forward(target, args, ctx, autocast) -> dict:
@@ -415,7 +437,7 @@ def profile_steps(parts: SimpleNamespace, stream, args, ctx, autocast) -> str:
 # ---------------------------------------------------------------------------------------------- report
 
 def summarise(args, ctx, *, peak: tuple[float, str], taps: list[int], target_only: dict | None, training: dict,
-              plain: dict | None, target_line: str) -> dict:
+              plain: dict | None, target_line: str, plain_packed: dict | None = None) -> dict:
     """The figures; the baselines' (and the ratios to them) are None when they were skipped."""
     flops, phases = training["flops"], training["phases"]
     world_peak = peak[0] * 1e12 * ctx.world_size
@@ -442,6 +464,7 @@ def summarise(args, ctx, *, peak: tuple[float, str], taps: list[int], target_onl
         "target_line": target_line,
         "plain_forward": rates(plain, **({"rows": plain["rows"], "length": plain["length"]} if plain else {})),
         "target_only": rates(target_only),
+        "plain_forward_packed": rates(plain_packed),
         "step": {
             "tok_per_s": training["tok_per_s"], "step_ms": 1000 * training["seconds"] / args.steps,
             "mfu": all_ranks_sum(flops.total, ctx) / training["seconds"] / world_peak,
@@ -456,6 +479,8 @@ def summarise(args, ctx, *, peak: tuple[float, str], taps: list[int], target_onl
             "target_phase_tok_per_s": target_rate,
             "target_in_step_ratio": ratio(target_only, target_only and target_only["tokens"] / target_only["seconds"]),
             "target_phase_vs_plain_forward": ratio(plain, plain and plain["tok_per_s"] / ctx.world_size),
+            "target_phase_vs_plain_packed": ratio(plain_packed, plain_packed and plain_packed["tokens"]
+                                                  / plain_packed["seconds"]),
             "padded_block_share": training["padded_blocks"] / blocks if blocks else 0.0,
             # of the right-padded batches: what a target pass without packing computes for nothing
             "target_padding_share": training["padding_share"],
@@ -472,7 +497,8 @@ def variant_row(name: str, summary: dict, peak_gib: float) -> dict:
     return {"variant": name, "tok_per_s": step["tok_per_s"], "step_ms": step["step_ms"], "mfu": step["mfu"],
             "mfu_datasheet": step["mfu_datasheet"], "target_tflops": step["target_tflops"],
             "drafter_tflops": step["drafter_tflops"], "phase_share": step["phase_share"],
-            "target_phase_vs_plain_forward": step["target_phase_vs_plain_forward"], "peak_memory_gib": peak_gib}
+            "target_phase_vs_plain_forward": step["target_phase_vs_plain_forward"],
+            "target_phase_vs_plain_packed": step["target_phase_vs_plain_packed"], "peak_memory_gib": peak_gib}
 
 
 def datasheet_tflops(device: torch.device) -> float | None:
@@ -527,6 +553,8 @@ def format_table(result: dict) -> str:
         inside += f" = {step['target_in_step_ratio']:.1%} of the target alone"
     if step["target_phase_vs_plain_forward"] is not None:
         inside += f", {step['target_phase_vs_plain_forward']:.1%} of the plain forward"
+    if step["target_phase_vs_plain_packed"] is not None:
+        inside += f", {step['target_phase_vs_plain_packed']:.1%} of the plain forward of the same packed tokens"
     lines = [
         f"{result['model']} on {result['world_size']} x {result['device_name']} ({result['device']}), "
         f"compile={result['compile']}, taps {result['taps']}",
@@ -534,7 +562,7 @@ def format_table(result: dict) -> str:
         f"matmul peak ({result['matmul_peak_what']}): {result['matmul_peak_tflops']:.3g} TFLOP/s",
         *baselines,
         f"training step:        {step['tok_per_s']:,.0f} tok/s, {step['step_ms']:.1f} ms/step, MFU {step['mfu']:.1%}",
-        f"  MFU against the datasheet's bf16 peak: " + (f"{step['mfu_datasheet']:.1%}" if step["mfu_datasheet"]
+        "  MFU against the datasheet's bf16 peak: " + (f"{step['mfu_datasheet']:.1%}" if step["mfu_datasheet"]
                                                         else "no datasheet figure for this device"),
         f"  phases: target {step['target_tflops'] or 0:.0f} TFLOP/s, drafter fwd+bwd {step['drafter_tflops'] or 0:.0f}"
         f" TFLOP/s; padding in the batches {step['target_padding_share']:.1%}",
@@ -590,12 +618,20 @@ def main(argv=None) -> int:
     autocast = torch.autocast(device_type=ctx.device.type, dtype=dtype, enabled=on_gpu)
     streams = [batch_stream(dataset, args, ctx) for _ in range(2)]   # the same batches for both measurements
     try:
-        plain = target_only = None
+        plain = target_only = plain_packed = None
         if not args.skip_baselines:
             plain = measure_plain_forward(target, args, ctx, autocast)
             progress(f"plain forward: {plain['tok_per_s']:,.0f} tok/s")
             target_only = measure_target_only(target, streams[0], args, ctx, autocast)
             progress(f"target features alone: {target_only['tok_per_s']:,.0f} tok/s")
+            if not args.simulate_shards:   # with the whole target built, the decoder would run more layers
+                stream = batch_stream(dataset, args, ctx)   # the batches of the target-alone measurement
+                try:
+                    plain_packed = measure_target_only(target, stream, args, ctx, autocast,
+                                                       forward=plain_packed_forward(target))
+                finally:
+                    stream.close()
+                progress(f"plain forward of the same packed tokens: {plain_packed['tok_per_s']:,.0f} tok/s")
         names = args.variants.split(",") if args.variants else ["auto"]
         measured = []
         for name in names:
@@ -616,9 +652,10 @@ def main(argv=None) -> int:
         for stream in streams:
             stream.close()
     result = summarise(args, ctx, peak=peak, taps=taps, target_only=target_only, training=training, plain=plain,
-                       target_line=target.describe())
+                       target_line=target.describe(), plain_packed=plain_packed)
     result["variants"] = [variant_row(name, summarise(args, ctx, peak=peak, taps=taps, target_only=target_only,
-                                                      training=figures, plain=plain, target_line=""), peak_gib)
+                                                      training=figures, plain=plain, target_line="",
+                                                      plain_packed=plain_packed), peak_gib)
                           for name, figures, peak_gib in measured]
     if args.simulate_shards:
         result["memory_plan"] = planned_memory(args, target, drafter, ctx)

@@ -78,6 +78,8 @@ def test_tiny_cpu_benchmark_reports_every_figure():
     assert all(row["tok_per_s"] > 0 and row["mfu"] > 0 and row["drafter_tflops"] > 0 for row in result["variants"])
     assert result["variants"][-1]["tok_per_s"] == step["tok_per_s"]
     assert 0 < step["target_padding_share"] < 1 and step["mfu_datasheet"] is None     # no datasheet for a CPU
+    # the baseline of "the same packed tokens": the HF decoder's own forward over the packed batches
+    assert result["plain_forward_packed"]["tok_per_s"] > 0 and step["target_phase_vs_plain_packed"] > 0
     assert result["device"] == "cpu" and result["model"] == "tiny" and result["world_size"] == 1
     assert result["taps"] == [1, 2, 3, 4, 5]           # 5 taps spread over layers 1..N-3 of 8 layers
     assert result["matmul_peak_tflops"] > 0 and result["peak_memory_gib"] > 0
