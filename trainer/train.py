@@ -282,7 +282,8 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
             loss_mask = batch.loss_mask.to(ctx.device, non_blocking=True)
             t0 = meter.mark()
             with autocast:
-                # the CPU mask: features() sees the right padding there and runs the unmasked causal kernel
+                # the CPU mask: features() reads the right padding on the host and packs the batch (or runs the
+                # unmasked causal kernel where it does not pack), without waiting for the GPU
                 features = target.features(input_ids, batch.attention_mask)
             t1 = meter.mark()
             n_anchors = anchors_per_sequence(cfg, len(input_ids))
