@@ -38,8 +38,13 @@ def demo_and_watch(inventory: Path, capsys) -> None:
     assert code == 0
     run = next(r for r in snapshot["runs"] if r["run_id"] == run_id)
     assert (run["state"], run["last_step"], run["phase"]) == ("succeeded", 20, "finished")
-    assert snapshot["hosts"] == [{"name": "local", "connected": True, "error": None, "retry_in_s": None,
-                                  "reconnecting": False}]
+    host = snapshot["hosts"][0]
+    assert len(snapshot["hosts"]) == 1 and {k: host[k] for k in ("name", "connected", "error", "retry_in_s",
+                                                                  "reconnecting")} == {
+        "name": "local", "connected": True, "error": None, "retry_in_s": None, "reconnecting": False}
+    # the workdir's filesystem, as the watch agent measured it
+    assert 0 < host["free_bytes"] <= host["total_bytes"] and host["low_disk"] is (
+        host["free_bytes"] < 2 * 1024 ** 3 or host["free_bytes"] < 0.05 * host["total_bytes"])
     # the run directory has the trainer's metrics.jsonl too (DESIGN.md's layout), one record per step line
     metrics = Path(run["log_path"]).parent / "metrics.jsonl"
     steps = [json.loads(line) for line in metrics.read_text().splitlines() if '"step"' in line]
