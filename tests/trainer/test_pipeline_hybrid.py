@@ -21,7 +21,9 @@ def _self_generated(root: Path, *, composite: bool, prompts: int) -> dict[str, P
     prompt_file = write_prompts(root / "prompts.jsonl", prompts, seed=1)
     chats = root / "chats.jsonl"
     generate(target=target, prompts=prompt_file, output=chats, max_new_tokens=64, batch_size=prompts, device="cpu")
-    prepare(target=target, input_path=chats, output=root / "dataset", block_size=8)
+    # no held-out share: the eval below decodes prompts the drafter trained on (a held-out one would not beat the
+    # untrained drafter on so little data)
+    prepare(target=target, input_path=chats, output=root / "dataset", block_size=8, heldout=0.0)
     eval_prompts = root / "eval_prompts.jsonl"
     eval_prompts.write_text("".join(prompt_file.read_text().splitlines(keepends=True)[:3]))
     return {"target": target, "dataset": root / "dataset", "eval_prompts": eval_prompts}
