@@ -56,6 +56,7 @@ MISTAKES = {
     "infinite seconds": (["kill", "--grace", "inf", "x"], ["'--grace'", "inf is not a finite number"]),
     "negative seconds": (["kill", "--grace", "-1", "x"], ["'--grace'"]),
     "unknown root option": (["--frobnicate"], ["No such option: --frobnicate"]),
+    "share past 100 %": (["watch", "--min-free-pct", "150", "local"], ["'--min-free-pct'"]),
 }
 
 
@@ -108,3 +109,40 @@ def test_every_controller_command_runs_from_the_installed_script(tmp_path):
             assert done.returncode == 0 and "Traceback" not in done.stderr, (args, done.stderr)
     finally:
         stop_keeper(tmp_path / "data" / "dflashctl" / ".dflash" / "runs")
+
+
+def _installed_has(module: str) -> bool:
+    """Whether the console script's own interpreter can import `module` (an optional extra of the install)."""
+    with open(SCRIPT, "rb") as handle:
+        shebang = handle.readline().decode(errors="replace")
+    python = shebang[2:].strip().split() if shebang.startswith("#!") else ["python3"]
+    probe = f"import importlib.util, sys; sys.exit(0 if importlib.util.find_spec({module!r}) else 1)"
+    return subprocess.run([*python, "-c", probe], cwd="/", timeout=60).returncode == 0
+
+
+@pytest.mark.parametrize("args, words", [
+    (["watch", "--serve", "--headless", "local"], "do not go with it"),
+    (["watch", "--once", "--notify", "json://127.0.0.1:9/hook", "local"], "needs a live watch, not --once"),
+    (["watch", "--port", "9000", "local"], "go with --serve"),
+    (["watch", "--notify", "json://127.0.0.1:9/hook", "--no-notify", "local"], "contradict"),
+])
+def test_watch_option_mistakes_from_the_installed_script(tmp_path, args, words):
+    done = dflashctl(tmp_path, *args)
+    assert done.returncode == 2 and "Traceback" not in done.stderr + done.stdout, done.stderr
+    assert done.stderr.startswith("dflashctl: error: ") and words in done.stderr, done.stderr
+
+
+def test_a_missing_extra_is_one_line_with_its_install_hint(tmp_path):
+    """The controller-only install has neither apprise nor textual-serve: asking for them says how to get them."""
+    checked = 0
+    for module, args, hint in (("textual_serve", ["watch", "--serve", "local"], "dflashctl[serve]"),
+                               ("apprise", ["watch", "--headless", "--notify", "json://127.0.0.1:9/hook", "local"],
+                                "dflashctl[notify]")):
+        if _installed_has(module):
+            continue   # this install has the extra: the command would run, not refuse
+        done = dflashctl(tmp_path, *args)
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        assert hint in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+        checked += 1
+    if not checked:
+        pytest.skip("this install has both the serve and the notify extras")
