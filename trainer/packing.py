@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import itertools
 import inspect
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -121,13 +122,9 @@ def _varlen_attention(query, key, value, plan_: PackPlan, *, scale: float | None
 
 def document_mask(plan_: PackPlan, window: int | None) -> torch.Tensor:
     """[1, 1, T, T] boolean: a token sees the earlier tokens of its own sequence (within the window, if any)."""
-    device = plan_.index.device
-    lengths = torch.tensor([n for n in plan_.lengths if n], device=device)
-    document = torch.repeat_interleave(torch.arange(len(lengths), device=device), lengths)
+    document = document_ids(plan_)
     position = plan_.position_ids[0]
-    same = document[:, None] == document[None, :]
-    causal = position[None, :] <= position[:, None]
-    mask = same & causal
+    mask = (document[:, None] == document[None, :]) & (position[None, :] <= position[:, None])
     if window:
         mask &= position[:, None] - position[None, :] < window
     return mask[None, None]
@@ -168,16 +165,19 @@ def packed_attention(config):
 
 
 def document_ids(plan_: PackPlan) -> torch.Tensor:
-    """[T]: the index of the sequence each packed token belongs to."""
-    lengths = torch.tensor([n for n in plan_.lengths if n], device=plan_.index.device)
-    return torch.repeat_interleave(torch.arange(len(lengths), device=lengths.device), lengths)
+    """[T]: the index of the sequence each packed token belongs to (built on the host: no wait for the GPU)."""
+    lengths = torch.tensor([n for n in plan_.lengths if n])
+    ids = torch.repeat_interleave(torch.arange(len(lengths)), lengths)
+    return ids.to(plan_.index.device, non_blocking=True)
 
 
-def _conv_per_sequence(conv, plan_: PackPlan, hidden_states, weight, bias=None, activation=None, **_ignored):
+def _conv_per_sequence(conv, plan_: PackPlan, documents: torch.Tensor, hidden_states, weight, bias=None,
+                       activation=None, **_ignored):
     """transformers' causal conv1d ([1, C, T]) over the packed row with kernel-1 zeros before every sequence, so no
-    sequence sees the end of the one before it; the outputs of the real positions only."""
+    sequence sees the end of the one before it; the outputs of the real positions only. `documents`: the plan's
+    document_ids, computed once per pass, not once per layer."""
     gap = weight.shape[-1] - 1
-    positions = torch.arange(hidden_states.shape[-1], device=hidden_states.device) + gap * (document_ids(plan_) + 1)
+    positions = torch.arange(hidden_states.shape[-1], device=hidden_states.device) + gap * (documents + 1)
     gapped = hidden_states.new_zeros(*hidden_states.shape[:-1], hidden_states.shape[-1] + gap * len(plan_.lengths))
     gapped[..., positions] = hidden_states
     return conv(gapped, weight, bias, activation=activation)[..., positions]
@@ -189,7 +189,7 @@ def _rule_per_sequence(rule, plan_: PackPlan, native: bool, query, key, value, *
     options = {k: v for k, v in options.items() if k not in ("cu_seqlens", PACKING_KWARG)}
     if native:
         return rule(query, key, value, g=g, beta=beta, cu_seqlens=plan_.cu_seqlens.long(), **options)
-    bounds = plan_.cu_seqlens.tolist()
+    bounds = [0, *itertools.accumulate(n for n in plan_.lengths if n)]   # from the host: no wait for the GPU
     parts = [rule(query[:, s:e], key[:, s:e], value[:, s:e], g=g[:, s:e], beta=beta[:, s:e], **options)[0]
              for s, e in zip(bounds, bounds[1:])]
     return torch.cat(parts, dim=1), None
@@ -202,7 +202,7 @@ def packed_linear_attention(model_type: str, plan_: PackPlan, *, kernel: str):
     name = model_type.removesuffix("_text")
     module = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
     conv, rule = module.causal_conv1d_fn, module.torch_chunk_gated_delta_rule
-    module.causal_conv1d_fn = functools.partial(_conv_per_sequence, conv, plan_)
+    module.causal_conv1d_fn = functools.partial(_conv_per_sequence, conv, plan_, document_ids(plan_))
     module.torch_chunk_gated_delta_rule = functools.partial(_rule_per_sequence, rule, plan_, kernel == "fla")
     try:
         yield
