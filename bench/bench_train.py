@@ -39,14 +39,15 @@ MODELS = {name: SHAPES[name] for name in ("qwen3-1.7b", "qwen3-8b", "qwen3-32b",
 TINY_DEFAULTS = dict(buckets=[0, 64, 128, 257], token_budget=512, num_anchors=16, anchor_budget=0)
 PHASES = ("data", "target", "drafter_forward", "backward", "optimizer")
 DATASHEET_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0}   # dense bf16, SXM: the basis the field quotes
-# before/after switches of one run: target packing, drafter kernels, and "legacy": the drafter's elementwise code as
-# it was before (RMSNorm returning fp32 under autocast, features cast to fp32 before fc)
+# before/after switches of one run: target packing, the drafter's and the target's kernels, and "legacy": the
+# drafter's elementwise code as it was before (RMSNorm returning fp32 under autocast, features cast to fp32 before fc)
 VARIANTS = {
-    "legacy": dict(pack=False, kernels="torch", legacy=True),
-    "padded": dict(pack=False, kernels="torch", legacy=False),
-    "packed": dict(pack=True, kernels="torch", legacy=False),
-    "packed+liger": dict(pack=True, kernels="liger", legacy=False),
-    "auto": dict(pack="auto", kernels="auto", legacy=False),
+    "legacy": dict(pack=False, kernels="torch", target_kernels="torch", legacy=True),
+    "padded": dict(pack=False, kernels="torch", target_kernels="torch", legacy=False),
+    "packed": dict(pack=True, kernels="torch", target_kernels="torch", legacy=False),
+    "packed+liger-drafter": dict(pack=True, kernels="liger", target_kernels="torch", legacy=False),
+    "packed+liger": dict(pack=True, kernels="liger", target_kernels="liger", legacy=False),
+    "auto": dict(pack="auto", kernels="auto", target_kernels="auto", legacy=False),
 }
 
 
@@ -261,6 +262,18 @@ def measure_target_only(target, stream, args, ctx, autocast, *, forward=None) ->
             "tok_per_s": all_ranks_sum(tokens, ctx) / seconds}
 
 
+@contextlib.contextmanager
+def tapped_layers_only(target):
+    """The decoder cut to the layers the feature pass runs (up to the last tap), so that a baseline does the same
+    work as the pass it is held against, also where the whole target was built (--simulate-shards)."""
+    layers = target.decoder.layers
+    target.decoder.layers = layers[:target.layer_ids[-1] + 1]
+    try:
+        yield
+    finally:
+        target.decoder.layers = layers
+
+
 def plain_packed_forward(target):
     """The HF decoder's own forward (no taps, no unpacking) over a batch's real tokens packed into one row, with
     the same per-sequence attention the packed feature pass uses: the baseline of "the same packed tokens"."""
@@ -275,20 +288,21 @@ def plain_packed_forward(target):
         if LINEAR in target.spec.layer_types:
             linear = packing.packed_linear_attention(target.spec.model_type, plan,
                                                      kernel=linear_attention_kernel(target.spec))
-        with packing.packed_attention(target.config), linear:
+        with packing.packed_attention(target.config), linear, tapped_layers_only(target):
             target.decoder(input_ids=packing.pack(input_ids, plan), position_ids=plan.position_ids, use_cache=False,
                            **{packing.PACKING_KWARG: plan})
     return forward
 
 
 def measure_plain_forward(target, args, ctx, autocast) -> dict:
-    """The baseline the feature pass is held to: the HF decoder's own forward over the same layers at one fixed
-    shape (rows x length = the token budget, no padding, no taps), timed like the other measurements."""
+    """The baseline the feature pass is held to: the HF decoder's own forward over the same layers (up to the last
+    tap) at one fixed shape (rows x length = the token budget, no padding, no taps), timed like the other
+    measurements."""
     length = min(args.plain_length, args.buckets[-1] - 1)
     rows = max(1, args.token_budget // length)
     generator = torch.Generator().manual_seed(args.seed)
     ids = torch.randint(0, target.config.vocab_size - 1, (rows, length), generator=generator).to(ctx.device)
-    with torch.no_grad(), autocast:
+    with torch.no_grad(), autocast, tapped_layers_only(target):
         for _ in range(max(1, args.warmup // 2)):
             target.decoder(input_ids=ids, use_cache=False)
         synchronize(ctx.device)
@@ -297,7 +311,7 @@ def measure_plain_forward(target, args, ctx, autocast) -> dict:
             target.decoder(input_ids=ids, use_cache=False)
         synchronize(ctx.device)
     seconds = time.perf_counter() - start
-    layers = len(target.decoder.layers)
+    layers = target.layer_ids[-1] + 1
     flops = args.steps * target_feature_flops(TargetShape.from_config(target.config), num_layers=layers,
                                               lengths=[length] * rows)
     return {"seconds": seconds, "flops": flops, "rows": rows, "length": length,
@@ -411,12 +425,14 @@ def variant(name: str, parts: SimpleNamespace, ctx):
     spec = VARIANTS[name]
     parts.target.packing = spec["pack"]
     kernels.install(parts.drafter, kernels.resolve(spec["kernels"], ctx.device))
+    kernels.install_target(parts.target.hf_model, kernels.resolve(spec["target_kernels"], ctx.device))
     try:
         with legacy_elementwise() if spec["legacy"] else contextlib.nullcontext():
             yield
     finally:
         parts.target.packing = "auto"
         kernels.install(parts.drafter, "torch")
+        kernels.install_target(parts.target.hf_model, "torch")
 
 
 def profile_steps(parts: SimpleNamespace, stream, args, ctx, autocast) -> str:
@@ -624,14 +640,13 @@ def main(argv=None) -> int:
             progress(f"plain forward: {plain['tok_per_s']:,.0f} tok/s")
             target_only = measure_target_only(target, streams[0], args, ctx, autocast)
             progress(f"target features alone: {target_only['tok_per_s']:,.0f} tok/s")
-            if not args.simulate_shards:   # with the whole target built, the decoder would run more layers
-                stream = batch_stream(dataset, args, ctx)   # the batches of the target-alone measurement
-                try:
-                    plain_packed = measure_target_only(target, stream, args, ctx, autocast,
-                                                       forward=plain_packed_forward(target))
-                finally:
-                    stream.close()
-                progress(f"plain forward of the same packed tokens: {plain_packed['tok_per_s']:,.0f} tok/s")
+            stream = batch_stream(dataset, args, ctx)   # the batches of the target-alone measurement
+            try:
+                plain_packed = measure_target_only(target, stream, args, ctx, autocast,
+                                                   forward=plain_packed_forward(target))
+            finally:
+                stream.close()
+            progress(f"plain forward of the same packed tokens: {plain_packed['tok_per_s']:,.0f} tok/s")
         names = args.variants.split(",") if args.variants else ["auto"]
         measured = []
         for name in names:

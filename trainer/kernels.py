@@ -1,9 +1,11 @@
-"""Fused kernels for the drafter's elementwise work, from liger-kernel where it runs (a CUDA device and Triton),
-the drafter's own torch code everywhere else.
+"""Fused kernels for the elementwise work of the drafter and of the frozen target, from liger-kernel where it runs
+(a CUDA device and Triton), each model's own torch code everywhere else.
 
-The drafter (trainer/drafter.py) stays plain torch, so its module can be shipped and read as it is; `install`
-swaps the forward of its RMSNorm and MLP modules in place for liger's fused Triton kernels (RMSNorm in one pass,
-SiLU(gate) * up in one pass), each computing in fp32 and returning the input's dtype as the torch code does.
+The drafter (trainer/modeling_dflash.py) and the target's HF modules stay as they are, so the drafter can be
+shipped and read as it is and the target can be run plain; `install` swaps the forward of their RMSNorm and
+SwiGLU MLP modules in place for liger's fused Triton kernels (RMSNorm in one pass, SiLU(gate) * up in one pass),
+each computing in fp32 and returning the input's dtype as the torch code does. On a hybrid target the Gated
+DeltaNet's gated RMSNorm goes to flash-linear-attention's fused kernel when fla is installed.
 """
 from __future__ import annotations
 
@@ -19,6 +21,17 @@ from trainer.errors import TrainerError
 
 KernelChoice = Literal["auto", "torch", "liger"]
 
+# RMSNorm classes liger can stand in for, by how they round: (offset added to the weight, liger's casting mode).
+# "llama": normalise in fp32, round to the input's dtype, then scale; "gemma": all in fp32, round once at the end
+# (Qwen3.5's norms also scale by 1 + weight). A class not named here keeps its own forward.
+NORM_STYLES = {
+    "RMSNorm": (0.0, "llama"),   # the drafter's (trainer/modeling_dflash.py)
+    **{name: (0.0, "llama") for name in ("Qwen3RMSNorm", "Qwen3MoeRMSNorm", "Qwen2RMSNorm", "LlamaRMSNorm",
+                                         "MistralRMSNorm")},
+    **{name: (1.0, "gemma") for name in ("Qwen3_5RMSNorm", "Qwen3_5MoeRMSNorm")},
+}
+GATED_NORMS = ("Qwen3_5RMSNormGated", "Qwen3_5MoeRMSNormGated")   # norm(x) * weight * silu(gate), fp32 inside
+
 
 def liger_version() -> str | None:
     """The installed liger-kernel's version, None when it is absent or cannot be imported."""
@@ -28,6 +41,13 @@ def liger_version() -> str | None:
         return importlib.metadata.version("liger-kernel")
     except (ImportError, ValueError, importlib.metadata.PackageNotFoundError):
         return None
+
+
+def _fla_importable() -> bool:
+    try:
+        return importlib.util.find_spec("fla") is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def resolve(choice: KernelChoice, device: torch.device) -> str:
@@ -46,8 +66,11 @@ def resolve(choice: KernelChoice, device: torch.device) -> str:
 def _liger_rms_norm(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     from liger_kernel.ops.rms_norm import LigerRMSNormFunction
 
-    # under autocast the master weight is fp32 and x bf16: the kernel normalises in fp32 and writes x's dtype
-    return LigerRMSNormFunction.apply(x, module.weight, module.eps, 0.0, "llama", False)
+    offset, casting = NORM_STYLES[type(module).__name__]
+    eps = getattr(module, "variance_epsilon", None) or module.eps
+    # under autocast the drafter's master weight is fp32 and x bf16: the kernel normalises in fp32 and writes x's
+    # dtype
+    return LigerRMSNormFunction.apply(x, module.weight, eps, offset, casting, False)
 
 
 def _liger_mlp(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -56,18 +79,41 @@ def _liger_mlp(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return module.down_proj(LigerSiLUMulFunction.apply(module.gate_proj(x), module.up_proj(x)))
 
 
-def install(drafter: nn.Module, kernels: str) -> str:
-    """Bind the chosen kernels to the drafter's modules; returns what the start-up line says of them."""
-    from trainer.drafter import DrafterMLP, RMSNorm
+def _fla_gated_norm(module: nn.Module, hidden_states: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    from fla.modules.fused_norm_gate import rms_norm_gated
 
-    if kernels == "torch":   # the modules' own forward again (it may have been swapped before)
-        for module in drafter.modules():
-            if isinstance(module, (RMSNorm, DrafterMLP)):
-                module.__dict__.pop("forward", None)
-        return "drafter RMSNorm and SwiGLU: torch"
-    for module in drafter.modules():
-        if isinstance(module, RMSNorm):
+    return rms_norm_gated(hidden_states, gate, module.weight, None, activation="swish",
+                          eps=module.variance_epsilon)
+
+
+def _is_swiglu(module: nn.Module, silu: bool) -> bool:
+    """An MLP of gate, up and down projections whose activation is SiLU (`silu`: the model's config says so)."""
+    return silu and all(isinstance(getattr(module, name, None), nn.Linear)
+                        for name in ("gate_proj", "up_proj", "down_proj"))
+
+
+def install(model: nn.Module, kernels: str, *, what: str = "drafter", silu: bool = True) -> str:
+    """Bind the chosen kernels to `model`'s RMSNorm and SwiGLU modules (and gated norms, with fla); "torch" puts
+    the modules' own forward back. Returns what the start-up line says of them, e.g. `drafter RMSNorm and
+    SwiGLU: liger-kernel 0.8.5`. `silu`: the MLPs' activation is SiLU (a target's config.hidden_act)."""
+    swapped = []
+    for module in model.modules():
+        name = type(module).__name__
+        if kernels == "torch":
+            module.__dict__.pop("forward", None)
+        elif name in NORM_STYLES:
             module.forward = types.MethodType(_liger_rms_norm, module)
-        elif isinstance(module, DrafterMLP):
+        elif _is_swiglu(module, silu):
             module.forward = types.MethodType(_liger_mlp, module)
-    return f"drafter RMSNorm and SwiGLU: liger-kernel {liger_version()}"
+        elif name in GATED_NORMS and _fla_importable():
+            module.forward = types.MethodType(_fla_gated_norm, module)
+            swapped.append("gated RMSNorm: fla")
+    if kernels == "torch":
+        return f"{what} RMSNorm and SwiGLU: torch"
+    return f"{what} RMSNorm and SwiGLU: liger-kernel {liger_version()}" + (f" ({swapped[0]})" if swapped else "")
+
+
+def install_target(hf_model: nn.Module, kernels: str) -> str:
+    """`install` for the frozen target's decoder (its own HF modules; a SiLU MLP only where its config says)."""
+    silu = getattr(hf_model.config, "hidden_act", None) in ("silu", "swish")
+    return install(hf_model, kernels, what="target", silu=silu)

@@ -23,6 +23,8 @@ import torch
 
 IMPLEMENTATION = "dflash_packed"   # the name the target's attention layers look up while a packed pass runs
 PACKING_KWARG = "dflash_packing"   # how the plan reaches the attention function through the decoder layers
+# what transformers' Gated DeltaNet hands its delta rule besides q, k, v, g and beta that the rule itself reads
+RULE_OPTIONS = ("scale", "initial_state", "output_final_state", "use_qk_l2norm_in_kernel")
 
 
 @dataclass(frozen=True)
@@ -183,16 +185,44 @@ def _conv_per_sequence(conv, plan_: PackPlan, documents: torch.Tensor, hidden_st
     return conv(gapped, weight, bias, activation=activation)[..., positions]
 
 
-def _rule_per_sequence(rule, plan_: PackPlan, native: bool, query, key, value, *, g, beta, **options):
+def _rule_per_sequence(rule, bounds: "SequenceBounds", native: bool, query, key, value, *, g, beta, **options):
     """The gated delta rule over the packed row, its state restarting at each sequence: flash-linear-attention's
     kernel takes the sequences' bounds itself; the torch reference runs them one by one."""
-    options = {k: v for k, v in options.items() if k not in ("cu_seqlens", PACKING_KWARG)}
-    if native:
-        return rule(query, key, value, g=g, beta=beta, cu_seqlens=plan_.cu_seqlens.long(), **options)
-    bounds = [0, *itertools.accumulate(n for n in plan_.lengths if n)]   # from the host: no wait for the GPU
+    options = {k: v for k, v in options.items() if k in RULE_OPTIONS}
+    if native:   # fla's own function, called with its own keywords (transformers' binding differs by release)
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+        return chunk_gated_delta_rule(query, key, value, g=g, beta=beta, cu_seqlens=bounds.device,
+                                      cu_seqlens_cpu=bounds.host, **options)
+    edges = bounds.host.tolist()
     parts = [rule(query[:, s:e], key[:, s:e], value[:, s:e], g=g[:, s:e], beta=beta[:, s:e], **options)[0]
-             for s, e in zip(bounds, bounds[1:])]
+             for s, e in zip(edges, edges[1:])]
     return torch.cat(parts, dim=1), None
+
+
+def _fla_conv(bounds: "SequenceBounds", hidden_states, weight, bias=None, activation=None, **_ignored):
+    """transformers' causal conv1d ([1, C, T]) through flash-linear-attention's kernel, which restarts at each
+    sequence's bound itself (no gap to build)."""
+    from fla.modules.causal_conv1d import causal_conv1d
+
+    out, _ = causal_conv1d(hidden_states.transpose(1, 2), weight, bias, activation=activation,
+                           cu_seqlens=bounds.device, cu_seqlens_cpu=bounds.host)
+    return out.transpose(1, 2)
+
+
+@dataclass(frozen=True)
+class SequenceBounds:
+    """A plan's sequence bounds as flash-linear-attention takes them: int64 on the device and on the host (so its
+    kernels never wait for the GPU to read them), one tensor object per pass (fla caches what it derives from
+    them by identity)."""
+
+    device: torch.Tensor
+    host: torch.Tensor
+
+    @classmethod
+    def of(cls, plan_: PackPlan) -> "SequenceBounds":
+        host = torch.tensor([0, *itertools.accumulate(n for n in plan_.lengths if n)], dtype=torch.int64)
+        return cls(device=plan_.cu_seqlens.long(), host=host)
 
 
 @contextmanager
@@ -202,8 +232,10 @@ def packed_linear_attention(model_type: str, plan_: PackPlan, *, kernel: str):
     name = model_type.removesuffix("_text")
     module = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
     conv, rule = module.causal_conv1d_fn, module.torch_chunk_gated_delta_rule
-    module.causal_conv1d_fn = functools.partial(_conv_per_sequence, conv, plan_, document_ids(plan_))
-    module.torch_chunk_gated_delta_rule = functools.partial(_rule_per_sequence, rule, plan_, kernel == "fla")
+    bounds, native = SequenceBounds.of(plan_), kernel == "fla"
+    module.causal_conv1d_fn = (functools.partial(_fla_conv, bounds) if native else
+                               functools.partial(_conv_per_sequence, conv, plan_, document_ids(plan_)))
+    module.torch_chunk_gated_delta_rule = functools.partial(_rule_per_sequence, rule, bounds, native)
     try:
         yield
     finally:

@@ -155,10 +155,9 @@ class TargetModel:
         return f"Target: {model_type} {size}, {', '.join(parts)}, taps {self.layer_ids}"
 
     def can_pack(self) -> bool:
-        """Whether this target's feature pass runs packed here: with "auto" where the varlen flash kernel runs, for
-        targets without linear-attention layers (a hybrid's packed pass is exact on the CPU but not yet measured on
-        a GPU: it packs only when asked, `packing=True`)."""
-        if self.packing is False or (LINEAR in self._layer_types() and self.packing is not True):
+        """Whether this target's feature pass runs packed here: with "auto" where the varlen flash kernel runs (a
+        hybrid's linear-attention layers then keep the sequences apart too: packed_linear_attention)."""
+        if self.packing is False:
             return False
         on_gpu = packing_lib.varlen_available(self.device)
         windowed = SLIDING in self._layer_types() and getattr(self.config, "sliding_window", None)

@@ -76,3 +76,52 @@ def test_liger_kernels_match_the_torch_code_in_bf16(tiny_target_dir):
     torch.testing.assert_close(loss_l, loss_t, rtol=1e-2, atol=1e-2)
     for g_l, g_t in zip(grads_l, grads_t):
         assert float((g_l - g_t).norm() / g_t.norm().clamp(min=1e-12)) < 5e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or kernels.liger_version() is None,
+                    reason="needs a CUDA GPU and liger-kernel")
+@pytest.mark.parametrize("family", ["qwen3", "qwen3.5", "qwen3.5-moe"])
+def test_target_kernels_give_the_target_s_own_features_in_bf16(tmp_path, family):
+    """liger's RMSNorm (llama rounding for Qwen3, 1 + weight and fp32 throughout for Qwen3.5) and SwiGLU, and fla's
+    gated RMSNorm, in the frozen target: its tapped features agree with its own torch modules', and "torch" puts
+    those back exactly."""
+    from trainer.target import TargetModel
+    from trainer.tiny import write_tiny_target
+
+    path = write_tiny_target(tmp_path / "t", seed=2, family=family)
+    target = TargetModel.load(path, layer_ids=None, num_taps=3, device="cuda", dtype=torch.bfloat16)
+    input_ids = random_ids(target, (3, 160), seed=4)
+    mask = torch.ones_like(input_ids)
+    mask[1, 100:] = 0
+    mask = mask.cpu()
+    own = target.features(input_ids, mask)
+    line = kernels.install_target(target.hf_model, "liger")
+    assert line.startswith("target RMSNorm and SwiGLU: liger-kernel")
+    swapped = [m for m in target.hf_model.modules() if "forward" in m.__dict__]
+    assert len(swapped) >= 2 * target.num_layers   # two norms and an MLP (or a shared expert) per layer at least
+    fused = target.features(input_ids, mask)
+    assert kernels.install_target(target.hf_model, "torch") == "target RMSNorm and SwiGLU: torch"
+    torch.testing.assert_close(target.features(input_ids, mask), own, rtol=0, atol=0)
+    real = mask.bool().cuda()
+    got, expected = fused[real].float(), own[real].float()
+    assert float((got - expected).norm() / expected.norm()) < 2e-2
+
+
+@pytest.mark.parametrize("family, norm, mlp", [("qwen3", "Qwen3RMSNorm", "Qwen3MLP"),
+                                               ("qwen3.5", "Qwen3_5RMSNorm", "Qwen3_5MLP")])
+def test_target_kernels_swap_every_norm_and_swiglu_and_nothing_else(tmp_path, family, norm, mlp):
+    """Which of the target's modules liger stands in for (the swap itself; its numbers are the GPU test's)."""
+    from trainer.target import TargetModel
+    from trainer.tiny import write_tiny_target
+
+    target = TargetModel.load(write_tiny_target(tmp_path / "t", family=family), layer_ids=None, num_taps=2)
+    kernels.install_target(target.hf_model, "liger")
+    swapped = {type(m).__name__ for m in target.hf_model.modules() if "forward" in m.__dict__}
+    unswapped = {type(m).__name__ for m in target.hf_model.modules()
+                 if "forward" not in m.__dict__ and type(m).__name__ in (norm, mlp)}
+    assert swapped == {norm, mlp} and not unswapped
+    target.hf_model.config.hidden_act = "gelu"   # not a SwiGLU: the MLPs keep their own forward
+    kernels.install_target(target.hf_model, "torch")
+    kernels.install_target(target.hf_model, "liger")
+    assert {type(m).__name__ for m in target.hf_model.modules() if "forward" in m.__dict__} == {norm}
