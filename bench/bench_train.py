@@ -239,23 +239,25 @@ def all_ranks_sum(value: float, ctx) -> float:
 # ---------------------------------------------------------------------------------------------- measurements
 
 def measure_target_only(target, stream, args, ctx, autocast, *, forward=None) -> dict:
-    """Feature throughput of the target alone: the batches are on the device before the clock starts.
-    `forward(input_ids, cpu_mask)` replaces the feature pass (the plain packed forward below)."""
+    """Feature throughput of the target alone: the batches are on the device before the clock starts, and each
+    has run once before it is timed (Triton kernels, fla's among them, compile and autotune per shape on first
+    sight: a steady-state figure, as over a long run). `forward(input_ids, cpu_mask)` replaces the feature pass
+    (the plain packed forward below)."""
     shape = TargetShape.from_config(target.config)
     forward = forward or target.features
-    batches = [next(stream) for _ in range(args.warmup + args.steps)]
+    batches = [next(stream) for _ in range(args.steps)]
     on_device = [to_device(batch, ctx.device) for batch in batches]
-    for input_ids, _, attention_mask in on_device[:args.warmup]:
+    for input_ids, _, attention_mask in on_device:
         with autocast:
             forward(input_ids, attention_mask)
     synchronize(ctx.device)
     start = time.perf_counter()
-    for input_ids, _, attention_mask in on_device[args.warmup:]:
+    for input_ids, _, attention_mask in on_device:
         with autocast:
             forward(input_ids, attention_mask)
     synchronize(ctx.device)
     seconds = time.perf_counter() - start
-    lengths = [batch.attention_mask.sum(dim=1).tolist() for batch in batches[args.warmup:]]
+    lengths = [batch.attention_mask.sum(dim=1).tolist() for batch in batches]
     tokens = sum(sum(row) for row in lengths)
     flops = sum(target_feature_flops(shape, num_layers=target.layer_ids[-1] + 1, lengths=row) for row in lengths)
     return {"seconds": seconds, "tokens": tokens, "flops": flops,
