@@ -81,16 +81,19 @@ def test_liger_kernels_match_the_torch_code_in_bf16(tiny_target_dir):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or kernels.liger_version() is None,
                     reason="needs a CUDA GPU and liger-kernel")
-@pytest.mark.parametrize("family", ["qwen3", "qwen3.5", "qwen3.5-moe"])
-def test_target_kernels_give_the_target_s_own_features_in_bf16(tmp_path, family):
+@pytest.mark.parametrize("family, dtype, bound", [("qwen3", torch.bfloat16, 2e-2), ("qwen3.5", torch.float32, 1e-3),
+                                                  ("qwen3.5-moe", torch.float32, 1e-3)])
+def test_target_kernels_give_the_target_s_own_features(tmp_path, family, dtype, bound):
     """liger's RMSNorm (llama rounding for Qwen3, 1 + weight and fp32 throughout for Qwen3.5) and SwiGLU, and fla's
     gated RMSNorm, in the frozen target: its tapped features agree with its own torch modules', and "torch" puts
-    those back exactly."""
+    those back exactly. Hybrids compare in fp32: in bf16 the fused kernels round once where transformers rounds
+    between steps, and a random tiny model amplifies that (its MoE router flips experts: 3 % and 15 % relative
+    on an H200, against 1e-4 in fp32)."""
     from trainer.target import TargetModel
     from trainer.tiny import write_tiny_target
 
     path = write_tiny_target(tmp_path / "t", seed=2, family=family)
-    target = TargetModel.load(path, layer_ids=None, num_taps=3, device="cuda", dtype=torch.bfloat16)
+    target = TargetModel.load(path, layer_ids=None, num_taps=3, device="cuda", dtype=dtype)
     input_ids = random_ids(target, (3, 160), seed=4)
     mask = torch.ones_like(input_ids)
     mask[1, 100:] = 0
@@ -105,7 +108,7 @@ def test_target_kernels_give_the_target_s_own_features_in_bf16(tmp_path, family)
     torch.testing.assert_close(target.features(input_ids, mask), own, rtol=0, atol=0)
     real = mask.bool().cuda()
     got, expected = fused[real].float(), own[real].float()
-    assert float((got - expected).norm() / expected.norm()) < 2e-2
+    assert float((got - expected).norm() / expected.norm()) < bound
 
 
 @pytest.mark.parametrize("family, norm, mlp", [("qwen3", "Qwen3RMSNorm", "Qwen3MLP"),

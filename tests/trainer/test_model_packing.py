@@ -156,7 +156,7 @@ def test_hybrid_packed_features_on_a_gpu_match_padded(tmp_path, family):
         if dtype == torch.float32:
             torch.testing.assert_close(got, expected, rtol=1e-2, atol=1e-2)
             row = 2
-            alone = target.packed_features(input_ids[row:row + 1, :lengths[row]],
+            alone = target.packed_features(input_ids[row:row + 1, :lengths[row]].to(target.device),
                                            packing.plan(attention_mask[row:row + 1, :lengths[row]], target.device))
             torch.testing.assert_close(packed[row, :lengths[row]], alone[0], rtol=1e-3, atol=1e-3)
         else:
