@@ -122,14 +122,14 @@ class TrainConfig(BaseModel):
                                 "<|MASK|>, else the family's (248070 for the Qwen3.5/3.6 tokenizer), else the first "
                                 "id past the tokenizer (151669 for Qwen3).")
     kernels: Literal["auto", "torch", "liger"] = Field(
-        "auto", description="The drafter's RMSNorm and SwiGLU kernels: liger (liger-kernel's fused Triton kernels; "
-                            "pip install 'dflashctl[fast]'), torch, or auto = liger where it runs (a CUDA device "
-                            "with liger-kernel installed), torch elsewhere.")
+        "auto", description="The RMSNorm and SwiGLU kernels of the drafter and the frozen target: liger "
+                            "(liger-kernel's fused Triton kernels; pip install 'dflashctl[fast]'), torch, or auto = "
+                            "liger where it runs (a CUDA device with liger-kernel installed), torch elsewhere.")
     pack_target: bool | Literal["auto"] = Field(
         "auto", description="Run the target's feature pass on each batch packed into one row (no padding "
-                            "computed; attention kept inside each sequence). auto = on a GPU, where flash "
-                            "attention's varlen kernel runs, for targets without linear-attention layers; true also packs "
-                            "a Qwen3.5/3.6 hybrid (its conv1d and delta-rule state restart per sequence).")
+                            "computed; attention kept inside each sequence, and a Qwen3.5/3.6 hybrid's conv1d and "
+                            "delta-rule state restarted per sequence). auto = where flash attention's varlen kernel "
+                            "runs (a GPU); true = also on the CPU (a dense document mask); false = never.")
     num_workers: int = Field(2, ge=1, description="CPU threads that build batches (never GPU work).")
     prefetch: int = Field(8, ge=1, description="Batches built ahead of the training step.")
     device: str = Field("auto", description="auto (cuda:LOCAL_RANK if CUDA is available, else cpu), cpu or cuda.")
