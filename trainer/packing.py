@@ -1,8 +1,9 @@
 """The target's feature pass without padding: a batch's sequences packed into one row, attention kept inside each
 sequence (document-causal), positions restarting per sequence, and the tapped states put back in the batch's
-padded layout for the drafter. The linear-attention layers of a hybrid target keep each sequence apart too: their
-causal conv1d sees zeros before each sequence, and the gated delta rule restarts its state per sequence
-(`packed_linear_attention`).
+padded layout for the drafter. The linear-attention layers of a hybrid target keep each sequence apart too
+(`packed_linear_attention`): with flash-linear-attention, its conv1d and delta-rule kernels take the sequences'
+bounds; on transformers' torch path the conv1d sees zeros before each sequence and the delta rule runs the
+sequences one by one.
 
 At the seed's buckets about a sixth of a right-padded batch is padding that the target's layers compute and
 throw away. Packed, every computed token is real. Attention runs through a function registered with
