@@ -124,12 +124,69 @@ def test_zero_partition_is_zero_redundancy_optimizers(ways):
 
 # ---------------------------------------------------------------------------------------------- activations
 
-def saved_tensor_bytes(*, autocast: bool, num_layers: int, batch: int, seq_len: int, num_anchors: int):
-    """(bytes autograd keeps for one real drafter step, the plan's estimate of them, context and block tokens).
+def liger_stand_ins():
+    """Modules named as liger-kernel's, whose autograd Functions compute what liger-kernel 0.8.5's compute and
+    save exactly what those save (its Triton kernels cannot run on a CPU): LigerRMSNormFunction keeps X (its
+    input, as it is), W and RSTD (fp32, one per row); LigerSiLUMulFunction keeps a and b (the gate's and the up
+    projection's outputs) and recomputes silu in backward. Both make their inputs contiguous first, as liger's
+    `ensure_contiguous` does."""
+    import types
+
+    import torch
+
+    def wide(tensor):   # liger computes in fp32 (a float64 input stays float64: gradcheck)
+        return tensor.to(torch.promote_types(tensor.dtype, torch.float32))
+
+    class RMSNormFunction(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, X, W, eps, offset=0.0, casting_mode="llama", in_place=True, row_mode=None):
+            shape = X.shape
+            X = X.contiguous().view(-1, shape[-1])
+            rstd = torch.rsqrt(wide(X).pow(2).mean(-1) + eps)
+            ctx.offset = offset
+            ctx.save_for_backward(X, W, rstd)
+            return ((wide(X) * rstd[:, None]).to(X.dtype) * (offset + W)).to(X.dtype).view(shape)
+
+        @staticmethod
+        def backward(ctx, grad):
+            X, W, rstd = ctx.saved_tensors
+            normed, grad_2d = wide(X) * rstd[:, None], wide(grad.reshape(X.shape))
+            scaled = grad_2d * wide(ctx.offset + W)
+            grad_x = rstd[:, None] * (scaled - normed * (scaled * normed).mean(-1, keepdim=True))
+            return (grad_x.to(X.dtype).view(grad.shape), (grad_2d * normed).sum(0).to(W.dtype),
+                    None, None, None, None, None)
+
+    class SiLUMulFunction(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, a, b, gate_multiplier=1.0, down_multiplier=1.0):
+            a, b = a.contiguous(), b.contiguous()
+            ctx.save_for_backward(a, b)
+            return torch.nn.functional.silu(wide(a)).to(b.dtype) * b
+
+        @staticmethod
+        def backward(ctx, grad):
+            a, b = ctx.saved_tensors
+            gate, sigmoid = wide(a), torch.sigmoid(wide(a))
+            grad_a = wide(grad) * wide(b) * sigmoid * (1 + gate * (1 - sigmoid))
+            return grad_a.to(a.dtype), (wide(grad) * gate * sigmoid).to(b.dtype), None, None
+
+    names = ("liger_kernel", "liger_kernel.ops", "liger_kernel.ops.rms_norm", "liger_kernel.ops.swiglu")
+    modules = {name: types.ModuleType(name) for name in names}
+    modules["liger_kernel.ops.rms_norm"].LigerRMSNormFunction = RMSNormFunction
+    modules["liger_kernel.ops.swiglu"].LigerSiLUMulFunction = SiLUMulFunction
+    return modules
+
+
+def saved_tensor_bytes(*, autocast: bool, num_layers: int, batch: int, seq_len: int, num_anchors: int,
+                       kernels: str = "torch", monkeypatch=None):
+    """(bytes autograd keeps for one real drafter step, the plan's estimate of them) with the drafter's torch
+    code or, for kernels="liger", the stand-ins of liger's Functions bound by kernels.install as on a GPU.
 
     Counted once per storage; left out: parameters, the target's features (planned on their own) and the dense
     mask SDPA keeps on the CPU (flex_attention on a GPU keeps a block mask of a few KiB instead)."""
     import torch
+
+    from trainer import kernels as kernel_lib
 
     from trainer.drafter import DFlashDrafter, DrafterConfig
     from trainer.objective import dflash_step
@@ -145,6 +202,10 @@ def saved_tensor_bytes(*, autocast: bool, num_layers: int, batch: int, seq_len: 
     torch.manual_seed(0)
     embed, head = torch.nn.Embedding(500, 96).to(low), torch.nn.Linear(96, 500, bias=False).to(low)
     drafter = DFlashDrafter(config, embed_tokens=embed, lm_head=head)
+    if kernels == "liger":
+        for name, module in liger_stand_ins().items():
+            monkeypatch.setitem(sys.modules, name, module)
+        assert kernel_lib.install(drafter, "liger").startswith("drafter RMSNorm and SwiGLU: liger-kernel")
     input_ids = torch.randint(0, 499, (batch, seq_len))
     features = torch.randn(batch, seq_len, 3 * 96).to(low)
     left_out = {p.untyped_storage().data_ptr() for p in [*drafter.parameters(), embed.weight, head.weight, features]}
@@ -165,7 +226,8 @@ def saved_tensor_bytes(*, autocast: bool, num_layers: int, batch: int, seq_len: 
     out.loss.backward()   # the graph that was measured is a real training step's
     sizes = memplan.DrafterSizes.from_drafter_config(config.to_hf_dict())
     precision = memplan.Precision(target=2, act=2, casts=True) if autocast else memplan.Precision(4, 4, False)
-    estimate = memplan.drafter_saved_bytes(sizes, precision, context_tokens=batch * seq_len, block_tokens=blocks)
+    estimate = memplan.drafter_saved_bytes(sizes, precision, context_tokens=batch * seq_len, block_tokens=blocks,
+                                           kernels=kernels)
     if autocast:  # autocast's bf16 copies of the weights, planned as their own line; fc's copy is made too
         # (autocast caches it until the forward ends) but not saved: its input, the features, needs no gradient
         estimate += 2 * (sizes.matmul_params() - sizes.num_taps * sizes.hidden_size ** 2)
@@ -180,6 +242,20 @@ def test_activation_estimate_is_within_1_percent_of_the_saved_tensors(autocast, 
                                             num_anchors=anchors)
     assert measured > 0
     assert estimate == pytest.approx(measured, rel=0.01), (estimate, measured)
+
+
+@pytest.mark.parametrize("autocast", [True, False], ids=["bf16-autocast", "fp32"])
+@pytest.mark.parametrize("shape", [(1, 2, 160, 12), (3, 3, 96, 20)], ids=["1-layer", "3-layers"])
+def test_liger_activation_estimate_is_within_1_percent_of_what_liger_s_functions_save(autocast, shape, monkeypatch):
+    """liger's Functions keep less than the torch code (no fp32 copy in any RMSNorm, no silu(gate)): the plan of
+    a liger run counts what they keep, and the torch path's count would miss it by far more than 1 %."""
+    num_layers, batch, seq_len, anchors = shape
+    measured, estimate = saved_tensor_bytes(autocast=autocast, num_layers=num_layers, batch=batch, seq_len=seq_len,
+                                            num_anchors=anchors, kernels="liger", monkeypatch=monkeypatch)
+    torch_measured, torch_estimate = saved_tensor_bytes(autocast=autocast, num_layers=num_layers, batch=batch,
+                                                        seq_len=seq_len, num_anchors=anchors)
+    assert estimate == pytest.approx(measured, rel=0.01), (estimate, measured)
+    assert measured < 0.8 * torch_measured and torch_estimate > 1.2 * measured
 
 
 # ---------------------------------------------------------------------------------------------- the plan
@@ -215,8 +291,24 @@ def test_the_27b_plan_on_8_gpus_at_24k_tokens_fits_139_gib(tmp_path):
     assert planned_total(result.stdout) <= 139
     assert "26.90B params" in lines[1] and "1.73B params" in lines[2]
     assert "sharded 8 ways (0.22B params on the largest rank)" in lines[3]
-    assert "24576 tokens, 24576 block tokens" in lines[4]
+    assert "24576 tokens, 24576 block tokens, torch kernels" in lines[4]   # auto, without liger-kernel here
     assert lines[-1] == "no torch"   # nothing loaded, not even torch
+
+
+def test_the_plan_assumes_the_kernels_a_gpu_run_would_take(tmp_path, monkeypatch):
+    """`--plan` resolves kernels as a CUDA machine would with this machine's packages: auto takes liger where
+    liger-kernel is installed; an explicit choice stands. liger's kernels keep less, and the plan says which."""
+    from trainer import kernels
+
+    liger = run_plan(plan_config(tmp_path, kernels="liger"), "--gpus", "8", "--gpu-memory", "139")
+    torch_kernels = run_plan(plan_config(tmp_path, kernels="torch"), "--gpus", "8", "--gpu-memory", "139")
+    assert "liger kernels" in liger.stdout.splitlines()[4] and "torch kernels" in torch_kernels.stdout.splitlines()[4]
+    assert planned_total(liger.stdout) < planned_total(torch_kernels.stdout) - 10
+    assert liger.stdout.splitlines()[-1] == "no torch"
+    monkeypatch.setattr(kernels, "liger_version", lambda: "0.8.5")
+    assert [kernels.on_a_gpu(c) for c in ("auto", "torch", "liger")] == ["liger", "torch", "liger"]
+    monkeypatch.setattr(kernels, "liger_version", lambda: None)
+    assert kernels.on_a_gpu("auto") == "torch"
 
 
 def test_a_plan_that_does_not_fit_exits_2_with_one_line_saying_what_to_change(tmp_path):
@@ -268,3 +360,24 @@ def test_a_simulated_rank_plans_rank_0s_share_and_a_real_run_the_largest():
     assert (real.optimizer_params, simulated.optimizer_params) == (max(shares), shares[0])
     assert real.optimizer_bytes == 8 * max(shares) and "on the largest rank" in real.lines()[3]
     assert "on rank 0" in simulated.lines()[3] and simulated.lines()[0].startswith("Memory plan per GPU (rank 0 of 8")
+
+
+def test_the_liger_stand_ins_compute_what_they_stand_in_for():
+    """Their gradients are their forwards' (gradcheck in float64), and their forwards the drafter's torch code."""
+    import torch
+
+    from trainer.drafter import RMSNorm
+
+    modules = liger_stand_ins()
+    norm, silu_mul = (modules["liger_kernel.ops.rms_norm"].LigerRMSNormFunction,
+                      modules["liger_kernel.ops.swiglu"].LigerSiLUMulFunction)
+    x, w = (torch.randn(3, 5, 16, dtype=torch.float64, requires_grad=True),
+            torch.randn(16, dtype=torch.float64, requires_grad=True))
+    a, b = (torch.randn(4, 9, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    assert torch.autograd.gradcheck(lambda x, w: norm.apply(x, w, 1e-6, 0.0, "llama", False), (x, w))
+    assert torch.autograd.gradcheck(silu_mul.apply, (a, b))
+    module = RMSNorm(16, 1e-6)
+    with torch.no_grad():
+        module.weight.copy_(w.float())
+    torch.testing.assert_close(norm.apply(x.float(), module.weight, 1e-6, 0.0, "llama", False), module(x.float()))
+    torch.testing.assert_close(silu_mul.apply(a, b), torch.nn.functional.silu(a) * b)
