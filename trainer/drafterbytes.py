@@ -124,3 +124,22 @@ def drafter_saved_bytes(d: DrafterSizes, p: Precision, *, context_tokens: int, b
     blocks = (block_tokens * (8 + 2 * p.act * d.head_dim + norm)
               + keys * 2 * p.act * d.head_dim + supervised * p.act * d.hidden_size)
     return layers + context_tokens * norm + blocks
+
+
+def backward_working_bytes(d: DrafterSizes, p: Precision, *, context_tokens: int, block_tokens: int,
+                           kernels: str = "torch") -> int:
+    """The most the backward holds at once above what the forward saved (the weights' gradients apart: the plan
+    counts them whole), in bytes.
+
+    torch: the larger of the final RMSNorm's backward (five fp32 [block tokens, hidden] temporaries at once) and
+    the last layer's SwiGLU backward (the gradients of silu(gate) and of up, [block tokens, intermediate] in the
+    autocast dtype, once down_proj's input is freed; and the residual stream's), plus one MLP weight's gradient (in the autocast dtype and its fp32 copy). On the CPU the
+    backward's peak over the forward's live tensors stays under this and above half of it (tests).
+    liger: its kernels' backward cannot run here to be measured; one layer's saved tensors, the allowance the
+    H200 measurements were taken against (the 27B hybrid's plan is 3 % above its measured peak)."""
+    if kernels == "liger":
+        per_query, per_key = saved_bytes_per_layer(d, p, kernels)
+        return per_query * block_tokens + per_key * (context_tokens + block_tokens)
+    norm = 5 * FP32 * d.hidden_size
+    swiglu = 2 * p.act * d.intermediate_size + p.act * d.hidden_size
+    return max(norm, swiglu) * block_tokens + (p.act + FP32) * d.hidden_size * d.intermediate_size

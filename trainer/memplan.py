@@ -12,8 +12,9 @@ Bytes per rank, in the order the trainer allocates them:
   concatenation (3 x taps x hidden per token), plus one target layer's working set.
   drafter phase: the tapped features, what autograd saves for backward (trainer/drafterbytes.py, per block
   token and per key/value token, with the kernels the run uses: the drafter's torch code or liger-kernel's; on
-  the CPU it equals what saved-tensor hooks count in a real step, see the tests), the autocast's bf16 copies of the drafter's weights, and a working set (one layer's saved tensors
-  for the backward's gradients, or the loss's chunk of logits, whichever is larger).
+  the CPU it equals what saved-tensor hooks count in a real step, see the tests), the autocast's bf16 copies of
+  the drafter's weights, and a working set (what the backward holds above the saved tensors,
+  drafterbytes.backward_working_bytes, or the loss's chunk of logits, whichever is larger).
   checkpoint phase (sharded): AdamW's shards pass through every rank's device on their way to rank 0.
 - reserve: a fixed allowance for the CUDA context, NCCL buffers and allocator fragmentation.
 
@@ -24,8 +25,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from trainer.drafterbytes import (DrafterSizes, Precision, drafter_saved_bytes, norm_saved_bytes,  # noqa: F401
-                                  saved_bytes_per_layer)
+from trainer.drafterbytes import (DrafterSizes, Precision, backward_working_bytes,  # noqa: F401
+                                  drafter_saved_bytes, norm_saved_bytes, saved_bytes_per_layer)
 from trainer.errors import TrainerError
 from trainer.families import TargetSpec, read_target_spec
 from trainer.targetsize import target_layer_working_bytes, target_params
@@ -133,15 +134,15 @@ def plan(text: dict, drafter: DrafterSizes, *, tokens: int, block_tokens: int, w
     shares = [sum(numels[i] for i in part) for part in zero_partition(numels, ways)]
     share = shares[0] if simulated else max(shares)
     features = precision.act * drafter.num_taps * drafter.hidden_size * tokens
-    per_query, per_key = saved_bytes_per_layer(drafter, precision, kernels)
-    one_layer = per_query * block_tokens + per_key * (tokens + block_tokens)
+    backward = backward_working_bytes(drafter, precision, context_tokens=tokens, block_tokens=block_tokens,
+                                      kernels=kernels)
     loss_chunk = LOGITS_PER_CHUNK * (precision.act + FP32) + FP32 * drafter.hidden_size * block_tokens
     drafter_phase = {
         "features": features,
         "saved": drafter_saved_bytes(drafter, precision, context_tokens=tokens, block_tokens=block_tokens,
                                      kernels=kernels),
         "bf16 weights": 2 * drafter.matmul_params() if precision.casts else 0,
-        "working": max(one_layer, loss_chunk),
+        "working": max(backward, loss_chunk),
     }
     target_phase = {"features": 3 * features,
                     "target layer": target_layer_working_bytes(text, precision.target) * tokens}

@@ -177,6 +177,23 @@ def liger_stand_ins():
     return modules
 
 
+def small_drafter(num_layers: int, low, *, intermediate: int = 200):
+    """(a drafter of hidden 96 whose embedding and LM head are in `low`, its DrafterConfig)."""
+    import torch
+    from transformers import Qwen3Config
+
+    from trainer.drafter import DFlashDrafter, DrafterConfig
+
+    target = Qwen3Config(hidden_size=96, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                         intermediate_size=intermediate, rms_norm_eps=1e-6, vocab_size=500,
+                         max_position_embeddings=4096, num_hidden_layers=12)
+    config = DrafterConfig.from_target(target, num_layers=num_layers, block_size=8, target_layer_ids=[1, 4, 7],
+                                       mask_token_id=499)
+    torch.manual_seed(0)
+    embed, head = torch.nn.Embedding(500, 96).to(low), torch.nn.Linear(96, 500, bias=False).to(low)
+    return DFlashDrafter(config, embed_tokens=embed, lm_head=head), config
+
+
 def saved_tensor_bytes(*, autocast: bool, num_layers: int, batch: int, seq_len: int, num_anchors: int,
                        kernels: str = "torch", monkeypatch=None):
     """(bytes autograd keeps for one real drafter step, the plan's estimate of them) with the drafter's torch
@@ -187,21 +204,11 @@ def saved_tensor_bytes(*, autocast: bool, num_layers: int, batch: int, seq_len: 
     import torch
 
     from trainer import kernels as kernel_lib
-
-    from trainer.drafter import DFlashDrafter, DrafterConfig
     from trainer.objective import dflash_step
 
-    from transformers import Qwen3Config
-
     low = torch.bfloat16 if autocast else torch.float32
-    target = Qwen3Config(hidden_size=96, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                         intermediate_size=200, rms_norm_eps=1e-6, vocab_size=500, max_position_embeddings=4096,
-                         num_hidden_layers=12)
-    config = DrafterConfig.from_target(target, num_layers=num_layers, block_size=8, target_layer_ids=[1, 4, 7],
-                                       mask_token_id=499)
-    torch.manual_seed(0)
-    embed, head = torch.nn.Embedding(500, 96).to(low), torch.nn.Linear(96, 500, bias=False).to(low)
-    drafter = DFlashDrafter(config, embed_tokens=embed, lm_head=head)
+    drafter, config = small_drafter(num_layers, low)
+    embed, head = drafter.embed_tokens, drafter.lm_head
     if kernels == "liger":
         for name, module in liger_stand_ins().items():
             monkeypatch.setitem(sys.modules, name, module)
@@ -312,14 +319,14 @@ def test_the_plan_assumes_the_kernels_a_gpu_run_would_take(tmp_path, monkeypatch
 
 
 def test_a_plan_that_does_not_fit_exits_2_with_one_line_saying_what_to_change(tmp_path):
-    unsharded = run_plan(plan_config(tmp_path, shard_optimizer=False, token_budget=32768), "--gpus", "8",
+    unsharded = run_plan(plan_config(tmp_path, shard_optimizer=False, token_budget=49152), "--gpus", "8",
                          "--gpu-memory", "139")
     assert unsharded.returncode == 2 and "does NOT fit 139.0 GiB" in unsharded.stdout
     errors = unsharded.stderr.splitlines()
     assert len(errors) == 1 and errors[0].startswith("error: memory plan: ")
     assert "shard_optimizer: true" in errors[0] and "more GPUs" in errors[0]
     suggested = int(errors[0].split("token_budget: ")[1].split(",")[0])
-    assert 8192 <= suggested < 32768
+    assert 8192 <= suggested < 49152
     assert run_plan(plan_config(tmp_path, shard_optimizer=False, token_budget=suggested), "--gpus", "8",
                     "--gpu-memory", "139").returncode == 0
 
@@ -362,6 +369,74 @@ def test_a_simulated_rank_plans_rank_0s_share_and_a_real_run_the_largest():
     assert "on rank 0" in simulated.lines()[3] and simulated.lines()[0].startswith("Memory plan per GPU (rank 0 of 8")
 
 
+def backward_live_bytes(*, intermediate: int, num_layers: int = 2, batch: int = 2, seq_len: int = 512,
+                        num_anchors: int = 128) -> tuple[int, int, int]:
+    """(the most bytes the backward of one real bf16-autocast drafter step held at once above what was alive when
+    its forward ended, the plan's backward working set, one layer's saved tensors: the allowance it replaced).
+
+    Every storage an op creates is counted from its creation until it is freed (a dispatch mode: the caching
+    allocator's view, without a GPU). The weights' gradients exist beforehand, as DDP's buckets do (the plan
+    counts them whole); what the backward adds to them is counted. The loss runs in chunks of 32 rows, so that
+    the forward's logits do not stand in for the backward's own working set."""
+    import weakref
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    from trainer.objective import dflash_step
+
+    drafter, config = small_drafter(num_layers, torch.bfloat16, intermediate=intermediate)
+    for param in drafter.parameters():
+        param.grad = torch.zeros_like(param)
+    input_ids = torch.randint(0, 499, (batch, seq_len))
+    features = torch.randn(batch, seq_len, 3 * 96).bfloat16()
+
+    class LiveBytes(TorchDispatchMode):
+        live: dict[int, int] = {}
+        now = peak = 0
+
+        def free(self, key):
+            self.now -= self.live.pop(key, 0)
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for tensor in tree_flatten(out)[0]:
+                storage = tensor.untyped_storage() if isinstance(tensor, torch.Tensor) else None
+                if storage is not None and storage.data_ptr() not in self.live and storage.data_ptr() not in known:
+                    self.live[storage.data_ptr()] = storage.nbytes()
+                    self.now += storage.nbytes()
+                    weakref.finalize(storage, self.free, storage.data_ptr())
+                    self.peak = max(self.peak, self.now)
+            return out
+
+    known = {t.untyped_storage().data_ptr() for p in drafter.parameters() for t in (p, p.grad)}
+    known |= {t.untyped_storage().data_ptr() for t in (drafter.embed_tokens.weight, drafter.lm_head.weight, features)}
+    with LiveBytes() as tracker:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = dflash_step(drafter, features, input_ids, torch.ones_like(input_ids), num_anchors=num_anchors,
+                              block_size=8, gamma=4.0, noise=0.0, generator=torch.Generator().manual_seed(0),
+                              chunk_rows=32)
+        end_of_forward = tracker.peak = tracker.now
+        out.loss.backward()
+    sizes = memplan.DrafterSizes.from_drafter_config(config.to_hf_dict())
+    precision, blocks = memplan.Precision(target=2, act=2, casts=True), batch * num_anchors * 8
+    plan = memplan.backward_working_bytes(sizes, precision, context_tokens=batch * seq_len, block_tokens=blocks)
+    per_query, per_key = memplan.saved_bytes_per_layer(sizes, precision)
+    return tracker.peak - end_of_forward, plan, per_query * blocks + per_key * (batch * seq_len + blocks)
+
+
+@pytest.mark.parametrize("ratio", [3, 6, 12], ids=lambda r: f"intermediate-{r}x-hidden")
+def test_the_backward_working_set_covers_what_the_torch_backward_holds(ratio):
+    """The torch path's backward holds little above the saved tensors (the final RMSNorm's fp32 temporaries, or
+    the SwiGLU's gradients when the MLP is wide): the plan covers it, within 2 x; one layer's saved tensors, the
+    allowance it replaced, were 3 x and more of it. 2,048 block tokens, so that one weight's gradient weighs as
+    little against the activations as at a real budget."""
+    measured, plan, one_layer = backward_live_bytes(intermediate=96 * ratio)
+    assert 0 < measured <= plan <= 2 * measured, (measured, plan)
+    assert one_layer > 2.5 * measured
+
+
 def test_the_liger_stand_ins_compute_what_they_stand_in_for():
     """Their gradients are their forwards' (gradcheck in float64), and their forwards the drafter's torch code."""
     import torch
@@ -381,3 +456,35 @@ def test_the_liger_stand_ins_compute_what_they_stand_in_for():
         module.weight.copy_(w.float())
     torch.testing.assert_close(norm.apply(x.float(), module.weight, 1e-6, 0.0, "llama", False), module(x.float()))
     torch.testing.assert_close(silu_mul.apply(a, b), torch.nn.functional.silu(a) * b)
+
+
+# peaks measured on one H200 (torch.cuda.max_memory_allocated, bf16 autocast, the seed's buckets, packed target),
+# bench/RESULTS.md, 2026-12-02: the qwen3-8b shape at 49,152 tokens and 3,072 anchors on one GPU (unsharded
+# AdamW), and the qwen3.6-27b shape at 24,576 tokens and 1,536 anchors as rank 0 of 8 (AdamW sharded 8 ways)
+H200_PEAKS_GIB = {("qwen3-8b", "torch"): 90.1, ("qwen3-8b", "liger"): 70.5, ("qwen3.6-27b", "liger"): 94.5}
+
+
+def bench_plan(shape: str, kernels: str) -> memplan.MemoryPlan:
+    """The plan of the bench's run of `shape` (bench/bench_train.py's defaults and the commands of RESULTS.md)."""
+    from trainer.synthetic import SHAPES
+
+    if shape == "qwen3-8b":
+        text = dict(SHAPES["qwen3-8b"], model_type="qwen3", tie_word_embeddings=False)
+        budgets = dict(token_budget=49152, anchor_budget=3072, target_layer_ids=[1, 9, 17, 25, 33])
+    else:
+        text, budgets = QWEN36_27B, dict(token_budget=24576, anchor_budget=1536, target_layer_ids=TAPS_27B,
+                                         simulate_shards=8)
+    cfg = run_config("unused", num_anchors=512, block_size=16, drafter_layers=5, **budgets)
+    return memplan.config_plan(cfg, world_size=1, limit=None, on_gpu=True, spec=target_spec(text), kernels=kernels)
+
+
+@pytest.mark.parametrize("shape, kernels", sorted(H200_PEAKS_GIB))
+def test_the_plan_covers_the_h200_peaks_and_liger_s_within_25_percent(shape, kernels):
+    """A plan under the measured peak would let a run out of memory mid-way; one far above it refuses budgets
+    that fit. The liger plans stay within 25 % above the peaks."""
+    planned = (bench_plan(shape, kernels).total - memplan.RESERVE_BYTES) / memplan.GIB
+    measured = H200_PEAKS_GIB[shape, kernels]
+    assert planned >= measured, (planned, measured)
+    if kernels == "liger":
+        assert planned <= 1.25 * measured, (planned, measured)
+    assert bench_plan(shape, "liger").total < bench_plan(shape, "torch").total
