@@ -481,7 +481,8 @@ def bench_plan(shape: str, kernels: str) -> memplan.MemoryPlan:
 @pytest.mark.parametrize("shape, kernels", sorted(H200_PEAKS_GIB))
 def test_the_plan_covers_the_h200_peaks_and_liger_s_within_25_percent(shape, kernels):
     """A plan under the measured peak would let a run out of memory mid-way; one far above it refuses budgets
-    that fit. The liger plans stay within 25 % above the peaks."""
+    that fit. The liger plans stay within 25 % above the peaks. The peaks: bench/RESULTS.md, one H200,
+    2026-12-02 (the `packed`, `packed+liger` rows of the qwen3-8b shape; the qwen3.6-27b rank 0 of 8)."""
     planned = (bench_plan(shape, kernels).total - memplan.RESERVE_BYTES) / memplan.GIB
     measured = H200_PEAKS_GIB[shape, kernels]
     assert planned >= measured, (planned, measured)
