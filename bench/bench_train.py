@@ -532,11 +532,12 @@ def device_name(device: torch.device) -> str:
     return platform.processor() or platform.machine()
 
 
-def planned_memory(args, target, drafter, ctx) -> dict:
+def planned_memory(args, target, drafter, ctx, variant_name: str) -> dict:
     """The trainer's memory plan of rank 0 of --simulate-shards ranks for this very target and drafter at this
-    budget, and the peak this process measured against it (the plan's reserve stands for what the allocator's
-    counters do not see: the CUDA context, NCCL, fragmentation)."""
-    from trainer import memplan
+    budget, with the drafter's kernels of the last variant measured, and the peak that variant measured against
+    it (the plan's reserve stands for what the allocator's counters do not see: the CUDA context, NCCL,
+    fragmentation)."""
+    from trainer import kernels, memplan
     from trainer.config import TrainConfig
 
     cfg = TrainConfig(target_path="(synthetic)", data_path="-", output_dir="-", token_budget=args.token_budget,
@@ -546,7 +547,8 @@ def planned_memory(args, target, drafter, ctx) -> dict:
     on_gpu = ctx.device.type == "cuda"
     limit = torch.cuda.get_device_properties(ctx.device).total_memory if on_gpu else None
     plan = memplan.config_plan(cfg, world_size=1, limit=limit, on_gpu=on_gpu, text=target.config.to_dict(),
-                               drafter=memplan.DrafterSizes.from_drafter_config(drafter.config.to_hf_dict()))
+                               drafter=memplan.DrafterSizes.from_drafter_config(drafter.config.to_hf_dict()),
+                               kernels=kernels.resolve(VARIANTS[variant_name]["kernels"], ctx.device))
     measured = {"peak_allocated_gib": peak_memory_gib(ctx.device)[0]}
     if on_gpu:
         measured["peak_reserved_gib"] = torch.cuda.max_memory_reserved(ctx.device) / 2 ** 30
@@ -675,7 +677,7 @@ def main(argv=None) -> int:
                                                       plain_packed=plain_packed), peak_gib)
                           for name, figures, peak_gib in measured]
     if args.simulate_shards:
-        result["memory_plan"] = planned_memory(args, target, drafter, ctx)
+        result["memory_plan"] = planned_memory(args, target, drafter, ctx, measured[-1][0])
     if ctx.is_main:
         print(json.dumps(result) if args.json else format_table(result), flush=True)
         if "memory_plan" in result and not args.json:

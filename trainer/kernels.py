@@ -12,12 +12,13 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import types
-from typing import Literal
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Literal
 
 from trainer.errors import TrainerError
+
+if TYPE_CHECKING:   # torch is imported where a module is swapped: `train --plan` resolves kernels without it
+    import torch
+    from torch import nn
 
 KernelChoice = Literal["auto", "torch", "liger"]
 
@@ -63,6 +64,14 @@ def resolve(choice: KernelChoice, device: torch.device) -> str:
     return "liger" if usable else "torch"
 
 
+def on_a_gpu(choice: KernelChoice) -> str:
+    """What `resolve` would answer on a CUDA machine with this machine's packages (for `train --plan`, which
+    may run where no GPU is): auto takes liger when liger-kernel is installed, an explicit choice stands."""
+    if choice == "auto":
+        return "liger" if liger_version() is not None else "torch"
+    return choice
+
+
 def _liger_rms_norm(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     from liger_kernel.ops.rms_norm import LigerRMSNormFunction
 
@@ -88,6 +97,8 @@ def _fla_gated_norm(module: nn.Module, hidden_states: torch.Tensor, gate: torch.
 
 def _is_swiglu(module: nn.Module, silu: bool) -> bool:
     """An MLP of gate, up and down projections whose activation is SiLU (`silu`: the model's config says so)."""
+    from torch import nn
+
     return silu and all(isinstance(getattr(module, name, None), nn.Linear)
                         for name in ("gate_proj", "up_proj", "down_proj"))
 

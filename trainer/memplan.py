@@ -10,10 +10,11 @@ Bytes per rank, in the order the trainer allocates them:
 - activations at the token budget: the largest of three phases.
   target phase: the tapped features of the previous step, still held, plus the tapped list and its
   concatenation (3 x taps x hidden per token), plus one target layer's working set.
-  drafter phase: the tapped features, what autograd saves for backward (`saved_bytes_per_layer` below, per
-  block token and per key/value token; on the CPU it equals what saved-tensor hooks count in a real step, see
-  the tests), the autocast's bf16 copies of the drafter's weights, and a working set (one layer's saved tensors
-  for the backward's gradients, or the loss's chunk of logits, whichever is larger).
+  drafter phase: the tapped features, what autograd saves for backward (trainer/drafterbytes.py, per block
+  token and per key/value token, with the kernels the run uses: the drafter's torch code or liger-kernel's; on
+  the CPU it equals what saved-tensor hooks count in a real step, see the tests), the autocast's bf16 copies of
+  the drafter's weights, and a working set (what the backward holds above the saved tensors,
+  drafterbytes.backward_working_bytes, or the loss's chunk of logits, whichever is larger).
   checkpoint phase (sharded): AdamW's shards pass through every rank's device on their way to rank 0.
 - reserve: a fixed allowance for the CUDA context, NCCL buffers and allocator fragmentation.
 
@@ -24,8 +25,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from trainer.drafterbytes import (DrafterSizes, Precision, backward_working_bytes,  # noqa: F401
+                                  drafter_saved_bytes, norm_saved_bytes, saved_bytes_per_layer)
 from trainer.errors import TrainerError
-from trainer.families import TargetSpec, drafter_shape, read_target_spec
+from trainer.families import TargetSpec, read_target_spec
 from trainer.targetsize import target_layer_working_bytes, target_params
 
 GIB = 2 ** 30
@@ -35,59 +38,6 @@ LOGITS_PER_CHUNK = 2 ** 27       # objective.LOGITS_PER_CHUNK: rows of logits pe
 
 
 # ---------------------------------------------------------------------------------------------- drafter
-
-@dataclass(frozen=True)
-class DrafterSizes:
-    """The drafter's shape as the plan needs it (a DrafterConfig or its config.json provide these fields)."""
-
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    num_taps: int
-    block_size: int
-
-    @classmethod
-    def from_drafter_config(cls, data: dict) -> "DrafterSizes":
-        """From a drafter checkpoint's config.json (what a resumed run rebuilds)."""
-        return cls(hidden_size=data["hidden_size"], num_layers=data["num_hidden_layers"],
-                   num_heads=data["num_attention_heads"], num_kv_heads=data["num_key_value_heads"],
-                   head_dim=data["head_dim"], intermediate_size=data["intermediate_size"],
-                   num_taps=len(data["dflash_config"]["target_layer_ids"]), block_size=data["block_size"])
-
-    @classmethod
-    def for_run(cls, spec: TargetSpec, cfg, *, num_taps: int) -> "DrafterSizes":
-        """The drafter a fresh run of `cfg` builds for this target: the family's recipe with the config's
-        drafter_* keys over it (families.drafter_shape, as train.py builds it)."""
-        shape = drafter_shape(spec, heads=cfg.drafter_heads, kv_heads=cfg.drafter_kv_heads,
-                              head_dim=cfg.drafter_head_dim, intermediate_size=cfg.drafter_intermediate_size,
-                              sliding_window=cfg.sliding_window, rope_theta=cfg.drafter_rope_theta)
-        return cls(hidden_size=spec.hidden_size, num_layers=cfg.drafter_layers, num_heads=shape.num_heads,
-                   num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim,
-                   intermediate_size=shape.intermediate_size, num_taps=num_taps, block_size=cfg.block_size)
-
-    @property
-    def q_width(self) -> int:
-        return self.num_heads * self.head_dim
-
-    @property
-    def kv_width(self) -> int:
-        return self.num_kv_heads * self.head_dim
-
-    def param_numels(self) -> list[int]:
-        """Trainable parameter sizes in DFlashDrafter.parameters() order (embedding and LM head are the
-        target's): fc, hidden_norm, per layer (input norm, q, k, v, o, q_norm, k_norm, post norm, gate, up,
-        down), final norm."""
-        h, q, kv, inter = self.hidden_size, self.q_width, self.kv_width, self.intermediate_size
-        layer = [h, q * h, kv * h, kv * h, h * q, self.head_dim, self.head_dim, h, inter * h, inter * h, h * inter]
-        return [self.num_taps * h * h, h, *layer * self.num_layers, h]
-
-    def matmul_params(self) -> int:
-        """Parameters of the drafter's linear layers: the ones autocast copies to bf16 every step."""
-        return sum(n for n in self.param_numels() if n > max(self.hidden_size, self.head_dim))
-
 
 def zero_partition(numels: list[int], ways: int) -> list[list[int]]:
     """Parameter indices per rank, as torch's ZeroRedundancyOptimizer partitions one parameter group: largest
@@ -99,58 +49,6 @@ def zero_partition(numels: list[int], ways: int) -> list[list[int]]:
         sizes[rank] += numels[index]
     return [sorted(part) for part in parts]
 
-
-@dataclass(frozen=True)
-class Precision:
-    """Byte sizes of a run: the target's weights, the drafter's activations (autocast dtype), and whether
-    autocast makes low-precision copies (of the weights and of each linear layer's input)."""
-
-    target: int
-    act: int
-    casts: bool
-
-    @classmethod
-    def of_run(cls, dtype: str, on_gpu: bool) -> "Precision":
-        size = {"bfloat16": 2, "float16": 2, "float32": 4}.get(dtype, 2 if on_gpu else 4)
-        return cls(target=size, act=size if on_gpu else FP32, casts=on_gpu and size < FP32)
-
-
-def norm_saved_bytes(width: int, p: Precision) -> int:
-    """What the drafter's torch RMSNorm keeps per token: an fp32 copy of its input, the fp32 rstd and the
-    normalised value in the input's dtype (the autocast dtype: the residual stream stays in it)."""
-    return (FP32 + p.act) * width + FP32
-
-
-def saved_bytes_per_layer(d: DrafterSizes, p: Precision) -> tuple[int, int]:
-    """What autograd keeps of one drafter layer, in bytes (per block token, per key/value token).
-
-    Two RMSNorms per block token; the linear layers' inputs in the autocast dtype (q_proj's, and one shared by
-    gate_proj and up_proj: the norms already return that dtype, so autocast makes no copies); q_norm / k_norm
-    keep an fp32 copy of their input and the normalised value; attention keeps q, k, v, its output and fp32
-    log-sum-exp; the SwiGLU MLP keeps gate, silu(gate), up and their product. Per key, k_proj and v_proj share
-    the saved [context; block] input."""
-    a, f = p.act, FP32
-    per_query = (2 * norm_saved_bytes(d.hidden_size, p) + 2 * a * d.hidden_size
-                 + (f + 3 * a) * d.q_width + 2 * f * d.num_heads + 4 * a * d.intermediate_size)
-    per_key = a * d.hidden_size + (f + 3 * a) * d.kv_width + f * d.num_kv_heads
-    return per_query, per_key
-
-
-def drafter_saved_bytes(d: DrafterSizes, p: Precision, *, context_tokens: int, block_tokens: int) -> int:
-    """Everything autograd keeps for one drafter step (weights and the target's features excepted: under autocast
-    fc reads the features as they are).
-
-    Around the layers: hidden_norm per context token; per block token the token id, the RoPE tables (in the
-    autocast dtype; also per key), the final norm and the loss's gradient of the hidden states of slots 1..B-1.
-    liger-kernel's fused RMSNorm and SwiGLU keep less than this torch path: the plan stays on the safe side."""
-    per_query, per_key = saved_bytes_per_layer(d, p)
-    keys = context_tokens + block_tokens
-    layers = d.num_layers * (per_query * block_tokens + per_key * keys)
-    context = context_tokens * norm_saved_bytes(d.hidden_size, p)
-    supervised = block_tokens * (d.block_size - 1) // d.block_size
-    blocks = (block_tokens * (8 + 2 * p.act * d.head_dim + norm_saved_bytes(d.hidden_size, p))
-              + keys * 2 * p.act * d.head_dim + supervised * p.act * d.hidden_size)
-    return layers + context + blocks
 
 
 # ---------------------------------------------------------------------------------------------- the plan
@@ -175,6 +73,7 @@ class MemoryPlan:
     limit: int | None = None
     world_size: int = 1
     simulated: bool = False
+    kernels: str = "torch"     # the drafter's RMSNorm and SwiGLU the activations assume (drafterbytes.KERNELS)
 
     @property
     def activation_bytes(self) -> int:
@@ -205,7 +104,7 @@ class MemoryPlan:
             f"  optimizer   {_gib(self.optimizer_bytes):>7} GiB  AdamW states {shards} "
             f"({self.optimizer_params / 1e9:.2f}B params on {'rank 0' if self.simulated else 'the largest rank'})",
             f"  activations {_gib(self.activation_bytes):>7} GiB  {self.tokens} tokens, {self.block_tokens} block "
-            f"tokens; {self.phase} phase: {parts}",
+            f"tokens, {self.kernels} kernels; {self.phase} phase: {parts}",
             f"  reserve     {_gib(self.reserve):>7} GiB  CUDA context, NCCL, allocator",
         ]
 
@@ -226,21 +125,24 @@ def _gib(value: int) -> str:
 
 
 def plan(text: dict, drafter: DrafterSizes, *, tokens: int, block_tokens: int, ways: int, precision: Precision,
-         world_size: int = 1, limit: int | None = None, simulated: bool = False) -> MemoryPlan:
-    """The plan of one rank for a target text config and a drafter at `tokens` target tokens per step."""
+         world_size: int = 1, limit: int | None = None, simulated: bool = False,
+         kernels: str = "torch") -> MemoryPlan:
+    """The plan of one rank for a target text config and a drafter at `tokens` target tokens per step, whose
+    RMSNorm and SwiGLU run `kernels` ("torch" or "liger", as kernels.resolve answers)."""
     numels = drafter.param_numels()
     n_drafter = sum(numels)
     shares = [sum(numels[i] for i in part) for part in zero_partition(numels, ways)]
     share = shares[0] if simulated else max(shares)
     features = precision.act * drafter.num_taps * drafter.hidden_size * tokens
-    per_query, per_key = saved_bytes_per_layer(drafter, precision)
-    one_layer = per_query * block_tokens + per_key * (tokens + block_tokens)
+    backward = backward_working_bytes(drafter, precision, context_tokens=tokens, block_tokens=block_tokens,
+                                      kernels=kernels)
     loss_chunk = LOGITS_PER_CHUNK * (precision.act + FP32) + FP32 * drafter.hidden_size * block_tokens
     drafter_phase = {
         "features": features,
-        "saved": drafter_saved_bytes(drafter, precision, context_tokens=tokens, block_tokens=block_tokens),
+        "saved": drafter_saved_bytes(drafter, precision, context_tokens=tokens, block_tokens=block_tokens,
+                                     kernels=kernels),
         "bf16 weights": 2 * drafter.matmul_params() if precision.casts else 0,
-        "working": max(one_layer, loss_chunk),
+        "working": max(backward, loss_chunk),
     }
     target_phase = {"features": 3 * features,
                     "target layer": target_layer_working_bytes(text, precision.target) * tokens}
@@ -254,7 +156,7 @@ def plan(text: dict, drafter: DrafterSizes, *, tokens: int, block_tokens: int, w
         optimizer_params=share, ways=ways, tokens=tokens, block_tokens=block_tokens,
         target_bytes=precision.target * n_target, drafter_bytes=2 * FP32 * n_drafter,
         optimizer_bytes=2 * FP32 * share, activations={k: v for k, v in phases[phase].items() if v},
-        phase=phase, limit=limit, world_size=world_size, simulated=simulated)
+        phase=phase, limit=limit, world_size=world_size, simulated=simulated, kernels=kernels)
 
 
 def largest_fitting_budget(build, budget: int, *, smallest: int) -> int:
@@ -295,10 +197,10 @@ def max_block_tokens(cfg, tokens: int) -> int:
 
 def config_plan(cfg, *, world_size: int, limit: int | None, on_gpu: bool, tokens: int | None = None,
                 spec: TargetSpec | None = None, text: dict | None = None,
-                drafter: DrafterSizes | None = None) -> MemoryPlan:
-    """The plan of one rank of a run of `cfg` (a TrainConfig) on `world_size` ranks of `limit` bytes each. The
-    target is read from cfg.target_path's config.json unless given (`spec`, or its text config and the drafter's
-    sizes, as the bench has them already)."""
+                drafter: DrafterSizes | None = None, kernels: str = "torch") -> MemoryPlan:
+    """The plan of one rank of a run of `cfg` (a TrainConfig) on `world_size` ranks of `limit` bytes each, its
+    drafter running `kernels` (resolved: "torch" or "liger"). The target is read from cfg.target_path's
+    config.json unless given (`spec`, or its text config and the drafter's sizes, as the bench has them)."""
     if text is None or drafter is None:
         spec = spec or read_target_spec(cfg.target_path)
         text = text or spec.text
@@ -308,7 +210,7 @@ def config_plan(cfg, *, world_size: int, limit: int | None, on_gpu: bool, tokens
     ways = cfg.simulate_shards or sharding_ways(cfg.shard_optimizer, world_size)
     return plan(text, drafter, tokens=tokens, block_tokens=max_block_tokens(cfg, tokens), ways=ways,
                 precision=Precision.of_run(cfg.dtype, on_gpu), world_size=world_size, limit=limit,
-                simulated=bool(cfg.simulate_shards))
+                simulated=bool(cfg.simulate_shards), kernels=kernels)
 
 
 def refusal(cfg, memory: MemoryPlan, *, on_gpu: bool) -> str:
@@ -318,19 +220,19 @@ def refusal(cfg, memory: MemoryPlan, *, on_gpu: bool) -> str:
 
     def build(tokens: int) -> MemoryPlan:
         return config_plan(cfg, world_size=memory.world_size, limit=memory.limit, on_gpu=on_gpu, tokens=tokens,
-                           spec=spec)
+                           spec=spec, kernels=memory.kernels)
 
     budget = largest_fitting_budget(build, cfg.token_budget, smallest=longest) if longest < cfg.token_budget else 0
     return memory.refusal(budget)
 
 
-def check(cfg, *, world_size: int, limit: int | None, on_gpu: bool, say) -> MemoryPlan:
-    """Print this rank's plan (`say` prints on rank 0 only); a TrainerError (exit 2) when it exceeds `limit`,
-    raised on every rank, before the target is loaded."""
+def check(cfg, *, world_size: int, limit: int | None, on_gpu: bool, say, kernels: str = "torch") -> MemoryPlan:
+    """Print this rank's plan (`say` prints on rank 0 only) for a drafter running `kernels` (resolved); a
+    TrainerError (exit 2) when it exceeds `limit`, raised on every rank, before the target is loaded."""
     if cfg.simulate_shards and world_size > 1:
         raise TrainerError(f"simulate_shards: {cfg.simulate_shards} is a memory check for one process; this run "
                            f"has {world_size}: remove simulate_shards (shard_optimizer shards for real)")
-    memory = config_plan(cfg, world_size=world_size, limit=limit, on_gpu=on_gpu)
+    memory = config_plan(cfg, world_size=world_size, limit=limit, on_gpu=on_gpu, kernels=kernels)
     say(*memory.lines())
     if not memory.fits:
         raise TrainerError(refusal(cfg, memory, on_gpu=on_gpu))
@@ -340,15 +242,17 @@ def check(cfg, *, world_size: int, limit: int | None, on_gpu: bool, say) -> Memo
 def plan_command(config_path: str, *, gpus: int | None, gpu_memory_gib: float | None) -> int:
     """`train --plan`: print the plan of one rank of a run on `gpus` GPUs (default: WORLD_SIZE, else 1) of
     `gpu_memory_gib` each (default: this machine's first GPU, else unchecked), loading nothing; exit 0 when it
-    fits, 2 (a TrainerError) when not."""
+    fits, 2 (a TrainerError) when not. The kernels are the ones the run would resolve on a CUDA machine
+    (kernels.on_a_gpu: auto takes liger when liger-kernel is installed here); the plan's lines name them."""
     import os
 
     from trainer.config import load_config
+    from trainer.kernels import on_a_gpu
 
     cfg = load_config(config_path)
     world_size = gpus or int(os.environ.get("WORLD_SIZE", 1))
     limit = int(gpu_memory_gib * GIB) if gpu_memory_gib else _local_gpu_bytes()
-    memory = config_plan(cfg, world_size=world_size, limit=limit, on_gpu=True)
+    memory = config_plan(cfg, world_size=world_size, limit=limit, on_gpu=True, kernels=on_a_gpu(cfg.kernels))
     print("\n".join(memory.lines()), flush=True)
     if not memory.fits:
         raise TrainerError(refusal(cfg, memory, on_gpu=True))

@@ -109,7 +109,8 @@ def open_output(cfg: TrainConfig, ctx) -> tuple[Path, MetricsLog]:
     log.say("Resolved config:", *("  " + line for line in resolved_config_text(cfg).splitlines()))
     log.say(f"World: {ctx.world_size} process(es), rank 0 on {ctx.device}")
     gpu_bytes = torch.cuda.get_device_properties(ctx.device).total_memory if ctx.device.type == "cuda" else None
-    memplan.check(cfg, world_size=ctx.world_size, limit=gpu_bytes, on_gpu=gpu_bytes is not None, say=log.say)
+    memplan.check(cfg, world_size=ctx.world_size, limit=gpu_bytes, on_gpu=gpu_bytes is not None, say=log.say,
+                  kernels=kernel_lib.resolve(cfg.kernels, ctx.device))
     return output_dir, log
 
 
