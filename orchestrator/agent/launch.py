@@ -121,7 +121,8 @@ def create_run(req: LaunchRequest) -> None:
         if req.gpus != [] and not req.force:
             clashes = busy_gpus(runs_dir, req.gpus, exclude=req.paths.run_id)
             if clashes:
-                raise OperationFailed("GPUs already held by a live run: {}".format(
+                raise OperationFailed("GPUs already held by a live run: {} (--force starts it anyway; a run "
+                                      "that uses no GPU: --gpus none)".format(
                     ", ".join("{} ({})".format(r, ",".join(map(str, g))) for r, g in sorted(clashes.items()))),
                     code="gpus_busy", details={"busy": clashes})
         try:

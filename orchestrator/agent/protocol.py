@@ -26,6 +26,7 @@ RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 # -- what a launch may ask for --------------------------------------------------------------------------------
 MAX_GPU_INDEX = 1023
+NO_GPUS = "none"        # --gpus none: a run that uses no GPU (CUDA_VISIBLE_DEVICES empty, holds none)
 DEFAULT_GRACE_S = 30.0  # seconds a kill waits between TERM and KILL unless the run or the kill says otherwise
 
 # -- the agent's exit statuses and error codes ----------------------------------------------------------------

@@ -10,7 +10,7 @@ import re
 import tempfile
 
 from .errors import BadInput
-from .protocol import MAX_GPU_INDEX, RUN_ID_PATTERN
+from .protocol import MAX_GPU_INDEX, NO_GPUS, RUN_ID_PATTERN
 
 ENV_KEY_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 RESERVED_ENV_KEYS = ("DFLASH_RUN_ID", "DFLASH_RUNS_DIR", "DFLASH_RUN_DIR", "CUDA_VISIBLE_DEVICES")
@@ -39,6 +39,9 @@ def validate_target(value: str) -> str:
 
 
 def parse_gpus(text: str) -> list:
+    """`0,1` into [0, 1]; `none` into [] (the run sees no GPU and holds none)."""
+    if text == NO_GPUS:
+        return []
     try:
         gpus = [int(part) for part in text.split(",")]
     except ValueError:

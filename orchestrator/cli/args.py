@@ -8,21 +8,24 @@ import math
 
 import typer
 
-from ..agent.protocol import MAX_GPU_INDEX
+from ..agent.protocol import MAX_GPU_INDEX, NO_GPUS
 from ..errors import UsageError, shorten
 
 
 def parse_gpus(text: str | None) -> list[int] | None:
     """`0,1,3` or `0-7` (or a mix: `0-3,6`) into sorted distinct indices, each at most MAX_GPU_INDEX
-    (checked before a range is expanded: `0-99999999` is refused at once, not after building it)."""
+    (checked before a range is expanded: `0-99999999` is refused at once, not after building it); `none` into
+    [] (a run that uses no GPU: it sees none and holds none)."""
     if text is None:
         return None
+    if text.strip().lower() == NO_GPUS:
+        return []
     shown = shorten(text, 60)
     indices: set[int] = set()
     for part in text.split(","):
         lo, sep, hi = part.strip().partition("-")
         if not lo.isdigit() or (sep and not hi.isdigit()):
-            raise UsageError(f"bad --gpus {shown!r}: use indices like 0,1 or a range like 0-7")
+            raise UsageError(f"bad --gpus {shown!r}: use indices like 0,1, a range like 0-7, or none")
         start, stop = int(lo), int(hi) if sep else int(lo)
         if stop < start:
             raise UsageError(f"bad --gpus {shown!r}: range {shorten(part, 40)} runs backwards")

@@ -33,8 +33,9 @@ def launch(
     name: Optional[str] = typer.Option(None, "--name", "-n", help="Run name (default: from the command)."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", metavar="FILE",
                                           help="Trainer config (YAML) for the bundled trainer."),
-    gpus: Optional[str] = typer.Option(None, "--gpus", metavar="0,1|0-7",
-                                       help="GPUs of the target the run may use (sets CUDA_VISIBLE_DEVICES)."),
+    gpus: Optional[str] = typer.Option(None, "--gpus", metavar="0,1|0-7|none",
+                                       help="GPUs of the target the run may use (sets CUDA_VISIBLE_DEVICES); none: "
+                                            "it uses no GPU and holds none (a notifier, a data job)."),
     env: Optional[List[str]] = typer.Option(None, "--env", "-e", metavar="K=V", help="Extra environment (repeat)."),
     force: bool = typer.Option(False, "--force", help="Start even if a live run holds the GPUs, or doctor's "
                                                       "checks of the config fail (tmpfs paths, no room, no GPU)."),
@@ -97,7 +98,8 @@ def _launch_run(state: AppState, spec: LaunchSpec, config: Path | None, *, as_js
     err.print(f"launching {spec.name} on {where}...")
     if spec.gpus is None and spec.target.gpus:
         err.print(f"no --gpus: the run sees all {spec.target.gpus} GPUs of {where} and holds them all "
-                  f"(a launch there that names GPUs is refused while it lives, unless --force)", markup=False)
+                  f"(a launch there that names GPUs is refused while it lives, unless --force; "
+                  f"--gpus none for a run that uses no GPU)", markup=False)
     with Connections() as conns:
         client = RunClient(state.inventory(), conns)
         _preflight(client, [spec.target], config, force=spec.force)
@@ -189,7 +191,7 @@ def _trainer_spec(target: Target, config: Path, *, name: str | None, gpus: list[
     except OSError as exc:
         raise UsageError(f"cannot read --config {config}: {exc.strerror or exc}") from None
     _config_mapping(config, text)
-    nproc = len(gpus) if gpus is not None else max(target.gpus, 1)
+    nproc = max(len(gpus), 1) if gpus is not None else max(target.gpus, 1)
     command = train_command(target, nproc=nproc)
     # The keys, the paths, the data and the python's packages are checked by the trainer itself on the target,
     # all in one pass, before the run is created. What a settle of 1 s would catch on top of that (the trainer

@@ -11,8 +11,8 @@ import base64
 import json
 from typing import Sequence
 
-from ..agent.protocol import (CHECK_FAILED, DEFAULT_GRACE_S, EXIT_USAGE, PROTOCOL_VERSION, SUCCEEDED, UNKNOWN_RUN,
-                              USAGE_CODES)
+from ..agent.protocol import (CHECK_FAILED, DEFAULT_GRACE_S, EXIT_USAGE, NO_GPUS, PROTOCOL_VERSION, SUCCEEDED,
+                              UNKNOWN_RUN, USAGE_CODES)
 from ..errors import OperationFailed, TargetNotFound, TransportError, UsageError
 from ..gpus import parse_query_csv, query_argv
 from ..inventory.model import Inventory, Target
@@ -111,7 +111,7 @@ class RunClient:
         for key, value in spec.run_env().items():
             args += ["--env", f"{key}={value}"]
         if spec.gpus is not None:
-            args += ["--gpus", ",".join(map(str, spec.gpus))]
+            args += ["--gpus", ",".join(map(str, spec.gpus)) or NO_GPUS]
         if spec.force:
             args.append("--force")
         if spec.settle is not None:

@@ -61,7 +61,7 @@ def nproc_for(target: Target, spec: JobSpec) -> int:
         return spec.nproc_per_node
     if spec.cpu_only:
         return 1
-    return len(spec.gpus) if spec.gpus is not None else max(target.gpus, 1)
+    return max(len(spec.gpus), 1) if spec.gpus is not None else max(target.gpus, 1)
 
 
 def rendezvous_host(target: Target) -> str:

@@ -153,6 +153,25 @@ def test_gpu_overlap_is_refused_unless_forced(container, runs_dir):
     assert launch(container, runs_dir, "g5", ["sh", "-c", "sleep 0.3"], "--gpus", "0,1", "--settle", "0")[0] == 0
 
 
+def test_a_run_with_gpus_none_sees_no_gpu_and_holds_none(container, runs_dir):
+    """A notifier or a data job beside training: `--gpus none` hides every GPU from it (CUDA_VISIBLE_DEVICES set
+    and empty, not unset) and neither blocks nor is blocked by runs that name GPUs; a run without --gpus still
+    holds them all."""
+    assert launch(container, runs_dir, "train", SLEEPER, "--gpus", "0,1")[0] == 0
+    status, out = launch(container, runs_dir, "notifier",
+                         ["sh", "-c", "echo visible=${CUDA_VISIBLE_DEVICES-unset}.; sleep 60"], "--gpus", "none")
+    assert status == 0, out
+    assert out["run"]["gpus"] == []
+    assert wait_for(lambda: "visible=." in open(out["run"]["log_path"]).read(), 5)
+    assert launch(container, runs_dir, "more", SLEEPER, "--gpus", "2")[0] == 0
+    status, out = launch(container, runs_dir, "all", SLEEPER)
+    assert (status, out["code"], out["busy"]) == (1, "gpus_busy", {"more": [2], "train": [0, 1]})
+    assert "--gpus none" in out["error"]
+    status, out = container.agent("kill", "--runs-dir", runs_dir, "--run-id", "train", "notifier", "more",
+                                  "--grace", "2")
+    assert status == 0 and [r["state"] for r in out["runs"]] == ["killed"] * 3
+
+
 def test_ps_lists_every_run(container, runs_dir):
     assert launch(container, runs_dir, "a", ["sh", "-c", "sleep 0.8"])[0] == 0
     assert launch(container, runs_dir, "b", ["sh", "-c", "sleep 0.8; exit 2"])[0] == 0

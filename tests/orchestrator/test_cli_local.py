@@ -86,6 +86,34 @@ def test_the_inventory_gpu_count_bounds_gpus_too(tmp_path, capsys):
     assert code == 2 and "local has 2 GPU(s) (0-1) in the inventory" in err
 
 
+def test_a_run_that_uses_no_gpu_launches_beside_training_with_gpus_none(tmp_path, capsys):
+    """The README's notifier beside a training run: `--gpus none` is refused by nothing, sees no GPU, and what
+    stops a run without --gpus says how to ask for it."""
+    path = tmp_path / "inventory.yaml"
+    path.write_text(f"hosts:\n  local:\n    transport: local\n    gpus: 2\n    workdir: {json.dumps(str(tmp_path / 'w'))}\n"
+                    f"    python: {json.dumps(sys.executable)}\n")
+    try:
+        launch(str(path), capsys, "--gpus", "0-1", "--name", "train", "--", "sleep", "60")
+        notifier = launch(str(path), capsys, "--gpus", "NONE", "--name", "notifier", "--",
+                          "sh", "-c", "echo visible=${CUDA_VISIBLE_DEVICES-unset}.; sleep 60")
+        assert notifier["gpus"] == []
+        deadline = time.monotonic() + 5
+        while True:   # the launch returns once the run is verified, maybe before its first line
+            code, out, _ = run_cli(str(path), "logs", "notifier", capsys=capsys)
+            if out.strip() or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert code == 0 and out.strip() == "visible=."
+        code, _, err = run_cli(str(path), "launch", "local", "--name", "all", "--", "sleep", "60", capsys=capsys)
+        assert code == 1 and "GPUs already held by a live run" in err and "--gpus none" in err
+        assert "--gpus none for a run that uses no GPU" in err   # the warning before it, too
+        code, _, err = run_cli(str(path), "launch", "local", "--gpus", "nothing", "--", "true", capsys=capsys)
+        assert code == 2 and "or none" in err
+    finally:
+        run_cli(str(path), "kill", "train", "notifier", "--grace", "1", capsys=capsys)
+        stop_keeper(tmp_path / "w" / ".dflash" / "runs")
+
+
 def test_a_huge_invalid_name_is_not_echoed_whole(inv, capsys):
     name = "x" * 100_000 + "!"
     code, out, err = run_cli(inv, "launch", "local", "--name", name, "--", "true", capsys=capsys)
