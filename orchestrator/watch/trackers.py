@@ -50,7 +50,8 @@ class RunTracker:
         # a run that had ended before we looked raises no alerts: they would all be old news
         self.quiet = record.get("state") in TERMINAL_STATES
         self.parser = LogParser()
-        self.health = RunHealth(self.run_id, rules=rules, gpu_indices=record.get("gpus") or None)
+        # a run launched with --gpus none has [] here: no GPU of its own to watch
+        self.health = RunHealth(self.run_id, rules=rules, gpu_indices=record.get("gpus"))
         self.offset: int | None = None  # the next byte of train.log we expect: the resume point
         self.ino: int | None = None
         self.fingerprint = b""  # the last bytes before `offset`: the agent checks the file still has them
