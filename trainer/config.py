@@ -129,7 +129,8 @@ class TrainConfig(BaseModel):
         "auto", description="Run the target's feature pass on each batch packed into one row (no padding "
                             "computed; attention kept inside each sequence, and a Qwen3.5/3.6 hybrid's conv1d and "
                             "delta-rule state restarted per sequence). auto = where flash attention's varlen kernel "
-                            "runs (a GPU); true = also on the CPU (a dense document mask); false = never.")
+                            "runs (a GPU), for a hybrid only with flash-linear-attention's kernels; true = also "
+                            "elsewhere (the CPU: a dense document mask); false = never.")
     num_workers: int = Field(2, ge=1, description="CPU threads that build batches (never GPU work).")
     prefetch: int = Field(8, ge=1, description="Batches built ahead of the training step.")
     device: str = Field("auto", description="auto (cuda:LOCAL_RANK if CUDA is available, else cpu), cpu or cuda.")

@@ -156,8 +156,12 @@ class TargetModel:
 
     def can_pack(self) -> bool:
         """Whether this target's feature pass runs packed here: with "auto" where the varlen flash kernel runs (a
-        hybrid's linear-attention layers then keep the sequences apart too: packed_linear_attention)."""
+        hybrid's linear-attention layers then keep the sequences apart too: packed_linear_attention), for a hybrid
+        only with flash-linear-attention's kernels, which take the sequences' bounds (transformers' torch path would
+        run the delta rule one sequence at a time, unbatched)."""
         if self.packing is False:
+            return False
+        if self.packing == "auto" and LINEAR in self._layer_types() and linear_attention_kernel(self.spec) != "fla":
             return False
         on_gpu = packing_lib.varlen_available(self.device)
         windowed = SLIDING in self._layer_types() and getattr(self.config, "sliding_window", None)

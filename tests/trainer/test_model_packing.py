@@ -8,6 +8,7 @@ import torch
 from tests.trainer.test_model_support import device, tiny_target, tiny_target_dir  # noqa: F401  (fixtures)
 from tests.trainer.test_model_target import _hf_tapped_states, _write_other_target
 from trainer import packing
+from trainer.families import LINEAR
 from trainer.target import TargetModel
 
 
@@ -97,6 +98,22 @@ def test_auto_packs_only_where_flash_varlen_runs(tiny_target):
         tiny_target.packing = "auto"
 
 
+def test_auto_packs_a_hybrid_only_with_fla_kernels(tmp_path, monkeypatch):
+    """Where varlen flash attention runs, auto packs a hybrid when fla runs its linear layers (its kernels take the
+    sequences' bounds), not on transformers' torch path (one unbatched delta rule per sequence); true always packs."""
+    from trainer import target as target_lib
+    from trainer.tiny import write_tiny_target
+
+    target = TargetModel.load(write_tiny_target(tmp_path / "hybrid", family="qwen3.5"), layer_ids=None, num_taps=2)
+    monkeypatch.setattr(packing, "varlen_available", lambda device: True)
+    for kernel, packs in (("torch", False), ("fla", True)):
+        monkeypatch.setattr(target_lib, "linear_attention_kernel", lambda spec, kernel=kernel: kernel)
+        assert target.can_pack() is packs, kernel
+        target.packing = True
+        assert target.can_pack()
+        target.packing = "auto"
+
+
 @pytest.mark.parametrize("family, composite", [("qwen3.5", False), ("qwen3.5", True), ("qwen3.5-moe", False)])
 def test_hybrid_targets_pack_only_when_asked_and_then_exactly(tmp_path, family, composite):
     """Gated DeltaNet layers in one packed row: the conv1d and the delta rule's state restart per sequence."""
@@ -147,7 +164,7 @@ def test_hybrid_packed_features_on_a_gpu_match_padded(tmp_path, family):
     lengths = [300, 37, 129, 64, 1]
     for dtype in (torch.float32, torch.bfloat16):
         target = TargetModel.load(path, layer_ids=None, num_taps=3, device="cuda", dtype=dtype)
-        assert target.can_pack()
+        assert target.can_pack() == (target.kernels()[LINEAR] == "fla")   # auto: packed with fla's kernels
         input_ids, attention_mask = _mixed_batch(target.config.vocab_size, lengths, seed=7)
         padded, packed = _padded_and_packed(target, input_ids, attention_mask)
         real = attention_mask.bool().cuda()
