@@ -373,6 +373,17 @@ def replay_flops(records: list, parts: SimpleNamespace, args) -> tuple[StepFlops
     return total, real, padded
 
 
+def warm_target_shapes(target, stream, args, ctx, autocast) -> None:
+    """The target's feature pass, untimed, over the batches the training measurement is about to time (`stream`: a
+    fresh stream of the same seed): Triton kernels (fla's, liger's) compile and autotune per shape on first sight,
+    and the warm-up steps alone do not meet every shape the timed ones do. A long run pays that once."""
+    for _ in range(args.warmup + args.steps):
+        input_ids, _, attention_mask = to_device(next(stream), ctx.device)
+        with autocast:
+            target.features(input_ids, attention_mask)
+    synchronize(ctx.device)
+
+
 def measure_training(parts: SimpleNamespace, stream, args, ctx, autocast) -> dict:
     for _ in range(args.warmup):
         train_step(parts, stream, args, ctx, autocast, None)
@@ -657,14 +668,17 @@ def main(argv=None) -> int:
             if on_gpu:  # each variant's own peak (and the plan's, with --simulate-shards, is of training steps)
                 torch.cuda.reset_peak_memory_stats(ctx.device)
             stream = batch_stream(dataset, args, ctx)   # a fresh stream of the same seed: the same batches
+            warming = batch_stream(dataset, args, ctx)
             try:
                 with variant(name, parts, ctx):
+                    warm_target_shapes(parts.target, warming, args, ctx, autocast)
                     training = measure_training(parts, stream, args, ctx, autocast)
                     peak_gib = peak_memory_gib(ctx.device)[0]
                     last = name == names[-1]
                     table = profile_steps(parts, stream, args, ctx, autocast) if args.profile and last else None
             finally:
                 stream.close()
+                warming.close()
             measured.append((name, training, peak_gib))
             progress(f"training ({name}): {training['tok_per_s']:,.0f} tok/s")
     finally:
