@@ -34,21 +34,22 @@ NORM_STYLES = {
 GATED_NORMS = ("Qwen3_5RMSNormGated", "Qwen3_5MoeRMSNormGated")   # norm(x) * weight * silu(gate), fp32 inside
 
 
-def liger_version() -> str | None:
-    """The installed liger-kernel's version, None when it is absent or cannot be imported."""
+def importable(name: str) -> bool:
+    """Whether `import name` would find the module (a module blocked or half-imported counts as absent)."""
     try:
-        if importlib.util.find_spec("liger_kernel") is None or importlib.util.find_spec("triton") is None:
-            return None
-        return importlib.metadata.version("liger-kernel")
-    except (ImportError, ValueError, importlib.metadata.PackageNotFoundError):
-        return None
-
-
-def _fla_importable() -> bool:
-    try:
-        return importlib.util.find_spec("fla") is not None
+        return importlib.util.find_spec(name) is not None
     except (ImportError, ValueError):
         return False
+
+
+def liger_version() -> str | None:
+    """The installed liger-kernel's version, None when it is absent or cannot be imported."""
+    if not (importable("liger_kernel") and importable("triton")):
+        return None
+    try:
+        return importlib.metadata.version("liger-kernel")
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def resolve(choice: KernelChoice, device: torch.device) -> str:
@@ -107,7 +108,7 @@ def install(model: nn.Module, kernels: str, *, what: str = "drafter", silu: bool
     """Bind the chosen kernels to `model`'s RMSNorm and SwiGLU modules (and gated norms, with fla); "torch" puts
     the modules' own forward back. Returns what the start-up line says of them, e.g. `drafter RMSNorm and
     SwiGLU: liger-kernel 0.8.5`. `silu`: the MLPs' activation is SiLU (a target's config.hidden_act)."""
-    swapped = []
+    fla, gated = importable("fla"), False
     for module in model.modules():
         name = type(module).__name__
         if kernels == "torch":
@@ -116,12 +117,12 @@ def install(model: nn.Module, kernels: str, *, what: str = "drafter", silu: bool
             module.forward = types.MethodType(_liger_rms_norm, module)
         elif _is_swiglu(module, silu):
             module.forward = types.MethodType(_liger_mlp, module)
-        elif name in GATED_NORMS and _fla_importable():
+        elif name in GATED_NORMS and fla:
             module.forward = types.MethodType(_fla_gated_norm, module)
-            swapped.append("gated RMSNorm: fla")
+            gated = True
     if kernels == "torch":
         return f"{what} RMSNorm and SwiGLU: torch"
-    return f"{what} RMSNorm and SwiGLU: liger-kernel {liger_version()}" + (f" ({swapped[0]})" if swapped else "")
+    return f"{what} RMSNorm and SwiGLU: liger-kernel {liger_version()}" + (" (gated RMSNorm: fla)" if gated else "")
 
 
 def install_target(hf_model: nn.Module, kernels: str) -> str:

@@ -25,8 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from trainer.drafterbytes import (DrafterSizes, Precision, backward_working_bytes,  # noqa: F401
-                                  drafter_saved_bytes, norm_saved_bytes, saved_bytes_per_layer)
+from trainer.drafterbytes import DrafterSizes, Precision, backward_working_bytes, drafter_saved_bytes
 from trainer.errors import TrainerError
 from trainer.families import TargetSpec, read_target_spec
 from trainer.targetsize import target_layer_working_bytes, target_params

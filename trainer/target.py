@@ -6,7 +6,7 @@ full-attention ones), text-only or the language model of a composite image-text 
 from __future__ import annotations
 
 import contextlib
-import importlib.util
+import importlib
 import inspect
 from pathlib import Path
 
@@ -16,6 +16,7 @@ from torch import nn
 from trainer import packing as packing_lib
 from trainer.errors import TrainerError
 from trainer.families import FULL, LINEAR, SLIDING, TargetSpec, family_mask_token_id, read_target_spec, target_spec
+from trainer.kernels import importable
 from trainer.taps import default_target_layer_ids, validate_layer_ids  # noqa: F401 (their old home)
 
 MASK_TOKEN = "<|MASK|>"
@@ -54,13 +55,6 @@ def check_target_dir(path: Path) -> TargetSpec:
     return read_target_spec(path)
 
 
-def _importable(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):  # a module blocked or half-imported counts as absent
-        return False
-
-
 def linear_attention_kernel(spec: TargetSpec) -> str | None:
     """Which gated-delta-rule kernel transformers bound for the target's linear-attention layers (None: it has
     none): "fla" (flash-linear-attention was importable) or "torch" (its slow reference path). Read off the
@@ -76,7 +70,7 @@ def linear_attention_kernel(spec: TargetSpec) -> str | None:
         picked = None
     if picked is not None:
         return "fla" if picked else "torch"
-    return "fla" if _importable("fla") else "torch"  # releases that choose without a wrapper: the same test
+    return "fla" if importable("fla") else "torch"  # releases that choose without a wrapper: the same test
 
 
 def refuse_fla_off_gpu(spec: TargetSpec, device: torch.device) -> None:

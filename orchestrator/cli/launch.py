@@ -13,7 +13,7 @@ from ..inventory.model import Target
 from ..runs.client import LaunchFailed, RunClient
 from ..runs.command import CONFIG_INPUT, runs_bundled_trainer, train_command
 from ..runs.doctor import OK, WARN, preflight, read_needs, refuse_failed
-from ..runs.jobs import DEFAULT_DIST_TIMEOUT_S, JobLaunchFailed, JobSpec, launch_job
+from ..runs.jobs import DEFAULT_DIST_TIMEOUT_S, JobLaunchFailed, JobSpec, launch_job, processes_per_node
 from ..runs.spec import LaunchSpec, check_name, default_name
 from ..transports.pool import Connections
 from .args import finite, parse_env, parse_gpus
@@ -191,8 +191,7 @@ def _trainer_spec(target: Target, config: Path, *, name: str | None, gpus: list[
     except OSError as exc:
         raise UsageError(f"cannot read --config {config}: {exc.strerror or exc}") from None
     _config_mapping(config, text)
-    nproc = max(len(gpus), 1) if gpus is not None else max(target.gpus, 1)
-    command = train_command(target, nproc=nproc)
+    command = train_command(target, nproc=processes_per_node(target, gpus))
     # The keys, the paths, the data and the python's packages are checked by the trainer itself on the target,
     # all in one pass, before the run is created. What a settle of 1 s would catch on top of that (the trainer
     # not starting at all) that check has shown already: the same python, PYTHONPATH and package ran it.

@@ -56,12 +56,18 @@ def node_run_id(job_id: str, node_rank: int) -> str:
     return f"{job_id}-n{node_rank}"
 
 
+def processes_per_node(target: Target, gpus: list[int] | None) -> int:
+    """One trainer process per GPU it may use (all of the target's without --gpus); one CPU process where that
+    is none (`--gpus none`, or a target without GPUs)."""
+    return max(len(gpus), 1) if gpus is not None else max(target.gpus, 1)
+
+
 def nproc_for(target: Target, spec: JobSpec) -> int:
     if spec.nproc_per_node is not None:
         return spec.nproc_per_node
     if spec.cpu_only:
         return 1
-    return max(len(spec.gpus), 1) if spec.gpus is not None else max(target.gpus, 1)
+    return processes_per_node(target, spec.gpus)
 
 
 def rendezvous_host(target: Target) -> str:

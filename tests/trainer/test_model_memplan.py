@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.trainer.conftest import REPO_ROOT, trainer_env, write_config
-from trainer import memplan
+from trainer import drafterbytes, memplan
 from trainer.config import TrainConfig
 from trainer.families import read_target_spec, target_spec
 from trainer.targetsize import target_params
@@ -421,8 +421,8 @@ def backward_live_bytes(*, intermediate: int, num_layers: int = 2, batch: int = 
         out.loss.backward()
     sizes = memplan.DrafterSizes.from_drafter_config(config.to_hf_dict())
     precision, blocks = memplan.Precision(target=2, act=2, casts=True), batch * num_anchors * 8
-    plan = memplan.backward_working_bytes(sizes, precision, context_tokens=batch * seq_len, block_tokens=blocks)
-    per_query, per_key = memplan.saved_bytes_per_layer(sizes, precision)
+    plan = drafterbytes.backward_working_bytes(sizes, precision, context_tokens=batch * seq_len, block_tokens=blocks)
+    per_query, per_key = drafterbytes.saved_bytes_per_layer(sizes, precision)
     return tracker.peak - end_of_forward, plan, per_query * blocks + per_key * (batch * seq_len + blocks)
 
 
