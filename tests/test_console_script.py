@@ -73,6 +73,14 @@ def test_each_usage_mistake_is_exit_2_with_a_message_and_the_usage(tmp_path, cas
     assert "Usage: dflashctl" in done.stderr and "--help' for help" in done.stderr
 
 
+def test_a_gpus_value_that_is_neither_indices_nor_none_is_exit_2_naming_both(tmp_path):
+    """--gpus is checked in the command (ranges, `none`): one error line, exit 2, nothing launched."""
+    done = dflashctl(tmp_path, "launch", "local", "--gpus", "nothing", "--", "true")
+    assert done.returncode == 2 and "Traceback" not in done.stderr + done.stdout, done.stderr
+    assert done.stderr.splitlines()[0] == ("dflashctl: error: bad --gpus 'nothing': use indices like 0,1, a range "
+                                           "like 0-7, or none")
+
+
 def test_bare_dflashctl_shows_the_help_and_exits_2(tmp_path):
     done = dflashctl(tmp_path)
     assert done.returncode == 2 and "Traceback" not in done.stderr
