@@ -104,6 +104,9 @@ def _is_swiglu(module: nn.Module, silu: bool) -> bool:
                         for name in ("gate_proj", "up_proj", "down_proj"))
 
 
+OURS = (_liger_rms_norm, _liger_mlp, _fla_gated_norm)   # the forwards `install` binds (and "torch" takes back)
+
+
 def install(model: nn.Module, kernels: str, *, what: str = "drafter", silu: bool = True) -> str:
     """Bind the chosen kernels to `model`'s RMSNorm and SwiGLU modules (and gated norms, with fla); "torch" puts
     the modules' own forward back. Returns what the start-up line says of them, e.g. `drafter RMSNorm and
@@ -112,7 +115,8 @@ def install(model: nn.Module, kernels: str, *, what: str = "drafter", silu: bool
     for module in model.modules():
         name = type(module).__name__
         if kernels == "torch":
-            module.__dict__.pop("forward", None)
+            if getattr(module.__dict__.get("forward"), "__func__", None) in OURS:   # only what install put there
+                del module.forward
         elif name in NORM_STYLES:
             module.forward = types.MethodType(_liger_rms_norm, module)
         elif _is_swiglu(module, silu):

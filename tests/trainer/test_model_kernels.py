@@ -2,6 +2,8 @@
 the dtype the drafter's elementwise code hands on (no fp32 residual stream, no cast of the features to fp32)."""
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 
@@ -46,10 +48,13 @@ def test_under_autocast_the_features_reach_fc_as_they_are(tiny_target):
 def test_installing_torch_restores_the_modules_own_forward(tiny_target):
     drafter = make_drafter(tiny_target)
     norm = drafter.layers[0].input_layernorm
-    norm.forward = lambda x: x * 0    # what a swapped kernel looks like to the module
+    norm.forward = types.MethodType(kernels._liger_rms_norm, norm)   # what a swapped kernel looks like to it
+    other = drafter.layers[0].post_attention_layernorm
+    other.forward = theirs = lambda x: x * 0   # bound by someone else (a hook library): not install's to take back
     assert kernels.install(drafter, "torch") == "drafter RMSNorm and SwiGLU: torch"
     x = torch.randn(3, tiny_target.hidden_size, device=tiny_target.device)
     torch.testing.assert_close(norm(x), RMSNorm.forward(norm, x))
+    assert other.forward is theirs
 
 
 @pytest.mark.gpu
