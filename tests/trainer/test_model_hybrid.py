@@ -196,8 +196,13 @@ def test_gpu_features_with_the_fla_kernels_equal_the_torch_path(tmp_path, family
     got = on_gpu.features(ids.cuda(), mask.cuda()).cpu()
     want = torch.load(tmp_path / "want.pt")
     real = mask.bool()
-    # fla's Triton dot products take fp32 inputs as TF32 (10-bit mantissa): agreement to ~1e-2, not to 1e-5
-    torch.testing.assert_close(got[real], want[real], rtol=1e-2, atol=1e-2)
+    # fla's Triton dot products take fp32 inputs as TF32 (10-bit mantissa), which a random tiny model amplifies
+    # layer after layer (and an MoE router turns into a different expert for a near-tied token): compare each
+    # sequence as a whole, where a wrong kernel or a state crossing sequences is off by O(1)
+    for row in range(ids.shape[0]):
+        g, w = got[row][real[row]], want[row][real[row]]
+        diff = float((g - w).norm() / w.norm())
+        assert diff < 5e-2, (row, diff)
 
 
 def test_with_fla_installed_a_cpu_run_of_a_hybrid_target_is_refused_in_one_line(tmp_path):

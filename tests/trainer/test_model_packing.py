@@ -175,6 +175,10 @@ def test_hybrid_packed_features_on_a_gpu_match_padded(tmp_path, family):
             row = 2
             alone = target.packed_features(input_ids[row:row + 1, :lengths[row]].to(target.device),
                                            packing.plan(attention_mask[row:row + 1, :lengths[row]], target.device))
-            torch.testing.assert_close(packed[row, :lengths[row]], alone[0], rtol=1e-3, atol=1e-3)
+            # TF32 noise is ~1e-3 of the scale; a neighbour's conv or recurrent state leaking in is O(1) where it
+            # lands (the first positions most): compare the whole sequence and its first 8 positions on their own
+            for span in (slice(0, lengths[row]), slice(0, 8)):
+                diff = float((packed[row, span] - alone[0, span]).norm() / alone[0, span].norm())
+                assert diff < 1e-2, (span, diff)
         else:
             assert relative < 0.15, relative

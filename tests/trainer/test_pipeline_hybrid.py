@@ -12,7 +12,7 @@ from tests.trainer.conftest import run_trainer, write_config, write_prompts
 from tests.trainer.test_pipeline_training import step_records
 
 
-def _self_generated(root: Path, *, composite: bool, prompts: int) -> dict[str, Path]:
+def _self_generated(root: Path, *, composite: bool, prompts: int, device: str = "cpu") -> dict[str, Path]:
     from trainer.prepare import prepare
     from trainer.generate import generate
     from trainer.tiny import write_tiny_target
@@ -20,7 +20,7 @@ def _self_generated(root: Path, *, composite: bool, prompts: int) -> dict[str, P
     target = write_tiny_target(root / "target", family="qwen3.5", composite=composite)
     prompt_file = write_prompts(root / "prompts.jsonl", prompts, seed=1)
     chats = root / "chats.jsonl"
-    generate(target=target, prompts=prompt_file, output=chats, max_new_tokens=64, batch_size=prompts, device="cpu")
+    generate(target=target, prompts=prompt_file, output=chats, max_new_tokens=64, batch_size=prompts, device=device)
     # no held-out share: the eval below decodes prompts the drafter trained on (a held-out one would not beat the
     # untrained drafter on so little data)
     prepare(target=target, input_path=chats, output=root / "dataset", block_size=8, heldout=0.0)
@@ -81,8 +81,9 @@ def test_composite_checkpoint_trains_and_decodes_exactly(tmp_path):
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")
 def test_hybrid_on_a_gpu_trains_and_decodes_exactly_in_float32(tmp_path):
     """On a GPU the linear layers run flash-linear-attention's kernels where installed: the chunked kernel in
-    the verify pass, the recurrent one in greedy steps; in float32 the outputs must still be the same."""
-    run = _self_generated(tmp_path, composite=False, prompts=32)
+    the verify pass, the recurrent one in greedy steps. Those take float32 as TF32, so float32 eval judges
+    divergences at TF32's rounding: near-ties are notes, and nothing else may differ."""
+    run = _self_generated(tmp_path, composite=False, prompts=32, device="cuda")  # fla refuses CPU tensors
     out, stdout = _train(run, tmp_path, gpu=True, drafter_layers=2, max_steps=40, log_every=20, device="cuda")
     print(next(line for line in stdout.splitlines() if line.startswith("Target:")))
     report = run_trainer("eval", "--target", run["target"], "--drafter", out / "step_40",
@@ -90,4 +91,5 @@ def test_hybrid_on_a_gpu_trains_and_decodes_exactly_in_float32(tmp_path):
                          gpu=True)
     print(report.stdout.strip())
     assert report.returncode == 0, report.stderr[-3000:]
-    assert json.loads(report.stdout)["identical_to_greedy"]
+    result = json.loads(report.stdout)
+    assert result["ok"] and not result["failures"] and result["tf32_dots"] == ("(fla)" in stdout), result
