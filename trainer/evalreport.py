@@ -10,7 +10,9 @@ float16 a verify pass over many tokens rounds differently from one-token steps, 
 tokens are nearly tied the two can pick differently: at the first token where a run leaves greedy, the margin
 is greedy's logit of its own token minus its logit of the token the run chose. A margin within the precision's
 rounding (at most 8 machine epsilons of the largest logit, at least of 1) is a precision note; a larger one, or
-a token outside greedy's best 8, is a failure.
+a token outside greedy's best 8, is a failure. A float32 hybrid target whose linear-attention layers run fla's
+kernels on a GPU is judged at TF32's epsilon: those kernels take float32 inputs as TF32, so its chunked verify pass
+and its one-token steps round apart as bf16 ones do, only less.
 """
 from __future__ import annotations
 
@@ -44,13 +46,22 @@ class Divergence:
                 f"({self.token} for greedy's {self.greedy_token}), {margin}{bound}: {verdict}")
 
 
-def rounding_tolerance(dtype: torch.dtype, largest_logit: float) -> float | None:
-    if dtype == torch.float32 or not dtype.is_floating_point:
-        return None
-    return ROUNDING_EPSILONS * torch.finfo(dtype).eps * max(1.0, abs(largest_logit))
+TF32_EPSILON = 2.0 ** -10  # TF32 keeps 10 of float32's 23 mantissa bits
 
 
-def divergence(run: str, prompt: int, tokens: list[int], greedy: Decoded, dtype: torch.dtype) -> Divergence | None:
+def rounding_epsilon(dtype: torch.dtype, *, tf32_dots: bool = False) -> float | None:
+    """The machine epsilon the target's logits are computed at; None where the check is exact (float32
+    throughout). tf32_dots: a kernel of the target takes float32 inputs as TF32 (fla's delta rule on a GPU)."""
+    if dtype == torch.float32:
+        return TF32_EPSILON if tf32_dots else None
+    return torch.finfo(dtype).eps if dtype.is_floating_point else None
+
+
+def rounding_tolerance(epsilon: float | None, largest_logit: float) -> float | None:
+    return None if epsilon is None else ROUNDING_EPSILONS * epsilon * max(1.0, abs(largest_logit))
+
+
+def divergence(run: str, prompt: int, tokens: list[int], greedy: Decoded, epsilon: float | None) -> Divergence | None:
     """The first place `tokens` leave greedy's output, judged by greedy's logits there; None if identical."""
     if tokens == greedy.tokens:
         return None
@@ -61,7 +72,7 @@ def divergence(run: str, prompt: int, tokens: list[int], greedy: Decoded, dtype:
     values, ids = greedy.top[position] if position < len(greedy.top) else ([0.0], [greedy.tokens[position]])
     token = tokens[position]
     margin = values[0] - values[ids.index(token)] if token in ids else None
-    tolerance = rounding_tolerance(dtype, values[0])
+    tolerance = rounding_tolerance(epsilon, values[0])
     near_tie = margin is not None and tolerance is not None and margin <= tolerance
     return Divergence(run, prompt, position, greedy.tokens[position], token, margin, tolerance,
                       "precision" if near_tie else "failure")
@@ -89,11 +100,11 @@ class RunSummary:
     divergences: list[Divergence] = field(default_factory=list)
 
 
-def summarize(name: str, run: DecodeRun, greedy: DecodeRun, *, dtype: torch.dtype, block_size: int,
+def summarize(name: str, run: DecodeRun, greedy: DecodeRun, *, epsilon: float | None, block_size: int,
               budget: int | None = None) -> RunSummary:
     rounds = run.rounds
-    found = [divergence(name, i, out.tokens, ref, dtype) for i, (out, ref) in enumerate(zip(run.outputs,
-                                                                                          greedy.outputs))]
+    found = [divergence(name, i, out.tokens, ref, epsilon) for i, (out, ref) in enumerate(zip(run.outputs,
+                                                                                            greedy.outputs))]
     found = [d for d in found if d is not None]
     return RunSummary(
         name=name, budget=budget, tau=sum(rounds) / len(rounds) if rounds else 0.0, rounds=len(rounds),
@@ -114,12 +125,17 @@ class EvalReport:
     drafter: RunSummary  # the trained drafter's chain
     baseline: RunSummary | None  # an untrained drafter of the same shape, its chain
     trees: list[RunSummary]  # the trained drafter's trees, one per budget
+    tf32_dots: bool = False  # float32, but a kernel of the target (fla's delta rule) computes its dots in TF32
 
     # the drafter's chain under the names of the first version, for Python callers
     tau = property(lambda self: self.drafter.tau)
     rounds = property(lambda self: self.drafter.rounds)
     identical_to_greedy = property(lambda self: self.drafter.identical_to_greedy)
     speculative_tok_per_s = property(lambda self: self.drafter.tok_per_s)
+
+    @property
+    def precision(self) -> str:
+        return f"{self.dtype} (fla's delta rule in TF32)" if self.tf32_dots else self.dtype
 
     def runs(self) -> list[RunSummary]:
         return [self.drafter, *([self.baseline] if self.baseline else []), *self.trees]
@@ -145,13 +161,13 @@ class EvalReport:
             "precision_notes": [asdict(d) for d in self.divergences("precision")],
             "failures": [asdict(d) for d in self.divergences("failure")], "ok": self.ok,
             "max_new_tokens": self.max_new_tokens, "dtype": self.dtype, "device": self.device,
-            "batch_size": self.batch_size, "block_size": self.block_size,
+            "batch_size": self.batch_size, "block_size": self.block_size, "tf32_dots": self.tf32_dots,
         }
 
     def lines(self) -> list[str]:
         how = f"{self.batch_size} prompts at a time" if self.batch_size > 1 else "one prompt at a time"
-        lines = [f"Prompts: {self.prompts}, up to {self.max_new_tokens} new tokens each; target in {self.dtype} on "
-                 f"{self.device}, decoded {how}",
+        lines = [f"Prompts: {self.prompts}, up to {self.max_new_tokens} new tokens each; target in {self.precision} "
+                 f"on {self.device}, decoded {how}",
                  f"{'run':<20}{'tau':>7}{'rounds':>8}{'rejected':>10}{'tok/s':>10}{'vs greedy':>11}  output",
                  f"{'greedy':<20}{'-':>7}{'-':>8}{'-':>10}{self.greedy_tok_per_s:>10.1f}{'1.00x':>11}"]
         for run in self.runs():
@@ -168,7 +184,7 @@ class EvalReport:
         notes, failures = self.divergences("precision"), self.divergences("failure")
         if not notes and not failures:
             return ["Output identical to greedy decoding: yes"]
-        lines = [f"Divergences from greedy ({self.dtype}): {len(failures)} failure(s), {len(notes)} precision note(s) "
+        lines = [f"Divergences from greedy ({self.precision}): {len(failures)} failure(s), {len(notes)} precision note(s) "
                  f"(a near-tie: margin within {ROUNDING_EPSILONS} epsilons of the largest logit)"]
         lines += [d.line() for d in failures]
         for run in self.runs():
@@ -179,5 +195,5 @@ class EvalReport:
                                        subsequent_indent="    ")
         if failures:
             return lines + [f"Output identical to greedy decoding: NO ({len(failures)} real divergence(s))"]
-        return lines + [f"Output identical to greedy decoding: up to {self.dtype} rounding (each divergence is a "
+        return lines + [f"Output identical to greedy decoding: up to {self.precision} rounding (each divergence is a "
                         f"near-tie of the target's two best tokens)"]

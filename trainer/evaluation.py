@@ -17,9 +17,10 @@ import torch
 
 from trainer.batchdecode import can_batch, chain_proposer, decode_batch, greedy_proposer, tree_proposer
 from trainer.errors import TrainerError
-from trainer.evalreport import EvalReport, summarize
+from trainer.evalreport import EvalReport, rounding_epsilon, summarize
 from trainer.generate import load_target_for_generation, pick_device, read_prompts
 from trainer.speculative import DecodeRun, LayerTaps, greedy_decode, speculative_decode
+from trainer.target import check_target_dir, linear_attention_kernel
 
 BASELINE_SEED = 0
 SMALL_HIDDEN = 1024  # on the CPU, targets narrower than this decode on one thread (see _cpu_threads)
@@ -102,6 +103,9 @@ def evaluate(*, target: str | Path, drafter_dir: str | Path, prompts: str | Path
     torch_device = pick_device(device)
     model, tokenizer = load_target_for_generation(target, torch_device, dtype)
     _cpu_threads(model, torch_device, say)
+    tf32_dots = (model.dtype == torch.float32 and torch_device.type == "cuda"
+                 and linear_attention_kernel(check_target_dir(Path(target))) == "fla")
+    epsilon = rounding_epsilon(model.dtype, tf32_dots=tf32_dots)
     if tree_budgets and not can_batch(model):
         raise TrainerError(f"--tree-budget: {model.config.model_type} has linear-attention or sliding-window "
                            "layers, so a tree cannot be verified in one target forward; evaluate chains only")
@@ -122,7 +126,7 @@ def evaluate(*, target: str | Path, drafter_dir: str | Path, prompts: str | Path
         summaries = []
         for name, budget, run in planned:
             decoded = run()
-            summaries.append(summarize(name, decoded, greedy, dtype=model.dtype,
+            summaries.append(summarize(name, decoded, greedy, epsilon=epsilon,
                                        block_size=drafter.config.block_size, budget=budget))
             say(f"eval: {name}: tau {summaries[-1].tau:.3f}, {decoded.new_tokens} tokens in {decoded.seconds:.1f}s")
     finally:
@@ -131,4 +135,4 @@ def evaluate(*, target: str | Path, drafter_dir: str | Path, prompts: str | Path
         prompts=len(chats), max_new_tokens=max_new_tokens, dtype=str(model.dtype).removeprefix("torch."),
         device=str(torch_device), batch_size=min(runner.batch_size, len(chats)), block_size=drafter.config.block_size,
         greedy_tok_per_s=greedy.tok_per_s(), drafter=summaries[0],
-        baseline=summaries[1] if baseline else None, trees=summaries[1 + baseline:])
+        baseline=summaries[1] if baseline else None, trees=summaries[1 + baseline:], tf32_dots=tf32_dots)

@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 
-from trainer.evalreport import Divergence, acceptance, divergence, rounding_tolerance
+from trainer.evalreport import Divergence, acceptance, divergence, rounding_epsilon, rounding_tolerance
 from trainer.speculative import Decoded
 from trainer.tree import DraftTree, best_first, chain, tree_layout
 
@@ -98,7 +98,7 @@ def _greedy(tokens: list[int], top: list[tuple[list[float], list[int]]]) -> Deco
 def test_a_divergence_is_a_precision_note_only_at_a_near_tie_in_low_precision():
     # greedy chose 5 at new token 1 over 6 by 0.01 (a near-tie) and over 7 by 3.0 (clear)
     greedy = _greedy([1, 5, 2], [([9.0, 1.0], [1, 4]), ([2.0, 1.99, -1.0], [5, 6, 7]), ([3.0, 0.0], [2, 3])])
-    bf16, f32 = torch.bfloat16, torch.float32
+    bf16, f32 = rounding_epsilon(torch.bfloat16), rounding_epsilon(torch.float32)
     assert divergence("drafter", 0, [1, 5, 2], greedy, bf16) is None
     note = divergence("drafter", 0, [1, 6, 8], greedy, bf16)
     assert (note.kind, note.position, note.greedy_token, note.token) == ("precision", 1, 5, 6)
@@ -109,6 +109,11 @@ def test_a_divergence_is_a_precision_note_only_at_a_near_tie_in_low_precision():
     assert divergence("drafter", 0, [1, 99], greedy, bf16).margin is None  # not among greedy's best: failure
     assert divergence("drafter", 0, [1, 99], greedy, bf16).kind == "failure"
     exact = divergence("drafter", 0, [1, 6, 8], greedy, f32)  # float32 keeps the exact check
-    assert exact.kind == "failure" and exact.tolerance is None
+    assert f32 is None and exact.kind == "failure" and exact.tolerance is None
     assert divergence("drafter", 0, [1, 5], greedy, bf16).kind == "failure"  # stopped early: no near-tie
+    # float32 with fla's TF32 dots: 0.01 is within 8 TF32 epsilons of 2.0 (0.0156), 3.0 is not
+    tf32 = rounding_epsilon(torch.float32, tf32_dots=True)
+    assert tf32 == 2 ** -10 and divergence("drafter", 0, [1, 6, 8], greedy, tf32).kind == "precision"
+    assert divergence("drafter", 0, [1, 7, 8], greedy, tf32).kind == "failure"
+    assert rounding_epsilon(torch.bfloat16, tf32_dots=True) == rounding_epsilon(torch.bfloat16)
     assert isinstance(note, Divergence) and "precision note" in note.line()

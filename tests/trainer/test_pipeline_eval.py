@@ -15,7 +15,7 @@ from tests.trainer.test_pipeline_training import write_untrained_drafter
 from trainer.__main__ import main as trainer_main
 from trainer.batchdecode import RoundInput, chain_proposer, decode_batch, greedy_proposer
 from trainer.checkpoint import load_drafter
-from trainer.evalreport import rounding_tolerance
+from trainer.evalreport import rounding_epsilon, rounding_tolerance
 from trainer.speculative import LayerTaps, greedy_decode
 from trainer.tree import DraftTree
 
@@ -161,8 +161,10 @@ def _plant_verify_flips(monkeypatch, *, near_ties: bool) -> None:
             best = output[:, 0].float().topk(2, dim=-1)
             for row in range(output.shape[0]):
                 (first, second), (a, b) = best.values[row].tolist(), best.indices[row].tolist()
-                tolerance = rounding_tolerance(model.dtype, first)
-                if (first - second <= tolerance) == near_ties:
+                # well inside (or well outside) the bound: the report judges by greedy's one-token logits, which
+                # on a GPU differ a little from this verify pass's
+                tolerance = rounding_tolerance(rounding_epsilon(model.dtype), first)
+                if (first - second <= tolerance / 4) if near_ties else (first - second > 4 * tolerance):
                     output[row, 0, a], output[row, 0, b] = second, first
             return output
 
