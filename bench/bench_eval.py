@@ -24,11 +24,11 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from trainer_env import REPO_ROOT, trainer_env  # bench/ is on sys.path when one of its scripts runs
 
 
-def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(REPO_ROOT), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+def say(message: str) -> None:
+    print(f"[bench_eval] {message}", file=sys.stderr, flush=True)
 
 
 def write_prompts(path: Path, count: int) -> Path:
@@ -74,10 +74,11 @@ def trained_drafter(target: Path, root: Path, *, steps: int, device: str) -> Pat
               "max_steps": steps, "buckets": [0, 1024, 2048, 3073], "max_length": 3072, "token_budget": 8192,
               "log_every": 10, "checkpoint_every": 0, "device": device, "num_workers": 4}
     (root / "run.yaml").write_text(yaml.safe_dump(config))
+    say(f"training a drafter for {steps} steps (its output follows on stderr)")
     done = subprocess.run([sys.executable, "-m", "trainer", "train", "--config", str(root / "run.yaml")],
-                          env=_env(), cwd=REPO_ROOT, capture_output=True, text=True, check=False)
+                          env=trainer_env(), cwd=REPO_ROOT, stdout=sys.stderr, check=False)
     if done.returncode != 0:
-        sys.exit(f"train failed ({done.returncode}):\n{done.stderr[-3000:]}")
+        sys.exit(f"train failed ({done.returncode}): its output is above")
     return root / "out" / f"step_{steps}"
 
 
@@ -85,11 +86,12 @@ def run_eval(target: Path, drafter: Path, prompts: Path, args) -> tuple[dict, fl
     command = [sys.executable, "-m", "trainer", "eval", "--target", str(target), "--drafter", str(drafter),
                "--prompts", str(prompts), "--max-new-tokens", str(args.max_new_tokens), "--device", args.device,
                "--json", *(["--tree-budget", args.tree_budget] if args.tree_budget else [])]
+    say("trainer eval (its progress follows on stderr)")
     started = time.perf_counter()
-    done = subprocess.run(command, env=_env(), cwd=REPO_ROOT, capture_output=True, text=True, check=False)
+    done = subprocess.run(command, env=trainer_env(), cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True, check=False)
     seconds = time.perf_counter() - started
     if done.returncode not in (0, 1):
-        sys.exit(f"eval failed ({done.returncode}):\n{done.stderr[-3000:]}")
+        sys.exit(f"eval failed ({done.returncode}): its output is above")
     return json.loads(done.stdout), seconds
 
 
@@ -140,6 +142,7 @@ def main() -> int:
         else:
             from trainer.synthetic import write_random_target
 
+            say(f"writing a random {args.model} target")
             target = write_random_target(root / args.model, args.model)
         drafter = Path(args.drafter) if args.drafter else (
             trained_drafter(target, root, steps=args.train_steps, device=args.device if args.device != "auto"

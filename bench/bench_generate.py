@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
 import threading
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from trainer_env import REPO_ROOT, trainer_env  # bench/ is on sys.path when one of its scripts runs
 
 
 def write_prompts(path: Path, count: int) -> Path:
@@ -34,7 +33,7 @@ def write_prompts(path: Path, count: int) -> Path:
 
 
 def run_generate(*args: str) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = trainer_env()
     done = subprocess.run([sys.executable, "-m", "trainer", "generate", *args, "--json"], capture_output=True,
                           text=True, env=env, cwd=REPO_ROOT, check=False)
     if done.returncode != 0:

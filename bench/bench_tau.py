@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import random
 import subprocess
 import sys
@@ -26,7 +25,7 @@ import sysconfig
 import time
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from trainer_env import REPO_ROOT, trainer_env  # bench/ is on sys.path when one of its scripts runs
 sys.path.insert(0, str(REPO_ROOT))
 
 SIZES = {  # name: (vocab, hidden, layers, heads, kv heads, head_dim, MLP)
@@ -111,7 +110,7 @@ def train_target(out_dir: Path, snippets: list[str], args, device) -> dict:
 
 
 def trainer_process(*args: str, log: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = trainer_env()
     with log.open("w") as sink:
         done = subprocess.run([sys.executable, "-m", "trainer", *args], stdout=sink, stderr=subprocess.STDOUT,
                               env=env, cwd=REPO_ROOT, check=False)
