@@ -460,8 +460,10 @@ def test_the_liger_stand_ins_compute_what_they_stand_in_for():
 
 # peaks measured on one H200 (torch.cuda.max_memory_allocated, bf16 autocast, the seed's buckets, packed target),
 # bench/RESULTS.md, 2026-12-02: the qwen3-8b shape at 49,152 tokens and 3,072 anchors on one GPU (unsharded
-# AdamW), and the qwen3.6-27b shape at 24,576 tokens and 1,536 anchors as rank 0 of 8 (AdamW sharded 8 ways)
-H200_PEAKS_GIB = {("qwen3-8b", "torch"): 90.1, ("qwen3-8b", "liger"): 70.5, ("qwen3.6-27b", "liger"): 94.5}
+# AdamW), and the qwen3.6-27b shape at 24,576 tokens / 1,536 anchors and at 49,152 / 3,072 as rank 0 of 8 (AdamW
+# sharded 8 ways)
+H200_PEAKS_GIB = {("qwen3-8b", "torch"): 90.1, ("qwen3-8b", "liger"): 70.5, ("qwen3.6-27b", "liger"): 94.5,
+                  ("qwen3.6-27b@49152", "liger"): 120.2}
 
 
 def bench_plan(shape: str, kernels: str) -> memplan.MemoryPlan:
@@ -472,7 +474,8 @@ def bench_plan(shape: str, kernels: str) -> memplan.MemoryPlan:
         text = dict(SHAPES["qwen3-8b"], model_type="qwen3", tie_word_embeddings=False)
         budgets = dict(token_budget=49152, anchor_budget=3072, target_layer_ids=[1, 9, 17, 25, 33])
     else:
-        text, budgets = QWEN36_27B, dict(token_budget=24576, anchor_budget=1536, target_layer_ids=TAPS_27B,
+        tokens = int(shape.partition("@")[2] or 24576)
+        text, budgets = QWEN36_27B, dict(token_budget=tokens, anchor_budget=tokens // 16, target_layer_ids=TAPS_27B,
                                          simulate_shards=8)
     cfg = run_config("unused", num_anchors=512, block_size=16, drafter_layers=5, **budgets)
     return memplan.config_plan(cfg, world_size=1, limit=None, on_gpu=True, spec=target_spec(text), kernels=kernels)
