@@ -63,16 +63,18 @@ def untrained_drafter(target: Path, out: Path, *, layers: int, block_size: int) 
     return out
 
 
-def trained_drafter(target: Path, root: Path, *, steps: int, device: str) -> Path:
+def trained_drafter(target: Path, root: Path, *, steps: int, device: str, layers: int, block_size: int) -> Path:
     """A drafter trained on random tokens as a real `trainer train` (a GPU run's config, checkpoint at the end)."""
     import yaml
 
     from trainer.synthetic import write_random_dataset
 
-    data = write_random_dataset(root / "data", samples=3000, min_len=256, max_len=3072, vocab=151936)
+    vocab = json.loads((target / "config.json").read_text())["vocab_size"]
+    data = write_random_dataset(root / "data", samples=3000, min_len=256, max_len=3072, vocab=vocab)
     config = {"target_path": str(target), "data_path": str(data), "output_dir": str(root / "out"),
               "max_steps": steps, "buckets": [0, 1024, 2048, 3073], "max_length": 3072, "token_budget": 8192,
-              "log_every": 10, "checkpoint_every": 0, "device": device, "num_workers": 4}
+              "log_every": 10, "checkpoint_every": 0, "device": device, "num_workers": 4,
+              "drafter_layers": layers, "block_size": block_size}
     (root / "run.yaml").write_text(yaml.safe_dump(config))
     say(f"training a drafter for {steps} steps (its output follows on stderr)")
     done = subprocess.run([sys.executable, "-m", "trainer", "train", "--config", str(root / "run.yaml")],
@@ -144,11 +146,11 @@ def main() -> int:
 
             say(f"writing a random {args.model} target")
             target = write_random_target(root / args.model, args.model)
+        shape = dict(layers=2, block_size=8) if args.model == "tiny" else dict(layers=5, block_size=16)
         drafter = Path(args.drafter) if args.drafter else (
             trained_drafter(target, root, steps=args.train_steps, device=args.device if args.device != "auto"
-                            else "cuda") if args.train_steps else
-            untrained_drafter(target, root / "drafter", layers=2 if args.model == "tiny" else 5,
-                              block_size=8 if args.model == "tiny" else 16))
+                            else "cuda", **shape) if args.train_steps else
+            untrained_drafter(target, root / "drafter", **shape))
         prompts = write_prompts(root / "prompts.jsonl", args.prompts)
         report, seconds = run_eval(target, drafter, prompts, args)
         print(f"new: trainer eval (greedy, chain, baseline{', trees' if args.tree_budget else ''}): {seconds:.1f}s "

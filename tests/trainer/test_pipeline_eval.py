@@ -221,12 +221,14 @@ def test_the_eval_benchmark_times_the_command_and_the_old_loop():
 
     from tests.trainer.conftest import REPO_ROOT, trainer_env
 
+    # with a drafter trained first, as a real `trainer train` (the path the GPU figure of the README takes)
     done = subprocess.run([sys.executable, "bench/bench_eval.py", "--prompts", "3", "--max-new-tokens", "6",
-                           "--tree-budget", "4"], capture_output=True, text=True, timeout=300, env=trainer_env(),
-                          cwd=REPO_ROOT)
+                           "--tree-budget", "4", "--train-steps", "1", "--device", "cpu"], capture_output=True,
+                          text=True, timeout=300, env=trainer_env(), cwd=REPO_ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     new = re.search(r"^new: trainer eval \(greedy, chain, baseline, trees\): ([\d.]+)s wall for 3 prompts x 6",
                     done.stdout, re.MULTILINE)
     old = re.search(r"^old: one prompt at a time \(greedy, chain\): ([\d.]+)s", done.stdout, re.MULTILINE)
     assert new and old and float(new.group(1)) > 0 and float(old.group(1)) > 0, done.stdout
     assert "tree 4: tau" in done.stdout and "failures 0," in done.stdout and "load average:" in done.stdout
+    assert "Finished: 1 steps" in done.stderr, done.stderr[-3000:]
