@@ -184,8 +184,8 @@ class EvalReport:
         notes, failures = self.divergences("precision"), self.divergences("failure")
         if not notes and not failures:
             return ["Output identical to greedy decoding: yes"]
-        lines = [f"Divergences from greedy ({self.precision}): {len(failures)} failure(s), {len(notes)} precision note(s) "
-                 f"(a near-tie: margin within {ROUNDING_EPSILONS} epsilons of the largest logit)"]
+        lines = [f"Divergences from greedy ({self.precision}): {len(failures)} failure(s), {len(notes)} precision "
+                 f"note(s) (a near-tie: margin within {ROUNDING_EPSILONS} epsilons of the largest logit)"]
         lines += [d.line() for d in failures]
         for run in self.runs():
             mine = [f"prompt {d.prompt} at token {d.position} (margin {d.margin:.3g})" for d in run.divergences
