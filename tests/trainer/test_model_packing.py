@@ -156,12 +156,14 @@ def test_hybrid_packed_features_on_a_gpu_match_padded(tmp_path, family):
     """On a GPU a hybrid packs by default: its Gated DeltaNet layers run flash-linear-attention's conv1d and delta
     rule with the sequences' bounds (the torch path without fla). In fp32 (attention through the document mask,
     fla's dots in TF32) every real position agrees with the padded pass, and a sequence packed beside others equals
-    itself packed alone; in bf16 (varlen flash attention) they agree within rounding, which a random tiny model
-    amplifies layer after layer, far from what a sequence that saw its neighbour's state would show."""
+    itself packed alone. In bf16 (varlen flash attention) both passes round, and a random tiny model amplifies
+    that layer after layer (its MoE router flips experts on near-ties: 3-16 % on an H200), so the packed pass is
+    held to the padded one's own distance from the fp32 result rather than to a fixed bound."""
     from trainer.tiny import write_tiny_target
 
     path = write_tiny_target(tmp_path / "hybrid", seed=1, family=family)
     lengths = [300, 37, 129, 64, 1]
+    reference = None
     for dtype in (torch.float32, torch.bfloat16):
         target = TargetModel.load(path, layer_ids=None, num_taps=3, device="cuda", dtype=dtype)
         assert target.can_pack() == (target.kernels()[LINEAR] == "fla")   # auto: packed with fla's kernels
@@ -169,8 +171,8 @@ def test_hybrid_packed_features_on_a_gpu_match_padded(tmp_path, family):
         padded, packed = _padded_and_packed(target, input_ids, attention_mask)
         real = attention_mask.bool().cuda()
         got, expected = packed[real].float(), padded[real].float()
-        relative = float((got - expected).norm() / expected.norm())
         if dtype == torch.float32:
+            reference = expected
             torch.testing.assert_close(got, expected, rtol=1e-2, atol=1e-2)
             row = 2
             alone = target.packed_features(input_ids[row:row + 1, :lengths[row]].to(target.device),
@@ -181,4 +183,5 @@ def test_hybrid_packed_features_on_a_gpu_match_padded(tmp_path, family):
                 diff = float((packed[row, span] - alone[0, span]).norm() / alone[0, span].norm())
                 assert diff < 1e-2, (span, diff)
         else:
-            assert relative < 0.15, relative
+            packed_error, padded_error = (float((x - reference).norm() / reference.norm()) for x in (got, expected))
+            assert packed_error < 2 * padded_error + 1e-2, (packed_error, padded_error)
