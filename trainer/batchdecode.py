@@ -20,8 +20,8 @@ from typing import Callable
 
 import torch
 
-from trainer.speculative import (Decoded, DecodeRun, LayerTaps, cache_argument, finish, has_recurrent_state,
-                                 top_logits)
+from trainer.speculative import (Decoded, DecodeRun, LayerTaps, Top, cache_argument, finish, has_recurrent_state,
+                                 top_logits_rows)
 from trainer.tree import DraftTree, best_first, chain, tree_layout
 
 COMPACT_MIN_SLOTS = 32  # hidden slots tolerated before the cache is compacted
@@ -148,15 +148,13 @@ class _Batch:
         self.rows = [self.rows[i] for i in alive]
 
 
-def _emit(row: _Row, tokens: list[int], logits: torch.Tensor, record_top: bool, *, max_new_tokens: int,
-          eos_ids: set[int]) -> None:
-    """Append the tokens the round accepted, cut at max_new_tokens / an end token; logits [len(tokens), V] are
-    the target's at the places that chose them."""
+def _emit(row: _Row, tokens: list[int], tops: list[Top], *, max_new_tokens: int, eos_ids: set[int]) -> None:
+    """Append the tokens the round accepted, cut at max_new_tokens / an end token; tops: the target's best logits
+    at the places that chose them, when recorded (else empty)."""
     kept_before = len(row.tokens)
     row.tokens, row.done = finish(row.tokens + tokens, max_new_tokens=max_new_tokens, eos_ids=eos_ids)
     kept = len(row.tokens) - kept_before
-    if record_top:
-        row.top += [top_logits(position) for position in logits[:kept]]
+    row.top += tops[:kept]
     if kept_before:  # the prefill's token is no round's
         row.rounds.append(kept)
 
@@ -171,6 +169,8 @@ def _round(batch: _Batch, propose: Propose, record_top: bool, *, max_new_tokens:
     old = batch.valid.shape[1]
     logits = batch.forward(ids, positions[:, None] + depths, ancestors, old=old)
     choices = logits.argmax(dim=-1).tolist()
+    width = ids.shape[1]
+    tops = top_logits_rows(logits.flatten(0, 1)) if record_top else None  # row r's node n at r * width + n
     states = batch.taps.features()
     new_valid = torch.zeros(len(trees), len(trees[0]), dtype=torch.bool, device=device)
     for r, (row, tree) in enumerate(zip(batch.rows, trees)):
@@ -180,7 +180,7 @@ def _round(batch: _Batch, propose: Propose, record_top: bool, *, max_new_tokens:
         start = row.anchor_pos()
         batch.features[r, start:start + len(nodes)] = states[r, nodes]
         row.rejected += any(parent == nodes[-1] for parent in tree.parents)
-        _emit(row, [tree.tokens[n] for n in path] + [bonus], logits[r, nodes], record_top,
+        _emit(row, [tree.tokens[n] for n in path] + [bonus], [tops[r * width + n] for n in nodes] if tops else [],
               max_new_tokens=max_new_tokens, eos_ids=eos_ids)
     batch.valid = torch.cat([batch.valid, new_valid], dim=1)
     batch.compact()
@@ -195,9 +195,10 @@ def decode_batch(model, taps: LayerTaps, prompts: list[list[int]], propose: Prop
     started = time.perf_counter()
     batch = _Batch(model, taps, prompts, extra_positions=max_new_tokens + extra_positions + 1)
     finished: list[_Row] = []
+    firsts = batch.last_logits.argmax(dim=-1).tolist()
+    tops = top_logits_rows(batch.last_logits) if record_top else None
     for r, row in enumerate(batch.rows):
-        _emit(row, [int(batch.last_logits[r].argmax())], batch.last_logits[r:r + 1], record_top,
-              max_new_tokens=max_new_tokens, eos_ids=eos_ids)
+        _emit(row, [firsts[r]], [tops[r]] if tops else [], max_new_tokens=max_new_tokens, eos_ids=eos_ids)
     while batch.rows:
         if any(row.done for row in batch.rows):
             finished += [row for row in batch.rows if row.done]
