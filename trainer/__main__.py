@@ -20,6 +20,9 @@ def _train(args) -> int:
         from trainer.memplan import plan_command
 
         return plan_command(args.config, gpus=args.gpus, gpu_memory_gib=args.gpu_memory)
+    from trainer.startup import default_cuda_allocator
+
+    default_cuda_allocator()  # before torch loads and anything touches the GPU
     from trainer.train import main as train_main
 
     return train_main(args.config, resume=args.resume)

@@ -32,6 +32,14 @@ def default_compile_caches(environ: dict | None = None) -> dict[str, str]:
     return {key: env[key] for key in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
 
 
+def default_cuda_allocator(environ: dict | None = None) -> str:
+    """Expandable segments for PyTorch's CUDA allocator unless the caller configured it: the same step at 27B and
+    49,152 tokens on an H200 then reserves 122.0 GiB instead of 138.7 (120.2 allocated either way, speed within
+    0.5 %), room a rank's NCCL buffers need. Takes effect only before the first CUDA allocation."""
+    env = os.environ if environ is None else environ
+    return env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+
+
 def _synthetic_batch(config, batch: int, context_len: int, blocks: int, *, device, dtype, seed: int):
     import torch
 

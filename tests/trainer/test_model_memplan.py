@@ -492,3 +492,12 @@ def test_the_plan_covers_the_h200_peaks_and_liger_s_within_25_percent(shape, ker
     if kernels == "liger":
         assert planned <= 1.25 * measured, (planned, measured)
     assert bench_plan(shape, "liger").total < bench_plan(shape, "torch").total
+
+
+def test_train_asks_for_expandable_segments_unless_the_user_configured_the_allocator():
+    from trainer.startup import default_cuda_allocator
+
+    env: dict[str, str] = {}
+    assert default_cuda_allocator(env) == "expandable_segments:True" == env["PYTORCH_CUDA_ALLOC_CONF"]
+    mine = {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512"}
+    assert default_cuda_allocator(mine) == "max_split_size_mb:512" == mine["PYTORCH_CUDA_ALLOC_CONF"]
