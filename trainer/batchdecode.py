@@ -171,14 +171,16 @@ def _round(batch: _Batch, propose: Propose, record_top: bool, *, max_new_tokens:
     choices = logits.argmax(dim=-1).tolist()
     width = ids.shape[1]
     tops = top_logits_rows(logits.flatten(0, 1)) if record_top else None  # row r's node n at r * width + n
-    states = batch.taps.features()
-    new_valid = torch.zeros(len(trees), len(trees[0]), dtype=torch.bool, device=device)
-    for r, (row, tree) in enumerate(zip(batch.rows, trees)):
-        path, bonus = tree.accept(choices[r])
-        nodes = [0, *path]
-        new_valid[r, nodes] = True
-        start = row.anchor_pos()
-        batch.features[r, start:start + len(nodes)] = states[r, nodes]
+    accepted = [tree.accept(choice) for tree, choice in zip(trees, choices)]
+    kept = [[0, *path] for path, _ in accepted]  # each row's anchor and accepted nodes, in order
+    # one index for every row's kept nodes (row, node, position): two kernels and one copy per round, where a
+    # loop over rows paid a host-to-device copy and a sync per row
+    where = torch.tensor([(r, n, row.anchor_pos() + depth) for r, (row, nodes) in enumerate(zip(batch.rows, kept))
+                          for depth, n in enumerate(nodes)], device=device).T
+    new_valid = torch.zeros(len(trees), width, dtype=torch.bool, device=device)
+    new_valid[where[0], where[1]] = True
+    batch.features[where[0], where[2]] = batch.taps.features()[where[0], where[1]]
+    for r, (row, tree, (path, bonus), nodes) in enumerate(zip(batch.rows, trees, accepted, kept)):
         row.rejected += any(parent == nodes[-1] for parent in tree.parents)
         _emit(row, [tree.tokens[n] for n in path] + [bonus], [tops[r * width + n] for n in nodes] if tops else [],
               max_new_tokens=max_new_tokens, eos_ids=eos_ids)
