@@ -118,6 +118,12 @@ class SSHHost:
             raise Unreachable(f"{h.name}: no answer from {conn.host}:{conn.port} within "
                               f"{h.connect_timeout:g}s ({exc or 'timed out'})") from None
         except (OSError, paramiko.SSHException, EOFError) as exc:
+            if _closed_during_auth(conn):
+                raise AuthError(
+                    f"{h.name}: {conn.host}:{conn.port} closed the connection while {conn.user} was "
+                    f"authenticating. sshd hangs up after MaxAuthTries refused keys (6 by default), and an "
+                    f"ssh-agent holding many keys can use them all up before the right one is offered: set "
+                    f"identity_file for this host in the inventory (that key is offered first).") from None
             raise Unreachable(f"{h.name}: cannot connect to {conn.host}:{conn.port}: {_reason(exc)}") from None
         conn.transport.set_keepalive(KEEPALIVE_S)
         if isinstance(conn.transport.sock, socket.socket):  # not through a ProxyJump channel
@@ -163,6 +169,12 @@ def _unknown_key_message(host: HostConfig, conn: fabric.Connection, exc: Unknown
     return (f"{host.name}: unknown host key for {exc.hostname} ({key.get_name()} {key.fingerprint}); refusing to "
             f"connect. If that fingerprint is right, accept it with `ssh-keyscan {target} >> {where}` (or connect "
             f"once with ssh), or set `host_key_policy: accept-new` for this host in the inventory.")
+
+
+def _closed_during_auth(conn: fabric.Connection) -> bool:
+    """The server finished key exchange, then hung up before authentication succeeded."""
+    transport = conn.client.get_transport()
+    return transport is not None and transport.initial_kex_done and not transport.is_active()
 
 
 def _reason(exc: BaseException) -> str:

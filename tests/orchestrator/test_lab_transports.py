@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -208,3 +209,42 @@ def test_arguments_that_are_not_utf8_reach_the_container_as_typed(lab, inventory
     raw = "\udcff-\udce9"  # what Python makes of the bytes \xff and \xe9 in argv
     echo = "import os, sys; sys.stdout.buffer.write(os.fsencode(sys.argv[1]))"
     assert conns.for_target(target).run([target.python, "-c", echo, raw]).stdout == b"\xff-\xe9"
+
+
+def test_an_agent_full_of_other_keys_is_named_when_sshd_hangs_up_during_authentication(lab, tmp_path: Path,
+                                                                                         monkeypatch) -> None:
+    """sshd ends the session after MaxAuthTries (6) refused keys; paramiko then meets a closed transport and says
+    only "No existing session". With seven other keys in a real ssh-agent and the right one in ~/.ssh, the user
+    is told what happened and what to set, as an authentication error (not "cannot connect")."""
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    shutil.copy(lab.client_key, home / ".ssh" / "id_ed25519")
+    socket_path = tmp_path / "agent.sock"
+    agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(socket_path)], stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while not socket_path.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        env = {"SSH_AUTH_SOCK": str(socket_path), "PATH": "/usr/bin:/bin"}
+        for n in range(7):
+            key = tmp_path / f"other-{n}"
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+            subprocess.run(["ssh-add", "-q", str(key)], env=env, check=True, capture_output=True)
+        monkeypatch.setenv("HOME", str(home))
+        monkeypatch.setenv("SSH_AUTH_SOCK", str(socket_path))
+        path = lab.write_inventory(tmp_path / "inv.yaml")
+        path.write_text("".join(line for line in path.read_text().splitlines(keepends=True)
+                                if "identity_file:" not in line))
+        host = load_inventory(path).host("pve1")
+        assert host.identity_file is None
+        with Connections() as conns, pytest.raises(AuthError) as raised:
+            conns.connect(host)
+        message = str(raised.value)
+        assert "No existing session" not in message and "MaxAuthTries" in message and "identity_file" in message
+        # and with the key named, only it is offered first: the same agent no longer matters
+        path.write_text(lab.write_inventory(tmp_path / "inv2.yaml").read_text())
+        with Connections() as conns:
+            assert conns.for_target(load_inventory(path).target("pve1/200")).run(["hostname"]).out.strip() == "ct200"
+    finally:
+        agent.terminate()
+        agent.wait(timeout=10)
