@@ -10,6 +10,7 @@ from __future__ import annotations
 from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import Binding
+from textual.css.query import NoMatches
 from textual.markup import escape
 from textual.containers import Horizontal, Vertical
 from textual.geometry import Size
@@ -108,7 +109,10 @@ class MainScreen(Screen):
         self.snapshot = snapshot
         if not self._composed:
             return
-        self.query_one(HostStatus).show(snapshot.hosts, snapshot.taken_at)
+        try:
+            self.query_one(HostStatus).show(snapshot.hosts, snapshot.taken_at)
+        except NoMatches:  # the app is closing: its widgets went before the screen, and the source's worker
+            return         # had posted one more snapshot
         self.query_one(AlertsList).show_alerts(snapshot.alerts)
         self._show_runs()
 
