@@ -7,8 +7,10 @@ import asyncio
 import base64
 import itertools
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -39,7 +41,7 @@ class Browser:
             [chromium_path() or "chromium", "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
              "--no-first-run", "--remote-debugging-port=0", f"--user-data-dir={self._profile.name}",
              f"--window-size={self.width},{self.height}", "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
         endpoint = await asyncio.to_thread(self._devtools_endpoint)
         port = endpoint.split(":")[2].split("/")[0]
         self._session = aiohttp.ClientSession()
@@ -54,14 +56,27 @@ class Browser:
             await self._ws.close()
         if self._session is not None:
             await self._session.close()
-        if self._proc is not None:
-            self._proc.terminate()
+        if self._proc is not None:  # the browser and its helpers (renderer, zygote), which write to the profile
+            _signal_group(self._proc.pid, signal.SIGTERM)
             try:
                 self._proc.wait(10)
             except subprocess.TimeoutExpired:
-                self._proc.kill()
+                _signal_group(self._proc.pid, signal.SIGKILL)
                 self._proc.wait()
-        self._profile.cleanup()
+        await self._remove_profile()
+
+    async def _remove_profile(self) -> None:
+        """A helper can still be writing to the profile for a moment after the browser exits (seen under load as
+        "Directory not empty: 'Default'"): retry for a few seconds before giving up."""
+        deadline = time.monotonic() + 5
+        while True:
+            try:
+                self._profile.cleanup()
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.2)
 
     def _devtools_endpoint(self) -> str:
         deadline = time.monotonic() + 30
@@ -114,3 +129,10 @@ class Browser:
         shot = await self.call("Page.captureScreenshot", format="png")
         path.write_bytes(base64.b64decode(shot["data"]))
         return path
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    try:
+        os.killpg(pgid, signum)
+    except ProcessLookupError:  # every process of the group has exited
+        pass

@@ -166,4 +166,4 @@ def test_closing_the_source_ends_every_agent_and_nvidia_smi(lab, inventory, laun
     while leftovers() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert leftovers() == []
-    assert zombies() == zombies_before
+    assert zombies() <= zombies_before  # none left by the watch (an earlier test's may since be reaped)
