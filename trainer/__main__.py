@@ -238,8 +238,8 @@ def _add_eval_command(commands) -> None:
                     "drafter of the same shape (baseline) and with the drafter's DDTree trees (--tree-budget), and\n"
                     "check that every output equals greedy's. Reports tau (tokens kept per target forward),\n"
                     "per-position acceptance (share of rounds keeping at least k drafted tokens) and tok/s.",
-        epilog="Full-attention targets decode --batch-size prompts at once over one KV cache; hybrid (linear-\n"
-               "attention) and sliding-window targets one prompt at a time, chains only.\n"
+        epilog="Targets decode --batch-size prompts at once over one cache; hybrid (linear-attention) targets\n"
+               "chains only, sliding-window targets one prompt at a time, chains only.\n"
                "Exit 0: every output equals greedy (in bfloat16/float16 up to near-ties within rounding, listed\n"
                "as precision notes); 1: a real divergence; 2: bad input.")
     evaluate.add_argument("--target", required=True, help="target model directory")

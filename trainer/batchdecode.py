@@ -8,18 +8,22 @@ the padding) from every later query. The additive 4D mask a round passes to the 
 tree's ancestor-only mask], with each node at position anchor + depth: a node sees exactly the accepted text and
 its own path, as one-token steps would. A row leaves the batch when it is done.
 
-Targets with linear-attention layers (one recurrent state per row, which a masked slot cannot undo) and with
-sliding-window layers (a window the custom mask would not apply) are decoded one prompt at a time instead
-(trainer/speculative.py).
+A hybrid target's linear-attention layers keep one recurrent state per row, which a masked slot cannot undo:
+after each verify pass those states are rewound, row by row, to the accepted tokens (trainer/linearstate.py).
+That works for chains, not trees (a tree's branches would pass through one state), so hybrids decode greedy and
+chains here. Targets with sliding-window layers (a window the custom mask would not apply) decode one prompt at a
+time (trainer/speculative.py).
 """
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
+from trainer.linearstate import LinearStates
 from trainer.speculative import (Decoded, DecodeRun, LayerTaps, Top, cache_argument, finish, has_recurrent_state,
                                  top_logits_rows)
 from trainer.tree import DraftTree, best_first, chain, tree_layout
@@ -41,10 +45,14 @@ Propose = Callable[[RoundInput], list[DraftTree]]
 
 
 def can_batch(model) -> bool:
-    """True when the masked shared cache is exact for this target (full attention, no recurrent state)."""
+    """True when the masked shared cache is exact for this target's chains (no sliding window)."""
     layer_types = getattr(model.config, "layer_types", None) or ()
-    return not has_recurrent_state(model) and "sliding_attention" not in layer_types \
-        and not getattr(model.config, "use_sliding_window", False)
+    return "sliding_attention" not in layer_types and not getattr(model.config, "use_sliding_window", False)
+
+
+def can_batch_trees(model) -> bool:
+    """True when a tree can be verified in one target forward: batched, and no recurrent state to share."""
+    return can_batch(model) and not has_recurrent_state(model)
 
 
 def greedy_proposer() -> Propose:
@@ -97,7 +105,10 @@ class _Batch:
 
         self.model, self.taps = model, taps
         self.rows = [_Row(index=i, prompt_len=len(p)) for i, p in enumerate(prompts)]
-        self.cache = DynamicCache()
+        recurrent = has_recurrent_state(model)
+        # a hybrid's cache needs the config to give its linear-attention layers their state slots
+        self.cache = DynamicCache(config=model.config) if recurrent else DynamicCache()
+        self.linear = LinearStates(model, self.cache) if recurrent else None
         width = max(map(len, prompts))
         device = model.device
         self.valid = torch.zeros(len(prompts), width, dtype=torch.bool, device=device)
@@ -109,22 +120,32 @@ class _Batch:
             positions[r, pad:] = torch.arange(len(prompt), device=device)
             self.valid[r, pad:] = True
         causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
-        logits = self.forward(ids, positions, self.valid[:, None, :] & causal, old=0)
+        # a linear-attention layer is told the padding too: zeroed, left padding leaves its state at zero
+        logits = self.forward(ids, positions, self.valid[:, None, :] & causal, old=0, padding=self.valid)
         states = taps.features()
         self.features = states.new_zeros(len(prompts), width + extra_positions, states.shape[-1])
         for r, prompt in enumerate(prompts):
             self.features[r, :len(prompt)] = states[r, width - len(prompt):]
         self.last_logits = logits[:, -1]
 
-    def forward(self, ids: torch.Tensor, positions: torch.Tensor, new_mask: torch.Tensor, *, old: int):
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, new_mask: torch.Tensor, *, old: int,
+                padding: torch.Tensor | None = None):
         """Logits [A, n, V] of n new slots; new_mask [A, n, n] says which new slots each new one may see (itself
-        included: a row never attends to nothing), the validity mask which of the `old` cached ones."""
+        included: a row never attends to nothing), the validity mask which of the `old` cached ones; padding
+        [A, n]: the real new slots, where some are not."""
         seen = torch.cat([self.valid[:, None, :old].expand(-1, ids.shape[1], -1), new_mask], dim=-1)
         additive = torch.zeros(seen.shape, dtype=self.model.dtype, device=ids.device)
         additive.masked_fill_(~seen, torch.finfo(self.model.dtype).min)
+        mask = additive[:, None]
+        if self.linear is not None:  # each layer type takes its own mask
+            mask = {"full_attention": mask, "linear_attention": padding}
         kwargs = {cache_argument(self.model): self.cache}
-        return self.model(input_ids=ids, position_ids=positions, attention_mask=additive[:, None], use_cache=True,
+        return self.model(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True,
                           **kwargs).logits
+
+    def verifying(self):
+        """Around a verify forward: a hybrid's linear-attention states kept aside to rewind (else nothing)."""
+        return self.linear.verifying() if self.linear is not None else nullcontext()
 
     def compact(self) -> None:
         """Drop the slots no row can see any more (refused nodes, padding) once they are worth a gather: each
@@ -136,14 +157,20 @@ class _Batch:
         length = self.valid.shape[1]
         slots = torch.arange(length, device=counts.device)
         order = (slots + length * (~self.valid)).sort(dim=1).indices[:, :width]  # visible ones first, in order
-        for layer in self.cache.layers:
+        for layer in self._attention_layers():
             index = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1])
             layer.keys, layer.values = layer.keys.gather(2, index), layer.values.gather(2, index)
         self.valid = slots[:width] < counts[:, None]
 
+    def _attention_layers(self) -> list:
+        return [layer for layer in self.cache.layers if getattr(layer, "keys", None) is not None]
+
     def keep(self, alive: list[int]) -> None:
         index = torch.tensor(alive, device=self.valid.device)
-        self.cache.batch_select_indices(index)
+        for layer in self._attention_layers():
+            layer.batch_select_indices(index)
+        if self.linear is not None:
+            self.linear.select_rows(index)
         self.valid, self.features = self.valid[index], self.features[index]
         self.rows = [self.rows[i] for i in alive]
 
@@ -167,7 +194,8 @@ def _round(batch: _Batch, propose: Propose, record_top: bool, *, max_new_tokens:
     depths, ancestors = tree_layout(torch.tensor([tree.parents for tree in trees], device=device))
     ids = torch.tensor([tree.tokens for tree in trees], device=device)
     old = batch.valid.shape[1]
-    logits = batch.forward(ids, positions[:, None] + depths, ancestors, old=old)
+    with batch.verifying() as verified:
+        logits = batch.forward(ids, positions[:, None] + depths, ancestors, old=old)
     choices = logits.argmax(dim=-1).tolist()
     width = ids.shape[1]
     tops = top_logits_rows(logits.flatten(0, 1)) if record_top else None  # row r's node n at r * width + n
@@ -180,6 +208,8 @@ def _round(batch: _Batch, propose: Propose, record_top: bool, *, max_new_tokens:
     new_valid = torch.zeros(len(trees), width, dtype=torch.bool, device=device)
     new_valid[where[0], where[1]] = True
     batch.features[where[0], where[2]] = batch.taps.features()[where[0], where[1]]
+    if verified is not None:  # a chain's kept nodes are its first ones: each row keeps that many fed positions
+        verified.rewind(torch.tensor([len(nodes) for nodes in kept], device=device))
     for r, (row, tree, (path, bonus), nodes) in enumerate(zip(batch.rows, trees, accepted, kept)):
         row.rejected += any(parent == nodes[-1] for parent in tree.parents)
         _emit(row, [tree.tokens[n] for n in path] + [bonus], [tops[r * width + n] for n in nodes] if tops else [],

@@ -2,10 +2,10 @@
 same target, beside an untrained drafter of the same shape and the drafter's DDTree trees.
 
 One target load serves every run: greedy (the reference, and the logits that judge a divergence), the drafter's
-chain, the baseline's chain, and one tree per budget. Targets with full attention only decode many prompts at
-once over one KV cache (trainer/batchdecode.py); hybrid and sliding-window targets decode one prompt at a time
-with exact cache rollback (trainer/speculative.py), and refuse trees: a tree's branches would share one
-recurrent state, so it cannot be verified in one pass.
+chain, the baseline's chain, and one tree per budget. Prompts decode many at once over one cache
+(trainer/batchdecode.py), a hybrid's linear-attention states rewound row by row after each verify pass; hybrids
+refuse trees (a tree's branches would share one recurrent state, so it cannot be verified in one pass).
+Sliding-window targets decode one prompt at a time with exact cache rollback (trainer/speculative.py).
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from trainer.batchdecode import can_batch, chain_proposer, decode_batch, greedy_proposer, tree_proposer
+from trainer.batchdecode import can_batch, can_batch_trees, chain_proposer, decode_batch, greedy_proposer, tree_proposer
 from trainer.errors import TrainerError
 from trainer.evalreport import EvalReport, rounding_epsilon, summarize
 from trainer.generate import load_target_for_generation, pick_device, read_prompts
@@ -106,7 +106,7 @@ def evaluate(*, target: str | Path, drafter_dir: str | Path, prompts: str | Path
     tf32_dots = (model.dtype == torch.float32 and torch_device.type == "cuda"
                  and linear_attention_kernel(check_target_dir(Path(target))) == "fla")
     epsilon = rounding_epsilon(model.dtype, tf32_dots=tf32_dots)
-    if tree_budgets and not can_batch(model):
+    if tree_budgets and not can_batch_trees(model):
         raise TrainerError(f"--tree-budget: {model.config.model_type} has linear-attention or sliding-window "
                            "layers, so a tree cannot be verified in one target forward; evaluate chains only")
     drafter = load_drafter(Path(drafter_dir), embed_tokens=model.get_input_embeddings(),

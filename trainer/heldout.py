@@ -99,7 +99,9 @@ class TauMonitor:
         return tally
 
     def decode_heldout(self) -> dict:
-        """Real speculative decoding (trainer/speculative.py) of the first eval_prompts held-out prompts."""
+        """Real speculative decoding of the first eval_prompts held-out prompts: EVAL_BATCH at a time over one
+        cache (trainer/batchdecode.py), or one by one where the target cannot batch (trainer/speculative.py)."""
+        from trainer.batchdecode import can_batch, chain_proposer, decode_batch
         from trainer.drafter import unwrap
         from trainer.speculative import LayerTaps, speculative_decode
 
@@ -107,15 +109,21 @@ class TauMonitor:
         model = self.target.hf_model
         tokenizer = self.target.tokenizer
         eos = {tokenizer.eos_token_id} if tokenizer is not None and tokenizer.eos_token_id is not None else set()
+        prompts = [ids[:first_supervised(mask)].tolist() for ids, mask in self._samples(self.cfg.eval_prompts)]
+        prompts = [prompt for prompt in prompts if prompt]
+        new_tokens = self.cfg.eval_max_new_tokens
         rounds: list[int] = []
         taps = LayerTaps(model, inner.config.target_layer_ids)
         try:
-            for ids, mask in self._samples(self.cfg.eval_prompts):
-                prompt = ids[:first_supervised(mask)].tolist()
-                if prompt:
-                    decoded = speculative_decode(model, inner, taps, prompt,
-                                                 max_new_tokens=self.cfg.eval_max_new_tokens, eos_ids=eos)
-                    rounds += decoded.accepted_per_round
+            if can_batch(model):
+                for first in range(0, len(prompts), EVAL_BATCH):
+                    run = decode_batch(model, taps, prompts[first:first + EVAL_BATCH], chain_proposer(inner),
+                                       max_new_tokens=new_tokens, eos_ids=eos, extra_positions=self.block_size)
+                    rounds += run.rounds
+            else:
+                for prompt in prompts:
+                    rounds += speculative_decode(model, inner, taps, prompt, max_new_tokens=new_tokens,
+                                                 eos_ids=eos).accepted_per_round
         finally:
             taps.remove()
         return {"tau_eval": sum(rounds) / len(rounds) if rounds else None, "eval_rounds": len(rounds)}

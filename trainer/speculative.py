@@ -9,9 +9,8 @@ After a rejection the target's cache must forget the rejected drafts. A KV cache
 linear-attention layers hold one recurrent state that has already absorbed every draft and cannot be cropped:
 the cache as it stood before the verify pass is kept aside, restored, and the accepted tokens are fed again.
 
-This is the one-prompt-at-a-time path: hybrid and sliding-window targets, and training's held-out decoding.
-`trainer eval` decodes the other targets many prompts at once (trainer/batchdecode.py) and reports both
-(trainer/evaluation.py).
+This is the one-prompt-at-a-time path, for sliding-window targets. `trainer eval` and training's held-out
+decoding decode the other targets many prompts at once (trainer/batchdecode.py), hybrids too.
 """
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 greedy output; trees verified in one forward with the ancestor-only mask accept exactly the drafted path the
 target agrees with (an oracle drafter hides it behind wrong siblings); the report's tau, per-position acceptance
 and kept tokens agree; in bf16 a near-tie divergence is a precision note (exit 0) and a clear one a failure
-(exit 1); hybrid targets decode one prompt at a time and refuse trees in one line."""
+(exit 1); hybrid targets decode in batches too (a composite image-text checkpoint here; the rewinding of their
+linear-attention states is tested in test_pipeline_hybrid_batch.py) and refuse trees in one line."""
 from __future__ import annotations
 
 import json
@@ -193,16 +194,16 @@ def test_bf16_near_ties_are_notes_and_clear_divergences_fail(tiny, monkeypatch, 
         assert {f["prompt"] for f in report["failures"]} <= set(report["mismatched_prompts"])
 
 
-def test_a_hybrid_target_decodes_one_prompt_at_a_time_and_refuses_trees(tiny, tmp_path, capsys):
+def test_a_hybrid_target_decodes_in_batches_and_refuses_trees(tiny, tmp_path, capsys):
     from trainer.evaluation import evaluate
     from trainer.tiny import write_tiny_target
 
-    target = write_tiny_target(tmp_path / "hybrid", family="qwen3.5")
+    target = write_tiny_target(tmp_path / "hybrid", family="qwen3.5", composite=True)
     drafter = write_untrained_drafter(target, tmp_path / "drafter", layers=1, block_size=4)
-    prompts = write_prompts(tmp_path / "p.jsonl", 2, seed=2)
+    prompts = write_prompts(tmp_path / "p.jsonl", 3, seed=2)
     report = evaluate(target=target, drafter_dir=drafter, prompts=prompts, max_new_tokens=12, device="cpu",
                       say=lambda line: None)
-    assert report.batch_size == 1 and report.ok
+    assert report.batch_size == 3 and report.ok
     assert report.drafter.identical_to_greedy and report.baseline.identical_to_greedy
     assert report.baseline.rejected_rounds > 0  # the recurrent state was rolled back, exactly
     capsys.readouterr()
