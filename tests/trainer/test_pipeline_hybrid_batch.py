@@ -2,7 +2,9 @@
 feeds each row its whole chain, and the linear-attention states are rewound row by row to what each row accepted
 (trainer/linearstate.py). An oracle proposer that knows greedy's answer drafts k right tokens then wrong ones, k
 drawn per row and round, so rows keep different lengths in one round; the batched output must still be exactly
-greedy's, one prompt at a time, and each round must keep k + 1 tokens."""
+greedy's, one prompt at a time, and each round must keep k + 1 tokens. Beneath the tokens, a rewound row's states
+must equal those of the row fed only its accepted tokens: on the CPU (transformers' torch path) and on a GPU
+(flash-linear-attention's kernels where installed, which take float32 as TF32)."""
 from __future__ import annotations
 
 import random
@@ -109,3 +111,43 @@ def test_the_hybrid_decoding_benchmark_runs_and_matches_in_float32():
                          done.stdout, re.MULTILINE)
         assert line and float(line.group(1)) > 0 and float(line.group(2)) > 0, done.stdout
         assert line.group(3) == "2", done.stdout  # float32: batched and one at a time decode the same tokens
+
+
+GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.mark.parametrize("family", ["qwen3.5", "qwen3.5-moe"])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, GPU])])
+def test_a_rewound_row_has_the_states_of_feeding_only_its_accepted_tokens(family, device, tmp_path):
+    from transformers import DynamicCache
+
+    from trainer.generate import load_target_for_generation
+    from trainer.linearstate import LinearStates
+    from trainer.tiny import write_tiny_target
+
+    model, _ = load_target_for_generation(write_tiny_target(tmp_path / "t", family=family), torch.device(device),
+                                          "float32")
+    rng = torch.Generator().manual_seed(0)
+    prompts = torch.randint(10, 300, (3, 21), generator=rng).to(device)
+    drafts = torch.randint(10, 300, (3, BLOCK), generator=rng).to(device)
+    lengths = torch.tensor([1, 4, BLOCK], device=device)  # refused at once, part way, the whole chain kept
+
+    def states_after(rows: torch.Tensor, fed: torch.Tensor, keep=None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        cache = DynamicCache(config=model.config)
+        with torch.no_grad():
+            model(input_ids=rows, cache=cache, use_cache=True)
+            linear = LinearStates(model, cache)
+            with linear.verifying() as verified:
+                model(input_ids=fed, cache=cache, use_cache=True)
+            if keep is not None:
+                verified.rewind(keep)
+        return [(cache.layers[i].conv_states[0], cache.layers[i].recurrent_states[0]) for i, _ in linear.layers]
+
+    rewound = states_after(prompts, drafts, lengths)
+    tolerance = 1e-5 if device == "cpu" else 2e-2
+    for row, length in enumerate(lengths.tolist()):
+        alone = states_after(prompts[row:row + 1], drafts[row:row + 1, :length])
+        for (conv, recurrent), (conv_alone, recurrent_alone) in zip(rewound, alone):
+            for state, state_alone in ((conv, conv_alone), (recurrent, recurrent_alone)):
+                error = (state[row] - state_alone[0]).norm() / state_alone[0].norm()
+                assert error < tolerance, (row, length, float(error))
