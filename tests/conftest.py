@@ -6,6 +6,12 @@ import os
 import signal
 from collections.abc import Iterator
 
+# One CPU thread for torch in every test process and every process a test starts, before anything imports torch:
+# the suite runs two workers on two cores, and torch's default (a thread per core in each process) made a
+# worker's in-process fixtures (the tiny target answering prompts) 4x slower under that load.
+for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_name, "1")
+
 import pytest
 
 from tests.lab.lab import Lab, lab_unavailable_reason
