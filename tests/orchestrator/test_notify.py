@@ -1,5 +1,6 @@
 """Notifications without the lab: which alerts go where, repeats collapsed, one "recovered" line, sending on a
-thread of its own against a real HTTP sink on 127.0.0.1, and the mistakes a user can make configuring it."""
+thread of its own against a real HTTP sink on 127.0.0.1 (one per destination: a hung one delays no other, and a
+stop says what it could not send), and the mistakes a user can make configuring it."""
 from __future__ import annotations
 
 import json
@@ -252,16 +253,17 @@ def test_a_hung_service_delays_no_other_and_a_stop_says_what_it_could_not_send(t
                 runs.append(record["run_id"])
             go.touch()
             healthy.wait_for(lambda got: len(got) == 6, 60)
-            alerted = {line["run_id"]: at for at, line in printed if line["type"] == "alert" and line["kind"] == "ended"}
+            alerted = {line["run_id"]: at for at, line in printed
+                       if line["type"] == "alert" and line["kind"] == "ended"}
             latency = {run_id: next(m.at for m in healthy.received if run_id in m.message) - alerted[run_id]
                        for run_id in runs}
             print("alert -> healthy destination:", ", ".join(f"{s:.2f} s" for s in latency.values()))
             assert max(latency.values()) < 1.0, latency
-            stopped = time.monotonic()
+            signalled = time.monotonic()
             watcher.send_signal(signal.SIGTERM)
             watcher.wait(30)  # its stdout is the reader's: it ends with it
-            stopped = time.monotonic() - stopped
-            print(f"SIGTERM -> exit: {stopped:.2f} s")
+            took = time.monotonic() - signalled
+            print(f"SIGTERM -> exit: {took:.2f} s")
             reader.join(10)
             err = watcher.stderr.read()
             assert hung.received == []  # it answers nothing while the test runs
@@ -269,7 +271,7 @@ def test_a_hung_service_delays_no_other_and_a_stop_says_what_it_could_not_send(t
             if watcher.poll() is None:
                 watcher.kill()
             stop_keeper(tmp_path / "work" / ".dflash" / "runs")
-    assert stopped < FLUSH_S + 10  # the stop's flush and a loaded machine's slack, not the hung send's 30 s
+    assert took < FLUSH_S + 10  # the stop's flush and a loaded machine's slack, not the hung send's 30 s
     assert watcher.returncode == 1 and "Traceback" not in err, err
     shown = f"json://127.0.0.1:{hung.port}/hung"
     assert f"6 notifications not sent to {shown} (6 failed): not sent within the stop's 5 s" in err, err
