@@ -3,15 +3,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections import Counter
 from typing import List, Optional
 
 import typer
 from rich.table import Table
 
 from ..display import format_bytes, format_rate
-from ..errors import EXIT_OK, EXIT_UNREACHABLE, UsageError
+from ..errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, UsageError
 from ..notify.destinations import Destination
 from ..notify.destinations import destinations as notify_destinations
+from ..notify.sender import Unsent, by_destination
 from ..runs.doctor.storage import LOW_FREE_BYTES, LOW_FREE_FRACTION
 from ..watch.alerts import AlertRules
 from ..watch.model import Snapshot
@@ -124,23 +126,36 @@ def _once(source: LiveSource, *, timeout: float, as_json: bool) -> int:
 
 
 def _live(source: LiveSource, sinks: list[Destination], *, headless: bool) -> int:
-    """The dashboard, or (headless) the JSON lines; notifications go out from a thread beside either."""
+    """The dashboard, or (headless) the JSON lines; notifications go out from threads beside either. 0 once
+    stopped, 1 when the stop left notifications unsent."""
     from ..notify.headless import run_headless
     from ..notify.pump import AlertPump
 
     if headless:
         stderr().print(f"watching {len(source.targets)} target(s) without a screen, notifying {len(sinks)} "
                        "destination(s); SIGTERM stops", markup=False)
-        return run_headless(source, sinks)
+        return _report_unsent(run_headless(source, sinks))
     from tui import run_dashboard
 
     pump = AlertPump(source, sinks).start() if sinks else None
+    unsent: list[Unsent] = []
     try:
         run_dashboard(source)
     finally:
         if pump is not None:
-            pump.stop()
-    return EXIT_OK
+            unsent = pump.stop()
+    return _report_unsent(unsent)
+
+
+def _report_unsent(unsent: list[Unsent]) -> int:
+    """One line per destination that was left with notifications: a watcher that could not deliver them failed
+    at its job (exit 1), even when it was stopped as asked."""
+    for destination, left in by_destination(unsent).items():
+        kinds = ", ".join(f"{count} {kind}" for kind, count in Counter(u.message.kind for u in left).items())
+        reasons = "; ".join(dict.fromkeys(u.reason for u in left))
+        stderr().print(f"{len(left)} notification{'s' if len(left) > 1 else ''} not sent to {destination.shown} "
+                       f"({kinds}): {reasons}", markup=False)
+    return EXIT_FAILED if unsent else EXIT_OK
 
 
 def _rules(stall: float | None, min_free_gib: float, min_free_pct: float) -> AlertRules:

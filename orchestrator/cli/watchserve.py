@@ -10,6 +10,10 @@ and printed with the URL). The token is checked in front of every route, page an
 accepts it as `?token=` and sets it as a same-site cookie, which the page's own websocket and static files
 carry. A websocket opened by another site's page (its Origin names another host) is refused on any address,
 loopback too: it would otherwise drive the dashboard's kill key from a browser that merely visits that site.
+Every request, page, websocket and static file alike, must also name this server in its Host header (the bound
+port, and the bound address or a name of it: loopback's names on a loopback bind, this machine's names and the
+address the connection reached otherwise): a site whose own name its DNS points at this machine (DNS rebinding)
+is the same origin as itself to the browser, so only the Host it sends gives it away.
 """
 from __future__ import annotations
 
@@ -30,6 +34,9 @@ from ..inventory.model import find_inventory
 INSTALL_HINT = "pip install 'dflashctl[serve]'"
 TOKEN_COOKIE = "dflashctl_token"
 REFUSED = "dflashctl watch --serve: this dashboard needs its token: open the URL it printed (?token=...)\n"
+WRONG_HOST = "dflashctl watch --serve: the request's Host is not this server's address: open the URL it printed\n"
+WILDCARDS = ("0.0.0.0", "::", "")
+HOST_CHARACTERS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789.-:[]")
 
 
 def is_loopback(host: str) -> bool:
@@ -71,6 +78,47 @@ def token_ok(given: str | None, token: str) -> bool:
     return given is not None and hmac.compare_digest(given.encode(), token.encode())
 
 
+def served_names(host: str) -> frozenset[str]:
+    """The names (addresses aside) a request may give as its Host for a server bound to `host`: loopback's on a
+    loopback bind; otherwise this machine's names, with the bound one, or loopback's on a wildcard bind (which
+    loopback reaches too)."""
+    if is_loopback(host):
+        names = {"localhost", host}
+    else:
+        names = {socket.gethostname(), socket.getfqdn(), "localhost" if host in WILDCARDS else host}
+    return frozenset(name.lower().rstrip(".") for name in names if _address(name) is None)
+
+
+def host_ok(header: str | None, *, bound: str, port: int, names: frozenset[str], reached: str | None) -> bool:
+    """Whether a request's Host header names this server: the bound port, and one of `names`, the bound address,
+    the address the connection reached (`reached`), or any loopback address on a loopback or wildcard bind."""
+    header = (header or "").lower()
+    if not header or not set(header) <= HOST_CHARACTERS:
+        return False
+    try:
+        parts = urlsplit(f"//{header}")
+        name, given_port = parts.hostname, parts.port or 80
+    except ValueError:  # a port that is no number, a bracket left open
+        return False
+    if not name or given_port != port:
+        return False
+    address = _address(name)
+    if address is None:
+        return name.rstrip(".") in names
+    if address.is_loopback and (is_loopback(bound) or bound in WILDCARDS):
+        return True
+    return address in (_address(bound), _address(reached or ""))
+
+
+def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The IP address `text` spells (an IPv4 one for an IPv4-mapped IPv6 address), or None for a name."""
+    try:
+        address = ipaddress.ip_address(text)
+    except ValueError:
+        return None
+    return getattr(address, "ipv4_mapped", None) or address
+
+
 def same_origin(origin: str | None, host: str | None) -> bool:
     """A websocket handshake's Origin against the Host it was sent to; a client that sends no Origin (not a
     browser page) passes."""
@@ -89,6 +137,7 @@ def serve(command: str, *, host: str, port: int, token: str | None, title: str) 
     server = _server_class(Server, web)(command, host=host, port=port, title=title)
     server.token = token
     server.url = page_url(host, port, token)
+    server.names = served_names(host)
     try:
         server.serve()
     except OSError as exc:  # the port is taken, the address is not this machine's
@@ -97,11 +146,12 @@ def serve(command: str, *, host: str, port: int, token: str | None, title: str) 
 
 
 def _server_class(server_base: type, web):
-    """textual-serve's Server with the origin and token checks in front of every route."""
+    """textual-serve's Server with the Host, origin and token checks in front of every route."""
 
     class TokenServer(server_base):
         token: str | None = None
         url = ""
+        names: frozenset[str] = frozenset()
 
         async def _make_app(self):
             app = await super()._make_app()
@@ -111,6 +161,10 @@ def _server_class(server_base: type, web):
         def _guard(self, web):
             @web.middleware
             async def guard(request, handler):
+                sockname = request.transport.get_extra_info("sockname") if request.transport else None
+                if not host_ok(request.headers.get("Host"), bound=self.host, port=self.port, names=self.names,
+                               reached=sockname[0] if sockname else None):
+                    return web.Response(status=403, text=WRONG_HOST)
                 if request.path == "/ws" and not same_origin(request.headers.get("Origin"), request.host):
                     return web.Response(status=403, text="dflashctl watch --serve: a websocket from another "
                                                          "site is refused\n")

@@ -3,5 +3,5 @@ JSON webhooks...), and the screenless watcher (`watch --headless`) that prints t
 
 kinds.py names what a destination can ask for; destinations.py turns the inventory's `notify:` and `--notify`
 into apprise senders; policy.py decides what is sent (kinds, repeats collapsed, recoveries); sender.py sends
-on a thread of its own; pump.py reads the live source's alert feed; headless.py is the screenless loop.
+on one thread per destination; pump.py reads the live source's alert feed; headless.py is the screenless loop.
 """

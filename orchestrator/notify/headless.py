@@ -2,7 +2,8 @@
 
 Every new alert is one JSON line on stdout (and every host that drops or comes back, so a log of the watcher
 says why it went quiet); notifications go out as the dashboard would send them. It runs until SIGTERM or
-SIGINT, then sends what is still queued (a few seconds at most) and exits 0.
+SIGINT, then sends what is still queued (a few seconds at most), and prints one `unsent` line per destination
+that was left with notifications it could not send.
 """
 from __future__ import annotations
 
@@ -14,12 +15,12 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import TextIO
 
-from ..errors import EXIT_OK
 from ..watch.model import AlertFeed, HostView
 from ..watch.source import LiveSource
 from ..watch.trackers import iso
 from .destinations import Destination
 from .pump import AlertPump
+from .sender import Unsent, by_destination
 
 LINE_VERSION = 1
 
@@ -49,21 +50,32 @@ class JsonLines:
         self._print({"type": "host", "time": iso(time.time()), "host": host.name, "connected": host.connected,
                      "error": host.error})
 
+    def unsent(self, unsent: Sequence[Unsent]) -> None:
+        """One line per destination: how many notifications, of which kinds and runs, and why not."""
+        for destination, left in by_destination(unsent).items():
+            self._print({"type": "unsent", "time": iso(time.time()), "destination": destination.shown,
+                         "count": len(left), "kinds": [u.message.kind for u in left],
+                         "run_ids": [u.message.run_id for u in left],
+                         "reasons": list(dict.fromkeys(u.reason for u in left))})
+
     def _print(self, record: dict) -> None:
         self.out.write(json.dumps({"version": LINE_VERSION, **record}, default=str) + "\n")
         self.out.flush()
 
 
-def run_headless(source: LiveSource, destinations: Sequence[Destination], *, out: TextIO | None = None) -> int:
-    """Watch until SIGTERM/SIGINT; returns the exit code (0: stopped as asked)."""
-    pump = AlertPump(source, destinations, on_feed=JsonLines(out or sys.stdout))
+def run_headless(source: LiveSource, destinations: Sequence[Destination], *,
+                 out: TextIO | None = None) -> list[Unsent]:
+    """Watch until SIGTERM/SIGINT; the notifications the stop could not send (printed too)."""
+    lines = JsonLines(out or sys.stdout)
+    pump = AlertPump(source, destinations, on_feed=lines)
     previous = {sig: signal.signal(sig, lambda _signum, _frame: pump.request_stop())
                 for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         pump.run()
     finally:
-        pump.stop()
+        unsent = pump.stop()
         source.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    return EXIT_OK
+    lines.unsent(unsent)
+    return unsent

@@ -13,11 +13,12 @@ from ..watch.source import LiveSource
 from ..watch.trackers import iso
 from .destinations import Destination
 from .policy import NotifyPolicy, Outgoing
-from .sender import Sender
+from .sender import Sender, Unsent
 
 NOTIFY_FAILED = "notify_failed"
 MIN_GAP_S = 0.2  # a busy source changes many times a second; the feed is read at most this often
 WAIT_S = 1.0
+FLUSH_S = 5.0  # how long a stop lets every destination, at once, send what it still holds
 
 
 class AlertPump:
@@ -25,7 +26,7 @@ class AlertPump:
                  on_feed: Callable[[AlertFeed], None] | None = None) -> None:
         self.source = source
         self.policy = NotifyPolicy(destinations)
-        self.sender = Sender(self._failed) if destinations else None
+        self.sender = Sender(destinations, self._failed) if destinations else None
         self._on_feed = on_feed
         self._cursor, self._version = 0, None
         self._stop = threading.Event()
@@ -56,13 +57,12 @@ class AlertPump:
         """Have `run()` return after the read under way (safe in a signal handler)."""
         self._stop.set()
 
-    def stop(self, *, flush_s: float = 5.0) -> None:
-        """Stop reading; give what is queued up to `flush_s` seconds to go out."""
+    def stop(self, *, flush_s: float = FLUSH_S) -> list[Unsent]:
+        """Stop reading; give what is queued up to `flush_s` seconds to go out; what did not."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(WAIT_S + 1.0)
-        if self.sender is not None:
-            self.sender.close(flush_s)
+        return self.sender.close(flush_s) if self.sender is not None else []
 
     def _failed(self, message: Outgoing, error: str) -> None:
         self.source.note(AlertView(time=iso(time.time()), run_id=message.run_id, target=message.target,

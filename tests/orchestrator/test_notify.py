@@ -1,8 +1,14 @@
 """Notifications without the lab: which alerts go where, repeats collapsed, one "recovered" line, sending on a
-thread of its own against a real HTTP sink on 127.0.0.1, and the mistakes a user can make configuring it."""
+thread of its own against a real HTTP sink on 127.0.0.1 (one per destination: a hung one delays no other, and a
+stop says what it could not send), and the mistakes a user can make configuring it."""
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -13,13 +19,16 @@ from orchestrator.errors import InventoryError
 from orchestrator.inventory.model import builtin_inventory, load_inventory
 from orchestrator.notify.destinations import destinations
 from orchestrator.notify.policy import NotifyPolicy, Outgoing
-from orchestrator.notify.pump import NOTIFY_FAILED, AlertPump
+from orchestrator.notify.pump import FLUSH_S, NOTIFY_FAILED, AlertPump
 from orchestrator.notify.sender import Sender
 from orchestrator.watch.model import AlertFeed, AlertView, RunStatus
 from orchestrator.watch.source import LiveSource
+from tests.lab.workloads import run_cli, stop_keeper
 from tests.orchestrator.notify_sink import NotifySink
+from tests.polling import wait_for
 
 pytest.importorskip("apprise")
+REPO = Path(__file__).resolve().parents[2]
 
 STEP_LINE = "[42s] step=42 loss=2.5 acc=0.1 streak=0.5 lr=1e-4 | tgt=1.0b/s dft=1.0b/s (11.7Ktok/s) | ETA=1h"
 
@@ -107,13 +116,14 @@ def test_the_sender_delivers_in_the_background_and_reports_what_failed() -> None
     with NotifySink() as sink, NotifySink() as refusing:
         refusing.status = 500
         sinks = destinations(builtin_inventory(), [sink.url(), refusing.url(), "json://127.0.0.1:1/closed"])
-        sender = Sender(lambda message, error: failures.append((message, error)))
+        sender = Sender(sinks, lambda message, error: failures.append((message, error)))
         policy = NotifyPolicy(sinks)
         started = time.monotonic()
         sender.submit(policy.observe(feed(alert("exception", message="traceback: RuntimeError: boom", severity="error"),
                                           runs={"r1": run()}), now=0))
         assert time.monotonic() - started < 0.1  # queued, not sent, on the caller's thread
-        assert sender.close(10)
+        assert wait_for(lambda: len(failures) == 2 and sink.received, 10), failures
+        assert sender.close(10) == []
         [got] = sink.received
         assert got.path == "/hook" and got.title == "dflashctl: drafter on pve1/200: exception"
         assert got.message.startswith("exception: traceback: RuntimeError: boom\nrun r1 (drafter) on pve1/200")
@@ -209,3 +219,62 @@ def test_the_notifier_reads_the_alerts_without_taking_the_dashboards_changes() -
             assert [a.kind for a in source.snapshot().alerts] == ["nan"]
         finally:
             pump.stop()
+
+
+DOOMED = "import os, sys, time\nwhile not os.path.exists(sys.argv[1]): time.sleep(0.05)\nraise SystemExit(4)"
+
+
+def test_a_hung_service_delays_no_other_and_a_stop_says_what_it_could_not_send(tmp_path: Path, capsys) -> None:
+    """Two webhooks, one that takes the connection and never answers (its read timeout, 30 s, outlasts the test)
+    and a healthy one; six runs on `local` fail at once. The healthy one gets each failure within 1 s of the
+    watcher's alert; SIGTERM then ends the watcher within the stop's flush, exit 1, with the six notifications
+    the hung one never got counted on stderr and in an `unsent` JSON line."""
+    inv = tmp_path / "inventory.yaml"
+    inv.write_text(f"hosts:\n  local:\n    transport: local\n    workdir: {json.dumps(str(tmp_path / 'work'))}\n"
+                   f"    python: {json.dumps(sys.executable)}\n")
+    go = tmp_path / "go"
+    printed: list[tuple[float, dict]] = []
+    with NotifySink() as hung, NotifySink() as healthy:
+        hung.hang.set()
+        watcher = subprocess.Popen([sys.executable, "-m", "orchestrator", "-i", str(inv), "watch", "local",
+                                    "--headless", "--notify", hung.url("hung") + "?rto=30", "--notify",
+                                    healthy.url("healthy")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+        reader = threading.Thread(target=lambda: printed.extend((time.monotonic(), json.loads(line))
+                                                                for line in watcher.stdout), daemon=True)
+        reader.start()
+        try:
+            assert wait_for(lambda: any(line["type"] == "host" for _, line in printed), 60), printed
+            runs = []
+            for i in range(6):
+                code, record, err = run_cli(str(inv), "launch", "local", "--name", f"doomed{i}", "--json", "--",
+                                            sys.executable, "-c", DOOMED, str(go), capsys=capsys)
+                assert code == 0, err
+                runs.append(record["run_id"])
+            go.touch()
+            healthy.wait_for(lambda got: len(got) == 6, 60)
+            alerted = {line["run_id"]: at for at, line in printed
+                       if line["type"] == "alert" and line["kind"] == "ended"}
+            latency = {run_id: next(m.at for m in healthy.received if run_id in m.message) - alerted[run_id]
+                       for run_id in runs}
+            print("alert -> healthy destination:", ", ".join(f"{s:.2f} s" for s in latency.values()))
+            assert max(latency.values()) < 1.0, latency
+            signalled = time.monotonic()
+            watcher.send_signal(signal.SIGTERM)
+            watcher.wait(30)  # its stdout is the reader's: it ends with it
+            took = time.monotonic() - signalled
+            print(f"SIGTERM -> exit: {took:.2f} s")
+            reader.join(10)
+            err = watcher.stderr.read()
+            assert hung.received == []  # it answers nothing while the test runs
+        finally:
+            if watcher.poll() is None:
+                watcher.kill()
+            stop_keeper(tmp_path / "work" / ".dflash" / "runs")
+    assert took < FLUSH_S + 10  # the stop's flush and a loaded machine's slack, not the hung send's 30 s
+    assert watcher.returncode == 1 and "Traceback" not in err, err
+    shown = f"json://127.0.0.1:{hung.port}/hung"
+    assert f"6 notifications not sent to {shown} (6 failed): not sent within the stop's 5 s" in err, err
+    [unsent] = [line for _, line in printed if line["type"] == "unsent"]
+    assert unsent["destination"] == shown and unsent["count"] == 6 and unsent["kinds"] == ["failed"] * 6
+    assert sorted(unsent["run_ids"]) == sorted(runs)

@@ -1,5 +1,6 @@
 """`watch --serve`: the dashboard in a real headless Chromium, served off loopback to a lab namespace with its
-token, refusing requests without it; the kill key and its confirmation work in the browser; the usage errors."""
+token, refusing requests without it; the kill key and its confirmation work in the browser; every request whose
+Host does not name the server refused (DNS rebinding), on loopback and off it; the usage errors."""
 from __future__ import annotations
 
 import importlib.util
@@ -40,10 +41,13 @@ def free_port(address: str) -> int:
         return sock.getsockname()[1]
 
 
-def start_server(*args: str, env_extra: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], str]:
-    """`dflashctl ... watch --serve ...` as its own process; (process, the URL it printed)."""
+def start_server(*args: str, env_extra: dict[str, str] | None = None, netns: str | None = None,
+                 reach: str | None = None) -> tuple[subprocess.Popen[str], str]:
+    """`dflashctl ... watch --serve ...` as its own process (in network namespace `netns`, reached from here at
+    `reach` rather than at the URL's host); (process, the URL it printed)."""
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), **(env_extra or {})}
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", *args], cwd=REPO_ROOT, env=env,
+    prefix = ["ip", "netns", "exec", netns] if netns else []
+    proc = subprocess.Popen([*prefix, sys.executable, "-m", "orchestrator", *args], cwd=REPO_ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -52,6 +56,7 @@ def start_server(*args: str, env_extra: dict[str, str] | None = None) -> tuple[s
         if match:
             url = match.group(1)
             host, port = re.match(r"http://([^/:]+):(\d+)/", url).groups()
+            host = reach or host
             while time.monotonic() < deadline:  # the message comes as the server starts: wait for its socket
                 try:
                     socket.create_connection((host, int(port)), timeout=1).close()
@@ -123,6 +128,78 @@ def test_loopback_needs_no_token_but_refuses_another_sites_websocket(tmp_path) -
                                capture_output=True, text=True, timeout=60)
         assert taken.returncode == 2 and "cannot listen on 127.0.0.1" in taken.stderr
         assert "serving" not in taken.stderr
+    finally:
+        stop(proc)
+
+
+# ------------------------------------------------------------------------------------------------ the Host
+
+UPGRADE = ("Connection: Upgrade", "Upgrade: websocket", "Sec-WebSocket-Version: 13",
+           "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==")
+PATHS = ("/", "/ws", "/static/js/textual.js", "/download/x", "/no-such-page")
+
+
+def answer(address: str, port: int, path: str, host: str | None, origin: str | None = None) -> int:
+    """The status of one GET sent as written (the Host given, or none; a websocket handshake for /ws), as a
+    browser sends it to an address a rebound name of another site resolves to."""
+    lines = [f"GET {path} HTTP/1.1", *([f"Host: {host}"] if host is not None else []),
+             *(UPGRADE if path.startswith("/ws") else ()), *([f"Origin: {origin}"] if origin else ())]
+    with socket.create_connection((address, port), timeout=30) as sock:
+        sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+        status = sock.makefile("rb").readline()
+    return int(status.split()[1])
+
+
+def foreign_hosts(bound: str, port: int) -> list[str]:
+    """Host headers that do not name a server bound to `bound`:`port`: another site's names (one made to
+    resolve here), the right address on another port or with none, an empty one."""
+    return [f"evil.example:{port}", f"localhost.evil.example:{port}", f"{bound}.nip.io:{port}",
+            f"{bound}:{port + 1}", bound, f"evil.example:{port}@{bound}:{port}", ""]
+
+
+def check_hosts(reach: str, port: int, token: str | None, *, foreign: list[str], own: list[str]) -> None:
+    """Every path with every foreign Host: 403, even with the token (none at all: aiohttp's 400); with each own
+    Host: the page, the websocket and a static file served."""
+    query = f"?token={token}" if token else ""
+    refused = {(host, path): answer(reach, port, path + query, host, origin=f"http://{host}")
+               for host in foreign for path in PATHS}
+    assert set(refused.values()) == {403}, {key: code for key, code in refused.items() if code != 403}
+    assert {answer(reach, port, path + query, None) for path in PATHS} == {400}
+    for host in own:
+        served = [answer(reach, port, path + query, host, origin=f"http://{host}") for path in PATHS[:3]]
+        assert served == [200, 101, 200], (host, served)
+
+
+@needs_textual_serve
+@pytest.mark.parametrize("token", [None, "given-token-1"])
+def test_on_loopback_a_request_whose_host_names_another_server_is_refused(tmp_path, token) -> None:
+    port = free_port("127.0.0.1")
+    proc, _ = start_server("watch", "local", "--serve", "--port", str(port), *(["--token", token] if token else []),
+                           env_extra={"XDG_DATA_HOME": str(tmp_path)})
+    try:
+        check_hosts("127.0.0.1", port, token, foreign=foreign_hosts("127.0.0.1", port) + [f"[::1]:{port + 1}"],
+                    own=[f"127.0.0.1:{port}", f"localhost:{port}", f"LocalHost.:{port}"])
+    finally:
+        stop(proc)
+
+
+@pytest.mark.lab
+@needs_textual_serve
+@pytest.mark.parametrize("bind", ["address", "0.0.0.0"])
+def test_off_loopback_a_request_whose_host_names_another_server_is_refused(lab, tmp_path, bind) -> None:
+    """Served inside a lab host's network namespace, on its address or on every address there, reached from
+    here at that address."""
+    host = lab.hosts["pve2"]
+    port = 18080  # the namespace is the lab's: nothing else listens there
+    proc, _ = start_server("watch", "local", "--serve", "--host", host.address if bind == "address" else bind,
+                           "--port", str(port), "--token", "given-token-2", netns=host.netns, reach=host.address,
+                           env_extra={"XDG_DATA_HOME": str(tmp_path)})
+    own = [f"{host.address}:{port}", f"{socket.gethostname()}:{port}"] + ([f"localhost:{port}"] if bind != "address"
+                                                                           else [])
+    foreign = foreign_hosts(host.address, port) + [f"{host.link.root_address}:{port}"]
+    try:
+        check_hosts(host.address, port, "given-token-2", own=own,
+                    foreign=foreign + ([f"127.0.0.1:{port}"] if bind == "address" else []))
     finally:
         stop(proc)
 
@@ -236,7 +313,7 @@ def test_once_json_names_the_seed_runs_bound(seed_run, capsys) -> None:
 def test_what_decides_access_and_what_the_browser_tab_runs(tmp_path) -> None:
     import shlex
 
-    from orchestrator.cli.watchserve import choose_token, is_loopback, same_origin, served_command
+    from orchestrator.cli.watchserve import choose_token, host_ok, is_loopback, same_origin, served_command
 
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("198.18.0.1") and not is_loopback("myhost")
@@ -244,6 +321,13 @@ def test_what_decides_access_and_what_the_browser_tab_runs(tmp_path) -> None:
     made = choose_token("0.0.0.0", None)
     assert made and len(made) >= 20 and made != choose_token("0.0.0.0", None)
     assert same_origin(None, "h:1") and same_origin("http://H:1", "h:1") and not same_origin("http://e:1", "h:1")
+    names = frozenset({"localhost"})
+    assert host_ok("[::1]:80", bound="127.0.0.1", port=80, names=names, reached="127.0.0.1")
+    assert host_ok("127.0.0.2", bound="localhost", port=80, names=names, reached="127.0.0.1")
+    assert not host_ok("[::1:80", bound="127.0.0.1", port=80, names=names, reached="127.0.0.1")
+    assert not host_ok("localhost:80x", bound="127.0.0.1", port=80, names=names, reached="127.0.0.1")
+    assert host_ok("10.0.0.5:80", bound="::", port=80, names=names, reached="::ffff:10.0.0.5")
+    assert not host_ok("10.0.0.6:80", bound="::", port=80, names=names, reached="::ffff:10.0.0.5")
     inventory = tmp_path / "my inventory.yaml"
     argv = shlex.split(served_command(inventory, ["pve1/200", "x;rm -rf /"], 2.5))
     assert argv == [sys.executable, "-m", "orchestrator", "--inventory", str(inventory.resolve()), "watch",
