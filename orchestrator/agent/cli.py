@@ -32,7 +32,8 @@ Errors: {"ok": false, "error": MESSAGE, "code": CODE, ...details}. Answers (keys
     probe    {"probe": {"devices", "nvml", "limits", "workdir", "shm", "paths", "live_gpus" (+ "model" with --model)}}
     ps       {"runs": [RECORD (+ "log_tail": str with --tail-bytes)]}
     kill     {"runs": [{"run_id", "ok", "state", "signal", "exit_code", "already_ended", "survivors":
-             [{"pid", "cmdline", "state"}], "actions": [str], "run": RECORD}]}
+             [{"pid", "cmdline", "state"}], "actions": [str], "run": RECORD (+ "state_error": why the end is not
+             in state.json, when even the run's reserve could not make room)}]}
     cleanup  {"dry_run", "actions": [{"action", "done", "ok", "description", ...}], "findings": [{"kind",
              "description", ...}], "foreign_zombies": [{"parent": {"pid", "cmdline", "state"}, "pids", "count",
              "advice", "description"}] (zombies of processes no run owns: never acted on), "gpus": {"available",

@@ -235,7 +235,10 @@ def _live(runs_dir: str, run_id: str) -> bool:
 
 
 def _log(message: str) -> None:
-    print("{} {}".format(utc_now_iso(), message), file=sys.stderr, flush=True)
+    try:
+        print("{} {}".format(utc_now_iso(), message), file=sys.stderr, flush=True)
+    except OSError:
+        pass  # a full disk must not end the reaper of every run (its log is in the runs directory)
 
 
 def run_keeper(runs_dir: str, *, idle_exit: float = DEFAULT_IDLE_EXIT_S) -> int:
