@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -12,6 +13,11 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli import main
+from orchestrator.inventory.model import load_inventory
+from orchestrator.runs.client import RunClient
+from orchestrator.runs.spec import runs_dir
+from orchestrator.transports.pool import Connections
+from tests.lab.lab import ContainerSpec
 from tests.lab.procs import ProcInfo
 from tests.lab.workloads import run_cli as cli
 from tests.lab.workloads import zombie_children
@@ -236,10 +242,36 @@ def test_cleanup_on_the_host_never_plans_to_end_a_containers_pid1(lab, inv: str,
     assert len(listed) == 1 and listed[0]["parent"]["cmdline"] == "sleep infinity", report["foreign_zombies"]
 
 
+def test_a_keeper_that_leaves_after_its_idle_time_leaves_no_zombie(lab, tmp_path, capsys) -> None:
+    """Containers here have a PID 1 that never reaps. A keeper started the way dflashctl starts it (sshd, a
+    shell, pct exec, the agent's launch) leaves after its idle time (1 s here) without a zombie behind."""
+    ctid = 205  # a container of its own: no other test's zombies in it
+    lab.add_container("pve1", ContainerSpec(ctid))
+    try:
+        inv = str(lab.write_inventory(tmp_path / "inventory.yaml"))
+        target = load_inventory(Path(inv)).target(f"pve1/{ctid}")
+        with Connections() as conns:
+            agent = RunClient(load_inventory(Path(inv)), conns).deploy(target, with_trainer=False).agent_path
+        runs = runs_dir(target)
+        argv = [lab.hosts["pve1"].pct_command, "exec", str(ctid), "--", target.python, agent, "launch",
+                "--runs-dir", runs, "--run-id", "brief", "--name", "brief", "--target", target.name,
+                "--settle", "0.1", "--keeper-idle", "1", "--", "sleep", "0.5"]
+        done = subprocess.run(lab.ssh_argv("pve1") + [shlex.join(argv)], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stdout + done.stderr
+        info = lab.ct_run("pve1", ctid, ["cat", f"{runs}/.keeper/keeper.json"], text=True).stdout
+        keeper = lambda: [p for p in lab.ct_processes("pve1", ctid) if p.pid == json.loads(info)["pid"]]  # noqa: E731
+        assert keeper()
+        assert wait_for(lambda: not keeper(), 30), keeper()  # gone: exited and reaped, not PID 1's zombie
+        assert [p for p in lab.ct_processes("pve1", ctid) if p.state == "Z"] == []
+        code, report, err = cli(inv, "cleanup", f"pve1/{ctid}", "--json", capsys=capsys)
+        result = report["targets"][f"pve1/{ctid}"]
+        assert code == 0 and result["ok"], err
+        assert [f for f in result["findings"] if "zombies" in f["kind"]] == [] and result["foreign_zombies"] == []
+    finally:
+        lab.remove_container("pve1", ctid)
+
+
 def test_fifty_launch_kill_cycles_leave_no_zombie(lab, inv: str) -> None:
-    from orchestrator.transports.pool import Connections
-    from orchestrator.inventory.model import load_inventory
-    from orchestrator.runs.client import RunClient
     from orchestrator.runs.spec import LaunchSpec
 
     inventory = load_inventory(Path(inv))
