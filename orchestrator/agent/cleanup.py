@@ -1,5 +1,7 @@
-"""`cleanup`: reap zombies by ending their stuck parents, end orphans of ended runs, mark dead runs `lost`,
-and report what cannot be fixed from inside the container."""
+"""`cleanup`: end orphans of ended runs (reaping the zombies that stuck ones hold), mark dead runs `lost`, and
+report what cannot be fixed from here. It only ever ends processes of this runs directory's runs: zombies of
+any other process are reported, never "fixed" by ending their parent (on a host, that parent may be another
+container's PID 1)."""
 from __future__ import annotations
 
 import os
@@ -16,6 +18,8 @@ ADVICE_INIT_ZOMBIES = ("PID 1 of this container does not reap its children, so n
                        "clear these zombies: only a container restart does. A restart wipes /dev/shm (copy anything "
                        "kept there, such as model weights, to disk first). They hold pids, not memory or GPUs.")
 ADVICE_OUTSIDE = "their parent lives outside this PID namespace (e.g. the host's pct/lxc-attach); it reaps them when it exits"
+ADVICE_FOREIGN = ("Whoever owns that process has to reap them or end it; if it is another container's PID 1, which "
+                  "never reaps, only a restart of that container clears them. They hold pids, not memory or GPUs.")
 ADVICE_GPU = ("GPU memory is held while no run of this runs directory is live on that GPU. nvidia-smi inside a "
               "container cannot name the process: look for a stuck process (here or in another container of "
               "the host) or restart the container.")
@@ -28,6 +32,7 @@ class Cleanup:
         self.grace = grace
         self.actions = []
         self.findings = []
+        self.foreign_zombies = []
 
     def action(self, **fields) -> dict:
         fields.setdefault("done", not self.dry_run)
@@ -71,20 +76,43 @@ class Cleanup:
                 found.setdefault(pid, (run_id, "run {} has ended (an orphan the keeper inherited)".format(run_id)))
         return found
 
-    def end_orphans(self, live: dict) -> None:
+    def end_orphans(self, live: dict, zombies: dict) -> set:
+        """End what ended runs left behind; one that holds zombies is a stuck parent, and they go with it.
+        Returns the pids planned."""
+        held = zombie_children(zombies)
         targets, planned = [], []
         for pid, (run_id, reason) in sorted(self.orphans(live).items()):
             start = procfs.start_time(pid)
             if start is None:
                 continue
             cmdline = procfs.read_cmdline(pid)
-            planned.append(self.action(action="end_orphan", pid=pid, run_id=run_id, cmdline=cmdline, detail=reason,
-                                       description="end orphan {} ({}): {}".format(pid, cmdline[:60], reason)))
+            kids = held.get(pid)
+            if kids:
+                entry = self.action(action="end_stuck_parent", pid=pid, run_id=run_id, cmdline=cmdline, zombies=kids,
+                                    detail="{}; {} zombie child(ren) it never reaps".format(reason, len(kids)),
+                                    description="end stuck parent {} ({}) of {} zombie(s): {}".format(
+                                        pid, cmdline[:60], len(kids), reason))
+            else:
+                entry = self.action(action="end_orphan", pid=pid, run_id=run_id, cmdline=cmdline, detail=reason,
+                                    description="end orphan {} ({}): {}".format(pid, cmdline[:60], reason))
+            planned.append(entry)
             targets.append((pid, start))
         if targets and not self.dry_run:
             survivors, _ = terminate.end_processes(targets, grace=self.grace)
             for entry in planned:
                 entry["ok"] = entry["pid"] not in survivors
+            self._count_reaped([entry for entry in planned if entry.get("zombies")], zombies)
+        return {entry["pid"] for entry in planned}
+
+    def _count_reaped(self, stuck: list, zombies: dict) -> None:
+        if not stuck:
+            return
+        time.sleep(REPARENT_WAIT_S)  # let the new parent (a subreaper or PID 1) reap what it adopted
+        for entry in stuck:
+            left = [z for z in entry["zombies"] if procfs.exists_as(z, zombies[z].start_time)]
+            entry.update(reaped=len(entry["zombies"]) - len(left), still_zombies=left)
+            if left:
+                entry["description"] += "; {} still zombies (now PID 1's, which does not reap)".format(len(left))
 
     def protected_pids(self, live: dict, table: dict) -> dict:
         """pid -> why we must not end it although it has zombie children."""
@@ -100,54 +128,36 @@ class Cleanup:
                     protected[pid] = "process of live run {}".format(run_id)
         return protected
 
-    def fix_zombies(self, live: dict) -> None:
-        zombies, table = persistent_zombies()
+    def report_zombies(self, live: dict, planned: set, zombies: dict, table: dict) -> None:
+        """Say whose zombies are left. Only a process of one of our runs is ever ended (end_orphans did that);
+        any other parent, however stuck, belongs to someone else: another program, another container's PID 1
+        seen from the host. Those are listed under foreign_zombies and left alone."""
         protected = self.protected_pids(live, table)
-        by_parent = {}
-        for stat in zombies.values():
-            by_parent.setdefault(stat.ppid, []).append(stat.pid)
-        stuck = []
-        for parent, pids in sorted(by_parent.items()):
-            if parent == 1:
-                continue  # reported from the final snapshot below
+        for parent, pids in sorted(zombie_children(zombies).items()):
+            if parent == 1 or parent in planned:
+                continue  # PID 1's are reported below; a planned orphan's action names them
             if parent == 0 or parent not in table:
-                self.findings.append({"kind": "zombies_parent_outside", "count": len(pids), "pids": sorted(pids),
+                self.findings.append({"kind": "zombies_parent_outside", "count": len(pids), "pids": pids,
                                       "advice": ADVICE_OUTSIDE, "description": "{} zombie(s): {}".format(
                                           len(pids), ADVICE_OUTSIDE)})
             elif parent in protected:
                 if "live run" in protected[parent] and "supervisor" not in protected[parent]:
                     self.findings.append({"kind": "zombies_in_live_run", "parent": procfs.describe(parent),
-                                          "count": len(pids), "pids": sorted(pids), "detail": protected[parent],
+                                          "count": len(pids), "pids": pids, "detail": protected[parent],
                                           "description": "{} zombie(s) under pid {}, a {}: left alone".format(
                                               len(pids), parent, protected[parent])})
             else:
-                cmdline = procfs.read_cmdline(parent)
-                stuck.append(self.action(action="end_stuck_parent", pid=parent, cmdline=cmdline, zombies=sorted(pids),
-                                         detail="{} zombie child(ren) it never reaps".format(len(pids)),
-                                         description="end stuck parent {} ({}) of {} zombie(s)".format(
-                                             parent, cmdline[:60], len(pids))))
-        if stuck and not self.dry_run:
-            self._end_stuck_parents(stuck, zombies)
-        self._report_init_zombies(zombies if self.dry_run else None)
-
-    def _end_stuck_parents(self, stuck: list, zombies: dict) -> None:
-        targets = terminate.identities(entry["pid"] for entry in stuck)
-        survivors, _ = terminate.end_processes(targets, grace=self.grace)
-        time.sleep(REPARENT_WAIT_S)  # let the new parent (a subreaper or PID 1) reap what it adopted
-        for entry in stuck:
-            left = [z for z in entry["zombies"] if procfs.exists_as(z, zombies[z].start_time)]
-            entry.update(ok=entry["pid"] not in survivors, reaped=len(entry["zombies"]) - len(left),
-                         still_zombies=left)
-            if left:
-                entry["description"] += "; {} still zombies (now PID 1's, which does not reap)".format(len(left))
-
-    def _report_init_zombies(self, table: dict | None) -> None:
-        table = persistent_zombies()[0] if table is None else table
-        pids = sorted(pid for pid, stat in table.items() if stat.ppid == 1)
-        if pids:
-            self.findings.append({"kind": "zombies_of_init", "count": len(pids), "pids": pids,
+                owner = procfs.describe(parent)
+                self.foreign_zombies.append({
+                    "parent": owner, "count": len(pids), "pids": pids, "advice": ADVICE_FOREIGN,
+                    "description": "{} zombie(s) of pid {} ({}), which no dflashctl run owns: left alone. {}".format(
+                        len(pids), parent, owner["cmdline"][:60], ADVICE_FOREIGN)})
+        init_pids = sorted(pid for pid, stat in zombies.items() if stat.ppid == 1)
+        if init_pids:
+            self.findings.append({"kind": "zombies_of_init", "count": len(init_pids), "pids": init_pids,
                                   "init": procfs.describe(1), "advice": ADVICE_INIT_ZOMBIES,
-                                  "description": "{} zombie(s) of PID 1: {}".format(len(pids), ADVICE_INIT_ZOMBIES)})
+                                  "description": "{} zombie(s) of PID 1: {}".format(len(init_pids),
+                                                                                   ADVICE_INIT_ZOMBIES)})
 
     def check_gpus(self, live: dict) -> dict:
         result = gpus.query_gpus()
@@ -163,11 +173,15 @@ class Cleanup:
     def run(self) -> dict:
         self.mark_dead_runs()
         live = self.live_runs()
-        self.end_orphans(live)
-        self.fix_zombies(live)
+        zombies, table = persistent_zombies()
+        planned = self.end_orphans(live, zombies)
+        if planned and not self.dry_run:
+            zombies, table = persistent_zombies()  # after the ended ones' zombies found their new parent
+        self.report_zombies(live, planned, zombies, table)
         gpu_result = self.check_gpus(live)
         return {"ok": all(a["ok"] for a in self.actions), "dry_run": self.dry_run, "actions": self.actions,
-                "findings": self.findings, "gpus": gpu_result, "live_runs": sorted(live)}
+                "findings": self.findings, "foreign_zombies": self.foreign_zombies, "gpus": gpu_result,
+                "live_runs": sorted(live)}
 
 
 def persistent_zombies() -> tuple:
@@ -179,6 +193,14 @@ def persistent_zombies() -> tuple:
     zombies = {pid: stat for pid, stat in table.items()
                if stat.is_zombie and pid in first and first[pid].start_time == stat.start_time}
     return zombies, table
+
+
+def zombie_children(zombies: dict) -> dict:
+    """parent pid -> sorted pids of its zombies."""
+    held = {}
+    for stat in zombies.values():
+        held.setdefault(stat.ppid, []).append(stat.pid)
+    return {parent: sorted(pids) for parent, pids in held.items()}
 
 
 def cleanup(runs_dir: str, *, dry_run: bool, grace: float) -> dict:

@@ -32,10 +32,12 @@ Errors: {"ok": false, "error": MESSAGE, "code": CODE, ...details}. Answers (keys
     probe    {"probe": {"devices", "nvml", "limits", "workdir", "shm", "paths", "live_gpus" (+ "model" with --model)}}
     ps       {"runs": [RECORD (+ "log_tail": str with --tail-bytes)]}
     kill     {"runs": [{"run_id", "ok", "state", "signal", "exit_code", "already_ended", "survivors":
-             [{"pid", "cmdline", "state"}], "actions": [str], "run": RECORD}]}
+             [{"pid", "cmdline", "state"}], "actions": [str], "run": RECORD (+ "state_error": why the end is not
+             in state.json, when even the run's reserve could not make room)}]}
     cleanup  {"dry_run", "actions": [{"action", "done", "ok", "description", ...}], "findings": [{"kind",
-             "description", ...}], "gpus": {"available", "gpus": [{"index", "memory_used_mib",
-             "utilization_pct"}], "error"}, "live_runs": [run ids]}
+             "description", ...}], "foreign_zombies": [{"parent": {"pid", "cmdline", "state"}, "pids", "count",
+             "advice", "description"}] (zombies of processes no run owns: never acted on), "gpus": {"available",
+             "gpus": [{"index", "memory_used_mib", "utilization_pct"}], "error"}, "live_runs": [run ids]}
 RECORD: run_id, target, name, state, pid, pgid, exit_code, signal, signal_name, created_at, started_at, ended_at,
 log_path, run_dir, gpus, command, cwd, grace_s, supervisor_pid, supervisor_start_time, error, and for a node of a
 multi-node job job_id, node_rank, nnodes (null otherwise).

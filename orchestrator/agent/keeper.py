@@ -3,12 +3,15 @@
 Why it exists: a daemon started from `pct exec` ends up a child of the container's PID 1, and when it exits
 it becomes PID 1's zombie; a PID 1 that never reaps keeps it forever. Supervisors started by the keeper are
 reaped by the keeper instead, and as a child subreaper it also adopts and reaps whatever a dead supervisor
-leaves behind. Launch starts the keeper (detached, double-forked) when none holds its lock.
+leaves behind. Launch starts the keeper detached (spawn.detach) when none holds its lock: under pct exec it
+becomes a child of pct's own process outside the container, then of the host's init, never of the
+container's PID 1, so its own exit leaves no zombie either.
 
 A keeper with nothing to do (no child, no live run, no spawn request) for its idle time (10 minutes unless
-told) exits. It decides so under start.lock, which a launch holds from "is a keeper running?" to "my spawn
-request is written": either the launch sees the keeper gone and starts a new one, or the keeper sees the
-request and stays.
+told) exits, if someone will reap it (exit_is_reaped); one whose parent is a container's PID 1 (started from
+inside the container, not through pct exec) stays instead, as that PID 1 may never reap. It decides so under
+start.lock, which a launch holds from "is a keeper running?" to "my spawn request is written": either the
+launch sees the keeper gone and starts a new one, or the keeper sees the request and stays.
 """
 from __future__ import annotations
 
@@ -102,6 +105,7 @@ class Keeper:
         self.runs_dir = os.path.abspath(runs_dir)
         self.idle_exit = idle_exit
         self.stopping = False
+        self.staying = False
         self.children = set()
         self.known = lineage.load_known(self.paths.dir)  # (pid, start time) -> run id of what is below us
 
@@ -126,13 +130,21 @@ class Keeper:
             self._track()
             if self.children or self._requests():
                 idle_since = time.monotonic()
-            elif time.monotonic() - idle_since >= self.idle_exit:
+            elif time.monotonic() - idle_since >= self.idle_exit and self._may_leave():
                 if self._leave_if_idle(lock_fd):
                     _log("idle for {:g}s with no live run: exiting".format(self.idle_exit))
                     return 0
                 idle_since = time.monotonic()  # a live run or an orphan of one is still here: look again later
             wakeup.wait(min(POLL_S, max(self.idle_exit, 0.01)))
         return 0
+
+    def _may_leave(self) -> bool:
+        if exit_is_reaped():
+            return True
+        if not self.staying:
+            self.staying = True
+            _log("idle, but staying: no one here may ever reap this keeper (its parent is this container's PID 1)")
+        return False
 
     def _idle(self) -> bool:
         """No child of ours (supervisors, adopted orphans), no live run, no spawn request."""
@@ -196,6 +208,13 @@ class Keeper:
         _log("started supervisor pid {}: {}".format(child, json.dumps(request["argv"][-4:])))
 
 
+def exit_is_reaped() -> bool:
+    """Someone will reap us when we exit: a parent outside our PID namespace (pct exec's process, then the
+    host's init: spawn.detach), or the host's own init. Inside a container no one can tell whether its PID 1
+    ever reaps."""
+    return os.getppid() == 0 or procfs.in_initial_pid_namespace()
+
+
 def _take_lock(path: str) -> int | None:
     """Hold keeper.lock for life (the fd returned stays open and locked until we exit or leave idle).
     Retry briefly: a launch's liveness probe may hold it for an instant."""
@@ -235,7 +254,10 @@ def _live(runs_dir: str, run_id: str) -> bool:
 
 
 def _log(message: str) -> None:
-    print("{} {}".format(utc_now_iso(), message), file=sys.stderr, flush=True)
+    try:
+        print("{} {}".format(utc_now_iso(), message), file=sys.stderr, flush=True)
+    except OSError:
+        pass  # a full disk must not end the reaper of every run (its log is in the runs directory)
 
 
 def run_keeper(runs_dir: str, *, idle_exit: float = DEFAULT_IDLE_EXIT_S) -> int:

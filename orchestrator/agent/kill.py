@@ -8,7 +8,7 @@ from . import keeper, lineage, procfs, terminate
 from .childwatch import signal_name
 from .protocol import DEFAULT_GRACE_S, KILLED, LOST, STARTING, TERMINAL_STATES
 from .rundir import RunPaths, existing_run, utc_now_iso, write_json_atomic
-from .runstate import finish, load_record, read_run, read_state, supervisor_alive, update_state
+from .runstate import load_record, read_run, read_state, supervisor_alive, update_state
 
 MARGIN_S = 3.0  # the supervisor's own reaction time and its SIGKILL rounds, beyond the grace
 SPAWN_WAIT_S = 3.0
@@ -34,7 +34,7 @@ def run_processes(paths: RunPaths, state: dict) -> list:
     return [(pid, table[pid].start_time) for pid in sorted(pids) if pid in table]
 
 
-def wait_for_supervisor(paths: RunPaths) -> dict:
+def wait_for_supervisor(paths: RunPaths, notes: list) -> dict:
     """A run still `starting` may be between the keeper and its supervisor: give it a moment."""
     deadline = time.monotonic() + SPAWN_WAIT_S
     state = read_state(paths)
@@ -43,39 +43,74 @@ def wait_for_supervisor(paths: RunPaths) -> dict:
         state = read_state(paths)
     if state.get("state") == STARTING and not state.get("supervisor_pid"):
         keeper.cancel_spawn(paths.runs_dir, paths.run_id)
-        state = finish(paths, KILLED, signal=None, error="killed before its supervisor started")
+        state = mark_killed(paths, None, notes, error="killed before its supervisor started")
     return state
+
+
+def request_grace(paths: RunPaths, grace: float, actions: list) -> bool:
+    """Tell the supervisor this kill's grace (kill_request.json); False where the disk has no room for it."""
+    try:
+        write_json_atomic(paths.kill_request, {"version": 1, "grace_s": grace, "requested_at": utc_now_iso()})
+    except OSError as exc:
+        actions.append("could not tell the supervisor the grace ({}): ending the run after {:g}s ourselves".format(
+            exc.strerror or exc, grace))
+        return False
+    return True
 
 
 def ask_supervisor(paths: RunPaths, state: dict, grace: float, actions: list) -> dict:
-    """SIGTERM the (identity-checked) supervisor and wait for its terminal state and its exit."""
-    write_json_atomic(paths.kill_request, {"version": 1, "grace_s": grace, "requested_at": utc_now_iso()})
-    if terminate.send(state["supervisor_pid"], state["supervisor_start_time"], signal.SIGTERM):
-        actions.append("sent SIGTERM to supervisor {}".format(state["supervisor_pid"]))
-    deadline = time.monotonic() + grace + MARGIN_S
-    while time.monotonic() < deadline:
+    """SIGTERM the (identity-checked) supervisor and wait for it to record the end and exit.
+
+    Signals never wait for free space: where the grace could not be written down, the supervisor waits the
+    run's own grace, so once ours is over we SIGKILL the rest of the run ourselves and let it record that."""
+    told = request_grace(paths, grace, actions)
+    sup = state["supervisor_pid"]
+    if terminate.send(sup, state["supervisor_start_time"], signal.SIGTERM):
+        actions.append("sent SIGTERM to supervisor {}".format(sup))
+    if told:
+        return wait_supervisor_gone(paths, grace + MARGIN_S)
+    state = wait_supervisor_gone(paths, grace)
+    rest = [(pid, start) for pid, start in run_processes(paths, state) if pid != sup]
+    killed = [pid for pid, start in rest if terminate.send(pid, start, signal.SIGKILL)]
+    if killed:
+        actions.append("sent SIGKILL after the grace to {}".format(killed))
+    return wait_supervisor_gone(paths, MARGIN_S)
+
+
+def wait_supervisor_gone(paths: RunPaths, timeout: float) -> dict:
+    """The state once the supervisor has exited (having recorded the end, or not), or after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
         state = read_state(paths)
-        if state.get("state") in TERMINAL_STATES and not supervisor_alive(state):
-            break
+        if not supervisor_alive(state) or time.monotonic() >= deadline:
+            return state
         time.sleep(POLL_S)
-    return state
 
 
-def mark_killed(paths: RunPaths, sig: int) -> dict:
-    """The supervisor could not record the end: we do. A `lost` run we had to end becomes `killed`."""
+def mark_killed(paths: RunPaths, sig: int | None, notes: list, **extra) -> dict:
+    """The supervisor could not record the end: we do. A `lost` run we had to end becomes `killed`.
+
+    Where even the run's reserve is spent and the disk has no room, the processes are gone all the same:
+    `notes` says the end is not on disk, and the state comes back as it would have been written."""
+    fields = dict(state=KILLED, signal=sig, signal_name=signal_name(sig), ended_at=utc_now_iso(), **extra)
+
     def mutate(state: dict):
         if state.get("state") in TERMINAL_STATES and state.get("state") != LOST:
             return None
-        state.update(state=KILLED, signal=sig, signal_name=signal_name(sig), ended_at=utc_now_iso())
+        state.update(fields)
         return state
-    return update_state(paths, mutate)
+    try:
+        return update_state(paths, mutate)
+    except OSError as exc:
+        notes.append("its end could not be recorded in state.json: {}".format(exc))
+        return dict(read_state(paths), **fields)
 
 
 def kill_one(paths: RunPaths, grace: float | None) -> dict:
-    actions = []
+    actions, notes = [], []
     run = read_run(paths)
     grace = float(run.get("grace_s", DEFAULT_GRACE_S)) if grace is None else grace
-    state = wait_for_supervisor(paths)
+    state = wait_for_supervisor(paths, notes)
     already_ended = state.get("state") in TERMINAL_STATES and not supervisor_alive(state)
     supervisor_did_it = False
     if not already_ended and supervisor_alive(state):
@@ -89,14 +124,19 @@ def kill_one(paths: RunPaths, grace: float | None) -> dict:
         wait = STUCK_SUPERVISOR_GRACE_S if had_grace else grace
         _, escalated = terminate.end_processes(left, grace=wait)
         if state.get("state") not in TERMINAL_STATES or state.get("state") == LOST:
-            state = mark_killed(paths, signal.SIGKILL if escalated else signal.SIGTERM)
+            state = mark_killed(paths, signal.SIGKILL if escalated else signal.SIGTERM, notes)
     elif state.get("state") not in TERMINAL_STATES:
-        state = mark_killed(paths, signal.SIGTERM)
-    survivors = [procfs.describe(pid) for pid, _ in run_processes(paths, read_state(paths))]
+        state = mark_killed(paths, signal.SIGTERM, notes)
+    survivors = [procfs.describe(pid) for pid, _ in run_processes(paths, state)]
     record = load_record(paths)
-    return {"run_id": paths.run_id, "ok": not survivors, "state": record["state"], "signal": record.get("signal"),
-            "exit_code": record.get("exit_code"), "already_ended": already_ended and not left,
-            "survivors": survivors, "actions": actions, "run": record}
+    if notes:  # not on disk: say how it ended from what we did
+        record.update({key: state.get(key) for key in ("state", "signal", "signal_name", "ended_at", "error")})
+    result = {"run_id": paths.run_id, "ok": not survivors, "state": record["state"], "signal": record.get("signal"),
+              "exit_code": record.get("exit_code"), "already_ended": already_ended and not left,
+              "survivors": survivors, "actions": actions, "run": record}
+    if notes:
+        result["state_error"] = "; ".join(notes)
+    return result
 
 
 def kill_runs(runs_dir: str, run_ids: list, *, grace: float | None) -> dict:

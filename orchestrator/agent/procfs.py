@@ -70,6 +70,17 @@ def boot_id() -> str | None:
         return None
 
 
+INITIAL_PID_NS = 0xEFFFFFFC  # the inode of the host's own PID namespace: a constant of the kernel
+
+
+def in_initial_pid_namespace() -> bool:
+    """True on the host itself, False inside a container (a PID namespace of its own)."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino == INITIAL_PID_NS
+    except OSError:
+        return False
+
+
 def list_pids() -> list:
     return [int(name) for name in os.listdir("/proc") if name.isdigit()]
 

@@ -2,8 +2,13 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import zipfile
+
+CLONE_PARENT = 0x00008000
+# clone(2) where its first argument is the flags; a fork-like clone leaves the others 0, whatever their order
+CLONE_SYSCALLS = {"x86_64": 56, "aarch64": 220}
 
 
 def agent_entry() -> tuple:
@@ -45,7 +50,60 @@ def redirect_std_streams(log_path: str) -> None:
 
 
 def detach(argv: list, env: dict, log_path: str) -> int:
-    """Run argv as a daemon (fork, setsid, fork again) and return its pid; we are never its parent."""
+    """Run argv as a daemon (a session of its own, every stream redirected) and return its pid; we are never
+    its parent.
+
+    Its parent is whoever must reap it when it exits. Entered into a container by pct exec (lxc-attach) or
+    nsenter, our own parent lives outside the container's PID namespace (getppid() is 0): the daemon is made
+    our sibling, a child of that outside process (clone with CLONE_PARENT, the way lxc-attach starts us), and
+    once that process exits, of the host's init; both reap. A double fork would hand it to the container's
+    PID 1, which may never reap: its exit would leave a zombie until the container restarts. Elsewhere (a
+    host, or where that clone is refused), the double fork: the init it reaches is the host's own.
+    """
+    if os.getppid() == 0:
+        pid = _start_beside_parent(argv, env, log_path)
+        if pid is not None:
+            return pid
+    return _double_fork(argv, env, log_path)
+
+
+def _start_beside_parent(argv: list, env: dict, log_path: str) -> int | None:
+    # close-on-exec: the read below ends once the child has called setsid and exec'd (or died), so the
+    # caller never returns (and pct never kills its process group) while the child is still in that group
+    read_fd, write_fd = os.pipe()
+    pid = _clone_beside_parent()
+    if pid == 0:
+        try:
+            os.setsid()
+        except OSError:
+            os._exit(127)
+        exec_detached(argv, env, log_path)
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as pipe:
+        if pid is not None:
+            pipe.read()
+    return pid
+
+
+def _clone_beside_parent() -> int | None:
+    """fork(), except that the child's parent is our parent: 0 in the child, its pid here, None where this
+    kernel, architecture or Python cannot do it."""
+    number = CLONE_SYSCALLS.get(os.uname().machine)
+    if number is None:
+        return None
+    try:
+        import ctypes
+        # PyDLL: the GIL stays held across the call, as os.fork holds it, so the child starts consistent
+        syscall = ctypes.PyDLL(None, use_errno=True).syscall
+    except (ImportError, OSError, AttributeError):
+        return None
+    syscall.restype = ctypes.c_long
+    zero = ctypes.c_long(0)
+    pid = syscall(ctypes.c_long(number), ctypes.c_ulong(CLONE_PARENT | signal.SIGCHLD), zero, zero, zero, zero)
+    return pid if pid >= 0 else None
+
+
+def _double_fork(argv: list, env: dict, log_path: str) -> int:
     read_fd, write_fd = os.pipe()
     child = os.fork()
     if child == 0:

@@ -48,12 +48,3 @@ def end_processes(targets: list, *, grace: float, tick=None) -> tuple:
     alive = wait_gone(alive, KILL_WAIT_S, tick=tick)
     return [pid for pid, _ in alive], escalated
 
-
-def identities(pids) -> list:
-    """(pid, start time) for each pid that still exists."""
-    found = []
-    for pid in pids:
-        start = procfs.start_time(pid)
-        if start is not None:
-            found.append((pid, start))
-    return found

@@ -19,9 +19,9 @@ def cleanup(
     dry_run: bool = typer.Option(False, "--dry-run", help="Change nothing; list what would be done."),
     as_json: bool = typer.Option(False, "--json", help="Print {\"targets\": {...}} as JSON."),
 ) -> int:
-    """Clean up after runs: reap zombies by ending their stuck parents, end orphans of ended runs, mark dead
-    runs `lost`, and report what cannot be fixed here (zombies of a PID 1 that never reaps; GPU memory held
-    while no run is live)."""
+    """Clean up after runs: end orphans of ended runs (and so reap the zombies stuck ones hold), mark dead runs
+    `lost`, and report what cannot be fixed here (zombies of a PID 1 that never reaps; zombies of a process no
+    run owns, which is never ended; GPU memory held while no run is live)."""
     state: AppState = ctx.obj
     resolved = state.inventory().targets(targets)
     stderr().print(("planning" if dry_run else "cleaning up") + f" {len(resolved)} target(s)...")
@@ -49,3 +49,5 @@ def _print(report: dict, dry_run: bool) -> None:
             out.print(f"  - {action.get('description') or action}", markup=False)
         for finding in result.get("unfixable") or result.get("findings") or []:
             out.print(f"  ! {finding.get('description') or finding}", markup=False)
+        for foreign in result.get("foreign_zombies") or []:
+            out.print(f"  ! {foreign.get('description') or foreign}", markup=False)

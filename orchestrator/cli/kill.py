@@ -77,6 +77,8 @@ def _print(report: dict) -> None:
             ended = how_it_ended(record)
             line = f"{run.get('run_id')} on {target}: " + (f"had already ended: {ended}; nothing to stop"
                                                            if run.get("already_ended") else ended)
+            if run.get("state_error"):
+                line += f"; {run['state_error']}"
             survivors = run.get("survivors") or []
             if survivors:
                 line += "; STILL ALIVE: " + ", ".join(f"{p.get('pid')} {p.get('cmdline', '')[:60]}"

@@ -39,12 +39,29 @@ time.sleep(300)
 """
 
 
-def plant_stuck_parent(ns) -> subprocess.Popen:
-    """A process whose three children exit and which never waits for them: three zombies."""
-    parent = ns.popen([sys.executable, "-c", STUCK_PARENT], stdout=subprocess.PIPE)
+def plant_stuck_parent(ns, *env: str) -> subprocess.Popen:
+    """A process whose three children exit and which never waits for them: three zombies. `env`: KEY=VALUE
+    pairs that make it a process of a run."""
+    before = len(ns.zombies())
+    parent = ns.popen(["env", *env, sys.executable, "-c", STUCK_PARENT], stdout=subprocess.PIPE)
     assert parent.stdout.readline().strip() == b"planted"
-    assert wait_for(lambda: len(ns.zombies()) >= 3, 5)
+    assert wait_for(lambda: len(ns.zombies()) >= before + 3, 5)
     return parent
+
+
+def ended_run(ns, runs_dir: str, run_id: str) -> tuple:
+    """The KEY=VALUE pairs of a run of `runs_dir` that has ended, for a process it left behind."""
+    status, out = launch(ns, runs_dir, run_id, ["sleep", "0.5"], settle="0.1")
+    assert status == 0, out
+    wait_state(ns, runs_dir, run_id, ("succeeded",))
+    return "DFLASH_RUN_ID=" + run_id, "DFLASH_RUNS_DIR=" + runs_dir
+
+
+def stop(parent: subprocess.Popen) -> None:
+    if parent.poll() is None:
+        parent.kill()
+    parent.wait()
+    parent.stdout.close()
 
 
 def test_kill_ends_the_whole_tree_within_the_grace(bad_init_container, runs_dir, tmp_path):
@@ -79,13 +96,14 @@ def test_twenty_launch_kill_cycles_leave_no_zombie_under_a_non_reaping_init(bad_
     assert ns.zombies() == []
 
 
-def test_cleanup_reaps_zombies_by_ending_their_stuck_parent(container, runs_dir):
-    parent = plant_stuck_parent(container)
+def test_cleanup_reaps_zombies_by_ending_the_stuck_parent_an_ended_run_left(container, runs_dir):
+    parent = plant_stuck_parent(container, *ended_run(container, runs_dir, "gone"))
     try:
         status, out = container.agent("cleanup", "--runs-dir", runs_dir, "--dry-run")
         assert status == 0 and out["dry_run"] is True
         planned = [a for a in out["actions"] if a["action"] == "end_stuck_parent"]
         assert len(planned) == 1 and len(planned[0]["zombies"]) == 3 and planned[0]["done"] is False
+        assert planned[0]["run_id"] == "gone" and out["foreign_zombies"] == []
         assert parent.poll() is None and len(container.zombies()) == 3  # dry run changed nothing
         status, out = container.agent("cleanup", "--runs-dir", runs_dir)
         done = [a for a in out["actions"] if a["action"] == "end_stuck_parent"]
@@ -94,15 +112,32 @@ def test_cleanup_reaps_zombies_by_ending_their_stuck_parent(container, runs_dir)
         assert container.zombies() == []
         assert parent.wait(timeout=5) == -signal.SIGTERM
     finally:
-        if parent.poll() is None:
-            parent.kill()
-        parent.wait()
-        parent.stdout.close()
+        stop(parent)
+
+
+def test_cleanup_never_ends_a_stuck_parent_no_run_owns(container, runs_dir):
+    """Zombies of a process that is not ours (another program; on a host, another container's PID 1) are
+    reported under foreign_zombies, and their parent is left running, dry run or not."""
+    assert launch(container, runs_dir, "beside", ["sleep", "60"])[0] == 0
+    parent = plant_stuck_parent(container)
+    try:
+        for dry in (["--dry-run"], []):
+            status, out = container.agent("cleanup", "--runs-dir", runs_dir, *dry)
+            assert status == 0 and out["ok"] and out["actions"] == [], out
+            foreign = out["foreign_zombies"]
+            assert len(foreign) == 1 and foreign[0]["count"] == 3 and len(foreign[0]["pids"]) == 3, out
+            assert "planted" in foreign[0]["parent"]["cmdline"]
+            assert "left alone" in foreign[0]["description"] and "restart" in foreign[0]["advice"]
+            assert parent.poll() is None and len(container.zombies()) == 3
+        assert out["live_runs"] == ["beside"] and record(container, runs_dir, "beside")["state"] == "running"
+    finally:
+        stop(parent)
+        container.agent("kill", "--runs-dir", runs_dir, "--run-id", "beside", "--grace", "1")
 
 
 def test_zombies_of_a_non_reaping_init_are_reported_not_hidden(fresh_bad_init_container, runs_dir):
     ns = fresh_bad_init_container
-    parent = plant_stuck_parent(ns)
+    parent = plant_stuck_parent(ns, *ended_run(ns, runs_dir, "gone"))
     try:
         status, out = ns.agent("cleanup", "--runs-dir", runs_dir)
         assert status == 0, out
@@ -113,8 +148,7 @@ def test_zombies_of_a_non_reaping_init_are_reported_not_hidden(fresh_bad_init_co
         assert finding["count"] == 3 and "restart" in finding["advice"] and "/dev/shm" in finding["advice"]
         assert out["actions"] == []  # nothing left that cleanup could do
     finally:
-        parent.wait(timeout=5)
-        parent.stdout.close()
+        stop(parent)
 
 
 def test_cleanup_ends_orphans_of_ended_runs_and_marks_dead_runs_lost(container, runs_dir):

@@ -4,10 +4,12 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 from pathlib import Path
 
 from orchestrator.inventory.model import Inventory, load_inventory
 from orchestrator.runs.spec import runs_dir
+from tests.polling import wait_for
 
 STEP = ("[{i}s] step={i} loss=2.5 acc=0.1 streak=0.5 lr=1e-4 noise=0.0 | tgt=1.0b/s dft=1.0b/s (11.7Ktok/s) | "
         "q_pre=[5] q_hs=[2] | epoch~0.01 ETA=1h")
@@ -59,3 +61,30 @@ def stop_keeper(runs: Path) -> None:
         return
     if b"keeper" in cmdline and os.fsencode(str(runs.resolve())) in cmdline:
         os.kill(pid, signal.SIGTERM)
+
+
+def zombie_children(pid: int) -> list:
+    """Host pids of the zombies `pid` holds (children it has not reaped)."""
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return []
+    found = []
+    for child in children:
+        try:
+            if Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                found.append(int(child))
+        except OSError:
+            continue
+    return found
+
+
+def start_foreign_stuck_parent() -> subprocess.Popen:
+    """What another container's PID 1 looks like from the host: `sleep 301`, which never reaps, holding one
+    zombie. No run owns it: cleanup must leave it alone. The caller kills and waits for it."""
+    proc = subprocess.Popen(["sh", "-c", "sleep 0.1 & exec sleep 301"], start_new_session=True)
+    if not wait_for(lambda: zombie_children(proc.pid), 5):
+        proc.kill()
+        proc.wait()
+        raise AssertionError("the foreign zombie did not appear")
+    return proc

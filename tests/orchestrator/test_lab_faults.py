@@ -19,6 +19,7 @@ from orchestrator.watch.source import LiveSource
 
 from tests.lab.workloads import QUIET, TRACEBACK, log_path, quick_inventory
 from tests.lab.workloads import run_cli as cli
+from tests.polling import wait_for as poll
 
 pytestmark = pytest.mark.lab
 TARGET = "pve2/300"
@@ -173,6 +174,48 @@ def test_a_full_disk_hides_no_run_and_keeps_its_exit(lab, full_disk, capsys) -> 
     code, report, _ = cli(inv, "doctor", TARGET, "--json", capsys=capsys)
     checked = report["targets"][TARGET]
     assert checked["free_bytes"] < 64 * 1024 and any("GiB free" in w for w in checked["warnings"])
+
+
+@pytest.fixture()
+def full_workdir(lab, tmp_path):
+    """pve2/300 with its whole workdir on a 2 MiB tmpfs (inside the container), and an inventory for it."""
+    path = tmp_path / "inventory.yaml"
+    quick_inventory(lab, path)
+    workdir = "/workspace/fullwd"
+    path.write_text(path.read_text().replace("300: {gpus: 1}", f"300: {{gpus: 1, workdir: {workdir}}}"))
+    ct = ("pve2", 300)
+    lab.ct_run(*ct, ["mkdir", "-p", workdir])
+    assert lab.ct_run(*ct, ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", workdir]).returncode == 0
+    runs = runs_dir(load_inventory(path).target(TARGET))
+    try:
+        yield str(path), workdir, runs
+    finally:
+        keeper = lab.ct_run(*ct, ["cat", f"{runs}/.keeper/keeper.json"], text=True).stdout
+        if keeper:
+            lab.ct_run(*ct, ["kill", str(json.loads(keeper)["pid"])])
+        lab.ct_run(*ct, ["umount", "-l", workdir])
+
+
+@pytest.mark.parametrize("reserve", [True, False], ids=["reserve", "no-reserve"])
+def test_kill_on_a_full_workdir_ends_everything_and_exits_0(lab, full_workdir, capsys, reserve) -> None:
+    inv, workdir, runs = full_workdir
+    code, record, err = cli(inv, "launch", TARGET, "--json", "--name", "stubborn", "--gpus", "none", "--", "sh",
+                            "-c", "trap '' TERM; sleep 300 & sleep 300 & wait", capsys=capsys)
+    assert code == 0, err
+    run_id = record["run_id"]
+    of_run = lambda: [p for p in lab.ct_processes("pve2", 300) if p.environ.get("DFLASH_RUN_ID") == run_id]  # noqa: E731
+    assert poll(lambda: len(of_run()) == 3, 5)
+    if not reserve:
+        lab.ct_run("pve2", 300, ["rm", f"{runs}/{run_id}/.state-reserve"])
+    lab.ct_run("pve2", 300, ["sh", "-c", f"cat /dev/zero > {workdir}/ballast"])
+    assert lab.ct_run("pve2", 300, ["df", "--output=avail", workdir], text=True).stdout.split()[-1] == "0"
+    code, result, err = cli(inv, "kill", run_id, "--grace", "1", "--json", capsys=capsys)
+    assert code == 0 and "Traceback" not in err, err
+    killed = result["targets"][TARGET]["runs"][0]
+    assert killed["ok"] and killed["survivors"] == [] and killed["state"] == "killed", killed
+    assert ("state_error" in killed) is not reserve  # without the reserve the end is not on disk, and it says so
+    assert of_run() == [] and [p for p in lab.ct_processes("pve2", 300) if p.state == "Z"
+                               and p.environ.get("DFLASH_RUN_ID") == run_id] == []
 
 
 def test_watch_shows_how_little_room_the_runs_have_and_alerts(lab, full_disk, capsys) -> None:

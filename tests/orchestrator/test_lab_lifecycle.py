@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -12,7 +13,15 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli import main
+from orchestrator.inventory.model import load_inventory
+from orchestrator.runs.client import RunClient
+from orchestrator.runs.spec import runs_dir
+from orchestrator.transports.pool import Connections
+from tests.lab.lab import ContainerSpec
+from tests.lab.procs import ProcInfo
 from tests.lab.workloads import run_cli as cli
+from tests.lab.workloads import zombie_children
+from tests.polling import wait_for
 
 pytestmark = pytest.mark.lab
 CT = ("pve1", 200)
@@ -177,28 +186,92 @@ def test_bad_run_ids_are_usage_errors(inv: str, capsys, run_id: str) -> None:
         assert "Traceback" not in err
 
 
-def test_cleanup_reaps_zombies_of_a_stuck_parent_and_reports_pid1_ones(lab, inv: str, capsys) -> None:
-    # a parent that never waits: its children become zombies it holds
-    lab.ct_run(*CT, ["sh", "-c", "setsid python3 -c \"import os,time\nfor _ in range(3):\n"
-                     "    os.fork() or os._exit(0)\ntime.sleep(300)\" </dev/null >/dev/null 2>&1 &"])
+STUCK = ("import os,time\nfor _ in range(3):\n    os.fork() or os._exit(0)\nprint('stuck', flush=True)\n"
+         "time.sleep(300)")
+
+
+def plant_stuck_parent(lab, tag: str, *env: str) -> ProcInfo:
+    """A parent that never waits: its three children become zombies it holds. `env` makes it a run's."""
+    lab.ct_run(*CT, ["sh", "-c", f"setsid env {' '.join(env)} python3 -c \"$0\" {tag} </dev/null >/dev/null 2>&1 &",
+                     STUCK])
+    found = wait_for(lambda: [p for p in lab.ct_processes(*CT) if tag in p.cmdline and
+                              len([z for z in zombies(lab) if z.ppid == p.pid]) == 3], 10)
+    assert found, "the stuck parent did not plant its zombies"
+    return found[0]
+
+
+def test_cleanup_reaps_a_runs_stuck_parent_leaves_a_foreign_one_and_reports_pid1_zombies(lab, inv, capsys):
+    ended = launch(inv, capsys, "sh", "-c", "sleep 1.5", name="ender", extra=("--gpus", "none"))
+    assert wait_state(inv, capsys, ended["run_id"], {"succeeded"})["state"] == "succeeded"
+    runs = ended["run_dir"].rsplit("/", 1)[0]
+    ours = plant_stuck_parent(lab, "ours-7311", "DFLASH_RUN_ID=" + ended["run_id"], "DFLASH_RUNS_DIR=" + runs)
+    foreign = plant_stuck_parent(lab, "foreign-7312")  # no run owns it: never ended, only reported
     # an orphan that exits after its parent: PID 1 inherits it and never reaps it
     lab.ct_run(*CT, ["sh", "-c", "(sleep 0.2 &) ; true"])
     time.sleep(1.0)
-    assert len(zombies(lab)) >= 4
     code, plan, _ = cli(inv, "cleanup", TARGET, "--dry-run", "--json", capsys=capsys)
-    assert code == 0 and len(zombies(lab)) >= 4  # a dry run changes nothing
+    planned = plan["targets"][TARGET]
+    assert code == 0 and [(a["action"], a["run_id"]) for a in planned["actions"]] == [
+        ("end_stuck_parent", ended["run_id"])]
+    assert [z["parent"]["pid"] for z in planned["foreign_zombies"]] == [foreign.pid]
+    assert len(zombies(lab)) >= 7  # a dry run changes nothing
     code, done, _ = cli(inv, "cleanup", TARGET, "--json", capsys=capsys)
     report = done["targets"][TARGET]
+    assert code == 0 and report["actions"][0]["pid"] == ours.pid and report["actions"][0]["ok"]
+    assert [z["parent"]["pid"] for z in report["foreign_zombies"]] == [foreign.pid]
+    assert report["foreign_zombies"][0]["count"] == 3
     time.sleep(0.5)
     left = zombies(lab)
-    assert left and all(p.ppid == 1 for p in left)  # only PID 1's remain...
-    assert "restart" in json.dumps(report)           # ...and they are reported with the advice
+    assert {p.ppid for p in left} == {1, foreign.pid}  # only PID 1's and the foreign parent's remain...
+    assert any(p.pid == foreign.pid and p.state != "Z" for p in lab.ct_processes(*CT))  # ...which still runs
+    assert "restart" in json.dumps(report["findings"])  # PID 1's are reported with the advice
+    lab.ct_run(*CT, ["kill", "-9", str(foreign.pid)])
+
+
+def test_cleanup_on_the_host_never_plans_to_end_a_containers_pid1(lab, inv: str, capsys) -> None:
+    """Seen from the host, a container's PID 1 (here `sleep infinity`, which never reaps) is the parent of
+    that container's zombies. It belongs to no run: cleanup lists its zombies and never plans to end it."""
+    lab.ct_run(*CT, ["sh", "-c", "(sleep 0.1 &) ; true"])
+    init = lab.hosts[CT[0]].containers[CT[1]].init_pid()
+    assert wait_for(lambda: zombie_children(init), 5)
+    code, plan, err = cli(inv, "cleanup", "local", "--dry-run", "--json", capsys=capsys)
+    report = plan["targets"]["local"]
+    assert code == 0, err
+    assert [a for a in report["actions"] if a.get("pid") == init] == []
+    listed = [z for z in report["foreign_zombies"] if z["parent"]["pid"] == init]
+    assert len(listed) == 1 and listed[0]["parent"]["cmdline"] == "sleep infinity", report["foreign_zombies"]
+
+
+def test_a_keeper_that_leaves_after_its_idle_time_leaves_no_zombie(lab, tmp_path, capsys) -> None:
+    """Containers here have a PID 1 that never reaps. A keeper started the way dflashctl starts it (sshd, a
+    shell, pct exec, the agent's launch) leaves after its idle time (1 s here) without a zombie behind."""
+    ctid = 205  # a container of its own: no other test's zombies in it
+    lab.add_container("pve1", ContainerSpec(ctid))
+    try:
+        inv = str(lab.write_inventory(tmp_path / "inventory.yaml"))
+        target = load_inventory(Path(inv)).target(f"pve1/{ctid}")
+        with Connections() as conns:
+            agent = RunClient(load_inventory(Path(inv)), conns).deploy(target, with_trainer=False).agent_path
+        runs = runs_dir(target)
+        argv = [lab.hosts["pve1"].pct_command, "exec", str(ctid), "--", target.python, agent, "launch",
+                "--runs-dir", runs, "--run-id", "brief", "--name", "brief", "--target", target.name,
+                "--settle", "0.1", "--keeper-idle", "1", "--", "sleep", "0.5"]
+        done = subprocess.run(lab.ssh_argv("pve1") + [shlex.join(argv)], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stdout + done.stderr
+        info = lab.ct_run("pve1", ctid, ["cat", f"{runs}/.keeper/keeper.json"], text=True).stdout
+        keeper = lambda: [p for p in lab.ct_processes("pve1", ctid) if p.pid == json.loads(info)["pid"]]  # noqa: E731
+        assert keeper()
+        assert wait_for(lambda: not keeper(), 30), keeper()  # gone: exited and reaped, not PID 1's zombie
+        assert [p for p in lab.ct_processes("pve1", ctid) if p.state == "Z"] == []
+        code, report, err = cli(inv, "cleanup", f"pve1/{ctid}", "--json", capsys=capsys)
+        result = report["targets"][f"pve1/{ctid}"]
+        assert code == 0 and result["ok"], err
+        assert [f for f in result["findings"] if "zombies" in f["kind"]] == [] and result["foreign_zombies"] == []
+    finally:
+        lab.remove_container("pve1", ctid)
 
 
 def test_fifty_launch_kill_cycles_leave_no_zombie(lab, inv: str) -> None:
-    from orchestrator.transports.pool import Connections
-    from orchestrator.inventory.model import load_inventory
-    from orchestrator.runs.client import RunClient
     from orchestrator.runs.spec import LaunchSpec
 
     inventory = load_inventory(Path(inv))

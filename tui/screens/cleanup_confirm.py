@@ -30,15 +30,16 @@ def planned_actions(plan: ActionResult) -> list:
 
 
 def plan_text(plan: ActionResult) -> Text:
-    """The dry run's message, its planned actions and what it cannot fix."""
+    """The dry run's message, its planned actions, what it cannot fix, and the zombies of processes no run owns
+    (never planned: cleanup ends only what its runs left)."""
     text = Text(plan.message or "")
     actions = planned_actions(plan)
     findings = list(plan.details.get("findings") or [])
+    foreign = list(plan.details.get("foreign_zombies") or [])
     if actions:
         text.append(f"\n\nPlanned actions ({len(actions)}):", style="bold")
     else:
-        text.append("\n\nNothing to clean: no stuck parent of zombies, no orphan of an ended run, no dead run.",
-                    style="dim")
+        text.append("\n\nNothing to clean: no orphan of an ended run (stuck or not), no dead run.", style="dim")
     for action in actions:
         text.append("\n  • ")
         text.append(describe(action, name_field="action"))
@@ -47,6 +48,12 @@ def plan_text(plan: ActionResult) -> Text:
         for finding in findings:
             text.append("\n  • ")
             text.append(describe(finding, name_field="kind"), style="yellow")
+    if foreign:
+        text.append(f"\n\nNot ours, left alone ({len(foreign)}):", style="bold yellow")
+        for entry in foreign:
+            text.append("\n  • ")
+            text.append(str(entry.get("description") or entry) if isinstance(entry, Mapping) else str(entry),
+                        style="yellow")
     return text
 
 
