@@ -65,6 +65,34 @@ def test_kill_of_a_run_on_an_unreachable_host_exits_3(lab, inv: str, quiet_run: 
     assert "pve2/300" in err and "unreachable" in err
 
 
+@pytest.mark.parametrize("fault", ["link down", "refused host key"])
+def test_ps_of_a_target_it_could_not_read_never_says_no_runs(lab, inv: str, quiet_run: dict, fault: str,
+                                                              tmp_path, capsys) -> None:
+    # pve2/300 has a live run; ps must not call it empty when it cannot read it, and must say what it did read
+    faulty = inv
+    if fault == "refused host key":
+        (tmp_path / "known_hosts").write_text("")
+        faulty = str(quick_inventory(lab, tmp_path / "inventory.yaml").path)
+        Path(faulty).write_text(Path(faulty).read_text().replace(str(lab.known_hosts), str(tmp_path / "known_hosts")))
+    else:
+        lab.link_down("pve2")
+    try:
+        code, out, err = cli(faulty, "ps", TARGET, capsys=capsys)
+        assert code == 3 and "no runs" not in out, out
+        assert err.startswith(f"dflashctl: error: {TARGET}: runs not read: pve2: ") and len(err.splitlines()) == 1, err
+        code, payload, err = cli(faulty, "ps", TARGET, "--json", capsys=capsys)
+        assert code == 3, err
+        assert payload["runs"] == [] and payload["targets"][TARGET]["ok"] is False
+        assert payload["targets"][TARGET]["error"].startswith("pve2: ")
+        code, out, err = cli(faulty, "ps", TARGET, "local", capsys=capsys)  # local was read: it has no runs
+        assert code == 3 and out.strip() == "no runs on local (--all shows older ones)", out
+    finally:
+        lab.link_up("pve2")
+    code, payload, err = cli(inv, "ps", TARGET, "--json", capsys=capsys)
+    assert code == 0 and payload["targets"] == {TARGET: {"ok": True, "error": None}}, err
+    assert quiet_run["run_id"] in [r["run_id"] for r in payload["runs"]]
+
+
 def test_the_dashboards_retry_countdown_moves_and_then_says_reconnecting(lab, inv: str) -> None:
     inventory = load_inventory(Path(inv))
     lab.link_down("pve2")
