@@ -106,6 +106,17 @@ def test_an_inventory_key_in_unicode_digits_is_exit_2_naming_file_line_and_field
                                    "a container id must be an integer CTID (digits 0-9), got '\u00b2'")
 
 
+def test_a_reset_during_the_ssh_banner_is_one_error_line_and_exit_3(tmp_path):
+    """paramiko's transport thread logs the reset with a traceback; only dflashctl's line may reach the user."""
+    from tests.resetting_server import SSH_BANNER_START, inventory_text, resetting_server
+
+    with resetting_server(SSH_BANNER_START) as port:
+        (tmp_path / "inventory.yaml").write_text(inventory_text(port))
+        done = dflashctl(tmp_path, "ps", "h")
+    assert done.returncode == 3, done.stderr
+    assert done.stderr.startswith("dflashctl: error: h: ") and len(done.stderr.splitlines()) == 1, done.stderr
+
+
 def test_bare_dflashctl_shows_the_help_and_exits_2(tmp_path):
     done = dflashctl(tmp_path)
     assert done.returncode == 2 and "Traceback" not in done.stderr
