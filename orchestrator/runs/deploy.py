@@ -2,15 +2,13 @@
 
 Both are content-addressed: the agent as `{workdir}/.dflash/agent/agent-<digest>.pyz`, the trainer unpacked in
 `{workdir}/.dflash/pkg/<digest>/`. A version already there is not sent again, so a launch costs one round trip
-when nothing changed. Archives are built deterministically so the digest changes only with the code.
+when nothing changed. Archives are built deterministically (bundle.py) so the digest changes only with the code.
 """
 from __future__ import annotations
 
 import functools
 import hashlib
-import io
 import logging
-import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +16,7 @@ import trainer
 
 from ..errors import TransportError
 from ..transports.base import Transport
-from .bundle import build_zipapp, bundle_digest
+from .bundle import build_tarball, build_zipapp, bundle_digest
 
 log = logging.getLogger("dflashctl.deploy")
 
@@ -55,21 +53,9 @@ def agent_bundle() -> Bundle:
 
 @functools.lru_cache(maxsize=1)
 def trainer_bundle() -> Bundle:
-    root = Path(trainer.__file__).resolve().parent
-    buf = io.BytesIO()
-    # mtime 0 and sorted names: the same sources always give the same bytes, so the same digest
-    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=6) as tar:
-        for path in sorted(p for p in root.rglob("*") if _shipped(p)):
-            info = tar.gettarinfo(str(path), arcname=str(Path("trainer") / path.relative_to(root)))
-            info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
-            with path.open("rb") as f:
-                tar.addfile(info, f)
-    data = buf.getvalue()
-    return Bundle(data, bundle_digest(data))
-
-
-def _shipped(path: Path) -> bool:
-    return path.is_file() and "__pycache__" not in path.parts and path.suffix in {".py", ".yaml", ".json", ".txt"}
+    """The trainer as a tar.gz, named by the digest of the tar: what lands on disk, whatever zlib compressed it."""
+    tar, data = build_tarball(Path(trainer.__file__).resolve().parent, "trainer")
+    return Bundle(data, bundle_digest(tar))
 
 
 def agent_path_in(workdir: str) -> str:
