@@ -17,7 +17,7 @@ from orchestrator.runs.deploy import agent_bundle
 from orchestrator.runs.spec import runs_dir
 from orchestrator.watch.source import LiveSource
 
-from tests.lab.workloads import QUIET, TRACEBACK, log_path, quick_inventory
+from tests.lab.workloads import QUIET, TRACEBACK, fresh_workdir, log_path, quick_inventory, slow_link
 from tests.lab.workloads import run_cli as cli
 
 pytestmark = pytest.mark.lab
@@ -386,18 +386,10 @@ def test_an_upload_cut_mid_way_leaves_no_damaged_agent(lab, tmp_path, capsys) ->
     # the first deploy to a fresh workdir over a slow link, and the server side resets the connection while the
     # agent is half sent: nothing may be installed under the agent's final name, and the next command works
     path = tmp_path / "inventory.yaml"
-    quick_inventory(lab, path)
-    workdir = f"/workspace/cut-{os.getpid()}-{time.monotonic_ns()}"
-    path.write_text(path.read_text().replace("300: {gpus: 1}", f"300: {{gpus: 1, workdir: {workdir}}}"))
     agent, host = agent_bundle(), lab.hosts["pve2"]
-    agent_dir = host.containers[300].workspace / workdir.removeprefix("/workspace/") / ".dflash" / "agent"
+    agent_dir = fresh_workdir(lab, path, "cut") / ".dflash" / "agent"
     final = agent_dir / f"agent-{agent.digest}.pyz"
-    shaper = ["tc", "qdisc", "add", "dev", host.link.root_veth, "root", "tbf", "rate", "64kbit", "burst", "1600",
-              "latency", "2s"]
-    shaped = subprocess.run(shaper, capture_output=True, text=True)  # towards pve2: ~8 KB/s, the upload takes seconds
-    if shaped.returncode != 0:
-        pytest.skip(f"this kernel cannot slow a link (tc tbf): {shaped.stderr.strip()}")
-    try:
+    with slow_link(lab, "pve2"):  # the upload takes seconds
         ps = subprocess.Popen([sys.executable, "-m", "orchestrator", "--inventory", str(path), "ps", TARGET],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         deadline = time.monotonic() + 30
@@ -408,8 +400,6 @@ def test_an_upload_cut_mid_way_leaves_no_damaged_agent(lab, tmp_path, capsys) ->
         reset = ["ip", "netns", "exec", host.netns, "ss", "-K", "state", "established", "( sport = :22 )"]
         subprocess.run(reset, check=True, capture_output=True)  # the server's side resets the connection
         _, err = ps.communicate(timeout=60)
-    finally:
-        subprocess.run(["tc", "qdisc", "del", "dev", host.link.root_veth, "root"], check=False)
     assert ps.returncode == 3, err.decode()
     assert not final.exists()
     code, payload, err = cli(str(path), "ps", TARGET, "--json", capsys=capsys)
