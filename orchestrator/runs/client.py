@@ -1,4 +1,5 @@
-"""The only caller of the agent: launch, list, kill and clean up runs, read log lines, start the watch stream.
+"""The caller of the agent: launch, list, kill and clean up runs, read log lines, start the watch stream (besides
+deploy.py, which asks it only to install the trainer package).
 
 Everything that happens inside a container is done by the agent (orchestrator/agent/), shipped once per version
 and invoked over the target's transport with one command per operation (agentcall: its command line and its one
@@ -41,7 +42,7 @@ class RunClient:
     def _deployment(self, target: Target, transport: Transport, *, with_trainer: bool = False) -> Deployment:
         key = (target.name, with_trainer)
         if key not in self._deployed:
-            self._deployed[key] = deploy(transport, target.workdir, with_trainer=with_trainer)
+            self._deployed[key] = deploy(transport, target, with_trainer=with_trainer)
         return self._deployed[key]
 
     def deploy(self, target: Target, *, with_trainer: bool) -> Deployment:
