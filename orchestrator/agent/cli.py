@@ -55,7 +55,7 @@ import traceback
 
 from .errors import AgentError, BadInput
 from .protocol import (AGENT_VERSION, BAD_USAGE, DEFAULT_GRACE_S, EXIT_FAILED, EXIT_OK, INTERNAL_ERROR, NO_COMMAND,
-                       PROTOCOL_VERSION, ascii_decimal)
+                       PROTOCOL_VERSION, UPLOAD_STALL_S, ascii_decimal)
 
 
 class _HelpShown(Exception):
@@ -113,7 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     pkgs.add_argument("--runs-dir", required=True, help="whose live runs keep the versions they use")
     pkgs.add_argument("--size", type=_count, help="install: stdin holds this many bytes of tar.gz")
     pkgs.add_argument("--sha256", help="install: their sha256")
-    pkgs.add_argument("--stall", type=_seconds, default=60.0, help="install: give up after this long without a byte")
+    pkgs.add_argument("--stall", type=_seconds, default=UPLOAD_STALL_S,
+                      help="install: give up after this long without a byte")
     probe = sub.add_parser("probe", help="facts doctor judges: device nodes, driver library, filesystems, limits")
     probe.add_argument("--workdir", required=True)
     probe.add_argument("--runs-dir", required=True)

@@ -42,8 +42,10 @@ def packages(pkg_dir: str, runs_dir: str, *, size: int | None, sha256: str | Non
     if size is not None:
         data = receive(0, size, sha256, stall=stall)
         installed = install(pkg_dir, data)
-    if os.path.isdir(pkg_dir):
+    try:
         os.utime(pkg_dir)  # the lease: asked for now, by a launch that is about to use it
+    except OSError:
+        pass  # not there (nothing was sent), or not ours to touch: keeping old versions longer is harmless
     return {"ok": True, "installed": installed, "removed": prune(os.path.dirname(pkg_dir), runs_dir)}
 
 
@@ -109,7 +111,7 @@ def prune(pkg_root: str, runs_dir: str) -> list:
     temp dirs of receivers that are gone; the names removed."""
     try:
         names = sorted(os.listdir(pkg_root))
-    except FileNotFoundError:
+    except OSError:  # none yet, or unreadable: what is left there is no reason to fail a launch
         return []
     used = in_use(runs_dir)
     removed = []

@@ -38,6 +38,7 @@ def ascii_decimal(text: object) -> int | None:
 MAX_GPU_INDEX = 1023
 NO_GPUS = "none"        # --gpus none: a run that uses no GPU (CUDA_VISIBLE_DEVICES empty, holds none)
 DEFAULT_GRACE_S = 30.0  # seconds a kill waits between TERM and KILL unless the run or the kill says otherwise
+UPLOAD_STALL_S = 60.0   # a receiver of an upload gives up after this long without a byte (a dead link)
 
 # -- the agent's exit statuses and error codes ----------------------------------------------------------------
 EXIT_OK = 0

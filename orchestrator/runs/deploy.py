@@ -15,6 +15,7 @@ from pathlib import Path
 
 import trainer
 
+from ..agent.protocol import UPLOAD_STALL_S
 from ..errors import TransportError
 from ..inventory.model import Target
 from ..transports.base import Transport
@@ -24,7 +25,6 @@ from .spec import runs_dir
 
 log = logging.getLogger("dflashctl.deploy")
 UPLOAD_TIMEOUT_S = 300.0
-UPLOAD_STALL_S = 60.0  # the receiver gives up after this long without a byte (a dead link), removing its temp dir
 # $1 agent path, $2 trainer dir, $3 agent size, $4 agent sha256: an agent file that is not exactly the one its
 # name promises (an upload that an older version installed cut short) counts as absent and is replaced. The
 # temp file of an upload whose receiving shell was killed by the cut (pct kills the command's group) is removed

@@ -108,7 +108,7 @@ def test_an_upload_cut_by_killing_the_controller_leaves_nothing_behind(lab, conf
 
 def test_an_upload_cut_by_the_link_going_down_leaves_nothing_behind(lab, cut_upload, monkeypatch) -> None:
     # the receiver gives up on a silent sender after a stall; 2 s here, so the test need not wait a minute
-    monkeypatch.setattr(deploy, "UPLOAD_STALL_S", 2.0, raising=False)
+    monkeypatch.setattr(deploy, "UPLOAD_STALL_S", 2.0)
     inv, pkg_root = cut_upload
     failed: list[DflashError] = []
 
