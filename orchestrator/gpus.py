@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .agent.protocol import GPU_FIELDS, gpu_query_args
+from .agent.protocol import GPU_FIELDS, ascii_decimal, gpu_query_args
 
 NOT_AVAILABLE = {"[N/A]", "N/A", "[Not Supported]", "[Unknown Error]", "[Insufficient Permissions]", ""}
 
@@ -35,11 +35,12 @@ def parse_query_csv(text: str, fields: tuple[str, ...] = GPU_FIELDS) -> list[Gpu
     gpus = []
     for line in text.splitlines():
         cells = [c.strip() for c in line.split(",")]
-        if len(cells) != len(fields) or not cells[0].isdigit():
+        index = ascii_decimal(cells[0])
+        if len(cells) != len(fields) or index is None:
             continue  # the header, a blank line, or a line cut short
         row = dict(zip(fields, cells))
         gpus.append(GpuInfo(
-            index=int(row["index"]),
+            index=index,
             uuid=_text(row.get("uuid")),
             name=_text(row.get("name")),
             memory_used_mib=_number(row.get("memory.used")),

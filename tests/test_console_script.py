@@ -81,6 +81,42 @@ def test_a_gpus_value_that_is_neither_indices_nor_none_is_exit_2_naming_both(tmp
                                            "like 0-7, or none")
 
 
+@pytest.mark.parametrize("args", [
+    ["launch", "local", "--gpus", "\u00b2", "--", "true"],
+    ["launch", "local", "--gpus", "0-\u00b3", "--", "true"],
+    ["launch", "local", "--gpus", "\u2460", "--", "true"],
+    ["launch", "local", "--gpus", "\u0663", "--", "true"],  # int() reads it as 3
+    ["ps", "pve1/\u00b2"],
+], ids=["superscript", "range-to-superscript", "circled", "arabic-indic", "ps-superscript-ctid"])
+def test_a_number_in_unicode_digits_is_exit_2_in_one_line(tmp_path, args):
+    (tmp_path / "inventory.yaml").write_text("hosts:\n  pve1:\n    address: 192.0.2.1\n    containers:\n"
+                                             "      300: {gpus: 4}\n  local:\n    transport: local\n")
+    done = dflashctl(tmp_path, *args)
+    assert done.returncode == 2 and "Traceback" not in done.stderr + done.stdout, done.stderr
+    assert done.stderr.startswith("dflashctl: error: ") and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert ("bad --gpus" if "--gpus" in args else "must be a number") in done.stderr
+
+
+def test_an_inventory_key_in_unicode_digits_is_exit_2_naming_file_line_and_field(tmp_path):
+    (tmp_path / "inventory.yaml").write_text("hosts:\n  pve1:\n    address: 192.0.2.1\n    containers:\n"
+                                             "      \"\u00b2\": {gpus: 4}\n")
+    done = dflashctl(tmp_path, "ps")
+    assert done.returncode == 2 and "Traceback" not in done.stderr + done.stdout, done.stderr
+    assert done.stderr.strip() == (f"dflashctl: error: {tmp_path / 'inventory.yaml'}:5: hosts.pve1.containers.\u00b2: "
+                                   "a container id must be an integer CTID (digits 0-9), got '\u00b2'")
+
+
+def test_a_reset_during_the_ssh_banner_is_one_error_line_and_exit_3(tmp_path):
+    """paramiko's transport thread logs the reset with a traceback; only dflashctl's line may reach the user."""
+    from tests.resetting_server import SSH_BANNER_START, inventory_text, resetting_server
+
+    with resetting_server(SSH_BANNER_START) as port:
+        (tmp_path / "inventory.yaml").write_text(inventory_text(port))
+        done = dflashctl(tmp_path, "ps", "h")
+    assert done.returncode == 3, done.stderr
+    assert done.stderr.startswith("dflashctl: error: h: ") and len(done.stderr.splitlines()) == 1, done.stderr
+
+
 def test_bare_dflashctl_shows_the_help_and_exits_2(tmp_path):
     done = dflashctl(tmp_path)
     assert done.returncode == 2 and "Traceback" not in done.stderr

@@ -43,6 +43,15 @@ def test_each_concept_is_defined_in_exactly_one_module(concept: str) -> None:
     assert holders == [home], f"{concept}: defined in {holders}, expected only in {home}"
 
 
+def test_digits_are_checked_in_one_place() -> None:
+    # str.isdigit()/isnumeric()/isdecimal() take '²', '①' or '٣': whether a text is a number is protocol's
+    # ascii_decimal (the trainer, which imports nothing of the controller, is left out)
+    check = re.compile(r"\.is(digit|numeric|decimal)\(\)")
+    holders = sorted(name for name, text in sources().items()
+                     if not name.startswith("trainer/") and check.search(text))
+    assert holders == [PROTOCOL]
+
+
 def test_no_literal_exit_code_comparisons() -> None:
     literal = re.compile(r"exit_code\s*==\s*\d|return [123]\s*$", re.MULTILINE)
     cli = {name: text for name, text in sources().items() if name.startswith("orchestrator/cli/")}

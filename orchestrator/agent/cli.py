@@ -13,6 +13,9 @@
     kill     --runs-dir D --run-id ID... [--grace S]
     cleanup  --runs-dir D [--dry-run] [--grace S]
     netinfo  --toward ADDR [--free-port]
+    packages --dir PKG_DIR --runs-dir D [--size N --sha256 H [--stall S]]
+             (with --size, stdin is the trainer package's tar.gz: installed as PKG_DIR; every time, the other
+             versions beside it that no live run uses and none asked for lately are removed; see packages)
     probe    --workdir W --runs-dir D [--path P]... [--node DEV]... [--model DIR]   (doctor's facts, see probe)
     node-watch --stall S -- CMD                        (a job node's workload: CMD's exit, no JSON; see nodewatch)
     watch    --runs-dir D [--gpu-interval S] [--heartbeat S] [--idle-exit S]   (JSON lines, see watchstream)
@@ -29,6 +32,8 @@ Errors: {"ok": false, "error": MESSAGE, "code": CODE, ...details}. Answers (keys
              or code check_failed with "check": {"exit_code", "stdout", "stderr"}
     check    {"check": {"exit_code", "stdout", "stderr"}}; failure: code check_failed, the same "check"
     netinfo  {"toward", "address", "interface", "hostname" (+ "port": a TCP port free here, with --free-port)}
+    packages {"installed": bool, "removed": [names]}; failure: code upload_cut | upload_stalled | upload_damaged |
+             unpack_failed
     probe    {"probe": {"devices", "nvml", "limits", "workdir", "shm", "paths", "live_gpus" (+ "model" with --model)}}
     ps       {"runs": [RECORD (+ "log_tail": str with --tail-bytes)]}
     kill     {"runs": [{"run_id", "ok", "state", "signal", "exit_code", "already_ended", "survivors":
@@ -52,7 +57,7 @@ import traceback
 
 from .errors import AgentError, BadInput
 from .protocol import (AGENT_VERSION, BAD_USAGE, DEFAULT_GRACE_S, EXIT_FAILED, EXIT_OK, INTERNAL_ERROR, NO_COMMAND,
-                       PROTOCOL_VERSION)
+                       PROTOCOL_VERSION, UPLOAD_STALL_S, ascii_decimal)
 
 
 class _HelpShown(Exception):
@@ -84,6 +89,13 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _count(text: str) -> int:
+    value = ascii_decimal(text)
+    if value is None:
+        raise argparse.ArgumentTypeError("not a count (digits 0-9): {!r}".format(text))
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="agent", description="dflashctl's in-container agent (one JSON object on stdout)")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
@@ -98,6 +110,13 @@ def build_parser() -> argparse.ArgumentParser:
     netinfo = sub.add_parser("netinfo", help="local address and interface toward an address; a free port")
     netinfo.add_argument("--toward", required=True)
     netinfo.add_argument("--free-port", action="store_true")
+    pkgs = sub.add_parser("packages", help="install the trainer package on stdin; remove versions nothing uses")
+    pkgs.add_argument("--dir", required=True, help="the package's directory, {workdir}/.dflash/pkg/<digest>")
+    pkgs.add_argument("--runs-dir", required=True, help="whose live runs keep the versions they use")
+    pkgs.add_argument("--size", type=_count, help="install: stdin holds this many bytes of tar.gz")
+    pkgs.add_argument("--sha256", help="install: their sha256")
+    pkgs.add_argument("--stall", type=_seconds, default=UPLOAD_STALL_S,
+                      help="install: give up after this long without a byte")
     probe = sub.add_parser("probe", help="facts doctor judges: device nodes, driver library, filesystems, limits")
     probe.add_argument("--workdir", required=True)
     probe.add_argument("--runs-dir", required=True)
@@ -228,6 +247,9 @@ def dispatch(args: argparse.Namespace, command: list) -> dict:
     if args.command == "netinfo":
         from .netinfo import netinfo
         return netinfo(args.toward, want_port=args.free_port)
+    if args.command == "packages":
+        from .packages import packages
+        return packages(args.dir, args.runs_dir, size=args.size, sha256=args.sha256, stall=args.stall)
     if args.command == "probe":
         from .probe import probe
         return probe(workdir=args.workdir, runs_dir=args.runs_dir, paths=args.path, nodes=args.node,

@@ -15,6 +15,7 @@ import json
 import os
 import stat
 
+from .protocol import ascii_decimal
 from .rundir import RunPaths, list_run_ids
 from .runstate import is_live, read_run, read_state
 
@@ -56,7 +57,7 @@ def nvml_library() -> dict:
     for lib_dir in LIB_DIRS:
         for path in sorted(glob.glob(os.path.join(lib_dir, NVML + "*"))):
             version = os.path.basename(path)[len(NVML):]
-            if version.count(".") >= 1 and version.replace(".", "").isdigit():
+            if version.count(".") >= 1 and ascii_decimal(version.replace(".", "")) is not None:
                 return {"version": version, "path": path}
     return {"version": None, "path": None}
 
@@ -140,7 +141,7 @@ def limits() -> dict:
             mem_total = int(line.split()[1]) * 1024
     memory_max = _read("/sys/fs/cgroup/memory.max") or _read("/sys/fs/cgroup/memory/memory.limit_in_bytes")
     return {"cpus": cpus, "cpu_max": _read("/sys/fs/cgroup/cpu.max"), "mem_total_bytes": mem_total,
-            "memory_max_bytes": int(memory_max) if memory_max and memory_max.isdigit() else None}
+            "memory_max_bytes": ascii_decimal(memory_max)}
 
 
 def live_gpu_sets(runs_dir: str) -> list:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import os
 
+from .protocol import ascii_decimal
+
 
 class ProcStat:
     """The fields of /proc/PID/stat the agent needs."""
@@ -82,7 +84,7 @@ def in_initial_pid_namespace() -> bool:
 
 
 def list_pids() -> list:
-    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+    return [pid for pid in map(ascii_decimal, os.listdir("/proc")) if pid is not None]
 
 
 def snapshot() -> dict:

@@ -23,11 +23,22 @@ RUN_STATES = LIVE_STATES + TERMINAL_STATES
 
 # -- names: run ids, run names, job ids -----------------------------------------------------------------------
 RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+ENV_KEY_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # what --env may set
+
+# -- numbers: ASCII digits only. str.isdigit() takes '²' and '①' (which int() then refuses), int() takes '٣' and
+# ' 3'; a CTID, a GPU index or a count typed, configured or read back is neither. -------------------------------
+def ascii_decimal(text: object) -> int | None:
+    """The value of `text` when it is one or more ASCII digits and nothing else (no sign, space or '_'), else None."""
+    if isinstance(text, str) and text.isascii() and text.isdigit():
+        return int(text)
+    return None
+
 
 # -- what a launch may ask for --------------------------------------------------------------------------------
 MAX_GPU_INDEX = 1023
 NO_GPUS = "none"        # --gpus none: a run that uses no GPU (CUDA_VISIBLE_DEVICES empty, holds none)
 DEFAULT_GRACE_S = 30.0  # seconds a kill waits between TERM and KILL unless the run or the kill says otherwise
+UPLOAD_STALL_S = 60.0   # a receiver of an upload gives up after this long without a byte (a dead link)
 
 # -- the agent's exit statuses and error codes ----------------------------------------------------------------
 EXIT_OK = 0

@@ -6,13 +6,11 @@ import datetime
 import fcntl
 import json
 import os
-import re
 import tempfile
 
 from .errors import BadInput
-from .protocol import MAX_GPU_INDEX, NO_GPUS, RUN_ID_PATTERN
+from .protocol import ENV_KEY_PATTERN, MAX_GPU_INDEX, NO_GPUS, RUN_ID_PATTERN, ascii_decimal
 
-ENV_KEY_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 RESERVED_ENV_KEYS = ("DFLASH_RUN_ID", "DFLASH_RUNS_DIR", "DFLASH_RUN_DIR", "CUDA_VISIBLE_DEVICES")
 
 
@@ -42,9 +40,8 @@ def parse_gpus(text: str) -> list:
     """`0,1` into [0, 1]; `none` into [] (the run sees no GPU and holds none)."""
     if text == NO_GPUS:
         return []
-    try:
-        gpus = [int(part) for part in text.split(",")]
-    except ValueError:
+    gpus = [ascii_decimal(part) for part in text.split(",")]
+    if None in gpus:
         raise BadInput("invalid --gpus {!r}: expected a comma-separated list like 0,1".format(text), code="bad_gpus")
     if any(g < 0 or g > MAX_GPU_INDEX for g in gpus) or len(set(gpus)) != len(gpus):
         raise BadInput("invalid --gpus {!r}: indices must be distinct and in 0..{}".format(text, MAX_GPU_INDEX),

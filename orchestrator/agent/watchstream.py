@@ -33,7 +33,7 @@ import sys
 import time
 
 from .protocol import (FINGERPRINT_BYTES, GPU_FIELDS, MSG_DISK, MSG_GPU, MSG_HEARTBEAT, MSG_LOG, MSG_RESET, MSG_RUNS,
-                       MSG_SYNCED, RUN_ID_PATTERN, TERMINAL_STATES, gpu_query_args)
+                       MSG_SYNCED, RUN_ID_PATTERN, TERMINAL_STATES, ascii_decimal, gpu_query_args)
 from .rundir import RunPaths, list_run_ids
 from .runstate import load_record, settle_or_note
 
@@ -267,7 +267,7 @@ class GpuSampler:
         for raw in lines:
             line = raw.decode("utf-8", "replace").strip()
             index = line.split(",", 1)[0].strip()
-            if not index.isdigit():
+            if ascii_decimal(index) is None:
                 self.rows.append(line)  # an error message; sent with the sample (or at the end)
                 continue
             if index in self.indices:  # the next sample began

@@ -8,7 +8,7 @@ import math
 
 import typer
 
-from ..agent.protocol import MAX_GPU_INDEX, NO_GPUS
+from ..agent.protocol import ENV_KEY_PATTERN, MAX_GPU_INDEX, NO_GPUS, ascii_decimal
 from ..errors import UsageError, shorten
 
 
@@ -24,9 +24,9 @@ def parse_gpus(text: str | None) -> list[int] | None:
     indices: set[int] = set()
     for part in text.split(","):
         lo, sep, hi = part.strip().partition("-")
-        if not lo.isdigit() or (sep and not hi.isdigit()):
+        start, stop = ascii_decimal(lo), ascii_decimal(hi) if sep else ascii_decimal(lo)
+        if start is None or stop is None:
             raise UsageError(f"bad --gpus {shown!r}: use indices like 0,1, a range like 0-7, or none")
-        start, stop = int(lo), int(hi) if sep else int(lo)
         if stop < start:
             raise UsageError(f"bad --gpus {shown!r}: range {shorten(part, 40)} runs backwards")
         if stop > MAX_GPU_INDEX:
@@ -39,7 +39,7 @@ def parse_env(pairs: list[str] | None) -> dict[str, str]:
     env: dict[str, str] = {}
     for pair in pairs or []:
         key, sep, value = pair.partition("=")
-        if not sep or not key.replace("_", "a").isalnum() or key[0].isdigit():
+        if not sep or ENV_KEY_PATTERN.fullmatch(key) is None:  # what the agent takes: ASCII, no leading digit
             raise UsageError(f"bad --env {shorten(pair, 80)!r}: use KEY=VALUE with KEY made of letters, digits "
                              f"and _")
         env[key] = value

@@ -13,7 +13,7 @@ from ..errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
 from ..runs.client import RunClient
 from ..runs.jobs import group_jobs
 from ..transports.pool import Connections
-from .output import about, print_json, stderr, stdout
+from .output import print_json, stderr, stdout
 from .state import AppState
 
 RECENT = datetime.timedelta(hours=24)
@@ -41,15 +41,26 @@ def ps(
     runs.sort(key=lambda r: r.get("created_at") or "")
     _, jobs = group_jobs(runs)
     failures = {o.target.name: str(o.error) for o in outcomes if not o.ok}
-    if as_json:
-        print_json({"runs": runs, "jobs": jobs, "errors": failures})
+    if as_json:  # "errors" as before; "targets" says of each target whether its runs were read
+        print_json({"runs": runs, "jobs": jobs, "errors": failures,
+                    "targets": {o.target.name: {"ok": o.ok, "error": failures.get(o.target.name)} for o in outcomes}})
+    elif runs:
+        stdout().print(_table(runs, jobs, now))
     else:
-        stdout().print(_table(runs, jobs, now) if runs else
-                       "no runs" + ("" if show_all else " (--all shows older ones)"))
+        _print_none(show_all, read=[o.target.name for o in outcomes if o.ok], unread=len(failures))
     for name, error in failures.items():
-        stderr().print(about(name, error), markup=False)
+        stderr().print(f"dflashctl: error: {name}: runs not read: {error}", markup=False)
     unreachable = any(getattr(o.error, "exit_code", 0) == EXIT_UNREACHABLE for o in outcomes)
     return EXIT_UNREACHABLE if unreachable else (EXIT_FAILED if failures else EXIT_OK)
+
+
+def _print_none(show_all: bool, *, read: list[str], unread: int) -> None:
+    """"no runs" only where every target was read: of a target that was not, nothing is known (its error says
+    why, on stderr); when some were read, the line names them."""
+    if unread and not read:
+        return
+    where = f" on {', '.join(read)}" if unread else ""
+    stdout().print(f"no runs{where}" + ("" if show_all else " (--all shows older ones)"), markup=False)
 
 
 def _recent(run: dict, now: datetime.datetime) -> bool:

@@ -13,7 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from ..errors import InventoryError, TargetNotFound
+from ..agent.protocol import ascii_decimal
+from ..errors import InventoryError, TargetNotFound, shorten
 from .notify import NotifySpec
 from .yaml_lines import LocatedYaml, load_located
 
@@ -170,9 +171,10 @@ class Inventory:
                 raise TargetNotFound(f"{host_name} has containers; name one: {ids}")
             workdir = spec.workdir or (_local_workdir() if host.transport == "local" else d.workdir)
             return Target(host=host, ctid=None, workdir=workdir, python=spec.python or d.python, gpus=spec.gpus)
-        if not ctid_text.isdigit():
-            raise TargetNotFound(f"bad target {text!r}: the container id after '/' must be a number")
-        ctid = int(ctid_text)
+        ctid = ascii_decimal(ctid_text)
+        if ctid is None:
+            raise TargetNotFound(f"bad target {shorten(text)!r}: the container id after '/' must be a number "
+                                 f"(digits 0-9)")
         container = spec.containers.get(ctid)
         if container is None:
             known = ", ".join(str(c) for c in spec.containers) or "none"
@@ -275,9 +277,11 @@ def _check_container_ids(data: dict, located: LocatedYaml, path: Path) -> None:
         for key, value in containers.items():
             where = located.line_of(("hosts", host_name, "containers", key))
             field = f"hosts.{host_name}.containers.{key}"
-            if isinstance(key, bool) or not (isinstance(key, int) or (isinstance(key, str) and key.isdigit())):
-                raise InventoryError(f"{path}:{where}: {field}: a container id must be an integer CTID, got {key!r}")
-            converted[int(key)] = value
+            ctid = key if isinstance(key, int) and not isinstance(key, bool) else ascii_decimal(key)
+            if ctid is None:
+                raise InventoryError(f"{path}:{where}: {field}: a container id must be an integer CTID (digits 0-9), "
+                                     f"got {key!r}")
+            converted[ctid] = value
         spec["containers"] = converted
 
 

@@ -1,15 +1,19 @@
-"""Pack the agent (orchestrator/agent/) into one deterministic zipapp (`python3 agent.pyz <subcommand> ...`).
+"""Pack what is shipped to targets into deterministic archives: the agent (orchestrator/agent/) as one zipapp
+(`python3 agent.pyz <subcommand> ...`), a source tree (the trainer) as a tar.gz.
 
-The archive holds that package as `dflash_agent/` (its modules import each other relatively) and a root
-`__main__.py` that calls its cli. Fixed timestamps and modes make the bytes, and so the digest, change only
-with the code.
+The zipapp holds that package as `dflash_agent/` (its modules import each other relatively) and a root
+`__main__.py` that calls its cli. In both, fixed timestamps, modes and owners and sorted names make the bytes,
+and so the digest, change only with the code: not with the time of the build, the checkout's umask or mtimes.
 """
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import os
+import tarfile
 import zipfile
+from pathlib import Path
 
 from .. import agent
 
@@ -43,6 +47,29 @@ def build_zipapp() -> bytes:
             with open(os.path.join(AGENT_DIR, name), "rb") as handle:
                 _add(archive, "{}/{}".format(ARCHIVE_PACKAGE, name), handle.read())
     return SHEBANG + buffer.getvalue()
+
+
+SHIPPED_SUFFIXES = (".py", ".yaml", ".json", ".txt")
+
+
+def build_tarball(root: Path, top: str) -> tuple[bytes, bytes]:
+    """(tar, its gzip) of the source files under `root` (SHIPPED_SUFFIXES, no __pycache__), named `top/...`.
+    Each member is a plain rw-r--r-- file of root's, mtime 0; gzip's header, which holds a time, says 0 too."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as archive:
+        shipped = {path.relative_to(root).as_posix(): path for path in root.rglob("*") if _shipped(path, root)}
+        for name in sorted(shipped):
+            data = shipped[name].read_bytes()
+            info = tarfile.TarInfo(f"{top}/{name}")
+            info.size, info.mode, info.mtime = len(data), 0o644, 0
+            archive.addfile(info, io.BytesIO(data))
+    tar = buffer.getvalue()
+    return tar, gzip.compress(tar, compresslevel=6, mtime=0)
+
+
+def _shipped(path: Path, root: Path) -> bool:
+    return (path.suffix in SHIPPED_SUFFIXES and path.is_file()
+            and "__pycache__" not in path.relative_to(root).parts)
 
 
 def bundle_digest(data: bytes) -> str:

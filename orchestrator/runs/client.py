@@ -1,9 +1,9 @@
-"""The only caller of the agent: launch, list, kill and clean up runs, read log lines, start the watch stream.
+"""The caller of the agent: launch, list, kill and clean up runs, read log lines, start the watch stream (besides
+deploy.py, which asks it only to install the trainer package).
 
 Everything that happens inside a container is done by the agent (orchestrator/agent/), shipped once per version
-and invoked over the target's transport with one command per operation; it answers one JSON object. This module
-builds every agent command line (agent_argv), checks every answer's protocol version and maps its errors to
-dflashctl's (agent_answer), decides what to ask where, and turns answers into run records.
+and invoked over the target's transport with one command per operation (agentcall: its command line and its one
+JSON answer). This module decides what to ask where, and turns answers into run records.
 """
 from __future__ import annotations
 
@@ -11,15 +11,15 @@ import base64
 import json
 from typing import Sequence
 
-from ..agent.protocol import (CHECK_FAILED, DEFAULT_GRACE_S, EXIT_USAGE, NO_GPUS, PROTOCOL_VERSION, SUCCEEDED,
-                              UNKNOWN_RUN, USAGE_CODES)
-from ..errors import OperationFailed, TargetNotFound, TransportError, UsageError
+from ..agent.protocol import CHECK_FAILED, DEFAULT_GRACE_S, NO_GPUS, SUCCEEDED
+from ..errors import OperationFailed, TransportError, UsageError
 from ..gpus import parse_query_csv, query_argv
 from ..inventory.model import Inventory, Target
 from ..trainlog.parser import LogParser, StepEvent
-from ..transports.base import CommandResult, RemoteProcess, Transport
+from ..transports.base import RemoteProcess, Transport
 from ..transports.fanout import Outcome, per_host
 from ..transports.pool import Connections
+from .agentcall import agent_answer, agent_argv
 from .command import CONFIG_INPUT, check_command
 from .deploy import Deployment, deploy
 from .spec import LaunchSpec, new_run_id, run_dir, runs_dir
@@ -42,7 +42,7 @@ class RunClient:
     def _deployment(self, target: Target, transport: Transport, *, with_trainer: bool = False) -> Deployment:
         key = (target.name, with_trainer)
         if key not in self._deployed:
-            self._deployed[key] = deploy(transport, target.workdir, with_trainer=with_trainer)
+            self._deployed[key] = deploy(transport, target, with_trainer=with_trainer)
         return self._deployed[key]
 
     def deploy(self, target: Target, *, with_trainer: bool) -> Deployment:
@@ -183,36 +183,6 @@ class LaunchFailed(OperationFailed):
         super().__init__(f"{target}: {payload.get('error') or 'the run did not start'}")
 
 
-def agent_argv(target: Target, agent_path: str, *args: str) -> list[str]:
-    """How every agent subcommand is started on a target: its python, the deployed zipapp, the arguments."""
-    return [target.python, agent_path, *args]
-
-
-def agent_answer(target: Target, result: CommandResult) -> dict:
-    """The agent's one JSON answer, checked for the protocol version; bad input raised as the usage error it is."""
-    payload = _agent_json(result.out)
-    if payload is None:
-        raise TransportError(f"{target.name}: the agent gave no answer ({result.describe()})")
-    if payload.get("version") != PROTOCOL_VERSION:
-        raise TransportError(f"{target.name}: the agent speaks protocol {payload.get('version')!r}, this dflashctl "
-                             f"{PROTOCOL_VERSION}")
-    if result.exit_code == EXIT_USAGE or payload.get("code") in USAGE_CODES:
-        raise (TargetNotFound if payload.get("code") == UNKNOWN_RUN else UsageError)(
-            f"{target.name}: {payload.get('error', 'bad input')}")
-    return payload
-
-
-def _agent_json(stdout: str) -> dict | None:
-    for line in reversed(stdout.strip().splitlines()):
-        try:
-            value = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(value, dict):
-            return value
-    return None
-
-
 def _pack_inputs(inputs: dict[str, bytes]) -> bytes:
     """The inputs as one JSON document on the agent's stdin (small files: configs)."""
     return json.dumps({name: base64.b64encode(data).decode() for name, data in inputs.items()}).encode()
@@ -232,4 +202,4 @@ def with_metrics(record: dict) -> dict:
     return record
 
 
-__all__ = ["RunClient", "LaunchFailed", "agent_argv", "agent_answer", "with_metrics"]
+__all__ = ["RunClient", "LaunchFailed", "with_metrics"]

@@ -6,6 +6,7 @@ differs per user. `launch` points both at `{workdir}/.dflash/cache/` unless the 
 """
 from __future__ import annotations
 
+from ..agent.protocol import ascii_decimal
 from ..inventory.model import Target
 
 CACHE_VARS = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton"}
@@ -28,5 +29,5 @@ def size_argv(target: Target) -> list[str]:
 
 def parse_size_kib(stdout: str) -> int | None:
     """Bytes from du -sk's output (KiB), None when it is not a number."""
-    text = stdout.strip().splitlines()[-1:] or [""]
-    return int(text[0]) * 1024 if text[0].isdigit() else None
+    kib = ascii_decimal((stdout.strip().splitlines()[-1:] or [""])[0])
+    return kib * 1024 if kib is not None else None

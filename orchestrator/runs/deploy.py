@@ -2,28 +2,29 @@
 
 Both are content-addressed: the agent as `{workdir}/.dflash/agent/agent-<digest>.pyz`, the trainer unpacked in
 `{workdir}/.dflash/pkg/<digest>/`. A version already there is not sent again, so a launch costs one round trip
-when nothing changed. Archives are built deterministically so the digest changes only with the code.
+when nothing changed (two with the trainer: the agent's `packages` also removes the versions beside it that no
+live run uses). Archives are built deterministically (bundle.py) so the digest changes only with the code.
 """
 from __future__ import annotations
 
 import functools
 import hashlib
-import io
 import logging
-import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import trainer
 
+from ..agent.protocol import UPLOAD_STALL_S
 from ..errors import TransportError
+from ..inventory.model import Target
 from ..transports.base import Transport
-from .bundle import build_zipapp, bundle_digest
+from .agentcall import agent_answer, agent_argv
+from .bundle import build_tarball, build_zipapp, bundle_digest
+from .spec import runs_dir
 
 log = logging.getLogger("dflashctl.deploy")
-
-UNPACK = ('set -e; rm -rf -- "$1.tmp"; mkdir -p -- "$1.tmp"; tar -xzf - -C "$1.tmp"; '
-          'rm -rf -- "$1"; mv -- "$1.tmp" "$1"')
+UPLOAD_TIMEOUT_S = 300.0
 # $1 agent path, $2 trainer dir, $3 agent size, $4 agent sha256: an agent file that is not exactly the one its
 # name promises (an upload that an older version installed cut short) counts as absent and is replaced. The
 # temp file of an upload whose receiving shell was killed by the cut (pct kills the command's group) is removed
@@ -55,45 +56,35 @@ def agent_bundle() -> Bundle:
 
 @functools.lru_cache(maxsize=1)
 def trainer_bundle() -> Bundle:
-    root = Path(trainer.__file__).resolve().parent
-    buf = io.BytesIO()
-    # mtime 0 and sorted names: the same sources always give the same bytes, so the same digest
-    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=6) as tar:
-        for path in sorted(p for p in root.rglob("*") if _shipped(p)):
-            info = tar.gettarinfo(str(path), arcname=str(Path("trainer") / path.relative_to(root)))
-            info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
-            with path.open("rb") as f:
-                tar.addfile(info, f)
-    data = buf.getvalue()
-    return Bundle(data, bundle_digest(data))
-
-
-def _shipped(path: Path) -> bool:
-    return path.is_file() and "__pycache__" not in path.parts and path.suffix in {".py", ".yaml", ".json", ".txt"}
+    """The trainer as a tar.gz, named by the digest of the tar: what lands on disk, whatever zlib compressed it."""
+    tar, data = build_tarball(Path(trainer.__file__).resolve().parent, "trainer")
+    return Bundle(data, bundle_digest(tar))
 
 
 def agent_path_in(workdir: str) -> str:
     return f"{workdir}/.dflash/agent/agent-{agent_bundle().digest}.pyz"
 
 
+def pkg_dir_in(workdir: str) -> str:
+    return f"{workdir}/.dflash/pkg/{trainer_bundle().digest}"
+
+
 def present(transport: Transport, workdir: str) -> set[str]:
     """What of this version is on the target: "agent" (whole, as its hash says), "agent-damaged", "pkg"."""
     agent = agent_bundle()
-    pkg_dir = f"{workdir}/.dflash/pkg/{trainer_bundle().digest}"
-    result = transport.run(["sh", "-c", PRESENT, "sh", agent_path_in(workdir), pkg_dir, str(len(agent.data)),
-                            hashlib.sha256(agent.data).hexdigest()], timeout=60)
+    result = transport.run(["sh", "-c", PRESENT, "sh", agent_path_in(workdir), pkg_dir_in(workdir),
+                            str(len(agent.data)), hashlib.sha256(agent.data).hexdigest()], timeout=60)
     if not result.ok:  # the script always exits 0 once it runs: the target itself refused (e.g. CT stopped)
         reason = (result.err or result.out).strip().splitlines()[-1:] or [f"exit {result.exit_code}"]
         raise TransportError(f"{transport.label}: cannot run commands there: {reason[0]}")
     return set(result.out.split())
 
 
-def deploy(transport: Transport, workdir: str, *, with_trainer: bool) -> Deployment:
+def deploy(transport: Transport, target: Target, *, with_trainer: bool) -> Deployment:
     """Make sure the agent (and, for trainer runs, the trainer) of this version are on the target."""
-    agent, pkg = agent_bundle(), trainer_bundle()
-    agent_path = agent_path_in(workdir)
-    pkg_dir = f"{workdir}/.dflash/pkg/{pkg.digest}"
-    have = present(transport, workdir)
+    agent = agent_bundle()
+    agent_path, pkg_dir = agent_path_in(target.workdir), pkg_dir_in(target.workdir)
+    have = present(transport, target.workdir)
     sent = []
     if "agent-damaged" in have:
         log.warning("%s: %s is damaged (not the content its name promises); replacing it", transport.label,
@@ -101,11 +92,28 @@ def deploy(transport: Transport, workdir: str, *, with_trainer: bool) -> Deploym
     if "agent" not in have:
         transport.write_file(agent_path, agent.data, mode=0o644)
         sent.append("agent")
-    if with_trainer and "pkg" not in have:
-        result = transport.run(["sh", "-c", UNPACK, "sh", pkg_dir], stdin=pkg.data, timeout=300)
-        if not result.ok:
-            raise TransportError(f"{transport.label}: cannot unpack the trainer in {pkg_dir}: {result.describe()}")
-        sent.append("pkg")
+    if with_trainer:
+        send = "pkg" not in have
+        _packages(transport, target, agent_path, pkg_dir, send=send)
+        if send:
+            sent.append("pkg")
     if sent:
         log.info("%s: deployed %s", transport.label, ", ".join(sent))
     return Deployment(agent_path=agent_path, pkg_dir=pkg_dir, sent=tuple(sent))
+
+
+def _packages(transport: Transport, target: Target, agent_path: str, pkg_dir: str, *, send: bool) -> None:
+    """The agent's `packages`: install the trainer (when `send`), lease it to this launch, remove the versions
+    nothing uses."""
+    args = ["packages", "--dir", pkg_dir, "--runs-dir", runs_dir(target)]
+    data = trainer_bundle().data
+    if send:
+        args += ["--size", str(len(data)), "--sha256", hashlib.sha256(data).hexdigest(),
+                 "--stall", f"{UPLOAD_STALL_S:g}"]
+    result = transport.run(agent_argv(target, agent_path, *args), stdin=data if send else None,
+                           timeout=UPLOAD_TIMEOUT_S)
+    answer = agent_answer(target, result)
+    if not answer.get("ok"):
+        raise TransportError(f"{transport.label}: cannot unpack the trainer in {pkg_dir}: {answer.get('error')}")
+    if answer.get("removed"):
+        log.info("%s: removed trainer versions no run uses: %s", transport.label, ", ".join(answer["removed"]))

@@ -18,7 +18,8 @@ from ..agent.protocol import DEFAULT_GRACE_S, FAILED, FAILED_STATES, KILLED, LIV
 from ..errors import DflashError, OperationFailed, UsageError
 from ..inventory.model import Target
 from ..transports.fanout import Outcome, per_host
-from .client import LaunchFailed, RunClient, agent_argv
+from .agentcall import agent_argv
+from .client import LaunchFailed, RunClient
 from .command import CONFIG_INPUT, node_train_command
 from .spec import LaunchSpec, new_run_id, run_environment
 from .trainercheck import ConfigRejected

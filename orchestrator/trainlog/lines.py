@@ -11,6 +11,8 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
+from ..agent.protocol import ascii_decimal
+
 
 @dataclass(frozen=True, slots=True)
 class LogLine:
@@ -344,7 +346,7 @@ _TEXT_FIELDS = ("path", "device", "stage")
 
 def parse_phase_line(text: str, line_no: int | None = None) -> PhaseEvent | None:
     stripped = text.lstrip()
-    if not stripped.startswith(_PHASE_STARTS) and not stripped[:1].isdigit():
+    if not stripped.startswith(_PHASE_STARTS) and ascii_decimal(stripped[:1]) is None:
         return None
     for phase, pattern in _PHASE_LINES:
         match = pattern.fullmatch(text.rstrip())

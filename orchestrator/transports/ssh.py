@@ -26,6 +26,13 @@ from .base import DEFAULT_TIMEOUT, CommandResult, RemoteProcess, Transport
 log = logging.getLogger("dflashctl.ssh")
 KEEPALIVE_S = 15
 
+# paramiko's transport thread logs what it meets (a reset during the banner: an error and its traceback) to the
+# "paramiko" logger. With no handler there, logging's last resort printed that on stderr before dflashctl's own
+# one-line error; this handler drops it instead. Records still propagate, so --verbose (a root handler) shows
+# them, from warnings up: paramiko's INFO chatter (ciphers, auth steps) is no remote operation of ours.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+logging.getLogger("paramiko").setLevel(logging.WARNING)
+
 
 class UnknownHostKey(paramiko.SSHException):
     def __init__(self, hostname: str, key: paramiko.PKey) -> None:

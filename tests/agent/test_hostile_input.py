@@ -67,3 +67,11 @@ def test_bad_targets_env_and_gpus_are_refused(container, runs_dir):
         status, out = launch(container, runs_dir, "r", ["true"], option, value)
         assert (status, out["code"]) == (2, code), (option, value, out)
     assert not os.path.exists(os.path.join(runs_dir, "r"))
+
+
+def test_gpu_indices_are_ascii_digits_only(container, runs_dir):
+    # int() reads '٣' as 3 and ' 1' as 1: a GPU index the agent takes is ASCII digits and nothing else
+    for value in ("\u0663", "0,\u0661", " 1"):
+        status, out = launch(container, runs_dir, "r", ["true"], "--gpus", value)
+        assert (status, out["code"]) == (2, "bad_gpus"), (value, out)
+    assert not os.path.exists(os.path.join(runs_dir, "r"))

@@ -5,6 +5,9 @@ import json
 import os
 import signal
 import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from orchestrator.inventory.model import Inventory, load_inventory
@@ -29,6 +32,15 @@ def quick_inventory(lab, path: Path) -> Inventory:
     lab.write_inventory(path)
     path.write_text(path.read_text().replace("defaults: {", "defaults: {connect_timeout: 2, ", 1))
     return load_inventory(path)
+
+
+def fresh_workdir(lab, path: Path, tag: str) -> Path:
+    """quick_inventory with a workdir of its own on pve2/300 (a first deploy happens there); where that workdir
+    is, seen from outside the container."""
+    quick_inventory(lab, path)
+    workdir = f"/workspace/{tag}-{os.getpid()}-{time.monotonic_ns()}"
+    path.write_text(path.read_text().replace("300: {gpus: 1}", f"300: {{gpus: 1, workdir: {workdir}}}"))
+    return lab.hosts["pve2"].containers[300].workspace / workdir.removeprefix("/workspace/")
 
 
 def log_path(lab, inventory: Inventory, host: str, ctid: int, run_id: str) -> Path:
@@ -88,3 +100,20 @@ def start_foreign_stuck_parent() -> subprocess.Popen:
         proc.wait()
         raise AssertionError("the foreign zombie did not appear")
     return proc
+
+
+@contextmanager
+def slow_link(lab, host: str) -> Iterator[None]:
+    """Traffic towards `host` at ~8 KB/s (tc tbf on its root-side veth) while the block runs: an upload then
+    takes seconds, long enough to cut it mid-way. Skips the test where this kernel cannot shape a link."""
+    import pytest
+
+    veth = lab.hosts[host].link.root_veth
+    shaped = subprocess.run(["tc", "qdisc", "add", "dev", veth, "root", "tbf", "rate", "64kbit", "burst", "1600",
+                             "latency", "2s"], capture_output=True, text=True)
+    if shaped.returncode != 0:
+        pytest.skip(f"this kernel cannot slow a link (tc tbf): {shaped.stderr.strip()}")
+    try:
+        yield
+    finally:
+        subprocess.run(["tc", "qdisc", "del", "dev", veth, "root"], check=False, capture_output=True)

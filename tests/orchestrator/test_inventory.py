@@ -38,6 +38,13 @@ BAD = {
                               4, "hosts.local.containers", "local host has no containers"),
     "non-integer ctid": ("hosts:\n  pve1:\n    address: x\n    containers:\n      web: {}\n",
                          5, "hosts.pve1.containers.web", "integer"),
+    # str.isdigit() takes these, int() refuses the first two and reads the third as 3: none is a CTID
+    "superscript ctid": ("hosts:\n  pve1:\n    address: x\n    containers:\n      \"\u00b2\": {}\n",
+                         5, "hosts.pve1.containers.\u00b2", "integer CTID (digits 0-9)"),
+    "circled ctid": ("hosts:\n  pve1:\n    address: x\n    containers:\n      \u2460: {}\n",
+                     5, "hosts.pve1.containers.\u2460", "integer CTID (digits 0-9)"),
+    "arabic-indic ctid": ("hosts:\n  pve1:\n    address: x\n    containers:\n      \u0663: {}\n",
+                          5, "hosts.pve1.containers.\u0663", "integer CTID (digits 0-9)"),
     "yaml syntax": ("hosts:\n  pve1:\n    address: [x\n  pve2: {}\n", 4, "", "YAML syntax error"),
     "container typo": ("hosts:\n  pve1:\n    address: x\n    containers:\n      200: {gpu: 8}\n",
                        5, "hosts.pve1.containers.200.gpu", "did you mean 'gpus'"),
@@ -76,7 +83,8 @@ def test_bad_inventory_names_file_line_and_field(tmp_path: Path, case: str) -> N
     assert field in message and words in message, message
 
 
-@pytest.mark.parametrize("case", ["unknown key", "duplicate container", "yaml syntax", "non-integer ctid"])
+@pytest.mark.parametrize("case", ["unknown key", "duplicate container", "yaml syntax", "non-integer ctid",
+                                  "superscript ctid"])
 def test_cli_bad_inventory_exit_2_without_traceback(tmp_path: Path, case: str, capsys) -> None:
     path = tmp_path / "inv.yaml"
     path.write_text(BAD[case][0])
@@ -97,6 +105,9 @@ def test_missing_inventory_file_is_usage_error(tmp_path: Path, capsys) -> None:
     ("pve1", "has containers; name one: pve1/200, pve1/201"),
     ("pve1/999", "no container 999"),
     ("pve1/abc", "must be a number"),
+    ("pve1/\u00b2", "must be a number (digits 0-9)"),
+    ("pve1/\u2460", "must be a number (digits 0-9)"),
+    ("pve1/\u0663\u0660\u0660", "must be a number (digits 0-9)"),  # int() reads it as 300
 ])
 def test_unknown_targets(target: str, words: str) -> None:
     inv = parse_inventory(GOOD, Path("inventory.yaml"))

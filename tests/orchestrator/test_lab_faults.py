@@ -17,7 +17,7 @@ from orchestrator.runs.deploy import agent_bundle
 from orchestrator.runs.spec import runs_dir
 from orchestrator.watch.source import LiveSource
 
-from tests.lab.workloads import QUIET, TRACEBACK, log_path, quick_inventory
+from tests.lab.workloads import QUIET, TRACEBACK, fresh_workdir, log_path, quick_inventory, slow_link
 from tests.lab.workloads import run_cli as cli
 from tests.polling import wait_for as poll
 
@@ -64,6 +64,34 @@ def test_kill_of_a_run_on_an_unreachable_host_exits_3(lab, inv: str, quiet_run: 
         lab.link_up("pve2")
     assert code == 3, err
     assert "pve2/300" in err and "unreachable" in err
+
+
+@pytest.mark.parametrize("fault", ["link down", "refused host key"])
+def test_ps_of_a_target_it_could_not_read_never_says_no_runs(lab, inv: str, quiet_run: dict, fault: str,
+                                                              tmp_path, capsys) -> None:
+    # pve2/300 has a live run; ps must not call it empty when it cannot read it, and must say what it did read
+    faulty = inv
+    if fault == "refused host key":
+        (tmp_path / "known_hosts").write_text("")
+        faulty = str(quick_inventory(lab, tmp_path / "inventory.yaml").path)
+        Path(faulty).write_text(Path(faulty).read_text().replace(str(lab.known_hosts), str(tmp_path / "known_hosts")))
+    else:
+        lab.link_down("pve2")
+    try:
+        code, out, err = cli(faulty, "ps", TARGET, capsys=capsys)
+        assert code == 3 and "no runs" not in out, out
+        assert err.startswith(f"dflashctl: error: {TARGET}: runs not read: pve2: ") and len(err.splitlines()) == 1, err
+        code, payload, err = cli(faulty, "ps", TARGET, "--json", capsys=capsys)
+        assert code == 3, err
+        assert payload["runs"] == [] and payload["targets"][TARGET]["ok"] is False
+        assert payload["targets"][TARGET]["error"].startswith("pve2: ")
+        code, out, err = cli(faulty, "ps", TARGET, "local", capsys=capsys)  # local was read: it has no runs
+        assert code == 3 and out.strip() == "no runs on local (--all shows older ones)", out
+    finally:
+        lab.link_up("pve2")
+    code, payload, err = cli(inv, "ps", TARGET, "--json", capsys=capsys)
+    assert code == 0 and payload["targets"] == {TARGET: {"ok": True, "error": None}}, err
+    assert quiet_run["run_id"] in [r["run_id"] for r in payload["runs"]]
 
 
 def test_the_dashboards_retry_countdown_moves_and_then_says_reconnecting(lab, inv: str) -> None:
@@ -401,18 +429,10 @@ def test_an_upload_cut_mid_way_leaves_no_damaged_agent(lab, tmp_path, capsys) ->
     # the first deploy to a fresh workdir over a slow link, and the server side resets the connection while the
     # agent is half sent: nothing may be installed under the agent's final name, and the next command works
     path = tmp_path / "inventory.yaml"
-    quick_inventory(lab, path)
-    workdir = f"/workspace/cut-{os.getpid()}-{time.monotonic_ns()}"
-    path.write_text(path.read_text().replace("300: {gpus: 1}", f"300: {{gpus: 1, workdir: {workdir}}}"))
     agent, host = agent_bundle(), lab.hosts["pve2"]
-    agent_dir = host.containers[300].workspace / workdir.removeprefix("/workspace/") / ".dflash" / "agent"
+    agent_dir = fresh_workdir(lab, path, "cut") / ".dflash" / "agent"
     final = agent_dir / f"agent-{agent.digest}.pyz"
-    shaper = ["tc", "qdisc", "add", "dev", host.link.root_veth, "root", "tbf", "rate", "64kbit", "burst", "1600",
-              "latency", "2s"]
-    shaped = subprocess.run(shaper, capture_output=True, text=True)  # towards pve2: ~8 KB/s, the upload takes seconds
-    if shaped.returncode != 0:
-        pytest.skip(f"this kernel cannot slow a link (tc tbf): {shaped.stderr.strip()}")
-    try:
+    with slow_link(lab, "pve2"):  # the upload takes seconds
         ps = subprocess.Popen([sys.executable, "-m", "orchestrator", "--inventory", str(path), "ps", TARGET],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         deadline = time.monotonic() + 30
@@ -423,8 +443,6 @@ def test_an_upload_cut_mid_way_leaves_no_damaged_agent(lab, tmp_path, capsys) ->
         reset = ["ip", "netns", "exec", host.netns, "ss", "-K", "state", "established", "( sport = :22 )"]
         subprocess.run(reset, check=True, capture_output=True)  # the server's side resets the connection
         _, err = ps.communicate(timeout=60)
-    finally:
-        subprocess.run(["tc", "qdisc", "del", "dev", host.link.root_veth, "root"], check=False)
     assert ps.returncode == 3, err.decode()
     assert not final.exists()
     code, payload, err = cli(str(path), "ps", TARGET, "--json", capsys=capsys)

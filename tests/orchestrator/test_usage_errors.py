@@ -23,6 +23,27 @@ def test_usage_mistakes_in_process(args, words, capsys):
     assert err.startswith("dflashctl: error: ") and words in err.splitlines()[0] and "Traceback" not in err
 
 
+# str.isdigit() takes '²', '³' and '①' (int() then raised), int() reads '٣' as 3: a number typed is ASCII digits
+UNICODE_DIGITS = [
+    (["launch", "local", "--gpus", "\u00b2", "--", "true"], "bad --gpus '\u00b2'"),
+    (["launch", "local", "--gpus", "0-\u00b3", "--", "true"], "bad --gpus '0-\u00b3'"),
+    (["launch", "local", "--gpus", "\u2460", "--", "true"], "bad --gpus '\u2460'"),
+    (["launch", "local", "--gpus", "\u0663", "--", "true"], "bad --gpus '\u0663'"),
+    (["ps", "pve1/\u00b2"], "bad target 'pve1/\u00b2': the container id after '/' must be a number"),
+    (["ps", "pve1/\u0663\u0660\u0660"], "bad target 'pve1/\u0663\u0660\u0660'"),
+]
+INVENTORY = "hosts:\n  pve1:\n    address: 192.0.2.1\n    containers:\n      300: {gpus: 4}\n"
+
+
+@pytest.mark.parametrize("args, words", UNICODE_DIGITS)
+def test_unicode_digits_are_one_usage_line(args, words, tmp_path, capsys):
+    (tmp_path / "inventory.yaml").write_text(INVENTORY)
+    assert main(["--inventory", str(tmp_path / "inventory.yaml"), *args]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith(f"dflashctl: error: {words}"), captured.err
+    assert len(captured.err.strip().splitlines()) == 1 and captured.out == ""
+
+
 def test_typers_own_exception_classes_are_parse_errors_whatever_their_module():
     assert is_parse_error(typer.BadParameter("x"))
 

@@ -6,6 +6,7 @@ points torch.compile at).
 """
 from __future__ import annotations
 
+from ...agent.protocol import ascii_decimal
 from ...display import format_bytes
 from ...errors import AuthError, CommandTimeout, HostKeyError, Unreachable
 from ...gpus import parse_query_csv, query_argv
@@ -67,7 +68,7 @@ def check_python(transport: Transport, target: Target, report: DoctorReport) -> 
         raise Stop(f"{target.python} does not run on {target.name}: {result.describe()} "
                     f"(set `python:` for this target in the inventory)")
     report.python = result.out.strip()
-    version = tuple(int(p) for p in report.python.split(".")[:2] if p.isdigit())
+    version = tuple(n for n in map(ascii_decimal, report.python.split(".")[:2]) if n is not None)
     if version < MIN_PYTHON:
         raise Stop(f"{target.python} on {target.name} is Python {report.python}; the run supervisor needs "
                     f">= {'.'.join(map(str, MIN_PYTHON))}")

@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ...agent.protocol import ascii_decimal
 from ...errors import DflashError, UsageError
 from ...inventory.model import Target
 from ...transports.base import Transport
@@ -120,12 +121,13 @@ def _parse_host_script(text: str, facts: HostFacts) -> None:
     char_devices = parts.get("devices", "").split("Block devices:")[0]
     for line in char_devices.splitlines():
         fields = line.split()
-        if len(fields) == 2 and fields[0].isdigit() and fields[1].startswith("nvidia"):
-            facts.majors[fields[1]] = int(fields[0])
-    cpus = parts.get("cpus", "").strip()
-    facts.cpus = int(cpus) if cpus.isdigit() else None
+        major = ascii_decimal(fields[0]) if len(fields) == 2 else None
+        if major is not None and fields[1].startswith("nvidia"):
+            facts.majors[fields[1]] = major
+    facts.cpus = ascii_decimal(parts.get("cpus", "").strip())
     mem = parts.get("meminfo", "").split()
-    facts.mem_bytes = int(mem[1]) * 1024 if len(mem) >= 2 and mem[1].isdigit() else None
+    mem_kib = ascii_decimal(mem[1]) if len(mem) >= 2 else None
+    facts.mem_bytes = mem_kib * 1024 if mem_kib is not None else None
 
 
 def expected_nodes(gpus: int) -> list[str]:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from ...agent.protocol import ascii_decimal
+
 DEFAULT_MEMORY_MIB = 512
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?)([kmgt]?)i?b?$", re.IGNORECASE)
 
@@ -57,12 +59,12 @@ def parse_ct_config(text: str) -> CtConfig:
             config.allow.append(value)
         elif key == "lxc.mount.entry":
             _mount_entry(config, value.split())
-        elif re.fullmatch(r"dev\d+", key):
+        elif re.fullmatch(r"dev[0-9]+", key):
             config.passthrough.add(value.split(",")[0].strip())
-        elif key == "cores" and value.isdigit():
-            config.cores = int(value)
-        elif key == "memory" and value.isdigit():
-            config.memory_mib = int(value)
+        elif key == "cores":
+            config.cores = ascii_decimal(value)
+        elif key == "memory" and (mib := ascii_decimal(value)) is not None:
+            config.memory_mib = mib
     return config
 
 
