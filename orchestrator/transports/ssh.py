@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import select
 import shlex
 import socket
@@ -25,6 +26,8 @@ from .base import DEFAULT_TIMEOUT, CommandResult, RemoteProcess, Transport
 
 log = logging.getLogger("dflashctl.ssh")
 KEEPALIVE_S = 15
+RETRY_FIRST_S = 0.2   # the first backoff after a dropped connection (full jitter: a random wait up to this)...
+RETRY_CAP_S = 2.0     # ...doubling up to this
 
 # paramiko's transport thread logs what it meets (a reset during the banner: an error and its traceback) to the
 # "paramiko" logger. With no handler there, logging's last resort printed that on stderr before dflashctl's own
@@ -92,13 +95,39 @@ class SSHHost:
 
     def _close_locked(self) -> None:
         if self._conn is not None:
-            try:
-                self._conn.close()
-            except Exception:  # closing a dead connection must never mask the real error
-                pass
+            _close_quietly(self._conn)
             self._conn = None
 
     def _open(self) -> fabric.Connection:
+        """Connect; a connection the server drops before its banner or key exchange is made again.
+
+        sshd drops connections at random once more than 10 are being set up (MaxStartups 10:30:100 by default):
+        parallel clients, or one watching many targets, meet that as a reset before anything was said. Such an
+        attempt is repeated after a random, growing wait until the connect timeout has passed since the first
+        (the last one at that moment); anything else (refused, silent, a host key or login problem) fails at once.
+        """
+        h = self.host
+        started, attempt = time.monotonic(), 0
+        while True:
+            attempt += 1
+            try:
+                conn = self._connect()
+            except _Dropped as exc:
+                left = h.connect_timeout - (time.monotonic() - started)
+                if left <= 0:
+                    raise Unreachable(f"{exc}, {attempt} time(s) in {time.monotonic() - started:.1f}s (is it "
+                                      f"refusing new connections while too many are being set up? sshd's "
+                                      f"MaxStartups)") from None
+                wait = min(left, random.uniform(0, min(RETRY_CAP_S, RETRY_FIRST_S * 2 ** (attempt - 1))))
+                log.info("%s; retrying in %.2fs", exc, wait)
+                time.sleep(wait)
+                continue
+            log.info("connected to %s (%s:%s) in %.0f ms%s", h.name, conn.host, conn.port,
+                     (time.monotonic() - started) * 1000, f", attempt {attempt}" if attempt > 1 else "")
+            return conn
+
+    def _connect(self) -> fabric.Connection:
+        """One connection attempt, its failures converted into orchestrator errors."""
         h = self.host
         kwargs = {"key_filename": [h.identity_file]} if h.identity_file else {}
         conn = fabric.Connection(h.address, user=h.user or _ssh_config_user(h.address) or h.fallback_user,
@@ -106,7 +135,6 @@ class SSHHost:
                                  connect_kwargs={**kwargs, "banner_timeout": h.connect_timeout,
                                                  "auth_timeout": h.connect_timeout})
         _install_host_key_checks(conn, h)
-        started = time.monotonic()
         try:
             conn.open()
         except UnknownHostKey as exc:
@@ -125,20 +153,46 @@ class SSHHost:
             raise Unreachable(f"{h.name}: no answer from {conn.host}:{conn.port} within "
                               f"{h.connect_timeout:g}s ({exc or 'timed out'})") from None
         except (OSError, paramiko.SSHException, EOFError) as exc:
-            if _closed_during_auth(conn):
-                raise AuthError(
-                    f"{h.name}: {conn.host}:{conn.port} closed the connection while {conn.user} was "
-                    f"authenticating. sshd hangs up after MaxAuthTries refused keys (6 by default), and an "
-                    f"ssh-agent holding many keys can use them all up before the right one is offered: set "
-                    f"identity_file for this host in the inventory (that key is offered first).") from None
-            raise Unreachable(f"{h.name}: cannot connect to {conn.host}:{conn.port}: {_reason(exc)}") from None
+            error = _setup_error(h, conn, exc)  # before closing: closing forgets how far the connection came
+            _close_quietly(conn)
+            raise error from None
         conn.transport.set_keepalive(KEEPALIVE_S)
         if isinstance(conn.transport.sock, socket.socket):  # not through a ProxyJump channel
             # small request/response exchanges; don't let Nagle hold them back
             conn.transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        log.info("connected to %s (%s:%s) in %.0f ms", h.name, conn.host, conn.port,
-                 (time.monotonic() - started) * 1000)
         return conn
+
+
+def _setup_error(h: HostConfig, conn: fabric.Connection, exc: BaseException) -> Unreachable:
+    if _closed_during_auth(conn):
+        return AuthError(
+            f"{h.name}: {conn.host}:{conn.port} closed the connection while {conn.user} was "
+            f"authenticating. sshd hangs up after MaxAuthTries refused keys (6 by default), and an "
+            f"ssh-agent holding many keys can use them all up before the right one is offered: set "
+            f"identity_file for this host in the inventory (that key is offered first).")
+    if _dropped_in_setup(exc):
+        return _Dropped(f"{h.name}: {conn.host}:{conn.port} closed the connection before the key exchange ended")
+    return Unreachable(f"{h.name}: cannot connect to {conn.host}:{conn.port}: {_reason(exc)}")
+
+
+class _Dropped(Unreachable):
+    """The server hung up (or reset) before the key exchange ended: busy, worth another attempt."""
+
+
+def _dropped_in_setup(exc: BaseException) -> bool:
+    """An end of file or a reset while reading the banner or exchanging keys (paramiko wraps the banner's
+    in an SSHException, the original kept as its context); a timeout is not one: the host is silent."""
+    for cause in (exc, exc.__context__):
+        if isinstance(cause, (EOFError, ConnectionResetError, ConnectionAbortedError, BrokenPipeError)):
+            return True
+    return False
+
+
+def _close_quietly(conn: fabric.Connection) -> None:
+    try:
+        conn.close()
+    except Exception:  # closing a dead or half-open connection must never mask the real error
+        pass
 
 
 def _ssh_config_user(address: str) -> str | None:

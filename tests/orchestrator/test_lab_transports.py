@@ -14,6 +14,8 @@ from orchestrator.cli import main
 from orchestrator.errors import AuthError, HostKeyError, Unreachable
 from orchestrator.inventory.model import load_inventory
 from orchestrator.transports.pool import Connections
+from tests.lab.sshd import known_hosts_line
+from tests.resetting_server import resetting_server
 
 pytestmark = pytest.mark.lab
 
@@ -248,3 +250,17 @@ def test_an_agent_full_of_other_keys_is_named_when_sshd_hangs_up_during_authenti
     finally:
         agent.terminate()
         agent.wait(timeout=10)
+
+
+def test_a_connection_reset_during_the_banner_is_made_again(lab, tmp_path: Path) -> None:
+    """sshd past its MaxStartups resets new connections at random: the next attempt gets in."""
+    host = lab.hosts["pve1"]
+    with resetting_server(resets=3, then_relay_to=(host.address, host.port)) as port:
+        known_hosts = tmp_path / "known_hosts"
+        known_hosts.write_text(known_hosts_line("127.0.0.1", port, host.host_key_pub_path))
+        path = tmp_path / "inventory.yaml"
+        path.write_text(f"hosts:\n  pve1:\n    address: 127.0.0.1\n    port: {port}\n"
+                        f"    identity_file: {lab.client_key}\n    known_hosts: {known_hosts}\n"
+                        f"    pct: {host.pct_command}\n    containers:\n      200: {{}}\n")
+        with Connections() as conns:
+            assert conns.for_target(load_inventory(path).target("pve1/200")).run(["hostname"]).out.strip() == "ct200"
