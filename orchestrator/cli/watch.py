@@ -18,6 +18,7 @@ from ..runs.doctor.storage import LOW_FREE_BYTES, LOW_FREE_FRACTION
 from ..watch.alerts import AlertRules
 from ..watch.model import Snapshot
 from ..watch.source import LiveSource
+from ..watch.stream import ONCE_WAIT_S
 from .args import finite
 from .output import print_json, stderr, stdout
 from .state import AppState
@@ -29,6 +30,10 @@ MIN_FREE_GIB = typer.Option(LOW_FREE_BYTES / 1024 ** 3, "--min-free-gib", min=0.
                             help="low_disk alert: a container's runs filesystem has less free than this...")
 MIN_FREE_PCT = typer.Option(LOW_FREE_FRACTION * 100, "--min-free-pct", min=0.0, max=100.0, callback=finite,
                             metavar="PCT", help="...or less than this share of it.")
+# a stream waits FIRST_WORD_S for its agent's first word: --once must not give up on a target before that
+ONCE_TIMEOUT = typer.Option(ONCE_WAIT_S, "--timeout", min=0.0, callback=finite, metavar="S",
+                            help="With --once: the longest wait for every target to answer (a loaded container "
+                            "may take most of a minute to start the agent).")
 
 
 def watch(
@@ -39,8 +44,7 @@ def watch(
     as_json: bool = typer.Option(False, "--json", help="With --once: print the snapshot as one JSON object."),
     interval: float = typer.Option(1.0, "--interval", min=0.1, callback=finite, metavar="S",
                                    help="Seconds between GPU samples (nvidia-smi loops in the container)."),
-    timeout: float = typer.Option(30.0, "--timeout", min=0.0, callback=finite, metavar="S",
-                                  help="With --once: the longest wait for every target to answer."),
+    timeout: float = ONCE_TIMEOUT,
     headless: bool = typer.Option(False, "--headless", help="No screen: print each alert as a JSON line on stdout "
                                   "and send the notifications, until SIGTERM. Detached and supervised: "
                                   "`dflashctl launch local -- dflashctl watch --headless`."),

@@ -27,6 +27,7 @@ AGENT_IDLE_EXIT_S = 60.0  # the agent's own limit: a controller behind a dead li
 STEADY_S = 30.0  # a session that lasted this long starts the next backoff from the beginning
 SILENCE_CAP_S = AGENT_IDLE_EXIT_S  # past this the agent has given up on us anyway
 FIRST_WORD_S = 45.0  # an agent's first message may wait for a deploy and a Python start on a loaded machine
+ONCE_WAIT_S = FIRST_WORD_S + 15.0  # `watch --once` waits no shorter than a stream for the first word, plus a connect
 
 
 class StreamSink(Protocol):

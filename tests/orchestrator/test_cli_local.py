@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -154,3 +155,22 @@ def test_version_never_imports_torch_in_the_controller(inv):
                           cwd=Path(__file__).resolve().parents[2])
     assert done.stdout.splitlines()[-1] == "False False 0", done.stderr
     assert done.stdout.startswith("dflashctl ")
+
+
+SLOW_START_S = 35  # past the 30 s `watch --once` used to wait, within the 45 s a stream waits for an agent's first word
+
+
+@pytest.mark.slow
+def test_watch_once_waits_for_an_agent_slow_to_start_as_long_as_its_stream_does(tmp_path, capsys):
+    # on a loaded machine the agent's Python may take half a minute to say anything: `--once` must not call the
+    # target unreachable ("not connected") while the target's own stream still waits for it
+    python = tmp_path / "slow-python"
+    python.write_text(f'#!/bin/sh\n[ "$2" = watch ] && sleep {SLOW_START_S}\nexec {shlex.quote(sys.executable)} "$@"\n')
+    python.chmod(0o755)
+    path = tmp_path / "inventory.yaml"
+    path.write_text("hosts:\n  local:\n    transport: local\n"
+                    f"    workdir: {json.dumps(str(tmp_path / 'work'))}\n    python: {json.dumps(str(python))}\n")
+    started = time.monotonic()
+    code, snapshot, err = run_cli(str(path), "watch", "local", "--once", "--json", capsys=capsys)
+    assert code == 0 and snapshot["errors"] == {}, err
+    assert time.monotonic() - started > SLOW_START_S  # the agent did take that long
