@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import textwrap
 import traceback
@@ -81,10 +82,12 @@ def _generate(args) -> int:
 
     if (args.target is None) == (args.server is None):
         raise TrainerError("generate needs exactly one of --target (load it here) or --server (ask an engine)")
+    request_timeout = None if args.request_timeout is None else _seconds(args.request_timeout, "--request-timeout")
     summary = generate(target=args.target, prompts=args.prompts, output=args.output,
                        max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, device=args.device,
                        server=args.server, model=args.model, concurrency=args.concurrency, retries=args.retries,
-                       retry_wait_s=args.retry_wait, progress_every_s=args.progress_every)
+                       retry_wait_s=args.retry_wait, request_timeout_s=request_timeout,
+                       progress_every_s=args.progress_every)
     print(summary.as_json() if args.json else summary.line(), flush=True)
     return 1 if summary.failed else 0
 
@@ -97,6 +100,18 @@ def _eval(args) -> int:
                       tree_budgets=args.tree_budget, baseline=args.baseline, batch_size=args.batch_size)
     print(json.dumps(report.as_dict()) if args.json else "\n".join(report.lines()), flush=True)
     return 0 if report.ok else 1
+
+
+def _seconds(text: str, option: str) -> float:
+    """A duration typed on the command line: a finite number of seconds above 0, else a one-line usage error
+    (taken as text, not as argparse's float, whose refusal prints the whole usage first)."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise TrainerError(f"{option} {text!r}: give a number of seconds above 0, e.g. 120")
+    return seconds
 
 
 def _budgets(text: str) -> list[int]:
@@ -215,9 +230,13 @@ def _add_generate_command(commands) -> None:
     generate.add_argument("--model", help="the served model's name (default: the server's only one)")
     generate.add_argument("--concurrency", type=int, default=8, help="requests in flight with --server (default 8)")
     generate.add_argument("--retries", type=int, default=6,
-                          help="retries of a request on 429, 5xx or a lost connection (default 6)")
+                          help="retries of a request on 429, 5xx, a lost connection or a timeout (default 6)")
     generate.add_argument("--retry-wait", type=float, default=1.0,
                           help="seconds before the first retry, doubling each time (default 1)")
+    generate.add_argument("--request-timeout", metavar="S",
+                          help="with --server: give up on a request the server has sent nothing for in S seconds "
+                               "(a hung request) and ask again like a failed one (default 120, or 0.1 s per "
+                               "--max-new-tokens token if that is longer: the answer comes whole at its end)")
     generate.add_argument("--prompts", required=True, help='JSONL: {"messages": [...]} or {"prompt": ...}')
     generate.add_argument("--output", required=True, help="JSONL of chat records to append to (resumed)")
     generate.add_argument("--max-new-tokens", type=int, default=512, help="answer length limit (default 512)")

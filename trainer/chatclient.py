@@ -1,7 +1,8 @@
 """An OpenAI-compatible chat-completions client for `generate --server`: vLLM, SGLang, `transformers serve` or
 any other server that speaks `/v1/chat/completions`. Standard library only (urllib and threads): one request
-per prompt, at most `concurrency` in flight, retries with exponential backoff on 429, 5xx and dropped or
-refused connections; any other answer is a permanent failure of that prompt, with the server's reason.
+per prompt, at most `concurrency` in flight, retries with exponential backoff on 429, 5xx, dropped or refused
+connections and requests the server left unanswered past the request timeout; any other answer is a permanent
+failure of that prompt, with the server's reason.
 
 Greedy by default (temperature 0); the server applies the target's own chat template. `return_token_ids` asks
 the server for the answer's token ids (vLLM returns them as `choices[0].token_ids`); a server that has none
@@ -22,6 +23,13 @@ from dataclasses import dataclass
 from trainer.errors import TrainerError
 
 RETRIED_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+REQUEST_TIMEOUT_S = 120.0
+SLOWEST_TOK_PER_S = 10.0  # a busy engine still decodes each answer at least this fast
+
+
+def default_request_timeout(max_new_tokens: int) -> float:
+    """How long a request may go unanswered: 120 s, or what the longest answer asked for takes at 10 tok/s."""
+    return max(REQUEST_TIMEOUT_S, max_new_tokens / SLOWEST_TOK_PER_S)
 
 
 @dataclass(frozen=True)
@@ -38,14 +46,14 @@ class PermanentFailure(Exception):
 
 class ServerClient:
     def __init__(self, url: str, *, model: str | None = None, concurrency: int = 8, max_new_tokens: int = 512,
-                 retries: int = 6, retry_wait_s: float = 1.0, timeout_s: float = 600.0) -> None:
+                 retries: int = 6, retry_wait_s: float = 1.0, timeout_s: float | None = None) -> None:
         base = url.rstrip("/")
         self.base = base if base.endswith("/v1") else base + "/v1"
         self.concurrency = max(1, concurrency)
         self.max_new_tokens = max_new_tokens
         self.retries = retries
         self.retry_wait_s = retry_wait_s
-        self.timeout_s = timeout_s
+        self.timeout_s = default_request_timeout(max_new_tokens) if timeout_s is None else timeout_s
         self.model = self._served_model(model)
 
     # -- the model
@@ -130,7 +138,10 @@ class ServerClient:
                 raise _Retry(f"HTTP {exc.code}: {detail}", _retry_after(exc)) from None
             raise PermanentFailure(f"HTTP {exc.code}: {detail}") from None
         except (urllib.error.URLError, http.client.HTTPException, ConnectionError, socket.timeout, OSError) as exc:
-            raise _Retry(f"connection: {getattr(exc, 'reason', None) or exc}", None) from None
+            reason = getattr(exc, "reason", None) or exc
+            if isinstance(reason, TimeoutError):  # socket.timeout: the server sent nothing for timeout_s
+                raise _Retry(f"no answer within {self.timeout_s:g}s", None) from None
+            raise _Retry(f"connection: {reason}", None) from None
         try:
             return json.loads(payload)
         except ValueError:

@@ -87,8 +87,8 @@ def load_target_for_generation(target: str | Path, device, dtype: str = "auto"):
 
 def generate(*, target: str | Path | None, prompts: str | Path, output: str | Path, max_new_tokens: int = 512,
              batch_size: int = 16, device: str = "auto", server: str | None = None, model: str | None = None,
-             concurrency: int = 8, retries: int = 6, retry_wait_s: float = 1.0, progress_every_s: float = 10.0,
-             say=None) -> GenerateSummary:
+             concurrency: int = 8, retries: int = 6, retry_wait_s: float = 1.0, request_timeout_s: float | None = None,
+             progress_every_s: float = 10.0, say=None) -> GenerateSummary:
     """Answer every prompt not yet in `output` and append one chat record per answer (with its `index`);
     prompts that fail for good go to the `.failed.jsonl` beside it."""
     say = say or (lambda line: print(line, file=sys.stderr, flush=True))
@@ -99,7 +99,7 @@ def generate(*, target: str | Path | None, prompts: str | Path, output: str | Pa
         from trainer.chatclient import ServerClient
 
         client = ServerClient(server, model=model, concurrency=concurrency, max_new_tokens=max_new_tokens,
-                              retries=retries, retry_wait_s=retry_wait_s)
+                              retries=retries, retry_wait_s=retry_wait_s, timeout_s=request_timeout_s)
         answer_all = client.answer_all
         say(f"Generating with model {client.model!r} of {client.base} ({client.concurrency} at a time)")
     elif len(resumed.answered) < total:

@@ -138,7 +138,8 @@ def test_sigkill_mid_way_then_rerun_answers_every_prompt_once(chat_server, promp
 
 
 class StandInEngine(BaseHTTPRequestHandler):
-    """A stand-in engine: answers a prompt by its words, after the faults its content asks for."""
+    """A stand-in engine: answers a prompt by its words, after the faults its content asks for. A prompt that
+    starts with "hang" is never answered the first time it is asked (until the server's `release` is set)."""
 
     protocol_version = "HTTP/1.1"
     attempts: dict[str, int] = {}
@@ -155,7 +156,10 @@ class StandInEngine(BaseHTTPRequestHandler):
         prompt = body["messages"][-1]["content"]
         with self.lock:
             attempt = self.attempts[prompt] = self.attempts.get(prompt, 0) + 1
-        if prompt == "drop" and attempt == 1:
+        if prompt.startswith("hang") and attempt == 1:
+            self.server.release.wait()  # type: ignore[attr-defined]
+            self.close_connection = True
+        elif prompt == "drop" and attempt == 1:
             self.connection.shutdown(2)  # the connection goes away without an answer
             self.close_connection = True
         elif prompt == "busy" and attempt <= 2:
@@ -200,6 +204,44 @@ def test_retries_and_permanent_failures_leave_every_prompt_answered_or_failed_on
     assert "invalid JSON" in failed[3] and "HTTP 500: engine down" in failed[5]
     assert "gave up after 4 attempts" in failed[5] and "HTTP 400: prompt longer" in failed[6]
     assert json.loads(done.stdout)["failed"] == 3
+
+
+def test_requests_that_hang_are_asked_again_after_the_request_timeout(tmp_path):
+    # 3 of 12 requests hang forever at first: with the old 600 s wait the run stalled; now each is given up after
+    # --request-timeout and asked again like a failed one
+    contents = [f"hang {i}" for i in range(3)] + [f"fine {i}" for i in range(9)]
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": c}) + "\n" for c in contents))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), StandInEngine)
+    server.release = threading.Event()  # type: ignore[attr-defined]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    started = time.monotonic()
+    try:
+        output = tmp_path / "answers.jsonl"
+        done = run_trainer("generate", "--server", f"http://127.0.0.1:{server.server_address[1]}", "--prompts",
+                           prompts, "--output", output, "--request-timeout", "1", "--retry-wait", "0.01",
+                           "--concurrency", "4", "--json", timeout=120)
+    finally:
+        server.release.set()  # type: ignore[attr-defined]
+        server.shutdown()
+        server.server_close()
+    elapsed = time.monotonic() - started
+    assert done.returncode == 0, done.stderr
+    answered = _by_index(output)
+    assert sorted(answered) == list(range(12))
+    assert [answered[i]["messages"][-1]["content"] for i in range(12)] == [c.upper() for c in contents]
+    assert all(StandInEngine.attempts[c] == 2 for c in contents[:3])
+    assert json.loads(done.stdout)["failed"] == 0
+    assert elapsed < 60  # a second per hung request and the process's start, not 600 s
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "-inf", "soon"])
+def test_a_request_timeout_that_is_no_duration_is_one_usage_line(value, tmp_path):
+    done = run_trainer("generate", "--server", "http://127.0.0.1:9", "--prompts", tmp_path / "p.jsonl",
+                       "--output", tmp_path / "out.jsonl", f"--request-timeout={value}")
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"error: --request-timeout {value!r}: give a number of seconds above 0, e.g. 120"]
 
 
 def test_prepare_reads_the_output_as_it_is(local_answers, tiny_target, tmp_path):
