@@ -235,6 +235,13 @@ def test_requests_that_hang_are_asked_again_after_the_request_timeout(tmp_path):
     assert elapsed < 60  # a second per hung request and the process's start, not 600 s
 
 
+def test_the_default_request_timeout_leaves_room_for_the_longest_answer_asked_for():
+    from trainer.chatclient import default_request_timeout
+
+    assert default_request_timeout(512) == 120.0  # an answer the engine sends whole, once all of it is decoded
+    assert default_request_timeout(4096) == pytest.approx(409.6)  # README's regeneration: 4096 tokens at 10 tok/s
+
+
 @pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "-inf", "soon"])
 def test_a_request_timeout_that_is_no_duration_is_one_usage_line(value, tmp_path):
     done = run_trainer("generate", "--server", "http://127.0.0.1:9", "--prompts", tmp_path / "p.jsonl",
