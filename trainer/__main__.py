@@ -17,10 +17,10 @@ from trainer.errors import TrainerError
 
 def _train(args) -> int:
     if args.plan:
-        from trainer.memplan import plan_command
+        from trainer.spec.memory_plan import plan_command
 
         return plan_command(args.config, gpus=args.gpus, gpu_memory_gib=args.gpu_memory)
-    from trainer.startup import default_cuda_allocator
+    from trainer.training.startup import default_cuda_allocator
 
     default_cuda_allocator()  # before torch loads and anything touches the GPU
     from trainer.train import main as train_main
@@ -34,7 +34,7 @@ def _check(args) -> int:
                            "(a drafter against the target it will be served with)")
     if args.config is None:
         return _check_parity(args)
-    from trainer.preflight import check_config_file
+    from trainer.spec.preflight import check_config_file
 
     from_stdin = args.config == "-"
     found = check_config_file(args.config, text=sys.stdin.read() if from_stdin else None, base_dir=args.base_dir,
@@ -50,7 +50,7 @@ def _check(args) -> int:
 
 
 def _check_parity(args) -> int:
-    from trainer.parity import check_parity
+    from trainer.spec.parity import check_parity
 
     report = check_parity(args.target, args.drafter)
     print(json.dumps(report.as_dict()) if args.json else "\n".join(report.lines()), flush=True)
@@ -67,7 +67,7 @@ def _export(args) -> int:
 
 
 def _prepare(args) -> int:
-    from trainer.prepare import prepare
+    from trainer.data.prepare import prepare
 
     report = prepare(target=args.target, input_path=args.input, output=args.output, block_size=args.block_size,
                      max_length=args.max_length, overlong=args.overlong, heldout=args.heldout)
@@ -77,7 +77,7 @@ def _prepare(args) -> int:
 
 def _generate(args) -> int:
     from trainer.errors import TrainerError
-    from trainer.generate import generate
+    from trainer.data.generate import generate
 
     if (args.target is None) == (args.server is None):
         raise TrainerError("generate needs exactly one of --target (load it here) or --server (ask an engine)")
@@ -90,7 +90,7 @@ def _generate(args) -> int:
 
 
 def _eval(args) -> int:
-    from trainer.evaluation import evaluate
+    from trainer.decoding.evaluation import evaluate
 
     report = evaluate(target=args.target, drafter_dir=args.drafter, prompts=args.prompts,
                       max_new_tokens=args.max_new_tokens, device=args.device, dtype=args.dtype,
@@ -113,7 +113,7 @@ def _budgets(text: str) -> list[int]:
 def _tiny_target(args) -> int:
     from pathlib import Path
 
-    from trainer.tiny import write_tiny_target
+    from trainer.model.tiny_target import write_tiny_target
 
     path = write_tiny_target(Path(args.out_dir), family=args.family, composite=args.composite, seed=args.seed)
     kind = args.family + (" composite (image-text)" if args.composite else "")

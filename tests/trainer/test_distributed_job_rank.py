@@ -6,7 +6,7 @@ import datetime
 
 import pytest
 
-from trainer.distributed import collective_timeout, job_rank
+from trainer.training.distributed import collective_timeout, job_rank
 from trainer.errors import TrainerError
 
 

@@ -73,7 +73,7 @@ def write_random_target(out_dir: Path, shape_name: str, *, device: str = "cuda",
     directory (its embedding rows past the tokenizer are never produced by it, like a real padded vocabulary)."""
     import torch
 
-    from trainer.tiny import build_tokenizer
+    from trainer.model.tiny_target import build_tokenizer
 
     tokenizer = build_tokenizer(320)
     config = target_config(SHAPES[shape_name], eos_token_id=tokenizer.eos_token_id,

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from trainer.objective import accepted_streak, block_labels
+from trainer.training.objective import accepted_streak, block_labels
 
 # rows of [block slots x vocabulary] logits one argmax chunk may hold (fp32: 256 MiB)
 LOGITS_PER_CHUNK = 2 ** 26
@@ -128,7 +128,7 @@ def _argmax_chunks(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 def replay_batch(drafter, features: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor, *,
                  max_sequences: int, width: int) -> ReplayTally:
     """The replayed rounds and the acceptance histogram of the batch's first `max_sequences` sequences."""
-    from trainer.drafter import unwrap
+    from trainer.model.drafter import unwrap
 
     inner = unwrap(drafter)
     count = min(max_sequences, input_ids.shape[0])

@@ -1,5 +1,5 @@
 """The drafter on disk, in the layout SGLang and vLLM load: config.json + model.safetensors, no embedding/LM head,
-plus `dflash.py` (trainer/modeling_dflash.py, named by config.json's auto_map) so that transformers loads it too.
+plus `dflash.py` (trainer/model/modeling_dflash.py, named by config.json's auto_map) so that transformers loads it too.
 
 A training checkpoint `step_N/` adds the training state (optimizer, scheduler, RNG, data position), the fp32
 master weights when model.safetensors holds a lower precision (save_dtype), and the resolved config; it appears
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from trainer.drafter import DFlashDrafter, DrafterConfig, unwrap
+from trainer.model.drafter import DFlashDrafter, DrafterConfig, unwrap
 from trainer.errors import TrainerError
 
 if TYPE_CHECKING:
@@ -82,8 +82,8 @@ def serving_config(config: DrafterConfig, dtype: torch.dtype) -> dict:
 
 
 def write_modeling_file(out_dir: Path) -> Path:
-    """trainer/modeling_dflash.py, verbatim, as the checkpoint's dflash.py."""
-    from trainer import modeling_dflash
+    """trainer/model/modeling_dflash.py, verbatim, as the checkpoint's dflash.py."""
+    from trainer.model import modeling_dflash
 
     path = Path(out_dir) / MODELING_FILE
     shutil.copyfile(modeling_dflash.__file__, path)
@@ -254,7 +254,7 @@ def agree_on_resume(resume_dir: Path | None, ctx) -> tuple[Path | None, bool]:
     In a job across hosts only the first node has the checkpoints (rank 0 writes them): the other nodes must
     resume from the same step, with the state rank 0 sends them, not start fresh.
     """
-    from trainer.distributed import broadcast_object
+    from trainer.training.distributed import broadcast_object
 
     chosen = broadcast_object(str(resume_dir) if resume_dir is not None else None, ctx)
     if chosen is None:
@@ -265,7 +265,7 @@ def agree_on_resume(resume_dir: Path | None, ctx) -> tuple[Path | None, bool]:
 
 def resume_state(resume_dir: Path, local: bool, ctx) -> dict:
     """The training state of the checkpoint: read from disk, or from rank 0 where this node lacks the files."""
-    from trainer.distributed import any_rank, broadcast_object
+    from trainer.training.distributed import any_rank, broadcast_object
 
     state = torch.load(resume_dir / STATE_FILE, map_location="cpu", weights_only=False) if local else None
     if any_rank(not local, ctx):  # only pay for the broadcast when some rank cannot read the checkpoint

@@ -1,7 +1,8 @@
 """The frozen target LLM: tapped hidden states for the drafter, and full logits for speculative decoding.
 
 Dense and MoE Qwen3, Llama-family and Qwen3.5/3.6 hybrid targets (Gated DeltaNet linear-attention layers between
-full-attention ones), text-only or the language model of a composite image-text checkpoint (trainer/families.py).
+full-attention ones), text-only or the language model of a composite image-text checkpoint
+(trainer/spec/target_families.py).
 """
 from __future__ import annotations
 
@@ -13,11 +14,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from trainer import packing as packing_lib
+from trainer.model import packing as packing_lib
 from trainer.errors import TrainerError
-from trainer.families import FULL, LINEAR, SLIDING, TargetSpec, family_mask_token_id, read_target_spec, target_spec
-from trainer.kernels import importable
-from trainer.taps import default_target_layer_ids, validate_layer_ids  # noqa: F401 (their old home)
+from trainer.spec.target_families import (FULL, LINEAR, SLIDING, TargetSpec, family_mask_token_id, read_target_spec,
+                                          target_spec)
+from trainer.model.kernels import importable
+from trainer.spec.taps import default_target_layer_ids, validate_layer_ids  # noqa: F401 (their old home)
 
 MASK_TOKEN = "<|MASK|>"
 LAYER_NAMES = {LINEAR: "linear-attention", FULL: "full-attention", SLIDING: "sliding-window"}

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from trainer.errors import TrainerError
-from trainer.families import FULL, SLIDING, TargetSpec, drafter_shape, read_target_spec
+from trainer.spec.target_families import FULL, SLIDING, TargetSpec, drafter_shape, read_target_spec
 
 RETRAIN = "train the drafter against this target"
 

@@ -3,9 +3,9 @@ same target, beside an untrained drafter of the same shape and the drafter's DDT
 
 One target load serves every run: greedy (the reference, and the logits that judge a divergence), the drafter's
 chain, the baseline's chain, and one tree per budget. Prompts decode many at once over one cache
-(trainer/batchdecode.py), a hybrid's linear-attention states rewound row by row after each verify pass; hybrids
+(trainer/decoding/batched.py), a hybrid's linear-attention states rewound row by row after each verify pass; hybrids
 refuse trees (a tree's branches would share one recurrent state, so it cannot be verified in one pass).
-Sliding-window targets decode one prompt at a time with exact cache rollback (trainer/speculative.py).
+Sliding-window targets decode one prompt at a time with exact cache rollback (trainer/decoding/speculative.py).
 """
 from __future__ import annotations
 
@@ -15,12 +15,13 @@ from pathlib import Path
 
 import torch
 
-from trainer.batchdecode import can_batch, can_batch_trees, chain_proposer, decode_batch, greedy_proposer, tree_proposer
+from trainer.decoding.batched import (can_batch, can_batch_trees, chain_proposer, decode_batch, greedy_proposer,
+                                      tree_proposer)
 from trainer.errors import TrainerError
-from trainer.evalreport import EvalReport, rounding_epsilon, summarize
-from trainer.generate import load_target_for_generation, pick_device, read_prompts
-from trainer.speculative import DecodeRun, LayerTaps, greedy_decode, speculative_decode
-from trainer.target import check_target_dir, linear_attention_kernel
+from trainer.decoding.eval_report import EvalReport, rounding_epsilon, summarize
+from trainer.data.generate import load_target_for_generation, pick_device, read_prompts
+from trainer.decoding.speculative import DecodeRun, LayerTaps, greedy_decode, speculative_decode
+from trainer.model.target import check_target_dir, linear_attention_kernel
 
 BASELINE_SEED = 0
 SMALL_HIDDEN = 1024  # on the CPU, targets narrower than this decode on one thread (see _cpu_threads)
@@ -37,7 +38,7 @@ def _cpu_threads(model, device: torch.device, say) -> None:
 
 def untrained_like(drafter):
     """A drafter of the same shape, freshly initialised (fixed seed), on the same device and dtype."""
-    from trainer.drafter import DFlashDrafter
+    from trainer.model.drafter import DFlashDrafter
 
     weight = drafter.fc.weight
     with torch.random.fork_rng(devices=[]):
@@ -97,7 +98,7 @@ def _say(line: str) -> None:
 def evaluate(*, target: str | Path, drafter_dir: str | Path, prompts: str | Path, max_new_tokens: int = 128,
              device: str = "auto", dtype: str = "auto", tree_budgets: list[int] | tuple[int, ...] = (),
              baseline: bool = True, batch_size: int = 64, say=_say) -> EvalReport:
-    from trainer.checkpoint import load_drafter
+    from trainer.training.checkpoints import load_drafter
 
     chats = read_prompts(prompts)
     torch_device = pick_device(device)

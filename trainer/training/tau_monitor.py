@@ -11,15 +11,15 @@ import numpy as np
 import torch
 
 from trainer.errors import TrainerError
-from trainer.preflight import heldout_dir, heldout_problem
-from trainer.replay import ReplayTally, replay_batch
+from trainer.spec.preflight import heldout_dir, heldout_problem
+from trainer.training.tau_replay import ReplayTally, replay_batch
 
 EVAL_BATCH = 4           # held-out sequences per target forward
 
 
 def open_heldout(cfg):
     """The held-out TokenDataset when eval_every asks for one (preflight checked that it is there)."""
-    from trainer import data as data_lib
+    from trainer.data import batches as data_lib
 
     if not cfg.eval_every:
         return None
@@ -100,10 +100,11 @@ class TauMonitor:
 
     def decode_heldout(self) -> dict:
         """Real speculative decoding of the first eval_prompts held-out prompts: EVAL_BATCH at a time over one
-        cache (trainer/batchdecode.py), or one by one where the target cannot batch (trainer/speculative.py)."""
-        from trainer.batchdecode import can_batch, chain_proposer, decode_batch
-        from trainer.drafter import unwrap
-        from trainer.speculative import LayerTaps, speculative_decode
+        cache (trainer/decoding/batched.py), or one by one where the target cannot batch
+        (trainer/decoding/speculative.py)."""
+        from trainer.decoding.batched import can_batch, chain_proposer, decode_batch
+        from trainer.model.drafter import unwrap
+        from trainer.decoding.speculative import LayerTaps, speculative_decode
 
         inner = unwrap(self.drafter)
         model = self.target.hf_model

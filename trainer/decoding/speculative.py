@@ -10,7 +10,7 @@ linear-attention layers hold one recurrent state that has already absorbed every
 the cache as it stood before the verify pass is kept aside, restored, and the accepted tokens are fed again.
 
 This is the one-prompt-at-a-time path, for sliding-window targets. `trainer eval` and training's held-out
-decoding decode the other targets many prompts at once (trainer/batchdecode.py), hybrids too.
+decoding decode the other targets many prompts at once (trainer/decoding/batched.py), hybrids too.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """`prepare`: JSONL chat records (or prompt/completion pairs) -> the tokenized Arrow dataset the trainer reads
-(trainer/data.py), with the loss mask on the assistant's tokens; offline, before any training run."""
+(trainer/data/batches.py), with the loss mask on the assistant's tokens; offline, before any training run."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from trainer.speculative import Decoded, DecodeRun
+from trainer.decoding.speculative import Decoded, DecodeRun
 
 ROUNDING_EPSILONS = 8
 

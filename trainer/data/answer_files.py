@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainer.errors import TrainerError
-from trainer.prepare import record_messages
+from trainer.data.prepare import record_messages
 
 Chat = list[dict[str, str]]
 

@@ -2,8 +2,8 @@
 the drafter then learns the target's own continuations, which is what it must predict at inference.
 
 Two ways to answer: the target loaded here with Hugging Face `generate` in batches (small jobs, CPU tests), or
-an inference engine serving it behind an OpenAI-compatible API (`server=`; trainer/chatclient.py). Both stream
-the prompts, append each answer as it finishes, resume from the answers already written (trainer/answers.py),
+an inference engine serving it behind an OpenAI-compatible API (`server=`; trainer/data/chat_client.py). Both stream
+the prompts, append each answer as it finishes, resume from the answers already written (trainer/data/answer_files.py),
 print progress lines on stderr and end with one summary.
 """
 from __future__ import annotations
@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from trainer import logformat
-from trainer.answers import AnswerFiles, Prompt, count_prompts, failed_path, iter_prompts, resume_output
-from trainer.chatclient import Answer, PermanentFailure
+from trainer.data.answer_files import AnswerFiles, Prompt, count_prompts, failed_path, iter_prompts, resume_output
+from trainer.data.chat_client import Answer, PermanentFailure
 
 SUMMARY_VERSION = 1
 
@@ -76,7 +76,7 @@ def pick_dtype(dtype: str, device):
 def load_target_for_generation(target: str | Path, device, dtype: str = "auto"):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trainer.target import check_target_dir, refuse_fla_off_gpu
+    from trainer.model.target import check_target_dir, refuse_fla_off_gpu
 
     refuse_fla_off_gpu(check_target_dir(Path(target)), device)
     tokenizer = AutoTokenizer.from_pretrained(str(target))
@@ -96,7 +96,7 @@ def generate(*, target: str | Path | None, prompts: str | Path, output: str | Pa
     total = count_prompts(prompts)
     resumed = resume_output(output)
     if server is not None:
-        from trainer.chatclient import ServerClient
+        from trainer.data.chat_client import ServerClient
 
         client = ServerClient(server, model=model, concurrency=concurrency, max_new_tokens=max_new_tokens,
                               retries=retries, retry_wait_s=retry_wait_s)

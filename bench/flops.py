@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from trainer.families import FULL, LINEAR, SLIDING, target_spec
+from trainer.spec.target_families import FULL, LINEAR, SLIDING, target_spec
 
 GDN_CHUNK = 64  # the chunk length of the chunked gated-delta-rule kernels (fla's and transformers')
 

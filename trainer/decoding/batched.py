@@ -9,10 +9,11 @@ tree's ancestor-only mask], with each node at position anchor + depth: a node se
 its own path, as one-token steps would. A row leaves the batch when it is done.
 
 A hybrid target's linear-attention layers keep one recurrent state per row, which a masked slot cannot undo:
-after each verify pass those states are rewound, row by row, to the accepted tokens (trainer/linearstate.py).
-That works for chains, not trees (a tree's branches would pass through one state), so hybrids decode greedy and
-chains here. Targets with sliding-window layers (a window the custom mask would not apply) decode one prompt at a
-time (trainer/speculative.py).
+after each verify pass those states are rewound, row by row, to the accepted tokens
+(trainer/decoding/linear_state_rollback.py). That works for chains, not trees (a tree's branches would pass through
+one state), so hybrids decode greedy and chains here.
+Targets with sliding-window layers (a window the custom mask would not apply) decode one prompt at a
+time (trainer/decoding/speculative.py).
 """
 from __future__ import annotations
 
@@ -23,10 +24,10 @@ from typing import Callable
 
 import torch
 
-from trainer.linearstate import LinearStates
-from trainer.speculative import (Decoded, DecodeRun, LayerTaps, Top, cache_argument, finish, has_recurrent_state,
-                                 top_logits_rows)
-from trainer.tree import DraftTree, best_first, chain, tree_layout
+from trainer.decoding.linear_state_rollback import LinearStates
+from trainer.decoding.speculative import (Decoded, DecodeRun, LayerTaps, Top, cache_argument, finish,
+                                          has_recurrent_state, top_logits_rows)
+from trainer.decoding.draft_tree import DraftTree, best_first, chain, tree_layout
 
 COMPACT_MIN_SLOTS = 32  # hidden slots tolerated before the cache is compacted
 

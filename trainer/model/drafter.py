@@ -1,7 +1,7 @@
 """The DFlash drafter: Qwen3-style decoder layers whose keys/values also carry the target's context features.
 
 Its config (DrafterConfig, what config.json holds) and the trainer's module around the layers; the layers and the
-forward themselves are trainer/modeling_dflash.py's, the file every checkpoint ships."""
+forward themselves are trainer/model/modeling_dflash.py's, the file every checkpoint ships."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
@@ -9,9 +9,9 @@ from dataclasses import asdict, dataclass, field, replace
 import torch
 from torch import nn
 
-from trainer.families import DrafterShape, drafter_shape, target_spec
-from trainer.masks import build_drafter_mask, choose_backend
-from trainer.modeling_dflash import (  # noqa: F401  (the layers are importable from here too)
+from trainer.spec.target_families import DrafterShape, drafter_shape, target_spec
+from trainer.model.masks import build_drafter_mask, choose_backend
+from trainer.model.modeling_dflash import (  # noqa: F401  (the layers are importable from here too)
     FULL_ATTENTION, SLIDING_ATTENTION, DFlashBlocks, DrafterLayer, DrafterMLP, RMSNorm, RotaryEmbedding,
     block_input_ids)
 
@@ -112,7 +112,7 @@ class DrafterConfig:
 
 
 class DFlashDrafter(DFlashBlocks, nn.Module):
-    """The drafter. Its layers and forward are trainer/modeling_dflash.py's, the file every checkpoint ships. The
+    """The drafter. Its layers and forward are trainer/model/modeling_dflash.py's, the file every checkpoint ships. The
     target's embedding and LM head are used but never registered: they stay frozen and out of state_dict(),
     parameters() and the checkpoint."""
 

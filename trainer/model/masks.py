@@ -11,8 +11,8 @@ from typing import Callable
 import torch
 
 # the mask itself lives with the layers in the file every checkpoint ships; the BlockMask machinery stays here
-from trainer.modeling_dflash import (FULL_ATTENTION, SLIDING_ATTENTION, DenseMask, MaskMod,  # noqa: F401
-                                     block_mask_mod, dense_drafter_masks, dense_mask)
+from trainer.model.modeling_dflash import (FULL_ATTENTION, SLIDING_ATTENTION, DenseMask, MaskMod,  # noqa: F401
+                                           block_mask_mod, dense_drafter_masks, dense_mask)
 
 
 class DrafterMask(DenseMask):

@@ -3,7 +3,7 @@ transformers model.
 
 Every checkpoint ships this file verbatim as `dflash.py` with `auto_map: {"AutoModel": "dflash.DFlashDraftModel"}`
 in its config.json, so `AutoModel.from_pretrained(checkpoint, trust_remote_code=True)` runs the very code the
-trainer ran (trainer/drafter.py builds its drafter from the classes below). It must therefore import nothing but
+trainer ran (trainer/model/drafter.py builds its drafter from the classes below). It must therefore import nothing but
 torch, transformers and the standard library.
 
 Inputs of `DFlashDraftModel.forward`: `target_hidden` [B, S, k*H], the target's tapped hidden states

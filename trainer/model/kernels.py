@@ -1,7 +1,7 @@
 """Fused kernels for the elementwise work of the drafter and of the frozen target, from liger-kernel where it runs
 (a CUDA device and Triton), each model's own torch code everywhere else.
 
-The drafter (trainer/modeling_dflash.py) and the target's HF modules stay as they are, so the drafter can be
+The drafter (trainer/model/modeling_dflash.py) and the target's HF modules stay as they are, so the drafter can be
 shipped and read as it is and the target can be run plain; `install` swaps the forward of their RMSNorm and
 SwiGLU MLP modules in place for liger's fused Triton kernels (RMSNorm in one pass, SiLU(gate) * up in one pass),
 each computing in fp32 and returning the input's dtype as the torch code does. On a hybrid target the Gated
@@ -26,7 +26,7 @@ KernelChoice = Literal["auto", "torch", "liger"]
 # "llama": normalise in fp32, round to the input's dtype, then scale; "gemma": all in fp32, round once at the end
 # (Qwen3.5's norms also scale by 1 + weight). A class not named here keeps its own forward.
 NORM_STYLES = {
-    "RMSNorm": (0.0, "llama"),   # the drafter's (trainer/modeling_dflash.py)
+    "RMSNorm": (0.0, "llama"),   # the drafter's (trainer/model/modeling_dflash.py)
     **{name: (0.0, "llama") for name in ("Qwen3RMSNorm", "Qwen3MoeRMSNorm", "Qwen2RMSNorm", "LlamaRMSNorm",
                                          "MistralRMSNorm")},
     **{name: (1.0, "gemma") for name in ("Qwen3_5RMSNorm", "Qwen3_5MoeRMSNorm")},

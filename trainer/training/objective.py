@@ -143,7 +143,7 @@ def dflash_step(drafter, features: torch.Tensor, input_ids: torch.Tensor, loss_m
     """One training forward: loss (differentiable) and metrics for a batch of target features.
 
     `drafter` may be wrapped (DDP, torch.compile): the forward goes through the wrapper."""
-    from trainer.drafter import unwrap
+    from trainer.model.drafter import unwrap
 
     inner = unwrap(drafter)
     if block_size != inner.config.block_size:

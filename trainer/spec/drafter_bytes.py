@@ -1,6 +1,6 @@
 """What one drafter step keeps on the device, from the drafter's shape alone (torch-free): its parameters, the
 byte sizes of the run, and what autograd saves for backward per block token and per key/value token, with the
-drafter's own torch code or with liger-kernel's fused RMSNorm and SwiGLU (trainer/kernels.py swaps them in).
+drafter's own torch code or with liger-kernel's fused RMSNorm and SwiGLU (trainer/model/kernels.py swaps them in).
 
 On the CPU each figure equals what saved-tensor hooks count in a real step (tests/trainer/test_model_memplan.py;
 the liger path with stand-in Functions that save what liger-kernel 0.8.5's save)."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainer.families import TargetSpec, drafter_shape
+from trainer.spec.target_families import TargetSpec, drafter_shape
 
 FP32 = 4
 KERNELS = ("torch", "liger")     # what the drafter's RMSNorm and SwiGLU run (kernels.resolve's answers)

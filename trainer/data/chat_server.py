@@ -2,7 +2,7 @@
 --server` talks to in tests and the CPU benchmark, where vLLM and SGLang cannot run. One answer at a time,
 unbatched; `/v1/models` and `/v1/chat/completions` only. Not for real jobs: serve those with an engine.
 
-`python -m trainer.chatserve --target DIR [--port 0]` prints `serving NAME on http://HOST:PORT` and serves.
+`python -m trainer.data.chat_server --target DIR [--port 0]` prints `serving NAME on http://HOST:PORT` and serves.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ class ChatServer(ThreadingHTTPServer):
 
     def __init__(self, target: str | Path, *, host: str = "127.0.0.1", port: int = 0,
                  name: str | None = None) -> None:
-        from trainer.generate import load_target_for_generation, pick_device
+        from trainer.data.generate import load_target_for_generation, pick_device
 
         self.model, self.tokenizer = load_target_for_generation(target, pick_device("cpu"))
         self.name = name or Path(target).name
@@ -34,7 +34,7 @@ class ChatServer(ThreadingHTTPServer):
         return f"http://{host}:{port}"
 
     def answer(self, messages: list[dict[str, str]], max_tokens: int) -> tuple[str, list[int]]:
-        from trainer.generate import _answer_batch
+        from trainer.data.generate import _answer_batch
 
         with self.lock:
             held = self.hold_after is not None and self.answered >= self.hold_after
@@ -100,7 +100,7 @@ def send_json(handler: BaseHTTPRequestHandler, status: int, payload: dict) -> No
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer.chatserve", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m trainer.data.chat_server", description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", required=True, help="target model directory")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0: any free port (printed)")

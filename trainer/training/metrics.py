@@ -116,10 +116,11 @@ def log_step(log: MetricsLog, meter: Throughput, sums, ctx, cfg: TrainConfig, *,
              lr: float, epoch: float, elapsed: float, q_pre: list[int], batch, phases: "PhaseMeter | None" = None,
              taus: dict | None = None) -> None:
     """Average the interval over steps and ranks (one small all-reduce, on log steps only) and write it.
-    `taus`: the τ fields measured at this step (trainer/heldout.py); histograms go to metrics.jsonl only."""
+    `taus`: the τ fields measured at this step (trainer/training/tau_monitor.py); histograms go to metrics.jsonl
+    only."""
     import torch.distributed as dist
 
-    from trainer.distributed import all_reduce_sum
+    from trainer.training.distributed import all_reduce_sum
 
     steps = meter.steps
     totals = sums.clone()
