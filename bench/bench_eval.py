@@ -45,7 +45,7 @@ def write_prompts(path: Path, count: int) -> Path:
 def untrained_drafter(target: Path, out: Path, *, layers: int, block_size: int) -> Path:
     from transformers import AutoConfig, AutoTokenizer
 
-    from trainer.training.checkpoints import save_drafter
+    from trainer.model.drafter_files import save_drafter
     from trainer.model.drafter import DFlashDrafter, DrafterConfig
     from trainer.model.target import default_target_layer_ids
 
@@ -99,7 +99,7 @@ def run_eval(target: Path, drafter: Path, prompts: Path, args) -> tuple[dict, fl
 
 def old_loop(target: Path, drafter_dir: Path, prompts: Path, args) -> tuple[float, float, float]:
     """(seconds, greedy tok/s, chain tok/s) of the previous eval's loop, one prompt at a time."""
-    from trainer.training.checkpoints import load_drafter
+    from trainer.model.drafter_files import load_drafter
     from trainer.decoding.evaluation import _cpu_threads, _tokenize
     from trainer.data.generate import load_target_for_generation, pick_device, read_prompts
     from trainer.decoding.speculative import LayerTaps, greedy_decode, speculative_decode

@@ -104,8 +104,8 @@ def _serving_files(ckpt: Path, temp: Path, dtype: str) -> dict:
     """Write config.json, model.safetensors and dflash.py into temp; the config written."""
     from safetensors.torch import load_file
 
-    from trainer.training.checkpoints import (CONFIG_FILE, DTYPES, MASTER_WEIGHTS_FILE, WEIGHTS_FILE, make_readable,
-                                              read_drafter_config, save_weights, serving_config, write_modeling_file)
+    from trainer.model.drafter_files import (CONFIG_FILE, DTYPES, MASTER_WEIGHTS_FILE, WEIGHTS_FILE, make_readable,
+                                             read_drafter_config, save_weights, serving_config, write_modeling_file)
 
     source = ckpt / MASTER_WEIGHTS_FILE if (ckpt / MASTER_WEIGHTS_FILE).is_file() else ckpt / WEIGHTS_FILE
     if not source.is_file():
@@ -123,7 +123,7 @@ def _serving_files(ckpt: Path, temp: Path, dtype: str) -> dict:
 
 def export(checkpoint: str | Path, out: str | Path, *, target: str | Path | None = None, dtype: str = "bfloat16",
            check: bool = True, force: bool = False) -> ExportResult:
-    from trainer.training.checkpoints import make_readable, read_drafter_config
+    from trainer.model.drafter_files import make_readable, read_drafter_config
 
     ckpt, out = Path(checkpoint), Path(out)
     read_drafter_config(ckpt)  # a TrainerError when it is not a drafter checkpoint

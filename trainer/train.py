@@ -145,7 +145,7 @@ def run_dtype(cfg: TrainConfig, ctx) -> torch.dtype:
 def build_drafter(cfg: TrainConfig, ctx, log: MetricsLog, target, checkpoint: Path | None):
     """The drafter in fp32 on the device, the same on every rank: from `checkpoint`, or new from the target
     family's recipe with the config's drafter_* keys over it."""
-    from trainer.training.checkpoints import load_drafter
+    from trainer.model.drafter_files import load_drafter
     from trainer.training.distributed import broadcast_parameters
     from trainer.model.drafter import DFlashDrafter, DrafterConfig
     from trainer.spec.target_families import drafter_shape

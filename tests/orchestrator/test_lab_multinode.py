@@ -51,7 +51,7 @@ def checkpoint_digest(tiny: dict[str, Path], checkpoint: Path) -> str:
     embedding and LM head)."""
     from transformers import AutoModelForCausalLM
 
-    from trainer.training.checkpoints import load_drafter
+    from trainer.model.drafter_files import load_drafter
     from trainer.training.distributed import weights_digest
 
     model = AutoModelForCausalLM.from_pretrained(str(tiny["target"])).requires_grad_(False)

@@ -8,7 +8,7 @@ import torch
 
 from tests.trainer.test_model_support import (  # noqa: F401  (fixtures)
     device, make_drafter, random_ids, tiny_target, tiny_target_dir)
-from trainer.training.checkpoints import load_drafter, save_drafter
+from trainer.model.drafter_files import load_drafter, save_drafter
 from trainer.errors import TrainerError
 
 

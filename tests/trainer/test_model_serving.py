@@ -15,8 +15,8 @@ import torch
 
 from tests.trainer.conftest import REPO_ROOT, trainer_env
 from tests.trainer.test_model_support import make_drafter, random_ids, tiny_target_dir  # noqa: F401
-from trainer.training.checkpoints import (MASTER_WEIGHTS_FILE, MODELING_FILE, STATE_FILE, WEIGHTS_FILE, load_drafter,
-                                          save_checkpoint, save_drafter)
+from trainer.model.drafter_files import MASTER_WEIGHTS_FILE, MODELING_FILE, WEIGHTS_FILE, load_drafter, save_drafter
+from trainer.training.checkpoints import STATE_FILE, save_checkpoint
 
 # interpreters that must load the shipped modeling file: this one, and others a deployment runs (e.g. a venv
 # with the GPU machine's transformers release), listed in DFLASH_COMPAT_PYTHONS separated by os.pathsep

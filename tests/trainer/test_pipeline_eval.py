@@ -15,7 +15,7 @@ from tests.trainer.conftest import run_trainer, write_prompts
 from tests.trainer.test_pipeline_training import write_untrained_drafter
 from trainer.__main__ import main as trainer_main
 from trainer.decoding.batched import RoundInput, chain_proposer, decode_batch, greedy_proposer
-from trainer.training.checkpoints import load_drafter
+from trainer.model.drafter_files import load_drafter
 from trainer.decoding.eval_report import rounding_epsilon, rounding_tolerance
 from trainer.decoding.speculative import LayerTaps, greedy_decode
 from trainer.decoding.draft_tree import DraftTree

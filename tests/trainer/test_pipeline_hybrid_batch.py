@@ -25,7 +25,7 @@ NEW_TOKENS = 24
 
 @pytest.fixture(scope="module", params=["qwen3.5", "qwen3.5-moe"])
 def hybrid(request, tmp_path_factory):
-    from trainer.training.checkpoints import load_drafter
+    from trainer.model.drafter_files import load_drafter
     from trainer.decoding.evaluation import _tokenize
     from trainer.data.generate import load_target_for_generation, read_prompts
     from trainer.model.tiny_target import write_tiny_target

@@ -111,7 +111,7 @@ def parameter_order(drafter_dir: Path) -> list[str]:
     """The drafter's parameter names in parameters() order (the order the optimizer and ZeRO see)."""
     import torch
 
-    from trainer.training.checkpoints import load_drafter
+    from trainer.model.drafter_files import load_drafter
 
     config = json.loads((drafter_dir / "config.json").read_text())
     embed = torch.nn.Embedding(config["vocab_size"], config["hidden_size"])

@@ -98,7 +98,7 @@ def _say(line: str) -> None:
 def evaluate(*, target: str | Path, drafter_dir: str | Path, prompts: str | Path, max_new_tokens: int = 128,
              device: str = "auto", dtype: str = "auto", tree_budgets: list[int] | tuple[int, ...] = (),
              baseline: bool = True, batch_size: int = 64, say=_say) -> EvalReport:
-    from trainer.training.checkpoints import load_drafter
+    from trainer.model.drafter_files import load_drafter
 
     chats = read_prompts(prompts)
     torch_device = pick_device(device)
