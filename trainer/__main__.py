@@ -17,15 +17,42 @@ from trainer.errors import TrainerError
 
 def _train(args) -> int:
     if args.plan:
-        from trainer.spec.memory_plan import plan_command
-
-        return plan_command(args.config, gpus=args.gpus, gpu_memory_gib=args.gpu_memory)
+        return _plan(args)
     from trainer.training.startup import default_cuda_allocator
 
     default_cuda_allocator()  # before torch loads and anything touches the GPU
     from trainer.train import main as train_main
 
     return train_main(args.config, resume=args.resume)
+
+
+def _plan(args) -> int:
+    """`train --plan`: the plan of one rank of a run on --gpus GPUs (default: WORLD_SIZE, else 1) of --gpu-memory
+    GiB each (default: this machine's first GPU, else unchecked), loading nothing; exit 0 when it fits, 2 (a
+    TrainerError) when not. The kernels are the ones the run would resolve on a CUDA machine (kernels.on_a_gpu:
+    auto takes liger when liger-kernel is installed here); the plan's lines name them."""
+    import os
+
+    from trainer.config import load_config
+    from trainer.model.kernels import on_a_gpu
+    from trainer.spec.memory_plan import GIB, config_plan, refusal
+
+    cfg = load_config(args.config)
+    world_size = args.gpus or int(os.environ.get("WORLD_SIZE", 1))
+    limit = int(args.gpu_memory * GIB) if args.gpu_memory else _local_gpu_bytes()
+    memory = config_plan(cfg, world_size=world_size, limit=limit, on_gpu=True, kernels=on_a_gpu(cfg.kernels))
+    print("\n".join(memory.lines()), flush=True)
+    if not memory.fits:
+        raise TrainerError(refusal(cfg, memory, on_gpu=True))
+    return 0
+
+
+def _local_gpu_bytes() -> int | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
 
 
 def _check(args) -> int:

@@ -236,31 +236,3 @@ def check(cfg, *, world_size: int, limit: int | None, on_gpu: bool, say, kernels
     if not memory.fits:
         raise TrainerError(refusal(cfg, memory, on_gpu=on_gpu))
     return memory
-
-
-def plan_command(config_path: str, *, gpus: int | None, gpu_memory_gib: float | None) -> int:
-    """`train --plan`: print the plan of one rank of a run on `gpus` GPUs (default: WORLD_SIZE, else 1) of
-    `gpu_memory_gib` each (default: this machine's first GPU, else unchecked), loading nothing; exit 0 when it
-    fits, 2 (a TrainerError) when not. The kernels are the ones the run would resolve on a CUDA machine
-    (kernels.on_a_gpu: auto takes liger when liger-kernel is installed here); the plan's lines name them."""
-    import os
-
-    from trainer.config import load_config
-    from trainer.model.kernels import on_a_gpu
-
-    cfg = load_config(config_path)
-    world_size = gpus or int(os.environ.get("WORLD_SIZE", 1))
-    limit = int(gpu_memory_gib * GIB) if gpu_memory_gib else _local_gpu_bytes()
-    memory = config_plan(cfg, world_size=world_size, limit=limit, on_gpu=True, kernels=on_a_gpu(cfg.kernels))
-    print("\n".join(memory.lines()), flush=True)
-    if not memory.fits:
-        raise TrainerError(refusal(cfg, memory, on_gpu=True))
-    return 0
-
-
-def _local_gpu_bytes() -> int | None:
-    try:
-        import torch
-    except ImportError:
-        return None
-    return torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
