@@ -17,18 +17,18 @@ from pathlib import Path
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from trainer.model import kernels as kernel_lib
 from trainer import logformat
+from trainer.config import TrainConfig, resolved_config_text
+from trainer.data.batches import BatchStream, batches_per_rank, layout_buckets, open_dataset
+from trainer.errors import TrainerError
+from trainer.model import kernels as kernel_lib
 from trainer.spec import memory_plan
+from trainer.spec.preflight import checked_config  # every problem of config, paths and data in one pass
 from trainer.training import optim
-from trainer.training.metrics import MetricsLog, PhaseMeter, Throughput, compiled_graphs, log_step
 from trainer.training.checkpoints import (agree_on_resume, check_resumable, choose_resume_dir, gather_to_main,
                                           restore_rng, resume_state, rng_state, save_checkpoint)
-from trainer.config import TrainConfig, resolved_config_text
-from trainer.errors import TrainerError
+from trainer.training.metrics import MetricsLog, PhaseMeter, Throughput, compiled_graphs, log_step
 from trainer.training.startup import compile_attention, default_compile_caches, stage_line
-from trainer.spec.preflight import checked_config  # every problem of config, paths and data in one pass
-
 
 
 class DraftDDP(DistributedDataParallel):
@@ -71,19 +71,13 @@ def lr_factor(step: int, *, total_steps: int, warmup_steps: int) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
 
-# ---------------------------------------------------------------------------------------------- checkpoints
-
-# ---------------------------------------------------------------------------------------------- logging
-
 def main(config_path: str, *, resume: str | None = None) -> int:
     # ------------------------------------------------------------------ config: everything is checked before models load
     cfg = checked_config(config_path, overrides={"resume": resume} if resume else None)
     refuse_gpu_compile(cfg)
-    from trainer.data import batches as data_lib
-
-    dataset = data_lib.open_dataset(cfg.data_path)
-    layout = data_lib.layout_buckets(dataset.lengths, bounds=cfg.buckets, token_budget=cfg.token_budget,
-                                     max_length=cfg.max_length, overlong=cfg.overlong)
+    dataset = open_dataset(cfg.data_path)
+    layout = layout_buckets(dataset.lengths, bounds=cfg.buckets, token_budget=cfg.token_budget,
+                            max_length=cfg.max_length, overlong=cfg.overlong)
     resume_dir = choose_resume_dir(cfg)
     if resume_dir is not None:
         check_resumable(resume_dir, cfg)
@@ -118,9 +112,7 @@ def open_output(cfg: TrainConfig, ctx) -> tuple[Path, MetricsLog]:
 
 def describe_data(log: MetricsLog, cfg: TrainConfig, ctx, dataset, layout) -> tuple[int, int]:
     """Log the dataset and its batches; (batches per rank per epoch, the smallest batch size)."""
-    from trainer.data import batches as data_lib
-
-    per_rank = data_lib.batches_per_rank(layout, world_size=ctx.world_size)
+    per_rank = batches_per_rank(layout, world_size=ctx.world_size)
     if per_rank == 0:
         raise TrainerError(f"the dataset gives {sum(layout.batch_counts())} batches: fewer than one per rank "
                            f"({ctx.world_size} ranks)")
@@ -214,7 +206,6 @@ def check_served_parity(log: MetricsLog, cfg: TrainConfig, checkpoint: Path, ste
 
 def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> int:
     """Set up (each part above) and run the loop."""
-    from trainer.data import batches as data_lib
     from trainer.training.distributed import barrier, weights_digest
     from trainer.training.objective import dflash_step
     from trainer.model.target import TargetModel
@@ -244,7 +235,7 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
         cfg, ctx, log, drafter, total_steps=total_steps, resume_dir=resume_dir, local_resume=local_resume)
 
     # ------------------------------------------------------------------ loop
-    stream = data_lib.BatchStream(
+    stream = BatchStream(
         dataset, layout, seed=cfg.seed, rank=ctx.rank, world_size=ctx.world_size,
         start_epoch=position["epoch"], start_index=position["index"], max_length=cfg.max_length,
         pad_to_bucket=cfg.compile, pad_token_id=target.config.pad_token_id or 0, num_workers=cfg.num_workers,
