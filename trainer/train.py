@@ -27,8 +27,9 @@ from trainer.spec.preflight import checked_config  # every problem of config, pa
 from trainer.training import optim
 from trainer.training.checkpoints import (agree_on_resume, check_resumable, choose_resume_dir, gather_to_main,
                                           restore_rng, resume_state, rng_state, save_checkpoint)
+from trainer.training.compile_warmup import compile_attention
 from trainer.training.metrics import MetricsLog, PhaseMeter, Throughput, compiled_graphs, log_step
-from trainer.training.startup import compile_attention, default_compile_caches, stage_line
+from trainer.training.startup import default_compile_caches, stage_line
 
 
 class DraftDDP(DistributedDataParallel):

@@ -139,7 +139,7 @@ def test_start_up_compile_leaves_nothing_to_compile_for_real_batches(cuda_target
     import contextlib
 
     from trainer.training.objective import dflash_step
-    from trainer.training.startup import compile_attention
+    from trainer.training.compile_warmup import compile_attention
     from trainer.training.metrics import compiled_graphs
 
     drafter = make_drafter(cuda_target, num_layers=3, block_size=8, sliding_window=sliding_window, seed=6)

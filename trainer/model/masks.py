@@ -136,7 +136,7 @@ def flex_attention_for(device: torch.device) -> Callable:
     """flex_attention for a device, compiled once per process on CUDA. Its first graph is specialised to the
     first shape; the second shape recompiles it with dynamic sizes, which every later shape reuses (but a batch
     of one sequence, or a single 128-wide tile: sizes 1 are specialised). The trainer pays both compiles up
-    front (startup.compile_attention).
+    front (compile_warmup.compile_attention).
 
     Uncompiled flex_attention materialises the whole score matrix and has no CPU backward; on the CPU it only
     serves tests that compare it with the dense path."""
