@@ -45,8 +45,8 @@ def write_prompts(path: Path, count: int) -> Path:
 def untrained_drafter(target: Path, out: Path, *, layers: int, block_size: int) -> Path:
     from transformers import AutoConfig, AutoTokenizer
 
-    from trainer.model.drafter_files import save_drafter
     from trainer.model.drafter import DFlashDrafter, DrafterConfig
+    from trainer.model.drafter_files import save_drafter
     from trainer.model.target import default_target_layer_ids
 
     import torch
@@ -99,10 +99,10 @@ def run_eval(target: Path, drafter: Path, prompts: Path, args) -> tuple[dict, fl
 
 def old_loop(target: Path, drafter_dir: Path, prompts: Path, args) -> tuple[float, float, float]:
     """(seconds, greedy tok/s, chain tok/s) of the previous eval's loop, one prompt at a time."""
-    from trainer.model.drafter_files import load_drafter
-    from trainer.decoding.evaluation import _cpu_threads, _tokenize
     from trainer.data.generate import load_target_for_generation, pick_device, read_prompts
+    from trainer.decoding.evaluation import _cpu_threads, _tokenize
     from trainer.decoding.speculative import LayerTaps, greedy_decode, speculative_decode
+    from trainer.model.drafter_files import load_drafter
 
     device = pick_device(args.device)
     model, tokenizer = load_target_for_generation(target, device)

@@ -26,8 +26,8 @@ BLOCK, DRAFTER_LAYERS = 16, 5
 def build(shape: str, device, dtype):
     import torch
 
-    from trainer.model.drafter import DFlashDrafter, DrafterConfig
     from synthetic import SHAPES, causal_lm_class, target_config
+    from trainer.model.drafter import DFlashDrafter, DrafterConfig
     from trainer.spec.taps import default_target_layer_ids
 
     config = target_config(SHAPES[shape], eos_token_id=1, pad_token_id=0)

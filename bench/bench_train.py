@@ -28,11 +28,11 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from trainer.config import SEED_BUCKETS, default_gamma
 from flops import LayerShape, StepFlops, TargetShape, target_feature_flops, training_step_flops
-from trainer.training.optim import rank_share
 from synthetic import SHAPES, causal_lm_class, target_config
+from trainer.config import SEED_BUCKETS, default_gamma
 from trainer.training.metrics import compiled_graphs, seconds_between, timing_mark
+from trainer.training.optim import rank_share
 
 MODELS = {name: SHAPES[name] for name in ("qwen3-1.7b", "qwen3-8b", "qwen3-32b", "tiny", "qwen3.6-27b",
                                           "qwen3.6-35b-a3b", "tiny-hybrid")}
@@ -280,8 +280,8 @@ def plain_packed_forward(target):
     """The HF decoder's own forward (no taps, no unpacking) over a batch's real tokens packed into one row, with
     the same per-sequence attention the packed feature pass uses: the baseline of "the same packed tokens"."""
     from trainer.model import packing
-    from trainer.spec.target_families import LINEAR
     from trainer.model.target import linear_attention_kernel
+    from trainer.spec.target_families import LINEAR
 
     @torch.no_grad()
     def forward(input_ids, attention_mask):
@@ -548,9 +548,9 @@ def planned_memory(args, target, drafter, ctx, variant_name: str) -> dict:
     budget, with the drafter's kernels of the last variant measured, and the peak that variant measured against
     it (the plan's reserve stands for what the allocator's counters do not see: the CUDA context, NCCL,
     fragmentation)."""
+    from trainer.config import TrainConfig
     from trainer.model import kernels
     from trainer.spec import memory_plan
-    from trainer.config import TrainConfig
 
     cfg = TrainConfig(target_path="(synthetic)", data_path="-", output_dir="-", token_budget=args.token_budget,
                       buckets=args.buckets, num_anchors=args.num_anchors, anchor_budget=args.anchor_budget,

@@ -103,8 +103,8 @@ def _prepare(args) -> int:
 
 
 def _generate(args) -> int:
-    from trainer.errors import TrainerError
     from trainer.data.generate import generate
+    from trainer.errors import TrainerError
 
     if (args.target is None) == (args.server is None):
         raise TrainerError("generate needs exactly one of --target (load it here) or --server (ask an engine)")

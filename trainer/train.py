@@ -138,10 +138,10 @@ def run_dtype(cfg: TrainConfig, ctx) -> torch.dtype:
 def build_drafter(cfg: TrainConfig, ctx, log: MetricsLog, target, checkpoint: Path | None):
     """The drafter in fp32 on the device, the same on every rank: from `checkpoint`, or new from the target
     family's recipe with the config's drafter_* keys over it."""
-    from trainer.model.drafter_files import load_drafter
-    from trainer.training.distributed import broadcast_parameters
     from trainer.model.drafter import DFlashDrafter, DrafterConfig
+    from trainer.model.drafter_files import load_drafter
     from trainer.spec.target_families import drafter_shape
+    from trainer.training.distributed import broadcast_parameters
 
     torch.manual_seed(cfg.seed)  # same init on every rank; the broadcast below makes it certain
     if checkpoint is not None:
@@ -207,9 +207,9 @@ def check_served_parity(log: MetricsLog, cfg: TrainConfig, checkpoint: Path, ste
 
 def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> int:
     """Set up (each part above) and run the loop."""
+    from trainer.model.target import TargetModel
     from trainer.training.distributed import barrier, weights_digest
     from trainer.training.objective import dflash_step
-    from trainer.model.target import TargetModel
 
     output_dir, log = open_output(cfg, ctx)
     per_rank, min_size = describe_data(log, cfg, ctx, dataset, layout)

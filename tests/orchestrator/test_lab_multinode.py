@@ -28,8 +28,8 @@ DIST_TIMEOUT_S = 15
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> dict[str, Path]:
     """The tiny target, and a dataset of its own answers, where every lab container can read them."""
-    from trainer.data.prepare import prepare
     from trainer.data.generate import generate
+    from trainer.data.prepare import prepare
     from trainer.model.tiny_target import write_tiny_target
 
     root = tmp_path_factory.mktemp("multinode-data")

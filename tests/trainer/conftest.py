@@ -59,8 +59,8 @@ def tiny_target(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def self_generated(tiny_target, tmp_path_factory) -> dict[str, Path]:
     """Prompts answered by the tiny target itself, prepared into a dataset, and four of them for eval."""
-    from trainer.data.prepare import prepare
     from trainer.data.generate import generate
+    from trainer.data.prepare import prepare
 
     root = tmp_path_factory.mktemp("self_generated")
     prompts = write_prompts(root / "prompts.jsonl", 48, seed=1)

@@ -9,10 +9,10 @@ import sys
 import pytest
 import torch
 
+from bench.flops import LayerShape, StepFlops, drafter_step_flops, target_feature_flops, training_step_flops
 from tests.trainer.conftest import REPO_ROOT, trainer_env
 from tests.trainer.test_model_support import (  # noqa: F401  (fixtures)
     device, make_drafter, random_ids, tiny_target, tiny_target_dir)
-from bench.flops import LayerShape, StepFlops, drafter_step_flops, target_feature_flops, training_step_flops
 
 # H=8, 2 heads of 4, 1 KV head, MLP 16, vocabulary 10. Per token and layer, by hand:
 #   q_proj 2*8*8 = 128, o_proj 128, MLP 3 * 2*8*16 = 768  -> 1024 on the query side

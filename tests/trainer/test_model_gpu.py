@@ -138,9 +138,9 @@ def test_start_up_compile_leaves_nothing_to_compile_for_real_batches(cuda_target
     """After compile_attention, batches of new shapes (more than one sequence) compile nothing more."""
     import contextlib
 
-    from trainer.training.objective import dflash_step
     from trainer.training.compile_warmup import compile_attention
     from trainer.training.metrics import compiled_graphs
+    from trainer.training.objective import dflash_step
 
     drafter = make_drafter(cuda_target, num_layers=3, block_size=8, sliding_window=sliding_window, seed=6)
     lines: list[str] = []

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from tests.trainer.test_model_support import device, make_drafter, random_ids, tiny_target, tiny_target_dir  # noqa: F401
+from trainer.errors import TrainerError
 from trainer.model import kernels
 from trainer.model.drafter import RMSNorm
-from trainer.errors import TrainerError
 
 
 def test_auto_takes_torch_where_liger_cannot_run():
@@ -61,8 +61,8 @@ def test_installing_torch_restores_the_modules_own_forward(tiny_target):
 @pytest.mark.skipif(not torch.cuda.is_available() or kernels.liger_version() is None,
                     reason="needs a CUDA GPU and liger-kernel")
 def test_liger_kernels_match_the_torch_code_in_bf16(tiny_target_dir):
-    from trainer.training.objective import dflash_step
     from trainer.model.target import TargetModel
+    from trainer.training.objective import dflash_step
 
     target = TargetModel.load(tiny_target_dir, layer_ids=None, num_taps=3, device="cuda", dtype=torch.bfloat16)
     input_ids = random_ids(target, (2, 96), seed=3)

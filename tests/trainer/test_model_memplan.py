@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from tests.trainer.conftest import REPO_ROOT, trainer_env, write_config
+from trainer.config import TrainConfig
 from trainer.spec import drafter_bytes
 from trainer.spec import memory_plan
-from trainer.config import TrainConfig
 from trainer.spec.target_families import read_target_spec, target_spec
 from trainer.spec.target_size import target_params
 
@@ -68,9 +68,9 @@ def test_the_plan_counts_what_the_trainer_loads_and_builds(family, composite, tm
     import torch
 
     from trainer.model.drafter import DFlashDrafter, DrafterConfig
-    from trainer.spec.target_families import drafter_shape
     from trainer.model.target import TargetModel
     from trainer.model.tiny_target import write_tiny_target
+    from trainer.spec.target_families import drafter_shape
 
     path = write_tiny_target(tmp_path / "target", family=family, composite=composite)
     target = TargetModel.load(path, layer_ids=None, num_taps=2)

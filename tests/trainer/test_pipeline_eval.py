@@ -15,10 +15,10 @@ from tests.trainer.conftest import run_trainer, write_prompts
 from tests.trainer.test_pipeline_training import write_untrained_drafter
 from trainer.__main__ import main as trainer_main
 from trainer.decoding.batched import RoundInput, chain_proposer, decode_batch, greedy_proposer
-from trainer.model.drafter_files import load_drafter
+from trainer.decoding.draft_tree import DraftTree
 from trainer.decoding.eval_report import rounding_epsilon, rounding_tolerance
 from trainer.decoding.speculative import LayerTaps, greedy_decode
-from trainer.decoding.draft_tree import DraftTree
+from trainer.model.drafter_files import load_drafter
 
 BLOCK = 8
 
@@ -27,8 +27,8 @@ BLOCK = 8
 def tiny(tiny_target, tmp_path_factory):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trainer.decoding.evaluation import _tokenize
     from trainer.data.generate import read_prompts
+    from trainer.decoding.evaluation import _tokenize
 
     root = tmp_path_factory.mktemp("eval")
     model = AutoModelForCausalLM.from_pretrained(str(tiny_target)).eval()

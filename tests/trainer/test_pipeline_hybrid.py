@@ -13,8 +13,8 @@ from tests.trainer.test_pipeline_training import step_records
 
 
 def _self_generated(root: Path, *, composite: bool, prompts: int, device: str = "cpu") -> dict[str, Path]:
-    from trainer.data.prepare import prepare
     from trainer.data.generate import generate
+    from trainer.data.prepare import prepare
     from trainer.model.tiny_target import write_tiny_target
 
     target = write_tiny_target(root / "target", family="qwen3.5", composite=composite)

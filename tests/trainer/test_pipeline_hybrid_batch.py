@@ -16,8 +16,8 @@ import torch
 from tests.trainer.conftest import write_prompts
 from tests.trainer.test_pipeline_training import write_untrained_drafter
 from trainer.decoding.batched import RoundInput, chain_proposer, decode_batch, greedy_proposer
-from trainer.decoding.speculative import LayerTaps, greedy_decode
 from trainer.decoding.draft_tree import chain
+from trainer.decoding.speculative import LayerTaps, greedy_decode
 
 BLOCK = 6
 NEW_TOKENS = 24
@@ -25,9 +25,9 @@ NEW_TOKENS = 24
 
 @pytest.fixture(scope="module", params=["qwen3.5", "qwen3.5-moe"])
 def hybrid(request, tmp_path_factory):
-    from trainer.model.drafter_files import load_drafter
-    from trainer.decoding.evaluation import _tokenize
     from trainer.data.generate import load_target_for_generation, read_prompts
+    from trainer.decoding.evaluation import _tokenize
+    from trainer.model.drafter_files import load_drafter
     from trainer.model.tiny_target import write_tiny_target
 
     root = tmp_path_factory.mktemp("hybrid-batch")

@@ -24,8 +24,8 @@ def write_untrained_drafter(target: Path, out_dir: Path, *, layers: int, block_s
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trainer.model.drafter_files import save_drafter
     from trainer.model.drafter import DFlashDrafter, DrafterConfig
+    from trainer.model.drafter_files import save_drafter
     from trainer.model.target import default_target_layer_ids
 
     model = AutoModelForCausalLM.from_pretrained(str(target))

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainer.errors import TrainerError
 from trainer.data.prepare import record_messages
+from trainer.errors import TrainerError
 
 Chat = list[dict[str, str]]
 

@@ -24,10 +24,10 @@ from typing import Callable
 
 import torch
 
+from trainer.decoding.draft_tree import DraftTree, best_first, chain, tree_layout
 from trainer.decoding.linear_state_rollback import LinearStates
 from trainer.decoding.speculative import (Decoded, DecodeRun, LayerTaps, Top, cache_argument, finish,
                                           has_recurrent_state, top_logits_rows)
-from trainer.decoding.draft_tree import DraftTree, best_first, chain, tree_layout
 
 COMPACT_MIN_SLOTS = 32  # hidden slots tolerated before the cache is compacted
 

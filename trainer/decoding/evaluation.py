@@ -15,12 +15,12 @@ from pathlib import Path
 
 import torch
 
+from trainer.data.generate import load_target_for_generation, pick_device, read_prompts
 from trainer.decoding.batched import (can_batch, can_batch_trees, chain_proposer, decode_batch, greedy_proposer,
                                       tree_proposer)
-from trainer.errors import TrainerError
 from trainer.decoding.eval_report import EvalReport, rounding_epsilon, summarize
-from trainer.data.generate import load_target_for_generation, pick_device, read_prompts
 from trainer.decoding.speculative import DecodeRun, LayerTaps, greedy_decode, speculative_decode
+from trainer.errors import TrainerError
 from trainer.model.target import check_target_dir, linear_attention_kernel
 
 BASELINE_SEED = 0

@@ -9,11 +9,11 @@ from dataclasses import asdict, dataclass, field, replace
 import torch
 from torch import nn
 
-from trainer.spec.target_families import DrafterShape, drafter_shape, target_spec
 from trainer.model.masks import build_drafter_mask, choose_backend
 from trainer.model.modeling_dflash import (  # noqa: F401  (the layers are importable from here too)
     FULL_ATTENTION, SLIDING_ATTENTION, DFlashBlocks, DrafterLayer, DrafterMLP, RMSNorm, RotaryEmbedding,
     block_input_ids)
+from trainer.spec.target_families import DrafterShape, drafter_shape, target_spec
 
 
 @dataclass

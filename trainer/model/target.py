@@ -14,12 +14,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from trainer.model import packing as packing_lib
 from trainer.errors import TrainerError
-from trainer.spec.target_families import (FULL, LINEAR, SLIDING, TargetSpec, family_mask_token_id, read_target_spec,
-                                          target_spec)
+from trainer.model import packing as packing_lib
 from trainer.model.kernels import importable
 from trainer.spec.taps import default_target_layer_ids, validate_layer_ids  # noqa: F401 (their old home)
+from trainer.spec.target_families import (FULL, LINEAR, SLIDING, TargetSpec, family_mask_token_id, read_target_spec,
+                                          target_spec)
 
 MASK_TOKEN = "<|MASK|>"
 LAYER_NAMES = {LINEAR: "linear-attention", FULL: "full-attention", SLIDING: "sliding-window"}

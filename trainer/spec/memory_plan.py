@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from trainer.spec.drafter_bytes import DrafterSizes, Precision, backward_working_bytes, drafter_saved_bytes
 from trainer.errors import TrainerError
+from trainer.spec.drafter_bytes import DrafterSizes, Precision, backward_working_bytes, drafter_saved_bytes
 from trainer.spec.target_families import TargetSpec, read_target_spec
 from trainer.spec.target_size import target_layer_working_bytes, target_params
 

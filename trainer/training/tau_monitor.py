@@ -103,8 +103,8 @@ class TauMonitor:
         cache (trainer/decoding/batched.py), or one by one where the target cannot batch
         (trainer/decoding/speculative.py)."""
         from trainer.decoding.batched import can_batch, chain_proposer, decode_batch
-        from trainer.model.drafter import unwrap
         from trainer.decoding.speculative import LayerTaps, speculative_decode
+        from trainer.model.drafter import unwrap
 
         inner = unwrap(self.drafter)
         model = self.target.hf_model
