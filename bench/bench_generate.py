@@ -54,7 +54,7 @@ def main() -> int:
     parser.add_argument("--max-new-tokens", type=int, default=32, help="answer length limit (default 32)")
     parser.add_argument("--batch-size", type=int, default=16, help="the local path's batch (default 16)")
     parser.add_argument("--concurrency", type=int, default=4, help="--server requests in flight (default 4)")
-    parser.add_argument("--server-url", help="an engine already serving the target (default: chatserve here)")
+    parser.add_argument("--server-url", help="an engine already serving the target (default: chat_server.py here)")
     parser.add_argument("--device", default="auto", help="the local path's device (default auto)")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO_ROOT))

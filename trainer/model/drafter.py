@@ -53,7 +53,7 @@ class DrafterConfig:
                     mask_token_id: int, shape: DrafterShape | None = None, sliding_window: int | None = None,
                     layer_types: list[str] | None = None) -> "DrafterConfig":
         """Hidden size and vocabulary follow the target (an HF text config); heads, head size, MLP width, window
-        and RoPE base come from `shape` (default: the target family's recipe, families.recipe_shape), with
+        and RoPE base come from `shape` (default: the target family's recipe, target_families.recipe_shape), with
         `sliding_window` over it when given (0 = none)."""
         if shape is None:
             shape = drafter_shape(target_spec(target_config.to_dict()), sliding_window=sliding_window)

@@ -26,7 +26,7 @@ LAYER_NAMES = {LINEAR: "linear-attention", FULL: "full-attention", SLIDING: "sli
 
 
 def resolve_mask_token_id(tokenizer, vocab_size: int, *, family_default: int | None = None) -> int:
-    """The tokenizer's mask token, else `<|MASK|>`, else the family's (families.family_mask_token_id: 248070 for
+    """The tokenizer's mask token, else `<|MASK|>`, else the family's (target_families.family_mask_token_id: 248070 for
     the Qwen3.5/3.6 tokenizer), else the first id past the tokenizer (Qwen3: 151669)."""
     if tokenizer.mask_token_id is not None:
         return int(tokenizer.mask_token_id)

@@ -38,7 +38,7 @@ class DrafterSizes:
     @classmethod
     def for_run(cls, spec: TargetSpec, cfg, *, num_taps: int) -> "DrafterSizes":
         """The drafter a fresh run of `cfg` builds for this target: the family's recipe with the config's
-        drafter_* keys over it (families.drafter_shape, as train.py builds it)."""
+        drafter_* keys over it (target_families.drafter_shape, as train.py builds it)."""
         shape = drafter_shape(spec, heads=cfg.drafter_heads, kv_heads=cfg.drafter_kv_heads,
                               head_dim=cfg.drafter_head_dim, intermediate_size=cfg.drafter_intermediate_size,
                               sliding_window=cfg.sliding_window, rope_theta=cfg.drafter_rope_theta)

@@ -14,7 +14,7 @@ Bytes per rank, in the order the trainer allocates them:
   token and per key/value token, with the kernels the run uses: the drafter's torch code or liger-kernel's; on
   the CPU it equals what saved-tensor hooks count in a real step, see the tests), the autocast's bf16 copies of
   the drafter's weights, and a working set (what the backward holds above the saved tensors,
-  drafterbytes.backward_working_bytes, or the loss's chunk of logits, whichever is larger).
+  drafter_bytes.backward_working_bytes, or the loss's chunk of logits, whichever is larger).
   checkpoint phase (sharded): AdamW's shards pass through every rank's device on their way to rank 0.
 - reserve: a fixed allowance for the CUDA context, NCCL buffers and allocator fragmentation.
 
@@ -72,7 +72,7 @@ class MemoryPlan:
     limit: int | None = None
     world_size: int = 1
     simulated: bool = False
-    kernels: str = "torch"     # the drafter's RMSNorm and SwiGLU the activations assume (drafterbytes.KERNELS)
+    kernels: str = "torch"     # the drafter's RMSNorm and SwiGLU the activations assume (drafter_bytes.KERNELS)
 
     @property
     def activation_bytes(self) -> int:

@@ -235,7 +235,7 @@ def _same(key: str, drafter, target, fix: str = RETRAIN, what: str = "the target
 
 
 def _shape(pair: Pair) -> list[Check]:
-    """Hidden size and vocabulary are the target's; head_dim and RoPE base the recipe's (families.py), with the
+    """Hidden size and vocabulary are the target's; head_dim and RoPE base the recipe's (target_families.py), with the
     training config's drafter_* keys over it when the checkpoint has them."""
     text, trained = pair.spec.text, pair.trained or {}
     expected = drafter_shape(pair.spec, head_dim=trained.get("drafter_head_dim"),

@@ -198,7 +198,7 @@ def _check_target(config: TrainConfig, unusable: frozenset[str], resolve: _Resol
 
 
 def _target_depth(path: Path, problems: list[Problem]) -> int | None:
-    """The depth of a supported target's text model, read from its config.json as JSON (families.py)."""
+    """The depth of a supported target's text model, read from its config.json as JSON (target_families.py)."""
     if not (path / "config.json").is_file():
         problems.append(Problem("target_path", f"target_path: {path} is not a Hugging Face model directory "
                                                f"(no config.json)"))
