@@ -167,7 +167,8 @@ def peak_memory_gib(device: torch.device) -> tuple[float, str]:
 def build_target(shape: dict, *, num_taps: int, device: torch.device, dtype: torch.dtype, whole: bool = False):
     """A random target with only the layers up to its last tap (the feature pass never runs the rest), or
     `whole`, with all of them, as the trainer loads it."""
-    from trainer.model.target import TargetModel, default_target_layer_ids
+    from trainer.model.target import TargetModel
+    from trainer.spec.taps import default_target_layer_ids
 
     taps = default_target_layer_ids(shape["num_hidden_layers"], num_taps)
     config = target_config(shape, num_layers=None if whole else taps[-1] + 1)

@@ -26,7 +26,7 @@ def write_untrained_drafter(target: Path, out_dir: Path, *, layers: int, block_s
 
     from trainer.model.drafter import DFlashDrafter, DrafterConfig
     from trainer.model.drafter_files import save_drafter
-    from trainer.model.target import default_target_layer_ids
+    from trainer.spec.taps import default_target_layer_ids
 
     model = AutoModelForCausalLM.from_pretrained(str(target))
     tokenizer = AutoTokenizer.from_pretrained(str(target))

@@ -17,7 +17,7 @@ from torch import nn
 from trainer.errors import TrainerError
 from trainer.model import packing as packing_lib
 from trainer.model.kernels import importable
-from trainer.spec.taps import default_target_layer_ids, validate_layer_ids  # noqa: F401 (their old home)
+from trainer.spec.taps import default_target_layer_ids, validate_layer_ids
 from trainer.spec.target_families import (FULL, LINEAR, SLIDING, TargetSpec, family_mask_token_id, read_target_spec,
                                           target_spec)
 
