@@ -7,8 +7,8 @@
 The new figure is `trainer eval` as a user runs it, a real process timed from start to exit (target load
 included): greedy and the drafter's chain, plus the untrained baseline (and trees) it now reports. The old figure
 is the previous eval's loop, timed in this process with the model already loaded: for each prompt, greedy one
-token at a time, then the chain with the cache cropped after each verify (the functions of trainer/speculative.py
-it used). The machine's load average is printed first: measure when it is quiet.
+token at a time, then the chain with the cache cropped after each verify (the functions of
+trainer/decoding/speculative.py it used). The machine's load average is printed first: measure when it is quiet.
 
 `--model qwen3-8b` (a GPU) writes a random bf16 target of that shape, trains a drafter on random tokens for
 `--train-steps` steps as a real `trainer train`, and evaluates it (bf16: near-ties are precision notes).
@@ -34,7 +34,7 @@ def say(message: str) -> None:
 def write_prompts(path: Path, count: int) -> Path:
     import random
 
-    from trainer.tiny import tokenizer_corpus
+    from trainer.model.tiny_target import tokenizer_corpus
 
     rng, words = random.Random(3), " ".join(tokenizer_corpus()).split()
     path.write_text("".join(json.dumps({"prompt": " ".join(rng.choice(words) for _ in range(rng.randint(6, 16)))})
@@ -45,9 +45,9 @@ def write_prompts(path: Path, count: int) -> Path:
 def untrained_drafter(target: Path, out: Path, *, layers: int, block_size: int) -> Path:
     from transformers import AutoConfig, AutoTokenizer
 
-    from trainer.checkpoint import save_drafter
-    from trainer.drafter import DFlashDrafter, DrafterConfig
-    from trainer.target import default_target_layer_ids
+    from trainer.model.drafter import DFlashDrafter, DrafterConfig
+    from trainer.model.drafter_files import save_drafter
+    from trainer.spec.taps import default_target_layer_ids
 
     import torch
 
@@ -67,7 +67,7 @@ def trained_drafter(target: Path, root: Path, *, steps: int, device: str, layers
     """A drafter trained on random tokens as a real `trainer train` (a GPU run's config, checkpoint at the end)."""
     import yaml
 
-    from trainer.synthetic import write_random_dataset
+    from synthetic import write_random_dataset
 
     vocab = json.loads((target / "config.json").read_text())["vocab_size"]
     data = write_random_dataset(root / "data", samples=3000, min_len=256, max_len=3072, vocab=vocab)
@@ -99,10 +99,10 @@ def run_eval(target: Path, drafter: Path, prompts: Path, args) -> tuple[dict, fl
 
 def old_loop(target: Path, drafter_dir: Path, prompts: Path, args) -> tuple[float, float, float]:
     """(seconds, greedy tok/s, chain tok/s) of the previous eval's loop, one prompt at a time."""
-    from trainer.checkpoint import load_drafter
-    from trainer.evaluation import _cpu_threads, _tokenize
-    from trainer.generate import load_target_for_generation, pick_device, read_prompts
-    from trainer.speculative import LayerTaps, greedy_decode, speculative_decode
+    from trainer.data.generate import load_target_for_generation, pick_device, read_prompts
+    from trainer.decoding.evaluation import _cpu_threads, _tokenize
+    from trainer.decoding.speculative import LayerTaps, greedy_decode, speculative_decode
+    from trainer.model.drafter_files import load_drafter
 
     device = pick_device(args.device)
     model, tokenizer = load_target_for_generation(target, device)
@@ -138,11 +138,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as scratch:
         root = Path(scratch)
         if args.model == "tiny":
-            from trainer.tiny import write_tiny_target
+            from trainer.model.tiny_target import write_tiny_target
 
             target = write_tiny_target(root / "tiny", seed=0)
         else:
-            from trainer.synthetic import write_random_target
+            from synthetic import write_random_target
 
             say(f"writing a random {args.model} target")
             target = write_random_target(root / args.model, args.model)

@@ -1,6 +1,6 @@
 """Prompts/s and tokens/s of `python -m trainer generate` on both paths: the target loaded in the process
 (Hugging Face `generate` in batches) and `--server` against an OpenAI-compatible server of the same target
-(trainer/chatserve.py here; vLLM or SGLang on a GPU box, given with --server-url).
+(trainer/data/chat_server.py here; vLLM or SGLang on a GPU box, given with --server-url).
 
     python bench/bench_generate.py --prompts 32 --max-new-tokens 32            # tiny random target, CPU
     python bench/bench_generate.py --target DIR --server-url http://127.0.0.1:8000 --prompts 2000
@@ -24,7 +24,7 @@ from trainer_env import REPO_ROOT, trainer_env  # bench/ is on sys.path when one
 def write_prompts(path: Path, count: int) -> Path:
     import random
 
-    from trainer.tiny import tokenizer_corpus
+    from trainer.model.tiny_target import tokenizer_corpus
 
     rng, words = random.Random(0), " ".join(tokenizer_corpus()).split()
     path.write_text("".join(json.dumps({"prompt": " ".join(rng.choice(words) for _ in range(rng.randint(6, 16)))})
@@ -54,7 +54,7 @@ def main() -> int:
     parser.add_argument("--max-new-tokens", type=int, default=32, help="answer length limit (default 32)")
     parser.add_argument("--batch-size", type=int, default=16, help="the local path's batch (default 16)")
     parser.add_argument("--concurrency", type=int, default=4, help="--server requests in flight (default 4)")
-    parser.add_argument("--server-url", help="an engine already serving the target (default: chatserve here)")
+    parser.add_argument("--server-url", help="an engine already serving the target (default: chat_server.py here)")
     parser.add_argument("--device", default="auto", help="the local path's device (default auto)")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO_ROOT))
@@ -62,7 +62,7 @@ def main() -> int:
         root = Path(scratch)
         target = Path(args.target) if args.target else None
         if target is None:
-            from trainer.tiny import write_tiny_target
+            from trainer.model.tiny_target import write_tiny_target
 
             target = write_tiny_target(root / "tiny", seed=0)
         prompts = write_prompts(root / "prompts.jsonl", args.prompts)
@@ -72,7 +72,7 @@ def main() -> int:
             "--device", args.device, *common))
         server, url = None, args.server_url
         if url is None:
-            from trainer.chatserve import ChatServer
+            from trainer.data.chat_server import ChatServer
 
             server = ChatServer(target)
             threading.Thread(target=server.serve_forever, daemon=True).start()

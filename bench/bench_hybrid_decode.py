@@ -6,8 +6,9 @@ memory: a 27B target is never written to disk).
 
 One prompt at a time is the loop `trainer eval` ran for hybrids before: greedy token by token, then the chain with
 the whole cache kept aside and the accepted tokens fed again after each refused draft. Many at once is
-trainer/batchdecode.py, its linear-attention states rewound row by row (trainer/linearstate.py). The drafter is
-untrained, so every round refuses its draft: the most rounds, and a rewind in each. Printed: tok/s of each way,
+trainer/decoding/batched.py, its linear-attention states rewound row by row
+(trainer/decoding/linear_state_rollback.py). The drafter is untrained,
+so every round refuses its draft: the most rounds, and a rewind in each. Printed: tok/s of each way,
 their ratio, and how many of the prompts both decoded came out identical (in bf16 a random target's near-uniform
 logits tie often, and a verify pass rounds apart from one-token steps: `trainer eval` judges such divergences).
 """
@@ -25,9 +26,9 @@ BLOCK, DRAFTER_LAYERS = 16, 5
 def build(shape: str, device, dtype):
     import torch
 
-    from trainer.drafter import DFlashDrafter, DrafterConfig
-    from trainer.synthetic import SHAPES, causal_lm_class, target_config
-    from trainer.taps import default_target_layer_ids
+    from synthetic import SHAPES, causal_lm_class, target_config
+    from trainer.model.drafter import DFlashDrafter, DrafterConfig
+    from trainer.spec.taps import default_target_layer_ids
 
     config = target_config(SHAPES[shape], eos_token_id=1, pad_token_id=0)
     torch.manual_seed(0)
@@ -43,7 +44,7 @@ def build(shape: str, device, dtype):
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="qwen3.6-27b", help="a hybrid shape of trainer/synthetic.py")
+    parser.add_argument("--model", default="qwen3.6-27b", help="a hybrid shape of bench/synthetic.py")
     parser.add_argument("--prompts", type=int, default=32, help="prompts decoded at once (default 32)")
     parser.add_argument("--old-prompts", type=int, default=8, help="of them, decoded one at a time (default 8)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
@@ -52,8 +53,8 @@ def main() -> int:
     sys.path.insert(0, str(REPO_ROOT))
     import torch
 
-    from trainer.batchdecode import chain_proposer, decode_batch, greedy_proposer
-    from trainer.speculative import LayerTaps, greedy_decode, speculative_decode
+    from trainer.decoding.batched import chain_proposer, decode_batch, greedy_proposer
+    from trainer.decoding.speculative import LayerTaps, greedy_decode, speculative_decode
 
     device = torch.device(args.device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)

@@ -46,7 +46,7 @@ def tiny_trainer_config(root: Path) -> Path:
     import datasets
     import yaml
 
-    from trainer.tiny import write_tiny_target
+    from trainer.model.tiny_target import write_tiny_target
 
     target = write_tiny_target(root / "target", seed=0)
     lengths = [40, 60, 90] * 8

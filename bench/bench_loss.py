@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from trainer.objective import LOGITS_PER_CHUNK, chunked_weighted_ce
+from trainer.training.objective import LOGITS_PER_CHUNK, chunked_weighted_ce
 
 
 def parse_args(argv=None) -> argparse.Namespace:

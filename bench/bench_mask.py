@@ -1,4 +1,4 @@
-"""The drafter's block mask at the seed's batch shapes: the closed-form BlockMask (trainer/masks.py) against the
+"""The drafter's block mask at the seed's batch shapes: the closed-form BlockMask (trainer/model/masks.py) against the
 mask_mod evaluated by a compiled create_block_mask, in build time, and flex_attention's output and gradients
 through both (they must agree).
 
@@ -14,7 +14,7 @@ import time
 import torch
 
 from trainer.config import SEED_BUCKETS
-from trainer.masks import FULL_ATTENTION, SLIDING_ATTENTION, block_mask_mod, build_drafter_mask
+from trainer.model.masks import FULL_ATTENTION, SLIDING_ATTENTION, block_mask_mod, build_drafter_mask
 
 
 def batch_shapes(token_budget: int, anchor_budget: int, num_anchors: int, block_size: int):

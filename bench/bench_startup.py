@@ -30,7 +30,7 @@ STAGE = re.compile(r"Start-up \[(\d+(?:\.\d*)?)s\]: (.+)")
 
 
 def prepare_inputs(workdir: Path, shape: str, samples: int, max_len: int, device: str) -> tuple[Path, Path]:
-    from trainer.synthetic import SHAPES, write_random_dataset, write_random_target
+    from synthetic import SHAPES, write_random_dataset, write_random_target
 
     target, data = workdir / f"{shape}-random", workdir / f"data-{samples}-{max_len}"
     if not (target / "config.json").exists():

@@ -69,7 +69,7 @@ def train_target(out_dir: Path, snippets: list[str], args, device) -> dict:
     import torch
     from transformers import Qwen3ForCausalLM
 
-    from trainer.tiny import build_tokenizer, tiny_qwen3_config
+    from trainer.model.tiny_target import build_tokenizer, tiny_qwen3_config
 
     vocab, hidden, layers, heads, kv_heads, head_dim, mlp = SIZES[args.size]
     tokenizer = build_tokenizer(vocab, corpus=snippets[:20000])
@@ -132,7 +132,7 @@ def drafter_config(work: Path, args) -> dict:
 
 def heldout_prompts(chats: Path, out: Path, *, share: float, count: int) -> int:
     """The prompts of the chats `prepare` held out (the same hash decides), at most `count`."""
-    from trainer.prepare import is_heldout, record_messages
+    from trainer.data.prepare import is_heldout, record_messages
 
     written = 0
     with out.open("w") as sink:
@@ -196,8 +196,8 @@ def parse_args(argv=None):
 
 
 def prepare_data(work: Path, snippets: list[str], args) -> dict:
-    from trainer.generate import generate
-    from trainer.prepare import prepare
+    from trainer.data.generate import generate
+    from trainer.data.prepare import prepare
 
     rng = random.Random(1)
     picked = rng.sample(snippets, min(args.prompts, len(snippets)))
@@ -219,7 +219,7 @@ def run(work: Path, args) -> dict:
     import torch
     import yaml
 
-    from trainer.evaluation import evaluate
+    from trainer.decoding.evaluation import evaluate
 
     began = time.perf_counter()
     snippets = code_snippets(max_bytes=int(args.corpus_mb * 1e6), lines_per_snippet=16)

@@ -28,11 +28,11 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
+from flops import LayerShape, StepFlops, TargetShape, target_feature_flops, training_step_flops
+from synthetic import SHAPES, causal_lm_class, target_config
 from trainer.config import SEED_BUCKETS, default_gamma
-from trainer.flops import LayerShape, StepFlops, TargetShape, target_feature_flops, training_step_flops
-from trainer.optim import rank_share
-from trainer.synthetic import SHAPES, causal_lm_class, target_config
-from trainer.metrics import compiled_graphs, seconds_between, timing_mark
+from trainer.training.metrics import compiled_graphs, seconds_between, timing_mark
+from trainer.training.optim import rank_share
 
 MODELS = {name: SHAPES[name] for name in ("qwen3-1.7b", "qwen3-8b", "qwen3-32b", "tiny", "qwen3.6-27b",
                                           "qwen3.6-35b-a3b", "tiny-hybrid")}
@@ -167,7 +167,8 @@ def peak_memory_gib(device: torch.device) -> tuple[float, str]:
 def build_target(shape: dict, *, num_taps: int, device: torch.device, dtype: torch.dtype, whole: bool = False):
     """A random target with only the layers up to its last tap (the feature pass never runs the rest), or
     `whole`, with all of them, as the trainer loads it."""
-    from trainer.target import TargetModel, default_target_layer_ids
+    from trainer.model.target import TargetModel
+    from trainer.spec.taps import default_target_layer_ids
 
     taps = default_target_layer_ids(shape["num_hidden_layers"], num_taps)
     config = target_config(shape, num_layers=None if whole else taps[-1] + 1)
@@ -177,7 +178,7 @@ def build_target(shape: dict, *, num_taps: int, device: torch.device, dtype: tor
 
 
 def build_drafter(target, args, device: torch.device):
-    from trainer.drafter import DFlashDrafter, DrafterConfig
+    from trainer.model.drafter import DFlashDrafter, DrafterConfig
 
     config = DrafterConfig.from_target(target.config, num_layers=args.drafter_layers, block_size=args.block_size,
                                        target_layer_ids=target.layer_ids, mask_token_id=target.mask_token_id)
@@ -191,7 +192,7 @@ def synthetic_dataset(args, *, vocab_size: int, batches_needed: int):
     the sample, then a supervised answer."""
     import pyarrow as pa
 
-    from trainer.data import TokenDataset
+    from trainer.data.batches import TokenDataset
 
     rng = np.random.default_rng(args.seed)
     buckets = [args.bucket] if args.bucket is not None else range(len(args.buckets) - 1)
@@ -210,7 +211,7 @@ def synthetic_dataset(args, *, vocab_size: int, batches_needed: int):
 
 
 def batch_stream(dataset, args, ctx):
-    from trainer.data import BatchStream, layout_buckets
+    from trainer.data.batches import BatchStream, layout_buckets
 
     layout = layout_buckets(dataset.lengths, bounds=args.buckets, token_budget=args.token_budget,
                             max_length=args.buckets[-1] - 1, overlong="truncate")
@@ -279,9 +280,9 @@ def tapped_layers_only(target):
 def plain_packed_forward(target):
     """The HF decoder's own forward (no taps, no unpacking) over a batch's real tokens packed into one row, with
     the same per-sequence attention the packed feature pass uses: the baseline of "the same packed tokens"."""
-    from trainer import packing
-    from trainer.families import LINEAR
-    from trainer.target import linear_attention_kernel
+    from trainer.model import packing
+    from trainer.model.target import linear_attention_kernel
+    from trainer.spec.target_families import LINEAR
 
     @torch.no_grad()
     def forward(input_ids, attention_mask):
@@ -328,7 +329,7 @@ def anchors_per_sequence(args, batch_size: int) -> int:
 
 def train_step(parts: SimpleNamespace, stream, args, ctx, autocast, clock: PhaseClock | None):
     """One step as the trainer runs it, with a clock mark between phases: (output, batch)."""
-    from trainer.objective import dflash_step
+    from trainer.training.objective import dflash_step
 
     marks = [clock.mark()] if clock else []
     batch = next(stream)
@@ -355,7 +356,7 @@ def train_step(parts: SimpleNamespace, stream, args, ctx, autocast, clock: Phase
 def replay_flops(records: list, parts: SimpleNamespace, args) -> tuple[StepFlops, int, int]:
     """The model FLOPs of the timed steps, counted afterwards from the anchors each step drew (the sampler is
     replayed on the CPU from the generator state saved before the step): (flops, real blocks, padded blocks)."""
-    from trainer.objective import sample_anchors
+    from trainer.training.objective import sample_anchors
 
     target_shape = TargetShape.from_config(parts.target.config)
     drafter_shape = LayerShape.from_config(parts.drafter.config)
@@ -412,7 +413,7 @@ def measure_training(parts: SimpleNamespace, stream, args, ctx, autocast) -> dic
 def legacy_elementwise():
     """The drafter's RMSNorm and context projection as they were before the dtype fix: an fp32 master weight made
     the normalised output (and so the residual stream) fp32, and the bf16 features were cast to fp32 before fc."""
-    from trainer.drafter import DFlashDrafter, RMSNorm
+    from trainer.model.drafter import DFlashDrafter, RMSNorm
 
     def norm(self, x):
         dtype = x.dtype
@@ -433,7 +434,7 @@ def legacy_elementwise():
 @contextlib.contextmanager
 def variant(name: str, parts: SimpleNamespace, ctx):
     """The target's packing and the drafter's kernels (and the legacy code) of one variant, restored after."""
-    from trainer import kernels
+    from trainer.model import kernels
 
     spec = VARIANTS[name]
     parts.target.packing = spec["pack"]
@@ -548,8 +549,9 @@ def planned_memory(args, target, drafter, ctx, variant_name: str) -> dict:
     budget, with the drafter's kernels of the last variant measured, and the peak that variant measured against
     it (the plan's reserve stands for what the allocator's counters do not see: the CUDA context, NCCL,
     fragmentation)."""
-    from trainer import kernels, memplan
     from trainer.config import TrainConfig
+    from trainer.model import kernels
+    from trainer.spec import memory_plan
 
     cfg = TrainConfig(target_path="(synthetic)", data_path="-", output_dir="-", token_budget=args.token_budget,
                       buckets=args.buckets, num_anchors=args.num_anchors, anchor_budget=args.anchor_budget,
@@ -557,9 +559,9 @@ def planned_memory(args, target, drafter, ctx, variant_name: str) -> dict:
                       target_layer_ids=target.layer_ids, simulate_shards=args.simulate_shards)
     on_gpu = ctx.device.type == "cuda"
     limit = torch.cuda.get_device_properties(ctx.device).total_memory if on_gpu else None
-    plan = memplan.config_plan(cfg, world_size=1, limit=limit, on_gpu=on_gpu, text=target.config.to_dict(),
-                               drafter=memplan.DrafterSizes.from_drafter_config(drafter.config.to_hf_dict()),
-                               kernels=kernels.resolve(VARIANTS[variant_name]["kernels"], ctx.device))
+    plan = memory_plan.config_plan(cfg, world_size=1, limit=limit, on_gpu=on_gpu, text=target.config.to_dict(),
+                                   drafter=memory_plan.DrafterSizes.from_drafter_config(drafter.config.to_hf_dict()),
+                                   kernels=kernels.resolve(VARIANTS[variant_name]["kernels"], ctx.device))
     measured = {"peak_allocated_gib": peak_memory_gib(ctx.device)[0]}
     if on_gpu:
         measured["peak_reserved_gib"] = torch.cuda.max_memory_reserved(ctx.device) / 2 ** 30

@@ -33,7 +33,7 @@ IDLE_TOLERANCE_MIB = 64   # what a driver's bookkeeping moves by with no process
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shape", default="qwen3-1.7b", help="trainer.synthetic.SHAPES name of the target")
+    parser.add_argument("--shape", default="qwen3-1.7b", help="a SHAPES name of bench/synthetic.py: the target")
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--gpus", default="0", help="the GPUs the run gets, as launch takes them: 0, 0,1, 0-7")
     parser.add_argument("--workdir", type=Path, required=True, help="where the target, data and run output go")
@@ -70,7 +70,7 @@ def progress(what: str) -> None:
 
 def make_inputs(args) -> Path:
     """The target, the data and the trainer config (the target and data are made once per workdir and shape)."""
-    from trainer.synthetic import SHAPES, write_random_dataset, write_random_target
+    from synthetic import SHAPES, write_random_dataset, write_random_target
 
     args.workdir.mkdir(parents=True, exist_ok=True)
     target = args.workdir / f"target-{args.shape}"
@@ -78,9 +78,11 @@ def make_inputs(args) -> Path:
         # made in a child process (on the GPU when there is one: an 8B shape takes minutes on a CPU), so this
         # process never holds GPU memory of its own and nvidia-smi's idle value is the GPU's
         progress(f"writing a random {args.shape} target")
-        make = ("import sys; from pathlib import Path; from trainer.synthetic import write_random_target; "
+        make = ("import sys; from pathlib import Path; sys.path.insert(0, sys.argv[4]); "
+                "from synthetic import write_random_target; "
                 "write_random_target(Path(sys.argv[1]), sys.argv[2], device=sys.argv[3])")
-        subprocess.run([sys.executable, "-c", make, str(target), args.shape, args.device], check=True)
+        subprocess.run([sys.executable, "-c", make, str(target), args.shape, args.device, str(Path(__file__).parent)],
+                       check=True)
     # a GPU gets the trainer's defaults (5 drafter layers, B=16, 512 anchors); a CPU a size it can step through
     sizes = (dict(buckets=[0, 1024, 2048, 4097], token_budget=16384) if args.device == "cuda" else
              dict(buckets=[0, 128, 257], token_budget=1024, drafter_layers=1, block_size=8, num_anchors=16))

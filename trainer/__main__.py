@@ -18,15 +18,42 @@ from trainer.errors import TrainerError
 
 def _train(args) -> int:
     if args.plan:
-        from trainer.memplan import plan_command
-
-        return plan_command(args.config, gpus=args.gpus, gpu_memory_gib=args.gpu_memory)
-    from trainer.startup import default_cuda_allocator
+        return _plan(args)
+    from trainer.training.startup import default_cuda_allocator
 
     default_cuda_allocator()  # before torch loads and anything touches the GPU
     from trainer.train import main as train_main
 
     return train_main(args.config, resume=args.resume)
+
+
+def _plan(args) -> int:
+    """`train --plan`: the plan of one rank of a run on --gpus GPUs (default: WORLD_SIZE, else 1) of --gpu-memory
+    GiB each (default: this machine's first GPU, else unchecked), loading nothing; exit 0 when it fits, 2 (a
+    TrainerError) when not. The kernels are the ones the run would resolve on a CUDA machine (kernels.on_a_gpu:
+    auto takes liger when liger-kernel is installed here); the plan's lines name them."""
+    import os
+
+    from trainer.config import load_config
+    from trainer.model.kernels import on_a_gpu
+    from trainer.spec.memory_plan import GIB, config_plan, refusal
+
+    cfg = load_config(args.config)
+    world_size = args.gpus or int(os.environ.get("WORLD_SIZE", 1))
+    limit = int(args.gpu_memory * GIB) if args.gpu_memory else _local_gpu_bytes()
+    memory = config_plan(cfg, world_size=world_size, limit=limit, on_gpu=True, kernels=on_a_gpu(cfg.kernels))
+    print("\n".join(memory.lines()), flush=True)
+    if not memory.fits:
+        raise TrainerError(refusal(cfg, memory, on_gpu=True))
+    return 0
+
+
+def _local_gpu_bytes() -> int | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
 
 
 def _check(args) -> int:
@@ -35,7 +62,7 @@ def _check(args) -> int:
                            "(a drafter against the target it will be served with)")
     if args.config is None:
         return _check_parity(args)
-    from trainer.preflight import check_config_file
+    from trainer.spec.preflight import check_config_file
 
     from_stdin = args.config == "-"
     found = check_config_file(args.config, text=sys.stdin.read() if from_stdin else None, base_dir=args.base_dir,
@@ -51,7 +78,7 @@ def _check(args) -> int:
 
 
 def _check_parity(args) -> int:
-    from trainer.parity import check_parity
+    from trainer.spec.parity import check_parity
 
     report = check_parity(args.target, args.drafter)
     print(json.dumps(report.as_dict()) if args.json else "\n".join(report.lines()), flush=True)
@@ -68,7 +95,7 @@ def _export(args) -> int:
 
 
 def _prepare(args) -> int:
-    from trainer.prepare import prepare
+    from trainer.data.prepare import prepare
 
     report = prepare(target=args.target, input_path=args.input, output=args.output, block_size=args.block_size,
                      max_length=args.max_length, overlong=args.overlong, heldout=args.heldout)
@@ -77,8 +104,8 @@ def _prepare(args) -> int:
 
 
 def _generate(args) -> int:
+    from trainer.data.generate import generate
     from trainer.errors import TrainerError
-    from trainer.generate import generate
 
     if (args.target is None) == (args.server is None):
         raise TrainerError("generate needs exactly one of --target (load it here) or --server (ask an engine)")
@@ -93,7 +120,7 @@ def _generate(args) -> int:
 
 
 def _eval(args) -> int:
-    from trainer.evaluation import evaluate
+    from trainer.decoding.evaluation import evaluate
 
     report = evaluate(target=args.target, drafter_dir=args.drafter, prompts=args.prompts,
                       max_new_tokens=args.max_new_tokens, device=args.device, dtype=args.dtype,
@@ -128,7 +155,7 @@ def _budgets(text: str) -> list[int]:
 def _tiny_target(args) -> int:
     from pathlib import Path
 
-    from trainer.tiny import write_tiny_target
+    from trainer.model.tiny_target import write_tiny_target
 
     path = write_tiny_target(Path(args.out_dir), family=args.family, composite=args.composite, seed=args.seed)
     kind = args.family + (" composite (image-text)" if args.composite else "")

@@ -2,7 +2,7 @@
 
 OUT holds config.json (with auto_map and eagle_aux_hidden_state_layer_ids, added to checkpoints written before
 they existed), model.safetensors in the chosen dtype (cast from the fp32 master weights where the checkpoint has
-them), dflash.py (trainer/modeling_dflash.py) and a README.md card; no optimizer state, no master weights, no
+them), dflash.py (trainer/model/modeling_dflash.py) and a README.md card; no optimizer state, no master weights, no
 training config. The train/serve parity check against the target runs first: a drafter that does not fit its
 target is not exported. OUT appears whole or not at all.
 """
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainer.errors import TrainerError
-from trainer.parity import ParityReport, check_parity, read_json
+from trainer.spec.parity import ParityReport, check_parity, read_json
 
 README_FILE = "README.md"
 
@@ -104,8 +104,8 @@ def _serving_files(ckpt: Path, temp: Path, dtype: str) -> dict:
     """Write config.json, model.safetensors and dflash.py into temp; the config written."""
     from safetensors.torch import load_file
 
-    from trainer.checkpoint import (CONFIG_FILE, DTYPES, MASTER_WEIGHTS_FILE, WEIGHTS_FILE, make_readable,
-                                    read_drafter_config, save_weights, serving_config, write_modeling_file)
+    from trainer.model.drafter_files import (CONFIG_FILE, DTYPES, MASTER_WEIGHTS_FILE, WEIGHTS_FILE, make_readable,
+                                             read_drafter_config, save_weights, serving_config, write_modeling_file)
 
     source = ckpt / MASTER_WEIGHTS_FILE if (ckpt / MASTER_WEIGHTS_FILE).is_file() else ckpt / WEIGHTS_FILE
     if not source.is_file():
@@ -123,7 +123,7 @@ def _serving_files(ckpt: Path, temp: Path, dtype: str) -> dict:
 
 def export(checkpoint: str | Path, out: str | Path, *, target: str | Path | None = None, dtype: str = "bfloat16",
            check: bool = True, force: bool = False) -> ExportResult:
-    from trainer.checkpoint import make_readable, read_drafter_config
+    from trainer.model.drafter_files import make_readable, read_drafter_config
 
     ckpt, out = Path(checkpoint), Path(out)
     read_drafter_config(ckpt)  # a TrainerError when it is not a drafter checkpoint

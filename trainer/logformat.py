@@ -34,7 +34,8 @@ class StepMetrics:
     q_hs: list[int] = field(default_factory=list)
     epoch: float = 0.0
     eta_s: float | None = None
-    # τ predicted from replayed decoding rounds (trainer/replay.py), present only where measured: on the step's
+    # τ predicted from replayed decoding rounds (trainer/training/tau_replay.py), present only where measured: on the
+    # step's
     # own batch, on the held-out split (eval_every), and from real speculative decoding of held-out prompts
     tau_replay: float | None = None
     tau_heldout: float | None = None

@@ -17,16 +17,19 @@ from pathlib import Path
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from trainer import kernels as kernel_lib
-from trainer import logformat, memplan, optim
-from trainer.metrics import MetricsLog, PhaseMeter, Throughput, compiled_graphs, log_step
-from trainer.checkpoint import (agree_on_resume, check_resumable, choose_resume_dir, gather_to_main,
-                                restore_rng, resume_state, rng_state, save_checkpoint)
+from trainer import logformat
 from trainer.config import TrainConfig, resolved_config_text
+from trainer.data.batches import BatchStream, batches_per_rank, layout_buckets, open_dataset
 from trainer.errors import TrainerError
-from trainer.startup import compile_attention, default_compile_caches, stage_line
-from trainer.preflight import checked_config  # every problem of config, paths and data in one pass
-
+from trainer.model import kernels as kernel_lib
+from trainer.spec import memory_plan
+from trainer.spec.preflight import checked_config  # every problem of config, paths and data in one pass
+from trainer.training import optim
+from trainer.training.checkpoints import (agree_on_resume, check_resumable, choose_resume_dir, gather_to_main,
+                                          restore_rng, resume_state, rng_state, save_checkpoint)
+from trainer.training.compile_warmup import compile_attention
+from trainer.training.metrics import MetricsLog, PhaseMeter, Throughput, compiled_graphs, log_step
+from trainer.training.startup import default_compile_caches, stage_line
 
 
 class DraftDDP(DistributedDataParallel):
@@ -69,25 +72,19 @@ def lr_factor(step: int, *, total_steps: int, warmup_steps: int) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
 
-# ---------------------------------------------------------------------------------------------- checkpoints
-
-# ---------------------------------------------------------------------------------------------- logging
-
 def main(config_path: str, *, resume: str | None = None) -> int:
     # ------------------------------------------------------------------ config: everything is checked before models load
     cfg = checked_config(config_path, overrides={"resume": resume} if resume else None)
     refuse_gpu_compile(cfg)
-    from trainer import data as data_lib
-
-    dataset = data_lib.open_dataset(cfg.data_path)
-    layout = data_lib.layout_buckets(dataset.lengths, bounds=cfg.buckets, token_budget=cfg.token_budget,
-                                     max_length=cfg.max_length, overlong=cfg.overlong)
+    dataset = open_dataset(cfg.data_path)
+    layout = layout_buckets(dataset.lengths, bounds=cfg.buckets, token_budget=cfg.token_budget,
+                            max_length=cfg.max_length, overlong=cfg.overlong)
     resume_dir = choose_resume_dir(cfg)
     if resume_dir is not None:
         check_resumable(resume_dir, cfg)
 
     # ------------------------------------------------------------------ distributed init
-    from trainer.distributed import compute_cleanup, compute_init
+    from trainer.training.distributed import compute_cleanup, compute_init
 
     default_compile_caches()
     ctx = compute_init(cfg.device)
@@ -109,16 +106,14 @@ def open_output(cfg: TrainConfig, ctx) -> tuple[Path, MetricsLog]:
     log.say("Resolved config:", *("  " + line for line in resolved_config_text(cfg).splitlines()))
     log.say(f"World: {ctx.world_size} process(es), rank 0 on {ctx.device}")
     gpu_bytes = torch.cuda.get_device_properties(ctx.device).total_memory if ctx.device.type == "cuda" else None
-    memplan.check(cfg, world_size=ctx.world_size, limit=gpu_bytes, on_gpu=gpu_bytes is not None, say=log.say,
-                  kernels=kernel_lib.resolve(cfg.kernels, ctx.device))
+    memory_plan.check(cfg, world_size=ctx.world_size, limit=gpu_bytes, on_gpu=gpu_bytes is not None, say=log.say,
+                      kernels=kernel_lib.resolve(cfg.kernels, ctx.device))
     return output_dir, log
 
 
 def describe_data(log: MetricsLog, cfg: TrainConfig, ctx, dataset, layout) -> tuple[int, int]:
     """Log the dataset and its batches; (batches per rank per epoch, the smallest batch size)."""
-    from trainer import data as data_lib
-
-    per_rank = data_lib.batches_per_rank(layout, world_size=ctx.world_size)
+    per_rank = batches_per_rank(layout, world_size=ctx.world_size)
     if per_rank == 0:
         raise TrainerError(f"the dataset gives {sum(layout.batch_counts())} batches: fewer than one per rank "
                            f"({ctx.world_size} ranks)")
@@ -143,10 +138,10 @@ def run_dtype(cfg: TrainConfig, ctx) -> torch.dtype:
 def build_drafter(cfg: TrainConfig, ctx, log: MetricsLog, target, checkpoint: Path | None):
     """The drafter in fp32 on the device, the same on every rank: from `checkpoint`, or new from the target
     family's recipe with the config's drafter_* keys over it."""
-    from trainer.checkpoint import load_drafter
-    from trainer.distributed import broadcast_parameters
-    from trainer.drafter import DFlashDrafter, DrafterConfig
-    from trainer.families import drafter_shape
+    from trainer.model.drafter import DFlashDrafter, DrafterConfig
+    from trainer.model.drafter_files import load_drafter
+    from trainer.spec.target_families import drafter_shape
+    from trainer.training.distributed import broadcast_parameters
 
     torch.manual_seed(cfg.seed)  # same init on every rank; the broadcast below makes it certain
     if checkpoint is not None:
@@ -197,9 +192,9 @@ def build_optimization(cfg: TrainConfig, ctx, log: MetricsLog, drafter, *, total
 
 
 def check_served_parity(log: MetricsLog, cfg: TrainConfig, checkpoint: Path, step: int) -> None:
-    """The last checkpoint against its target, as a server will pair them (trainer/parity.py): one line per
+    """The last checkpoint against its target, as a server will pair them (trainer/spec/parity.py): one line per
     check in the log, and a `parity` event."""
-    from trainer.parity import check_parity
+    from trainer.spec.parity import check_parity
 
     try:
         report = check_parity(cfg.target_path, checkpoint)
@@ -212,10 +207,9 @@ def check_served_parity(log: MetricsLog, cfg: TrainConfig, checkpoint: Path, ste
 
 def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> int:
     """Set up (each part above) and run the loop."""
-    from trainer import data as data_lib
-    from trainer.distributed import barrier, weights_digest
-    from trainer.objective import dflash_step
-    from trainer.target import TargetModel
+    from trainer.model.target import TargetModel
+    from trainer.training.distributed import barrier, weights_digest
+    from trainer.training.objective import dflash_step
 
     output_dir, log = open_output(cfg, ctx)
     per_rank, min_size = describe_data(log, cfg, ctx, dataset, layout)
@@ -242,7 +236,7 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
         cfg, ctx, log, drafter, total_steps=total_steps, resume_dir=resume_dir, local_resume=local_resume)
 
     # ------------------------------------------------------------------ loop
-    stream = data_lib.BatchStream(
+    stream = BatchStream(
         dataset, layout, seed=cfg.seed, rank=ctx.rank, world_size=ctx.world_size,
         start_epoch=position["epoch"], start_index=position["index"], max_length=cfg.max_length,
         pad_to_bucket=cfg.compile, pad_token_id=target.config.pad_token_id or 0, num_workers=cfg.num_workers,
@@ -251,7 +245,7 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
     if on_gpu and not cfg.compile:  # compile: true traces flex_attention inside the drafter's own graph
         compile_attention(drafter, feature_dtype=dtype, autocast=autocast, say=log.say,
                           single_sequence_batches=min_size == 1)
-    from trainer.heldout import TauMonitor
+    from trainer.training.tau_monitor import TauMonitor
 
     monitor = TauMonitor(cfg, ctx, target, drafter, autocast=autocast,
                          width=anchors_per_sequence(cfg, max(1, cfg.replay_sequences)))

@@ -9,9 +9,9 @@ import time
 import torch
 
 sys.path.insert(0, ".")
-import trainer.batchdecode as bd  # noqa: E402
-from trainer.speculative import LayerTaps  # noqa: E402
-from trainer.synthetic import SHAPES, causal_lm_class, target_config  # noqa: E402
+from bench.synthetic import SHAPES, causal_lm_class, target_config  # noqa: E402
+import trainer.decoding.batched as bd  # noqa: E402
+from trainer.decoding.speculative import LayerTaps  # noqa: E402
 
 SHAPE, DEV = sys.argv[1:3] if len(sys.argv) > 2 else ("qwen3-8b", "cuda")
 sync = torch.cuda.synchronize if DEV == "cuda" else (lambda: None)

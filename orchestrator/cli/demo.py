@@ -76,7 +76,7 @@ def prepare_demo_data(base: Path) -> tuple[Path, Path]:
     imports torch.
     """
     try:
-        from trainer.tiny import tokenizer_corpus  # torch-free
+        from trainer.model.tiny_target import tokenizer_corpus  # torch-free
     except ImportError as exc:
         raise UsageError(f"the demo needs the training extra: pip install -e '.[train]' ({exc})") from None
     target_dir, dataset = base / "target", base / "dataset"

@@ -28,9 +28,9 @@ DIST_TIMEOUT_S = 15
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> dict[str, Path]:
     """The tiny target, and a dataset of its own answers, where every lab container can read them."""
-    from trainer.prepare import prepare
-    from trainer.generate import generate
-    from trainer.tiny import write_tiny_target
+    from trainer.data.generate import generate
+    from trainer.data.prepare import prepare
+    from trainer.model.tiny_target import write_tiny_target
 
     root = tmp_path_factory.mktemp("multinode-data")
     target = write_tiny_target(root / "target", seed=0)
@@ -51,8 +51,8 @@ def checkpoint_digest(tiny: dict[str, Path], checkpoint: Path) -> str:
     embedding and LM head)."""
     from transformers import AutoModelForCausalLM
 
-    from trainer.checkpoint import load_drafter
-    from trainer.distributed import weights_digest
+    from trainer.model.drafter_files import load_drafter
+    from trainer.training.distributed import weights_digest
 
     model = AutoModelForCausalLM.from_pretrained(str(tiny["target"])).requires_grad_(False)
     drafter = load_drafter(checkpoint, embed_tokens=model.get_input_embeddings(),

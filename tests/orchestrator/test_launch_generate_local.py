@@ -12,7 +12,7 @@ import pytest
 
 from tests.lab.workloads import run_cli
 from tests.orchestrator.test_cli_local import inv  # noqa: F401  (the fixture: a local target)
-from trainer.chatserve import send_json
+from trainer.data.chat_server import send_json
 
 ANSWERED_BEFORE_HOLD = 3
 

@@ -554,7 +554,7 @@ def test_a_real_training_run_log_and_metrics(tmp_path):
     """The trainer as a real process, stdout and stderr in one file as the supervisor writes it."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from trainer.tiny import tokenizer_corpus
+    from trainer.model.tiny_target import tokenizer_corpus
 
     assert run_python("-m", "trainer", "tiny-target", "target", cwd=tmp_path).returncode == 0
     words = " ".join(tokenizer_corpus()).split()

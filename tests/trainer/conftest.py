@@ -33,7 +33,7 @@ def run_trainer(*args: str, timeout: float = 300, gpu: bool = False) -> subproce
 
 
 def write_prompts(path: Path, count: int, *, seed: int) -> Path:
-    from trainer.tiny import tokenizer_corpus
+    from trainer.model.tiny_target import tokenizer_corpus
 
     rng = random.Random(seed)
     words = " ".join(tokenizer_corpus()).split()
@@ -51,7 +51,7 @@ def write_config(path: Path, **values) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_target(tmp_path_factory) -> Path:
-    from trainer.tiny import write_tiny_target
+    from trainer.model.tiny_target import write_tiny_target
 
     return write_tiny_target(tmp_path_factory.mktemp("tiny") / "target", seed=0)
 
@@ -59,8 +59,8 @@ def tiny_target(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def self_generated(tiny_target, tmp_path_factory) -> dict[str, Path]:
     """Prompts answered by the tiny target itself, prepared into a dataset, and four of them for eval."""
-    from trainer.prepare import prepare
-    from trainer.generate import generate
+    from trainer.data.generate import generate
+    from trainer.data.prepare import prepare
 
     root = tmp_path_factory.mktemp("self_generated")
     prompts = write_prompts(root / "prompts.jsonl", 48, seed=1)

@@ -9,10 +9,10 @@ import sys
 import pytest
 import torch
 
+from bench.flops import LayerShape, StepFlops, drafter_step_flops, target_feature_flops, training_step_flops
 from tests.trainer.conftest import REPO_ROOT, trainer_env
 from tests.trainer.test_model_support import (  # noqa: F401  (fixtures)
     device, make_drafter, random_ids, tiny_target, tiny_target_dir)
-from trainer.flops import LayerShape, StepFlops, drafter_step_flops, target_feature_flops, training_step_flops
 
 # H=8, 2 heads of 4, 1 KV head, MLP 16, vocabulary 10. Per token and layer, by hand:
 #   q_proj 2*8*8 = 128, o_proj 128, MLP 3 * 2*8*16 = 768  -> 1024 on the query side
@@ -49,7 +49,7 @@ def test_per_token_counts_equal_twice_the_real_layer_parameters():
     """The per-token terms against a real drafter layer's weights: 2 FLOPs per weight per token."""
     from types import SimpleNamespace
 
-    from trainer.drafter import DrafterConfig, DrafterLayer
+    from trainer.model.drafter import DrafterConfig, DrafterLayer
 
     config = DrafterConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
                            head_dim=4, intermediate_size=16, rms_norm_eps=1e-6, rope_theta=1e4, vocab_size=10,
@@ -129,7 +129,7 @@ def test_simulated_shards_report_the_plan_beside_the_measured_peak():
 # ---------------------------------------------------------------------------------------------- sync-free step
 
 def test_anchor_width_depends_on_the_shape_only():
-    from trainer.objective import sample_anchors
+    from trainer.training.objective import sample_anchors
 
     loss_mask = torch.zeros(3, 30, dtype=torch.long)
     loss_mask[0, 2:6] = 1          # 3 valid anchors
@@ -143,7 +143,7 @@ def test_anchor_width_depends_on_the_shape_only():
 
 
 def test_a_batch_without_supervised_slots_gives_zero_loss_and_zero_gradients(tiny_target):
-    from trainer.objective import dflash_step
+    from trainer.training.objective import dflash_step
 
     drafter = make_drafter(tiny_target, num_layers=1, block_size=4)
     input_ids = random_ids(tiny_target, (2, 12), seed=0)
@@ -160,7 +160,8 @@ def test_a_batch_without_supervised_slots_gives_zero_loss_and_zero_gradients(tin
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_objective_pieces_never_wait_for_the_gpu():
-    from trainer.objective import accepted_streak, block_labels, chunked_weighted_ce, decay_weights, sample_anchors
+    from trainer.training.objective import (accepted_streak, block_labels, chunked_weighted_ce, decay_weights,
+                                            sample_anchors)
 
     loss_mask = torch.ones(4, 300, dtype=torch.long, device="cuda")
     input_ids = torch.randint(0, 50, (4, 300), device="cuda")

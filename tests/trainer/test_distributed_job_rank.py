@@ -6,8 +6,8 @@ import datetime
 
 import pytest
 
-from trainer.distributed import collective_timeout, job_rank
 from trainer.errors import TrainerError
+from trainer.training.distributed import collective_timeout, job_rank
 
 
 def test_rank_follows_the_node_offset_when_given(monkeypatch) -> None:

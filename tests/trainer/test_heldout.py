@@ -12,7 +12,7 @@ from tests.trainer.test_pipeline_training import step_records
 
 
 def sample_set(path: Path) -> set[tuple[int, ...]]:
-    from trainer.data import open_dataset
+    from trainer.data.batches import open_dataset
 
     dataset = open_dataset(path)
     ids, _ = dataset.rows(list(range(len(dataset))))
@@ -21,7 +21,7 @@ def sample_set(path: Path) -> set[tuple[int, ...]]:
 
 @pytest.fixture(scope="module")
 def split(tiny_target, self_generated, tmp_path_factory) -> dict:
-    from trainer.prepare import prepare
+    from trainer.data.prepare import prepare
 
     root = tmp_path_factory.mktemp("split")
     report = prepare(target=tiny_target, input_path=self_generated["chats"], output=root / "ds", block_size=8,
@@ -30,7 +30,7 @@ def split(tiny_target, self_generated, tmp_path_factory) -> dict:
 
 
 def test_prepare_sets_aside_a_deterministic_heldout_share(tiny_target, self_generated, split):
-    from trainer.prepare import prepare
+    from trainer.data.prepare import prepare
 
     report, root = split["report"], split["root"]
     train, held = sample_set(split["dataset"]), sample_set(split["dataset"] / "heldout")

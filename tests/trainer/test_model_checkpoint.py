@@ -8,8 +8,8 @@ import torch
 
 from tests.trainer.test_model_support import (  # noqa: F401  (fixtures)
     device, make_drafter, random_ids, tiny_target, tiny_target_dir)
-from trainer.checkpoint import load_drafter, save_drafter
 from trainer.errors import TrainerError
+from trainer.model.drafter_files import load_drafter, save_drafter
 
 
 def _expected_names(num_layers):

@@ -6,7 +6,7 @@ import torch
 
 from tests.trainer.test_model_support import (  # noqa: F401  (fixtures)
     device, make_drafter, random_ids, tiny_target, tiny_target_dir)
-from trainer.drafter import DrafterConfig
+from trainer.model.drafter import DrafterConfig
 
 
 def test_config_follows_the_target(tiny_target):
@@ -45,7 +45,7 @@ def test_shared_modules_are_frozen_and_not_part_of_the_drafter(tiny_target):
 def test_rope_and_norm_match_the_targets_qwen3_modules(tiny_target):
     from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm, Qwen3RotaryEmbedding
 
-    from trainer.drafter import RMSNorm, RotaryEmbedding
+    from trainer.model.drafter import RMSNorm, RotaryEmbedding
 
     positions = torch.arange(50).unsqueeze(0)
     x = torch.randn(1, 50, 16)

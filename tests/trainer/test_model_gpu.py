@@ -14,14 +14,14 @@ pytestmark = [pytest.mark.gpu,
 
 @pytest.fixture(scope="module")
 def cuda_target(tiny_target_dir):
-    from trainer.target import TargetModel
+    from trainer.model.target import TargetModel
 
     return TargetModel.load(tiny_target_dir, layer_ids=None, num_taps=3, device="cuda", dtype=torch.float32)
 
 
 @pytest.mark.parametrize("sliding_window", [None, 6])
 def test_flex_and_dense_gradients_agree(cuda_target, sliding_window):
-    from trainer.objective import dflash_step
+    from trainer.training.objective import dflash_step
 
     input_ids = random_ids(cuda_target, (2, 64), seed=8)
     loss_mask = torch.ones_like(input_ids)
@@ -45,8 +45,8 @@ def test_step_at_qwen3_8b_shape(capsys):
     """5 drafter layers on Qwen3-8B's sizes, 3072 tokens, 512 anchors, B=16: runs, finite, and how fast."""
     from transformers import Qwen3Config
 
-    from trainer.drafter import DFlashDrafter, DrafterConfig
-    from trainer.objective import dflash_step
+    from trainer.model.drafter import DFlashDrafter, DrafterConfig
+    from trainer.training.objective import dflash_step
 
     target_config = Qwen3Config(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
                                 num_attention_heads=32, num_key_value_heads=8, head_dim=128,
@@ -90,7 +90,7 @@ def test_step_at_qwen3_8b_shape(capsys):
 
 
 def test_compiled_drafter_matches_eager(cuda_target):
-    from trainer.objective import dflash_step
+    from trainer.training.objective import dflash_step
 
     input_ids = random_ids(cuda_target, (2, 48), seed=10)
     loss_mask = torch.ones_like(input_ids)
@@ -108,7 +108,7 @@ def test_compiled_drafter_matches_eager(cuda_target):
 def test_new_batch_shapes_do_not_recompile_every_step(cuda_target, capsys):
     """Buckets and anchor counts change the shapes from batch to batch; the block mask compiles nothing and
     flex_attention compiles once for all shapes (twice: batches of one sequence are a shape of their own)."""
-    from trainer.objective import dflash_step
+    from trainer.training.objective import dflash_step
 
     drafter = make_drafter(cuda_target, block_size=8, seed=5)
     optimizer = torch.optim.AdamW(drafter.parameters(), lr=1e-3)
@@ -138,9 +138,9 @@ def test_start_up_compile_leaves_nothing_to_compile_for_real_batches(cuda_target
     """After compile_attention, batches of new shapes (more than one sequence) compile nothing more."""
     import contextlib
 
-    from trainer.objective import dflash_step
-    from trainer.startup import compile_attention
-    from trainer.metrics import compiled_graphs
+    from trainer.training.compile_warmup import compile_attention
+    from trainer.training.metrics import compiled_graphs
+    from trainer.training.objective import dflash_step
 
     drafter = make_drafter(cuda_target, num_layers=3, block_size=8, sliding_window=sliding_window, seed=6)
     lines: list[str] = []

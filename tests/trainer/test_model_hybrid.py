@@ -8,15 +8,15 @@ import pytest
 import torch
 
 from trainer.errors import TrainerError
-from trainer.families import LINEAR, read_target_spec, target_spec
-from trainer.target import TargetModel
+from trainer.model.target import TargetModel
+from trainer.spec.target_families import LINEAR, read_target_spec, target_spec
 
 KINDS = [("qwen3.5", False), ("qwen3.5", True), ("qwen3.5-moe", False), ("qwen3.5-moe", True)]
 
 
 @pytest.fixture(scope="module", params=KINDS, ids=lambda kind: kind[0] + ("-composite" if kind[1] else ""))
 def hybrid_dir(request, tmp_path_factory):
-    from trainer.tiny import write_tiny_target
+    from trainer.model.tiny_target import write_tiny_target
 
     family, composite = request.param
     return write_tiny_target(tmp_path_factory.mktemp("hybrid") / "target", family=family, composite=composite)
@@ -57,7 +57,7 @@ def test_features_equal_hf_hidden_states_at_the_taps(hybrid_dir):
 def test_composite_checkpoint_loads_its_language_model_weights(tmp_path):
     from safetensors.torch import load_file
 
-    from trainer.tiny import write_tiny_target
+    from trainer.model.tiny_target import write_tiny_target
 
     path = write_tiny_target(tmp_path / "c", family="qwen3.5", composite=True, seed=5)
     stored = load_file(path / "model.safetensors")
@@ -118,8 +118,8 @@ def test_layer_types_are_rebuilt_when_a_config_leaves_them_out():
 def test_layer_flops_are_twice_the_weights_a_token_meets(tmp_path, family):
     """Per-token FLOPs of each layer type against the real HF layer's weights: 2 per weight a token passes
     through (for MoE: the routed experts, the shared expert and the router), plus the conv and the delta rule."""
-    from trainer.flops import GDN_CHUNK, TargetShape
-    from trainer.tiny import write_tiny_target
+    from bench.flops import GDN_CHUNK, TargetShape
+    from trainer.model.tiny_target import write_tiny_target
 
     target = TargetModel.load(write_tiny_target(tmp_path / "t", family=family), layer_ids=[1], num_taps=1)
     shape = TargetShape.from_config(target.config)
@@ -157,7 +157,7 @@ TORCH_PATH_FEATURES = """
 import sys
 sys.modules["fla"] = sys.modules["causal_conv1d"] = None  # transformers' torch path, as without the fla extra
 import torch
-from trainer.target import TargetModel
+from trainer.model.target import TargetModel
 path, ids, mask, out = sys.argv[1:]
 target = TargetModel.load(path, layer_ids=[1, 3, 5], num_taps=3, device="cuda", dtype=torch.float32)
 assert target.kernels()["linear_attention"] == "torch"
@@ -177,7 +177,7 @@ def test_gpu_features_with_the_fla_kernels_equal_the_torch_path(tmp_path, family
     import sys
 
     from tests.trainer.conftest import REPO_ROOT, trainer_env
-    from trainer.tiny import write_tiny_target
+    from trainer.model.tiny_target import write_tiny_target
 
     if importlib.util.find_spec("fla") is None:
         pytest.skip("flash-linear-attention is not installed")
@@ -214,7 +214,7 @@ def test_with_fla_installed_a_cpu_run_of_a_hybrid_target_is_refused_in_one_line(
     import sys
 
     from tests.trainer.conftest import REPO_ROOT, trainer_env, write_prompts
-    from trainer.tiny import write_tiny_target
+    from trainer.model.tiny_target import write_tiny_target
 
     kernels = tmp_path / "site" / "fla" / "ops" / "gated_delta_rule"
     kernels.mkdir(parents=True)

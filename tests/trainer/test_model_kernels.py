@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from tests.trainer.test_model_support import device, make_drafter, random_ids, tiny_target, tiny_target_dir  # noqa: F401
-from trainer import kernels
-from trainer.drafter import RMSNorm
 from trainer.errors import TrainerError
+from trainer.model import kernels
+from trainer.model.drafter import RMSNorm
 
 
 def test_auto_takes_torch_where_liger_cannot_run():
@@ -61,8 +61,8 @@ def test_installing_torch_restores_the_modules_own_forward(tiny_target):
 @pytest.mark.skipif(not torch.cuda.is_available() or kernels.liger_version() is None,
                     reason="needs a CUDA GPU and liger-kernel")
 def test_liger_kernels_match_the_torch_code_in_bf16(tiny_target_dir):
-    from trainer.objective import dflash_step
-    from trainer.target import TargetModel
+    from trainer.model.target import TargetModel
+    from trainer.training.objective import dflash_step
 
     target = TargetModel.load(tiny_target_dir, layer_ids=None, num_taps=3, device="cuda", dtype=torch.bfloat16)
     input_ids = random_ids(target, (2, 96), seed=3)
@@ -94,8 +94,8 @@ def test_target_kernels_give_the_target_s_own_features(tmp_path, family, dtype, 
     those back exactly. Hybrids compare in fp32: in bf16 the fused kernels round once where transformers rounds
     between steps, and a random tiny model amplifies that (its MoE router flips experts: 3 % and 15 % relative
     on an H200, against 1e-4 in fp32)."""
-    from trainer.target import TargetModel
-    from trainer.tiny import write_tiny_target
+    from trainer.model.target import TargetModel
+    from trainer.model.tiny_target import write_tiny_target
 
     path = write_tiny_target(tmp_path / "t", seed=2, family=family)
     target = TargetModel.load(path, layer_ids=None, num_taps=3, device="cuda", dtype=dtype)
@@ -120,8 +120,8 @@ def test_target_kernels_give_the_target_s_own_features(tmp_path, family, dtype, 
                                                ("qwen3.5", "Qwen3_5RMSNorm", "Qwen3_5MLP")])
 def test_target_kernels_swap_every_norm_and_swiglu_and_nothing_else(tmp_path, family, norm, mlp):
     """Which of the target's modules liger stands in for (the swap itself; its numbers are the GPU test's)."""
-    from trainer.target import TargetModel
-    from trainer.tiny import write_tiny_target
+    from trainer.model.target import TargetModel
+    from trainer.model.tiny_target import write_tiny_target
 
     target = TargetModel.load(write_tiny_target(tmp_path / "t", family=family), layer_ids=None, num_taps=2)
     kernels.install_target(target.hf_model, "liger")

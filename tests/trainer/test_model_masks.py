@@ -6,7 +6,7 @@ import torch
 
 from tests.trainer.test_model_support import (  # noqa: F401  (fixtures)
     device, make_drafter, random_ids, tiny_target, tiny_target_dir)
-from trainer.masks import SLIDING_ATTENTION, block_mask_mod, dense_mask
+from trainer.model.masks import SLIDING_ATTENTION, block_mask_mod, dense_mask
 
 BLOCK = 4
 
@@ -181,7 +181,7 @@ def _random_layout(seed: int):
 
 def _tiles_as_elements(tiles, dense):
     """What the kernel computes from the tiles: full tiles all true, partial tiles the mask_mod, others nothing."""
-    from trainer.masks import TILE
+    from trainer.model.masks import TILE
 
     q_len, kv_len = dense.shape[-2:]
     grow = lambda t: t.repeat_interleave(TILE, 1).repeat_interleave(TILE, 2)[:, :q_len, :kv_len]  # noqa: E731
@@ -190,7 +190,7 @@ def _tiles_as_elements(tiles, dense):
 
 @pytest.mark.parametrize("seed", range(60))
 def test_closed_form_tiles_give_exactly_the_mask_mod(seed):
-    from trainer.masks import mask_tiles
+    from trainer.model.masks import mask_tiles
 
     anchors, block_size, context_len, window = _random_layout(seed)
     mask_mod = block_mask_mod(anchors, context_len=context_len, block_size=block_size, window=window)
@@ -205,7 +205,7 @@ def test_closed_form_tiles_give_exactly_the_mask_mod(seed):
 def test_closed_form_tiles_skip_what_no_row_sees(window):
     """Sparsity is the point: at a real size most tiles are skipped, and the context before every anchor of a
     query tile is full (no mask_mod evaluated there)."""
-    from trainer.masks import mask_tiles
+    from trainer.model.masks import mask_tiles
 
     context_len, block_size = 3072, 16
     anchors = torch.arange(100, 3072, 16)[None, :192]
@@ -218,7 +218,7 @@ def test_closed_form_tiles_skip_what_no_row_sees(window):
 
 
 def test_closed_form_block_mask_holds_the_tiles():
-    from trainer.masks import closed_form_block_mask, mask_tiles
+    from trainer.model.masks import closed_form_block_mask, mask_tiles
 
     anchors, block_size, context_len, window = torch.tensor([[5, 130, 400, -1]]), 16, 520, None
     mask_mod = block_mask_mod(anchors, context_len=context_len, block_size=block_size, window=window)

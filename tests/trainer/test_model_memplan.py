@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 
 from tests.trainer.conftest import REPO_ROOT, trainer_env, write_config
-from trainer import drafterbytes, memplan
 from trainer.config import TrainConfig
-from trainer.families import read_target_spec, target_spec
-from trainer.targetsize import target_params
+from trainer.spec import drafter_bytes
+from trainer.spec import memory_plan
+from trainer.spec.target_families import read_target_spec, target_spec
+from trainer.spec.target_size import target_params
 
 # Qwen3.6-27B's text config (the seed run's target) and the public drafter recipe for it
 QWEN36_27B = dict(model_type="qwen3_5_text", hidden_size=5120, num_hidden_layers=64, intermediate_size=17408,
@@ -66,10 +67,10 @@ def test_the_plan_counts_what_the_trainer_loads_and_builds(family, composite, tm
     as train.py builds it, with a drafter_* key over the family's recipe."""
     import torch
 
-    from trainer.drafter import DFlashDrafter, DrafterConfig
-    from trainer.families import drafter_shape
-    from trainer.target import TargetModel
-    from trainer.tiny import write_tiny_target
+    from trainer.model.drafter import DFlashDrafter, DrafterConfig
+    from trainer.model.target import TargetModel
+    from trainer.model.tiny_target import write_tiny_target
+    from trainer.spec.target_families import drafter_shape
 
     path = write_tiny_target(tmp_path / "target", family=family, composite=composite)
     target = TargetModel.load(path, layer_ids=None, num_taps=2)
@@ -80,9 +81,9 @@ def test_the_plan_counts_what_the_trainer_loads_and_builds(family, composite, tm
     config = DrafterConfig.from_target(target.config, num_layers=2, block_size=8, target_layer_ids=target.layer_ids,
                                        mask_token_id=target.mask_token_id, shape=shape)
     drafter = DFlashDrafter(config, embed_tokens=target.embed_tokens, lm_head=target.lm_head)
-    sizes = memplan.DrafterSizes.for_run(spec, cfg, num_taps=2)
+    sizes = memory_plan.DrafterSizes.for_run(spec, cfg, num_taps=2)
     assert sizes.param_numels() == [p.numel() for p in drafter.parameters()]
-    assert memplan.DrafterSizes.from_drafter_config(config.to_hf_dict()) == sizes
+    assert memory_plan.DrafterSizes.from_drafter_config(config.to_hf_dict()) == sizes
     linear = sum(m.weight.numel() for m in drafter.modules() if isinstance(m, torch.nn.Linear))
     assert sizes.matmul_params() == linear
 
@@ -95,7 +96,7 @@ def test_a_composite_checkpoint_counts_its_language_model_only():
 
 
 def test_the_27b_drafter_is_the_public_recipe():
-    sizes = memplan.DrafterSizes.for_run(target_spec(QWEN36_27B), run_config("unused", block_size=16), num_taps=5)
+    sizes = memory_plan.DrafterSizes.for_run(target_spec(QWEN36_27B), run_config("unused", block_size=16), num_taps=5)
     assert (sizes.num_heads, sizes.num_kv_heads, sizes.head_dim, sizes.intermediate_size) == (32, 8, 128, 17408)
     assert round(sum(sizes.param_numels()) / 1e9, 2) == 1.73
 
@@ -109,8 +110,8 @@ def test_zero_partition_is_zero_redundancy_optimizers(ways):
     from torch.distributed.optim import ZeroRedundancyOptimizer
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    numels = memplan.DrafterSizes.for_run(target_spec(QWEN36_27B), run_config("unused", block_size=16),
-                                          num_taps=5).param_numels()
+    numels = memory_plan.DrafterSizes.for_run(target_spec(QWEN36_27B), run_config("unused", block_size=16),
+                                              num_taps=5).param_numels()
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=ways)
     try:
         params = [torch.nn.Parameter(torch.empty(n, device="meta")) for n in numels]
@@ -119,7 +120,7 @@ def test_zero_partition_is_zero_redundancy_optimizers(ways):
         theirs = [sorted(index[id(p)] for g in groups for p in g["params"]) for groups in zero._partition_parameters()]
     finally:
         dist.destroy_process_group()
-    assert memplan.zero_partition(numels, ways) == theirs
+    assert memory_plan.zero_partition(numels, ways) == theirs
 
 
 # ---------------------------------------------------------------------------------------------- activations
@@ -182,7 +183,7 @@ def small_drafter(num_layers: int, low, *, intermediate: int = 200):
     import torch
     from transformers import Qwen3Config
 
-    from trainer.drafter import DFlashDrafter, DrafterConfig
+    from trainer.model.drafter import DFlashDrafter, DrafterConfig
 
     target = Qwen3Config(hidden_size=96, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                          intermediate_size=intermediate, rms_norm_eps=1e-6, vocab_size=500,
@@ -203,8 +204,8 @@ def saved_tensor_bytes(*, autocast: bool, num_layers: int, batch: int, seq_len: 
     mask SDPA keeps on the CPU (flex_attention on a GPU keeps a block mask of a few KiB instead)."""
     import torch
 
-    from trainer import kernels as kernel_lib
-    from trainer.objective import dflash_step
+    from trainer.model import kernels as kernel_lib
+    from trainer.training.objective import dflash_step
 
     low = torch.bfloat16 if autocast else torch.float32
     drafter, config = small_drafter(num_layers, low)
@@ -231,10 +232,10 @@ def saved_tensor_bytes(*, autocast: bool, num_layers: int, batch: int, seq_len: 
             out = dflash_step(drafter, features, input_ids, torch.ones_like(input_ids), num_anchors=num_anchors,
                               block_size=8, gamma=4.0, noise=0.0, generator=torch.Generator().manual_seed(0))
     out.loss.backward()   # the graph that was measured is a real training step's
-    sizes = memplan.DrafterSizes.from_drafter_config(config.to_hf_dict())
-    precision = memplan.Precision(target=2, act=2, casts=True) if autocast else memplan.Precision(4, 4, False)
-    estimate = memplan.drafter_saved_bytes(sizes, precision, context_tokens=batch * seq_len, block_tokens=blocks,
-                                           kernels=kernels)
+    sizes = memory_plan.DrafterSizes.from_drafter_config(config.to_hf_dict())
+    precision = memory_plan.Precision(target=2, act=2, casts=True) if autocast else memory_plan.Precision(4, 4, False)
+    estimate = memory_plan.drafter_saved_bytes(sizes, precision, context_tokens=batch * seq_len, block_tokens=blocks,
+                                               kernels=kernels)
     if autocast:  # autocast's bf16 copies of the weights, planned as their own line; fc's copy is made too
         # (autocast caches it until the forward ends) but not saved: its input, the features, needs no gradient
         estimate += 2 * (sizes.matmul_params() - sizes.num_taps * sizes.hidden_size ** 2)
@@ -305,7 +306,7 @@ def test_the_27b_plan_on_8_gpus_at_24k_tokens_fits_139_gib(tmp_path):
 def test_the_plan_assumes_the_kernels_a_gpu_run_would_take(tmp_path, monkeypatch):
     """`--plan` resolves kernels as a CUDA machine would with this machine's packages: auto takes liger where
     liger-kernel is installed; an explicit choice stands. liger's kernels keep less, and the plan says which."""
-    from trainer import kernels
+    from trainer.model import kernels
 
     liger = run_plan(plan_config(tmp_path, kernels="liger"), "--gpus", "8", "--gpu-memory", "139")
     torch_kernels = run_plan(plan_config(tmp_path, kernels="torch"), "--gpus", "8", "--gpu-memory", "139")
@@ -346,24 +347,25 @@ def test_start_up_check_refuses_on_every_rank_before_loading(tmp_path):
     cfg = load_config(plan_config(tmp_path))
     said: list[str] = []
     with pytest.raises(TrainerError, match=r"^memory plan: .* does not fit its 100\.0 GiB .*token_budget: \d+"):
-        memplan.check(cfg, world_size=8, limit=100 * memplan.GIB, on_gpu=True, say=lambda *lines: said.extend(lines))
+        memory_plan.check(cfg, world_size=8, limit=100 * memory_plan.GIB, on_gpu=True,
+                          say=lambda *lines: said.extend(lines))
     assert said[0].startswith("Memory plan per GPU (one of 8 ranks)") and len(said) == 6
-    fits = memplan.check(cfg, world_size=8, limit=139 * memplan.GIB, on_gpu=True, say=lambda *lines: None)
+    fits = memory_plan.check(cfg, world_size=8, limit=139 * memory_plan.GIB, on_gpu=True, say=lambda *lines: None)
     assert fits.fits and fits.ways == 8
 
 
 def test_a_simulated_rank_plans_rank_0s_share_and_a_real_run_the_largest():
     """With 8 ranks this small drafter's largest share is not rank 0's: the N-GPU plan must cover the largest,
     the one-process simulation holds (and plans) rank 0's."""
-    drafter = memplan.DrafterSizes(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
-                                   intermediate_size=96, num_taps=2, block_size=8)
+    drafter = memory_plan.DrafterSizes(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
+                                       intermediate_size=96, num_taps=2, block_size=8)
     numels = drafter.param_numels()
-    shares = [sum(numels[i] for i in part) for part in memplan.zero_partition(numels, 8)]
+    shares = [sum(numels[i] for i in part) for part in memory_plan.zero_partition(numels, 8)]
     assert shares[0] < max(shares)
     text = dict(SMALL, model_type="qwen3")
-    precision = memplan.Precision.of_run("auto", on_gpu=True)
-    real, simulated = (memplan.plan(text, drafter, tokens=512, block_tokens=512, ways=8, precision=precision,
-                                    world_size=8 if not sim else 1, simulated=sim) for sim in (False, True))
+    precision = memory_plan.Precision.of_run("auto", on_gpu=True)
+    real, simulated = (memory_plan.plan(text, drafter, tokens=512, block_tokens=512, ways=8, precision=precision,
+                                        world_size=8 if not sim else 1, simulated=sim) for sim in (False, True))
     assert (real.optimizer_params, simulated.optimizer_params) == (max(shares), shares[0])
     assert real.optimizer_bytes == 8 * max(shares) and "on the largest rank" in real.lines()[3]
     assert "on rank 0" in simulated.lines()[3] and simulated.lines()[0].startswith("Memory plan per GPU (rank 0 of 8")
@@ -384,7 +386,7 @@ def backward_live_bytes(*, intermediate: int, num_layers: int = 2, batch: int = 
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
 
-    from trainer.objective import dflash_step
+    from trainer.training.objective import dflash_step
 
     drafter, config = small_drafter(num_layers, torch.bfloat16, intermediate=intermediate)
     for param in drafter.parameters():
@@ -419,10 +421,10 @@ def backward_live_bytes(*, intermediate: int, num_layers: int = 2, batch: int = 
                               chunk_rows=32)
         end_of_forward = tracker.peak = tracker.now
         out.loss.backward()
-    sizes = memplan.DrafterSizes.from_drafter_config(config.to_hf_dict())
-    precision, blocks = memplan.Precision(target=2, act=2, casts=True), batch * num_anchors * 8
-    plan = drafterbytes.backward_working_bytes(sizes, precision, context_tokens=batch * seq_len, block_tokens=blocks)
-    per_query, per_key = drafterbytes.saved_bytes_per_layer(sizes, precision)
+    sizes = memory_plan.DrafterSizes.from_drafter_config(config.to_hf_dict())
+    precision, blocks = memory_plan.Precision(target=2, act=2, casts=True), batch * num_anchors * 8
+    plan = drafter_bytes.backward_working_bytes(sizes, precision, context_tokens=batch * seq_len, block_tokens=blocks)
+    per_query, per_key = drafter_bytes.saved_bytes_per_layer(sizes, precision)
     return tracker.peak - end_of_forward, plan, per_query * blocks + per_key * (batch * seq_len + blocks)
 
 
@@ -441,7 +443,7 @@ def test_the_liger_stand_ins_compute_what_they_stand_in_for():
     """Their gradients are their forwards' (gradcheck in float64), and their forwards the drafter's torch code."""
     import torch
 
-    from trainer.drafter import RMSNorm
+    from trainer.model.drafter import RMSNorm
 
     modules = liger_stand_ins()
     norm, silu_mul = (modules["liger_kernel.ops.rms_norm"].LigerRMSNormFunction,
@@ -466,9 +468,9 @@ H200_PEAKS_GIB = {("qwen3-8b", "torch"): 90.1, ("qwen3-8b", "liger"): 70.5, ("qw
                   ("qwen3.6-27b@49152", "liger"): 120.2}
 
 
-def bench_plan(shape: str, kernels: str) -> memplan.MemoryPlan:
+def bench_plan(shape: str, kernels: str) -> memory_plan.MemoryPlan:
     """The plan of the bench's run of `shape` (bench/bench_train.py's defaults and the commands of RESULTS.md)."""
-    from trainer.synthetic import SHAPES
+    from bench.synthetic import SHAPES
 
     if shape == "qwen3-8b":
         text = dict(SHAPES["qwen3-8b"], model_type="qwen3", tie_word_embeddings=False)
@@ -478,7 +480,7 @@ def bench_plan(shape: str, kernels: str) -> memplan.MemoryPlan:
         text, budgets = QWEN36_27B, dict(token_budget=tokens, anchor_budget=tokens // 16, target_layer_ids=TAPS_27B,
                                          simulate_shards=8)
     cfg = run_config("unused", num_anchors=512, block_size=16, drafter_layers=5, **budgets)
-    return memplan.config_plan(cfg, world_size=1, limit=None, on_gpu=True, spec=target_spec(text), kernels=kernels)
+    return memory_plan.config_plan(cfg, world_size=1, limit=None, on_gpu=True, spec=target_spec(text), kernels=kernels)
 
 
 @pytest.mark.parametrize("shape, kernels", sorted(H200_PEAKS_GIB))
@@ -486,7 +488,7 @@ def test_the_plan_covers_the_h200_peaks_and_liger_s_within_25_percent(shape, ker
     """A plan under the measured peak would let a run out of memory mid-way; one far above it refuses budgets
     that fit. The liger plans stay within 25 % above the peaks. The peaks: bench/RESULTS.md, one H200,
     2026-12-02 (the `packed`, `packed+liger` rows of the qwen3-8b shape; the qwen3.6-27b rank 0 of 8)."""
-    planned = (bench_plan(shape, kernels).total - memplan.RESERVE_BYTES) / memplan.GIB
+    planned = (bench_plan(shape, kernels).total - memory_plan.RESERVE_BYTES) / memory_plan.GIB
     measured = H200_PEAKS_GIB[shape, kernels]
     assert planned >= measured, (planned, measured)
     if kernels == "liger":
@@ -495,7 +497,7 @@ def test_the_plan_covers_the_h200_peaks_and_liger_s_within_25_percent(shape, ker
 
 
 def test_train_asks_for_expandable_segments_unless_the_user_configured_the_allocator():
-    from trainer.startup import default_cuda_allocator
+    from trainer.training.startup import default_cuda_allocator
 
     env: dict[str, str] = {}
     assert default_cuda_allocator(env) == "expandable_segments:True" == env["PYTORCH_CUDA_ALLOC_CONF"]

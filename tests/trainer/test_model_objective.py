@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from tests.trainer.test_model_support import (  # noqa: F401  (fixtures)
     device, make_drafter, random_ids, tiny_target, tiny_target_dir)
-from trainer.objective import (
+from trainer.training.objective import (
     IGNORE, block_labels, chunked_weighted_ce, decay_weights, dflash_step, sample_anchors)
 
 
@@ -94,7 +94,7 @@ def test_chunked_loss_with_a_bf16_head_matches_fp32_math():
 
 
 def test_chunked_loss_never_builds_the_full_logits(monkeypatch):
-    import trainer.objective as objective
+    import trainer.training.objective as objective
 
     shapes = []
     real_log_softmax = torch.log_softmax
@@ -129,7 +129,7 @@ def _identity_head_drafter(target, block_size):
 
 
 def _fix_anchors(monkeypatch, anchors):
-    import trainer.objective as objective
+    import trainer.training.objective as objective
 
     monkeypatch.setattr(objective, "sample_anchors",
                         lambda loss_mask, num_anchors, generator: anchors.to(loss_mask.device))

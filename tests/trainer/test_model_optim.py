@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import torch
 
-from trainer import optim
-from trainer.memplan import zero_partition
+from trainer.spec.memory_plan import zero_partition
+from trainer.training import optim
 
 SHAPES = [(6, 5), (7,), (4, 4), (3,), (9, 2)]
 

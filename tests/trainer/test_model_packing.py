@@ -7,9 +7,9 @@ import torch
 
 from tests.trainer.test_model_support import device, tiny_target, tiny_target_dir  # noqa: F401  (fixtures)
 from tests.trainer.test_model_target import _hf_tapped_states, _write_other_target
-from trainer import packing
-from trainer.families import LINEAR
-from trainer.target import TargetModel
+from trainer.model import packing
+from trainer.model.target import TargetModel
+from trainer.spec.target_families import LINEAR
 
 
 def _mixed_batch(vocab_size: int, lengths: list[int], seed: int = 0):
@@ -101,8 +101,8 @@ def test_auto_packs_only_where_flash_varlen_runs(tiny_target):
 def test_auto_packs_a_hybrid_only_with_fla_kernels(tmp_path, monkeypatch):
     """Where varlen flash attention runs, auto packs a hybrid when fla runs its linear layers (its kernels take the
     sequences' bounds), not on transformers' torch path (one unbatched delta rule per sequence); true always packs."""
-    from trainer import target as target_lib
-    from trainer.tiny import write_tiny_target
+    from trainer.model import target as target_lib
+    from trainer.model.tiny_target import write_tiny_target
 
     target = TargetModel.load(write_tiny_target(tmp_path / "hybrid", family="qwen3.5"), layer_ids=None, num_taps=2)
     monkeypatch.setattr(packing, "varlen_available", lambda device: True)
@@ -117,7 +117,7 @@ def test_auto_packs_a_hybrid_only_with_fla_kernels(tmp_path, monkeypatch):
 @pytest.mark.parametrize("family, composite", [("qwen3.5", False), ("qwen3.5", True), ("qwen3.5-moe", False)])
 def test_hybrid_targets_pack_only_when_asked_and_then_exactly(tmp_path, family, composite):
     """Gated DeltaNet layers in one packed row: the conv1d and the delta rule's state restart per sequence."""
-    from trainer.tiny import write_tiny_target
+    from trainer.model.tiny_target import write_tiny_target
 
     path = write_tiny_target(tmp_path / "hybrid", seed=0, family=family, composite=composite)
     target = TargetModel.load(path, layer_ids=None, num_taps=2)
@@ -159,7 +159,7 @@ def test_hybrid_packed_features_on_a_gpu_match_padded(tmp_path, family):
     itself packed alone. In bf16 (varlen flash attention) both passes round, and a random tiny model amplifies
     that layer after layer (its MoE router flips experts on near-ties: 3-16 % on an H200), so the packed pass is
     held to the padded one's own distance from the fp32 result rather than to a fixed bound."""
-    from trainer.tiny import write_tiny_target
+    from trainer.model.tiny_target import write_tiny_target
 
     path = write_tiny_target(tmp_path / "hybrid", seed=1, family=family)
     lengths = [300, 37, 129, 64, 1]

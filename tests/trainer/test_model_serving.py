@@ -15,8 +15,8 @@ import torch
 
 from tests.trainer.conftest import REPO_ROOT, trainer_env
 from tests.trainer.test_model_support import make_drafter, random_ids, tiny_target_dir  # noqa: F401
-from trainer.checkpoint import (MASTER_WEIGHTS_FILE, MODELING_FILE, STATE_FILE, WEIGHTS_FILE, load_drafter,
-                                save_checkpoint, save_drafter)
+from trainer.model.drafter_files import MASTER_WEIGHTS_FILE, MODELING_FILE, WEIGHTS_FILE, load_drafter, save_drafter
+from trainer.training.checkpoints import STATE_FILE, save_checkpoint
 
 # interpreters that must load the shipped modeling file: this one, and others a deployment runs (e.g. a venv
 # with the GPU machine's transformers release), listed in DFLASH_COMPAT_PYTHONS separated by os.pathsep
@@ -42,7 +42,7 @@ print(json.dumps(results))
 
 @pytest.fixture(scope="module")
 def target(tiny_target_dir):
-    from trainer.target import TargetModel
+    from trainer.model.target import TargetModel
 
     return TargetModel.load(tiny_target_dir, layer_ids=None, num_taps=3, device="cpu", dtype=torch.float32)
 
@@ -104,7 +104,7 @@ def test_bf16_checkpoint_loads_through_automodel_and_computes_the_trainers_logit
 
 
 def test_the_modeling_file_imports_only_torch_transformers_and_the_standard_library(tmp_path):
-    import trainer.modeling_dflash as modeling
+    import trainer.model.modeling_dflash as modeling
 
     source = Path(modeling.__file__).read_text()
     roots = set()
@@ -122,7 +122,8 @@ def test_checkpoint_config_names_the_modeling_file_and_vllms_tap_ids(target, tmp
     save_drafter(drafter, tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["auto_map"] == {"AutoModel": "dflash.DFlashDraftModel"}
-    assert (tmp_path / MODELING_FILE).read_text() == (REPO_ROOT / "trainer" / "modeling_dflash.py").read_text()
+    shipped = REPO_ROOT / "trainer" / "model" / "modeling_dflash.py"
+    assert (tmp_path / MODELING_FILE).read_text() == shipped.read_text()
     taps = config["dflash_config"]["target_layer_ids"]
     assert taps == target.layer_ids and config["eagle_aux_hidden_state_layer_ids"] == [i + 1 for i in taps]
 

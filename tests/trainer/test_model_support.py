@@ -13,7 +13,7 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 @pytest.fixture(scope="session")
 def tiny_target_dir(tmp_path_factory):
-    from trainer.tiny import write_tiny_target
+    from trainer.model.tiny_target import write_tiny_target
 
     return write_tiny_target(tmp_path_factory.mktemp("tiny_target"), seed=0)
 
@@ -25,7 +25,7 @@ def device(request) -> torch.device:
 
 @pytest.fixture(scope="session")
 def tiny_target(tiny_target_dir, device):
-    from trainer.target import TargetModel
+    from trainer.model.target import TargetModel
 
     # fp32 on every device so that comparisons between code paths are tight
     return TargetModel.load(tiny_target_dir, layer_ids=None, num_taps=3, device=device, dtype=torch.float32)
@@ -33,7 +33,7 @@ def tiny_target(tiny_target_dir, device):
 
 def make_drafter(target, *, num_layers: int = 2, block_size: int = 8, sliding_window: int | None = None,
                  layer_types: list[str] | None = None, seed: int = 0):
-    from trainer.drafter import DFlashDrafter, DrafterConfig
+    from trainer.model.drafter import DFlashDrafter, DrafterConfig
 
     config = DrafterConfig.from_target(
         target.config, num_layers=num_layers, block_size=block_size, target_layer_ids=target.layer_ids,

@@ -7,7 +7,8 @@ import torch
 
 from tests.trainer.test_model_support import device, tiny_target, tiny_target_dir  # noqa: F401  (fixtures)
 from trainer.errors import TrainerError
-from trainer.target import TargetModel, default_target_layer_ids
+from trainer.model.target import TargetModel
+from trainer.spec.taps import default_target_layer_ids
 
 
 @pytest.mark.parametrize("num_layers, num_taps, expected", [
@@ -31,7 +32,7 @@ def test_default_target_layer_ids_rejects_impossible_requests():
 def test_tiny_target_is_deterministic_per_seed(tmp_path):
     from safetensors.torch import load_file
 
-    from trainer.tiny import write_tiny_target
+    from trainer.model.tiny_target import write_tiny_target
 
     a = load_file(write_tiny_target(tmp_path / "a", seed=3) / "model.safetensors")
     b = load_file(write_tiny_target(tmp_path / "b", seed=3) / "model.safetensors")
@@ -155,7 +156,7 @@ def _write_other_target(out_dir, kind):
     """A tiny Llama, or a tiny Qwen3 with sliding-window layers, next to the tiny target's tokenizer."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-    from trainer.tiny import build_tokenizer
+    from trainer.model.tiny_target import build_tokenizer
 
     tokenizer = build_tokenizer(320)
     common = dict(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=5,
@@ -199,7 +200,7 @@ class _FakeTokenizer:
 
 
 def test_mask_token_id_is_the_tokenizers_then_mask_then_the_first_spare_row():
-    from trainer.target import resolve_mask_token_id
+    from trainer.model.target import resolve_mask_token_id
 
     vocab = {f"t{i}": i for i in range(10)}
     assert resolve_mask_token_id(_FakeTokenizer(vocab, mask_token_id=4), 16) == 4

@@ -10,9 +10,9 @@ import random
 import pytest
 import torch
 
-from trainer.evalreport import Divergence, acceptance, divergence, rounding_epsilon, rounding_tolerance
-from trainer.speculative import Decoded
-from trainer.tree import DraftTree, best_first, chain, tree_layout
+from trainer.decoding.draft_tree import DraftTree, best_first, chain, tree_layout
+from trainer.decoding.eval_report import Divergence, acceptance, divergence, rounding_epsilon, rounding_tolerance
+from trainer.decoding.speculative import Decoded
 
 
 def _slot_candidates(rng: random.Random, slots: int, vocab: int) -> tuple[list[list[float]], list[list[int]]]:

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trainer.data import BatchStream, layout_buckets, open_dataset, plan_epoch, rank_batches
-from trainer.prepare import prepare, tokenize_chat
+from trainer.data.batches import BatchStream, layout_buckets, open_dataset, plan_epoch, rank_batches
+from trainer.data.prepare import prepare, tokenize_chat
 from trainer.errors import TrainerError
 
 BOUNDS = [0, 16, 32, 64]

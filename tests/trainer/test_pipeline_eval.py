@@ -14,11 +14,11 @@ import torch
 from tests.trainer.conftest import run_trainer, write_prompts
 from tests.trainer.test_pipeline_training import write_untrained_drafter
 from trainer.__main__ import main as trainer_main
-from trainer.batchdecode import RoundInput, chain_proposer, decode_batch, greedy_proposer
-from trainer.checkpoint import load_drafter
-from trainer.evalreport import rounding_epsilon, rounding_tolerance
-from trainer.speculative import LayerTaps, greedy_decode
-from trainer.tree import DraftTree
+from trainer.decoding.batched import RoundInput, chain_proposer, decode_batch, greedy_proposer
+from trainer.decoding.draft_tree import DraftTree
+from trainer.decoding.eval_report import rounding_epsilon, rounding_tolerance
+from trainer.decoding.speculative import LayerTaps, greedy_decode
+from trainer.model.drafter_files import load_drafter
 
 BLOCK = 8
 
@@ -27,8 +27,8 @@ BLOCK = 8
 def tiny(tiny_target, tmp_path_factory):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trainer.evaluation import _tokenize
-    from trainer.generate import read_prompts
+    from trainer.data.generate import read_prompts
+    from trainer.decoding.evaluation import _tokenize
 
     root = tmp_path_factory.mktemp("eval")
     model = AutoModelForCausalLM.from_pretrained(str(tiny_target)).eval()
@@ -148,7 +148,7 @@ def test_eval_prints_a_table_of_every_run(tiny, capsys):
 def _plant_verify_flips(monkeypatch, *, near_ties: bool) -> None:
     """The target as loaded for eval, its verify passes (a block of BLOCK tokens) rounding the root's two best
     logits the other way: only at near-ties (what bf16 does), or only where the margin is clear (a real bug)."""
-    import trainer.evaluation as evaluation
+    import trainer.decoding.evaluation as evaluation
 
     load = evaluation.load_target_for_generation
 
@@ -195,8 +195,8 @@ def test_bf16_near_ties_are_notes_and_clear_divergences_fail(tiny, monkeypatch, 
 
 
 def test_a_hybrid_target_decodes_in_batches_and_refuses_trees(tiny, tmp_path, capsys):
-    from trainer.evaluation import evaluate
-    from trainer.tiny import write_tiny_target
+    from trainer.decoding.evaluation import evaluate
+    from trainer.model.tiny_target import write_tiny_target
 
     target = write_tiny_target(tmp_path / "hybrid", family="qwen3.5", composite=True)
     drafter = write_untrained_drafter(target, tmp_path / "drafter", layers=1, block_size=4)

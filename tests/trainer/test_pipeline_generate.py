@@ -1,5 +1,5 @@
 """`python -m trainer generate` as a real process: the local path and `--server` against real servers on
-loopback (the tiny target behind trainer/chatserve.py, and a stand-in that answers 429, 500 and drops
+loopback (the tiny target behind trainer/data/chat_server.py, and a stand-in that answers 429, 500 and drops
 connections), resume after SIGKILL with a torn last line, the failed file and the exit codes."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.trainer.conftest import REPO_ROOT, run_trainer, trainer_env, write_prompts
-from trainer.chatserve import send_json
+from trainer.data.chat_server import send_json
 
 TOKENS = "12"
 
@@ -47,7 +47,7 @@ def local_answers(tiny_target, prompts, tmp_path_factory) -> Path:
 
 @pytest.fixture()
 def chat_server(tiny_target):
-    from trainer.chatserve import ChatServer
+    from trainer.data.chat_server import ChatServer
 
     server = ChatServer(tiny_target, name="tiny")
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -254,7 +254,7 @@ def test_a_request_timeout_that_is_no_duration_is_one_usage_line(value, tmp_path
 def test_prepare_reads_the_output_as_it_is(local_answers, tiny_target, tmp_path):
     import datasets
 
-    from trainer.prepare import prepare
+    from trainer.data.prepare import prepare
 
     lines = local_answers.read_text().splitlines(keepends=True)
     in_order = tmp_path / "in_order.jsonl"
@@ -283,7 +283,7 @@ def test_the_benchmark_prints_both_paths_rates():
 
 
 def test_resume_appends_only_to_its_own_records(tmp_path):
-    from trainer.answers import resume_output
+    from trainer.data.answer_files import resume_output
     from trainer.errors import TrainerError
 
     ours = tmp_path / "ours.jsonl"

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bench.synthetic import write_random_dataset, write_random_target
 from tests.trainer.conftest import run_trainer, write_config
 from tests.trainer.test_pipeline_training import step_records
-from trainer.synthetic import write_random_dataset, write_random_target
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu,

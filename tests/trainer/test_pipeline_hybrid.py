@@ -13,9 +13,9 @@ from tests.trainer.test_pipeline_training import step_records
 
 
 def _self_generated(root: Path, *, composite: bool, prompts: int, device: str = "cpu") -> dict[str, Path]:
-    from trainer.prepare import prepare
-    from trainer.generate import generate
-    from trainer.tiny import write_tiny_target
+    from trainer.data.generate import generate
+    from trainer.data.prepare import prepare
+    from trainer.model.tiny_target import write_tiny_target
 
     target = write_tiny_target(root / "target", family="qwen3.5", composite=composite)
     prompt_file = write_prompts(root / "prompts.jsonl", prompts, seed=1)

@@ -1,7 +1,8 @@
 """Hybrid targets (Gated DeltaNet + full attention, dense and MoE) decode many prompts at once: every verify pass
 feeds each row its whole chain, and the linear-attention states are rewound row by row to what each row accepted
-(trainer/linearstate.py). An oracle proposer that knows greedy's answer drafts k right tokens then wrong ones, k
-drawn per row and round, so rows keep different lengths in one round; the batched output must still be exactly
+(trainer/decoding/linear_state_rollback.py). An oracle proposer that knows greedy's answer drafts k right tokens
+then wrong ones, k drawn per row and round,
+so rows keep different lengths in one round; the batched output must still be exactly
 greedy's, one prompt at a time, and each round must keep k + 1 tokens. Beneath the tokens, a rewound row's states
 must equal those of the row fed only its accepted tokens: on the CPU (transformers' torch path) and on a GPU
 (flash-linear-attention's kernels where installed, which take float32 as TF32)."""
@@ -14,9 +15,9 @@ import torch
 
 from tests.trainer.conftest import write_prompts
 from tests.trainer.test_pipeline_training import write_untrained_drafter
-from trainer.batchdecode import RoundInput, chain_proposer, decode_batch, greedy_proposer
-from trainer.speculative import LayerTaps, greedy_decode
-from trainer.tree import chain
+from trainer.decoding.batched import RoundInput, chain_proposer, decode_batch, greedy_proposer
+from trainer.decoding.draft_tree import chain
+from trainer.decoding.speculative import LayerTaps, greedy_decode
 
 BLOCK = 6
 NEW_TOKENS = 24
@@ -24,10 +25,10 @@ NEW_TOKENS = 24
 
 @pytest.fixture(scope="module", params=["qwen3.5", "qwen3.5-moe"])
 def hybrid(request, tmp_path_factory):
-    from trainer.checkpoint import load_drafter
-    from trainer.evaluation import _tokenize
-    from trainer.generate import load_target_for_generation, read_prompts
-    from trainer.tiny import write_tiny_target
+    from trainer.data.generate import load_target_for_generation, read_prompts
+    from trainer.decoding.evaluation import _tokenize
+    from trainer.model.drafter_files import load_drafter
+    from trainer.model.tiny_target import write_tiny_target
 
     root = tmp_path_factory.mktemp("hybrid-batch")
     target = write_tiny_target(root / "target", family=request.param)
@@ -121,9 +122,9 @@ GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU
 def test_a_rewound_row_has_the_states_of_feeding_only_its_accepted_tokens(family, device, tmp_path):
     from transformers import DynamicCache
 
-    from trainer.generate import load_target_for_generation
-    from trainer.linearstate import LinearStates
-    from trainer.tiny import write_tiny_target
+    from trainer.data.generate import load_target_for_generation
+    from trainer.decoding.linear_state_rollback import LinearStates
+    from trainer.model.tiny_target import write_tiny_target
 
     model, _ = load_target_for_generation(write_tiny_target(tmp_path / "t", family=family), torch.device(device),
                                           "float32")

@@ -92,7 +92,7 @@ def test_simulated_shards_keep_rank_0s_share_and_update_only_it(base_config, tin
     import torch
 
     from tests.trainer.test_pipeline_training import write_untrained_drafter
-    from trainer.memplan import zero_partition
+    from trainer.spec.memory_plan import zero_partition
 
     config = {**base_config, "max_steps": 2, "simulate_shards": 3}
     result = run_trainer("train", "--config", write_config(tmp_path / "sim.yaml", **config))
@@ -111,7 +111,7 @@ def parameter_order(drafter_dir: Path) -> list[str]:
     """The drafter's parameter names in parameters() order (the order the optimizer and ZeRO see)."""
     import torch
 
-    from trainer.checkpoint import load_drafter
+    from trainer.model.drafter_files import load_drafter
 
     config = json.loads((drafter_dir / "config.json").read_text())
     embed = torch.nn.Embedding(config["vocab_size"], config["hidden_size"])
@@ -132,7 +132,7 @@ def test_simulated_shards_are_refused_under_torchrun(base_config, tmp_path):
 
 @pytest.mark.parametrize("value", ["auto", True, False])
 def test_shard_optimizer_accepts_auto_true_false(value):
-    from trainer.memplan import sharding_ways
+    from trainer.spec.memory_plan import sharding_ways
 
     ways = {w: sharding_ways(value, w) for w in (1, 4)}
     assert ways == {"auto": {1: 1, 4: 4}, True: {1: 1, 4: 4}, False: {1: 1, 4: 1}}[value]

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from tests.trainer.test_pipeline_training import write_untrained_drafter
-from trainer.checkpoint import load_drafter
-from trainer.speculative import LayerTaps, greedy_decode, speculative_decode
+from trainer.decoding.speculative import LayerTaps, greedy_decode, speculative_decode
+from trainer.model.drafter_files import load_drafter
 
 
 @pytest.fixture(scope="module")

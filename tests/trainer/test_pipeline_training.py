@@ -24,9 +24,9 @@ def write_untrained_drafter(target: Path, out_dir: Path, *, layers: int, block_s
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trainer.checkpoint import save_drafter
-    from trainer.drafter import DFlashDrafter, DrafterConfig
-    from trainer.target import default_target_layer_ids
+    from trainer.model.drafter import DFlashDrafter, DrafterConfig
+    from trainer.model.drafter_files import save_drafter
+    from trainer.spec.taps import default_target_layer_ids
 
     model = AutoModelForCausalLM.from_pretrained(str(target))
     tokenizer = AutoTokenizer.from_pretrained(str(target))
@@ -123,7 +123,7 @@ def test_resume_after_sigkill_repeats_the_uninterrupted_losses(base_config, tmp_
 
 
 def test_complete_checkpoints_ignore_partial_writes(tmp_path):
-    from trainer.checkpoint import CHECKPOINT_FILES, complete_checkpoints
+    from trainer.training.checkpoints import CHECKPOINT_FILES, complete_checkpoints
 
     for name, files in (("step_5", CHECKPOINT_FILES), ("step_9", CHECKPOINT_FILES[:-1]),
                         (".tmp-step_12-123", CHECKPOINT_FILES), ("step_x", CHECKPOINT_FILES)):

@@ -13,12 +13,12 @@ from trainer.__main__ import main
 @pytest.fixture()
 def no_model_loads(monkeypatch):
     """Any attempt to load the target fails the test: validation must come first."""
-    import trainer.target
+    import trainer.model.target
 
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the input was validated")
 
-    monkeypatch.setattr(trainer.target.TargetModel, "load", classmethod(refuse))
+    monkeypatch.setattr(trainer.model.target.TargetModel, "load", classmethod(refuse))
     monkeypatch.setattr("transformers.AutoModelForCausalLM.from_pretrained", refuse)
 
 

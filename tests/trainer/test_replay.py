@@ -5,17 +5,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer.replay import ReplayTally, anchor_streaks, replay_batch, replay_rounds, supervised_spans
-from trainer.speculative import LayerTaps, greedy_decode, speculative_decode
+from trainer.decoding.speculative import LayerTaps, greedy_decode, speculative_decode
+from trainer.training.tau_replay import ReplayTally, anchor_streaks, replay_batch, replay_rounds, supervised_spans
 
 
 @pytest.fixture(scope="module")
 def self_text_and_drafter(tiny_target):
     """The tiny target's greedy answers to three prompts, and a drafter trained a little on them: good enough
     to accept long runs in some rounds and nothing in others, which is what the replay must get right."""
-    from trainer.drafter import DFlashDrafter, DrafterConfig
-    from trainer.objective import dflash_step
-    from trainer.target import TargetModel
+    from trainer.model.drafter import DFlashDrafter, DrafterConfig
+    from trainer.model.target import TargetModel
+    from trainer.training.objective import dflash_step
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(str(tiny_target), dtype=torch.float32,

@@ -1,0 +1,1 @@
+"""Speculative decoding (chains, trees, batches, linear-state rollback) and its evaluation."""

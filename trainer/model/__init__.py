@@ -1,0 +1,1 @@
+"""The drafter, the frozen target and what runs them: layers, masks, kernels, packing, files on disk."""

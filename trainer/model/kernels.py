@@ -1,0 +1,135 @@
+"""Fused kernels for the elementwise work of the drafter and of the frozen target, from liger-kernel where it runs
+(a CUDA device and Triton), each model's own torch code everywhere else.
+
+The drafter (trainer/model/modeling_dflash.py) and the target's HF modules stay as they are, so the drafter can be
+shipped and read as it is and the target can be run plain; `install` swaps the forward of their RMSNorm and
+SwiGLU MLP modules in place for liger's fused Triton kernels (RMSNorm in one pass, SiLU(gate) * up in one pass),
+each computing in fp32 and returning the input's dtype as the torch code does. On a hybrid target the Gated
+DeltaNet's gated RMSNorm goes to flash-linear-attention's fused kernel when fla is installed.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import types
+from typing import TYPE_CHECKING, Literal
+
+from trainer.errors import TrainerError
+
+if TYPE_CHECKING:   # torch is imported where a module is swapped: `train --plan` resolves kernels without it
+    import torch
+    from torch import nn
+
+KernelChoice = Literal["auto", "torch", "liger"]
+
+# RMSNorm classes liger can stand in for, by how they round: (offset added to the weight, liger's casting mode).
+# "llama": normalise in fp32, round to the input's dtype, then scale; "gemma": all in fp32, round once at the end
+# (Qwen3.5's norms also scale by 1 + weight). A class not named here keeps its own forward.
+NORM_STYLES = {
+    "RMSNorm": (0.0, "llama"),   # the drafter's (trainer/model/modeling_dflash.py)
+    **{name: (0.0, "llama") for name in ("Qwen3RMSNorm", "Qwen3MoeRMSNorm", "Qwen2RMSNorm", "LlamaRMSNorm",
+                                         "MistralRMSNorm")},
+    **{name: (1.0, "gemma") for name in ("Qwen3_5RMSNorm", "Qwen3_5MoeRMSNorm")},
+}
+GATED_NORMS = ("Qwen3_5RMSNormGated", "Qwen3_5MoeRMSNormGated")   # norm(x) * weight * silu(gate), fp32 inside
+
+
+def importable(name: str) -> bool:
+    """Whether `import name` would find the module (a module blocked or half-imported counts as absent)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def liger_version() -> str | None:
+    """The installed liger-kernel's version, None when it is absent or cannot be imported."""
+    if not (importable("liger_kernel") and importable("triton")):
+        return None
+    try:
+        return importlib.metadata.version("liger-kernel")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def resolve(choice: KernelChoice, device: torch.device) -> str:
+    """"liger" or "torch" for a run on `device`: auto takes liger where it can run; an explicit liger that cannot
+    is refused in one line before anything loads."""
+    usable = device.type == "cuda" and liger_version() is not None
+    if choice == "liger" and not usable:
+        reason = "it is not installed (pip install 'dflashctl[fast]')" if liger_version() is None else \
+            f"its Triton kernels need a CUDA device, not {device.type}"
+        raise TrainerError(f"kernels: liger was asked for, but {reason}; use kernels: auto or torch")
+    if choice == "torch":
+        return "torch"
+    return "liger" if usable else "torch"
+
+
+def on_a_gpu(choice: KernelChoice) -> str:
+    """What `resolve` would answer on a CUDA machine with this machine's packages (for `train --plan`, which
+    may run where no GPU is): auto takes liger when liger-kernel is installed, an explicit choice stands."""
+    if choice == "auto":
+        return "liger" if liger_version() is not None else "torch"
+    return choice
+
+
+def _liger_rms_norm(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+
+    offset, casting = NORM_STYLES[type(module).__name__]
+    eps = getattr(module, "variance_epsilon", None) or module.eps
+    # under autocast the drafter's master weight is fp32 and x bf16: the kernel normalises in fp32 and writes x's
+    # dtype
+    return LigerRMSNormFunction.apply(x, module.weight, eps, offset, casting, False)
+
+
+def _liger_mlp(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    from liger_kernel.ops.swiglu import LigerSiLUMulFunction
+
+    return module.down_proj(LigerSiLUMulFunction.apply(module.gate_proj(x), module.up_proj(x)))
+
+
+def _fla_gated_norm(module: nn.Module, hidden_states: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    from fla.modules.fused_norm_gate import rms_norm_gated
+
+    return rms_norm_gated(hidden_states, gate, module.weight, None, activation="swish",
+                          eps=module.variance_epsilon)
+
+
+def _is_swiglu(module: nn.Module, silu: bool) -> bool:
+    """An MLP of gate, up and down projections whose activation is SiLU (`silu`: the model's config says so)."""
+    from torch import nn
+
+    return silu and all(isinstance(getattr(module, name, None), nn.Linear)
+                        for name in ("gate_proj", "up_proj", "down_proj"))
+
+
+OURS = (_liger_rms_norm, _liger_mlp, _fla_gated_norm)   # the forwards `install` binds (and "torch" takes back)
+
+
+def install(model: nn.Module, kernels: str, *, what: str = "drafter", silu: bool = True) -> str:
+    """Bind the chosen kernels to `model`'s RMSNorm and SwiGLU modules (and gated norms, with fla); "torch" puts
+    the modules' own forward back. Returns what the start-up line says of them, e.g. `drafter RMSNorm and
+    SwiGLU: liger-kernel 0.8.5`. `silu`: the MLPs' activation is SiLU (a target's config.hidden_act)."""
+    fla, gated = importable("fla"), False
+    for module in model.modules():
+        name = type(module).__name__
+        if kernels == "torch":
+            if getattr(module.__dict__.get("forward"), "__func__", None) in OURS:   # only what install put there
+                del module.forward
+        elif name in NORM_STYLES:
+            module.forward = types.MethodType(_liger_rms_norm, module)
+        elif _is_swiglu(module, silu):
+            module.forward = types.MethodType(_liger_mlp, module)
+        elif name in GATED_NORMS and fla:
+            module.forward = types.MethodType(_fla_gated_norm, module)
+            gated = True
+    if kernels == "torch":
+        return f"{what} RMSNorm and SwiGLU: torch"
+    return f"{what} RMSNorm and SwiGLU: liger-kernel {liger_version()}" + (" (gated RMSNorm: fla)" if gated else "")
+
+
+def install_target(hf_model: nn.Module, kernels: str) -> str:
+    """`install` for the frozen target's decoder (its own HF modules; a SiLU MLP only where its config says)."""
+    silu = getattr(hf_model.config, "hidden_act", None) in ("silu", "swish")
+    return install(hf_model, kernels, what="target", silu=silu)

@@ -1,0 +1,1 @@
+"""The training run's parts: objective, optimizer, ranks, metrics, start-up, tau, checkpoints."""

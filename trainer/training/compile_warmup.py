@@ -1,0 +1,59 @@
+"""flex_attention compiled up front on small synthetic batches, so that the first real step (and every later shape)
+reuses those kernels instead of looking hung for minutes; each layer type's compile is a start-up stage line.
+"""
+from __future__ import annotations
+
+import time
+
+from trainer.training.startup import stage_line
+
+
+def _synthetic_batch(config, batch: int, context_len: int, blocks: int, *, device, dtype, seed: int):
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    features = torch.randn(batch, context_len, len(config.target_layer_ids) * config.hidden_size,
+                           generator=generator).to(device=device, dtype=dtype)
+    anchors = torch.stack([torch.randperm(context_len - 1, generator=generator)[:blocks].sort().values
+                           for _ in range(batch)]).to(device)
+    tokens = torch.randint(0, config.vocab_size, (batch, blocks), generator=generator).to(device)
+    return features, tokens, anchors
+
+
+# (batch, context, blocks): distinct sizes, none 0 or 1 (Dynamo specialises those and unifies equal ones); a
+# second shape that differs in every size shows the first compile serves it (else it compiles dynamic here)
+WARM_UP_SHAPES = ((2, 300, 24), (3, 430, 37))
+SINGLE_SEQUENCE_SHAPE = (1, 520, 45)
+
+
+def compile_attention(drafter, *, feature_dtype, autocast, say, single_sequence_batches: bool = False) -> int:
+    """Run each drafter layer type forward and backward on small synthetic batches, so flex_attention is
+    compiled before the first real step and the run says so; returns how many layer types were compiled.
+    `single_sequence_batches`: the data has batches of one sequence, a shape the compiler treats apart.
+
+    Runs on the drafter itself, not its DDP wrapper (no gradient sync), under the training autocast (Dynamo
+    guards on it), and leaves no gradient behind."""
+    import torch
+
+    config = drafter.config
+    device = drafter.fc.weight.device
+    layer_types = config.resolved_layer_types
+    first_of_type = {t: layer_types.index(t) for t in sorted(set(layer_types))}
+    shapes = WARM_UP_SHAPES + ((SINGLE_SEQUENCE_SHAPE,) if single_sequence_batches else ())
+    for k, (layer_type, index) in enumerate(first_of_type.items(), 1):
+        say(stage_line(f"compiling {k}/{len(first_of_type)} (flex_attention, {layer_type} layers)"))
+        seconds = []
+        for seed, shape in enumerate(shapes):
+            began = time.perf_counter()
+            features, tokens, anchors = _synthetic_batch(config, *shape, device=device, dtype=feature_dtype,
+                                                         seed=seed)
+            with autocast:
+                hidden = drafter(features, tokens, anchors, layers=[index])
+            hidden.float().square().mean().backward()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            seconds.append(time.perf_counter() - began)
+        say(f"  compiled {k}/{len(first_of_type)} in {seconds[0]:.1f}s; other shapes "
+            + ", ".join(f"{s:.1f}s" for s in seconds[1:]))
+    drafter.zero_grad(set_to_none=True)
+    return len(first_of_type)

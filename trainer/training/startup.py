@@ -1,0 +1,40 @@
+"""What happens between `trainer train` and its first step: stage lines with the seconds since the process
+started, and the environment set before torch loads (persistent compile caches, the CUDA allocator's segments).
+flex_attention's kernels compiled up front: trainer/training/compile_warmup.py.
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from trainer import logformat
+
+_PROCESS_STARTED = time.monotonic()  # close enough to the process start: this module loads with the trainer
+
+
+def seconds_since_start() -> float:
+    return time.monotonic() - _PROCESS_STARTED
+
+
+def stage_line(stage: str) -> str:
+    return logformat.format_startup_line(seconds_since_start(), stage)
+
+
+def default_compile_caches(environ: dict | None = None) -> dict[str, str]:
+    """Point Inductor's and Triton's caches at a directory that survives the process and a container restart
+    (their defaults live under /tmp), unless the caller chose one; a second run of the same shapes starts warm.
+    `dflashctl launch` sets both under the target's workdir; by hand they default to ~/.cache/dflash."""
+    env = os.environ if environ is None else environ
+    base = Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dflash"
+    env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(base / "inductor"))
+    env.setdefault("TRITON_CACHE_DIR", str(base / "triton"))
+    return {key: env[key] for key in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
+
+
+def default_cuda_allocator(environ: dict | None = None) -> str:
+    """Expandable segments for PyTorch's CUDA allocator unless the caller configured it: the same step at 27B and
+    49,152 tokens on an H200 then reserves 122.0 GiB instead of 138.7 (120.2 allocated either way, speed within
+    0.5 %), room a rank's NCCL buffers need. Takes effect only before the first CUDA allocation."""
+    env = os.environ if environ is None else environ
+    return env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")

@@ -1,0 +1,144 @@
+"""τ predicted from training text: speculative-decoding rounds replayed teacher-forced on a batch's own targets.
+
+`streak` (objective.py) is the mean accepted prefix over uniformly drawn anchors. Decoding does not draw its
+anchors: each round starts where the last one ended, so easy stretches are crossed in a few long rounds and
+hard ones in many one-token rounds, and τ sits well below streak + 1. The replay walks the rounds as decoding
+would on the same text: the first anchor is the answer's first (supervised) token, a round at anchor a accepts
+the drafter's correct prefix (streak(a) tokens) plus the target's own next token (the bonus), and the next
+round starts at a + streak(a) + 1. On a text that is the target's own greedy output, this is exactly the τ of
+real speculative decoding (tests/trainer/test_replay.py); on other text it is the prediction.
+
+The drafter's streak is computed at every anchor of the replayed sequences in a few no-grad forwards over the
+features the step already has (no extra target forward), the rounds are then walked on the host. The same
+per-anchor streaks give the acceptance histogram: the share of anchors whose block accepts 0, 1, ..., B-1
+drafted tokens.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from trainer.training.objective import accepted_streak, block_labels
+
+# rows of [block slots x vocabulary] logits one argmax chunk may hold (fp32: 256 MiB)
+LOGITS_PER_CHUNK = 2 ** 26
+
+
+@dataclass
+class ReplayTally:
+    """Sums over replayed text, so that batches and ranks add up: tokens the rounds kept, rounds, and per
+    anchor how many drafted tokens its block accepted (hist[k]: anchors accepting k, k = 0..B-1)."""
+
+    accepted: int = 0
+    rounds: int = 0
+    hist: list[int] = field(default_factory=list)
+
+    @property
+    def tau(self) -> float | None:
+        """Tokens kept per round (drafted prefix + bonus, cut at the answer's end); None without rounds."""
+        return self.accepted / self.rounds if self.rounds else None
+
+    def shares(self) -> list[float]:
+        """The histogram as shares of all anchors."""
+        total = sum(self.hist)
+        return [round(count / total, 4) for count in self.hist] if total else []
+
+    def add(self, other: "ReplayTally") -> "ReplayTally":
+        width = max(len(self.hist), len(other.hist))
+        hist = [a + b for a, b in zip(self.hist + [0] * (width - len(self.hist)),
+                                      other.hist + [0] * (width - len(other.hist)))]
+        return ReplayTally(self.accepted + other.accepted, self.rounds + other.rounds, hist)
+
+    def as_tensor(self, block_size: int, device) -> torch.Tensor:
+        hist = self.hist + [0] * (block_size - len(self.hist))
+        return torch.tensor([self.accepted, self.rounds, *hist], dtype=torch.float64, device=device)
+
+    @classmethod
+    def from_tensor(cls, tensor: torch.Tensor) -> "ReplayTally":
+        values = [int(round(v)) for v in tensor.tolist()]
+        return cls(values[0], values[1], values[2:])
+
+
+def supervised_spans(loss_mask: list[int]) -> list[tuple[int, int]]:
+    """[start, end) of every maximal run of supervised positions: each answer of a chat."""
+    spans, start = [], None
+    for position, supervised in enumerate([*loss_mask, 0]):
+        if supervised and start is None:
+            start = position
+        elif not supervised and start is not None:
+            spans.append((start, position))
+            start = None
+    return spans
+
+
+def replay_rounds(streaks: list[int], spans: list[tuple[int, int]]) -> list[int]:
+    """Tokens each round keeps, answer by answer. streaks[a]: drafted tokens the block at anchor a gets right
+    (its labels stop at the answer's end, so streak <= end - 1 - a). The answer's first token is the prefill's,
+    as in decoding: rounds cover the rest; a round's bonus token past the answer's end is not kept."""
+    kept = []
+    for start, end in spans:
+        anchor = start
+        while anchor < end - 1:
+            streak = streaks[anchor]
+            kept.append(min(streak + 1, end - 1 - anchor))
+            anchor += streak + 1
+    return kept
+
+
+def anchor_streaks(drafter, features: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor, *,
+                   width: int) -> torch.Tensor:
+    """[n, S] int: the accepted streak of the drafter's block at every anchor (a supervised position followed by
+    one), -1 elsewhere. Anchors go `width` per sequence per forward, the last group padded, so the shapes of
+    the forwards repeat; logits are reduced to argmaxes chunk by chunk."""
+    block_size = drafter.config.block_size
+    n, seq_len = input_ids.shape
+    valid = torch.zeros_like(loss_mask, dtype=torch.bool)
+    valid[:, :-1] = loss_mask[:, :-1].bool() & loss_mask[:, 1:].bool()
+    counts = valid.sum(dim=1)
+    most = int(counts.max()) if n else 0
+    streaks = torch.full((n, seq_len), -1, dtype=torch.long, device=input_ids.device)
+    if most == 0:
+        return streaks
+    # every sequence's anchor positions, in order, padded with -1 to the longest list
+    order = torch.where(valid, torch.arange(seq_len, device=valid.device), seq_len).sort(dim=1).values
+    positions = order[:, :most].masked_fill(order[:, :most] == seq_len, -1)
+    lm_head = drafter.lm_head
+    for first in range(0, most, width):
+        anchors = torch.full((n, width), -1, dtype=torch.long, device=input_ids.device)
+        group = positions[:, first:first + width]
+        anchors[:, :group.shape[1]] = group
+        hidden = drafter(features, input_ids.gather(1, anchors.clamp(min=0)), anchors)[:, :, 1:]
+        labels = block_labels(input_ids, loss_mask, anchors, block_size)
+        guesses = _argmax_chunks(hidden.reshape(-1, hidden.shape[-1]), lm_head.weight).view(labels.shape)
+        found = accepted_streak(guesses == labels, labels)
+        real = anchors >= 0
+        rows = torch.arange(n, device=anchors.device)[:, None].expand_as(anchors)
+        streaks[rows[real], anchors[real]] = found[real].long()
+    return streaks
+
+
+def _argmax_chunks(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    rows = max(1, LOGITS_PER_CHUNK // weight.shape[0])
+    return torch.cat([(hidden[i:i + rows].to(weight.dtype) @ weight.t()).argmax(dim=-1)
+                      for i in range(0, hidden.shape[0], rows)])
+
+
+@torch.no_grad()
+def replay_batch(drafter, features: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor, *,
+                 max_sequences: int, width: int) -> ReplayTally:
+    """The replayed rounds and the acceptance histogram of the batch's first `max_sequences` sequences."""
+    from trainer.model.drafter import unwrap
+
+    inner = unwrap(drafter)
+    count = min(max_sequences, input_ids.shape[0])
+    if count <= 0:
+        return ReplayTally(hist=[0] * inner.config.block_size)
+    ids, mask = input_ids[:count], loss_mask[:count]
+    streaks = anchor_streaks(inner, features[:count], ids, mask, width=max(1, width))
+    hist = torch.bincount(streaks[streaks >= 0].flatten(), minlength=inner.config.block_size)
+    tally = ReplayTally(hist=hist.tolist()[:inner.config.block_size])
+    for row_streaks, row_mask in zip(streaks.tolist(), mask.tolist()):
+        kept = replay_rounds(row_streaks, supervised_spans(row_mask))
+        tally = tally.add(ReplayTally(sum(kept), len(kept)))
+    return tally
