@@ -236,7 +236,7 @@ def test_requests_that_hang_are_asked_again_after_the_request_timeout(tmp_path):
 
 
 def test_the_default_request_timeout_leaves_room_for_the_longest_answer_asked_for():
-    from trainer.chatclient import default_request_timeout
+    from trainer.data.chat_client import default_request_timeout
 
     assert default_request_timeout(512) == 120.0  # an answer the engine sends whole, once all of it is decoded
     assert default_request_timeout(4096) == pytest.approx(409.6)  # README's regeneration: 4096 tokens at 10 tok/s
