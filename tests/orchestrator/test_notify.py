@@ -23,7 +23,7 @@ from orchestrator.notify.pump import FLUSH_S, NOTIFY_FAILED, AlertPump
 from orchestrator.notify.sender import Sender
 from orchestrator.watch.model import AlertFeed, AlertView, RunStatus
 from orchestrator.watch.source import LiveSource
-from tests.lab.workloads import run_cli, stop_keeper
+from tests.lab.workloads import quick_inventory, run_cli, stop_keeper
 from tests.orchestrator.notify_sink import NotifySink
 from tests.polling import wait_for
 
@@ -225,18 +225,36 @@ DOOMED = "import os, sys, time\nwhile not os.path.exists(sys.argv[1]): time.slee
 
 
 def test_a_hung_service_delays_no_other_and_a_stop_says_what_it_could_not_send(tmp_path: Path, capsys) -> None:
-    """Two webhooks, one that takes the connection and never answers (its read timeout, 30 s, outlasts the test)
-    and a healthy one; six runs on `local` fail at once. The healthy one gets each failure within 1 s of the
-    watcher's alert; SIGTERM then ends the watcher within the stop's flush, exit 1, with the six notifications
-    the hung one never got counted on stderr and in an `unsent` JSON line."""
+    """Six runs on `local` fail at once beside a webhook that never answers: see `burst_beside_a_hung_webhook`."""
     inv = tmp_path / "inventory.yaml"
     inv.write_text(f"hosts:\n  local:\n    transport: local\n    workdir: {json.dumps(str(tmp_path / 'work'))}\n"
                    f"    python: {json.dumps(sys.executable)}\n")
-    go = tmp_path / "go"
+    try:
+        burst_beside_a_hung_webhook(inv, "local", go=tmp_path / "go", go_seen_by_runs=str(tmp_path / "go"),
+                                    capsys=capsys)
+    finally:
+        stop_keeper(tmp_path / "work" / ".dflash" / "runs")
+
+
+@pytest.mark.lab
+def test_a_hung_service_delays_no_other_on_a_lab_container(lab, tmp_path: Path, capsys) -> None:
+    """The same burst from six runs in a lab container, watched over SSH and pct exec."""
+    inv = tmp_path / "inventory.yaml"
+    quick_inventory(lab, inv)
+    name = f"go-{os.getpid()}-{time.monotonic_ns()}"
+    burst_beside_a_hung_webhook(inv, "pve1/200", go=lab.hosts["pve1"].containers[200].workspace / name,
+                                go_seen_by_runs=f"/workspace/{name}", capsys=capsys)
+
+
+def burst_beside_a_hung_webhook(inv: Path, target: str, *, go: Path, go_seen_by_runs: str, capsys) -> None:
+    """Two webhooks, one that takes the connection and never answers (its read timeout, 30 s, outlasts the test)
+    and a healthy one; six runs on `target` fail at once when `go` appears. The healthy one gets each failure
+    within 1 s of the watcher's alert; SIGTERM then ends the watcher within the stop's flush, exit 1, with the six
+    notifications the hung one never got counted on stderr and in an `unsent` JSON line."""
     printed: list[tuple[float, dict]] = []
     with NotifySink() as hung, NotifySink() as healthy:
         hung.hang.set()
-        watcher = subprocess.Popen([sys.executable, "-m", "orchestrator", "-i", str(inv), "watch", "local",
+        watcher = subprocess.Popen([sys.executable, "-m", "orchestrator", "-i", str(inv), "watch", target,
                                     "--headless", "--notify", hung.url("hung") + "?rto=30", "--notify",
                                     healthy.url("healthy")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                    text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -247,8 +265,8 @@ def test_a_hung_service_delays_no_other_and_a_stop_says_what_it_could_not_send(t
             assert wait_for(lambda: any(line["type"] == "host" for _, line in printed), 60), printed
             runs = []
             for i in range(6):
-                code, record, err = run_cli(str(inv), "launch", "local", "--name", f"doomed{i}", "--json", "--",
-                                            sys.executable, "-c", DOOMED, str(go), capsys=capsys)
+                code, record, err = run_cli(str(inv), "launch", target, "--name", f"doomed{i}", "--json", "--",
+                                            sys.executable, "-c", DOOMED, go_seen_by_runs, capsys=capsys)
                 assert code == 0, err
                 runs.append(record["run_id"])
             go.touch()
@@ -270,7 +288,6 @@ def test_a_hung_service_delays_no_other_and_a_stop_says_what_it_could_not_send(t
         finally:
             if watcher.poll() is None:
                 watcher.kill()
-            stop_keeper(tmp_path / "work" / ".dflash" / "runs")
     assert took < FLUSH_S + 10  # the stop's flush and a loaded machine's slack, not the hung send's 30 s
     assert watcher.returncode == 1 and "Traceback" not in err, err
     shown = f"json://127.0.0.1:{hung.port}/hung"
