@@ -44,8 +44,9 @@ async def test_the_cleanup_dialog_never_offers_to_end_a_process_no_run_owns(inv,
                 await wait_until(pilot, lambda: table.row_count == 1, timeout=20, what="the run's row")
                 await select_run(pilot, run["run_id"])
                 await pilot.press("c")
-                await wait_until(pilot, lambda: isinstance(app.screen, CleanupConfirmScreen), timeout=30,
-                                 what="the cleanup plan")
+                # pushed is not yet composed: wait for the plan's text itself (a loaded CI machine asked too early)
+                await wait_until(pilot, lambda: isinstance(app.screen, CleanupConfirmScreen)
+                                 and bool(app.screen.query("#details-text")), timeout=30, what="the cleanup plan")
                 dialog = app.screen
                 plan = dialog.query_one("#details-text", Static).content.plain
                 assert [button.id for button in dialog.query(Button)] == ["no"], plan
