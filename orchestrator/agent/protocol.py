@@ -70,3 +70,13 @@ def gpu_query_args(fields: tuple = GPU_FIELDS) -> list:
 
 # -- terminal escape sequences: CSI, OSC (to BEL/ST, or cut by a line end), and two-byte escapes ---------------
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b\n\r]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]?")
+# Free space: below LOW_FREE_BYTES, or below LOW_FREE_FRACTION of the filesystem, a long run is about to lose its
+# log and checkpoints (doctor warns, watch raises low_disk, the CLI offers them as defaults).
+LOW_FREE_BYTES = 2 * 1024 ** 3
+LOW_FREE_FRACTION = 0.05
+
+
+def low_free(free: int, total: int, *, min_bytes: float = LOW_FREE_BYTES,
+             fraction: float = LOW_FREE_FRACTION) -> bool:
+    """Room for a long run's log and checkpoints is running out (the one test doctor and watch both apply)."""
+    return free < min_bytes or (total > 0 and free < fraction * total)

@@ -9,12 +9,12 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
+from ..agent.protocol import LOW_FREE_BYTES, LOW_FREE_FRACTION
 from ..display import format_bytes, format_rate
 from ..errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, UsageError
 from ..notify.destinations import Destination
 from ..notify.destinations import destinations as notify_destinations
 from ..notify.sender import Unsent, by_destination
-from ..runs.doctor.storage import LOW_FREE_BYTES, LOW_FREE_FRACTION
 from ..watch.alerts import AlertRules
 from ..watch.model import Snapshot
 from ..watch.source import LiveSource

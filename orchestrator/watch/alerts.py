@@ -15,7 +15,8 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ..agent.protocol import FAILED, GPU_HELD_MIB, KILLED, LOST, SUCCEEDED
+from ..agent.protocol import (FAILED, GPU_HELD_MIB, KILLED, LOST, LOW_FREE_BYTES, LOW_FREE_FRACTION, SUCCEEDED,
+                              low_free)
 from ..display import format_bytes, format_duration, format_rate
 from ..trainlog.parser import ExceptionEvent, PhaseEvent, StepEvent
 
@@ -302,9 +303,6 @@ class DiskHealth:
         self.low = False
 
     def observe(self, free_bytes: int, total_bytes: int, now: float) -> list[Alert]:
-        # here, not at the top: the doctor package imports the inventory, whose notify config imports this module
-        from ..runs.doctor.storage import LOW_FREE_BYTES, LOW_FREE_FRACTION, low_free
-
         self.free_bytes, self.total_bytes = free_bytes, total_bytes
         mark = LOW_FREE_BYTES if self.rules.min_free_bytes is None else self.rules.min_free_bytes
         fraction = LOW_FREE_FRACTION if self.rules.min_free_fraction is None else self.rules.min_free_fraction

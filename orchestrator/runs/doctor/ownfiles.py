@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from ...agent.protocol import low_free
 from ...inventory.model import Target
 from ...transports.base import Transport
 from ..deploy import agent_path_in, present
-from .storage import low_free
 
 
 class AgentReport(Protocol):

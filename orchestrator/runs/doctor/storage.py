@@ -1,6 +1,7 @@
 """The storage checks: /dev/shm big enough and not hoarding data, the workdir on a disk with room and inodes."""
 from __future__ import annotations
 
+from ...agent.protocol import low_free
 from ...display import format_bytes
 from .facts import GIB, Facts
 from .report import FAIL, GUIDE, OK, WARN, Row
@@ -10,16 +11,7 @@ NCCL_SHM_BYTES = GIB          # NCCL between the GPUs of one node keeps its buff
 MIN_SHM_BYTES = 64 * MIB      # Docker's famous default: too little for torch's shared tensors
 SHM_KEPT_BYTES = GIB          # this much in /dev/shm is probably a model or a dataset, lost on restart
 MIN_FREE_BYTES = GIB          # below this a checkpoint write fails
-LOW_FREE_BYTES = 2 * GIB      # below this (or LOW_FREE_FRACTION) a long run is about to lose its log: warn
-LOW_FREE_FRACTION = 0.05
 MIN_FREE_INODES = 10000
-
-
-def low_free(free: int, total: int, *, min_bytes: float = LOW_FREE_BYTES,
-             fraction: float = LOW_FREE_FRACTION) -> bool:
-    """Room for a long run's log and checkpoints is running out: under `min_bytes`, or under `fraction` of the
-    filesystem (the one test doctor's warning and watch's low_disk alert both apply)."""
-    return free < min_bytes or (total > 0 and free < fraction * total)
 
 
 def shm_fix(facts: Facts, size: str = "16G") -> str:
