@@ -80,11 +80,13 @@ class DashboardApp(App):
     @on(SnapshotUpdated)
     def _snapshot_updated(self, message: SnapshotUpdated) -> None:
         self.main_screen.show_snapshot(message.snapshot)
-        if isinstance(self.screen, LogScreen):
-            shown = self.screen.run.run_id
+        # The app may be closing: its screens went, and the source's worker had posted one more snapshot.
+        top = self.screen_stack[-1] if self.screen_stack else None
+        if isinstance(top, LogScreen):
+            shown = top.run.run_id
             run = next((run for run in message.snapshot.runs if run.run_id == shown), None)
             if run is not None:
-                self.screen.show_run(run)
+                top.show_run(run)
 
     @on(SourceFailed)
     def _source_failed(self, message: SourceFailed) -> None:

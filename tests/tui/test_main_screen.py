@@ -211,3 +211,16 @@ async def test_a_snapshot_posted_while_the_app_closes_is_dropped(app, source):
         snapshot = source.snapshot()
         screen.show_snapshot(snapshot)
         assert screen.snapshot is snapshot
+
+
+async def test_a_snapshot_handled_after_the_screens_went_is_dropped(app, source):
+    """The worker's last snapshot may be handled after the app popped its screens (CI saw ScreenStackError at the
+    end of a Pilot test): the main screen keeps it, and no screen is asked to show it."""
+    from tui.messages import SnapshotUpdated
+
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for_rows(pilot, 4)
+    assert not app.screen_stack
+    snapshot = source.snapshot()
+    app._snapshot_updated(SnapshotUpdated(snapshot))
+    assert app.main_screen.snapshot is snapshot
