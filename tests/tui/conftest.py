@@ -36,6 +36,19 @@ async def wait_until(pilot: Pilot, condition: Callable[[], object], *, timeout: 
         await pilot.pause(0.02)
 
 
+async def wait_for_screen(pilot: Pilot, screen_type: type, *, ready: str, timeout: float = TIMEOUT_S,
+                          what: str = "the screen"):
+    """The pushed screen once it is on top AND composed: a screen is on the stack before its widgets exist, so a
+    query right after `isinstance(app.screen, ...)` can find nothing on a loaded machine. `ready`: a selector
+    that matches once it is composed."""
+    def composed() -> bool:
+        screen = pilot.app.screen
+        return isinstance(screen, screen_type) and bool(screen.query(ready))
+
+    await wait_until(pilot, composed, timeout=timeout, what=what)
+    return pilot.app.screen
+
+
 async def wait_for_rows(pilot: Pilot, count: int) -> RunsTable:
     table = pilot.app.query_one(RunsTable)
     await wait_until(pilot, lambda: table.row_count == count, what=f"{count} rows")

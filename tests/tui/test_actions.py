@@ -12,7 +12,7 @@ from tui.screens.kill_confirm import KillConfirmScreen
 from tui.screens.main_screen import MainScreen
 
 from . import scenario
-from .conftest import cell, select_run, wait_for_rows, wait_until
+from .conftest import cell, select_run, wait_for_rows, wait_for_screen, wait_until
 from .fake_source import FakeSource
 
 pytestmark = pytest.mark.asyncio
@@ -22,8 +22,7 @@ async def open_kill_prompt(pilot, run_id: str) -> KillConfirmScreen:
     await wait_for_rows(pilot, 4)
     await select_run(pilot, run_id)
     await pilot.press("k")
-    await wait_until(pilot, lambda: isinstance(pilot.app.screen, KillConfirmScreen), what="the kill prompt")
-    return pilot.app.screen
+    return await wait_for_screen(pilot, KillConfirmScreen, ready="#question", what="the kill prompt")
 
 
 @pytest.mark.parametrize("confirm_key", ["y", "enter"])
@@ -88,7 +87,7 @@ async def test_cleanup_shows_the_dry_run_then_runs_it_on_confirm(app, source):
         await wait_for_rows(pilot, 4)
         await select_run(pilot, "r-0003")
         await pilot.press("c")
-        await wait_until(pilot, lambda: isinstance(app.screen, CleanupConfirmScreen), what="the cleanup plan")
+        await wait_for_screen(pilot, CleanupConfirmScreen, ready="#details-text", what="the cleanup plan")
         assert source.cleanup_calls == [("pve2/300", True)]
         plan = app.screen.query_one("#details-text", Static).content.plain
         assert "end_stuck_parent pid 4242" in plan and "2 zombie child(ren) it never reaps" in plan
@@ -103,7 +102,7 @@ async def test_cleanup_cancelled_after_the_dry_run_changes_nothing(app, source):
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for_rows(pilot, 4)
         await pilot.press("c")
-        await wait_until(pilot, lambda: isinstance(app.screen, CleanupConfirmScreen), what="the cleanup plan")
+        await wait_for_screen(pilot, CleanupConfirmScreen, ready="#details-text", what="the cleanup plan")
         await pilot.press("n")
         await wait_until(pilot, lambda: isinstance(app.screen, MainScreen), what="the prompt closed")
         await pilot.pause(0.2)
@@ -122,7 +121,7 @@ async def test_cleanup_with_nothing_planned_says_so_and_offers_no_confirm():
         await wait_for_rows(pilot, 4)
         await select_run(pilot, "r-0003")
         await pilot.press("c")
-        await wait_until(pilot, lambda: isinstance(app.screen, CleanupConfirmScreen), what="the cleanup plan")
+        await wait_for_screen(pilot, CleanupConfirmScreen, ready="#details-text", what="the cleanup plan")
         dialog = app.screen
         assert str(dialog.query_one("#question", Label).content) == "Nothing to clean on pve2/300."
         assert [button.id for button in dialog.query(Button)] == ["no"]

@@ -17,7 +17,7 @@ from tui.screens.kill_confirm import KillConfirmScreen
 from tui.widgets.host_status import HostStatus
 from tui.widgets.runs_table import RunsTable
 
-from .conftest import cell, select_run, wait_until
+from .conftest import cell, select_run, wait_for_screen, wait_until
 
 pytestmark = [pytest.mark.lab, pytest.mark.asyncio]
 
@@ -94,7 +94,7 @@ async def test_dashboard_on_two_lab_hosts(lab, inventory, runs) -> None:
             # k + confirm kills the run and its row turns killed
             await select_run(pilot, counter)
             await pilot.press("k")
-            await wait_until(pilot, lambda: isinstance(app.screen, KillConfirmScreen), what="kill prompt")
+            await wait_for_screen(pilot, KillConfirmScreen, ready="#question", what="kill prompt")
             assert str(app.screen.query_one("#question").content).endswith("TERM now, KILL after 1.5 s")
             await pilot.press("y")
             await wait_until(pilot, lambda: cell(table, counter, "state") == "killed", timeout=20,

@@ -16,7 +16,7 @@ from tui.app import DashboardApp
 from tui.screens.cleanup_confirm import CleanupConfirmScreen
 from tui.screens.main_screen import MainScreen
 
-from .conftest import select_run, wait_until
+from .conftest import select_run, wait_for_screen, wait_until
 
 pytestmark = pytest.mark.asyncio
 
@@ -44,10 +44,8 @@ async def test_the_cleanup_dialog_never_offers_to_end_a_process_no_run_owns(inv,
                 await wait_until(pilot, lambda: table.row_count == 1, timeout=20, what="the run's row")
                 await select_run(pilot, run["run_id"])
                 await pilot.press("c")
-                # pushed is not yet composed: wait for the plan's text itself (a loaded CI machine asked too early)
-                await wait_until(pilot, lambda: isinstance(app.screen, CleanupConfirmScreen)
-                                 and bool(app.screen.query("#details-text")), timeout=30, what="the cleanup plan")
-                dialog = app.screen
+                dialog = await wait_for_screen(pilot, CleanupConfirmScreen, ready="#details-text", timeout=30,
+                                               what="the cleanup plan")
                 plan = dialog.query_one("#details-text", Static).content.plain
                 assert [button.id for button in dialog.query(Button)] == ["no"], plan
                 assert str(dialog.query_one("#question", Label).content) == "Nothing to clean on local."

@@ -9,15 +9,14 @@ from tui.screens.help_screen import HelpScreen
 from tui.screens.log_screen import LogScreen
 from tui.screens.main_screen import MainScreen
 
-from .conftest import wait_for_rows, wait_until
+from .conftest import wait_for_rows, wait_for_screen, wait_until
 
 pytestmark = pytest.mark.asyncio
 
 
 async def open_help(pilot) -> HelpScreen:
     await pilot.press("question_mark")
-    await wait_until(pilot, lambda: isinstance(pilot.app.screen, HelpScreen), what="the help screen")
-    return pilot.app.screen
+    return await wait_for_screen(pilot, HelpScreen, ready="*", what="the help screen")
 
 
 @pytest.mark.parametrize("close_key", ["question_mark", "escape", "q"])

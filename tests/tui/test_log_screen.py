@@ -9,7 +9,7 @@ from tui.screens.log_screen import LogScreen
 from tui.screens.main_screen import MainScreen
 from tui.widgets.log_view import LogView
 
-from .conftest import select_run, wait_for_rows, wait_until
+from .conftest import select_run, wait_for_rows, wait_for_screen, wait_until
 
 pytestmark = pytest.mark.asyncio
 LINES = 5_000_000
@@ -23,8 +23,7 @@ async def open_log(pilot, source, run_id: str) -> LogView:
     await wait_for_rows(pilot, 4)
     await select_run(pilot, run_id)
     await pilot.press("l")
-    await wait_until(pilot, lambda: isinstance(pilot.app.screen, LogScreen), what="the log screen")
-    view = pilot.app.screen.query_one(LogView)
+    view = (await wait_for_screen(pilot, LogScreen, ready="LogView", what="the log screen")).query_one(LogView)
     await wait_until(pilot, lambda: view.line_count == LINES, what="the line count")
     return view
 
@@ -109,8 +108,7 @@ async def test_log_screen_survives_a_failing_source_and_recovers(app, source, mo
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for_rows(pilot, 4)
         await pilot.press("l")
-        await wait_until(pilot, lambda: isinstance(app.screen, LogScreen), what="the log screen")
-        view = app.screen.query_one(LogView)
+        view = (await wait_for_screen(pilot, LogScreen, ready="LogView", what="the log screen")).query_one(LogView)
         await wait_until(pilot, lambda: failures, what="the failing request")
         await pilot.pause(0.2)
         assert view.missing_lines()  # nothing to show yet, and the screen is still up
