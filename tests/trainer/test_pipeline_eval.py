@@ -135,7 +135,8 @@ def test_eval_reports_drafter_baseline_and_trees_consistently(tiny):
 
 def test_eval_prints_a_table_of_every_run(tiny, capsys):
     code = trainer_main(["eval", "--target", str(tiny["target"]), "--drafter", str(tiny["drafter_dir"]),
-                         "--prompts", str(tiny["prompt_file"]), "--max-new-tokens", "16", "--tree-budget", "8"])
+                         "--prompts", str(tiny["prompt_file"]), "--max-new-tokens", "16", "--tree-budget", "8",
+                         "--device", "cpu"])
     out = capsys.readouterr().out
     assert code == 0, out
     lines = out.splitlines()

@@ -124,6 +124,7 @@ def test_a_rewound_row_has_the_states_of_feeding_only_its_accepted_tokens(family
 
     from trainer.data.generate import load_target_for_generation
     from trainer.decoding.linear_state_rollback import LinearStates
+    from trainer.decoding.speculative import cache_argument
     from trainer.model.tiny_target import write_tiny_target
 
     model, _ = load_target_for_generation(write_tiny_target(tmp_path / "t", family=family), torch.device(device),
@@ -135,11 +136,12 @@ def test_a_rewound_row_has_the_states_of_feeding_only_its_accepted_tokens(family
 
     def states_after(rows: torch.Tensor, fed: torch.Tensor, keep=None) -> list[tuple[torch.Tensor, torch.Tensor]]:
         cache = DynamicCache(config=model.config)
+        given = {cache_argument(model): cache}  # the keyword of this transformers release (5.17 on the GPU box)
         with torch.no_grad():
-            model(input_ids=rows, cache=cache, use_cache=True)
+            model(input_ids=rows, use_cache=True, **given)
             linear = LinearStates(model, cache)
             with linear.verifying() as verified:
-                model(input_ids=fed, cache=cache, use_cache=True)
+                model(input_ids=fed, use_cache=True, **given)
             if keep is not None:
                 verified.rewind(keep)
         return [(cache.layers[i].conv_states[0], cache.layers[i].recurrent_states[0]) for i, _ in linear.layers]
