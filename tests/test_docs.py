@@ -9,7 +9,7 @@ from urllib.parse import unquote, urlsplit
 
 import typer
 from markdown_it import MarkdownIt
-from mdit_py_plugins.anchors.index import slugify
+from mdit_py_plugins.anchors import anchors_plugin
 
 from orchestrator.cli import app
 from orchestrator.runs.doctor.report import GUIDE_PAGE, GUIDE_SECTIONS, see
@@ -40,9 +40,13 @@ OLD_README_HEADINGS = (
 )
 
 
+# Headings get the ids GitHub gives them (lower case, punctuation dropped, spaces as hyphens, repeats numbered).
+PARSER = MarkdownIt("commonmark").enable("table").use(anchors_plugin, max_level=6)
+
+
 @cache
 def _tokens(page: Path) -> tuple:
-    return tuple(MarkdownIt("commonmark").enable("table").parse(page.read_text(encoding="utf-8")))
+    return tuple(PARSER.parse(page.read_text(encoding="utf-8")))
 
 
 def _children(page: Path):
@@ -58,17 +62,7 @@ def headings(page: Path) -> list[str]:
 
 
 def anchors(page: Path) -> set[str]:
-    """The anchors a heading gets on GitHub: its text lower-cased, punctuation dropped, spaces as hyphens;
-    repeats get -1, -2, ..."""
-    found: set[str] = set()
-    for text in headings(page):
-        plain = "".join(t.content for t in MarkdownIt("commonmark").parseInline(text)[0].children
-                        if t.type in ("text", "code_inline"))
-        slug, n = slugify(plain), 0
-        while (slug if n == 0 else f"{slug}-{n}") in found:
-            n += 1
-        found.add(slug if n == 0 else f"{slug}-{n}")
-    return found
+    return {token.attrs["id"] for token in _tokens(page) if token.type == "heading_open"}
 
 
 def links(page: Path) -> list[str]:
