@@ -1,7 +1,7 @@
 """Launch-to-verified latency and kill-to-gone time on the lab (real sshd + pct stand-in), as figures.
 
 Run as root from the repo root:  python3 bench/bench_lifecycle.py [--runs 20] [--trainer-runs 5]
-Not a test: it prints medians and 90th percentiles for the README; nothing here asserts a speed.
+Not a test: it prints medians and 90th percentiles for bench/RESULTS.md; nothing here asserts a speed.
 The trainer rows launch the bundled trainer with the tiny target's config: the trainer's check on the
 target, then the start (the trainer stays up importing torch well past the settle time).
 """

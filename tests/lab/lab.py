@@ -73,7 +73,7 @@ def seed_8gpu_state() -> list[dict]:
 
 
 def gpu_config_lines(gpus: int) -> list[str]:
-    """What a CT config needs for `gpus` GPUs (README: Preparing a GPU container on Proxmox)."""
+    """What a CT config needs for `gpus` GPUs (docs/proxmox.md: preparing a GPU container)."""
     lines = [f"lxc.cgroup2.devices.allow: c {NVIDIA_MAJORS['nvidia-frontend']}:* rwm",
              f"lxc.cgroup2.devices.allow: c {NVIDIA_MAJORS['nvidia-uvm']}:* rwm"]
     for node in [*(f"nvidia{i}" for i in range(gpus)), "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"]:

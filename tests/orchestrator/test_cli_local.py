@@ -88,7 +88,7 @@ def test_the_inventory_gpu_count_bounds_gpus_too(tmp_path, capsys):
 
 
 def test_a_run_that_uses_no_gpu_launches_beside_training_with_gpus_none(tmp_path, capsys):
-    """The README's notifier beside a training run: `--gpus none` is refused by nothing, sees no GPU, and what
+    """docs/watch.md's notifier beside a training run: `--gpus none` is refused by nothing, sees no GPU, and what
     stops a run without --gpus says how to ask for it."""
     path = tmp_path / "inventory.yaml"
     path.write_text(f"hosts:\n  local:\n    transport: local\n    gpus: 2\n    workdir: {json.dumps(str(tmp_path / 'w'))}\n"

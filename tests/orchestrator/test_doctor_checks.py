@@ -9,6 +9,7 @@ from orchestrator.runs.doctor.config import checkpoint_space, drafter_params
 from orchestrator.runs.doctor.facts import Facts, HostFacts, Needs, _parse_host_script
 from orchestrator.runs.doctor.gpu import ct_devices, driver
 from orchestrator.runs.doctor.pctconfig import parse_ct_config, size_bytes
+from orchestrator.runs.doctor.report import see
 
 QWEN3_8B = {"hidden_size": 4096, "intermediate_size": 12288, "num_attention_heads": 32, "num_key_value_heads": 8,
             "head_dim": 128}
@@ -58,6 +59,7 @@ def test_devN_passthrough_needs_no_cgroup_rule_but_a_bound_node_does(tmp_path) -
     row = ct_devices(facts)
     assert row.status == FAIL and row.detail == "no lxc.cgroup2.devices.allow for nvidia-uvm (major 508)"
     assert "`lxc.cgroup2.devices.allow: c 508:* rwm`" in row.fix
+    assert row.fix.endswith(see("devices"))  # the guide's section on device nodes (tests/test_docs.py: it exists)
 
 
 def test_a_host_without_the_driver_and_a_container_without_its_library(tmp_path) -> None:
@@ -68,6 +70,7 @@ def test_a_host_without_the_driver_and_a_container_without_its_library(tmp_path)
     facts.host.module_version, facts.probe["nvml"]["version"] = "580.95.05", None
     row = driver(facts)
     assert row.status == FAIL and "NVIDIA-Linux-x86_64-580.95.05.run --no-kernel-module" in row.fix
+    assert row.fix.endswith("; see docs/proxmox.md#the-driver-twice-the-same-version")
     cpu_box = Facts(target=target(tmp_path, ctid=None, gpus=0), host=HostFacts(), probe={}, expected_gpus=0)
     assert driver(cpu_box).status == OK
     assert all(row.status == OK for row in run_checks(cpu_box, CHECKS))
@@ -80,6 +83,7 @@ def test_the_checkpoints_must_fit_keep_checkpoints_times(tmp_path) -> None:
     facts = Facts(target=target(tmp_path), host=HostFacts(), probe=probe, expected_gpus=2, needs=needs())
     row = checkpoint_space(facts)
     assert row.status == FAIL and "x 4 =" in row.detail and "lower keep_checkpoints" in row.fix
+    assert row.fix.endswith(see("room"))
     probe["paths"]["/workspace/out"]["free_bytes"] = 200 * GIB
     assert checkpoint_space(facts).status == OK
     facts.needs = needs(keep_checkpoints=0)

@@ -223,7 +223,7 @@ def test_the_eval_benchmark_times_the_command_and_the_old_loop():
 
     from tests.trainer.conftest import REPO_ROOT, trainer_env
 
-    # with a drafter trained first, as a real `trainer train` (the path the GPU figure of the README takes)
+    # with a drafter trained first, as a real `trainer train` (the path the GPU figure of bench/RESULTS.md takes)
     done = subprocess.run([sys.executable, "bench/bench_eval.py", "--prompts", "3", "--max-new-tokens", "6",
                            "--tree-budget", "4", "--train-steps", "1", "--device", "cpu"], capture_output=True,
                           text=True, timeout=300, env=trainer_env(), cwd=REPO_ROOT)

@@ -239,7 +239,7 @@ def test_the_default_request_timeout_leaves_room_for_the_longest_answer_asked_fo
     from trainer.data.chat_client import default_request_timeout
 
     assert default_request_timeout(512) == 120.0  # an answer the engine sends whole, once all of it is decoded
-    assert default_request_timeout(4096) == pytest.approx(409.6)  # README's regeneration: 4096 tokens at 10 tok/s
+    assert default_request_timeout(4096) == pytest.approx(409.6)  # the regeneration recipe: 4096 tokens at 10 tok/s
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "-inf", "soon"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ...display import format_bytes
 from .facts import Facts
-from .report import FAIL, OK, WARN, Row
+from .report import FAIL, OK, WARN, Row, see
 from .storage import NCCL_SHM_BYTES, shm_fix
 
 BYTES_PER_PARAM = 14   # bf16 weights (model.safetensors) + fp32 master weights + AdamW's two moments, per step_N/
@@ -37,7 +37,7 @@ def volatile_paths(facts: Facts) -> list[Row]:
             rows.append(Row(f"config.{key}", FAIL, f"{path} is on {fs['fstype']} ({fs.get('mount_point')}): lost on "
                                                    "container restart",
                             f"copy it to disk (`cp -a {path} {facts.target.workdir}/`) and point `{key}` there, "
-                            "or launch with --force"))
+                            f"or launch with --force; {see('tmpfs')}"))
         else:
             rows.append(Row(f"config.{key}", OK, f"{path} on {fs.get('fstype', '?')}"))
     return rows
@@ -82,7 +82,7 @@ def checkpoint_space(facts: Facts) -> Row | None:
     found = f"~{format_bytes(size)} per checkpoint x {count} = {format_bytes(want)}, {format_bytes(free)} free"
     if free is not None and want > free:
         return Row("config.checkpoints", FAIL, found,
-                   "free space there, lower keep_checkpoints, or point output_dir at a bigger disk")
+                   f"free space there, lower keep_checkpoints, or point output_dir at a bigger disk; {see('room')}")
     return Row("config.checkpoints", OK, found)
 
 

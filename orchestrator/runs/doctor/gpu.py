@@ -5,7 +5,7 @@ from __future__ import annotations
 from ...agent.gpus import held_without_run
 from ...display import format_bytes
 from .facts import Facts, expected_nodes
-from .report import FAIL, GUIDE, OK, WARN, Row
+from .report import FAIL, OK, WARN, Row, see
 
 FRONTEND = ("nvidia-frontend", "nvidia")   # the major of nvidiactl and nvidia0..N (195)
 UVM = "nvidia-uvm"
@@ -23,15 +23,16 @@ def driver(facts: Facts) -> Row:
     if not module:
         return Row("driver", FAIL, f"no NVIDIA kernel module on {facts.target.host.name} "
                                    "(/proc/driver/nvidia/version is missing)",
-                   f"install the NVIDIA driver on {facts.target.host.name} and load it (`modprobe nvidia`); {GUIDE}")
+                   f"install the NVIDIA driver on {facts.target.host.name} and load it (`modprobe nvidia`); "
+                   + see("driver"))
     if not lib:
         return Row("driver", FAIL, f"no libnvidia-ml.so.<version> in {facts.target.name}: the NVIDIA user-space "
                                    "driver is not installed there",
                    f"in the container: `sh NVIDIA-Linux-x86_64-{module}.run --no-kernel-module` (the host's "
-                   f"version exactly); {GUIDE}")
+                   f"version exactly); {see('driver')}")
     if lib != module:
         fix = (f"in CT {_ct(facts)}: `sh NVIDIA-Linux-x86_64-{module}.run --no-kernel-module` (the host's "
-               f"version exactly); {GUIDE}" if on_ct else
+               f"version exactly); {see('driver')}" if on_ct else
                "reboot the host so the kernel module matches the installed driver")
         return Row("driver", FAIL, f"host kernel module {module} but libnvidia-ml {lib} in {facts.target.name}: "
                                    "NVML fails with 'Driver/library version mismatch'", fix)
@@ -65,13 +66,13 @@ def device_nodes(facts: Facts) -> Row | None:
         fix = "load the driver's device nodes: `nvidia-modprobe -u -c=0` and `nvidia-smi` once as root"
     elif kinds == {"file"}:
         fix = (f"on {facts.target.host.name}: `nvidia-modprobe -u -c=0` (makes /dev/nvidia-uvm), then "
-               f"`pct reboot {_ct(facts)}`; {GUIDE}")
+               f"`pct reboot {_ct(facts)}`; {see('devices')}")
     elif "denied" in kinds:
         fix = (f"allow the devices in /etc/pve/lxc/{_ct(facts)}.conf (`lxc.cgroup2.devices.allow: c 195:* rwm` and "
-               f"the nvidia-uvm major from /proc/devices), then `pct reboot {_ct(facts)}`; {GUIDE}")
+               f"the nvidia-uvm major from /proc/devices), then `pct reboot {_ct(facts)}`; {see('devices')}")
     else:
         fix = (f"bind the nodes in /etc/pve/lxc/{_ct(facts)}.conf (`lxc.mount.entry: /dev/nvidia0 dev/nvidia0 none "
-               f"bind,optional,create=file`, one per node), then `pct reboot {_ct(facts)}`; {GUIDE}")
+               f"bind,optional,create=file`, one per node), then `pct reboot {_ct(facts)}`; {see('devices')}")
     return Row("device_nodes", FAIL, detail, fix)
 
 
@@ -88,7 +89,7 @@ def ct_devices(facts: Facts) -> Row | None:
         return None
     if ct is None:
         return Row("ct_config", WARN, facts.host.error or "no CT config read",
-                   f"check `pct config {_ct(facts)}` by hand; {GUIDE}")
+                   f"check `pct config {_ct(facts)}` by hand; {see('devices')}")
     nodes = expected_nodes(facts.expected_gpus)
     unmounted = [n for n in nodes if not ct.provides(n)]
     passed = all(n in ct.passthrough for n in nodes)
@@ -102,7 +103,7 @@ def ct_devices(facts: Facts) -> Row | None:
     lines += [f"`lxc.mount.entry: {n} {n.lstrip('/')} none bind,optional,create=file`" for n in unmounted[:2]]
     more = len(denied) + len(unmounted) - len(lines)
     fix = (f"add to /etc/pve/lxc/{_ct(facts)}.conf: {', '.join(lines)}" + (f" (+{more} more)" if more > 0 else "")
-           + f", then `pct reboot {_ct(facts)}`")
+           + f", then `pct reboot {_ct(facts)}`; {see('devices')}")
     return Row("ct_config", FAIL, "; ".join(parts), fix)
 
 
@@ -119,4 +120,4 @@ def gpus_unclaimed(facts: Facts) -> Row | None:
     fix = (f"`nvidia-smi` on {host} names the PID (inside a container it cannot): end it, or restart its container"
            if facts.target.ctid is not None else "`nvidia-smi` names the PID: end it")
     return Row("gpus_held", WARN, f"memory held with no live run: {shown}" + (" ..." if len(unclaimed) > 4 else ""),
-               fix + f"; `dflashctl cleanup {facts.target.name}` ends what dflashctl's runs left")
+               fix + f"; `dflashctl cleanup {facts.target.name}` ends what dflashctl's runs left; {see('held')}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ...display import format_bytes
 from .facts import GIB, Facts
-from .report import OK, WARN, Row
+from .report import OK, WARN, Row, see
 
 MIB = 1024 ** 2
 MEMORY_PER_PROCESS = 2 * GIB   # python, torch and CUDA's host-side state of one training process
@@ -53,7 +53,8 @@ def limits(facts: Facts) -> Row | None:
     why = f"{facts.nproc} process(es)" + (f" with {facts.needs.num_workers} data thread(s) each and the target "
                                           "model loading" if facts.needs else "")
     if facts.target.ctid is not None:
-        fix = f"`pct set {facts.target.ctid} {' '.join(options)}` on {facts.target.host.name} (or fewer GPUs per run)"
+        fix = (f"`pct set {facts.target.ctid} {' '.join(options)}` on {facts.target.host.name} "
+               f"(or fewer GPUs per run); {see('limits')}")
     else:
         fix = "run fewer processes or data threads, or use a bigger machine"
     return Row("limits", WARN, f"{found}: {why} want {' and '.join(short)}", fix)

@@ -4,7 +4,24 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 OK, WARN, FAIL = "ok", "warn", "fail"
-GUIDE = "README: Preparing a GPU container on Proxmox"
+
+# What only the Proxmox host can fix is explained step by step in one guide; a fix line ends by naming its
+# section. tests/test_docs.py checks that the page and every anchor here exist.
+GUIDE_PAGE = "docs/proxmox.md"
+GUIDE_SECTIONS = {
+    "driver": "the-driver-twice-the-same-version",
+    "devices": "the-device-nodes",
+    "tmpfs": "nothing-you-want-to-keep-on-tmpfs",
+    "shm": "enough-devshm",
+    "room": "room-in-the-workdir",
+    "limits": "cpus-and-memory",
+    "held": "gpus-nobody-owns",
+}
+
+
+def see(topic: str) -> str:
+    """The pointer a fix line ends with: `see docs/proxmox.md#<section>`."""
+    return f"see {GUIDE_PAGE}#{GUIDE_SECTIONS[topic]}"
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from ...agent.protocol import low_free
 from ...display import format_bytes
 from .facts import GIB, Facts
-from .report import FAIL, GUIDE, OK, WARN, Row
+from .report import FAIL, OK, WARN, Row, see
 
 MIB = 1024 ** 2
 NCCL_SHM_BYTES = GIB          # NCCL between the GPUs of one node keeps its buffers in /dev/shm
@@ -19,7 +19,7 @@ def shm_fix(facts: Facts, size: str = "16G") -> str:
         return f"remount it bigger: `mount -o remount,size={size} /dev/shm`"
     ct = facts.target.ctid
     return (f"add `lxc.mount.entry: tmpfs dev/shm tmpfs size={size},nosuid,nodev,create=dir 0 0` to "
-            f"/etc/pve/lxc/{ct}.conf, then `pct reboot {ct}`; {GUIDE}")
+            f"/etc/pve/lxc/{ct}.conf, then `pct reboot {ct}`; {see('shm')}")
 
 
 def shm(facts: Facts) -> Row | None:
@@ -48,7 +48,7 @@ def workdir(facts: Facts) -> Row | None:
     if fs.get("fstype") in ("tmpfs", "ramfs"):
         return Row("workdir", FAIL, f"{where} is on {fs['fstype']}: runs, logs and checkpoints are lost on restart",
                    "put the workdir on disk (a mount point: `pct set CTID -mp0 STORAGE:SIZE,mp=/workspace`) and "
-                   "set `workdir:` in the inventory")
+                   f"set `workdir:` in the inventory; {see('tmpfs')}")
     free, total = fs.get("free_bytes") or 0, fs.get("total_bytes") or 0
     inodes, inodes_total = fs.get("inodes_free"), fs.get("inodes_total") or 0
     found = (f"{format_bytes(free)} free of {format_bytes(total)}"
