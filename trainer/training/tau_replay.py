@@ -86,42 +86,89 @@ def replay_rounds(streaks: list[int], spans: list[tuple[int, int]]) -> list[int]
     return kept
 
 
-def anchor_streaks(drafter, features: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor, *,
-                   width: int) -> torch.Tensor:
-    """[n, S] int: the accepted streak of the drafter's block at every anchor (a supervised position followed by
-    one), -1 elsewhere. Anchors go `width` per sequence per forward, the last group padded, so the shapes of
-    the forwards repeat; logits are reduced to argmaxes chunk by chunk."""
+@dataclass
+class AnchorPass:
+    """One no-grad drafter pass over every anchor of some sequences: the accepted streak of the block at each
+    anchor ([n, S], -1 where no anchor is) and, when asked for, each slot's best tokens as DDTree builds its tree
+    from them (log-probabilities and ids [n, S, B-1, top], best first; trainer/training/tree_replay.py)."""
+
+    streaks: torch.Tensor
+    top_logprobs: torch.Tensor | None = None
+    top_ids: torch.Tensor | None = None
+
+
+def anchor_pass(drafter, features: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor, *,
+                width: int, top: int = 0) -> AnchorPass:
+    """The streaks at every anchor (a supervised position followed by one), and the `top` best tokens of every
+    slot when top > 0. Anchors go `width` per sequence per forward, the last group padded, so the shapes of the
+    forwards repeat; logits are reduced chunk by chunk and never held whole."""
     block_size = drafter.config.block_size
     n, seq_len = input_ids.shape
+    device = input_ids.device
     valid = torch.zeros_like(loss_mask, dtype=torch.bool)
     valid[:, :-1] = loss_mask[:, :-1].bool() & loss_mask[:, 1:].bool()
     counts = valid.sum(dim=1)
     most = int(counts.max()) if n else 0
-    streaks = torch.full((n, seq_len), -1, dtype=torch.long, device=input_ids.device)
+    streaks = torch.full((n, seq_len), -1, dtype=torch.long, device=device)
+    top = min(top, drafter.lm_head.weight.shape[0])
+    result = AnchorPass(streaks)
+    if top:
+        result.top_logprobs = torch.zeros(n, seq_len, block_size - 1, top, device=device)
+        result.top_ids = torch.zeros(n, seq_len, block_size - 1, top, dtype=torch.int32, device=device)
     if most == 0:
-        return streaks
+        return result
     # every sequence's anchor positions, in order, padded with -1 to the longest list
     order = torch.where(valid, torch.arange(seq_len, device=valid.device), seq_len).sort(dim=1).values
     positions = order[:, :most].masked_fill(order[:, :most] == seq_len, -1)
     lm_head = drafter.lm_head
     for first in range(0, most, width):
-        anchors = torch.full((n, width), -1, dtype=torch.long, device=input_ids.device)
+        anchors = torch.full((n, width), -1, dtype=torch.long, device=device)
         group = positions[:, first:first + width]
         anchors[:, :group.shape[1]] = group
         hidden = drafter(features, input_ids.gather(1, anchors.clamp(min=0)), anchors)[:, :, 1:]
         labels = block_labels(input_ids, loss_mask, anchors, block_size)
-        guesses = _argmax_chunks(hidden.reshape(-1, hidden.shape[-1]), lm_head.weight).view(labels.shape)
-        found = accepted_streak(guesses == labels, labels)
+        guesses, best = _reduce_chunks(hidden.reshape(-1, hidden.shape[-1]), lm_head.weight, top)
+        found = accepted_streak(guesses.view(labels.shape) == labels, labels)
         real = anchors >= 0
-        rows = torch.arange(n, device=anchors.device)[:, None].expand_as(anchors)
+        rows = torch.arange(n, device=device)[:, None].expand_as(anchors)
         streaks[rows[real], anchors[real]] = found[real].long()
-    return streaks
+        if best is not None:
+            values, ids = (part.view(*labels.shape, top) for part in best)
+            result.top_logprobs[rows[real], anchors[real]] = values[real]
+            result.top_ids[rows[real], anchors[real]] = ids[real].int()
+    return result
 
 
-def _argmax_chunks(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def anchor_streaks(drafter, features: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor, *,
+                   width: int) -> torch.Tensor:
+    """[n, S] int: the accepted streak of the drafter's block at every anchor, -1 elsewhere."""
+    return anchor_pass(drafter, features, input_ids, loss_mask, width=width).streaks
+
+
+def _reduce_chunks(hidden: torch.Tensor, weight: torch.Tensor, top: int
+                   ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+    """Argmax of each row's logits and, for top > 0, its `top` best log-probabilities (float32, as the eval's
+    tree proposer takes them) with their ids."""
     rows = max(1, LOGITS_PER_CHUNK // weight.shape[0])
-    return torch.cat([(hidden[i:i + rows].to(weight.dtype) @ weight.t()).argmax(dim=-1)
-                      for i in range(0, hidden.shape[0], rows)])
+    guesses, values, ids = [], [], []
+    for i in range(0, hidden.shape[0], rows):
+        logits = hidden[i:i + rows].to(weight.dtype) @ weight.t()
+        guesses.append(logits.argmax(dim=-1))
+        if top:
+            best = torch.log_softmax(logits.float(), dim=-1).topk(top, dim=-1)
+            values.append(best.values)
+            ids.append(best.indices)
+    return torch.cat(guesses), ((torch.cat(values), torch.cat(ids)) if top else None)
+
+
+def chain_tally(streaks: torch.Tensor, loss_mask: torch.Tensor, block_size: int) -> ReplayTally:
+    """The replayed chain rounds of every sequence and the acceptance histogram, from its anchors' streaks."""
+    hist = torch.bincount(streaks[streaks >= 0].flatten(), minlength=block_size)
+    tally = ReplayTally(hist=hist.tolist()[:block_size])
+    for row_streaks, row_mask in zip(streaks.tolist(), loss_mask.tolist()):
+        kept = replay_rounds(row_streaks, supervised_spans(row_mask))
+        tally = tally.add(ReplayTally(sum(kept), len(kept)))
+    return tally
 
 
 @torch.no_grad()
@@ -136,9 +183,4 @@ def replay_batch(drafter, features: torch.Tensor, input_ids: torch.Tensor, loss_
         return ReplayTally(hist=[0] * inner.config.block_size)
     ids, mask = input_ids[:count], loss_mask[:count]
     streaks = anchor_streaks(inner, features[:count], ids, mask, width=max(1, width))
-    hist = torch.bincount(streaks[streaks >= 0].flatten(), minlength=inner.config.block_size)
-    tally = ReplayTally(hist=hist.tolist()[:inner.config.block_size])
-    for row_streaks, row_mask in zip(streaks.tolist(), mask.tolist()):
-        kept = replay_rounds(row_streaks, supervised_spans(row_mask))
-        tally = tally.add(ReplayTally(sum(kept), len(kept)))
-    return tally
+    return chain_tally(streaks, mask, inner.config.block_size)
