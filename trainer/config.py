@@ -19,6 +19,10 @@ from trainer.errors import TrainerError
 SEED_BUCKETS = [0, 770, 1216, 1728, 2432, 3296, 8193]
 # DFLASH.md: loss decay gamma per block size.
 GAMMA_BY_BLOCK_SIZE = {16: 7.0, 10: 5.0, 8: 4.0}
+# The node budgets `trainer eval --tree-budget` is usually run at: small, where speed-up peaks, and large.
+DEFAULT_TREE_BUDGETS = (8, 32, 64)
+# The replay keeps this many best tokens per slot of every held-out anchor: a bound on its memory.
+MAX_TREE_BUDGET = 1024
 # Names other trainers use for our keys, where the closest spelling would point elsewhere (or nowhere).
 KEY_ALIASES = {
     "learning_rate": "lr", "batch_size": "token_budget", "max_tokens": "token_budget", "tokens_per_batch":
@@ -161,6 +165,11 @@ class TrainConfig(BaseModel):
     eval_prompts: int = Field(0, ge=0, description="Held-out prompts each evaluation also decodes for real "
                                                    "(speculative decoding against the target: tau_eval); 0 = none.")
     eval_max_new_tokens: int = Field(64, ge=1, description="Tokens each real speculative decoding generates.")
+    eval_tree_budgets: list[int] = Field(
+        default_factory=lambda: list(DEFAULT_TREE_BUDGETS),
+        description="Node budgets of the DDTree trees each evaluation replays on the held-out split as `trainer "
+                    "eval --tree-budget` builds them (tau_tree_heldout, next to tau_heldout; no extra forward); "
+                    "[] = none.")
     heldout_path: str | None = Field(None, description="Held-out dataset directory; null = {data_path}/heldout, "
                                                        "where `prepare` writes it.")
 
@@ -185,6 +194,10 @@ class TrainConfig(BaseModel):
         if self.target_layer_ids is not None and len(self.target_layer_ids) == 0:
             problems.append(Problem("target_layer_ids",
                                     "target_layer_ids must not be empty (leave it unset for the default)"))
+        budgets = self.eval_tree_budgets
+        if len(set(budgets)) != len(budgets) or any(not 1 <= budget <= MAX_TREE_BUDGET for budget in budgets):
+            problems.append(Problem("eval_tree_budgets", f"eval_tree_budgets must be distinct node budgets from 1 "
+                                                         f"to {MAX_TREE_BUDGET}, e.g. [8, 32, 64], got {budgets}"))
         bounds = self.buckets
         if len(bounds) < 2 or any(hi <= lo for lo, hi in zip(bounds, bounds[1:])) or bounds[0] < 0:
             problems.append(Problem("buckets", f"buckets must be at least two ascending boundaries >= 0, "

@@ -41,11 +41,12 @@ class ExportResult:
 
 
 def training_facts(ckpt: Path) -> dict:
-    """Steps, target and the latest eval tau of a step_N checkpoint, from what its run left next to it."""
+    """Steps, target, the latest eval tau and the latest held-out replay (chain and tree tau) of a step_N
+    checkpoint, from what its run left next to it."""
     trained = read_json(ckpt / "trainer_config.json") or {}
     suffix = ckpt.resolve().name.removeprefix("step_")
     step = int(suffix) if suffix.isdigit() else None
-    tau = None
+    tau = heldout = None
     try:
         lines = (ckpt.resolve().parent / "metrics.jsonl").read_text().splitlines()
     except OSError:
@@ -58,7 +59,27 @@ def training_facts(ckpt: Path) -> dict:
         if isinstance(record, dict) and isinstance(record.get("tau"), (int, float)) and (
                 step is None or not isinstance(record.get("step"), int) or record["step"] <= step):
             tau = (record["tau"], record.get("step"))
-    return {"step": step, "target": trained.get("target_path"), "tau": tau}
+        heldout = _heldout_taus(record, step) or heldout
+    return {"step": step, "target": trained.get("target_path"), "tau": tau, "heldout": heldout}
+
+
+def _heldout_taus(record, step: int | None) -> dict | None:
+    """The held-out chain and tree tau of a step record up to `step`, None for any other line."""
+    if not isinstance(record, dict) or record.get("event") != "step" or not isinstance(record.get("step"), int):
+        return None
+    trees = record.get("tau_tree_heldout")
+    if (step is not None and record["step"] > step) or not isinstance(trees, dict) or not trees:
+        return None
+    return {"step": record["step"], "chain": record.get("tau_heldout"),
+            "trees": {int(budget): tau for budget, tau in sorted(trees.items(), key=lambda kv: int(kv[0]))}}
+
+
+def _heldout_row(heldout: dict | None) -> str:
+    if not heldout:
+        return "(not measured: eval_every and eval_tree_budgets set it)"
+    trees = ", ".join(f"{budget} nodes {tau:.2f}" for budget, tau in heldout["trees"].items())
+    chain = f"chain {heldout['chain']:.2f}; " if isinstance(heldout.get("chain"), (int, float)) else ""
+    return f"{chain}DDTree {trees} (step {heldout['step']})"
 
 
 def model_card(config: dict, facts: dict, dtype: str) -> str:
@@ -79,6 +100,7 @@ def model_card(config: dict, facts: dict, dtype: str) -> str:
         ("Weights", dtype),
         ("Training steps", facts["step"] if facts["step"] is not None else "(not recorded)"),
         ("Eval tau", f"{tau[0]:.2f} (step {tau[1]})" if tau else "(not measured)"),
+        ("Held-out tau, replayed", _heldout_row(facts.get("heldout"))),
     ]
     table = "\n".join(f"| {name} | {value} |" for name, value in rows)
     return f"""# DFlash drafter

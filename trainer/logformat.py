@@ -35,14 +35,15 @@ class StepMetrics:
     epoch: float = 0.0
     eta_s: float | None = None
     # τ predicted from replayed decoding rounds (trainer/training/tau_replay.py), present only where measured: on the
-    # step's
-    # own batch, on the held-out split (eval_every), and from real speculative decoding of held-out prompts
+    # step's own batch, on the held-out split (eval_every), and from real speculative decoding of held-out prompts
     tau_replay: float | None = None
     tau_heldout: float | None = None
     tau_eval: float | None = None
+    # DDTree rounds replayed on the held-out split, per node budget (trainer/training/tree_replay.py)
+    tau_tree_heldout: dict[int, float] | None = None
 
 
-TAU_FIELDS = ("tau_replay", "tau_heldout", "tau_eval")
+TAU_FIELDS = ("tau_replay", "tau_heldout", "tau_eval", "tau_tree_heldout")
 
 
 def format_elapsed(seconds: float) -> str:
@@ -71,14 +72,22 @@ def format_step_line(m: StepMetrics) -> str:
     """One step line, e.g. the seed's
     `[6m] step=8 loss=12.5546 acc=0.025 streak=0.0 lr=4.52e-06 noise=0.0003 | tgt=0.34b/s dft=0.29b/s
     (11.7Ktok/s) | q_pre=[50, 50] q_hs=[15] | epoch~0.01 ETA=12.0d` (on one line), then, an addition to the
-    seed format, the τ figures measured at this step: ` | tau_replay=1.84 tau_heldout=1.79 tau_eval=1.81`."""
+    seed format, the τ figures measured at this step: ` | tau_replay=1.84 tau_heldout=1.79 tau_eval=1.81
+    tau_tree_heldout=8:2.41,32:2.93,64:3.02` (tree τ per node budget, `budget:τ` joined by commas)."""
     return _format_seed_step(m) + format_tau_suffix(m)
 
 
 def format_tau_suffix(m: StepMetrics) -> str:
     """` | tau_replay=1.84 ...` with the τ fields that were measured, or nothing."""
-    shown = [f"{name}={getattr(m, name):.3f}" for name in TAU_FIELDS if getattr(m, name) is not None]
+    shown = [f"{name}={_format_tau(getattr(m, name))}" for name in TAU_FIELDS if getattr(m, name) is not None]
     return " | " + " ".join(shown) if shown else ""
+
+
+def _format_tau(value: float | dict[int, float]) -> str:
+    # three decimals always: a reader tells a whole value from one cut short by the log's end
+    if isinstance(value, dict):
+        return ",".join(f"{int(budget)}:{tau:.3f}" for budget, tau in sorted(value.items()))
+    return f"{value:.3f}"
 
 
 def _format_seed_step(m: StepMetrics) -> str:

@@ -74,13 +74,15 @@ class StepEvent:
     tau_replay: float | None = None   # τ from replayed decoding rounds on the step's batch (only where measured)
     tau_heldout: float | None = None  # the same on the held-out split (eval_every steps)
     tau_eval: float | None = None     # real speculative decoding of held-out prompts
+    # DDTree rounds replayed on the held-out split: (node budget, τ) pairs, smallest budget first
+    tau_tree_heldout: tuple[tuple[int, float], ...] | None = None
 
 
 _new_object = object.__new__
 _set_attribute = object.__setattr__
 STEP_FIELDS = ("elapsed_s", "step", "loss", "acc", "streak", "lr", "noise", "tgt_bps", "dft_bps",
                "tok_per_s", "q_pre", "q_hs", "epoch", "eta_s")
-TAU_FIELDS = ("tau_replay", "tau_heldout", "tau_eval")  # optional: a step line without them is whole
+TAU_FIELDS = ("tau_replay", "tau_heldout", "tau_eval", "tau_tree_heldout")  # optional: a step line without them is whole
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +125,15 @@ def _float(text: str) -> float | None:
         return None
 
 
+def _tree_taus(text: str) -> tuple[tuple[int, float], ...] | None:
+    """`8:2.410,32:2.930` -> ((8, 2.41), (32, 2.93)); None when any pair is not whole."""
+    try:
+        pairs = tuple((int(budget), float(tau)) for budget, tau in (pair.split(":") for pair in text.split(",")))
+    except ValueError:
+        return None
+    return tuple(sorted(pairs)) or None
+
+
 def _int(text: str) -> int | None:
     try:
         return int(text)
@@ -153,20 +164,22 @@ def _tok_per_s(number: str, scale: str) -> float | None:
 STEP_LINE = re.compile(
     r"\[([^\]]*)\] step=(\d+) loss=(\S+) acc=(\S+) streak=(\S+) lr=(\S+) noise=(\S+) \| "
     r"tgt=(\S+)b/s dft=(\S+)b/s \((\S+?)([KMG]?)tok/s\) \| q_pre=\[([^\]]*)\] q_hs=\[([^\]]*)\] \| "
-    r"epoch~(\S+) ETA=(\S+)(?: \| ((?:tau_\w+=\d+\.\d{3} ?)+))?"
+    r"epoch~(\S+) ETA=(\S+)(?: \| ((?:tau_\w+=(?:\d+:)?\d+\.\d{3}(?:,\d+:\d+\.\d{3})* ?)+))?"
 )
 # τ values are written with three decimals: a value cut short fails the whole-line pattern, and the tolerant
 # reader then leaves the value the line ends on out
-_TAU_PAIR = re.compile(r"(tau_replay|tau_heldout|tau_eval)=(\S+)")
-_STEP_KEYS = re.compile(r"\b(step|loss|acc|streak|lr|noise|tgt|dft|epoch|ETA|tau_replay|tau_heldout|tau_eval)"
+_TAU_PAIR = re.compile(r"(tau_replay|tau_heldout|tau_eval|tau_tree_heldout)=(\S+)")
+_STEP_KEYS = re.compile(r"\b(step|loss|acc|streak|lr|noise|tgt|dft|epoch|ETA|tau_replay|tau_heldout|tau_eval|"
+                        r"tau_tree_heldout)"
                         r"[=~]([^\s|()\[\]]+)")
 _STEP_QUEUES = re.compile(r"\b(q_pre|q_hs)=\[([\d,\s]*)\]")
 _STEP_TOKENS = re.compile(r"\(([\d.]+(?:[eE][-+]?\d+)?)([KMG]?)tok/s\)")
 _STEP_ELAPSED = re.compile(r"\[(\d[\d.dhms]*)\] step=")
 _STEP_CONVERT = {"step": _int, "loss": _float, "acc": _float, "streak": _float, "lr": _float, "noise": _float,
                  "epoch": _float, "ETA": parse_duration, "tau_replay": _float, "tau_heldout": _float,
-                 "tau_eval": _float,
+                 "tau_eval": _float, "tau_tree_heldout": _tree_taus,
                  "tgt": lambda v: _float(v.removesuffix("b/s")), "dft": lambda v: _float(v.removesuffix("b/s"))}
+_TAU_VALUE = {"tau_replay": float, "tau_heldout": float, "tau_eval": float, "tau_tree_heldout": _tree_taus}
 _STEP_NAMES = {"tgt": "tgt_bps", "dft": "dft_bps", "ETA": "eta_s"}
 
 
@@ -195,7 +208,7 @@ def step_from_match(match: re.Match[str], text: str, line_no: int | None) -> Ste
             "epoch": float(epoch), "eta_s": parse_duration(eta),
         }
         if taus:
-            fields.update((name, float(value)) for name, value in _TAU_PAIR.findall(taus))
+            fields.update((name, _TAU_VALUE[name](value)) for name, value in _TAU_PAIR.findall(taus))
     except ValueError:
         return None  # the shape matched but a value did not: let the tolerant reader take what is good
     # The generated __init__ of a frozen dataclass sets each field through object.__setattr__, which is a
@@ -302,7 +315,21 @@ def parse_metrics_jsonl_record(line: str | bytes) -> StepEvent | PhaseEvent | No
     return PhaseEvent(None, text.rstrip("\r\n"), phase)
 
 
+def _json_tree_taus(value: object) -> tuple[tuple[int, float], ...] | None:
+    """metrics.jsonl's `{"8": 2.41, "32": 2.93}` -> ((8, 2.41), (32, 2.93)); None when it is anything else."""
+    if not isinstance(value, dict):
+        return None
+    try:
+        pairs = tuple(sorted((int(budget), float(tau)) for budget, tau in value.items()
+                             if not isinstance(tau, bool)))
+    except (ValueError, TypeError, OverflowError):
+        return None
+    return pairs or None
+
+
 def _json_value(name: str, value: object) -> object:
+    if name == "tau_tree_heldout":
+        return _json_tree_taus(value)
     if name in ("q_pre", "q_hs"):
         ok = isinstance(value, list) and all(isinstance(d, int) and not isinstance(d, bool) for d in value)
         return tuple(value) if ok else None

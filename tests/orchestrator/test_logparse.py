@@ -139,6 +139,8 @@ step_metrics = st.builds(
     tau_replay=st.one_of(st.none(), st.floats(min_value=1, max_value=16)),
     tau_heldout=st.one_of(st.none(), st.floats(min_value=1, max_value=16)),
     tau_eval=st.one_of(st.none(), st.floats(min_value=1, max_value=16)),
+    tau_tree_heldout=st.one_of(st.none(), st.dictionaries(st.integers(min_value=1, max_value=1024),
+                                                          st.floats(min_value=1, max_value=16), min_size=1)),
 )
 
 
@@ -169,9 +171,14 @@ def test_writer_step_line_round_trip(metrics):
     else:
         assert same_number(event.eta_s, metrics.eta_s, rel_tol=0.05, abs_tol=0.05)
     for name in logformat.TAU_FIELDS:  # written with three decimals, only where measured
-        written = getattr(metrics, name)
-        assert (getattr(event, name) is None) if written is None else same_number(getattr(event, name), written,
-                                                                                  abs_tol=5.1e-4), name
+        written, parsed = getattr(metrics, name), getattr(event, name)
+        if written is None:
+            assert parsed is None, name
+        elif isinstance(written, dict):  # tree τ per node budget: (budget, τ) pairs, smallest budget first
+            assert [budget for budget, _ in parsed] == sorted(written), name
+            assert all(same_number(tau, written[budget], abs_tol=5.1e-4) for budget, tau in parsed), name
+        else:
+            assert same_number(parsed, written, abs_tol=5.1e-4), name
 
 
 @settings(max_examples=300, deadline=None)
@@ -181,7 +188,8 @@ def test_writer_metrics_json_round_trip(metrics):
     assert event is not None and not event.partial and event.line_no is None
     written = dataclasses.asdict(metrics)
     written |= {"tgt_bps": written.pop("tgt_batches_per_s"), "dft_bps": written.pop("dft_batches_per_s"),
-                "q_pre": tuple(metrics.q_pre), "q_hs": tuple(metrics.q_hs)}
+                "q_pre": tuple(metrics.q_pre), "q_hs": tuple(metrics.q_hs),
+                "tau_tree_heldout": tuple(sorted((metrics.tau_tree_heldout or {}).items())) or None}
     for name, value in written.items():
         parsed = getattr(event, name)
         assert parsed == value or (isinstance(value, float) and math.isnan(value) and math.isnan(parsed)), name
@@ -595,3 +603,21 @@ def test_tau_fields_after_the_seed_format_are_read_whole_or_cut():
     assert not plain.partial and plain.tau_replay is None  # a line without τ is whole, as the seed's are
     record = json.dumps({"event": "step", "step": 3, "loss": 2.5, "tau_replay": 2.1, "accept_hist": [0.5, 0.5]})
     assert parse_metrics_jsonl_line(record).tau_replay == 2.1
+
+
+def test_tree_tau_per_node_budget_is_read_from_both_formats_whole_or_cut():
+    line = ("[1m] step=3 loss=2.5 acc=0.400 streak=2.0 lr=1.00e-04 noise=0 | tgt=1.00b/s dft=1.00b/s "
+            "(1.0Ktok/s) | q_pre=[1] q_hs=[1] | epoch~0.00 ETA=5.0m | tau_heldout=1.850 "
+            "tau_tree_heldout=8:2.410,32:2.930,64:3.020")
+    whole = parse_step_line(line)
+    assert not whole.partial and whole.tau_heldout == 1.85
+    assert whole.tau_tree_heldout == ((8, 2.41), (32, 2.93), (64, 3.02))
+    for cut in (line[:-3], line[:-6], line[:-12]):  # cut inside a pair or after a comma: the field is left out
+        event = parse_step_line(cut)
+        assert (event.tau_heldout, event.tau_tree_heldout, event.loss) == (1.85, None, 2.5), cut
+    garbled = parse_step_line(line.replace("32:2.930", "32:x") + " ")
+    assert garbled.tau_heldout == 1.85 and garbled.tau_tree_heldout is None
+    record = {"event": "step", "step": 3, "loss": 2.5, "tau_tree_heldout": {"32": 2.93, "8": 2.41}}
+    assert parse_metrics_jsonl_line(json.dumps(record)).tau_tree_heldout == ((8, 2.41), (32, 2.93))
+    for bad in ([8, 2.4], {"eight": 2.4}, {"8": "x"}, {}):
+        assert parse_metrics_jsonl_line(json.dumps({**record, "tau_tree_heldout": bad})).tau_tree_heldout is None

@@ -160,18 +160,31 @@ def test_the_parity_check_imports_no_torch(trained, tiny_target):
     assert result.stdout.strip().splitlines()[-1] == "0 []", result.stdout + result.stderr
 
 
-def test_the_card_takes_the_latest_eval_tau_up_to_the_checkpoints_step(tmp_path):
-    from trainer.export import training_facts
+# what the model card reads of a checkpoint's config.json
+CARD_CONFIG = {"dflash_config": {"target_layer_ids": [1, 3], "mask_token_id": 5}, "use_sliding_window": False,
+               "num_hidden_layers": 1, "eagle_aux_hidden_state_layer_ids": [2, 4], "num_target_layers": 4,
+               "block_size": 8, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16}
+
+
+def test_the_card_takes_the_latest_eval_and_heldout_tau_up_to_the_checkpoints_step(tmp_path):
+    from trainer.export import model_card, training_facts
 
     checkpoint = tmp_path / "out" / "step_10"
     checkpoint.mkdir(parents=True)
     (checkpoint / "trainer_config.json").write_text(json.dumps({"target_path": "/models/t"}))
     records = [{"event": "step", "step": 5, "loss": 3.0}, {"event": "eval", "step": 5, "tau": 1.5},
-               {"event": "eval", "step": 10, "tau": 2.25}, {"event": "eval", "step": 15, "tau": 3.0}]
+               {"event": "step", "step": 8, "tau_heldout": 1.75, "tau_tree_heldout": {"32": 2.5, "8": 2.0}},
+               {"event": "eval", "step": 10, "tau": 2.25}, {"event": "eval", "step": 15, "tau": 3.0},
+               {"event": "step", "step": 12, "tau_heldout": 1.9, "tau_tree_heldout": {"8": 2.2, "32": 2.75}}]
     (tmp_path / "out" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records) + "{cut")
-    assert training_facts(checkpoint) == {"step": 10, "target": "/models/t", "tau": (2.25, 10)}
+    facts = training_facts(checkpoint)
+    assert facts == {"step": 10, "target": "/models/t", "tau": (2.25, 10),
+                     "heldout": {"step": 8, "chain": 1.75, "trees": {8: 2.0, 32: 2.5}}}
+    card = model_card(CARD_CONFIG, facts, "bfloat16")
+    assert "| Held-out tau, replayed | chain 1.75; DDTree 8 nodes 2.00, 32 nodes 2.50 (step 8) |" in card
     (tmp_path / "out" / "metrics.jsonl").unlink()
-    assert training_facts(checkpoint)["tau"] is None
+    assert training_facts(checkpoint)["tau"] is None and training_facts(checkpoint)["heldout"] is None
+    assert "| Held-out tau, replayed | (not measured" in model_card(CARD_CONFIG, training_facts(checkpoint), "bf16")
 
 
 def test_a_spare_embedding_row_past_the_tokenizer_is_a_mask_no_text_encodes_to(trained, tiny_target, tmp_path):

@@ -1,6 +1,7 @@
 """The τ figures a training run reports next to streak: replayed rounds on the logged step's own batch
 (`tau_replay`), and every `eval_every` steps the same replay on the held-out split that `prepare` set aside
-(`tau_heldout`), optionally with real speculative decoding of a few held-out prompts (`tau_eval`).
+(`tau_heldout`), DDTree's tree rounds replayed there at the eval's node budgets from the same drafter pass
+(`tau_tree_heldout`), optionally with real speculative decoding of a few held-out prompts (`tau_eval`).
 
 Training-batch replay runs on every rank and is summed over ranks (one small all-reduce, on logged steps
 only); the held-out evaluation runs on rank 0 alone while the other ranks wait at the next collective.
@@ -12,7 +13,8 @@ import torch
 
 from trainer.errors import TrainerError
 from trainer.spec.preflight import heldout_dir, heldout_problem
-from trainer.training.tau_replay import ReplayTally, replay_batch
+from trainer.training.tau_replay import ReplayTally, anchor_pass, chain_tally, replay_batch
+from trainer.training.tree_replay import tree_tallies
 
 EVAL_BATCH = 4           # held-out sequences per target forward
 
@@ -56,8 +58,10 @@ class TauMonitor:
             tally = self._summed(tally)
             out.update(tau_replay=tally.tau, accept_hist=tally.shares())
         if self.ctx.is_main and self.heldout is not None and (self.eval_due(step) or last):
-            held = self.heldout_tally()
+            held, trees = self.heldout_tallies()
             out.update(tau_heldout=held.tau, accept_hist_heldout=held.shares())
+            tree_taus = {budget: tally.tau for budget, tally in trees.items() if tally.tau is not None}
+            out.update(tau_tree_heldout=tree_taus or None)
             if self.cfg.eval_prompts:
                 out.update(self.decode_heldout())
         return {key: value for key, value in out.items() if value is not None}
@@ -77,9 +81,16 @@ class TauMonitor:
         limit = self.cfg.max_length
         return [(row[:limit].astype(np.int64), mask[:limit].astype(bool)) for row, mask in zip(ids, masks)]
 
-    def heldout_tally(self) -> ReplayTally:
-        """Replayed rounds over the first eval_samples held-out samples (one target forward per few)."""
+    @torch.no_grad()
+    def heldout_tallies(self) -> tuple[ReplayTally, dict[int, ReplayTally]]:
+        """Replayed chain rounds over the first eval_samples held-out samples (one target forward per few), and
+        the tree rounds per eval_tree_budgets budget from the same drafter pass."""
+        from trainer.model.drafter import unwrap
+
+        inner = unwrap(self.drafter)
+        budgets = list(self.cfg.eval_tree_budgets)
         tally = ReplayTally(hist=[0] * self.block_size)
+        trees = {budget: ReplayTally() for budget in budgets}
         samples = self._samples(self.cfg.eval_samples)
         device = self.ctx.device
         for first in range(0, len(samples), EVAL_BATCH):
@@ -94,9 +105,13 @@ class TauMonitor:
                 attention[row, :len(ids)] = 1
             with self.autocast:
                 features = self.target.features(input_ids, attention)
-                tally = tally.add(replay_batch(self.drafter, features, input_ids.to(device), loss_mask.to(device),
-                                               max_sequences=len(group), width=self.width))
-        return tally
+                input_ids, loss_mask = input_ids.to(device), loss_mask.to(device)
+                found = anchor_pass(inner, features, input_ids, loss_mask, width=max(1, self.width),
+                                    top=max(budgets, default=0))
+            tally = tally.add(chain_tally(found.streaks, loss_mask, self.block_size))
+            for budget, part in tree_tallies(found, input_ids, loss_mask, budgets).items():
+                trees[budget] = trees[budget].add(part)
+        return tally, trees
 
     def decode_heldout(self) -> dict:
         """Real speculative decoding of the first eval_prompts held-out prompts: EVAL_BATCH at a time over one
