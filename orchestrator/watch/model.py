@@ -19,6 +19,8 @@ class MetricPoint:
     tau_replay: float | None = None   # τ of replayed decoding rounds on the step's batch
     tau_heldout: float | None = None  # the same on the held-out split (eval_every steps only)
     tau_eval: float | None = None     # real speculative decoding of held-out prompts (eval_prompts)
+    # DDTree rounds replayed on the held-out split: (node budget, τ), smallest budget first (eval_every steps)
+    tau_tree_heldout: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,7 @@ class RunView:
     tau_replay: float | None = None           # the latest τ replayed on a training batch
     tau_heldout: float | None = None          # the latest τ replayed on the held-out split
     tau_eval: float | None = None             # the latest τ of real speculative decoding of held-out prompts
+    tau_tree_heldout: tuple[tuple[int, float], ...] = ()  # the latest DDTree τ per node budget, held-out replay
 
     @property
     def tau(self) -> float | None:

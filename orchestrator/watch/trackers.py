@@ -30,7 +30,7 @@ def shown_phase(event: PhaseEvent, current: str | None) -> str | None:
 
 
 STEP_VALUES = ("loss", "acc", "streak", "lr", "tok_per_s", "eta_s", "tgt_bps", "dft_bps", "tau_replay", "tau_heldout",
-               "tau_eval")
+               "tau_eval", "tau_tree_heldout")
 MAX_EXCEPTION_TEXTS = 20
 
 
@@ -68,7 +68,7 @@ class RunTracker:
         self.last_step_line: str | None = None
         self.q_pre: tuple[int, ...] = ()
         self.q_hs: tuple[int, ...] = ()
-        self.values: dict[str, float | None] = dict.fromkeys(STEP_VALUES)
+        self.values: dict[str, float | tuple | None] = dict.fromkeys(STEP_VALUES)
         self.queue_capacity = 0  # the deepest any of its queues has been
         self.step_times: dict[str, float] = {}
         self.n_targets: int | None = None
@@ -145,7 +145,8 @@ class RunTracker:
         if step.step is not None:
             self.last_step = step.step
             self.history.append(MetricPoint(step.step, step.loss, step.acc, step.streak, step.tok_per_s,
-                                            step.tau_replay, step.tau_heldout, step.tau_eval))
+                                            step.tau_replay, step.tau_heldout, step.tau_eval,
+                                            step.tau_tree_heldout or ()))
         for name in STEP_VALUES:
             value = getattr(step, name)
             if value is not None:
@@ -192,7 +193,8 @@ class RunTracker:
             loss=v["loss"], acc=v["acc"], streak=v["streak"], lr=v["lr"], tok_per_s=v["tok_per_s"],
             eta_s=v["eta_s"], q_pre=self.q_pre, q_hs=self.q_hs, exceptions=self.exception_count,
             history=tuple(self.history), log_tail=tuple(self.tail), exception_texts=tuple(self.exception_texts),
-            tau_replay=v["tau_replay"], tau_heldout=v["tau_heldout"], tau_eval=v["tau_eval"])
+            tau_replay=v["tau_replay"], tau_heldout=v["tau_heldout"], tau_eval=v["tau_eval"],
+            tau_tree_heldout=v["tau_tree_heldout"] or ())
 
 
 class GpuTracker:

@@ -157,6 +157,32 @@ def test_version_never_imports_torch_in_the_controller(inv):
     assert done.stdout.startswith("dflashctl ")
 
 
+def test_watch_once_json_shows_the_tree_tau_of_a_runs_step_lines(inv, capsys):
+    from trainer import logformat
+
+    def line(step: int, **taus) -> str:
+        return logformat.format_step_line(logformat.StepMetrics(
+            elapsed_s=60.0 * step, step=step, loss=3.0, acc=0.4, streak=2.0, lr=1e-4, noise=0.0,
+            tgt_batches_per_s=1.0, dft_batches_per_s=1.0, tok_per_s=1000.0, q_pre=[1], eta_s=60.0, **taus))
+
+    lines = [line(2, tau_replay=2.5), line(3, tau_heldout=1.8, tau_tree_heldout={8: 2.41, 32: 2.93, 64: 3.02}),
+             line(4, tau_replay=2.6)]
+    record = launch(inv, capsys, "--name", "trees", "--", "sh", "-c", 'printf "%s\\n" "$@"; sleep 60', "sh", *lines)
+    deadline = time.monotonic() + 60
+    while True:
+        code, snapshot, err = run_cli(inv, "watch", "local", "--once", "--json", capsys=capsys)
+        run = next(r for r in snapshot["runs"] if r["run_id"] == record["run_id"])
+        if run["last_step"] == 4:
+            break
+        assert time.monotonic() < deadline, (run, err)
+        time.sleep(0.2)
+    # (budget, τ) pairs, smallest budget first; a later line without them keeps the evaluation's figures
+    assert run["tau_tree_heldout"] == [[8, 2.41], [32, 2.93], [64, 3.02]] and run["tau_heldout"] == 1.8
+    assert [point["tau_tree_heldout"] for point in run["history"]] == [[], [[8, 2.41], [32, 2.93], [64, 3.02]], []]
+    code, _, err = run_cli(inv, "kill", record["run_id"], "--grace", "1", capsys=capsys)
+    assert code == 0, err
+
+
 SLOW_START_S = 35  # past the 30 s `watch --once` used to wait, within the 45 s a stream waits for an agent's first word
 
 

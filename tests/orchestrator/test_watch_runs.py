@@ -116,3 +116,20 @@ def test_tau_figures_reach_the_view_and_the_history() -> None:
                                                                             (30, None, None)]
     assert view.history[1].tau_eval == 1.75
     assert tracker().view().tau is None
+
+
+def test_tree_tau_per_budget_reaches_the_view_and_the_history() -> None:
+    from trainer import logformat
+
+    def line(step: int, **taus) -> str:
+        return logformat.format_step_line(logformat.StepMetrics(
+            elapsed_s=60.0 * step, step=step, loss=3.0, acc=0.4, streak=2.0, lr=1e-4, noise=0.0,
+            tgt_batches_per_s=1.0, dft_batches_per_s=1.0, tok_per_s=1000.0, q_pre=[1], eta_s=60.0, **taus)) + "\n"
+
+    run = tracker()
+    trees = {64: 3.02, 8: 2.41, 32: 2.93}
+    run.feed(0, 1, (line(10) + line(20, tau_heldout=1.8, tau_tree_heldout=trees) + line(30)).encode(), now=0.0)
+    view = run.view()
+    # kept from the evaluation's line, as tau_heldout is, smallest budget first
+    assert view.tau_tree_heldout == ((8, 2.41), (32, 2.93), (64, 3.02)) and view.tau_heldout == 1.8
+    assert [p.tau_tree_heldout for p in view.history] == [(), ((8, 2.41), (32, 2.93), (64, 3.02)), ()]

@@ -1,5 +1,6 @@
 """prepare's held-out split (deterministic, by chat, never trained on) and a real training run that reports
-tau_replay on logged steps and tau_heldout / tau_eval every eval_every steps, in both log formats."""
+tau_replay on logged steps and tau_heldout / tau_tree_heldout / tau_eval every eval_every steps, in both log
+formats."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -69,11 +70,17 @@ def test_training_reports_replayed_and_heldout_tau(base_config, split, tmp_path)
     for step in (3, 6):
         assert 1.0 <= records[step]["tau_heldout"] <= 8 and 1.0 <= records[step]["tau_eval"] <= 8
         assert records[step]["eval_rounds"] > 0 and len(records[step]["accept_hist_heldout"]) == 8
-    assert all("tau_heldout" not in records[step] for step in (1, 2, 4))
+        trees = records[step]["tau_tree_heldout"]  # the default budgets; a tree holds its chain's best path
+        assert sorted(trees, key=int) == ["8", "32", "64"] and all(1.0 <= tau <= 8 for tau in trees.values())
+    assert all("tau_heldout" not in records[step] and "tau_tree_heldout" not in records[step] for step in (1, 2, 4))
     # the human step lines carry the same figures, and the controller's parser reads them
     lines = [parse_step_line(line) for line in result.stdout.splitlines() if " step=" in line and "loss=" in line]
     by_step = {event.step: event for event in lines if event is not None}
     assert not by_step[3].partial and by_step[3].tau_heldout == pytest.approx(records[3]["tau_heldout"], abs=5e-4)
+    budgets, taus = zip(*by_step[6].tau_tree_heldout)
+    assert budgets == (8, 32, 64) and taus == pytest.approx([records[6]["tau_tree_heldout"][str(b)] for b in budgets],
+                                                            abs=5e-4)
+    assert by_step[4].tau_tree_heldout is None
     assert by_step[2].tau_replay == pytest.approx(records[2]["tau_replay"], abs=5e-4)
     assert by_step[2].tau_heldout is None and by_step[6].tau_eval == pytest.approx(records[6]["tau_eval"], abs=5e-4)
 

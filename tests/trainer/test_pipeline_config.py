@@ -38,6 +38,11 @@ def test_every_field_has_a_description():
     ({"max_length": 9000}, "max_length=9000 does not fit"),
     ({"lr": "fast"}, "lr: Input should be a valid number"),
     ({"target_layer_ids": []}, "must not be empty"),
+    ({"eval_tree_budgets": [8, 0]}, "eval_tree_budgets must be distinct node budgets from 1 to 1024, e.g. [8, 32, "
+                                    "64], got [8, 0]"),
+    ({"eval_tree_budgets": [32, 32]}, "got [32, 32]"),
+    ({"eval_tree_budgets": [4096]}, "from 1 to 1024"),
+    ({"eval_tree_budgets": "8,32"}, "eval_tree_budgets: Input should be a valid list"),
 ])
 def test_bad_values_name_the_key(tmp_path, values, message):
     data = {**REQUIRED, **values}
@@ -61,6 +66,17 @@ def test_cli_typo_exits_2_without_traceback(tmp_path):
     assert result.returncode == 2
     assert "unknown key 'epochz' (did you mean 'epochs'?)" in result.stderr
     assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_tree_budgets_default_to_the_evals_and_a_bad_one_exits_2_in_one_line(tmp_path):
+    assert config_from_dict(REQUIRED, source="x").eval_tree_budgets == [8, 32, 64]
+    assert config_from_dict({**REQUIRED, "eval_tree_budgets": []}, source="x").eval_tree_budgets == []
+    path = write_config(tmp_path / "run.yaml", **REQUIRED, eval_tree_budgets=[64, -1])
+    result = run_trainer("train", "--config", path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr + result.stdout
+    assert [line for line in result.stderr.splitlines() if "eval_tree_budgets" in line] == [
+        f"error: {path}: eval_tree_budgets must be distinct node budgets from 1 to 1024, e.g. [8, 32, 64], "
+        "got [64, -1]"]
 
 
 def test_train_help_lists_every_config_key():

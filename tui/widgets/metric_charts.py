@@ -1,4 +1,5 @@
-"""Loss, acc/streak, throughput and τ (train replay vs held-out) of the selected run over its steps (plotext)."""
+"""Loss, acc/streak, throughput and τ (train replay vs held-out, the held-out DDTree trees) of the selected run over
+its steps (plotext)."""
 from __future__ import annotations
 
 import math
@@ -28,6 +29,17 @@ TAU: tuple[Series, ...] = (
     ("held-out", lambda p: p.tau_heldout, "green", "left"),
     ("decoded", lambda p: p.tau_eval, "yellow", "left"),
 )
+TREE_COLOUR = "cyan"
+
+
+def tree_series(history: tuple[MetricPoint, ...]) -> tuple[Series, ...]:
+    """DDTree τ replayed on the held-out split at the largest node budget the run reports (what the drafter's
+    second choices add over its chain); none when the run reports no tree τ."""
+    budgets = {budget for point in history for budget, _ in point.tau_tree_heldout}
+    if not budgets:
+        return ()
+    largest = max(budgets)
+    return ((f"tree {largest}", lambda p: dict(p.tau_tree_heldout).get(largest), TREE_COLOUR, "left"),)
 # The charts a small terminal shows one at a time, in switching order: (plot id, what its title calls it).
 SINGLE_CHARTS = (("chart-loss", "loss"), ("chart-toks", "tok/s"), ("chart-tau", "τ"))
 
@@ -84,7 +96,9 @@ class MetricCharts(Horizontal):
         self._draw(self.query_one("#chart-acc", PlotextPlot), "acc · streak", history, ACCURACY)
         self._draw(self.query_one("#chart-toks", PlotextPlot), "Ktok/s", history, THROUGHPUT)
         # no legend: it would hide the curves' ends in a small plot; the title names the colours
-        self._draw(self.query_one("#chart-tau", PlotextPlot), "τ train·held", history, TAU, legend=False)
+        trees = tree_series(history)
+        title = "τ train·held" + "".join(f"·{label}" for label, *_ in trees)
+        self._draw(self.query_one("#chart-tau", PlotextPlot), title, history, TAU + trees, legend=False)
 
     @staticmethod
     def _draw(plot: PlotextPlot, title: str, history: tuple[MetricPoint, ...], series: tuple[Series, ...], *,
