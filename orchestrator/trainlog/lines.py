@@ -82,7 +82,8 @@ _new_object = object.__new__
 _set_attribute = object.__setattr__
 STEP_FIELDS = ("elapsed_s", "step", "loss", "acc", "streak", "lr", "noise", "tgt_bps", "dft_bps",
                "tok_per_s", "q_pre", "q_hs", "epoch", "eta_s")
-TAU_FIELDS = ("tau_replay", "tau_heldout", "tau_eval", "tau_tree_heldout")  # optional: a step line without them is whole
+# optional: a step line without them is whole
+TAU_FIELDS = ("tau_replay", "tau_heldout", "tau_eval", "tau_tree_heldout")
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,6 +43,10 @@ def test_replayed_tree_rounds_equal_the_evals_tree_decoding(self_text_and_drafte
     # second choices are worth something to this drafter: a larger tree accepts more than a smaller one and
     # than the chain, so the figures differ and the equality above compares something
     assert chain < decoded_tau[32] and decoded_tau[2] < decoded_tau[32], (chain, decoded_tau)
+    # no budgets (eval_tree_budgets: []): the pass keeps no candidates and there is nothing to replay
+    plain = anchor_pass(drafter, features, input_ids, loss_mask, width=7)
+    assert plain.top_logprobs is None and tree_tallies(plain, input_ids, loss_mask, []) == {}
+    assert plain.streaks.equal(found.streaks)  # keeping the candidates leaves the chain's streaks as they were
 
 
 def test_a_tree_round_keeps_the_longest_matching_path_and_the_bonus():

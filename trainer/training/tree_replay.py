@@ -49,6 +49,8 @@ def replay_tree_rounds(ids: list[int], mask: list[int], logprobs: np.ndarray, to
 
 def tree_tallies(found: AnchorPass, input_ids, loss_mask, budgets: list[int]) -> dict[int, ReplayTally]:
     """The replayed tree rounds of every sequence of a pass made with top >= max(budgets), per budget."""
+    if not budgets:
+        return {}
     logprobs, top_ids = found.top_logprobs.cpu().numpy(), found.top_ids.cpu().numpy()
     tallies = {budget: ReplayTally() for budget in budgets}
     for row, (ids, mask) in enumerate(zip(input_ids.tolist(), loss_mask.int().tolist())):
