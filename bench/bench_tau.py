@@ -8,7 +8,9 @@
 3. `trainer eval` (real speculative decoding against the target) runs on held-out prompts.
 
 The figures, printed as one JSON object on stdout (progress on stderr): held-out τ replayed by the trainer
-(`tau_heldout`), τ measured by `trainer eval` on held-out prompts, and the old prediction streak + 1.
+(`tau_heldout`), τ measured by `trainer eval` on held-out prompts, and the old prediction streak + 1; and per
+DDTree node budget (the trainer's default eval_tree_budgets) the replayed `tau_tree_heldout` against
+`trainer eval --tree-budget` on the same held-out prompts.
 
     python bench/bench_tau.py --device cuda        # one H200: about 6 minutes
     python bench/bench_tau.py --tiny               # a CPU smoke run of every stage (about a minute)
@@ -161,6 +163,7 @@ def training_figures(work: Path) -> dict:
             "streak_plus_1_last_logs": round(sum(r["streak"] for r in tail) / len(tail) + 1, 3),
             "tau_replay_train_last_logs": round(sum(r["tau_replay"] for r in tail) / len(tail), 3),
             "tau_heldout": heldout[-1]["tau_heldout"] if heldout else None,
+            "tau_tree_heldout": heldout[-1].get("tau_tree_heldout") if heldout else None,
             "accept_hist_heldout": heldout[-1].get("accept_hist_heldout") if heldout else None,
             "tau_heldout_by_step": {r["step"]: round(r["tau_heldout"], 3) for r in heldout}}
 
@@ -219,6 +222,7 @@ def run(work: Path, args) -> dict:
     import torch
     import yaml
 
+    from trainer.config import DEFAULT_TREE_BUDGETS
     from trainer.decoding.evaluation import evaluate
 
     began = time.perf_counter()
@@ -241,9 +245,16 @@ def run(work: Path, args) -> dict:
     evaluated = time.perf_counter()
     report = evaluate(target=work / "target", drafter_dir=work / "drafter" / f"step_{training['steps']}",
                       prompts=work / "heldout_prompts.jsonl", max_new_tokens=args.max_new_tokens,
-                      device=args.device, dtype=args.eval_dtype, baseline=False)
+                      device=args.device, dtype=args.eval_dtype, baseline=False, tree_budgets=DEFAULT_TREE_BUDGETS)
     eval_tau = report.tau
     heldout_tau = training["tau_heldout"]
+    replayed_trees = training["tau_tree_heldout"] or {}
+    trees = {tree.budget: {"eval_heldout_prompts": round(tree.tau, 4),
+                           "replay_heldout": (None if str(tree.budget) not in replayed_trees
+                                              else round(replayed_trees[str(tree.budget)], 4)),
+                           "replay_over_eval": round(replayed_trees[str(tree.budget)] / tree.tau, 4)
+                           if str(tree.budget) in replayed_trees and tree.tau else None}
+             for tree in report.trees}
     return {
         "device": args.device, "size": args.size, "target": target, "data": data, "drafter": training,
         "eval": {"prompts": count, "tau": round(eval_tau, 4), "rounds": report.rounds,
@@ -257,6 +268,7 @@ def run(work: Path, args) -> dict:
                 "streak_plus_1": training["streak_plus_1_last_logs"],
                 "replay_over_eval": None if heldout_tau is None or not eval_tau else round(heldout_tau / eval_tau, 4),
                 "streak_plus_1_over_eval": round(training["streak_plus_1_last_logs"] / eval_tau, 4) if eval_tau else None},
+        "tree_tau": trees,
         "seconds": round(time.perf_counter() - began, 1),
     }
 

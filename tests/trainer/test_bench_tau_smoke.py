@@ -29,5 +29,11 @@ def test_tau_benchmark_runs_every_stage_on_the_cpu(tmp_path):
     assert tau["replay_over_eval"] == pytest.approx(tau["replay_heldout"] / tau["eval_heldout_prompts"], abs=1e-3)
     assert tau["streak_plus_1_over_eval"] == pytest.approx(tau["streak_plus_1"] / tau["eval_heldout_prompts"],
                                                            abs=1e-3)
+    # tree τ per default budget: replayed on the held-out split and decoded by `trainer eval --tree-budget`
+    assert sorted(result["tree_tau"], key=int) == ["8", "32", "64"]
+    for tree in result["tree_tau"].values():
+        assert 1.0 <= tree["eval_heldout_prompts"] <= 8.0 and 1.0 <= tree["replay_heldout"] <= 8.0
+        assert tree["replay_over_eval"] == pytest.approx(tree["replay_heldout"] / tree["eval_heldout_prompts"],
+                                                         abs=1e-3)
     # the run's own files stay in the work directory for a look afterwards
     assert (tmp_path / "drafter" / "metrics.jsonl").is_file() and (tmp_path / "dataset" / "heldout").is_dir()
