@@ -67,19 +67,25 @@ def _heldout_taus(record, step: int | None) -> dict | None:
     """The held-out chain and tree tau of a step record up to `step`, None for any other line."""
     if not isinstance(record, dict) or record.get("event") != "step" or not isinstance(record.get("step"), int):
         return None
-    trees = record.get("tau_tree_heldout")
-    if (step is not None and record["step"] > step) or not isinstance(trees, dict) or not trees:
+    chain, trees = record.get("tau_heldout"), record.get("tau_tree_heldout")
+    chain = chain if isinstance(chain, (int, float)) else None
+    trees = trees if isinstance(trees, dict) else {}
+    if (step is not None and record["step"] > step) or (chain is None and not trees):
         return None
-    return {"step": record["step"], "chain": record.get("tau_heldout"),
-            "trees": {int(budget): tau for budget, tau in sorted(trees.items(), key=lambda kv: int(kv[0]))}}
+    try:
+        trees = {int(budget): float(tau) for budget, tau in sorted(trees.items(), key=lambda kv: int(kv[0]))}
+    except (TypeError, ValueError):
+        trees = {}
+    return {"step": record["step"], "chain": chain, "trees": trees}
 
 
 def _heldout_row(heldout: dict | None) -> str:
     if not heldout:
-        return "(not measured: eval_every and eval_tree_budgets set it)"
-    trees = ", ".join(f"{budget} nodes {tau:.2f}" for budget, tau in heldout["trees"].items())
-    chain = f"chain {heldout['chain']:.2f}; " if isinstance(heldout.get("chain"), (int, float)) else ""
-    return f"{chain}DDTree {trees} (step {heldout['step']})"
+        return "(not measured: eval_every sets it)"
+    parts = [f"chain {heldout['chain']:.2f}"] if heldout["chain"] is not None else []
+    if heldout["trees"]:
+        parts.append("DDTree " + ", ".join(f"{budget} nodes {tau:.2f}" for budget, tau in heldout["trees"].items()))
+    return "; ".join(parts) + f" (step {heldout['step']})"
 
 
 def model_card(config: dict, facts: dict, dtype: str) -> str:

@@ -175,6 +175,7 @@ def test_the_card_takes_the_latest_eval_and_heldout_tau_up_to_the_checkpoints_st
     records = [{"event": "step", "step": 5, "loss": 3.0}, {"event": "eval", "step": 5, "tau": 1.5},
                {"event": "step", "step": 8, "tau_heldout": 1.75, "tau_tree_heldout": {"32": 2.5, "8": 2.0}},
                {"event": "eval", "step": 10, "tau": 2.25}, {"event": "eval", "step": 15, "tau": 3.0},
+               {"event": "step", "step": 9, "loss": 2.0},
                {"event": "step", "step": 12, "tau_heldout": 1.9, "tau_tree_heldout": {"8": 2.2, "32": 2.75}}]
     (tmp_path / "out" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records) + "{cut")
     facts = training_facts(checkpoint)
@@ -182,6 +183,10 @@ def test_the_card_takes_the_latest_eval_and_heldout_tau_up_to_the_checkpoints_st
                      "heldout": {"step": 8, "chain": 1.75, "trees": {8: 2.0, 32: 2.5}}}
     card = model_card(CARD_CONFIG, facts, "bfloat16")
     assert "| Held-out tau, replayed | chain 1.75; DDTree 8 nodes 2.00, 32 nodes 2.50 (step 8) |" in card
+    records[2] = {"event": "step", "step": 8, "tau_heldout": 1.75}  # a run with eval_tree_budgets: []
+    (tmp_path / "out" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert "| Held-out tau, replayed | chain 1.75 (step 8) |" in model_card(CARD_CONFIG, training_facts(checkpoint),
+                                                                           "bfloat16")
     (tmp_path / "out" / "metrics.jsonl").unlink()
     assert training_facts(checkpoint)["tau"] is None and training_facts(checkpoint)["heldout"] is None
     assert "| Held-out tau, replayed | (not measured" in model_card(CARD_CONFIG, training_facts(checkpoint), "bf16")
