@@ -1,0 +1,127 @@
+"""The import graph of orchestrator/, tui/ and trainer/ has no circle and runs one way: tui -> orchestrator ->
+transports, the agent alone, the trainer beside the controller.
+
+Every import counts, a function-local one too: an import moved into a function to dodge a circle still makes
+the two modules depend on each other, and it is how the last circle (14 controller modules) stayed hidden.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("orchestrator", "tui", "trainer")
+# what the transports may use of the rest of the controller: the error root, the inventory they connect to
+TRANSPORTS_MAY_IMPORT = ("orchestrator.errors", "orchestrator.inventory.", "orchestrator.agent.protocol")
+
+
+def module_files(root: Path = ROOT) -> dict[str, Path]:
+    """Dotted name -> file of every module of the three packages; a package under its own name."""
+    found = {}
+    for package in PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def import_graph(files: dict[str, Path]) -> dict[str, set[str]]:
+    """Module -> the project's modules it imports anywhere in its body: `from pkg import name` is the module
+    `pkg.name` where that is a module (the package is only being walked through), else the package `pkg`."""
+    graph = {}
+    for name, path in files.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = _absolute(node, package)
+                for alias in node.names:
+                    targets.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in files else base)
+        graph[name] = {target for target in targets if target in files and target != name}
+    return graph
+
+
+def _absolute(node: ast.ImportFrom, package: str) -> str:
+    if not node.level:
+        return node.module or ""
+    parts = package.split(".")[:len(package.split(".")) - node.level + 1]
+    return ".".join(parts + ([node.module] if node.module else []))
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One circle of imports as [a, b, ..., a], or None; depth-first, iterative (the graph has ~300 nodes)."""
+    done: set[str] = set()
+    for start in sorted(graph):
+        if start in done:
+            continue
+        path, stack = [start], [iter(sorted(graph[start]))]
+        while stack:
+            following = next(stack[-1], None)
+            if following is None:  # every import of path[-1] explored: no circle through it
+                done.add(path.pop())
+                stack.pop()
+            elif following in path:
+                return path[path.index(following):] + [following]
+            elif following not in done:
+                path.append(following)
+                stack.append(iter(sorted(graph[following])))
+    return None
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    return import_graph(module_files())
+
+
+def test_no_module_imports_itself_back_through_others(graph: dict[str, set[str]]) -> None:
+    cycle = find_cycle(graph)
+    assert cycle is None, "import circle: " + " -> ".join(cycle or [])
+
+
+def test_the_cycle_finder_finds_a_circle_closed_by_a_function_local_import(tmp_path: Path) -> None:
+    # the shape of the circle the issue found: a module-level import one way, a function-local one back
+    (tmp_path / "orchestrator" / "watch").mkdir(parents=True)
+    (tmp_path / "tui").mkdir()
+    (tmp_path / "trainer").mkdir()
+    (tmp_path / "orchestrator" / "__init__.py").write_text("")
+    (tmp_path / "orchestrator" / "watch" / "__init__.py").write_text("")
+    (tmp_path / "orchestrator" / "kinds.py").write_text("from .watch.alerts import STALL\n")
+    (tmp_path / "orchestrator" / "watch" / "alerts.py").write_text(
+        "STALL = 'stall'\n\ndef rules():\n    from ..kinds import KINDS  # dodges the circle\n    return KINDS\n")
+    cycle = find_cycle(import_graph(module_files(tmp_path)))
+    assert cycle is not None and cycle[0] == cycle[-1]
+    assert set(cycle) == {"orchestrator.kinds", "orchestrator.watch.alerts"}
+
+
+def _offenders(graph: dict[str, set[str]], importer: str, allowed) -> list[str]:
+    return sorted(f"{name} -> {target}" for name, targets in graph.items() if name.startswith(importer)
+                  for target in targets if not allowed(target))
+
+
+def test_the_transports_use_only_the_errors_the_inventory_and_the_protocol(graph: dict[str, set[str]]) -> None:
+    def allowed(target: str) -> bool:
+        return target.startswith("orchestrator.transports") or target.startswith(TRANSPORTS_MAY_IMPORT)
+
+    assert _offenders(graph, "orchestrator.transports", allowed) == []
+
+
+def test_the_controller_never_imports_the_dashboard_except_to_open_it(graph: dict[str, set[str]]) -> None:
+    # DESIGN.md: tui -> orchestrator; the two commands that open the dashboard are the one way back
+    openers = ("orchestrator.cli.watch", "orchestrator.cli.demo")
+    offenders = [line for line in _offenders(graph, "orchestrator", lambda t: not t.startswith("tui"))
+                 if line.split(" -> ")[0] not in openers]
+    assert offenders == []
+
+
+def test_the_agent_imports_nothing_outside_itself(graph: dict[str, set[str]]) -> None:
+    # it is shipped alone as a zipapp: anything else of the project would be missing on the target
+    assert _offenders(graph, "orchestrator.agent", lambda t: t.startswith("orchestrator.agent")) == []
+
+
+def test_the_trainer_imports_neither_the_controller_nor_the_dashboard(graph: dict[str, set[str]]) -> None:
+    assert _offenders(graph, "trainer", lambda t: t.startswith("trainer")) == []
