@@ -3,7 +3,7 @@ log reader's own looks_like_exception, and the whole tracebacks the source group
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 from rich.text import Text
 
@@ -33,10 +33,6 @@ def exception_line_set(exception_texts: Iterable[str]) -> frozenset[str]:
     """Every line of the source's whole tracebacks, cleaned, to mark code lines the pattern alone misses."""
     lines = (clean_line(line) for text in exception_texts for line in text.splitlines())
     return frozenset(line for line in lines if line.strip())
-
-
-def styled_lines(lines: Sequence[str], exception_lines: frozenset[str] = frozenset()) -> list[Text]:
-    return [styled_line(line, exception_lines) for line in lines]
 
 
 def styled_line(line: str, exception_lines: frozenset[str] = frozenset()) -> Text:

@@ -134,10 +134,6 @@ class Inventory:
     path: Path | None
     model: InventoryModel
 
-    @property
-    def host_names(self) -> list[str]:
-        return list(self.model.hosts)
-
     def host(self, name: str) -> HostConfig:
         spec = self.model.hosts.get(name)
         if spec is None:

@@ -76,11 +76,3 @@ def bundle_digest(data: bytes) -> str:
     """Short content hash, used to name the deployed file so a new version never overwrites a running one."""
     return hashlib.sha256(data).hexdigest()[:16]
 
-
-def write_zipapp(path: str) -> str:
-    """Write the zipapp to `path` (executable) and return its digest."""
-    data = build_zipapp()
-    with open(path, "wb") as handle:
-        handle.write(data)
-    os.chmod(path, 0o755)
-    return bundle_digest(data)
