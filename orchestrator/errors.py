@@ -5,10 +5,15 @@ where they happen; nothing else escapes orchestrator/. Only the CLI root turns t
 """
 from __future__ import annotations
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-EXIT_UNREACHABLE = 3
+from collections.abc import Iterable
+
+# the exit codes live with the agent's, which shares the first three: the CLI's callers import them from here
+from .agent.protocol import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
+
+__all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_UNREACHABLE", "EXIT_USAGE", "DflashError", "OperationFailed",
+           "UsageError", "InventoryError", "TargetNotFound", "TransportError", "CommandTimeout", "Unreachable",
+           "HostKeyError", "AuthError", "shorten", "worst_exit_code"]
+
 MAX_ECHO = 200  # characters of the user's input that a message repeats
 
 
@@ -18,6 +23,12 @@ def shorten(text: str, limit: int = MAX_ECHO) -> str:
         return text
     keep = limit // 2
     return f"{text[:keep]}...({len(text) - 2 * keep} more characters)...{text[-keep:]}"
+
+
+def worst_exit_code(codes: Iterable[int]) -> int:
+    """One exit code for a command over many targets: the worst of theirs, where an unreachable target (3)
+    outranks a usage error (2), which outranks a failure (1); EXIT_OK when there were none."""
+    return max(codes, default=EXIT_OK)
 
 
 class DflashError(Exception):

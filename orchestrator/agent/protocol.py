@@ -2,7 +2,7 @@
 
 Standard library only, like the whole agent (it is shipped to containers), and imported by the controller
 too (`from orchestrator.agent.protocol import ...`), so each of these is defined here and nowhere else: the
-protocol version, the run states, what may name a run, the agent's exit statuses and error codes, the kinds
+protocol version, the run states, what may name a run, the exit statuses and the agent's error codes, the kinds
 of the watch stream's messages, the nvidia-smi query and the memory above which a GPU counts as held, and the
 pattern of terminal escape sequences that log readers strip.
 """
@@ -24,6 +24,21 @@ RUN_STATES = LIVE_STATES + TERMINAL_STATES
 # -- names: run ids, run names, job ids -----------------------------------------------------------------------
 RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 ENV_KEY_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # what --env may set
+# what the agent sets for every run itself: --env may not
+RESERVED_ENV_KEYS = ("DFLASH_RUN_ID", "DFLASH_RUNS_DIR", "DFLASH_RUN_DIR", "CUDA_VISIBLE_DEVICES")
+
+
+def env_pair(pair: str) -> tuple:
+    """(KEY, VALUE) of one `--env KEY=VALUE`, checked alike by the CLI (before anything is contacted) and the
+    agent; a ValueError says what is wrong: no '=', a KEY that is not an ASCII name (what every shell and
+    os.environ take), or a KEY the agent sets for every run itself."""
+    key, sep, value = pair.partition("=")
+    if not sep or ENV_KEY_PATTERN.fullmatch(key) is None:
+        raise ValueError("use KEY=VALUE with KEY made of ASCII letters, digits and _, not starting with a digit")
+    if key in RESERVED_ENV_KEYS:
+        raise ValueError("{} is set by the agent for every run".format(key))
+    return key, value
+
 
 # -- numbers: ASCII digits only. str.isdigit() takes '²' and '①' (which int() then refuses), int() takes '٣' and
 # ' 3'; a CTID, a GPU index or a count typed, configured or read back is neither. -------------------------------
@@ -40,10 +55,12 @@ NO_GPUS = "none"        # --gpus none: a run that uses no GPU (CUDA_VISIBLE_DEVI
 DEFAULT_GRACE_S = 30.0  # seconds a kill waits between TERM and KILL unless the run or the kill says otherwise
 UPLOAD_STALL_S = 60.0   # a receiver of an upload gives up after this long without a byte (a dead link)
 
-# -- the agent's exit statuses and error codes ----------------------------------------------------------------
+# -- exit statuses: dflashctl's (DESIGN.md) and the agent's, which uses the first three -----------------------
 EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
+EXIT_FAILED = 1         # the operation ran and failed (a run failed, something survived a kill)
+EXIT_USAGE = 2          # bad usage, a bad inventory or config: the user can fix what they typed
+EXIT_UNREACHABLE = 3    # a target could not be reached (the controller's only: the agent runs where it is)
+# the agent's error codes
 BAD_USAGE, UNKNOWN_RUN, BAD_RUN_ID, NO_COMMAND = "bad_usage", "unknown_run", "bad_run_id", "no_command"
 CHECK_FAILED, INTERNAL_ERROR = "check_failed", "internal_error"
 # codes that mean the caller asked for something wrong (the controller reports them as usage errors)

@@ -9,9 +9,7 @@ import os
 import tempfile
 
 from .errors import BadInput
-from .protocol import ENV_KEY_PATTERN, MAX_GPU_INDEX, NO_GPUS, RUN_ID_PATTERN, ascii_decimal
-
-RESERVED_ENV_KEYS = ("DFLASH_RUN_ID", "DFLASH_RUNS_DIR", "DFLASH_RUN_DIR", "CUDA_VISIBLE_DEVICES")
+from .protocol import MAX_GPU_INDEX, NO_GPUS, RUN_ID_PATTERN, ascii_decimal, env_pair
 
 
 def utc_now_iso() -> str:
@@ -52,11 +50,10 @@ def parse_gpus(text: str) -> list:
 def parse_env_pairs(pairs: list) -> dict:
     env = {}
     for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or ENV_KEY_PATTERN.fullmatch(key) is None:
-            raise BadInput("invalid --env {!r}: expected KEY=VALUE".format(pair), code="bad_env")
-        if key in RESERVED_ENV_KEYS:
-            raise BadInput("--env may not set {} (the agent sets it)".format(key), code="bad_env")
+        try:
+            key, value = env_pair(pair)
+        except ValueError as exc:
+            raise BadInput("invalid --env {!r}: {}".format(pair, exc), code="bad_env") from None
         env[key] = value
     return env
 

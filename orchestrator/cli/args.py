@@ -8,7 +8,7 @@ import math
 
 import typer
 
-from ..agent.protocol import ENV_KEY_PATTERN, MAX_GPU_INDEX, NO_GPUS, ascii_decimal
+from ..agent.protocol import MAX_GPU_INDEX, NO_GPUS, ascii_decimal, env_pair
 from ..errors import UsageError, shorten
 
 
@@ -38,10 +38,10 @@ def parse_gpus(text: str | None) -> list[int] | None:
 def parse_env(pairs: list[str] | None) -> dict[str, str]:
     env: dict[str, str] = {}
     for pair in pairs or []:
-        key, sep, value = pair.partition("=")
-        if not sep or ENV_KEY_PATTERN.fullmatch(key) is None:  # what the agent takes: ASCII, no leading digit
-            raise UsageError(f"bad --env {shorten(pair, 80)!r}: use KEY=VALUE with KEY made of letters, digits "
-                             f"and _")
+        try:
+            key, value = env_pair(pair)
+        except ValueError as exc:
+            raise UsageError(f"bad --env {shorten(pair, 80)!r}: {exc}") from None
         env[key] = value
     return env
 

@@ -5,9 +5,8 @@ from typing import List
 
 import typer
 
-from ..errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
 from ..runs.client import RunClient
-from ..transports.fanout import per_host
+from ..transports.fanout import fanout_exit_code, per_host
 from ..transports.pool import Connections
 from .output import about, print_json, stderr, stdout
 from .state import AppState
@@ -33,9 +32,7 @@ def cleanup(
         print_json({"targets": report})
     else:
         _print(report, dry_run)
-    if any(not o.ok and o.error.exit_code == EXIT_UNREACHABLE for o in outcomes):
-        return EXIT_UNREACHABLE
-    return EXIT_OK if all(o.ok and o.value.get("ok") for o in outcomes) else EXIT_FAILED
+    return fanout_exit_code(outcomes, lambda result: bool(result.get("ok")))
 
 
 def _print(report: dict, dry_run: bool) -> None:

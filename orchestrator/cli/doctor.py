@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 
 from ..display import format_bytes
-from ..errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
+from ..errors import worst_exit_code
 from ..runs.client import RunClient
 from ..runs.doctor import FAIL, OK, WARN, DoctorReport, check_target, read_needs
 from ..transports.fanout import per_host
@@ -49,9 +49,7 @@ def doctor(
         print_json({"targets": {r.target: r.as_dict() for r in reports}})
     else:
         _print(reports)
-    if any(r.unreachable for r in reports):
-        return EXIT_UNREACHABLE
-    return EXIT_OK if all(r.ok for r in reports) else EXIT_FAILED
+    return worst_exit_code(r.exit_code for r in reports)
 
 
 def _print(reports: list[DoctorReport]) -> None:

@@ -7,11 +7,10 @@ from typing import List, Optional
 import typer
 
 from ..agent.launch import how_it_ended
-from ..errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, DflashError
 from ..inventory.model import Target
 from ..runs.addressing import Match, locate
 from ..runs.client import RunClient
-from ..transports.fanout import per_host
+from ..transports.fanout import fanout_exit_code, per_host
 from ..transports.pool import Connections
 from .args import finite
 from .output import about, print_json, stderr, stdout
@@ -49,10 +48,7 @@ def kill(
         print_json({"targets": report})
     else:
         _print(report)
-    failed = [o for o in outcomes if not o.ok or not o.value.get("ok")]
-    if any(isinstance(o.error, DflashError) and o.error.exit_code == EXIT_UNREACHABLE for o in failed):
-        return EXIT_UNREACHABLE
-    return EXIT_FAILED if failed else EXIT_OK
+    return fanout_exit_code(outcomes, lambda result: bool(result.get("ok")))
 
 
 def _by_target(matches: list[Match]) -> tuple[dict[str, Target], dict[str, list[str]]]:

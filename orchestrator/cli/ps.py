@@ -9,9 +9,9 @@ from rich.table import Table
 
 from ..agent.protocol import LIVE_STATES
 from ..display import MISSING, format_age, format_rate, state_style
-from ..errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
 from ..runs.client import RunClient
 from ..runs.jobs import group_jobs
+from ..transports.fanout import fanout_exit_code
 from ..transports.pool import Connections
 from .output import print_json, stderr, stdout
 from .state import AppState
@@ -50,8 +50,7 @@ def ps(
         _print_none(show_all, read=[o.target.name for o in outcomes if o.ok], unread=len(failures))
     for name, error in failures.items():
         stderr().print(f"dflashctl: error: {name}: runs not read: {error}", markup=False)
-    unreachable = any(getattr(o.error, "exit_code", 0) == EXIT_UNREACHABLE for o in outcomes)
-    return EXIT_UNREACHABLE if unreachable else (EXIT_FAILED if failures else EXIT_OK)
+    return fanout_exit_code(outcomes)
 
 
 def _print_none(show_all: bool, *, read: list[str], unread: int) -> None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from ..agent.protocol import DEFAULT_GRACE_S, FAILED, FAILED_STATES, KILLED, LIVE_STATES, RUNNING, SUCCEEDED
 from ..errors import DflashError, OperationFailed, UsageError
 from ..inventory.model import Target
-from ..transports.fanout import Outcome, per_host
+from ..transports.fanout import Outcome, fanout_exit_code, per_host
 from .agentcall import agent_argv
 from .client import LaunchFailed, RunClient
 from .command import CONFIG_INPUT, node_train_command
@@ -92,8 +92,7 @@ def _raise_first_error(outcomes: list[Outcome], what: str) -> None:
     failed = [o for o in outcomes if not o.ok]
     if failed:
         details = "; ".join(f"{o.target.name}: {o.error}" for o in failed)
-        code = max(getattr(o.error, "exit_code", 1) for o in failed)
-        raise JobLaunchFailed(f"{what} failed, nothing was started: {details}", exit_code=code)
+        raise JobLaunchFailed(f"{what} failed, nothing was started: {details}", exit_code=fanout_exit_code(failed))
 
 
 def check_every_node(client: RunClient, spec: JobSpec, job_id: str) -> None:

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Generic, Sequence, TypeVar
 
-from ..errors import DflashError
+from ..errors import EXIT_FAILED, EXIT_OK, DflashError, worst_exit_code
 from ..inventory.model import Target
 
 T = TypeVar("T")
@@ -47,3 +47,10 @@ def _attempt(target: Target, operation: Callable[[Target], T]) -> Outcome[T]:
         return Outcome(target, value=operation(target))
     except DflashError as exc:
         return Outcome(target, error=exc)
+
+
+def fanout_exit_code(outcomes: Sequence[Outcome[T]], succeeded: Callable[[T], bool] = lambda value: True) -> int:
+    """The exit code of a command over these outcomes: each error's own code (3 for an unreachable target), 1
+    for a value that `succeeded` refuses; the worst of them wins."""
+    return worst_exit_code(o.error.exit_code if o.error is not None
+                           else EXIT_OK if succeeded(o.value) else EXIT_FAILED for o in outcomes)

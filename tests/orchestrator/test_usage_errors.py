@@ -44,6 +44,18 @@ def test_unicode_digits_are_one_usage_line(args, words, tmp_path, capsys):
     assert len(captured.err.strip().splitlines()) == 1 and captured.out == ""
 
 
+# the CLI takes exactly the --env keys the agent takes (protocol.env_pair): refused here, before any connection
+@pytest.mark.parametrize("pair, words", [("\u00c9T\u00c9=1", "ASCII letters"), ("1X=y", "ASCII letters"),
+                                         ("NOEQUALS", "KEY=VALUE"), ("DFLASH_RUN_ID=other", "set by the agent")])
+def test_an_env_key_the_agent_would_refuse_is_one_usage_line(pair, words, tmp_path, capsys):
+    (tmp_path / "inventory.yaml").write_text(INVENTORY)
+    assert main(["--inventory", str(tmp_path / "inventory.yaml"), "launch", "pve1/300", "--env", pair,
+                 "--", "true"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("dflashctl: error: bad --env") and words in captured.err, captured.err
+    assert len(captured.err.strip().splitlines()) == 1
+
+
 def test_typers_own_exception_classes_are_parse_errors_whatever_their_module():
     assert is_parse_error(typer.BadParameter("x"))
 

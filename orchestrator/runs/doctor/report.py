@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from ...errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
+
 OK, WARN, FAIL = "ok", "warn", "fail"
 
 # What only the Proxmox host can fix is explained step by step in one guide; a fix line ends by naming its
@@ -63,6 +65,11 @@ class DoctorReport:
     def add(self, row: Row | None) -> None:
         if row is not None:
             self.checks.append(row)
+
+    @property
+    def exit_code(self) -> int:
+        """This target's part of doctor's exit code: 3 unreachable, 1 a check failed, 0 ok."""
+        return EXIT_UNREACHABLE if self.unreachable else EXIT_OK if self.ok else EXIT_FAILED
 
     def failed(self) -> list[Row]:
         return [row for row in self.checks if row.status == FAIL]
