@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 
 from ..agent.protocol import FAILED, KILLED, LOST, SUCCEEDED
-from ..watch.alerts import ENDED, EXCEPTION, GPU_IDLE, NAN, STALL, STARVATION, THROUGHPUT
+from ..watch.alertkinds import ENDED, EXCEPTION, GPU_IDLE, NAN, STALL, STARVATION, THROUGHPUT
 
 GPU_IDLE_HELD = "gpu_idle_held"
 RECOVERED = "recovered"

@@ -19,11 +19,9 @@ from ..agent.protocol import (FAILED, GPU_HELD_MIB, KILLED, LOST, LOW_FREE_BYTES
                               low_free)
 from ..display import format_bytes, format_duration, format_rate
 from ..trainlog.parser import ExceptionEvent, PhaseEvent, StepEvent
+from .alertkinds import (ENDED, ERROR, EXCEPTION, GPU_IDLE, INFO, LOW_DISK, NAN, STALL, STARVATION, THROUGHPUT,
+                         WARNING)
 
-INFO, WARNING, ERROR = "info", "warning", "error"
-EXCEPTION, ENDED, STALL, GPU_IDLE, THROUGHPUT, NAN, STARVATION = (
-    "exception", "ended", "stall", "gpu_idle", "throughput", "nan", "starvation")
-LOW_DISK = "low_disk"
 TERMINAL_SEVERITY = {SUCCEEDED: INFO, FAILED: ERROR, KILLED: WARNING, LOST: ERROR}
 
 

@@ -10,6 +10,7 @@ from ..agent.protocol import FINGERPRINT_BYTES, STARTING, TERMINAL_STATES
 from ..gpus import GpuInfo, parse_query_csv
 from ..trainlog.lines import parse_step_times_line
 from ..trainlog.parser import ExceptionEvent, LogLine, LogParser, PhaseEvent, StepEvent
+from .alertkinds import LOG_RESET, WARNING
 from .alerts import Alert, AlertRules, GpuSample, RunHealth
 from .bottleneck import RunSignals, diagnose
 from .model import AlertView, GpuView, MetricPoint, RunStatus, RunView
@@ -103,7 +104,7 @@ class RunTracker:
         self.fingerprint = b""
         self.tail.append(f"--- dflashctl: train.log was {why}; reading it again from the start ---")
         self._view = None
-        return self._keep([Alert(now, self.run_id, "log_reset", "warning",
+        return self._keep([Alert(now, self.run_id, LOG_RESET, WARNING,
                                  f"train.log was {why}; the lines shown from here are its new content")])
 
     def settle(self, now: float) -> list[Alert]:

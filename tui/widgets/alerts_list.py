@@ -8,11 +8,12 @@ from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
+from orchestrator.watch.alertkinds import ERROR, INFO, WARNING
 from orchestrator.watch.model import AlertView
 
 from .host_status import clock_time
 
-SEVERITY_STYLES = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+SEVERITY_STYLES = {ERROR: "bold red", WARNING: "yellow", INFO: "cyan"}
 MAX_ALERTS_SHOWN = 200
 
 
