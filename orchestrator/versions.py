@@ -13,10 +13,10 @@ from .agent.protocol import AGENT_VERSION, PROTOCOL_VERSION
 from .errors import DflashError
 from .inventory.model import Target
 from .transports.base import Transport
+from .transports.timeouts import PROBE_TIMEOUT_S
 
 DISTRIBUTION = "dflashctl"
 TRAINER_PACKAGES = ("torch", "transformers")
-PROBE_TIMEOUT_S = 30.0
 # Python 3.8 syntax and the stdlib only: it runs in whatever Python the target names.
 PROBE = """\
 import json, sys

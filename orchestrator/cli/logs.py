@@ -12,6 +12,7 @@ from ..errors import EXIT_FAILED, EXIT_OK, CommandTimeout, DflashError, TargetNo
 from ..runs.addressing import Match, locate
 from ..runs.client import RunClient
 from ..transports.pool import Connections
+from ..transports.timeouts import LOG_READ_TIMEOUT_S
 from ..watch.stream import drop_connection, reason_only
 from .output import stderr
 from .state import AppState
@@ -46,7 +47,7 @@ def logs(
         transport = conns.for_target(target)
         log_path = record["log_path"]
         if not follow:
-            result = transport.run(["tail", "-n", str(lines), "--", log_path], timeout=60)
+            result = transport.run(["tail", "-n", str(lines), "--", log_path], timeout=LOG_READ_TIMEOUT_S)
             sys.stdout.buffer.write(result.stdout)
             sys.stdout.flush()
             return EXIT_OK if result.ok else EXIT_FAILED
@@ -79,7 +80,8 @@ class _Follower:
     def start_from_tail(self, transport, lines: int) -> None:
         """Print the last `lines` lines of what is there now and remember where that ends."""
         script = 'n=$(($(wc -c < "$1" 2>/dev/null || echo 0))); echo "$n"; head -c "$n" -- "$1" | tail -n "$2"'
-        result = transport.run(["sh", "-c", script, "sh", self.log_path, str(lines)], timeout=60)
+        result = transport.run(["sh", "-c", script, "sh", self.log_path, str(lines)],
+                               timeout=LOG_READ_TIMEOUT_S)
         size, _, text = result.stdout.partition(b"\n")
         self.offset = int(size or 0)
         _write(text)

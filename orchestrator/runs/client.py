@@ -19,13 +19,13 @@ from ..trainlog.parser import LogParser, StepEvent
 from ..transports.base import RemoteProcess, Transport
 from ..transports.fanout import Outcome, per_host
 from ..transports.pool import Connections
+from ..transports.timeouts import AGENT_TIMEOUT_S, CLEANUP_TIMEOUT_S, LAUNCH_TIMEOUT_S, PROBE_TIMEOUT_S
 from .agentcall import agent_answer, agent_argv
 from .command import CONFIG_INPUT, check_command
 from .deploy import Deployment, deploy
 from .spec import LaunchSpec, new_run_id, run_dir, runs_dir
 from .trainercheck import judge
 
-LAUNCH_TIMEOUT_S = 120.0
 PS_TAIL_BYTES = 8192  # enough of a log's end to hold its last step line
 
 
@@ -49,7 +49,7 @@ class RunClient:
         """Ship the agent (and the trainer) to the target now, once per version and dflashctl invocation."""
         return self._deployment(target, self.conns.for_target(target), with_trainer=with_trainer)
 
-    def agent(self, target: Target, args: list[str], *, timeout: float = 60.0, stdin: bytes | None = None,
+    def agent(self, target: Target, args: list[str], *, timeout: float = AGENT_TIMEOUT_S, stdin: bytes | None = None,
               with_trainer: bool = False) -> dict:
         """Run one agent subcommand on the target and return its JSON answer (ok true or false)."""
         transport = self.conns.for_target(target)
@@ -71,7 +71,7 @@ class RunClient:
         nvidia-smi is there but fails (then nothing is refused for it)."""
         if target.gpus:
             return target.gpus
-        result = self.conns.for_target(target).run(query_argv(("index",)), timeout=30)
+        result = self.conns.for_target(target).run(query_argv(("index",)), timeout=PROBE_TIMEOUT_S)
         if result.program_missing:
             return 0
         return len(parse_query_csv(result.out, ("index",))) if result.ok else None
@@ -161,7 +161,7 @@ class RunClient:
         args = ["kill", "--runs-dir", runs_dir(target), "--run-id", *run_ids]
         if grace is not None:
             args += ["--grace", f"{grace:g}"]
-        return self.agent(target, args, timeout=(grace or DEFAULT_GRACE_S) + 60)
+        return self.agent(target, args, timeout=(grace or DEFAULT_GRACE_S) + AGENT_TIMEOUT_S)
 
     def netinfo(self, target: Target, toward: str, *, free_port: bool = False) -> dict:
         """The target's local address and interface toward `toward`, and a free TCP port there if asked."""
@@ -172,7 +172,7 @@ class RunClient:
 
     def cleanup(self, target: Target, *, dry_run: bool) -> dict:
         args = ["cleanup", "--runs-dir", runs_dir(target)] + (["--dry-run"] if dry_run else [])
-        return self.agent(target, args, timeout=120)
+        return self.agent(target, args, timeout=CLEANUP_TIMEOUT_S)
 
 
 class LaunchFailed(OperationFailed):

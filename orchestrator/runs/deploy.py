@@ -19,12 +19,12 @@ from ..agent.protocol import UPLOAD_STALL_S
 from ..errors import TransportError
 from ..inventory.model import Target
 from ..transports.base import Transport
+from ..transports.timeouts import DEPLOY_CHECK_TIMEOUT_S, UPLOAD_TIMEOUT_S
 from .agentcall import agent_answer, agent_argv
 from .bundle import build_tarball, build_zipapp, bundle_digest
 from .spec import runs_dir
 
 log = logging.getLogger("dflashctl.deploy")
-UPLOAD_TIMEOUT_S = 300.0
 # $1 agent path, $2 trainer dir, $3 agent size, $4 agent sha256: an agent file that is not exactly the one its
 # name promises (an upload that an older version installed cut short) counts as absent and is replaced. The
 # temp file of an upload whose receiving shell was killed by the cut (pct kills the command's group) is removed
@@ -73,7 +73,8 @@ def present(transport: Transport, workdir: str) -> set[str]:
     """What of this version is on the target: "agent" (whole, as its hash says), "agent-damaged", "pkg"."""
     agent = agent_bundle()
     result = transport.run(["sh", "-c", PRESENT, "sh", agent_path_in(workdir), pkg_dir_in(workdir),
-                            str(len(agent.data)), hashlib.sha256(agent.data).hexdigest()], timeout=60)
+                            str(len(agent.data)), hashlib.sha256(agent.data).hexdigest()],
+                           timeout=DEPLOY_CHECK_TIMEOUT_S)
     if not result.ok:  # the script always exits 0 once it runs: the target itself refused (e.g. CT stopped)
         reason = (result.err or result.out).strip().splitlines()[-1:] or [f"exit {result.exit_code}"]
         raise TransportError(f"{transport.label}: cannot run commands there: {reason[0]}")

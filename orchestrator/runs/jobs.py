@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from ..agent.protocol import DEFAULT_GRACE_S, FAILED, FAILED_STATES, KILLED, LIVE_STATES, RUNNING, SUCCEEDED
 from ..errors import DflashError, OperationFailed, UsageError
 from ..inventory.model import Target
+from ..transports.timeouts import DEFAULT_DIST_TIMEOUT_S
 from ..transports.fanout import Outcome, fanout_exit_code, per_host
 from .agentcall import agent_argv
 from .client import LaunchFailed, RunClient
@@ -24,7 +25,6 @@ from .command import CONFIG_INPUT, node_train_command
 from .spec import LaunchSpec, new_run_id, run_environment
 from .trainercheck import ConfigRejected
 
-DEFAULT_DIST_TIMEOUT_S = 300.0
 ABORT_GRACE_S = 5.0
 
 

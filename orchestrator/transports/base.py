@@ -11,8 +11,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..errors import TransportError
-
-DEFAULT_TIMEOUT = 60.0
+from .timeouts import DEFAULT_TIMEOUT
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from ...inventory.model import Target
 from ...transports.base import Transport
 from ...transports.pct import PctTransport
 from ...transports.pool import Connections
+from ...transports.timeouts import DISK_USAGE_TIMEOUT_S, PROBE_TIMEOUT_S
 from ..compilecache import cache_root, parse_size_kib, size_argv
 from .report import FAIL, OK, WARN, DoctorReport, Row
 
@@ -45,7 +46,7 @@ def check_login(conns: Connections, target: Target, report: DoctorReport) -> Non
 
 def check_container(host: Transport, target: Target, report: DoctorReport) -> None:
     pct = PctTransport(host, target.ctid, pct_command=target.host.pct).pct
-    result = host.run([*pct, "status", str(target.ctid)], timeout=30)
+    result = host.run([*pct, "status", str(target.ctid)], timeout=PROBE_TIMEOUT_S)
     if result.program_missing:
         report.pct = False
         raise Stop(f"`{target.host.pct}` not found on {target.host.name}; is it a Proxmox VE host? "
@@ -63,7 +64,7 @@ def check_container(host: Transport, target: Target, report: DoctorReport) -> No
 
 
 def check_python(transport: Transport, target: Target, report: DoctorReport) -> None:
-    result = transport.run([target.python, "-c", PYTHON_VERSION], timeout=30)
+    result = transport.run([target.python, "-c", PYTHON_VERSION], timeout=PROBE_TIMEOUT_S)
     if not result.ok:
         raise Stop(f"{target.python} does not run on {target.name}: {result.describe()} "
                     f"(set `python:` for this target in the inventory)")
@@ -78,9 +79,10 @@ def measure_cache(transport: Transport, target: Target, report: DoctorReport) ->
     """The compile cache's size; a cache that cannot be measured is a warning, never a failed check."""
     report.cache_dir = cache_root(target)
     try:
-        result = transport.run(size_argv(target), timeout=60)
+        result = transport.run(size_argv(target), timeout=DISK_USAGE_TIMEOUT_S)
     except CommandTimeout:
-        _cache_warning(report, f"the compile cache {report.cache_dir} took over 60 s to measure")
+        _cache_warning(report, f"the compile cache {report.cache_dir} took over {DISK_USAGE_TIMEOUT_S:g} s to "
+                               "measure")
         return
     report.cache_bytes = parse_size_kib(result.out) if result.ok else None
     if report.cache_bytes is None:
@@ -96,7 +98,7 @@ def _cache_warning(report: DoctorReport, message: str) -> None:
 
 def check_gpus(transport: Transport, target: Target, report: DoctorReport) -> None:
     """nvidia-smi's GPUs; a failure is a row, not a stop: the driver rows after it say why."""
-    result = transport.run(query_argv(), timeout=30)
+    result = transport.run(query_argv(), timeout=PROBE_TIMEOUT_S)
     if result.program_missing:
         report.nvidia_smi, report.gpus = False, []
         if target.gpus:

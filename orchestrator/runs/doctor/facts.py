@@ -16,6 +16,7 @@ from ...errors import DflashError, UsageError
 from ...inventory.model import Target
 from ...transports.base import Transport
 from ...transports.pct import PctTransport
+from ...transports.timeouts import AGENT_TIMEOUT_S, PROBE_TIMEOUT_S
 from ..client import RunClient
 from ..spec import runs_dir
 from .pctconfig import CtConfig, parse_ct_config
@@ -97,7 +98,7 @@ def host_facts(host: Transport, target: Target) -> HostFacts:
     facts = HostFacts()
     pct = [*PctTransport(host, target.ctid, pct_command=target.host.pct).pct, "config", str(target.ctid)] \
         if target.ctid is not None else []
-    result = host.run(["sh", "-c", HOST_SCRIPT, "sh", *pct], timeout=30)
+    result = host.run(["sh", "-c", HOST_SCRIPT, "sh", *pct], timeout=PROBE_TIMEOUT_S)
     if not result.ok:
         facts.error = f"cannot read the host's driver files: {result.describe()}"
         return facts
@@ -146,7 +147,7 @@ def container_probe(client: RunClient, target: Target, gpus: int, needs: Needs |
     if needs and needs.paths.get("target_path", "").startswith("/"):
         args += ["--model", needs.paths["target_path"]]
     try:
-        payload = client.agent(target, args, timeout=60)
+        payload = client.agent(target, args, timeout=AGENT_TIMEOUT_S)
     except DflashError as exc:
         return {"error": str(exc)}
     return payload.get("probe") if payload.get("ok") else {"error": str(payload.get("error"))}

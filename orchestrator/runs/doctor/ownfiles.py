@@ -7,6 +7,7 @@ from typing import Protocol
 from ...agent.protocol import low_free
 from ...inventory.model import Target
 from ...transports.base import Transport
+from ...transports.timeouts import PROBE_TIMEOUT_S
 from ..deploy import agent_path_in, present
 
 
@@ -49,7 +50,7 @@ def check_free_space(transport: Transport, target: Target, report: SpaceReport, 
     if measured and measured.get("free_bytes") is not None:
         space = (int(measured["free_bytes"]), int(measured.get("total_bytes") or 0))
     else:
-        result = transport.run(["df", "-Pk", target.workdir], timeout=30)
+        result = transport.run(["df", "-Pk", target.workdir], timeout=PROBE_TIMEOUT_S)
         space = parse_df(result.out) if result.ok else None
         if space is None:
             report.warnings.append(f"cannot measure the free space of {target.workdir}: {result.describe()}")

@@ -1,0 +1,31 @@
+"""How long the controller waits for each kind of remote command, in one place, each with why.
+
+A timeout here is a verdict on the host (a command that takes longer is stuck, or the host is in trouble), not
+on the work: none of these should ever be reached by a healthy target, even a busy one.
+"""
+from __future__ import annotations
+
+# any command not named below: a minute is beyond what a healthy host needs for a short command
+DEFAULT_TIMEOUT = 60.0
+# one quick question (pct status, `python -c`, nvidia-smi's query, df, the host facts, the version probe): it
+# answers in well under a second; 30 s is a host swapping hard or a hung NFS mount, worth reporting as such
+PROBE_TIMEOUT_S = 30.0
+# one agent request (ps, netinfo, probe): a Python start-up plus reading run directories and /proc; also the
+# time a kill may take beyond the run's grace period (the agent verifies that nothing of the run is left)
+AGENT_TIMEOUT_S = 60.0
+# reading the end of a log (`logs`): tail over one stream, a minute even for a slow disk
+LOG_READ_TIMEOUT_S = 60.0
+# measuring the compile cache (du over many small files on possibly slow storage): only a warning past it
+DISK_USAGE_TIMEOUT_S = 60.0
+# deploy's check of what is installed: hashes the agent file, a few hundred KiB
+DEPLOY_CHECK_TIMEOUT_S = 60.0
+# cleanup ends stuck parents and waits for each to go (TERM, then KILL): several short waits in a row
+CLEANUP_TIMEOUT_S = 120.0
+# a launch runs the trainer's config check (one Python start-up with pydantic) and then waits for the run to
+# settle: both together stay well under two minutes on any target we have seen
+LAUNCH_TIMEOUT_S = 120.0
+# uploading the trainer bundle (a few MiB) over a slow or distant link
+UPLOAD_TIMEOUT_S = 300.0
+# how long a node of a multi-node job waits for its peers at the rendezvous (torchrun's --stall under the
+# agent's node-watch): nodes start a few seconds apart, but a cold container may first load a large target
+DEFAULT_DIST_TIMEOUT_S = 300.0
