@@ -69,3 +69,34 @@ def test_ps_and_the_dashboard_colour_every_state_alike() -> None:
         run = RunView(run_id="r-1", target="local", name="r", state=state)
         dashboard = run_cells(run)["state"].style
         assert _state(state) == f"[{dashboard}]{state}[/]", state
+
+
+# lines a terminal shows differently from their bytes: (raw line, what it shows)
+SHOWN = [
+    (b"loss=1.0\r\x1b[0m", "loss=1.0"),   # a colour reset after the redraw draws nothing over the text
+    (b"10%\r50%\r100%", "100%"),
+    (b"done\r", "done"),
+    (b"\x1b[32mok\x1b[0m", "ok"),
+    (b"\x1b]0;title\x07step 3", "step 3"),
+    (b"\r\r", ""),
+]
+
+
+def test_the_agent_the_parser_and_the_dashboard_show_a_line_alike(tmp_path: Path) -> None:
+    from orchestrator.agent.lineindex import read_lines
+    from orchestrator.trainlog.parser import LogLine, LogParser
+    from tui.loghighlight import clean_line
+
+    run_dir = tmp_path / "r-1"
+    run_dir.mkdir()
+    (run_dir / "run.json").write_text("{}")
+    (run_dir / "train.log").write_bytes(b"".join(raw + b"\n" for raw, _ in SHOWN))
+    expected = [shown for _, shown in SHOWN]
+    assert read_lines(str(tmp_path), "r-1", 0, len(SHOWN))["lines"] == expected
+    parser = LogParser()
+    events = parser.feed(b"".join(raw + b"\n" for raw, _ in SHOWN)) + parser.flush()
+    assert [e.text for e in events if isinstance(e, LogLine)] == expected
+    byte_by_byte = LogParser()
+    events = [e for raw, _ in SHOWN for byte in raw + b"\n" for e in byte_by_byte.feed(bytes([byte]))]
+    assert [e.text for e in events if isinstance(e, LogLine)] == expected
+    assert [clean_line(raw.decode()) for raw, _ in SHOWN] == expected

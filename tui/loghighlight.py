@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 from rich.text import Text
 
-from orchestrator.agent.protocol import ANSI_ESCAPE
+from orchestrator.agent.terminaltext import shown_text
 from orchestrator.trainlog.tracebacks import looks_like_exception
 
 MAX_LINE_CHARS = 4096
@@ -17,12 +17,9 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
 
 def clean_line(raw: str) -> str:
-    """What a terminal would show of one log line: the last `\\r` redraw, no escapes, bounded length."""
-    text = raw.rstrip("\r\n")
-    if "\r" in text:
-        redraws = [part for part in text.split("\r") if part]
-        text = redraws[-1] if redraws else ""
-    text = ANSI_ESCAPE.sub("", text).replace("\t", "    ")
+    """What a terminal would show of one log line (terminaltext's rule), drawable: tabs as spaces, other control
+    characters as '?', bounded length."""
+    text = shown_text(raw.rstrip("\n")).replace("\t", "    ")
     text = _CONTROL.sub("?", text)
     if len(text) > MAX_LINE_CHARS:
         return text[:MAX_LINE_CHARS] + "…"

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 import os
 
-from .protocol import ANSI_ESCAPE
 from .rundir import existing_run, write_json_atomic
+from .terminaltext import shown_text
 
 EVERY = 1000
 CHUNK = 16 * 1024 * 1024
@@ -96,17 +96,6 @@ class LineIndex:
         self.scanned += end
 
 
-def display_text(raw: bytes) -> str:
-    """A line as a terminal would show it: decoded leniently, colours dropped, only the last `\\r` redraw."""
-    text = raw.decode("utf-8", "replace")
-    if "\x1b" in text:
-        text = ANSI_ESCAPE.sub("", text)
-    if "\r" in text:
-        segments = [s for s in text.split("\r") if s]
-        text = segments[-1] if segments else ""
-    return text
-
-
 def read_lines(runs_dir: str, run_id: str, start: int, stop: int) -> dict:
     paths = existing_run(runs_dir, run_id)
     start = max(0, start)
@@ -154,9 +143,9 @@ def _collect(handle, index: LineIndex, start: int, stop: int) -> list:
             if skip:
                 skip -= 1
                 continue
-            out.append(display_text(raw))
+            out.append(shown_text(raw))
             if len(out) == wanted:
                 return out
     if pending and not skip and len(out) < wanted:
-        out.append(display_text(pending))
+        out.append(shown_text(pending))
     return out

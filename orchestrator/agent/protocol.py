@@ -3,8 +3,8 @@
 Standard library only, like the whole agent (it is shipped to containers), and imported by the controller
 too (`from orchestrator.agent.protocol import ...`), so each of these is defined here and nowhere else: the
 protocol version, the run states, what may name a run, the exit statuses and the agent's error codes, the kinds
-of the watch stream's messages, the nvidia-smi query and the memory above which a GPU counts as held, and the
-pattern of terminal escape sequences that log readers strip.
+of the watch stream's messages, the nvidia-smi query and the memory above which a GPU counts as held. What
+a terminal shows of a log line is terminaltext.py's.
 """
 from __future__ import annotations
 
@@ -85,8 +85,6 @@ def gpu_query_args(fields: tuple = GPU_FIELDS) -> list:
     return ["--query-gpu=" + ",".join(fields), "--format=csv,noheader,nounits"]
 
 
-# -- terminal escape sequences: CSI, OSC (to BEL/ST, or cut by a line end), and two-byte escapes ---------------
-ANSI_ESCAPE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b\n\r]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]?")
 # Free space: below LOW_FREE_BYTES, or below LOW_FREE_FRACTION of the filesystem, a long run is about to lose its
 # log and checkpoints (doctor warns, watch raises low_disk, the CLI offers them as defaults).
 LOW_FREE_BYTES = 2 * 1024 ** 3

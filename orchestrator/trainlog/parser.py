@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..agent.protocol import ANSI_ESCAPE
+from ..agent.terminaltext import last_shown, shown_text, without_escapes
 
 # The line parsers and the traceback reader are re-exported: callers import every name from here.
 from .lines import (
@@ -52,20 +52,6 @@ __all__ = [
 MAX_LINE_BYTES = 64 * 1024
 
 # ---------------------------------------------------------------------------------------------- the stream
-
-def _visible(raw: bytes) -> str:
-    text = raw.decode("utf-8", "replace")
-    return ANSI_ESCAPE.sub("", text) if "\x1b" in text else text
-
-
-def _last_segment(line: str) -> str:
-    """What a terminal shows of a line redrawn with `\\r`: its last segment that shows anything (so `text\\r`,
-    a CRLF end, or `text\\r` + colour codes, still shows `text`)."""
-    for segment in reversed(line.split("\r")):
-        if segment:
-            return segment
-    return ""
-
 
 class LogParser:
     """Incremental parser of one log stream: `feed` bytes as they come, `flush` at the end of the stream.
@@ -132,11 +118,9 @@ class LogParser:
         first, *finished, last = piece.split(b"\r")
         self._extend_segment(first)
         self._finish_segment()
-        for segment in reversed(finished):  # only the last one that shows anything can matter
-            text = _visible(segment[:self._cap])
-            if text:
-                self._shown = (text, len(segment) > self._cap)
-                break
+        shown = last_shown(finished, self._cap)  # only the last one that shows anything can matter
+        if shown[0]:
+            self._shown = shown
         self._segment, self._segment_truncated = bytearray(last[:self._cap]), len(last) > self._cap
 
     def _extend_segment(self, piece: bytes) -> None:
@@ -145,7 +129,7 @@ class LogParser:
         self._segment_truncated |= len(piece) > room
 
     def _finish_segment(self) -> None:
-        text = _visible(bytes(self._segment))
+        text = shown_text(bytes(self._segment))
         if text:
             self._shown = (text, self._segment_truncated)
         self._segment, self._segment_truncated = bytearray(), False
@@ -162,9 +146,7 @@ class LogParser:
             for raw in block.split(b"\n"):
                 self._emit_line_bytes(raw, out)
             return
-        text = block.decode("utf-8", "replace")
-        if "\x1b" in text:
-            text = ANSI_ESCAPE.sub("", text)
+        text = without_escapes(block.decode("utf-8", "replace"))
         has_cr = "\r" in text
         step_line = STEP_LINE.fullmatch
         line_no = self.line_count
@@ -172,7 +154,7 @@ class LogParser:
         for line in text.split("\n"):
             line_no += 1
             if has_cr and "\r" in line:
-                line = _last_segment(line)
+                line = shown_text(line)
             # the fast path of _classify for the line that makes up nearly all of a training log
             if line[:1] == "[" and quiet:
                 match = step_line(line)
@@ -186,12 +168,7 @@ class LogParser:
         self.line_count = line_no
 
     def _emit_line_bytes(self, raw: bytes, out: list[Event]) -> None:
-        text, truncated = "", False
-        for segment in reversed(raw.split(b"\r")):
-            shown = _visible(segment[:self._cap])
-            if shown:
-                text, truncated = shown, len(segment) > self._cap
-                break
+        text, truncated = last_shown(raw.split(b"\r"), self._cap)
         self.line_count += 1
         self._take(text, truncated, out)
 
