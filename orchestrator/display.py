@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from .agent.protocol import FAILED, KILLED, LOST, RUNNING, STARTING, SUCCEEDED
+from .agent.protocol import FAILED, GIB, KILLED, LOST, MIB, RUNNING, STARTING, SUCCEEDED
 
 MISSING = "-"
 STATE_STYLES = {
@@ -59,10 +59,15 @@ def format_rate(per_s: float | None) -> str:
     return f"{per_s:.0f}"
 
 
+def format_gib(mib: float | None, decimals: int = 1) -> str:
+    """nvidia-smi's MiB as a bare GiB figure (`67.5`), for columns that say the unit once."""
+    return MISSING if mib is None else f"{mib * MIB / GIB:.{decimals}f}"
+
+
 def format_bytes(size: float | None) -> str:
     """Bytes as a person reads them: 0 B, 296 KiB, 1.2 GiB."""
     if size is None:
-        return "-"
+        return MISSING
     value, unit = float(size), "B"
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if value < 1024 or unit == "TiB":

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .agent.protocol import GPU_FIELDS, ascii_decimal, gpu_query_args
-
-NOT_AVAILABLE = {"[N/A]", "N/A", "[Not Supported]", "[Unknown Error]", "[Insufficient Permissions]", ""}
+from .agent.gpus import parse_query
+from .agent.protocol import GPU_FIELDS, gpu_query_args
 
 
 @dataclass(frozen=True)
@@ -31,34 +30,6 @@ def query_argv(fields: tuple[str, ...] = GPU_FIELDS, *, loop_s: int | None = Non
 
 
 def parse_query_csv(text: str, fields: tuple[str, ...] = GPU_FIELDS) -> list[GpuInfo]:
-    """Rows of `--query-gpu=<fields> --format=csv[,noheader][,nounits]`; units and a header are tolerated."""
-    gpus = []
-    for line in text.splitlines():
-        cells = [c.strip() for c in line.split(",")]
-        index = ascii_decimal(cells[0])
-        if len(cells) != len(fields) or index is None:
-            continue  # the header, a blank line, or a line cut short
-        row = dict(zip(fields, cells))
-        gpus.append(GpuInfo(
-            index=index,
-            uuid=_text(row.get("uuid")),
-            name=_text(row.get("name")),
-            memory_used_mib=_number(row.get("memory.used")),
-            memory_total_mib=_number(row.get("memory.total")),
-            utilization_pct=_number(row.get("utilization.gpu")),
-        ))
-    return gpus
-
-
-def _text(cell: str | None) -> str | None:
-    return None if cell is None or cell in NOT_AVAILABLE else cell
-
-
-def _number(cell: str | None) -> float | None:
-    if cell is None or cell in NOT_AVAILABLE:
-        return None
-    value = cell.split()[0]  # "88283 MiB" -> "88283", "0 %" -> "0"
-    try:
-        return float(value)
-    except ValueError:
-        return None
+    """Rows of `--query-gpu=<fields> --format=csv[,noheader][,nounits]` (the agent's parser, which runs on the
+    targets too), as GpuInfo."""
+    return [GpuInfo(**row) for row in parse_query(text, fields)]

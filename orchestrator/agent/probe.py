@@ -15,7 +15,7 @@ import json
 import os
 import stat
 
-from .protocol import ascii_decimal
+from .protocol import KIB, ascii_decimal
 from .rundir import RunPaths, list_run_ids
 from .runstate import is_live, read_run, read_state
 
@@ -138,7 +138,7 @@ def limits() -> dict:
     mem_total = None
     for line in (_read("/proc/meminfo") or "").splitlines():
         if line.startswith("MemTotal:"):
-            mem_total = int(line.split()[1]) * 1024
+            mem_total = int(line.split()[1]) * KIB
     memory_max = _read("/sys/fs/cgroup/memory.max") or _read("/sys/fs/cgroup/memory/memory.limit_in_bytes")
     return {"cpus": cpus, "cpu_max": _read("/sys/fs/cgroup/cpu.max"), "mem_total_bytes": mem_total,
             "memory_max_bytes": ascii_decimal(memory_max)}

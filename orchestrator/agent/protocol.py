@@ -78,6 +78,17 @@ GPU_FIELDS = ("index", "uuid", "name", "memory.used", "memory.total", "utilizati
 GPU_MEMORY_FIELDS = ("index", "memory.used", "utilization.gpu")  # what cleanup needs (and old drivers all have)
 # An idle GPU shows a few hundred MiB at most (driver, a stray context); a model or a leaked run holds GiBs.
 GPU_HELD_MIB = 1024
+# nvidia-smi's utilisation is whole percent over its last sample period: 0 is a GPU doing nothing at all, while
+# even a run starved of data shows a few percent
+GPU_IDLE_UTIL_PCT = 0.0
+
+
+def idle_and_held(memory_used_mib, utilization_pct, *, held_mib: float = GPU_HELD_MIB,
+                  idle_pct: float = GPU_IDLE_UTIL_PCT) -> bool:
+    """A GPU holding memory while doing nothing: a stalled or leaked run (the seed run sat like this for hours),
+    what watch alerts on and the dashboard marks. A value nvidia-smi did not give proves nothing."""
+    return (memory_used_mib is not None and memory_used_mib >= held_mib
+            and utilization_pct is not None and utilization_pct <= idle_pct)
 
 
 def gpu_query_args(fields: tuple = GPU_FIELDS) -> list:
@@ -85,9 +96,13 @@ def gpu_query_args(fields: tuple = GPU_FIELDS) -> list:
     return ["--query-gpu=" + ",".join(fields), "--format=csv,noheader,nounits"]
 
 
+# -- sizes: bytes in a KiB, MiB, GiB (nvidia-smi counts MiB, /proc/meminfo and df KiB, people read GiB) -------
+KIB = 1024
+MIB = 1024 ** 2
+GIB = 1024 ** 3
 # Free space: below LOW_FREE_BYTES, or below LOW_FREE_FRACTION of the filesystem, a long run is about to lose its
 # log and checkpoints (doctor warns, watch raises low_disk, the CLI offers them as defaults).
-LOW_FREE_BYTES = 2 * 1024 ** 3
+LOW_FREE_BYTES = 2 * GIB
 LOW_FREE_FRACTION = 0.05
 
 

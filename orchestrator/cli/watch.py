@@ -9,7 +9,7 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from ..agent.protocol import LOW_FREE_BYTES, LOW_FREE_FRACTION
+from ..agent.protocol import GIB, LOW_FREE_BYTES, LOW_FREE_FRACTION
 from ..display import format_bytes, format_rate
 from ..errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, UsageError
 from ..notify.destinations import Destination
@@ -26,7 +26,7 @@ from .watchserve import serve_dashboard
 
 
 # the low_disk alert's marks (doctor's, by default)
-MIN_FREE_GIB = typer.Option(LOW_FREE_BYTES / 1024 ** 3, "--min-free-gib", min=0.0, callback=finite, metavar="GIB",
+MIN_FREE_GIB = typer.Option(LOW_FREE_BYTES / GIB, "--min-free-gib", min=0.0, callback=finite, metavar="GIB",
                             help="low_disk alert: a container's runs filesystem has less free than this...")
 MIN_FREE_PCT = typer.Option(LOW_FREE_FRACTION * 100, "--min-free-pct", min=0.0, max=100.0, callback=finite,
                             metavar="PCT", help="...or less than this share of it.")
@@ -163,7 +163,7 @@ def _report_unsent(unsent: list[Unsent]) -> int:
 
 
 def _rules(stall: float | None, min_free_gib: float, min_free_pct: float) -> AlertRules:
-    rules = AlertRules(min_free_bytes=min_free_gib * 1024 ** 3, min_free_fraction=min_free_pct / 100)
+    rules = AlertRules(min_free_bytes=min_free_gib * GIB, min_free_fraction=min_free_pct / 100)
     return rules if stall is None else dataclasses.replace(rules, stall_floor_s=stall, stall_startup_s=stall)
 
 

@@ -6,7 +6,7 @@ differs per user. `launch` points both at `{workdir}/.dflash/cache/` unless the 
 """
 from __future__ import annotations
 
-from ..agent.protocol import ascii_decimal
+from ..agent.protocol import KIB, ascii_decimal
 from ..inventory.model import Target
 
 CACHE_VARS = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton"}
@@ -30,4 +30,4 @@ def size_argv(target: Target) -> list[str]:
 def parse_size_kib(stdout: str) -> int | None:
     """Bytes from du -sk's output (KiB), None when it is not a number."""
     kib = ascii_decimal((stdout.strip().splitlines()[-1:] or [""])[0])
-    return kib * 1024 if kib is not None else None
+    return kib * KIB if kib is not None else None

@@ -15,9 +15,9 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ..agent.protocol import (FAILED, GPU_HELD_MIB, KILLED, LOST, LOW_FREE_BYTES, LOW_FREE_FRACTION, SUCCEEDED,
-                              low_free)
-from ..display import format_bytes, format_duration, format_rate
+from ..agent.protocol import (FAILED, GPU_HELD_MIB, GPU_IDLE_UTIL_PCT, KILLED, LOST, LOW_FREE_BYTES, LOW_FREE_FRACTION,
+                              SUCCEEDED, idle_and_held, low_free)
+from ..display import format_bytes, format_duration, format_gib, format_rate
 from ..trainlog.parser import ExceptionEvent, PhaseEvent, StepEvent
 from .alertkinds import (ENDED, ERROR, EXCEPTION, GPU_IDLE, INFO, LOW_DISK, NAN, STALL, STARVATION, THROUGHPUT,
                          WARNING)
@@ -54,7 +54,7 @@ class AlertRules:
     interval_window: int = 50
     gpu_idle_window_s: float = 60.0  # memory held at 0 % for this long while training
     gpu_idle_min_memory_mib: float = GPU_HELD_MIB  # below this a GPU holds nothing worth mentioning
-    gpu_idle_max_util_pct: float = 0.0
+    gpu_idle_max_util_pct: float = GPU_IDLE_UTIL_PCT
     throughput_ratio: float = 0.5  # tok/s under this share of the trailing median...
     throughput_consecutive: int = 5  # ...for this many step lines in a row
     throughput_window: int = 100
@@ -204,9 +204,9 @@ class RunHealth:
         return self._raise(now, STALL, WARNING, f"no new step for {_duration(silent_s)} (more than {why})")
 
     def _track_idle(self, sample: GpuSample) -> None:
-        held_idle = (
-            sample.memory_used_mib is not None and sample.memory_used_mib >= self.rules.gpu_idle_min_memory_mib
-            and sample.utilization_pct is not None and sample.utilization_pct <= self.rules.gpu_idle_max_util_pct
+        held_idle = idle_and_held(
+            sample.memory_used_mib, sample.utilization_pct, held_mib=self.rules.gpu_idle_min_memory_mib,
+            idle_pct=self.rules.gpu_idle_max_util_pct,
         )
         if not held_idle:
             self._idle.pop(sample.index, None)
@@ -224,9 +224,9 @@ class RunHealth:
         if not idle:
             self._clear(GPU_IDLE)
             return []
-        held_gib = sum(gpu.memory_mib for gpu in idle.values()) / 1024
+        held = format_gib(sum(gpu.memory_mib for gpu in idle.values()))
         longest = max(idle_s[index] for index in idle)
-        message = (f"GPU{'s' if len(idle) > 1 else ''} {','.join(map(str, idle))} hold {held_gib:.1f} GiB at "
+        message = (f"GPU{'s' if len(idle) > 1 else ''} {','.join(map(str, idle))} hold {held} GiB at "
                    f"{self.rules.gpu_idle_max_util_pct:g} % utilisation for {_duration(longest)} while training")
         return self._raise(now, GPU_IDLE, WARNING, message)
 

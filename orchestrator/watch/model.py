@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
+from ..agent.protocol import idle_and_held
+
 
 @dataclass(frozen=True)
 class MetricPoint:
@@ -99,6 +101,11 @@ class GpuView:
     utilization_pct: float | None
     utilization_history: tuple[float, ...] = ()   # recent samples, oldest first
     memory_history: tuple[float, ...] = ()
+
+    @property
+    def idle_and_held(self) -> bool:
+        """Holding memory while doing nothing (protocol's rule, the one watch alerts on)."""
+        return idle_and_held(self.memory_used_mib, self.utilization_pct)
 
 
 @dataclass(frozen=True)

@@ -6,12 +6,10 @@ from collections.abc import Sequence
 from rich.text import Text
 from textual.widget import Widget
 
-from orchestrator.agent.protocol import GPU_HELD_MIB
+from orchestrator.display import format_gib
 from orchestrator.watch.model import GpuView
 
 SPARK_BLOCKS = "▁▂▃▄▅▆▇█"
-# Memory held at no utilisation is the symptom of a stalled run (the seed run sat like this for hours).
-IDLE_UTIL_PCT = 1.0
 PREFIX_CHARS = 21
 
 
@@ -41,17 +39,12 @@ class GpuPanel(Widget):
 
 def gpu_line(gpu: GpuView, used_by_run: bool, spark_width: int) -> Text:
     marker = "▸" if used_by_run else " "
-    memory = f"{_gib(gpu.memory_used_mib)}/{_gib(gpu.memory_total_mib)}G"
+    memory = f"{format_gib(gpu.memory_used_mib)}/{format_gib(gpu.memory_total_mib)}G"
     util = "  -%" if gpu.utilization_pct is None else f"{gpu.utilization_pct:3.0f}%"
-    style = "bold yellow" if is_idle_holding_memory(gpu) else ("bold" if used_by_run else "")
+    style = "bold yellow" if gpu.idle_and_held else ("bold" if used_by_run else "")
     prefix = f"{marker}{gpu.index:>2} {memory:>11} {util:>4} "
     return Text.assemble((prefix.ljust(PREFIX_CHARS), style),
                          (sparkline(gpu.utilization_history, spark_width), "green"))
-
-
-def is_idle_holding_memory(gpu: GpuView) -> bool:
-    return (gpu.utilization_pct is not None and gpu.utilization_pct < IDLE_UTIL_PCT
-            and (gpu.memory_used_mib or 0.0) >= GPU_HELD_MIB)
 
 
 def sparkline(values: Sequence[float], width: int, *, top: float = 100.0) -> str:
@@ -63,7 +56,3 @@ def sparkline(values: Sequence[float], width: int, *, top: float = 100.0) -> str
         share = min(max(value / top, 0.0), 1.0)
         blocks.append(SPARK_BLOCKS[round(share * (len(SPARK_BLOCKS) - 1))])
     return "".join(blocks)
-
-
-def _gib(mib: float | None) -> str:
-    return "-" if mib is None else f"{mib / 1024:.1f}"

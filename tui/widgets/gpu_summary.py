@@ -7,9 +7,10 @@ from collections.abc import Sequence
 from rich.text import Text
 from textual.widget import Widget
 
+from orchestrator.display import format_gib
 from orchestrator.watch.model import GpuView
 
-from .gpu_panel import is_idle_holding_memory, sparkline
+from .gpu_panel import sparkline
 
 
 class GpuSummary(Widget):
@@ -43,9 +44,10 @@ def gpu_numbers(gpus: Sequence[GpuView]) -> Text:
     line = Text(no_wrap=True)
     for number, gpu in enumerate(gpus):
         util = "-" if gpu.utilization_pct is None else f"{gpu.utilization_pct:.0f}"
-        style = "bold yellow" if is_idle_holding_memory(gpu) else ""
+        style = "bold yellow" if gpu.idle_and_held else ""
         line.append("  " if number else "")
-        line.append(f"{gpu.index}: {util}% {_gib(gpu.memory_used_mib)}/{_gib(gpu.memory_total_mib)}G", style)
+        memory = f"{format_gib(gpu.memory_used_mib, 0)}/{format_gib(gpu.memory_total_mib, 0)}G"
+        line.append(f"{gpu.index}: {util}% {memory}", style)
     return line
 
 
@@ -53,7 +55,7 @@ def gpu_blocks(gpus: Sequence[GpuView]) -> Text:
     """`util ▁▁▁▁ 0% mem ▇█▇█ 341/383G`: a block per GPU, idle ones holding memory in yellow."""
     line = Text("util ", no_wrap=True, overflow="crop")
     for gpu in gpus:
-        style = "bold yellow" if is_idle_holding_memory(gpu) else "green"
+        style = "bold yellow" if gpu.idle_and_held else "green"
         line.append(sparkline([gpu.utilization_pct or 0.0], 1), style)
     utils = [gpu.utilization_pct for gpu in gpus if gpu.utilization_pct is not None]
     line.append(f" {sum(utils) / len(utils):.0f}% " if utils else " -% ")
@@ -63,9 +65,5 @@ def gpu_blocks(gpus: Sequence[GpuView]) -> Text:
         line.append(sparkline([share], 1), "blue")
     used = sum(gpu.memory_used_mib or 0.0 for gpu in gpus)
     total = sum(gpu.memory_total_mib or 0.0 for gpu in gpus)
-    line.append(f" {used / 1024:.0f}/{total / 1024:.0f}G")
+    line.append(f" {format_gib(used, 0)}/{format_gib(total, 0)}G")
     return line
-
-
-def _gib(mib: float | None) -> str:
-    return "-" if mib is None else f"{mib / 1024:.0f}"

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ...agent.protocol import ascii_decimal
+from ...agent.protocol import KIB, ascii_decimal
 from ...errors import DflashError, UsageError
 from ...inventory.model import Target
 from ...transports.base import Transport
@@ -27,7 +27,6 @@ HOST_SCRIPT = ("cat /proc/driver/nvidia/version 2>/dev/null; echo '--- gpus'; ls
                " echo '--- meminfo'; grep MemTotal /proc/meminfo;"
                ' if [ $# -gt 0 ]; then echo "--- pct"; "$@" 2>&1 || echo "--- pct failed: exit $?"; fi; true')
 MODULE_VERSION = re.compile(r"Kernel Module(?: for \S+)?\s+(\d+(?:\.\d+)+)")
-GIB = 1024 ** 3
 
 
 @dataclass
@@ -128,7 +127,7 @@ def _parse_host_script(text: str, facts: HostFacts) -> None:
     facts.cpus = ascii_decimal(parts.get("cpus", "").strip())
     mem = parts.get("meminfo", "").split()
     mem_kib = ascii_decimal(mem[1]) if len(mem) >= 2 else None
-    facts.mem_bytes = mem_kib * 1024 if mem_kib is not None else None
+    facts.mem_bytes = mem_kib * KIB if mem_kib is not None else None
 
 
 def expected_nodes(gpus: int) -> list[str]:

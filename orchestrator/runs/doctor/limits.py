@@ -2,11 +2,11 @@
 data threads; the target model passes through host memory while it loads)."""
 from __future__ import annotations
 
+from ...agent.protocol import GIB, MIB
 from ...display import format_bytes
-from .facts import GIB, Facts
+from .facts import Facts
 from .report import OK, WARN, Row, see
 
-MIB = 1024 ** 2
 MEMORY_PER_PROCESS = 2 * GIB   # python, torch and CUDA's host-side state of one training process
 
 

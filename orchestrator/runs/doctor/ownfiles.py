@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from ...agent.protocol import low_free
+from ...agent.protocol import GIB, KIB, low_free
 from ...inventory.model import Target
 from ...transports.base import Transport
 from ...transports.timeouts import PROBE_TIMEOUT_S
@@ -37,7 +37,7 @@ def parse_df(text: str) -> tuple[int, int] | None:
     """(free bytes, total bytes) from `df -Pk DIR`'s last line, None when it is not one."""
     fields = (text.strip().splitlines() or [""])[-1].split()
     try:
-        return int(fields[3]) * 1024, int(fields[1]) * 1024
+        return int(fields[3]) * KIB, int(fields[1]) * KIB
     except (IndexError, ValueError):
         return None
 
@@ -57,5 +57,5 @@ def check_free_space(transport: Transport, target: Target, report: SpaceReport, 
             return
     report.free_bytes = space[0]
     if low_free(*space):
-        report.warnings.append(f"{target.workdir} has only {space[0] / 1024 ** 3:.1f} GiB free of "
-                               f"{space[1] / 1024 ** 3:.1f} GiB: a run that fills it loses its log")
+        report.warnings.append(f"{target.workdir} has only {space[0] / GIB:.1f} GiB free of "
+                               f"{space[1] / GIB:.1f} GiB: a run that fills it loses its log")

@@ -1,12 +1,11 @@
 """The storage checks: /dev/shm big enough and not hoarding data, the workdir on a disk with room and inodes."""
 from __future__ import annotations
 
-from ...agent.protocol import low_free
+from ...agent.protocol import GIB, MIB, low_free
 from ...display import format_bytes
-from .facts import GIB, Facts
+from .facts import Facts
 from .report import FAIL, OK, WARN, Row, see
 
-MIB = 1024 ** 2
 NCCL_SHM_BYTES = GIB          # NCCL between the GPUs of one node keeps its buffers in /dev/shm
 MIN_SHM_BYTES = 64 * MIB      # Docker's famous default: too little for torch's shared tensors
 SHM_KEPT_BYTES = GIB          # this much in /dev/shm is probably a model or a dataset, lost on restart
