@@ -15,6 +15,7 @@ from ..runs.command import CONFIG_INPUT, runs_bundled_trainer, train_command
 from ..runs.doctor import OK, WARN, preflight, read_needs, refuse_failed
 from ..runs.jobs import DEFAULT_DIST_TIMEOUT_S, JobLaunchFailed, JobSpec, launch_job, processes_per_node
 from ..runs.spec import LaunchSpec, check_name, default_name
+from ..runs.trainerconfig import config_file, read_config
 from ..transports.pool import Connections
 from .args import finite, parse_env, parse_gpus
 from .output import print_json, stderr
@@ -160,7 +161,7 @@ def job_spec(targets: list[Target], config: Path, *, name: str | None, gpus: lis
     specs = [launch_spec(target, [], name=name, config=config, gpus=gpus, env=env, force=force, grace=grace)
              for target in targets]
     text = specs[0].inputs[CONFIG_INPUT]
-    cpu_only = _config_mapping(config, text).get("device") == "cpu"
+    cpu_only = read_config(config, text).get("device") == "cpu"
     return JobSpec(targets=targets, config_text=text, config_source=str(config),
                    name=check_name(name or config.stem.replace(" ", "-")), gpus=gpus,
                    nproc_per_node=nproc_per_node, cpu_only=cpu_only, env=env, force=force, grace=grace,
@@ -186,11 +187,7 @@ def launch_spec(target: Target, command: list[str], *, name: str | None, config:
 
 def _trainer_spec(target: Target, config: Path, *, name: str | None, gpus: list[int] | None,
                   env: dict[str, str], force: bool, grace: float) -> LaunchSpec:
-    try:
-        text = config.read_bytes()
-    except OSError as exc:
-        raise UsageError(f"cannot read --config {config}: {exc.strerror or exc}") from None
-    _config_mapping(config, text)
+    text, _ = config_file(config)
     command = train_command(target, nproc=processes_per_node(target, gpus))
     # The keys, the paths, the data and the python's packages are checked by the trainer itself on the target,
     # all in one pass, before the run is created. What a settle of 1 s would catch on top of that (the trainer
@@ -198,17 +195,6 @@ def _trainer_spec(target: Target, config: Path, *, name: str | None, gpus: list[
     return LaunchSpec(target=target, command=command, name=check_name(name or config.stem.replace(" ", "-")),
                       env=env, gpus=gpus, force=force, grace=grace, inputs={CONFIG_INPUT: text},
                       uses_trainer=True, check_config=str(config), settle=CHECKED_SETTLE_S)
-
-
-def _config_mapping(config: Path, text: bytes) -> dict:
-    """The config as YAML: a file that is not a YAML mapping is refused here, before anything is deployed."""
-    from trainer.config import read_config_data  # torch-free
-    from trainer.errors import TrainerError
-
-    try:
-        return read_config_data(config, text=text.decode("utf-8", "replace"))
-    except TrainerError as exc:
-        raise UsageError(str(exc)) from None
 
 
 def _report_failure(failed: LaunchFailed) -> None:

@@ -24,7 +24,7 @@ from .agentcall import agent_answer, agent_argv
 from .command import CONFIG_INPUT, check_command
 from .deploy import Deployment, deploy
 from .spec import LaunchSpec, new_run_id, run_dir, runs_dir
-from .trainercheck import judge
+from .trainerconfig import judge
 
 PS_TAIL_BYTES = 8192  # enough of a log's end to hold its last step line
 

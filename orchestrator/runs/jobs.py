@@ -23,7 +23,7 @@ from .agentcall import agent_argv
 from .client import LaunchFailed, RunClient
 from .command import CONFIG_INPUT, node_train_command
 from .spec import LaunchSpec, new_run_id, run_environment
-from .trainercheck import ConfigRejected
+from .trainerconfig import ConfigRejected
 
 ABORT_GRACE_S = 5.0
 

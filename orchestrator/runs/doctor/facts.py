@@ -12,13 +12,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...agent.protocol import KIB, ascii_decimal
-from ...errors import DflashError, UsageError
+from ...errors import DflashError
 from ...inventory.model import Target
 from ...transports.base import Transport
 from ...transports.pct import PctTransport
 from ...transports.timeouts import AGENT_TIMEOUT_S, PROBE_TIMEOUT_S
 from ..client import RunClient
 from ..spec import runs_dir
+from ..trainerconfig import config_defaults, read_config
 from .pctconfig import CtConfig, parse_ct_config
 
 # "$@", when given, is `pct config CTID` (pct as the inventory spells it): one round trip for everything
@@ -70,14 +71,7 @@ class Facts:
 
 def read_needs(config: Path) -> Needs:
     """The config's paths and sizes; a file that is not a YAML mapping is a usage error (exit 2)."""
-    from trainer.config import TrainConfig, read_config_data  # torch-free
-    from trainer.errors import TrainerError
-
-    try:
-        data = read_config_data(config)
-    except (TrainerError, OSError) as exc:
-        raise UsageError(f"--config {config}: {getattr(exc, 'strerror', None) or exc}") from None
-    defaults = {name: f.default for name, f in TrainConfig.model_fields.items()}
+    data, defaults = read_config(config), config_defaults()
 
     def get(key: str, kind: type = int):
         value = data.get(key, defaults.get(key))
