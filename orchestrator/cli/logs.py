@@ -18,6 +18,7 @@ from .output import stderr
 from .state import AppState
 
 STATE_POLL_S = 2.0
+READ_WAIT_S = 0.5  # one read of the followed stream waits at most this long: the run's state is still polled
 RECONNECT_FIRST_S = 1.0
 RECONNECT_CAP_S = 5.0  # an operator following a log wants it back soon after the Wi-Fi is
 
@@ -113,7 +114,7 @@ class _Follower:
         try:
             while True:
                 try:
-                    chunk = proc.read(timeout=0.5)
+                    chunk = proc.read(timeout=READ_WAIT_S)
                 except CommandTimeout:
                     chunk = None
                 if chunk:

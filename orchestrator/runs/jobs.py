@@ -153,7 +153,7 @@ def launch_job(client: RunClient, spec: JobSpec) -> dict:
         payload = first.error.payload if isinstance(first.error, LaunchFailed) else {}
         raise JobLaunchFailed(f"job {job_id}: node {names.index(first.target.name)} ({first.target.name}) did "
                               f"not start: {first.error}; the other nodes were stopped", node_payload=payload,
-                              exit_code=getattr(first.error, "exit_code", 1))
+                              exit_code=fanout_exit_code(failed))
     nodes = [o.value for o in outcomes]
     return {"job_id": job_id, "name": spec.name, "rendezvous": endpoint,
             "state": summarize(nodes)["state"], "nodes": nodes}
