@@ -19,7 +19,8 @@ NOT_AVAILABLE = {"[N/A]", "N/A", "[Not Supported]", "[Unknown Error]", "[Insuffi
 
 def parse_query(text: str, fields: tuple = GPU_FIELDS) -> list:
     """One dict per GPU row of `--query-gpu=<fields> --format=csv[,noheader][,nounits]`, keyed by FIELD_KEYS
-    (other fields are left out); a value nvidia-smi cannot give is None. A header, a blank or a cut line is skipped; units are tolerated."""
+    (other fields are left out); a value nvidia-smi cannot give is None. A header, a blank line or a line cut
+    short is skipped; units are tolerated."""
     gpus = []
     for line in text.splitlines():
         cells = [cell.strip() for cell in line.split(",")]
