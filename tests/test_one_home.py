@@ -26,7 +26,8 @@ DEFINITIONS = {
     "what a terminal shows of a line: the last \\r segment that shows anything": (
         r"""reversed\(\w+\.split\(b?["']\\r["']\)\)|in \w+\.split\(b?["']\\r["']\) if """, TERMINAL_TEXT),
     "nvidia-smi query fields": (r"[\"']--query-gpu=|^\s*GPU_\w*FIELDS\s*=", PROTOCOL),
-    "GPU-held threshold": (r"^\s*\w*(HELD|held|min_memory)\w*\s*(:\s*\w+\s*)?=\s*[\d.]+", PROTOCOL),
+    # the trainer's `tau_tree_heldout=8` is a held-out split, not a held GPU
+    "GPU-held threshold": (r"^\s*\w*(HELD|held|min_memory)\w*\s*(:\s*\w+\s*)?=\s*[\d.]+", PROTOCOL, TRAINER),
     "protocol version": (r"^\s*PROTOCOL_VERSION\s*=", PROTOCOL),
     "state colours": (r"^\s*\w*(STATE_STYLES|COLORS|COLOURS)\s*=", "orchestrator/display.py"),
     "duration formatting": (r"^def format_duration\b", "orchestrator/display.py"),
