@@ -2,9 +2,10 @@
 
 Standard library only, like the whole agent (it is shipped to containers), and imported by the controller
 too (`from orchestrator.agent.protocol import ...`), so each of these is defined here and nowhere else: the
-protocol version, the run states, what may name a run, the exit statuses and the agent's error codes, the kinds
-of the watch stream's messages, the nvidia-smi query and the memory above which a GPU counts as held. What
-a terminal shows of a log line is terminaltext.py's.
+protocol version, the run states, what may name a run and which --env keys a run may set, the exit statuses
+and the agent's error codes, the kinds of the watch stream's messages, the nvidia-smi query and when a GPU
+counts as held (and as idle while held), sizes, and when free space runs low. What a terminal shows of a log
+line is terminaltext.py's.
 """
 from __future__ import annotations
 

@@ -71,3 +71,25 @@ def test_pct_wraps_argv_without_a_shell() -> None:
     assert host.calls == [(("sudo", "/usr/sbin/pct", "exec", "200", "--", "python3", "-c", "print(1)", "a b"), b"in")]
     assert result.argv == ("python3", "-c", "print(1)", "a b") and result.out == "ok"
     assert ct.label == "mock/200"
+
+
+def test_a_fanout_exits_with_the_worst_of_its_targets_codes(tmp_path: Path) -> None:
+    """Every target is tried; an unreachable one (3) outranks a usage error (2), which outranks a failure (1)."""
+    from orchestrator.errors import OperationFailed, TargetNotFound, Unreachable
+    from orchestrator.inventory.model import parse_inventory
+    from orchestrator.transports.fanout import fanout_exit_code, per_host
+
+    text = "hosts:\n" + "".join(f"  h{i}:\n    address: 192.0.2.{i}\n" for i in range(4))
+    targets = parse_inventory(text, tmp_path / "inventory.yaml").targets(["h0", "h1", "h2", "h3"])
+    raised = {"h1": OperationFailed("no"), "h2": TargetNotFound("which?"), "h3": Unreachable("down")}
+
+    def operation(target):
+        if target.name in raised:
+            raise raised[target.name]
+        return {"ok": True}
+
+    outcomes = per_host(targets, operation)
+    assert [o.ok for o in outcomes] == [True, False, False, False]
+    assert [fanout_exit_code(outcomes[:n]) for n in (1, 2, 3, 4)] == [0, 1, 2, 3]
+    refused = per_host(targets[:1], lambda target: {"ok": False})
+    assert fanout_exit_code(refused, lambda value: value["ok"]) == 1
