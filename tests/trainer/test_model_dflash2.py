@@ -122,3 +122,84 @@ def test_dflash2_chain_is_the_selector_path_and_top1_without_pair_scores(tiny_ta
     first, later = drafter.candidate_selector.block_scores(hidden[:, 1:], ids[0, anchors[0]], candidates, unary)
     assert torch.equal(chain, candidates.gather(-1, viterbi_path(first, later)[..., None])[..., 0])
     assert not torch.equal(chain, logits.argmax(dim=-1))   # the pair scores changed the choice somewhere
+
+
+def test_training_candidates_put_a_missing_label_in_the_weakest_place():
+    from trainer.training.selector_objective import training_candidates
+
+    weight = torch.eye(6)
+    hidden = torch.tensor([[5.0, 4.0, 3.0, 2.0, 1.0, 0.0], [5.0, 4.0, 3.0, 2.0, 1.0, 0.0]])
+    unary, ids = training_candidates(hidden, weight, torch.tensor([1, 4]), 3, chunk_rows=1)
+    assert ids.tolist() == [[0, 1, 2], [0, 1, 4]]
+    assert unary.tolist() == [[5.0, 4.0, 3.0], [5.0, 4.0, 1.0]]
+
+
+def test_the_selector_scores_slot_k_after_the_texts_token_before_it():
+    from trainer.training.selector_objective import previous_tokens
+
+    input_ids = torch.arange(100, 120)[None]
+    assert previous_tokens(input_ids, torch.tensor([[3, 10]]), 4).tolist() == [[[103, 104, 105, 106],
+                                                                                 [110, 111, 112, 113]]]
+
+
+def test_training_a_dflash2_drafter_lowers_both_losses(tiny_target):
+    from trainer.training.objective import IGNORE, block_labels, decay_weights, dflash_step
+    from trainer.training.selector_objective import selector_loss
+
+    drafter = make_drafter(tiny_target, architecture="dflash2", block_size=6).train()
+    pattern = random_ids(tiny_target, (1, 7), seed=5)
+    input_ids = pattern.repeat(2, 8)                      # a text the drafter can learn in a few steps
+    loss_mask = torch.ones_like(input_ids)
+    features = tiny_target.features(input_ids, loss_mask)
+    optimizer = torch.optim.Adam(drafter.parameters(), lr=1e-2)
+    anchors = torch.tensor([[3, 9, 20, 33], [1, 14, 27, 40]], device=input_ids.device)
+    labels = block_labels(input_ids, loss_mask, anchors, 6)
+    weights = decay_weights(6, 4.0, device=labels.device) * (labels != IGNORE)
+
+    def selector_part() -> float:
+        with torch.no_grad():
+            hidden = drafter(features, input_ids.gather(1, anchors), anchors)[:, :, 1:]
+            return selector_loss(drafter, hidden, input_ids, anchors, labels.clamp(min=0), weights,
+                                 chunk_rows=64)[0].item()
+
+    initial_selector = {k: v.clone() for k, v in drafter.candidate_selector.state_dict().items()}
+    losses = []
+    for step in range(25):
+        out = dflash_step(drafter, features, input_ids, loss_mask, num_anchors=8, block_size=6, gamma=4.0,
+                          noise=0.0, generator=torch.Generator().manual_seed(step))
+        optimizer.zero_grad()
+        out.loss.backward()
+        optimizer.step()
+        losses.append(out.loss.item())
+    assert losses[-1] < 0.5 * losses[0]
+    trained = selector_part()
+    drafter.candidate_selector.load_state_dict(initial_selector)   # the trained backbone, an untrained selector
+    assert trained < 0.8 * selector_part()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_paired_best_first_keeps_exactly_the_most_likely_nodes(seed):
+    from trainer.decoding.draft_tree import best_first_paired
+
+    generator = torch.Generator().manual_seed(seed)
+    slots, k = 3, 3
+    first = torch.log_softmax(torch.randn(k, generator=generator), -1).tolist()
+    later = torch.log_softmax(torch.randn(slots - 1, k, k, generator=generator), -1).tolist()
+    ids = [[10 * (d + 1) + i for i in range(k)] for d in range(slots)]
+
+    def score(path):
+        return first[path[0]] + sum(later[d][path[d]][path[d + 1]] for d in range(len(path) - 1))
+
+    every = sorted((path for depth in range(1, slots + 1) for path in itertools.product(range(k), repeat=depth)),
+                   key=score, reverse=True)
+    for budget in (1, 3, 7, 20, 39):
+        tree = best_first_paired(7, first, later, ids, budget)
+        assert len(tree) == budget + 1 and tree.parents[0] == -1
+        paths = set()
+        for node in range(1, len(tree)):
+            path, at = [], node
+            while at > 0:
+                path.append(tree.tokens[at] % 10)
+                at = tree.parents[at]
+            paths.add(tuple(reversed(path)))
+        assert paths == set(every[:budget]), budget

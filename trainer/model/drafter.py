@@ -177,6 +177,16 @@ class DFlashDrafter(DFlashBlocks, nn.Module):
         return self.chain_from_logits(logits, drafted, anchor_tokens)
 
     @torch.no_grad()
+    def candidate_logprobs(self, logits: torch.Tensor, hidden: torch.Tensor, anchor_tokens: torch.Tensor):
+        """A DFlash2 drafter's candidates for trees, from the drafted slots' logits [N, T, V] and hidden states
+        [N, T, H]: (candidate ids [N, T, K], log-probs of the first slot's candidates after the anchor [N, K],
+        log-probs of each later slot's candidates after each of the slot before's [N, T-1, K, K]), each a softmax
+        of the selector's pair scores over the K candidates."""
+        unary, candidates = logits.topk(min(self.selector_top_k, logits.shape[-1]), dim=-1)
+        first, later = self.candidate_selector.block_scores(hidden, anchor_tokens, candidates, unary)
+        return candidates, torch.log_softmax(first, dim=-1), torch.log_softmax(later, dim=-1)
+
+    @torch.no_grad()
     def draft_logits(self, context_features: torch.Tensor, anchor_token: int, anchor_pos: int) -> torch.Tensor:
         """[Bs-1, V] logits of one block; context_features [1, S, k*H] holds the states of positions < anchor."""
         if context_features.shape[1] < anchor_pos:

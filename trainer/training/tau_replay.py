@@ -99,9 +99,10 @@ class AnchorPass:
 
 def anchor_pass(drafter, features: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor, *,
                 width: int, top: int = 0) -> AnchorPass:
-    """The streaks at every anchor (a supervised position followed by one), and the `top` best tokens of every
-    slot when top > 0. Anchors go `width` per sequence per forward, the last group padded, so the shapes of the
-    forwards repeat; logits are reduced chunk by chunk and never held whole."""
+    """The streaks at every anchor (a supervised position followed by one): the block's guesses are its drafted
+    chain (DFlash2: the selector's path); and the `top` best tokens of every slot when top > 0 (DFlash2: of its
+    unary distributions, not the selector's). Anchors go `width` per sequence per forward, the last group
+    padded, so the shapes of the forwards repeat; logits are reduced chunk by chunk and never held whole."""
     block_size = drafter.config.block_size
     n, seq_len = input_ids.shape
     device = input_ids.device
@@ -120,14 +121,14 @@ def anchor_pass(drafter, features: torch.Tensor, input_ids: torch.Tensor, loss_m
     # every sequence's anchor positions, in order, padded with -1 to the longest list
     order = torch.where(valid, torch.arange(seq_len, device=valid.device), seq_len).sort(dim=1).values
     positions = order[:, :most].masked_fill(order[:, :most] == seq_len, -1)
-    lm_head = drafter.lm_head
     for first in range(0, most, width):
         anchors = torch.full((n, width), -1, dtype=torch.long, device=device)
         group = positions[:, first:first + width]
         anchors[:, :group.shape[1]] = group
-        hidden = drafter(features, input_ids.gather(1, anchors.clamp(min=0)), anchors)[:, :, 1:]
+        anchor_tokens = input_ids.gather(1, anchors.clamp(min=0))
+        hidden = drafter(features, anchor_tokens, anchors)
         labels = block_labels(input_ids, loss_mask, anchors, block_size)
-        guesses, best = _reduce_chunks(hidden.reshape(-1, hidden.shape[-1]), lm_head.weight, top)
+        guesses, best = _reduce_chunks(drafter, hidden, anchor_tokens, top)
         found = accepted_streak(guesses.view(labels.shape) == labels, labels)
         real = anchors >= 0
         rows = torch.arange(n, device=device)[:, None].expand_as(anchors)
@@ -145,19 +146,24 @@ def anchor_streaks(drafter, features: torch.Tensor, input_ids: torch.Tensor, los
     return anchor_pass(drafter, features, input_ids, loss_mask, width=width).streaks
 
 
-def _reduce_chunks(hidden: torch.Tensor, weight: torch.Tensor, top: int
+def _reduce_chunks(drafter, hidden: torch.Tensor, anchor_tokens: torch.Tensor, top: int
                    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
-    """Argmax of each row's logits and, for top > 0, its `top` best log-probabilities (float32, as the eval's
-    tree proposer takes them) with their ids."""
-    rows = max(1, LOGITS_PER_CHUNK // weight.shape[0])
+    """For blocks of final hidden states [n, A, B, H] and their anchor tokens [n, A]: the drafted chain of each
+    block (DFlash: each slot's argmax; DFlash2: the selector's path) and, for top > 0, each drafted slot's `top`
+    best log-probabilities (float32, as the eval's tree proposer takes them) with their ids; a few blocks' logits
+    at a time."""
+    weight = drafter.lm_head.weight
+    hidden, anchor_tokens = hidden.flatten(0, 1), anchor_tokens.flatten()
+    blocks = max(1, LOGITS_PER_CHUNK // (weight.shape[0] * (hidden.shape[1] - 1)))
     guesses, values, ids = [], [], []
-    for i in range(0, hidden.shape[0], rows):
-        logits = hidden[i:i + rows].to(weight.dtype) @ weight.t()
-        guesses.append(logits.argmax(dim=-1))
+    for i in range(0, hidden.shape[0], blocks):
+        drafted = hidden[i:i + blocks, 1:]
+        logits = drafted.to(weight.dtype) @ weight.t()
+        guesses.append(drafter.chain_from_logits(logits, drafted, anchor_tokens[i:i + blocks]).flatten())
         if top:
             best = torch.log_softmax(logits.float(), dim=-1).topk(top, dim=-1)
-            values.append(best.values)
-            ids.append(best.indices)
+            values.append(best.values.flatten(0, 1))
+            ids.append(best.indices.flatten(0, 1))
     return torch.cat(guesses), ((torch.cat(values), torch.cat(ids)) if top else None)
 
 
