@@ -59,5 +59,15 @@ class Dflash2Sizes:
         return conv * 2
 
     def selector_param_numels(self, hidden_size: int, vocab_size: int) -> list[int]:
-        """hidden_projection, predecessor_codebook, successor_codebook."""
-        return [self.selector_rank * hidden_size, vocab_size * self.selector_rank, vocab_size * self.selector_rank]
+        """predecessor_codebook, successor_codebook, hidden_projection (the module's parameters() order)."""
+        return [vocab_size * self.selector_rank, vocab_size * self.selector_rank, self.selector_rank * hidden_size]
+
+    def saved_bytes_per_query(self, hidden_size: int, act: int) -> int:
+        """An estimate (not measured like DFlash's figures) of what one layer's four convolution sides keep per
+        block token: the kernel projection's input and, per side and tap, the shifted input of the product."""
+        return act * hidden_size * (2 + 4 * self.conv_kernel_size)
+
+    def saved_bytes_per_slot(self, act: int) -> int:
+        """An estimate of what the selector's objective keeps per drafted slot: the successor rows of its K
+        candidates, the predecessor row and the gate, and the K scores."""
+        return act * (self.selector_top_k * self.selector_rank + 2 * self.selector_rank) + 8 * self.selector_top_k
