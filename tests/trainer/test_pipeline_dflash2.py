@@ -20,7 +20,8 @@ def trained(tiny_target, self_generated, tmp_path_factory) -> dict:
               "output_dir": str(root / "out"), "max_steps": 12, "architecture": "dflash2", "selector_rank": 8,
               "selector_top_k": 4, "num_anchors": 16, "drafter_layers": 1, "token_budget": 2048,
               "buckets": [0, 128, 256, 512], "lr": 3e-3, "log_every": 1, "checkpoint_every": 0, "seed": 0,
-              "device": "cpu", "num_workers": 1, "prefetch": 2}
+              "device": "cpu", "num_workers": 1, "prefetch": 2, "eval_every": 12, "eval_samples": 2,
+              "eval_tree_budgets": [4, 16]}
     result = run_trainer("train", "--config", write_config(root / "run.yaml", **config))
     assert result.returncode == 0, result.stderr[-3000:]
     return {"checkpoint": root / "out" / "step_12", "stdout": result.stdout, "root": root}
@@ -30,6 +31,9 @@ def test_training_lowers_the_loss_and_the_checkpoint_is_a_dflash2_one(trained, t
     records = [json.loads(line) for line in (trained["root"] / "out" / "metrics.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in records if r.get("event") == "step"]
     assert len(losses) == 12 and sum(losses[-3:]) < 0.9 * sum(losses[:3]), losses
+    # the held-out evaluation replays the selector's chain and its paired trees
+    heldout = [r for r in records if "tau_heldout" in r][-1]
+    assert heldout["tau_heldout"] >= 1.0 and set(map(int, heldout["tau_tree_heldout"])) == {4, 16}
     config = json.loads((trained["checkpoint"] / "config.json").read_text())
     assert config["architectures"] == ["DFlash2DraftModel"]
     assert config["auto_map"] == {"AutoModel": "dflash.DFlash2DraftModel"}
