@@ -177,7 +177,7 @@ def dflash2_sizes(cfg: TrainConfig, target_config):
     sizes = Dflash2Sizes.from_mapping(cfg)
     problems = sizes.problems(hidden_size=target_config.hidden_size, vocab_size=target_config.vocab_size)
     if problems:
-        raise TrainerError("; ".join(problems))
+        raise TrainerError("; ".join(message for _, message in problems))
     return sizes
 
 

@@ -42,14 +42,15 @@ class Dflash2Sizes:
         get = data.get if isinstance(data, dict) else lambda key: getattr(data, key)
         return cls(**{key: int(get(key)) for key in cls.__dataclass_fields__})
 
-    def problems(self, *, hidden_size: int, vocab_size: int) -> list[str]:
-        """What makes these sizes unusable for a drafter of this hidden size and vocabulary, one line each."""
+    def problems(self, *, hidden_size: int, vocab_size: int) -> list[tuple[str, str]]:
+        """What makes these sizes unusable for a drafter of this hidden size and vocabulary: (key, one line)."""
         found = []
         if hidden_size % self.conv_group_size:
-            found.append(f"conv_group_size={self.conv_group_size} does not divide the hidden size {hidden_size}")
+            found.append(("conv_group_size", f"conv_group_size={self.conv_group_size} does not divide the hidden "
+                                             f"size {hidden_size}"))
         if not 1 <= self.selector_top_k <= vocab_size:
-            found.append(f"selector_top_k={self.selector_top_k} must be between 1 and the vocabulary size "
-                         f"{vocab_size}")
+            found.append(("selector_top_k", f"selector_top_k={self.selector_top_k} must be between 1 and the "
+                                            f"vocabulary size {vocab_size}"))
         return found
 
     def layer_param_numels(self, hidden_size: int) -> list[int]:

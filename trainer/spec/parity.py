@@ -276,7 +276,7 @@ def _dflash2(pair: Pair) -> list[Check]:
     sizes = Dflash2Sizes.from_mapping(nested)
     hidden, vocab = int(pair.spec.hidden_size), int(pair.spec.text.get("vocab_size") or 0)
     checks = [Check("dflash_config", False, problem, RETRAIN)
-              for problem in sizes.problems(hidden_size=hidden, vocab_size=vocab)]
+              for _, problem in sizes.problems(hidden_size=hidden, vocab_size=vocab)]
     checks += [Check(f"dflash_config.{key}", False, f"{nested[key]}, but it was trained with {key} {trained[key]}",
                      f"set dflash_config.{key} to {trained[key]}")
                for key in keys if trained.get(key) is not None and trained[key] != nested[key]]
