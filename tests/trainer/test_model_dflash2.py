@@ -203,3 +203,27 @@ def test_paired_best_first_keeps_exactly_the_most_likely_nodes(seed):
                 at = tree.parents[at]
             paths.add(tuple(reversed(path)))
         assert paths == set(every[:budget]), budget
+
+
+def test_a_run_resumes_only_with_the_architecture_and_sizes_it_was_trained_with(tmp_path):
+    import json
+
+    from trainer.config import config_from_dict
+    from trainer.errors import TrainerError
+    from trainer.training.checkpoints import TRAINER_CONFIG_FILE, check_resumable
+
+    required = {"target_path": "t", "data_path": "d", "output_dir": "o"}
+    plain = config_from_dict(required, source="x")
+    older = plain.model_dump()
+    for key in ("architecture", "conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"):
+        older.pop(key)   # a checkpoint written before DFlash2 existed: a DFlash run
+    (tmp_path / TRAINER_CONFIG_FILE).write_text(json.dumps(older))
+    check_resumable(tmp_path, plain)
+    with pytest.raises(TrainerError, match="architecture: 'dflash' -> 'dflash2'"):
+        check_resumable(tmp_path, config_from_dict({**required, "architecture": "dflash2", "block_size": 16},
+                                                   source="x"))
+    dflash2 = config_from_dict({**required, "architecture": "dflash2"}, source="x")
+    (tmp_path / TRAINER_CONFIG_FILE).write_text(json.dumps(dflash2.model_dump()))
+    with pytest.raises(TrainerError, match="selector_top_k: 16 -> 8"):
+        check_resumable(tmp_path, config_from_dict({**required, "architecture": "dflash2", "selector_top_k": 8},
+                                                   source="x"))
