@@ -144,8 +144,11 @@ def test_complete_checkpoints_ignore_partial_writes(tmp_path):
     assert complete_checkpoints(tmp_path) == [(5, tmp_path / "step_5")]
 
 
-def test_torchrun_two_cpu_ranks_keep_identical_weights(base_config, tmp_path):
-    config = {**base_config, "max_steps": 8, "checkpoint_every": 4}
+@pytest.mark.parametrize("architecture", ["dflash", "dflash2"])
+def test_torchrun_two_cpu_ranks_keep_identical_weights(base_config, tmp_path, architecture):
+    # DFlash2's selector is trained outside the DDP-wrapped forward: its gradients must be all-reduced too
+    dflash2 = {"architecture": "dflash2", "selector_rank": 8, "selector_top_k": 4} if architecture == "dflash2" else {}
+    config = {**base_config, "max_steps": 8, "checkpoint_every": 4, **dflash2}
     path = write_config(tmp_path / "ddp.yaml", **config)
     result = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
