@@ -162,9 +162,14 @@ def build_drafter(cfg: TrainConfig, ctx, log: MetricsLog, target, checkpoint: Pa
     n_params = sum(p.numel() for p in drafter.parameters() if p.requires_grad)
     shown = drafter.config
     window = f", sliding window {shown.sliding_window} on {len(shown.layer_types) - 1}" if shown.sliding_window else ""
+    sizes = shown.dflash2
+    dflash2 = (f", DFlash2: block {shown.block_size}, convolution of {sizes.conv_kernel_size} taps by groups of "
+               f"{sizes.conv_group_size}, selector of rank {sizes.selector_rank} over the top {sizes.selector_top_k}"
+               if sizes else "")
     log.say(f"Drafter: {cfg.drafter_layers} layers, {n_params / 1e6:.2f}M trainable parameters, "
             f"{shown.num_attention_heads} heads / {shown.num_key_value_heads} KV x {shown.head_dim}, MLP "
-            f"{shown.intermediate_size}{window}, mask token {shown.mask_token_id}, taps {cfg.target_layer_ids}")
+            f"{shown.intermediate_size}{window}, mask token {shown.mask_token_id}, taps {cfg.target_layer_ids}"
+            f"{dflash2}")
     return drafter
 
 

@@ -28,6 +28,8 @@ def trained(tiny_target, self_generated, tmp_path_factory) -> dict:
 
 
 def test_training_lowers_the_loss_and_the_checkpoint_is_a_dflash2_one(trained, tiny_target):
+    assert ("DFlash2: block 8, convolution of 2 taps by groups of 16, selector of rank 8 over the top 4"
+            in trained["stdout"])
     records = [json.loads(line) for line in (trained["root"] / "out" / "metrics.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in records if r.get("event") == "step"]
     assert len(losses) == 12 and sum(losses[-3:]) < 0.9 * sum(losses[:3]), losses
