@@ -98,7 +98,7 @@ def model_card(config: dict, facts: dict, dtype: str) -> str:
         ("Target", facts["target"] or "(not recorded)"),
         ("Target layers tapped", f"{dflash['target_layer_ids']} (vLLM aux ids "
                                  f"{config['eagle_aux_hidden_state_layer_ids']}) of {config['num_target_layers']}"),
-        ("Architecture", config["architectures"][0]),
+        ("Architecture", (config.get("architectures") or ["DFlashDraftModel"])[0]),
         ("Block size", f"{config['block_size']} (slot 0 the anchor, {config['block_size'] - 1} drafted tokens)"),
         ("Mask token id", dflash["mask_token_id"]),
         ("Drafter", f"{config['num_hidden_layers']} layers, hidden {config['hidden_size']}, "
