@@ -151,10 +151,10 @@ def step_records(metrics: Path) -> list[dict]:
     return [r for r in records if r.get("event") == "step"]
 
 
-def training_figures(work: Path) -> dict:
-    """The drafter run's own figures at its end: streak (and the old streak + 1), the replayed τ on its training
-    batches and on the held-out split."""
-    records = step_records(work / "drafter" / "metrics.jsonl")
+def training_figures(work: Path, name: str = "drafter") -> dict:
+    """The drafter run's own figures at its end (its output directory `name` in `work`): streak (and the old
+    streak + 1), the replayed τ on its training batches and on the held-out split."""
+    records = step_records(work / name / "metrics.jsonl")
     last = records[-1]
     tail = records[-5:]  # a few logged steps: one batch's streak and replay are noisy
     heldout = [r for r in records if "tau_heldout" in r]

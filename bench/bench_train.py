@@ -10,10 +10,14 @@ are synthetic chats laid out in the trainer's length buckets and served by the t
     torchrun --nproc-per-node 2 bench/bench_train.py --model qwen3-8b     # DDP over two GPUs
     python bench/bench_train.py --tiny --device cpu --steps 3 --json      # CPU smoke test
     python bench/bench_train.py --model qwen3.6-27b --token-budget 24576 --anchor-budget 1536 --simulate-shards 8
+    python bench/bench_train.py --model qwen3-8b --block-size 8 --architecture dflash,dflash2   # DFlash2's cost
 
 --simulate-shards N checks the memory plan of one rank of an N-GPU run on one GPU: the target is built whole
 (as the trainer loads it), AdamW keeps only rank 0's share of the states (the partition ZeRO-1 gives it) and
 updates only those weights, and the result holds the plan beside the peak of the training steps.
+
+--architecture dflash,dflash2 measures each drafter architecture in turn on the same batches (DFlash2 with the
+config's default convolution and selector sizes), each row with its tok/s, MFU and its tok/s against the first.
 """
 from __future__ import annotations
 
@@ -30,7 +34,7 @@ import torch
 
 from flops import LayerShape, StepFlops, TargetShape, target_feature_flops, training_step_flops
 from synthetic import SHAPES, causal_lm_class, target_config
-from trainer.config import SEED_BUCKETS, default_gamma
+from trainer.config import BLOCK_SIZE_DEFAULTS, DFLASH2_DEFAULTS, SEED_BUCKETS, default_gamma
 from trainer.training.metrics import compiled_graphs, seconds_between, timing_mark
 from trainer.training.optim import rank_share
 
@@ -59,7 +63,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=20, help="timed steps per measurement")
     parser.add_argument("--warmup", type=int, default=None, help="untimed steps first (default: 6 on GPU, 1 on CPU)")
     parser.add_argument("--drafter-layers", type=int, default=5)
-    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--block-size", type=int, default=16, help="slots per block, the same for every "
+                                                                     "architecture measured (DFlash2's recipe: 8)")
+    parser.add_argument("--architecture", default="dflash",
+                        help="comma-separated drafter architectures measured one after the other on the same "
+                             "batches: dflash, dflash2")
     parser.add_argument("--num-anchors", type=int, default=None, help="most anchors per sequence (default 512)")
     parser.add_argument("--anchor-budget", type=int, default=None,
                         help="most blocks per batch (default 3072 = 49152 slots; 0 = no cap)")
@@ -85,6 +93,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     unknown = [v for v in (args.variants or "").split(",") if v and v not in VARIANTS]
     if unknown:
         parser.error(f"unknown variant(s) {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
+    args.architectures = [a for a in args.architecture.split(",") if a]
+    wrong = [a for a in args.architectures if a not in BLOCK_SIZE_DEFAULTS]
+    if wrong or not args.architectures:
+        parser.error(f"unknown architecture(s) {', '.join(wrong) or '(none)'}; known: dflash, dflash2")
     defaults = TINY_DEFAULTS if args.tiny else dict(buckets=list(SEED_BUCKETS), token_budget=49152,
                                                     num_anchors=512, anchor_budget=3072)
     for key, value in defaults.items():
@@ -177,11 +189,13 @@ def build_target(shape: dict, *, num_taps: int, device: torch.device, dtype: tor
     return TargetModel(model, layer_ids=taps, mask_token_id=shape["vocab_size"] - 1), taps
 
 
-def build_drafter(target, args, device: torch.device):
+def build_drafter(target, args, device: torch.device, architecture: str = "dflash"):
     from trainer.model.drafter import DFlashDrafter, DrafterConfig
+    from trainer.spec.dflash2 import Dflash2Sizes
 
     config = DrafterConfig.from_target(target.config, num_layers=args.drafter_layers, block_size=args.block_size,
-                                       target_layer_ids=target.layer_ids, mask_token_id=target.mask_token_id)
+                                       target_layer_ids=target.layer_ids, mask_token_id=target.mask_token_id,
+                                       dflash2=Dflash2Sizes(**DFLASH2_DEFAULTS) if architecture == "dflash2" else None)
     torch.manual_seed(args.seed)
     drafter = DFlashDrafter(config, embed_tokens=target.embed_tokens, lm_head=target.lm_head)
     return drafter.to(device=device, dtype=torch.float32).train()
@@ -368,7 +382,7 @@ def replay_flops(records: list, parts: SimpleNamespace, args) -> tuple[StepFlops
         total = total + training_step_flops(
             target_shape, drafter_shape, target_layers=parts.target.layer_ids[-1] + 1,
             drafter_layers=args.drafter_layers, num_taps=len(parts.target.layer_ids), block_size=args.block_size,
-            lengths=lengths, anchors=anchors.tolist())
+            lengths=lengths, anchors=anchors.tolist(), dflash2=parts.drafter.config.dflash2)
         real += int((anchors >= 0).sum())
         padded += int((anchors < 0).sum())
     return total, real, padded
@@ -522,9 +536,10 @@ def summarise(args, ctx, *, peak: tuple[float, str], taps: list[int], target_onl
     }
 
 
-def variant_row(name: str, summary: dict, peak_gib: float) -> dict:
+def variant_row(name: str, summary: dict, peak_gib: float, architecture: str = "dflash") -> dict:
     step = summary["step"]
-    return {"variant": name, "tok_per_s": step["tok_per_s"], "step_ms": step["step_ms"], "mfu": step["mfu"],
+    return {"variant": name, "architecture": architecture, "tok_per_s": step["tok_per_s"],
+            "step_ms": step["step_ms"], "mfu": step["mfu"],
             "mfu_datasheet": step["mfu_datasheet"], "target_tflops": step["target_tflops"],
             "drafter_tflops": step["drafter_tflops"], "phase_share": step["phase_share"],
             "target_phase_vs_plain_forward": step["target_phase_vs_plain_forward"],
@@ -600,7 +615,9 @@ def format_table(result: dict) -> str:
         f"  phases: target {step['target_tflops'] or 0:.0f} TFLOP/s, drafter fwd+bwd {step['drafter_tflops'] or 0:.0f}"
         f" TFLOP/s; padding in the batches {step['target_padding_share']:.1%}",
         *(f"  variant {row['variant']:>13}: {row['tok_per_s']:,.0f} tok/s, {row['step_ms']:.1f} ms/step, MFU "
-          f"{row['mfu']:.1%}, peak {row['peak_memory_gib']:.1f} GiB" for row in result.get("variants", [])),
+          f"{row['mfu']:.1%}, peak {row['peak_memory_gib']:.1f} GiB"
+          + (f", {row['tok_per_s_vs_first']:.1%} of the first's tok/s" if "tok_per_s_vs_first" in row else "")
+          for row in result.get("variants", [])),
         f"  FLOP shares: target {step['target_flop_share']:.1%}, drafter {step['drafter_flop_share']:.1%} "
         f"(padded blocks {step['padded_block_share']:.1%}, not counted)",
         "  time shares: " + ", ".join(f"{k} {v:.1%}" for k, v in step["phase_share"].items()),
@@ -609,6 +626,25 @@ def format_table(result: dict) -> str:
         f"warm-up: {result['compiled_frames_after_warmup']} (total {result['compiled_frames_total']})",
     ]
     return "\n".join(lines)
+
+
+def build_parts(target, args, ctx, architecture: str) -> SimpleNamespace:
+    """The drafter of one architecture, wrapped as the trainer wraps it, with its optimizer and anchor sampler."""
+    on_gpu = ctx.device.type == "cuda"
+    drafter = build_drafter(target, args, ctx.device, architecture)
+    model = drafter
+    if ctx.world_size > 1:
+        from trainer.train import DraftDDP
+
+        model = DraftDDP(drafter, device_ids=[ctx.device] if on_gpu else None)
+    if args.compile:
+        model = torch.compile(model)
+    params = [p for p in drafter.parameters() if p.requires_grad]
+    trained = rank_share(params, args.simulate_shards, rank=0) if args.simulate_shards else params
+    return SimpleNamespace(
+        target=target, drafter=drafter, model=model, params=params, architecture=architecture,
+        optimizer=torch.optim.AdamW(trained, lr=6e-4, weight_decay=0.0, betas=(0.9, 0.95), fused=on_gpu),
+        anchor_rng=torch.Generator().manual_seed(args.seed * 1009 + ctx.rank))
 
 
 def main(argv=None) -> int:
@@ -632,20 +668,7 @@ def main(argv=None) -> int:
     target, taps = build_target(MODELS[args.model], num_taps=args.drafter_layers, device=ctx.device, dtype=dtype,
                                 whole=args.simulate_shards > 0)
     progress(target.describe())
-    drafter = build_drafter(target, args, ctx.device)
-    model = drafter
-    if ctx.world_size > 1:
-        from trainer.train import DraftDDP
-
-        model = DraftDDP(drafter, device_ids=[ctx.device] if on_gpu else None)
-    if args.compile:
-        model = torch.compile(model)
-    params = [p for p in drafter.parameters() if p.requires_grad]
-    trained = rank_share(params, args.simulate_shards, rank=0) if args.simulate_shards else params
-    parts = SimpleNamespace(
-        target=target, drafter=drafter, model=model, params=params,
-        optimizer=torch.optim.AdamW(trained, lr=6e-4, weight_decay=0.0, betas=(0.9, 0.95), fused=on_gpu),
-        anchor_rng=torch.Generator().manual_seed(args.seed * 1009 + ctx.rank))
+    parts = build_parts(target, args, ctx, args.architectures[0])
     dataset = synthetic_dataset(args, vocab_size=target.config.vocab_size,
                                 batches_needed=(args.warmup + args.steps + 2) * ctx.world_size)
     autocast = torch.autocast(device_type=ctx.device.type, dtype=dtype, enabled=on_gpu)
@@ -666,23 +689,30 @@ def main(argv=None) -> int:
             progress(f"plain forward of the same packed tokens: {plain_packed['tok_per_s']:,.0f} tok/s")
         names = args.variants.split(",") if args.variants else ["auto"]
         measured = []
-        for name in names:
-            if on_gpu:  # each variant's own peak (and the plan's, with --simulate-shards, is of training steps)
-                torch.cuda.reset_peak_memory_stats(ctx.device)
-            stream = batch_stream(dataset, args, ctx)   # a fresh stream of the same seed: the same batches
-            warming = batch_stream(dataset, args, ctx)
-            try:
-                with variant(name, parts, ctx):
-                    warm_target_shapes(parts.target, warming, args, ctx, autocast)
-                    training = measure_training(parts, stream, args, ctx, autocast)
-                    peak_gib = peak_memory_gib(ctx.device)[0]
-                    last = name == names[-1]
-                    table = profile_steps(parts, stream, args, ctx, autocast) if args.profile and last else None
-            finally:
-                stream.close()
-                warming.close()
-            measured.append((name, training, peak_gib))
-            progress(f"training ({name}): {training['tok_per_s']:,.0f} tok/s")
+        for architecture in args.architectures:
+            if architecture != parts.architecture:   # the previous drafter and its optimizer go first
+                del parts
+                if on_gpu:
+                    torch.cuda.empty_cache()
+                parts = build_parts(target, args, ctx, architecture)
+            for name in names:
+                if on_gpu:  # each variant's own peak (and the plan's, with --simulate-shards, is of training steps)
+                    torch.cuda.reset_peak_memory_stats(ctx.device)
+                stream = batch_stream(dataset, args, ctx)   # a fresh stream of the same seed: the same batches
+                warming = batch_stream(dataset, args, ctx)
+                try:
+                    with variant(name, parts, ctx):
+                        warm_target_shapes(parts.target, warming, args, ctx, autocast)
+                        training = measure_training(parts, stream, args, ctx, autocast)
+                        peak_gib = peak_memory_gib(ctx.device)[0]
+                        last = name == names[-1] and architecture == args.architectures[-1]
+                        table = profile_steps(parts, stream, args, ctx, autocast) if args.profile and last else None
+                finally:
+                    stream.close()
+                    warming.close()
+                label = name if len(args.architectures) == 1 else f"{architecture}/{name}"
+                measured.append((label, training, peak_gib, architecture))
+                progress(f"training ({label}): {training['tok_per_s']:,.0f} tok/s")
     finally:
         for stream in streams:
             stream.close()
@@ -690,10 +720,15 @@ def main(argv=None) -> int:
                        target_line=target.describe(), plain_packed=plain_packed)
     result["variants"] = [variant_row(name, summarise(args, ctx, peak=peak, taps=taps, target_only=target_only,
                                                       training=figures, plain=plain, target_line="",
-                                                      plain_packed=plain_packed), peak_gib)
-                          for name, figures, peak_gib in measured]
+                                                      plain_packed=plain_packed), peak_gib, architecture)
+                          for name, figures, peak_gib, architecture in measured]
+    if len(args.architectures) > 1:
+        first = result["variants"][0]["tok_per_s"]
+        for row in result["variants"]:
+            row["tok_per_s_vs_first"] = row["tok_per_s"] / first
+    result["architecture"] = parts.architecture
     if args.simulate_shards:
-        result["memory_plan"] = planned_memory(args, target, drafter, ctx, measured[-1][0])
+        result["memory_plan"] = planned_memory(args, target, parts.drafter, ctx, names[-1])
     if ctx.is_main:
         print(json.dumps(result) if args.json else format_table(result), flush=True)
         if "memory_plan" in result and not args.json:

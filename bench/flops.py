@@ -11,11 +11,18 @@ a token is routed to, the shared expert and the router. Only useful work counts:
 the drafter, and only the attention pairs a mask lets through (causal for the target; for a drafter block,
 the context before its anchor plus its own slots). Padding a kernel computes anyway lowers the utilisation,
 as it should.
+
+A DFlash2 drafter adds, per block slot and layer, its two convolutions' kernel projections (their elementwise
+products are not matrix products), and per drafted slot its selector's hidden projection and the pair scores of
+its K candidates; the selector's backward computes weight gradients only (its inputs are detached). The candidates'
+second pass over the LM head is not counted: it recomputes logits the loss already made (useful work is counted,
+so it lowers the utilisation).
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from trainer.spec.dflash2 import Dflash2Sizes
 from trainer.spec.target_families import FULL, LINEAR, SLIDING, target_spec
 
 GDN_CHUNK = 64  # the chunk length of the chunked gated-delta-rule kernels (fla's and transformers')
@@ -177,10 +184,21 @@ def target_feature_flops(shape: LayerShape | TargetShape, *, num_layers: int, le
     return shape.feature_flops(num_layers=num_layers, lengths=lengths)
 
 
+def dflash2_flops(sizes: Dflash2Sizes, hidden_size: int, *, num_layers: int, slots: int,
+                  drafted: int) -> tuple[int, int]:
+    """(forward, backward) FLOPs DFlash2 adds over `slots` block slots of which `drafted` are drafted."""
+    h = hidden_size
+    conv = num_layers * slots * 2 * 2 * h * (2 * sizes.conv_kernel_size * h // sizes.conv_group_size)
+    selector = drafted * (2 * h * sizes.selector_rank + 2 * sizes.selector_top_k * sizes.selector_rank)
+    return conv + selector, 2 * conv + selector
+
+
 def drafter_step_flops(shape: LayerShape, *, num_layers: int, num_taps: int, block_size: int,
-                       context_lengths: list[int], anchors: list[list[int]]) -> StepFlops:
+                       context_lengths: list[int], anchors: list[list[int]],
+                       dflash2: Dflash2Sizes | None = None) -> StepFlops:
     """FLOPs of one drafter training step (target excluded) for the real blocks `anchors[i]` of sequence i
-    (negative entries are padding and do not count) over contexts of the given real lengths."""
+    (negative entries are padding and do not count) over contexts of the given real lengths; `dflash2`: the
+    sizes of a DFlash2 drafter's convolutions and selector."""
     blocks = [a for row in anchors for a in row if a >= 0]
     slots = len(blocks) * block_size
     context_tokens = sum(context_lengths)
@@ -191,19 +209,22 @@ def drafter_step_flops(shape: LayerShape, *, num_layers: int, num_taps: int, blo
                  + pairs * shape.attention_pair_flops())
     layers = num_layers * per_layer
     logits = 2 * h * shape.vocab_size * len(blocks) * (block_size - 1)
+    extra_forward, extra_backward = (0, 0) if dflash2 is None else dflash2_flops(
+        dflash2, h, num_layers=num_layers, slots=slots, drafted=len(blocks) * (block_size - 1))
     # backward: input and weight gradients for every layer (2x), only the weight gradient for fc (its input,
     # the target's features, needs none), only the input gradient for the frozen LM head
-    return StepFlops(target=0, drafter_forward=fc + layers, drafter_backward=fc + 2 * layers,
-                     lm_head_forward=logits, lm_head_backward=logits)
+    return StepFlops(target=0, drafter_forward=fc + layers + extra_forward,
+                     drafter_backward=fc + 2 * layers + extra_backward, lm_head_forward=logits,
+                     lm_head_backward=logits)
 
 
 def training_step_flops(target_shape: LayerShape | TargetShape, drafter_shape: LayerShape, *, target_layers: int,
                         drafter_layers: int, num_taps: int, block_size: int, lengths: list[int],
-                        anchors: list[list[int]]) -> StepFlops:
+                        anchors: list[list[int]], dflash2: Dflash2Sizes | None = None) -> StepFlops:
     """Every model FLOP of one step: the target's features plus the drafter's step."""
     target = target_feature_flops(target_shape, num_layers=target_layers, lengths=lengths)
     drafter = drafter_step_flops(drafter_shape, num_layers=drafter_layers, num_taps=num_taps,
-                                 block_size=block_size, context_lengths=lengths, anchors=anchors)
+                                 block_size=block_size, context_lengths=lengths, anchors=anchors, dflash2=dflash2)
     return StepFlops(target=target, drafter_forward=drafter.drafter_forward,
                      drafter_backward=drafter.drafter_backward, lm_head_forward=drafter.lm_head_forward,
                      lm_head_backward=drafter.lm_head_backward)

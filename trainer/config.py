@@ -23,6 +23,11 @@ GAMMA_BY_BLOCK_SIZE = {16: 7.0, 10: 5.0, 8: 4.0}
 DEFAULT_TREE_BUDGETS = (8, 32, 64)
 # The replay keeps this many best tokens per slot of every held-out anchor: a bound on its memory.
 MAX_TREE_BUDGET = 1024
+# The drafter architectures and what each defaults to (DFLASH.md: DFlash B=16; DFlash2 B=8, a two-tap convolution
+# shared by groups of 16 channels, a rank-256 selector over the top 16 candidates of every slot).
+BLOCK_SIZE_DEFAULTS = {"dflash": 16, "dflash2": 8}
+DFLASH2_DEFAULTS = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 256, "selector_top_k": 16}
+CONV_KERNEL_SIZES = (2,)   # the published convolution's taps (slot t and t - 1); others are untested
 # Names other trainers use for our keys, where the closest spelling would point elsewhere (or nowhere).
 KEY_ALIASES = {
     "learning_rate": "lr", "batch_size": "token_budget", "max_tokens": "token_budget", "tokens_per_batch":
@@ -73,7 +78,19 @@ class TrainConfig(BaseModel):
     output_dir: str = Field(description="Where metrics.jsonl and the step_N/ checkpoints are written.")
     max_steps: int = Field(0, ge=0, description="Optimizer steps to run; 0 = run `epochs` epochs.")
     epochs: int = Field(1, ge=1, description="Epochs over the dataset when max_steps is 0.")
-    block_size: int = Field(16, ge=2, description="Slots per drafted block B (slot 0 = anchor token).")
+    architecture: Literal["dflash", "dflash2"] = Field(
+        "dflash", description="Drafter architecture: dflash, or dflash2 (DFlash plus a two-tap dynamic convolution "
+                              "around every sublayer and a path selector over each slot's top candidates).")
+    block_size: int | None = Field(None, ge=2, description="Slots per drafted block B (slot 0 = anchor token); "
+                                                           "default 16 for dflash, 8 for dflash2.")
+    conv_kernel_size: int | None = Field(None, ge=1, description="dflash2: taps of the block convolution "
+                                                                 "(default 2: slot t and t-1).")
+    conv_group_size: int | None = Field(None, ge=1, description="dflash2: channels that share one dynamic kernel "
+                                                                "correction (default 16; divides the hidden size).")
+    selector_rank: int | None = Field(None, ge=1, description="dflash2: rank of the selector's pair scores "
+                                                              "(default 256).")
+    selector_top_k: int | None = Field(None, ge=1, description="dflash2: candidates per slot the selector "
+                                                               "chooses among (default 16).")
     num_anchors: int = Field(512, ge=1, description="Most anchors (blocks) sampled per sequence per step.")
     anchor_budget: int | None = Field(
         None, ge=0, description="Most blocks per batch: a batch of n sequences samples min(num_anchors, "
@@ -177,6 +194,12 @@ class TrainConfig(BaseModel):
     def _check_consistency(self, info: ValidationInfo) -> "TrainConfig":
         """Fill the derived defaults and check the keys against each other. With a `problems` list in the
         validation context, the problems go there (all of them, with the keys they need); else they raise."""
+        if self.block_size is None:
+            self.block_size = BLOCK_SIZE_DEFAULTS[self.architecture]
+        if self.architecture == "dflash2":
+            for key, default in DFLASH2_DEFAULTS.items():
+                if getattr(self, key) is None:
+                    setattr(self, key, default)
         if self.gamma is None:
             self.gamma = default_gamma(self.block_size)
         if self.anchor_budget is None:
@@ -190,7 +213,7 @@ class TrainConfig(BaseModel):
         return self
 
     def _consistency_problems(self) -> list[Problem]:
-        problems = []
+        problems = self._architecture_problems()
         if self.target_layer_ids is not None and len(self.target_layer_ids) == 0:
             problems.append(Problem("target_layer_ids",
                                     "target_layer_ids must not be empty (leave it unset for the default)"))
@@ -214,6 +237,16 @@ class TrainConfig(BaseModel):
                                                     f"longest bucket ({longest} tokens): a batch of it could "
                                                     f"not hold one sample", needs=("buckets",)))
         return problems
+
+    def _architecture_problems(self) -> list[Problem]:
+        if self.architecture != "dflash2":
+            return [Problem(key, f"{key} applies to architecture dflash2 only (architecture is {self.architecture})",
+                            needs=("architecture",))
+                    for key in DFLASH2_DEFAULTS if getattr(self, key) is not None]
+        if self.conv_kernel_size not in CONV_KERNEL_SIZES:
+            return [Problem("conv_kernel_size", f"conv_kernel_size={self.conv_kernel_size} is not supported: "
+                                                f"dflash2's convolution has {CONV_KERNEL_SIZES[0]} taps")]
+        return []
 
 
 def field_help() -> str:

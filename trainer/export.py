@@ -98,11 +98,15 @@ def model_card(config: dict, facts: dict, dtype: str) -> str:
         ("Target", facts["target"] or "(not recorded)"),
         ("Target layers tapped", f"{dflash['target_layer_ids']} (vLLM aux ids "
                                  f"{config['eagle_aux_hidden_state_layer_ids']}) of {config['num_target_layers']}"),
+        ("Architecture", (config.get("architectures") or ["DFlashDraftModel"])[0]),
         ("Block size", f"{config['block_size']} (slot 0 the anchor, {config['block_size'] - 1} drafted tokens)"),
         ("Mask token id", dflash["mask_token_id"]),
         ("Drafter", f"{config['num_hidden_layers']} layers, hidden {config['hidden_size']}, "
                     f"{config['num_attention_heads']} heads / {config['num_key_value_heads']} KV x "
                     f"{config['head_dim']}, {window}"),
+        *([("DFlash2", f"two-tap block convolution (kernel {dflash['conv_kernel_size']}, groups of "
+                       f"{dflash['conv_group_size']} channels), selector of rank {dflash['selector_rank']} over the "
+                       f"top {dflash['selector_top_k']} candidates")] if "selector_top_k" in dflash else []),
         ("Weights", dtype),
         ("Training steps", facts["step"] if facts["step"] is not None else "(not recorded)"),
         ("Eval tau", f"{tau[0]:.2f} (step {tau[1]})" if tau else "(not measured)"),

@@ -37,6 +37,21 @@ def test_drafter_flops_match_a_hand_count():
     assert flops.drafter_total == 30272 and flops.target == 0
 
 
+def test_dflash2_flops_add_the_kernel_projections_and_the_selector_by_hand():
+    from trainer.spec.dflash2 import Dflash2Sizes
+
+    sizes = Dflash2Sizes(conv_kernel_size=2, conv_group_size=4, selector_rank=3, selector_top_k=2)
+    plain = drafter_step_flops(SMALL, num_layers=1, num_taps=2, block_size=3, context_lengths=[6],
+                               anchors=[[1, 3, -1]])
+    flops = drafter_step_flops(SMALL, num_layers=1, num_taps=2, block_size=3, context_lengths=[6],
+                               anchors=[[1, 3, -1]], dflash2=sizes)
+    conv = 6 * 2 * 2 * 8 * (2 * 2 * 8 // 4)   # 6 slots, 2 convolutions, a [8 -> 8] projection each: 1536
+    selector = 4 * (2 * 8 * 3 + 2 * 2 * 3)      # 4 drafted slots: hidden projection and 2 candidates' scores: 240
+    assert flops.drafter_forward - plain.drafter_forward == conv + selector == 1776
+    assert flops.drafter_backward - plain.drafter_backward == 2 * conv + selector
+    assert flops.lm_head_forward == plain.lm_head_forward
+
+
 def test_step_flops_add_the_target_and_sum_over_steps():
     one = training_step_flops(SMALL, SMALL, target_layers=2, drafter_layers=1, num_taps=2, block_size=3,
                               lengths=[6], anchors=[[1, 3, -1]])
@@ -94,6 +109,16 @@ def test_tiny_cpu_benchmark_reports_every_figure():
     assert flops["lm_head_forward"] == flops["lm_head_backward"] > 0
     assert step["target_in_step_ratio"] > 0 and step["loss"] > 0
     assert result["compiled_frames_after_warmup"] == 0        # eager: nothing compiles at all
+
+
+def test_dflash2_is_measured_against_dflash_on_the_same_batches():
+    result = run_bench("--tiny", "--device", "cpu", "--steps", "1", "--warmup", "0", "--skip-baselines",
+                       "--block-size", "8", "--architecture", "dflash,dflash2", "--json")
+    rows = result["variants"]
+    assert [(row["variant"], row["architecture"]) for row in rows] == [("dflash/auto", "dflash"),
+                                                                        ("dflash2/auto", "dflash2")]
+    assert rows[0]["tok_per_s_vs_first"] == 1.0 and rows[1]["tok_per_s_vs_first"] > 0
+    assert all(row["mfu"] > 0 for row in rows) and result["architecture"] == "dflash2"
 
 
 def test_an_unknown_variant_is_a_usage_error():

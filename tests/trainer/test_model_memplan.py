@@ -90,6 +90,44 @@ def test_the_plan_counts_what_the_trainer_loads_and_builds(family, composite, tm
     assert sizes.matmul_params() == linear
 
 
+def test_the_plan_counts_a_dflash2_drafter_as_train_builds_it(tmp_path):
+    """The convolutions and the selector in parameters() order, and in the linear layers autocast copies."""
+    import torch
+
+    from trainer.model.drafter import DFlashDrafter, DrafterConfig
+    from trainer.model.target import TargetModel
+    from trainer.model.tiny_target import write_tiny_target
+    from trainer.spec.dflash2 import Dflash2Sizes
+
+    path = write_tiny_target(tmp_path / "target")
+    target = TargetModel.load(path, layer_ids=None, num_taps=2)
+    cfg = run_config(path, drafter_layers=2, architecture="dflash2", selector_rank=8, selector_top_k=4)
+    sizes = memory_plan.DrafterSizes.for_run(read_target_spec(path), cfg, num_taps=2)
+    config = DrafterConfig.from_target(target.config, num_layers=2, block_size=cfg.block_size,
+                                       target_layer_ids=target.layer_ids, mask_token_id=target.mask_token_id,
+                                       dflash2=Dflash2Sizes.from_mapping(cfg))
+    drafter = DFlashDrafter(config, embed_tokens=target.embed_tokens, lm_head=target.lm_head)
+    assert sizes.param_numels() == [p.numel() for p in drafter.parameters()]
+    assert memory_plan.DrafterSizes.from_drafter_config(config.to_hf_dict()) == sizes
+    linear = sum(m.weight.numel() for m in drafter.modules() if isinstance(m, torch.nn.Linear))
+    assert sizes.matmul_params() == linear
+    plain = memory_plan.DrafterSizes.for_run(read_target_spec(path), run_config(path, drafter_layers=2,
+                                                                                block_size=8), num_taps=2)
+    precision = memory_plan.Precision.of_run("bfloat16", on_gpu=True)
+    more = [memory_plan.drafter_saved_bytes(d, precision, context_tokens=512, block_tokens=256) for d in (plain, sizes)]
+    assert more[1] > more[0]   # the convolutions' and the selector's activations are in the plan
+
+
+def test_the_27b_dflash2_drafter_adds_its_convolutions_and_selector():
+    cfg = run_config("unused", architecture="dflash2")
+    sizes = memory_plan.DrafterSizes.for_run(target_spec(QWEN36_27B), cfg, num_taps=5)
+    dflash = memory_plan.DrafterSizes.for_run(target_spec(QWEN36_27B), run_config("unused", block_size=8),
+                                              num_taps=5)
+    extra = sum(sizes.param_numels()) - sum(dflash.param_numels())
+    # 5 layers x 2 convolutions x (4 x 5120 base + 1280 x 5120 projection), and 2 x 248320 x 256 + 256 x 5120
+    assert extra == 5 * 2 * (4 * 5120 + 1280 * 5120) + 2 * 248320 * 256 + 256 * 5120
+
+
 def test_a_composite_checkpoint_counts_its_language_model_only():
     composite = {"model_type": "qwen3_5", "vision_config": {"hidden_size": 1152, "depth": 27},
                  "text_config": QWEN36_27B}

@@ -33,7 +33,10 @@ for name in sys.argv[2:]:
     model, info = AutoModel.from_pretrained(name, trust_remote_code=True, output_loading_info=True)
     with torch.no_grad():
         hidden = model(target_hidden=io["features"], noise_embedding=io["embedded"], anchors=io["anchors"])
+        drafted = hidden.last_hidden_state[:, :, 1:].flatten(0, 1).float()
+        chain = model.chain_from_logits(drafted @ io["lm_head"].t(), drafted, io["tokens"].flatten())
     torch.save(hidden.last_hidden_state, name + "/hidden.pt")
+    torch.save(chain, name + "/chain.pt")
     results[name] = {"class": type(model).__name__, "dtype": str(model.fc.weight.dtype),
                      "missing": sorted(info["missing_keys"]), "unexpected": sorted(info["unexpected_keys"])}
 print(json.dumps(results))
@@ -47,9 +50,10 @@ def target(tiny_target_dir):
     return TargetModel.load(tiny_target_dir, layer_ids=None, num_taps=3, device="cpu", dtype=torch.float32)
 
 
-def trained_like(target, *, seed: int, sliding_window: int | None = None):
+def trained_like(target, *, seed: int, sliding_window: int | None = None, architecture: str = "dflash"):
     """A drafter whose weights are off their initial values, as a trained one's are."""
-    drafter = make_drafter(target, num_layers=2, block_size=4, sliding_window=sliding_window, seed=seed)
+    drafter = make_drafter(target, num_layers=2, block_size=4, sliding_window=sliding_window, seed=seed,
+                           architecture=architecture)
     with torch.no_grad():
         for p in drafter.parameters():
             p.add_(torch.randn_like(p) * 0.05)
@@ -61,7 +65,8 @@ def block_inputs(target, drafter) -> dict:
     anchors = torch.tensor([[2, 9, 17], [5, 12, -1]])
     tokens = input_ids.gather(1, anchors.clamp(min=0))
     return {"features": target.features(input_ids), "anchors": anchors, "tokens": tokens,
-            "embedded": target.embed_tokens(drafter.block_tokens(tokens)).detach()}
+            "embedded": target.embed_tokens(drafter.block_tokens(tokens)).detach(),
+            "lm_head": target.lm_head.weight.detach()}
 
 
 def logits(target, hidden: torch.Tensor) -> torch.Tensor:
@@ -80,7 +85,8 @@ def load_elsewhere(python: str, io_path: Path, checkpoints: list[Path], tmp_path
 
 @pytest.mark.parametrize("python", PYTHONS)
 def test_bf16_checkpoint_loads_through_automodel_and_computes_the_trainers_logits(target, tmp_path, python):
-    cases = {"full": trained_like(target, seed=1), "sliding": trained_like(target, seed=2, sliding_window=6)}
+    cases = {"full": trained_like(target, seed=1), "sliding": trained_like(target, seed=2, sliding_window=6),
+             "dflash2": trained_like(target, seed=4, sliding_window=6, architecture="dflash2")}
     io = block_inputs(target, cases["full"])
     for name, drafter in cases.items():
         save_drafter(drafter, tmp_path / name, dtype=torch.bfloat16)
@@ -89,7 +95,8 @@ def test_bf16_checkpoint_loads_through_automodel_and_computes_the_trainers_logit
     other = trained_like(target, seed=3)
     for name, drafter in cases.items():
         info = loaded[str(tmp_path / name)]
-        assert info == {"class": "DFlashDraftModel", "dtype": "torch.bfloat16", "missing": [], "unexpected": []}
+        expected_class = "DFlash2DraftModel" if name == "dflash2" else "DFlashDraftModel"
+        assert info == {"class": expected_class, "dtype": "torch.bfloat16", "missing": [], "unexpected": []}
         served = torch.load(tmp_path / name / "hidden.pt")
         with torch.no_grad():
             expected = logits(target, drafter(io["features"], io["tokens"], io["anchors"]))
@@ -98,6 +105,9 @@ def test_bf16_checkpoint_loads_through_automodel_and_computes_the_trainers_logit
             bf16 = load_drafter(tmp_path / name, embed_tokens=target.embed_tokens, lm_head=target.lm_head,
                                 serving=True)
             assert torch.equal(served, bf16(io["features"], io["tokens"], io["anchors"]))
+            # the served model drafts the chain the trainer's drafter drafts on the same weights
+            chain = bf16.chain(served.flatten(0, 1).float(), io["tokens"].flatten())
+            assert torch.equal(torch.load(tmp_path / name / "chain.pt"), chain)
         scale = expected.abs().max()
         assert (logits(target, served) - expected).abs().max() < 0.03 * scale, name  # bf16 rounding only
         assert (unrelated - expected).abs().max() > 0.2 * scale  # the tolerance tells drafters apart

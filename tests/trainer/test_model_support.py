@@ -31,13 +31,19 @@ def tiny_target(tiny_target_dir, device):
     return TargetModel.load(tiny_target_dir, layer_ids=None, num_taps=3, device=device, dtype=torch.float32)
 
 
+# a tiny DFlash2 drafter's convolution and selector (the tiny target's hidden size is 64)
+TINY_DFLASH2 = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 8, "selector_top_k": 4}
+
+
 def make_drafter(target, *, num_layers: int = 2, block_size: int = 8, sliding_window: int | None = None,
-                 layer_types: list[str] | None = None, seed: int = 0):
+                 layer_types: list[str] | None = None, seed: int = 0, architecture: str = "dflash"):
     from trainer.model.drafter import DFlashDrafter, DrafterConfig
+    from trainer.spec.dflash2 import Dflash2Sizes
 
     config = DrafterConfig.from_target(
         target.config, num_layers=num_layers, block_size=block_size, target_layer_ids=target.layer_ids,
-        mask_token_id=target.mask_token_id, sliding_window=sliding_window, layer_types=layer_types)
+        mask_token_id=target.mask_token_id, sliding_window=sliding_window, layer_types=layer_types,
+        dflash2=Dflash2Sizes(**TINY_DFLASH2) if architecture == "dflash2" else None)
     torch.manual_seed(seed)
     drafter = DFlashDrafter(config, embed_tokens=target.embed_tokens, lm_head=target.lm_head)
     return drafter.to(target.device)

@@ -18,6 +18,19 @@ def test_defaults_follow_the_recipe():
     assert config.max_length == 8192 and config.resume == "auto" and config.compile is False
 
 
+def test_dflash2_defaults_follow_its_recipe_and_each_is_overridable():
+    config = config_from_dict({**REQUIRED, "architecture": "dflash2"}, source="x.yaml")
+    assert (config.block_size, config.gamma) == (8, 4.0)
+    assert (config.conv_kernel_size, config.conv_group_size, config.selector_rank, config.selector_top_k) == (
+        2, 16, 256, 16)
+    config = config_from_dict({**REQUIRED, "architecture": "dflash2", "block_size": 16, "selector_top_k": 8,
+                               "selector_rank": 64, "conv_group_size": 32}, source="x.yaml")
+    assert (config.block_size, config.gamma, config.selector_top_k, config.selector_rank, config.conv_group_size) == (
+        16, 7.0, 8, 64, 32)
+    plain = config_from_dict(REQUIRED, source="x.yaml")
+    assert (plain.architecture, plain.selector_top_k, plain.conv_group_size) == ("dflash", None, None)
+
+
 @pytest.mark.parametrize(("block_size", "gamma"), [(16, 7.0), (10, 5.0), (8, 4.0), (12, 5.0)])
 def test_gamma_default_depends_on_block_size(block_size, gamma):
     assert default_gamma(block_size) == gamma
@@ -43,6 +56,10 @@ def test_every_field_has_a_description():
     ({"eval_tree_budgets": [32, 32]}, "got [32, 32]"),
     ({"eval_tree_budgets": [4096]}, "from 1 to 1024"),
     ({"eval_tree_budgets": "8,32"}, "eval_tree_budgets: Input should be a valid list"),
+    ({"selector_top_k": 8}, "selector_top_k applies to architecture dflash2 only (architecture is dflash)"),
+    ({"architecture": "dflash2", "conv_kernel_size": 3}, "conv_kernel_size=3 is not supported"),
+    ({"architecture": "dflash2", "selector_rank": 0}, "selector_rank: Input should be greater than or equal to 1"),
+    ({"architecture": "dflash3"}, "architecture: Input should be 'dflash' or 'dflash2'"),
 ])
 def test_bad_values_name_the_key(tmp_path, values, message):
     data = {**REQUIRED, **values}

@@ -129,3 +129,15 @@ def test_a_python_without_what_train_imports_is_named(tmp_path, base_config, mon
     found = check_config_file(write_config(tmp_path / "run.yaml", **base_config))
     assert [p.key for p in found.problems] == ["python"]
     assert f"python: {sys.executable} has no no_such_module_for_training" in found.problems[0].message
+
+
+def test_dflash2_sizes_the_target_cannot_take_are_named_before_loading(tmp_path, base_config):
+    """The tiny target: hidden size 64, vocabulary 320; the check reads both from its config.json."""
+    config = {**base_config, "architecture": "dflash2", "conv_group_size": 24, "selector_top_k": 100000}
+    result = run_trainer("check", "--config", write_config(tmp_path / "run.yaml", **config))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    lines = _problem_lines(result)
+    assert any("conv_group_size=24 does not divide the hidden size 64" in line for line in lines), lines
+    assert any("selector_top_k=100000 must be between 1 and the vocabulary size" in line for line in lines), lines
+    fine = {**base_config, "architecture": "dflash2", "selector_rank": 8}
+    assert run_trainer("check", "--config", write_config(tmp_path / "ok.yaml", **fine)).returncode == 0

@@ -10,13 +10,14 @@ from trainer.decoding.speculative import LayerTaps, greedy_decode, speculative_d
 from trainer.model.drafter_files import load_drafter
 
 
-@pytest.fixture(scope="module")
-def target_and_drafter(tiny_target, tmp_path_factory):
+@pytest.fixture(scope="module", params=["dflash", "dflash2"])
+def target_and_drafter(tiny_target, tmp_path_factory, request):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(str(tiny_target)).eval()
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_target))
-    drafter_dir = write_untrained_drafter(tiny_target, tmp_path_factory.mktemp("drafter"), layers=1, block_size=4)
+    drafter_dir = write_untrained_drafter(tiny_target, tmp_path_factory.mktemp("drafter"), layers=1, block_size=4,
+                                          architecture=request.param)
     drafter = load_drafter(drafter_dir, embed_tokens=model.get_input_embeddings(),
                            lm_head=model.get_output_embeddings()).eval()
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Hello, what is 1 + 2?"}],

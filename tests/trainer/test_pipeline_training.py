@@ -20,21 +20,32 @@ def step_records(output_dir: Path) -> list[dict]:
     return [json.loads(line) for line in lines if json.loads(line)["event"] == "step"]
 
 
-def write_untrained_drafter(target: Path, out_dir: Path, *, layers: int, block_size: int) -> Path:
+def write_untrained_drafter(target: Path, out_dir: Path, *, layers: int, block_size: int,
+                            architecture: str = "dflash") -> Path:
+    """A freshly initialised drafter; a DFlash2 one with a selector whose pair scores weigh as much as the
+    drafter's logits, so that its chain differs from each slot's top-1."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from tests.trainer.test_model_support import TINY_DFLASH2
     from trainer.model.drafter import DFlashDrafter, DrafterConfig
     from trainer.model.drafter_files import save_drafter
+    from trainer.spec.dflash2 import Dflash2Sizes
     from trainer.spec.taps import default_target_layer_ids
 
     model = AutoModelForCausalLM.from_pretrained(str(target))
     tokenizer = AutoTokenizer.from_pretrained(str(target))
     config = DrafterConfig.from_target(
         model.config, num_layers=layers, block_size=block_size, mask_token_id=tokenizer.mask_token_id,
-        target_layer_ids=default_target_layer_ids(model.config.num_hidden_layers, layers))
+        target_layer_ids=default_target_layer_ids(model.config.num_hidden_layers, layers),
+        dflash2=Dflash2Sizes(**TINY_DFLASH2) if architecture == "dflash2" else None)
     torch.manual_seed(0)
     drafter = DFlashDrafter(config, embed_tokens=model.get_input_embeddings(), lm_head=model.get_output_embeddings())
+    if architecture == "dflash2":
+        with torch.no_grad():
+            drafter.candidate_selector.hidden_projection.weight.normal_(std=3.0)
+            drafter.candidate_selector.predecessor_codebook.normal_(std=1.0)
+            drafter.candidate_selector.successor_codebook.normal_(std=1.0)
     save_drafter(drafter, out_dir)
     return out_dir
 
@@ -133,8 +144,11 @@ def test_complete_checkpoints_ignore_partial_writes(tmp_path):
     assert complete_checkpoints(tmp_path) == [(5, tmp_path / "step_5")]
 
 
-def test_torchrun_two_cpu_ranks_keep_identical_weights(base_config, tmp_path):
-    config = {**base_config, "max_steps": 8, "checkpoint_every": 4}
+@pytest.mark.parametrize("architecture", ["dflash", "dflash2"])
+def test_torchrun_two_cpu_ranks_keep_identical_weights(base_config, tmp_path, architecture):
+    # DFlash2's selector is trained outside the DDP-wrapped forward: its gradients must be all-reduced too
+    dflash2 = {"architecture": "dflash2", "selector_rank": 8, "selector_top_k": 4} if architecture == "dflash2" else {}
+    config = {**base_config, "max_steps": 8, "checkpoint_every": 4, **dflash2}
     path = write_config(tmp_path / "ddp.yaml", **config)
     result = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",

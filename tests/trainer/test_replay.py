@@ -9,10 +9,13 @@ from trainer.decoding.speculative import LayerTaps, greedy_decode, speculative_d
 from trainer.training.tau_replay import ReplayTally, anchor_streaks, replay_batch, replay_rounds, supervised_spans
 
 
-@pytest.fixture(scope="module")
-def self_text_and_drafter(tiny_target):
+@pytest.fixture(scope="module", params=["dflash", "dflash2"])
+def self_text_and_drafter(tiny_target, request):
     """The tiny target's greedy answers to three prompts, and a drafter trained a little on them: good enough
-    to accept long runs in some rounds and nothing in others, which is what the replay must get right."""
+    to accept long runs in some rounds and nothing in others, which is what the replay must get right. A DFlash2
+    drafter's rounds follow its selector's path."""
+    from tests.trainer.test_model_support import TINY_DFLASH2
+    from trainer.spec.dflash2 import Dflash2Sizes
     from trainer.model.drafter import DFlashDrafter, DrafterConfig
     from trainer.model.target import TargetModel
     from trainer.training.objective import dflash_step
@@ -36,7 +39,8 @@ def self_text_and_drafter(tiny_target):
         input_ids[row, :len(prompt_ids) + len(answer)] = torch.tensor(prompt_ids + answer)
         loss_mask[row, len(prompt_ids):len(prompt_ids) + len(answer)] = 1
     config = DrafterConfig.from_target(model.config, num_layers=1, block_size=6, target_layer_ids=[1, 3],
-                                       mask_token_id=tokenizer.mask_token_id)
+                                       mask_token_id=tokenizer.mask_token_id,
+                                       dflash2=Dflash2Sizes(**TINY_DFLASH2) if request.param == "dflash2" else None)
     torch.manual_seed(0)
     drafter = DFlashDrafter(config, embed_tokens=target.embed_tokens, lm_head=target.lm_head)
     features = target.features(input_ids)
@@ -95,3 +99,23 @@ def test_tallies_add_and_survive_the_all_reduce_tensor():
     assert total.tau == 15 / 9 and total.shares() == [0.7, 0.1, 0.2]
     assert ReplayTally.from_tensor(total.as_tensor(4, "cpu")) == ReplayTally(15, 9, [7, 1, 2, 0])
     assert ReplayTally().tau is None and ReplayTally().shares() == []
+
+
+def test_a_dflash2_drafters_streaks_follow_its_selector_not_the_top1(self_text_and_drafter):
+    """The replay above agrees with decoding; here, that the streaks it walks are the selector path's, which on
+    this text accept differently from each slot's top-1 at some anchors."""
+    from trainer.training.objective import accepted_streak, block_labels
+
+    model, target, drafter, texts, input_ids, loss_mask, features = self_text_and_drafter
+    if drafter.config.dflash2 is None:
+        pytest.skip("DFlash has no selector")
+    anchors = torch.arange(input_ids.shape[1] - 1)[None].expand(input_ids.shape[0], -1)
+    labels = block_labels(input_ids, loss_mask, anchors, drafter.config.block_size)
+    hidden = drafter(features, input_ids.gather(1, anchors), anchors).flatten(0, 1)
+    top1 = drafter.lm_head(hidden[:, 1:]).argmax(dim=-1).view(labels.shape)
+    chain = drafter.chain(hidden, input_ids.gather(1, anchors).flatten()).view(labels.shape)
+    valid = loss_mask[:, :-1].bool() & loss_mask[:, 1:].bool()
+    by_chain = accepted_streak(chain == labels, labels)[valid]
+    assert not torch.equal(by_chain, accepted_streak(top1 == labels, labels)[valid])
+    streaks = anchor_streaks(drafter, features, input_ids, loss_mask, width=7)
+    assert torch.equal(streaks[:, :-1][valid], by_chain)

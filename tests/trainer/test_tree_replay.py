@@ -31,8 +31,14 @@ def test_replayed_tree_rounds_equal_the_evals_tree_decoding(self_text_and_drafte
             decoded_all = []
             for row, (out, (_, answer)) in enumerate(zip(run.outputs, texts)):
                 assert out.tokens == answer  # the text is what decoding produces: the replay's premise
-                replayed = replay_tree_rounds(input_ids[row].tolist(), loss_mask[row].tolist(),
-                                              found.top_logprobs[row].numpy(), found.top_ids[row].numpy(), budget)
+                if found.candidates is None:
+                    replayed = replay_tree_rounds(input_ids[row].tolist(), loss_mask[row].tolist(),
+                                                  found.top_logprobs[row].numpy(), found.top_ids[row].numpy(), budget)
+                else:   # DFlash2: trees from the selector's candidates, as the eval's tree proposer builds them
+                    paired = tuple(part[row].numpy() for part in (found.candidates, found.first_logprobs,
+                                                                  found.pair_logprobs))
+                    replayed = replay_tree_rounds(input_ids[row].tolist(), loss_mask[row].tolist(), None, None,
+                                                  budget, paired)
                 assert replayed == out.accepted_per_round, (budget, row)
                 decoded_all += out.accepted_per_round
             assert (tallies[budget].accepted, tallies[budget].rounds) == (sum(decoded_all), len(decoded_all))

@@ -24,7 +24,7 @@ from typing import Callable
 
 import torch
 
-from trainer.decoding.draft_tree import DraftTree, best_first, chain, tree_layout
+from trainer.decoding.draft_tree import DraftTree, best_first, best_first_paired, chain, tree_layout
 from trainer.decoding.linear_state_rollback import LinearStates
 from trainer.decoding.speculative import (Decoded, DecodeRun, LayerTaps, Top, cache_argument, finish,
                                           has_recurrent_state, top_logits_rows)
@@ -60,27 +60,34 @@ def greedy_proposer() -> Propose:
     return lambda round_input: [chain(int(a), []) for a in round_input.anchors.tolist()]
 
 
-def block_logits(drafter, round_input: RoundInput) -> torch.Tensor:
-    """[A, B-1, V] logits of one block per row; each row's context is its features before its anchor."""
+def block_hidden(drafter, round_input: RoundInput) -> torch.Tensor:
+    """[A, B, H] final hidden states of one block per row; each row's context is its features before its anchor."""
     positions = round_input.positions
     context = round_input.features[:, :int(positions.max())].to(drafter.fc.weight.dtype)
-    hidden = drafter(context, round_input.anchors[:, None], positions[:, None], backend="sdpa")
-    return drafter.lm_head(hidden[:, 0, 1:].to(drafter.lm_head.weight.dtype))
+    return drafter(context, round_input.anchors[:, None], positions[:, None], backend="sdpa")[:, 0]
 
 
 def chain_proposer(drafter) -> Propose:
+    """The drafter's chain: each slot's top-1 (DFlash), the selector's path (DFlash2)."""
     def propose(round_input: RoundInput) -> list[DraftTree]:
-        drafts = block_logits(drafter, round_input).argmax(dim=-1).tolist()
+        drafts = drafter.chain(block_hidden(drafter, round_input), round_input.anchors).tolist()
         return [chain(int(a), d) for a, d in zip(round_input.anchors.tolist(), drafts)]
     return propose
 
 
 def tree_proposer(drafter, budget: int) -> Propose:
+    """DDTree: DFlash's from each slot's distribution; DFlash2's from the selector's candidates, each child scored
+    after its parent (draft_tree.best_first_paired)."""
     def propose(round_input: RoundInput) -> list[DraftTree]:
-        logits = block_logits(drafter, round_input).float()
+        hidden = block_hidden(drafter, round_input)[:, 1:]
+        logits = drafter.lm_head(hidden.to(drafter.lm_head.weight.dtype)).float()
+        anchors = round_input.anchors.tolist()
+        if getattr(drafter, "selector_top_k", None):
+            candidates, first, later = drafter.candidate_logprobs(logits, hidden, round_input.anchors)
+            return [best_first_paired(a, f, lt, c, budget) for a, f, lt, c in zip(
+                anchors, first.tolist(), later.tolist(), candidates.tolist())]
         logprobs, ids = torch.log_softmax(logits, dim=-1).topk(min(budget, logits.shape[-1]), dim=-1)
-        return [best_first(int(a), lp, i, budget)
-                for a, lp, i in zip(round_input.anchors.tolist(), logprobs.tolist(), ids.tolist())]
+        return [best_first(a, lp, i, budget) for a, lp, i in zip(anchors, logprobs.tolist(), ids.tolist())]
     return propose
 
 

@@ -89,3 +89,39 @@ def best_first(anchor: int, logprobs: list[list[float]], ids: list[list[int]], b
             heapq.heappush(frontier, (negative - logprobs[depth][0], pushed, depth + 1, 0, node))
             pushed += 1
     return DraftTree(tokens=tokens, parents=parents)
+
+
+def best_first_paired(anchor: int, first: list[float], later: list[list[list[float]]], ids: list[list[int]],
+                      budget: int) -> DraftTree:
+    """The root and the `budget` most likely nodes when a slot's distribution depends on the token before it
+    (DFlash2's selector): ids[d][i] is candidate i of depth d + 1, first[i] its log-prob after the anchor and
+    later[d][i][j] the log-prob of candidate j of depth d + 2 after candidate i of depth d + 1. A path's score
+    still only falls along it, so best-first search keeps exactly the best nodes; a node's children are ranked
+    after its own candidate."""
+    slots = len(ids)
+    if budget < 1 or slots < 1:
+        return chain(anchor, [])
+
+    def ranked(scores: list[float]) -> list[tuple[float, int]]:
+        return sorted(((score, i) for i, score in enumerate(scores)), key=lambda pair: -pair[0])
+
+    tokens, parents = [anchor], [-1]
+    # (-score, push order, depth, the parent's node and score, the parent's ranked children, rank among them)
+    root_children = ranked(first)
+    frontier = [(-root_children[0][0], 0, 1, 0, 0.0, root_children, 0)]
+    pushed = 1
+    while frontier and len(tokens) <= budget:
+        negative, _, depth, parent, parent_score, siblings, rank = heapq.heappop(frontier)
+        candidate = siblings[rank][1]
+        node = len(tokens)
+        tokens.append(ids[depth - 1][candidate])
+        parents.append(parent)
+        if rank + 1 < len(siblings):
+            heapq.heappush(frontier, (-(parent_score + siblings[rank + 1][0]), pushed, depth, parent, parent_score,
+                                      siblings, rank + 1))
+            pushed += 1
+        if depth < slots:
+            children = ranked(later[depth - 1][candidate])
+            heapq.heappush(frontier, (negative - children[0][0], pushed, depth + 1, node, -negative, children, 0))
+            pushed += 1
+    return DraftTree(tokens=tokens, parents=parents)

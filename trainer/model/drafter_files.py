@@ -17,6 +17,7 @@ from torch import nn
 
 from trainer.errors import TrainerError
 from trainer.model.drafter import DFlashDrafter, DrafterConfig, unwrap
+from trainer.spec.dflash2 import ARCHITECTURE_NAMES
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -62,7 +63,7 @@ def serving_config(config: DrafterConfig, dtype: torch.dtype) -> dict:
     data = config.to_hf_dict()
     # transformers 5 reads "dtype", older releases and serving engines "torch_dtype"
     data["torch_dtype"] = data["dtype"] = _DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))
-    data["auto_map"] = {"AutoModel": f"{Path(MODELING_FILE).stem}.DFlashDraftModel"}
+    data["auto_map"] = {"AutoModel": f"{Path(MODELING_FILE).stem}.{data['architectures'][0]}"}
     return data
 
 
@@ -107,7 +108,8 @@ def read_drafter_config(ckpt_dir: Path) -> DrafterConfig:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise TrainerError(f"{path}: not valid JSON ({exc})") from exc
-    if data.get("architectures") != ["DFlashDraftModel"] or "dflash_config" not in data:
+    known = [[name] for name in ARCHITECTURE_NAMES.values()]
+    if data.get("architectures") not in known or "dflash_config" not in data:
         raise TrainerError(f"{path}: not a DFlash drafter config (architectures {data.get('architectures')})")
     try:
         return DrafterConfig.from_hf_dict(data)

@@ -1,8 +1,8 @@
-"""DFlash drafter modeling: the layers the trainer trains, and `DFlashDraftModel`, the same layers as a
-transformers model.
+"""DFlash drafter modeling: the layers the trainer trains, and `DFlashDraftModel` / `DFlash2DraftModel`, the same
+layers as transformers models.
 
 Every checkpoint ships this file verbatim as `dflash.py` with `auto_map: {"AutoModel": "dflash.DFlashDraftModel"}`
-in its config.json, so `AutoModel.from_pretrained(checkpoint, trust_remote_code=True)` runs the very code the
+(or `dflash.DFlash2DraftModel`) in its config.json, so `AutoModel.from_pretrained(checkpoint, trust_remote_code=True)` runs the very code the
 trainer ran (trainer/model/drafter.py builds its drafter from the classes below). It must therefore import nothing but
 torch, transformers and the standard library.
 
@@ -181,17 +181,117 @@ class DrafterMLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+class BlockConv(nn.Module):
+    """DFlash2's dynamic depthwise convolution over the slots of each block, around one sublayer.
+
+    Conv(y)_t = sum_j k_{t,j} * y_{t-j} over slots t-j of the same block (before slot 0 there is nothing): the
+    kernel of each side (0: the sublayer's input, 1: its output) is a static per-channel `base_kernel` [2, taps,
+    H] plus a correction that `kernel_projection` computes from the normed sublayer input, one value per group of
+    `group_size` channels. It starts as the identity (tap 0 one, the rest and the correction zero), so a fresh
+    DFlash2 drafter computes what a DFlash one does."""
+
+    def __init__(self, hidden_size: int, *, kernel_size: int, group_size: int, block_size: int):
+        super().__init__()
+        self.kernel_size, self.group_size, self.block_size = kernel_size, group_size, block_size
+        self.groups = hidden_size // group_size
+        self.base_kernel = nn.Parameter(torch.empty(2, kernel_size, hidden_size))
+        self.kernel_projection = nn.Linear(hidden_size, 2 * kernel_size * self.groups, bias=False)
+        self.reset_identity()
+
+    def reset_identity(self) -> None:
+        with torch.no_grad():
+            self.base_kernel.zero_()
+            self.base_kernel[:, 0] = 1.0
+            self.kernel_projection.weight.zero_()
+
+    def kernels(self, normed: torch.Tensor) -> torch.Tensor:
+        """[B, Q, H] normed sublayer input -> the dynamic corrections [B, A, Bs, 2, taps, groups]."""
+        batch, q_len = normed.shape[:2]
+        return self.kernel_projection(normed).view(batch, q_len // self.block_size, self.block_size, 2,
+                                                   self.kernel_size, self.groups)
+
+    def forward(self, y: torch.Tensor, kernels: torch.Tensor, side: int) -> torch.Tensor:
+        """y [B, Q, H] (Q = A*Bs) through side `side`'s kernel; slots never see another block or a later slot."""
+        batch, q_len, hidden = y.shape
+        blocks = y.view(batch, q_len // self.block_size, self.block_size, self.groups, self.group_size)
+        base = self.base_kernel[side].view(self.kernel_size, self.groups, self.group_size)
+        out = torch.zeros_like(blocks)
+        for tap in range(self.kernel_size):
+            coefficient = (kernels[:, :, :, side, tap, :, None] + base[tap]).to(y.dtype)
+            # slot t reads slot t - tap of its own block: a shift along the slot axis, zeros in front
+            shifted = F.pad(blocks[:, :, :self.block_size - tap], (0, 0, 0, 0, tap, 0)) if tap else blocks
+            out = out + coefficient * shifted
+        return out.view(batch, q_len, hidden)
+
+
 class DrafterLayer(nn.Module):
-    def __init__(self, config, layer_type: str):
+    """A Qwen3 decoder layer; with `conv` (a DFlash2 drafter: kernel_size, group_size, block_size) each sublayer's
+    input and output also pass a BlockConv."""
+
+    def __init__(self, config, layer_type: str, conv: dict | None = None):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = DrafterAttention(config, layer_type)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = DrafterMLP(config)
+        if conv is not None:
+            self.attention_conv = BlockConv(config.hidden_size, **conv)
+            self.mlp_conv = BlockConv(config.hidden_size, **conv)
 
     def forward(self, x, context, rope_q, rope_kv, mask) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), context, rope_q, rope_kv, mask)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        if not hasattr(self, "attention_conv"):
+            x = x + self.self_attn(self.input_layernorm(x), context, rope_q, rope_kv, mask)
+            return x + self.mlp(self.post_attention_layernorm(x))
+        normed = self.input_layernorm(x)
+        kernels = self.attention_conv.kernels(normed)
+        attended = self.self_attn(self.attention_conv(normed, kernels, 0), context, rope_q, rope_kv, mask)
+        x = x + self.attention_conv(attended, kernels, 1)
+        normed = self.post_attention_layernorm(x)
+        kernels = self.mlp_conv.kernels(normed)
+        return x + self.mlp_conv(self.mlp(self.mlp_conv(normed, kernels, 0)), kernels, 1)
+
+
+class CandidateSelector(nn.Module):
+    """DFlash2's path selector: at slot t, candidate b after candidate a scores
+    S_t(a, b) = U_t(b) + <A(a) * H(h_t), B(b)>, U the drafter's logit, h_t the slot's final hidden state, A and B
+    rank-r codebooks over the vocabulary (`predecessor_codebook`, `successor_codebook`), H `hidden_projection`."""
+
+    def __init__(self, hidden_size: int, vocab_size: int, rank: int):
+        super().__init__()
+        self.hidden_projection = nn.Linear(hidden_size, rank, bias=False)
+        self.predecessor_codebook = nn.Parameter(torch.empty(vocab_size, rank))
+        self.successor_codebook = nn.Parameter(torch.empty(vocab_size, rank))
+
+    def pair_scores(self, hidden: torch.Tensor, previous: torch.Tensor, candidates: torch.Tensor,
+                    unary: torch.Tensor) -> torch.Tensor:
+        """hidden [..., H], previous [..., P] and candidates [..., K] token ids, unary [..., K] -> [..., P, K]."""
+        gate = self.hidden_projection(hidden.to(self.hidden_projection.weight.dtype))
+        before = self.predecessor_codebook[previous] * gate[..., None, :]
+        after = self.successor_codebook[candidates]
+        return unary[..., None, :].float() + (before @ after.transpose(-1, -2)).float()
+
+    def block_scores(self, hidden: torch.Tensor, anchor: torch.Tensor, candidates: torch.Tensor,
+                     unary: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """For the drafted slots of N blocks (hidden [N, T, H], candidates and unary [N, T, K], anchor [N]): the
+        first slot's scores after the anchor [N, K] and every later slot's pair scores [N, T-1, K, K]."""
+        first = self.pair_scores(hidden[:, 0], anchor[:, None], candidates[:, 0], unary[:, 0])[:, 0]
+        later = self.pair_scores(hidden[:, 1:], candidates[:, :-1], candidates[:, 1:], unary[:, 1:])
+        return first, later
+
+
+def viterbi_path(first: torch.Tensor, later: torch.Tensor) -> torch.Tensor:
+    """The candidate index per slot [N, T] of the chain with the highest summed score (first [N, K], later
+    [N, T-1, K, K] from CandidateSelector.block_scores)."""
+    best, pointers = first, []
+    for step in range(later.shape[1]):
+        best, pointer = (best[:, :, None] + later[:, step]).max(dim=1)
+        pointers.append(pointer)
+    index = best.argmax(dim=-1)
+    path = [index]
+    for pointer in reversed(pointers):
+        index = pointer.gather(1, index[:, None])[:, 0]
+        path.append(index)
+    return torch.stack(path[::-1], dim=1)
 
 
 def block_input_ids(anchor_tokens: torch.Tensor, *, block_size: int, mask_token_id: int) -> torch.Tensor:
@@ -202,16 +302,53 @@ def block_input_ids(anchor_tokens: torch.Tensor, *, block_size: int, mask_token_
     return tokens.flatten(1)
 
 
-class DFlashBlocks:
-    """The drafter's modules and forward, shared by the trainer's drafter and `DFlashDraftModel` (a mixin of
-    nn.Module subclasses: the tensor names are DFLASH.md's, `fc`, `hidden_norm`, `layers.{i}`, `norm`)."""
+# what a DFlash2 checkpoint's dflash_config adds to DFlash's (mask_token_id, target_layer_ids)
+DFLASH2_KEYS = ("block_size", "conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 
-    def build_blocks(self, config, *, layer_types: list[str], num_taps: int, rope_theta: float) -> None:
+
+class DFlashBlocks:
+    """The drafter's modules and forward, shared by the trainer's drafter and the transformers models (a mixin of
+    nn.Module subclasses: the tensor names are DFLASH.md's, `fc`, `hidden_norm`, `layers.{i}`, `norm`; DFlash2
+    adds `layers.{i}.attention_conv`, `layers.{i}.mlp_conv` and `candidate_selector`)."""
+
+    def build_blocks(self, config, *, layer_types: list[str], num_taps: int, rope_theta: float,
+                     dflash2: dict | None = None) -> None:
+        """dflash2: the DFLASH2_KEYS sizes of a DFlash2 drafter (None: DFlash)."""
         self.fc = nn.Linear(num_taps * config.hidden_size, config.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.layers = nn.ModuleList(DrafterLayer(config, t) for t in layer_types)
+        conv = None if dflash2 is None else {"kernel_size": dflash2["conv_kernel_size"],
+                                             "group_size": dflash2["conv_group_size"],
+                                             "block_size": dflash2["block_size"]}
+        self.layers = nn.ModuleList(DrafterLayer(config, t, conv) for t in layer_types)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = RotaryEmbedding(config.head_dim, rope_theta)
+        self.selector_top_k = None if dflash2 is None else int(dflash2["selector_top_k"])
+        if dflash2 is not None:
+            self.candidate_selector = CandidateSelector(config.hidden_size, config.vocab_size,
+                                                        dflash2["selector_rank"])
+
+    def init_dflash2(self, module: nn.Module, std: float) -> None:
+        """Initialise DFlash2's modules (for `self.apply`, which reaches a module after its children)."""
+        if isinstance(module, BlockConv):
+            module.reset_identity()
+        elif isinstance(module, CandidateSelector):
+            nn.init.normal_(module.predecessor_codebook, std=std)
+            nn.init.normal_(module.successor_codebook, std=std)
+
+    def chain_from_logits(self, logits: torch.Tensor, hidden: torch.Tensor, anchor: torch.Tensor) -> torch.Tensor:
+        """The drafted chain [N, T] from the drafted slots' logits [N, T, V] and final hidden states [N, T, H] of
+        N blocks, anchor tokens [N]: DFlash takes each slot's top-1, DFlash2 the selector's best path through each
+        slot's top `selector_top_k` candidates."""
+        if self.selector_top_k is None:
+            return logits.argmax(dim=-1)
+        unary, candidates = logits.topk(min(self.selector_top_k, logits.shape[-1]), dim=-1)
+        return self.chain_from_candidates(unary, candidates, hidden, anchor)
+
+    def chain_from_candidates(self, unary: torch.Tensor, candidates: torch.Tensor, hidden: torch.Tensor,
+                              anchor: torch.Tensor) -> torch.Tensor:
+        """DFlash2's chain [N, T] from each slot's candidates [N, T, K] and their logits [N, T, K]."""
+        first, later = self.candidate_selector.block_scores(hidden, anchor, candidates, unary)
+        return candidates.gather(-1, viterbi_path(first, later)[..., None])[..., 0]
 
     def project_context(self, features: torch.Tensor) -> torch.Tensor:
         """[B, S, k*H] tapped target states -> [B, S, H] context for every layer's keys/values."""
@@ -261,14 +398,18 @@ class DFlashDraftModel(DFlashBlocks, PreTrainedModel):
         self.target_layer_ids = list(config.dflash_config["target_layer_ids"])
         self.sliding_window = config.sliding_window if SLIDING_ATTENTION in self.layer_types else None
         self.build_blocks(config, layer_types=self.layer_types, num_taps=len(self.target_layer_ids),
-                          rope_theta=rope_theta_of(config))
+                          rope_theta=rope_theta_of(config), dflash2=self.dflash2_sizes(config))
         self.post_init()
+
+    def dflash2_sizes(self, config) -> dict | None:
+        return None
 
     def _init_weights(self, module: nn.Module) -> None:
         if isinstance(module, nn.Linear):
             nn.init.normal_(module.weight, mean=0.0, std=self.config.initializer_range)
         elif isinstance(module, RMSNorm):
             nn.init.ones_(module.weight)
+        self.init_dflash2(module, self.config.initializer_range)
 
     def block_input_ids(self, anchor_tokens: torch.Tensor) -> torch.Tensor:
         """[B, A] anchor tokens -> [B, A*Bs] block tokens; embed them with the target's embedding."""
@@ -282,3 +423,14 @@ class DFlashDraftModel(DFlashBlocks, PreTrainedModel):
                                     layer_types=self.layer_types, sliding_window=self.sliding_window)
         return BaseModelOutput(last_hidden_state=self.run_blocks(context, noise_embedding, anchors,
                                                                  DenseMask(masks)))
+
+
+class DFlash2DraftModel(DFlashDraftModel):
+    """A DFlash2 drafter as a transformers model: DFlash's layers with a BlockConv around each sublayer, and the
+    candidate selector (`chain_from_logits` gives the drafted chain from the target LM head's logits). Its sizes
+    are dflash_config's DFLASH2_KEYS."""
+
+    def dflash2_sizes(self, config) -> dict:
+        sizes = {key: config.dflash_config[key] for key in DFLASH2_KEYS}
+        self.block_size = int(sizes["block_size"])
+        return sizes

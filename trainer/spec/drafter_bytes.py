@@ -6,8 +6,9 @@ On the CPU each figure equals what saved-tensor hooks count in a real step (test
 the liger path with stand-in Functions that save what liger-kernel 0.8.5's save)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from trainer.spec.dflash2 import ARCHITECTURE_NAMES, Dflash2Sizes
 from trainer.spec.target_families import TargetSpec, drafter_shape
 
 FP32 = 4
@@ -26,14 +27,20 @@ class DrafterSizes:
     intermediate_size: int
     num_taps: int
     block_size: int
+    vocab_size: int = 0                    # read only by a DFlash2 drafter's selector codebooks
+    dflash2: Dflash2Sizes | None = None    # a DFlash2 drafter's convolution and selector
 
     @classmethod
     def from_drafter_config(cls, data: dict) -> "DrafterSizes":
         """From a drafter checkpoint's config.json (what a resumed run rebuilds)."""
+        nested = data["dflash_config"]
+        dflash2 = data.get("architectures") == [ARCHITECTURE_NAMES["dflash2"]]
         return cls(hidden_size=data["hidden_size"], num_layers=data["num_hidden_layers"],
                    num_heads=data["num_attention_heads"], num_kv_heads=data["num_key_value_heads"],
                    head_dim=data["head_dim"], intermediate_size=data["intermediate_size"],
-                   num_taps=len(data["dflash_config"]["target_layer_ids"]), block_size=data["block_size"])
+                   num_taps=len(nested["target_layer_ids"]), block_size=data.get("block_size", nested.get("block_size")),
+                   vocab_size=data["vocab_size"] if dflash2 else 0,
+                   dflash2=Dflash2Sizes.from_mapping(nested) if dflash2 else None)
 
     @classmethod
     def for_run(cls, spec: TargetSpec, cfg, *, num_taps: int) -> "DrafterSizes":
@@ -42,9 +49,12 @@ class DrafterSizes:
         shape = drafter_shape(spec, heads=cfg.drafter_heads, kv_heads=cfg.drafter_kv_heads,
                               head_dim=cfg.drafter_head_dim, intermediate_size=cfg.drafter_intermediate_size,
                               sliding_window=cfg.sliding_window, rope_theta=cfg.drafter_rope_theta)
+        dflash2 = getattr(cfg, "architecture", "dflash") == "dflash2"
         return cls(hidden_size=spec.hidden_size, num_layers=cfg.drafter_layers, num_heads=shape.num_heads,
                    num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim,
-                   intermediate_size=shape.intermediate_size, num_taps=num_taps, block_size=cfg.block_size)
+                   intermediate_size=shape.intermediate_size, num_taps=num_taps, block_size=cfg.block_size,
+                   vocab_size=int(spec.text.get("vocab_size") or 0) if dflash2 else 0,
+                   dflash2=Dflash2Sizes.from_mapping(cfg) if dflash2 else None)
 
     @property
     def q_width(self) -> int:
@@ -57,14 +67,25 @@ class DrafterSizes:
     def param_numels(self) -> list[int]:
         """Trainable parameter sizes in DFlashDrafter.parameters() order (embedding and LM head are the
         target's): fc, hidden_norm, per layer (input norm, q, k, v, o, q_norm, k_norm, post norm, gate, up,
-        down), final norm."""
+        down; DFlash2: its two convolutions), final norm (DFlash2: then the selector)."""
         h, q, kv, inter = self.hidden_size, self.q_width, self.kv_width, self.intermediate_size
         layer = [h, q * h, kv * h, kv * h, h * q, self.head_dim, self.head_dim, h, inter * h, inter * h, h * inter]
-        return [self.num_taps * h * h, h, *layer * self.num_layers, h]
+        if self.dflash2 is None:
+            return [self.num_taps * h * h, h, *layer * self.num_layers, h]
+        layer += self.dflash2.layer_param_numels(h)
+        return [self.num_taps * h * h, h, *layer * self.num_layers, h,
+                *self.dflash2.selector_param_numels(h, self.vocab_size)]
 
     def matmul_params(self) -> int:
-        """Parameters of the drafter's linear layers: the ones autocast copies to bf16 every step."""
-        return sum(n for n in self.param_numels() if n > max(self.hidden_size, self.head_dim))
+        """Parameters of the drafter's linear layers: the ones autocast copies to bf16 every step (DFlash2's
+        codebooks are indexed, not multiplied, and its base kernels are elementwise)."""
+        dflash = replace(self, dflash2=None).param_numels()
+        linear = sum(n for n in dflash if n > max(self.hidden_size, self.head_dim))
+        if self.dflash2 is None:
+            return linear
+        conv = self.dflash2.layer_param_numels(self.hidden_size)
+        return linear + self.num_layers * (conv[1] + conv[3]) + self.dflash2.selector_param_numels(
+            self.hidden_size, self.vocab_size)[2]
 
 
 @dataclass(frozen=True)
@@ -105,6 +126,8 @@ def saved_bytes_per_layer(d: DrafterSizes, p: Precision, kernels: str = "torch")
     swiglu = 2 if liger else 3
     per_query = (2 * norm_saved_bytes(d.hidden_size, p, kernels) + 2 * a * d.hidden_size
                  + (head_norm + 2 * a) * d.q_width + 2 * f * d.num_heads + (swiglu + 1) * a * d.intermediate_size)
+    if d.dflash2 is not None:
+        per_query += d.dflash2.saved_bytes_per_query(d.hidden_size, a)
     per_key = a * d.hidden_size + (head_norm + 2 * a) * d.kv_width + f * d.num_kv_heads
     return per_query, per_key
 
@@ -123,6 +146,8 @@ def drafter_saved_bytes(d: DrafterSizes, p: Precision, *, context_tokens: int, b
     supervised = block_tokens * (d.block_size - 1) // d.block_size
     blocks = (block_tokens * (8 + 2 * p.act * d.head_dim + norm)
               + keys * 2 * p.act * d.head_dim + supervised * p.act * d.hidden_size)
+    if d.dflash2 is not None:
+        blocks += supervised * d.dflash2.saved_bytes_per_slot(p.act)
     return layers + context_tokens * norm + blocks
 
 

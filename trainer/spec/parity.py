@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from trainer.errors import TrainerError
+from trainer.spec.dflash2 import ARCHITECTURE_NAMES, Dflash2Sizes
 from trainer.spec.target_families import FULL, SLIDING, TargetSpec, drafter_shape, read_target_spec
 
 RETRAIN = "train the drafter against this target"
@@ -262,6 +263,36 @@ def _block_size(pair: Pair) -> Check:
     return Check("block_size", True, f"{block} slots" + (", as trained" if trained is not None else ""))
 
 
+def _dflash2(pair: Pair) -> list[Check]:
+    """A DFlash2 drafter's nested sizes: whole, fitting the target, as trained, and matching its tensors."""
+    if pair.drafter.get("architectures") != [ARCHITECTURE_NAMES["dflash2"]]:
+        return []
+    nested, trained = pair.drafter.get("dflash_config") or {}, pair.trained or {}
+    keys = [*Dflash2Sizes.__dataclass_fields__, "block_size"]
+    bad = [key for key in keys if not isinstance(nested.get(key), int) or nested[key] < 1]
+    if bad:
+        return [Check(f"dflash_config.{key}", False, f"{nested.get(key)!r} is not a positive integer", RETRAIN)
+                for key in bad]
+    sizes = Dflash2Sizes.from_mapping(nested)
+    hidden, vocab = int(pair.spec.hidden_size), int(pair.spec.text.get("vocab_size") or 0)
+    checks = [Check("dflash_config", False, problem, RETRAIN)
+              for _, problem in sizes.problems(hidden_size=hidden, vocab_size=vocab)]
+    checks += [Check(f"dflash_config.{key}", False, f"{nested[key]}, but it was trained with {key} {trained[key]}",
+                     f"set dflash_config.{key} to {trained[key]}")
+               for key in keys if trained.get(key) is not None and trained[key] != nested[key]]
+    if pair.drafter.get("block_size", nested["block_size"]) != nested["block_size"]:
+        checks.append(Check("dflash_config.block_size", False, f"{nested['block_size']}, the top-level block_size "
+                                                               f"is {pair.drafter['block_size']}", RETRAIN))
+    expected = {"candidate_selector.predecessor_codebook": [vocab, sizes.selector_rank],
+                "layers.0.attention_conv.kernel_projection.weight":
+                    [2 * sizes.conv_kernel_size * hidden // sizes.conv_group_size, hidden]}
+    for name, shape in expected.items():
+        got = (pair.shapes or {}).get(name, shape)
+        if got != shape:
+            checks.append(Check(name, False, f"is {got}, dflash_config's sizes make it {shape}", RETRAIN))
+    return checks or [Check("dflash_config", True, ", ".join(f"{key} {nested[key]}" for key in keys))]
+
+
 def _sliding_layout(pair: Pair) -> Check:
     """Which layers slide, against use_sliding_window, the window, the block and the training config."""
     config, trained = pair.drafter, (pair.trained or {}).get("sliding_window")
@@ -308,6 +339,6 @@ def check_parity(target: str | Path, drafter: str | Path) -> ParityReport:
     directory is not what it should be at all."""
     pair = read_pair(target, drafter)
     report = ParityReport(target=str(target), drafter=str(drafter))
-    report.checks += [_mask_token(pair), *_taps(pair), *_shape(pair), _block_size(pair), _sliding_layout(pair),
-                      _chat_template(pair)]
+    report.checks += [_mask_token(pair), *_taps(pair), *_shape(pair), _block_size(pair), *_dflash2(pair),
+                      _sliding_layout(pair), _chat_template(pair)]
     return report

@@ -20,6 +20,7 @@ from typing import Any
 
 from trainer.config import ConfigError, Problem, TrainConfig, read_config_data, validate_config
 from trainer.errors import TrainerError
+from trainer.spec.dflash2 import Dflash2Sizes
 from trainer.spec.taps import default_target_layer_ids, validate_layer_ids
 from trainer.spec.target_families import read_target_spec
 
@@ -181,6 +182,11 @@ def _check_target(config: TrainConfig, unusable: frozenset[str], resolve: _Resol
     if not any((path / name).exists() for name in WEIGHT_FILES):
         found.problems.append(Problem("target_path", f"target_path: {path} has a config.json but no model weights "
                                                      f"({', '.join(WEIGHT_FILES)})"))
+    if config.architecture == "dflash2" and not unusable & {"conv_group_size", "selector_top_k"}:
+        spec = read_target_spec(path)
+        vocab = int(spec.text.get("vocab_size") or 0)
+        found.problems += [Problem(key, message) for key, message in Dflash2Sizes.from_mapping(config).problems(
+            hidden_size=spec.hidden_size, vocab_size=vocab)]
     if {"target_layer_ids", "drafter_layers"} & unusable or config.target_layer_ids == []:
         return  # already reported: the taps cannot be resolved
     try:

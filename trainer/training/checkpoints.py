@@ -27,7 +27,10 @@ CHECKPOINT_FILES = (CONFIG_FILE, WEIGHTS_FILE, STATE_FILE, TRAINER_CONFIG_FILE)
 # config keys that shape the drafter or the data order: a checkpoint resumes only with the same values
 RESUME_KEYS = ("block_size", "drafter_layers", "target_layer_ids", "sliding_window", "drafter_heads",
                "drafter_kv_heads", "drafter_head_dim", "drafter_intermediate_size", "drafter_rope_theta",
-               "mask_token_id", "seed", "buckets", "token_budget", "max_length", "overlong")
+               "mask_token_id", "seed", "buckets", "token_budget", "max_length", "overlong", "architecture",
+               "conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+# what a checkpoint written before a key existed meant by its absence
+RESUME_DEFAULTS = {"architecture": "dflash"}
 
 
 def complete_checkpoints(output_dir: Path) -> list[tuple[int, Path]]:
@@ -54,9 +57,10 @@ def choose_resume_dir(cfg: TrainConfig) -> Path | None:
 
 def check_resumable(resume_dir: Path, cfg: TrainConfig) -> None:
     saved = json.loads((resume_dir / TRAINER_CONFIG_FILE).read_text())
-    changed = [key for key in RESUME_KEYS if saved.get(key) != getattr(cfg, key)]
+    saved = {key: saved.get(key, RESUME_DEFAULTS.get(key)) for key in RESUME_KEYS}
+    changed = [key for key in RESUME_KEYS if saved[key] != getattr(cfg, key)]
     if changed:
-        details = ", ".join(f"{key}: {saved.get(key)!r} -> {getattr(cfg, key)!r}" for key in changed)
+        details = ", ".join(f"{key}: {saved[key]!r} -> {getattr(cfg, key)!r}" for key in changed)
         raise TrainerError(f"cannot resume from {resume_dir}: the config changed ({details}); "
                            f"use --resume never or a new output_dir")
 

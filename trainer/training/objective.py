@@ -5,6 +5,8 @@ from dataclasses import dataclass
 
 import torch
 
+from trainer.training.selector_objective import selector_loss
+
 IGNORE = -100
 # rows of logits per chunk are chosen so that one chunk holds about this many fp32 logits (512 MiB)
 LOGITS_PER_CHUNK = 2 ** 27
@@ -161,6 +163,10 @@ def dflash_step(drafter, features: torch.Tensor, input_ids: torch.Tensor, loss_m
     loss, correct = chunked_weighted_ce(hidden.reshape(-1, hidden.shape[-1]), inner.lm_head.weight,
                                         labels.clamp(min=0).flatten(), slot_weights.flatten(), chunk_rows=chunk_rows)
     correct = correct.view(labels.shape)
+    if getattr(inner, "selector_top_k", None):   # DFlash2: its selector's objective too
+        rows = chunk_rows or max(1, LOGITS_PER_CHUNK // inner.lm_head.weight.shape[0])
+        loss = loss + selector_loss(inner, hidden, input_ids, anchors, labels.clamp(min=0), slot_weights,
+                                    chunk_rows=rows)[0]
     real_blocks = anchors >= 0
     n_supervised, n_blocks = supervised.sum(), real_blocks.sum()
     acc = (correct & supervised).sum() / n_supervised.clamp(min=1)

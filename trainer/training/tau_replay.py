@@ -95,13 +95,19 @@ class AnchorPass:
     streaks: torch.Tensor
     top_logprobs: torch.Tensor | None = None
     top_ids: torch.Tensor | None = None
+    # a DFlash2 drafter's trees grow from its selector (draft_tree.best_first_paired): its candidates [n, S, B-1, K],
+    # their log-probs after the anchor [n, S, K] and after each candidate of the slot before [n, S, B-2, K, K]
+    candidates: torch.Tensor | None = None
+    first_logprobs: torch.Tensor | None = None
+    pair_logprobs: torch.Tensor | None = None
 
 
 def anchor_pass(drafter, features: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor, *,
                 width: int, top: int = 0) -> AnchorPass:
-    """The streaks at every anchor (a supervised position followed by one), and the `top` best tokens of every
-    slot when top > 0. Anchors go `width` per sequence per forward, the last group padded, so the shapes of the
-    forwards repeat; logits are reduced chunk by chunk and never held whole."""
+    """The streaks at every anchor (a supervised position followed by one): the block's guesses are its drafted
+    chain (DFlash2: the selector's path); and the `top` best tokens of every slot when top > 0 (DFlash2: of its
+    unary distributions, not the selector's). Anchors go `width` per sequence per forward, the last group
+    padded, so the shapes of the forwards repeat; logits are reduced chunk by chunk and never held whole."""
     block_size = drafter.config.block_size
     n, seq_len = input_ids.shape
     device = input_ids.device
@@ -112,7 +118,13 @@ def anchor_pass(drafter, features: torch.Tensor, input_ids: torch.Tensor, loss_m
     streaks = torch.full((n, seq_len), -1, dtype=torch.long, device=device)
     top = min(top, drafter.lm_head.weight.shape[0])
     result = AnchorPass(streaks)
-    if top:
+    paired = bool(top and getattr(drafter, "selector_top_k", None))
+    if paired:
+        k = min(drafter.selector_top_k, drafter.lm_head.weight.shape[0])
+        result.candidates = torch.zeros(n, seq_len, block_size - 1, k, dtype=torch.int32, device=device)
+        result.first_logprobs = torch.zeros(n, seq_len, k, device=device)
+        result.pair_logprobs = torch.zeros(n, seq_len, block_size - 2, k, k, device=device)
+    elif top:
         result.top_logprobs = torch.zeros(n, seq_len, block_size - 1, top, device=device)
         result.top_ids = torch.zeros(n, seq_len, block_size - 1, top, dtype=torch.int32, device=device)
     if most == 0:
@@ -120,19 +132,24 @@ def anchor_pass(drafter, features: torch.Tensor, input_ids: torch.Tensor, loss_m
     # every sequence's anchor positions, in order, padded with -1 to the longest list
     order = torch.where(valid, torch.arange(seq_len, device=valid.device), seq_len).sort(dim=1).values
     positions = order[:, :most].masked_fill(order[:, :most] == seq_len, -1)
-    lm_head = drafter.lm_head
     for first in range(0, most, width):
         anchors = torch.full((n, width), -1, dtype=torch.long, device=device)
         group = positions[:, first:first + width]
         anchors[:, :group.shape[1]] = group
-        hidden = drafter(features, input_ids.gather(1, anchors.clamp(min=0)), anchors)[:, :, 1:]
+        anchor_tokens = input_ids.gather(1, anchors.clamp(min=0))
+        hidden = drafter(features, anchor_tokens, anchors)
         labels = block_labels(input_ids, loss_mask, anchors, block_size)
-        guesses, best = _reduce_chunks(hidden.reshape(-1, hidden.shape[-1]), lm_head.weight, top)
+        guesses, best = _reduce_chunks(drafter, hidden, anchor_tokens, top, paired=paired)
         found = accepted_streak(guesses.view(labels.shape) == labels, labels)
         real = anchors >= 0
         rows = torch.arange(n, device=device)[:, None].expand_as(anchors)
         streaks[rows[real], anchors[real]] = found[real].long()
-        if best is not None:
+        if paired:
+            candidates, first_lp, pair_lp = (part.view(*anchors.shape, *part.shape[1:]) for part in best)
+            result.candidates[rows[real], anchors[real]] = candidates[real].int()
+            result.first_logprobs[rows[real], anchors[real]] = first_lp[real]
+            result.pair_logprobs[rows[real], anchors[real]] = pair_lp[real]
+        elif best is not None:
             values, ids = (part.view(*labels.shape, top) for part in best)
             result.top_logprobs[rows[real], anchors[real]] = values[real]
             result.top_ids[rows[real], anchors[real]] = ids[real].int()
@@ -145,19 +162,28 @@ def anchor_streaks(drafter, features: torch.Tensor, input_ids: torch.Tensor, los
     return anchor_pass(drafter, features, input_ids, loss_mask, width=width).streaks
 
 
-def _reduce_chunks(hidden: torch.Tensor, weight: torch.Tensor, top: int
-                   ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
-    """Argmax of each row's logits and, for top > 0, its `top` best log-probabilities (float32, as the eval's
-    tree proposer takes them) with their ids."""
-    rows = max(1, LOGITS_PER_CHUNK // weight.shape[0])
+def _reduce_chunks(drafter, hidden: torch.Tensor, anchor_tokens: torch.Tensor, top: int, *, paired: bool = False
+                   ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
+    """For blocks of final hidden states [n, A, B, H] and their anchor tokens [n, A]: the drafted chain of each
+    block (DFlash: each slot's argmax; DFlash2: the selector's path) and, for top > 0, each drafted slot's `top`
+    best log-probabilities (float32, as the eval's tree proposer takes them) with their ids, or with `paired` the
+    selector's candidates and log-probs per block (drafter.candidate_logprobs); a few blocks' logits at a time."""
+    weight = drafter.lm_head.weight
+    hidden, anchor_tokens = hidden.flatten(0, 1), anchor_tokens.flatten()
+    blocks = max(1, LOGITS_PER_CHUNK // (weight.shape[0] * (hidden.shape[1] - 1)))
     guesses, values, ids = [], [], []
-    for i in range(0, hidden.shape[0], rows):
-        logits = hidden[i:i + rows].to(weight.dtype) @ weight.t()
-        guesses.append(logits.argmax(dim=-1))
-        if top:
+    for i in range(0, hidden.shape[0], blocks):
+        drafted = hidden[i:i + blocks, 1:]
+        logits = drafted.to(weight.dtype) @ weight.t()
+        guesses.append(drafter.chain_from_logits(logits, drafted, anchor_tokens[i:i + blocks]).flatten())
+        if paired:
+            values.append(drafter.candidate_logprobs(logits.float(), drafted, anchor_tokens[i:i + blocks]))
+        elif top:
             best = torch.log_softmax(logits.float(), dim=-1).topk(top, dim=-1)
-            values.append(best.values)
-            ids.append(best.indices)
+            values.append(best.values.flatten(0, 1))
+            ids.append(best.indices.flatten(0, 1))
+    if paired:
+        return torch.cat(guesses), tuple(torch.cat(parts) for parts in zip(*values))
     return torch.cat(guesses), ((torch.cat(values), torch.cat(ids)) if top else None)
 
 

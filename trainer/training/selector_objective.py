@@ -1,0 +1,56 @@
+"""DFlash2's selector objective: a K-way cross-entropy over each drafted slot's unary top-K candidates.
+
+The public DFlash2 sources do not say what the selector is trained on; trainer/spec/dflash2.py keeps our choice
+(and its weight) in one place. The previous token is teacher-forced (the anchor at slot 1, else the text's token
+before the slot), as the chain it scores at inference follows accepted tokens; a label outside the top K replaces
+the weakest candidate so that every supervised slot has a target. The unary logits and the hidden states enter
+detached: this term trains the selector alone.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from trainer.spec.dflash2 import SELECTOR_LOSS_WEIGHT
+
+
+@torch.no_grad()
+def training_candidates(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, top_k: int,
+                        *, chunk_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(unary logits, token ids) [N, K] of each row's top K under the LM head `weight` [V, H], with the row's
+    label in the last place where it is not among them; logits `chunk_rows` rows at a time."""
+    values, ids = [], []
+    for start in range(0, hidden.shape[0], chunk_rows):
+        logits = hidden[start:start + chunk_rows].to(weight.dtype) @ weight.t()
+        label = labels[start:start + chunk_rows, None]
+        top_values, top_ids = logits.topk(top_k, dim=-1)
+        absent = ~(top_ids == label).any(dim=-1)
+        top_ids[absent, -1] = label[absent, 0]
+        top_values[absent, -1] = logits.gather(1, label)[absent, 0]
+        values.append(top_values.float())
+        ids.append(top_ids)
+    return torch.cat(values), torch.cat(ids)
+
+
+def previous_tokens(input_ids: torch.Tensor, anchors: torch.Tensor, drafted: int) -> torch.Tensor:
+    """[B, A, drafted]: the token before each drafted slot, teacher-forced (slot k follows input_ids[a + k - 1])."""
+    positions = (anchors.clamp(min=0)[..., None] + torch.arange(drafted, device=anchors.device))
+    positions = positions.clamp(max=input_ids.shape[1] - 1)
+    return input_ids.gather(1, positions.flatten(1)).view_as(positions)
+
+
+def selector_loss(drafter, hidden: torch.Tensor, input_ids: torch.Tensor, anchors: torch.Tensor,
+                  labels: torch.Tensor, slot_weights: torch.Tensor, *,
+                  chunk_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weighted loss times SELECTOR_LOSS_WEIGHT, correct [B, A, T]: the selector's top score is the label) for the
+    drafted slots' final hidden states [B, A, T, H]; labels [B, A, T] (any value where slot_weights is 0)."""
+    flat_hidden = hidden.detach().reshape(-1, hidden.shape[-1])
+    unary, candidates = training_candidates(flat_hidden, drafter.lm_head.weight, labels.flatten(),
+                                            drafter.selector_top_k, chunk_rows=chunk_rows)
+    previous = previous_tokens(input_ids, anchors, hidden.shape[2]).reshape(-1, 1)
+    scores = drafter.candidate_selector.pair_scores(flat_hidden, previous, candidates, unary)[:, 0]   # [N, K]
+    target = (candidates == labels.reshape(-1, 1)).int().argmax(dim=-1)
+    weights = slot_weights.flatten().float()
+    loss = (F.cross_entropy(scores, target, reduction="none") * weights).sum()
+    loss = loss / weights.sum().clamp(min=torch.finfo(weights.dtype).tiny)
+    return loss * SELECTOR_LOSS_WEIGHT, (scores.argmax(dim=-1) == target).view(labels.shape)
