@@ -84,6 +84,12 @@ def parse_loss(value: Any) -> dict[str, float]:
     return weights
 
 
+def objective_text(loss: Any, slot_weights: str = "decay") -> str:
+    """One line for logs and model cards, e.g. `0.1*ce + 0.9*cap, decay slot weights`."""
+    terms = " + ".join(name if weight == 1.0 else f"{weight:g}*{name}" for name, weight in parse_loss(loss).items())
+    return f"{terms}, {slot_weights} slot weights"
+
+
 def default_gamma(block_size: int) -> float:
     """DFLASH.md's gamma for B=16/10/8; for other sizes B/2 - 1 (which gives 7 for 16), at least 1."""
     return GAMMA_BY_BLOCK_SIZE.get(block_size, max(1.0, block_size / 2 - 1))

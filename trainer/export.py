@@ -14,6 +14,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trainer.config import objective_text
 from trainer.errors import TrainerError
 from trainer.spec.parity import ParityReport, check_parity, read_json
 
@@ -58,7 +59,18 @@ def training_facts(ckpt: Path) -> dict:
         if isinstance(record, dict) and isinstance(record.get("tau"), (int, float)) and (
                 step is None or not isinstance(record.get("step"), int) or record["step"] <= step):
             tau = (record["tau"], record.get("step"))
-    return {"step": step, "target": trained.get("target_path"), "tau": tau}
+    return {"step": step, "target": trained.get("target_path"), "tau": tau, "objective": objective_of(trained)}
+
+
+def objective_of(trained: dict) -> str | None:
+    """The training objective a checkpoint's trainer config records; runs from before `loss:` existed trained
+    with decay-weighted CE, the only objective then."""
+    if not trained:
+        return None
+    try:
+        return objective_text(trained.get("loss", "ce"), trained.get("slot_weights", "decay"))
+    except ValueError:
+        return f"{trained.get('loss')!r} (unknown)"
 
 
 def model_card(config: dict, facts: dict, dtype: str) -> str:
@@ -78,6 +90,7 @@ def model_card(config: dict, facts: dict, dtype: str) -> str:
                     f"{config['head_dim']}, {window}"),
         ("Weights", dtype),
         ("Training steps", facts["step"] if facts["step"] is not None else "(not recorded)"),
+        ("Training objective", facts.get("objective") or "(not recorded)"),
         ("Eval tau", f"{tau[0]:.2f} (step {tau[1]})" if tau else "(not measured)"),
     ]
     table = "\n".join(f"| {name} | {value} |" for name, value in rows)

@@ -155,6 +155,9 @@ def test_training_with_a_weighted_objective_logs_each_term(base_config, tmp_path
     assert steps and all({"loss_ce", "loss_kl"} <= r.keys() for r in steps)
     for record in steps:
         assert record["loss"] == pytest.approx(0.5 * record["loss_ce"] + 0.5 * record["loss_kl"], rel=1e-4)
+    # the checkpoint records what it was trained for (the model card of `trainer export` reads it there)
+    recorded = json.loads((Path(config["output_dir"]) / "step_3" / "trainer_config.json").read_text())
+    assert recorded["loss"] == {"ce": 0.5, "kl": 0.5} and recorded["slot_weights"] == "decay"
 
 
 @pytest.mark.parametrize("loss, message", [

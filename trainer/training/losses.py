@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from trainer.config import DISTRIBUTION_OBJECTIVES
+from trainer.config import DISTRIBUTION_OBJECTIVES, objective_text
 
 # fp32 [rows, vocab] tensors one chunk holds at once (its autograd graph keeps several): 128 MiB each
 ROW_VOCAB_PER_CHUNK = 2 ** 25
@@ -54,8 +54,7 @@ class Objective:
         return self.weights == {"ce": 1.0} and self.slot_weights == "decay"
 
     def describe(self) -> str:
-        terms = " + ".join(name if weight == 1.0 else f"{weight:g}*{name}" for name, weight in self.weights.items())
-        return f"{terms}, {self.slot_weights} slot weights"
+        return objective_text(self.weights, self.slot_weights)
 
 
 def dpace_weights(log_q_y: torch.Tensor, supervised: torch.Tensor, alpha: float) -> torch.Tensor:
