@@ -30,7 +30,7 @@ import torch
 
 from flops import LayerShape, StepFlops, TargetShape, target_feature_flops, training_step_flops
 from synthetic import SHAPES, causal_lm_class, target_config
-from trainer.config import SEED_BUCKETS, default_gamma
+from trainer.config import SEED_BUCKETS, default_gamma, parse_loss
 from trainer.training.metrics import compiled_graphs, seconds_between, timing_mark
 from trainer.training.optim import rank_share
 
@@ -80,8 +80,17 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="comma-separated step variants measured one after the other in this process, on the "
                              "same batches (before/after figures of one run): " + ", ".join(VARIANTS)
                              + "; default: the trainer's own choice (pack_target and kernels auto)")
+    parser.add_argument("--loss", default="ce",
+                        help="training objective, as the config's loss: (a name, or JSON like '{\"ce\": 0.1, "
+                             "\"cap\": 0.9}'); kl/tv/nla/lk_hybrid build the whole target and count its last layers "
+                             "and LM head (default ce)")
+    parser.add_argument("--slot-weights", choices=("decay", "dpace"), default="decay", help="the config's slot_weights")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = parser.parse_args(argv)
+    try:
+        args.loss_weights = parse_loss(json.loads(args.loss) if args.loss.lstrip().startswith("{") else args.loss)
+    except ValueError as exc:
+        parser.error(f"--loss: {exc}")
     unknown = [v for v in (args.variants or "").split(",") if v and v not in VARIANTS]
     if unknown:
         parser.error(f"unknown variant(s) {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
@@ -335,13 +344,16 @@ def train_step(parts: SimpleNamespace, stream, args, ctx, autocast, clock: Phase
     batch = next(stream)
     input_ids, loss_mask, attention_mask = to_device(batch, ctx.device)
     marks += [clock.mark()] if clock else []
+    final = parts.objective.needs_target_distribution
     with autocast:
-        features = parts.target.features(input_ids, attention_mask)
+        features = parts.target.features(input_ids, attention_mask, final=final)
+    features, target_hidden = features if final else (features, None)
     marks += [clock.mark()] if clock else []
     with autocast:
         out = dflash_step(parts.model, features, input_ids, loss_mask,
                           num_anchors=anchors_per_sequence(args, len(input_ids)), block_size=args.block_size,
-                          gamma=default_gamma(args.block_size), noise=0.0, generator=parts.anchor_rng)
+                          gamma=default_gamma(args.block_size), noise=0.0, generator=parts.anchor_rng,
+                          objective=parts.objective, target_hidden=target_hidden)
     marks += [clock.mark()] if clock else []
     out.loss.backward()
     marks += [clock.mark()] if clock else []
@@ -361,6 +373,7 @@ def replay_flops(records: list, parts: SimpleNamespace, args) -> tuple[StepFlops
     target_shape = TargetShape.from_config(parts.target.config)
     drafter_shape = LayerShape.from_config(parts.drafter.config)
     total, real, padded = StepFlops(0, 0, 0, 0, 0), 0, 0
+    whole = parts.target.num_layers if parts.objective.needs_target_distribution else None
     generator = torch.Generator()
     for rng_state, loss_mask, lengths in records:
         generator.set_state(rng_state)
@@ -368,7 +381,7 @@ def replay_flops(records: list, parts: SimpleNamespace, args) -> tuple[StepFlops
         total = total + training_step_flops(
             target_shape, drafter_shape, target_layers=parts.target.layer_ids[-1] + 1,
             drafter_layers=args.drafter_layers, num_taps=len(parts.target.layer_ids), block_size=args.block_size,
-            lengths=lengths, anchors=anchors.tolist())
+            lengths=lengths, anchors=anchors.tolist(), total_layers=whole)
         real += int((anchors >= 0).sum())
         padded += int((anchors < 0).sum())
     return total, real, padded
@@ -505,6 +518,7 @@ def summarise(args, ctx, *, peak: tuple[float, str], taps: list[int], target_onl
                                if phases["drafter_forward"] + phases["backward"] else None),
             "flops_per_step": {k: v / args.steps for k, v in flops.as_dict().items()},
             "target_flop_share": flops.target / flops.total, "drafter_flop_share": flops.drafter_total / flops.total,
+            "distribution_flop_share": flops.target_distribution / flops.total,
             "phase_share": {k: v / phase_total for k, v in phases.items()},
             "target_phase_tok_per_s": target_rate,
             "target_in_step_ratio": ratio(target_only, target_only and target_only["tokens"] / target_only["seconds"]),
@@ -556,7 +570,8 @@ def planned_memory(args, target, drafter, ctx, variant_name: str) -> dict:
     cfg = TrainConfig(target_path="(synthetic)", data_path="-", output_dir="-", token_budget=args.token_budget,
                       buckets=args.buckets, num_anchors=args.num_anchors, anchor_budget=args.anchor_budget,
                       block_size=args.block_size, drafter_layers=args.drafter_layers,
-                      target_layer_ids=target.layer_ids, simulate_shards=args.simulate_shards)
+                      target_layer_ids=target.layer_ids, simulate_shards=args.simulate_shards,
+                      loss=args.loss_weights, slot_weights=args.slot_weights)
     on_gpu = ctx.device.type == "cuda"
     limit = torch.cuda.get_device_properties(ctx.device).total_memory if on_gpu else None
     plan = memory_plan.config_plan(cfg, world_size=1, limit=limit, on_gpu=on_gpu, text=target.config.to_dict(),
@@ -590,7 +605,7 @@ def format_table(result: dict) -> str:
         inside += f", {step['target_phase_vs_plain_packed']:.1%} of the plain forward of the same packed tokens"
     lines = [
         f"{result['model']} on {result['world_size']} x {result['device_name']} ({result['device']}), "
-        f"compile={result['compile']}, taps {result['taps']}",
+        f"compile={result['compile']}, taps {result['taps']}, loss {result.get('objective', 'ce')}",
         result["target_line"],
         f"matmul peak ({result['matmul_peak_what']}): {result['matmul_peak_tflops']:.3g} TFLOP/s",
         *baselines,
@@ -601,7 +616,8 @@ def format_table(result: dict) -> str:
         f" TFLOP/s; padding in the batches {step['target_padding_share']:.1%}",
         *(f"  variant {row['variant']:>13}: {row['tok_per_s']:,.0f} tok/s, {row['step_ms']:.1f} ms/step, MFU "
           f"{row['mfu']:.1%}, peak {row['peak_memory_gib']:.1f} GiB" for row in result.get("variants", [])),
-        f"  FLOP shares: target {step['target_flop_share']:.1%}, drafter {step['drafter_flop_share']:.1%} "
+        f"  FLOP shares: target {step['target_flop_share']:.1%}, drafter {step['drafter_flop_share']:.1%}, the "
+        f"target's distribution for the loss {step['distribution_flop_share']:.1%} "
         f"(padded blocks {step['padded_block_share']:.1%}, not counted)",
         "  time shares: " + ", ".join(f"{k} {v:.1%}" for k, v in step["phase_share"].items()),
         inside,
@@ -629,8 +645,11 @@ def main(argv=None) -> int:
         if ctx.is_main:
             print(f"[{time.perf_counter() - began:.0f}s] {what}", file=sys.stderr, flush=True)
 
+    from trainer.training.losses import Objective
+
+    objective = Objective(args.loss_weights, args.slot_weights)
     target, taps = build_target(MODELS[args.model], num_taps=args.drafter_layers, device=ctx.device, dtype=dtype,
-                                whole=args.simulate_shards > 0)
+                                whole=args.simulate_shards > 0 or objective.needs_target_distribution)
     progress(target.describe())
     drafter = build_drafter(target, args, ctx.device)
     model = drafter
@@ -643,7 +662,7 @@ def main(argv=None) -> int:
     params = [p for p in drafter.parameters() if p.requires_grad]
     trained = rank_share(params, args.simulate_shards, rank=0) if args.simulate_shards else params
     parts = SimpleNamespace(
-        target=target, drafter=drafter, model=model, params=params,
+        target=target, drafter=drafter, model=model, params=params, objective=objective,
         optimizer=torch.optim.AdamW(trained, lr=6e-4, weight_decay=0.0, betas=(0.9, 0.95), fused=on_gpu),
         anchor_rng=torch.Generator().manual_seed(args.seed * 1009 + ctx.rank))
     dataset = synthetic_dataset(args, vocab_size=target.config.vocab_size,
@@ -688,6 +707,7 @@ def main(argv=None) -> int:
             stream.close()
     result = summarise(args, ctx, peak=peak, taps=taps, target_only=target_only, training=training, plain=plain,
                        target_line=target.describe(), plain_packed=plain_packed)
+    result["objective"] = objective.describe()
     result["variants"] = [variant_row(name, summarise(args, ctx, peak=peak, taps=taps, target_only=target_only,
                                                       training=figures, plain=plain, target_line="",
                                                       plain_packed=plain_packed), peak_gib)
