@@ -170,3 +170,11 @@ def test_a_bad_objective_is_one_line_and_exit_2(base_config, tmp_path, loss, mes
     assert result.returncode == 2
     assert message in result.stderr and "Traceback" not in result.stderr
     assert len([line for line in result.stderr.splitlines() if line.strip()]) == 1, result.stderr
+
+
+def test_the_memory_plan_assumes_the_chunks_the_losses_take() -> None:
+    from trainer.spec import memory_plan
+    from trainer.training import losses, objective
+
+    assert memory_plan.ROW_VOCAB_PER_CHUNK == losses.ROW_VOCAB_PER_CHUNK
+    assert memory_plan.LOGITS_PER_CHUNK == objective.LOGITS_PER_CHUNK

@@ -37,7 +37,7 @@ GIB = 2 ** 30
 RESERVE_BYTES = 4 * GIB          # CUDA context (~0.5 GiB), NCCL buffers, allocator fragmentation
 FP32 = 4
 LOGITS_PER_CHUNK = 2 ** 27       # objective.LOGITS_PER_CHUNK: rows of logits per chunk of the loss
-ROW_VOCAB_PER_CHUNK = 2 ** 25    # losses.ROW_VOCAB_PER_CHUNK: the other objectives' chunk
+ROW_VOCAB_PER_CHUNK = 2 ** 26    # losses.ROW_VOCAB_PER_CHUNK: the other objectives' chunk
 # [rows, vocab] tensors a chunk of those objectives holds at its peak: logits (activation dtype) and fp32
 # log-probabilities, their gradients and the softmax; against the target's distribution also its logits, log p,
 # p and the overlap terms

@@ -16,7 +16,9 @@ normalised: a block the drafter gets right weighs more); cap by the number of bl
 
 Chunks hold whole blocks, so every term, the D-PACE weights and cap's per-block products are computed inside one
 chunk: the [blocks * (B-1), vocab] logits never exist whole. Each chunk runs its own small autograd graph in the
-forward pass and keeps only the gradient with respect to the drafter's hidden states.
+forward pass and keeps only the gradient with respect to the drafter's hidden states. No fused kernel fits here:
+liger-kernel's and cut-cross-entropy's fused linear cross-entropy take no per-row weights, and none computes TV,
+the acceptance prefix or D-PACE; the default `ce` keeps its own fused-by-hand path (objective.py).
 """
 from __future__ import annotations
 
@@ -26,8 +28,9 @@ import torch
 
 from trainer.config import DISTRIBUTION_OBJECTIVES, objective_text
 
-# fp32 [rows, vocab] tensors one chunk holds at once (its autograd graph keeps several): 128 MiB each
-ROW_VOCAB_PER_CHUNK = 2 ** 25
+# fp32 [rows, vocab] tensors one chunk holds at once (its autograd graph keeps several): 256 MiB each. Not
+# smaller: each chunk costs a few ms of Python and kernel launches (an 8B vocabulary gives ~110 chunks a step)
+ROW_VOCAB_PER_CHUNK = 2 ** 26
 LAMBDA_RATE = 3.0   # lam = exp(-3 alpha), as the LK losses paper's hybrid
 
 
