@@ -7,8 +7,8 @@ greedy answers prepared with a held-out split); then for each objective (config 
 (b) `trainer train` at the same wall time: the slowest objective's time at (a), or --seconds, turned into steps
     with each objective's own seconds per step (a run within 3 % of (a)'s steps is (a)'s run);
 and for every run `trainer eval --tree-budget` on held-out prompts: decoded chain τ and DDTree τ per budget, exact
-in float32. The (b) runs and the evaluations run --jobs at a time: their step counts are fixed already and τ does
-not depend on speed.
+in float32. The (b) runs and the evaluations run --jobs at a time (evaluations of (a) beside the training of (b)):
+their step counts are fixed already and τ does not depend on speed.
 
 Prints one markdown table (or --json: one object with it). Everything is kept in --workdir; a second run of the
 same command there reuses the target, the data and every finished run and evaluation (a run cut short starts
@@ -65,7 +65,7 @@ def parse_args(argv=None):
                         help="wall-time budget of the equal-time runs (default: the slowest objective's time at "
                              "equal steps)")
     parser.add_argument("--jobs", type=int, default=None, help="equal-time runs and evaluations run at once "
-                                                               "(default 4 on a GPU, 1 on the CPU)")
+                                                               "(default 6 on a GPU, 1 on the CPU)")
     parser.add_argument("--tree-budgets", default="8,32,64", help="DDTree node budgets of trainer eval")
     parser.add_argument("--eval-prompts", type=int, default=None, help="held-out prompts decoded (default 48)")
     parser.add_argument("--lm-seconds", type=float, default=None, help="the target LM's training time (default 100)")
@@ -90,7 +90,7 @@ def parse_args(argv=None):
         tau.eval_prompts = args.eval_prompts
     args.tau = tau
     args.device = tau.device
-    args.jobs = args.jobs or (4 if args.device == "cuda" else 1)
+    args.jobs = args.jobs or (6 if args.device == "cuda" else 1)
     return args
 
 
@@ -208,17 +208,25 @@ def run(work: Path, args) -> dict:
     say(f"(b) equal time: {budget:.1f}s of training steps each: "
         + ", ".join(f"{name} {n}" for name, n in time_steps.items()))
 
-    def timed_run(name: str) -> Path:
-        if abs(time_steps[name] - steps) < SAME_RUN_SHARE * steps:
-            return equal_steps[name]
-        return train(work, args, name, time_steps[name], f"time{time_steps[name]}")
+    # one pool for what is left: the equal-time runs to train and every checkpoint to evaluate, so evaluations of
+    # (a) overlap the training of (b)
+    tasks = [(name, steps, "steps", False) for name in args.variants]
+    for name in args.variants:
+        if abs(time_steps[name] - steps) >= SAME_RUN_SHARE * steps:
+            tasks.append((name, time_steps[name], f"time{time_steps[name]}", True))
+    say(f"{sum(t[3] for t in tasks)} equal-time runs and {len(tasks)} evaluations on {built['eval_prompts']} "
+        f"held-out prompts, {args.jobs} at a time")
 
-    equal_time = dict(zip(args.variants, parallel(args.jobs, timed_run, args.variants)))
+    def settle(task) -> tuple[Path, dict]:
+        name, n, tag, needs_training = task
+        out = train(work, args, name, n, tag) if needs_training else equal_steps[name]
+        return out, evaluate(work, args, out, n)
+
+    settled = dict(zip(tasks, parallel(args.jobs, settle, tasks)))
+    evaluations = dict(settled.values())
+    equal_time = {name: equal_steps[name] for name in args.variants}
+    equal_time.update({name: out for (name, _, _, trained), (out, _) in settled.items() if trained})
     time_figures = {name: run_figures(out) for name, out in equal_time.items()}
-    runs = list({out: None for out in [*equal_steps.values(), *equal_time.values()]})
-    say(f"evaluating {len(runs)} checkpoints on {built['eval_prompts']} held-out prompts, {args.jobs} at a time")
-    evaluations = dict(zip(runs, parallel(args.jobs, lambda out: evaluate(work, args, out,
-                                                                          run_figures(out)["steps"]), runs)))
     rows = []
     for name in args.variants:
         loss, slot_weights = VARIANTS[name]
