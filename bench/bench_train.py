@@ -34,7 +34,7 @@ import torch
 
 from flops import LayerShape, StepFlops, TargetShape, target_feature_flops, training_step_flops
 from synthetic import SHAPES, causal_lm_class, target_config
-from trainer.config import BLOCK_SIZE_DEFAULTS, DFLASH2_DEFAULTS, SEED_BUCKETS, default_gamma
+from trainer.config import BLOCK_SIZE_DEFAULTS, DFLASH2_DEFAULTS, SEED_BUCKETS, default_gamma, parse_loss
 from trainer.training.metrics import compiled_graphs, seconds_between, timing_mark
 from trainer.training.optim import rank_share
 
@@ -88,8 +88,17 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="comma-separated step variants measured one after the other in this process, on the "
                              "same batches (before/after figures of one run): " + ", ".join(VARIANTS)
                              + "; default: the trainer's own choice (pack_target and kernels auto)")
+    parser.add_argument("--loss", default="ce",
+                        help="training objective, as the config's loss: (a name, or JSON like '{\"ce\": 0.1, "
+                             "\"cap\": 0.9}'); kl/tv/nla/lk_hybrid build the whole target and count its last layers "
+                             "and LM head (default ce)")
+    parser.add_argument("--slot-weights", choices=("decay", "dpace"), default="decay", help="the config's slot_weights")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = parser.parse_args(argv)
+    try:
+        args.loss_weights = parse_loss(json.loads(args.loss) if args.loss.lstrip().startswith("{") else args.loss)
+    except ValueError as exc:
+        parser.error(f"--loss: {exc}")
     unknown = [v for v in (args.variants or "").split(",") if v and v not in VARIANTS]
     if unknown:
         parser.error(f"unknown variant(s) {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
@@ -349,13 +358,16 @@ def train_step(parts: SimpleNamespace, stream, args, ctx, autocast, clock: Phase
     batch = next(stream)
     input_ids, loss_mask, attention_mask = to_device(batch, ctx.device)
     marks += [clock.mark()] if clock else []
+    final = parts.objective.needs_target_distribution
     with autocast:
-        features = parts.target.features(input_ids, attention_mask)
+        features = parts.target.features(input_ids, attention_mask, final=final)
+    features, target_hidden = features if final else (features, None)
     marks += [clock.mark()] if clock else []
     with autocast:
         out = dflash_step(parts.model, features, input_ids, loss_mask,
                           num_anchors=anchors_per_sequence(args, len(input_ids)), block_size=args.block_size,
-                          gamma=default_gamma(args.block_size), noise=0.0, generator=parts.anchor_rng)
+                          gamma=default_gamma(args.block_size), noise=0.0, generator=parts.anchor_rng,
+                          objective=parts.objective, target_hidden=target_hidden)
     marks += [clock.mark()] if clock else []
     out.loss.backward()
     marks += [clock.mark()] if clock else []
@@ -375,6 +387,7 @@ def replay_flops(records: list, parts: SimpleNamespace, args) -> tuple[StepFlops
     target_shape = TargetShape.from_config(parts.target.config)
     drafter_shape = LayerShape.from_config(parts.drafter.config)
     total, real, padded = StepFlops(0, 0, 0, 0, 0), 0, 0
+    whole = parts.target.num_layers if parts.objective.needs_target_distribution else None
     generator = torch.Generator()
     for rng_state, loss_mask, lengths in records:
         generator.set_state(rng_state)
@@ -382,7 +395,8 @@ def replay_flops(records: list, parts: SimpleNamespace, args) -> tuple[StepFlops
         total = total + training_step_flops(
             target_shape, drafter_shape, target_layers=parts.target.layer_ids[-1] + 1,
             drafter_layers=args.drafter_layers, num_taps=len(parts.target.layer_ids), block_size=args.block_size,
-            lengths=lengths, anchors=anchors.tolist(), dflash2=parts.drafter.config.dflash2)
+            lengths=lengths, anchors=anchors.tolist(), dflash2=parts.drafter.config.dflash2,
+            total_layers=whole)
         real += int((anchors >= 0).sum())
         padded += int((anchors < 0).sum())
     return total, real, padded
@@ -519,6 +533,7 @@ def summarise(args, ctx, *, peak: tuple[float, str], taps: list[int], target_onl
                                if phases["drafter_forward"] + phases["backward"] else None),
             "flops_per_step": {k: v / args.steps for k, v in flops.as_dict().items()},
             "target_flop_share": flops.target / flops.total, "drafter_flop_share": flops.drafter_total / flops.total,
+            "distribution_flop_share": flops.target_distribution / flops.total,
             "phase_share": {k: v / phase_total for k, v in phases.items()},
             "target_phase_tok_per_s": target_rate,
             "target_in_step_ratio": ratio(target_only, target_only and target_only["tokens"] / target_only["seconds"]),
@@ -571,7 +586,8 @@ def planned_memory(args, target, drafter, ctx, variant_name: str) -> dict:
     cfg = TrainConfig(target_path="(synthetic)", data_path="-", output_dir="-", token_budget=args.token_budget,
                       buckets=args.buckets, num_anchors=args.num_anchors, anchor_budget=args.anchor_budget,
                       block_size=args.block_size, drafter_layers=args.drafter_layers,
-                      target_layer_ids=target.layer_ids, simulate_shards=args.simulate_shards)
+                      target_layer_ids=target.layer_ids, simulate_shards=args.simulate_shards,
+                      loss=args.loss_weights, slot_weights=args.slot_weights)
     on_gpu = ctx.device.type == "cuda"
     limit = torch.cuda.get_device_properties(ctx.device).total_memory if on_gpu else None
     plan = memory_plan.config_plan(cfg, world_size=1, limit=limit, on_gpu=on_gpu, text=target.config.to_dict(),
@@ -605,7 +621,7 @@ def format_table(result: dict) -> str:
         inside += f", {step['target_phase_vs_plain_packed']:.1%} of the plain forward of the same packed tokens"
     lines = [
         f"{result['model']} on {result['world_size']} x {result['device_name']} ({result['device']}), "
-        f"compile={result['compile']}, taps {result['taps']}",
+        f"compile={result['compile']}, taps {result['taps']}, loss {result.get('objective', 'ce')}",
         result["target_line"],
         f"matmul peak ({result['matmul_peak_what']}): {result['matmul_peak_tflops']:.3g} TFLOP/s",
         *baselines,
@@ -618,7 +634,8 @@ def format_table(result: dict) -> str:
           f"{row['mfu']:.1%}, peak {row['peak_memory_gib']:.1f} GiB"
           + (f", {row['tok_per_s_vs_first']:.1%} of the first's tok/s" if "tok_per_s_vs_first" in row else "")
           for row in result.get("variants", [])),
-        f"  FLOP shares: target {step['target_flop_share']:.1%}, drafter {step['drafter_flop_share']:.1%} "
+        f"  FLOP shares: target {step['target_flop_share']:.1%}, drafter {step['drafter_flop_share']:.1%}, the "
+        f"target's distribution for the loss {step['distribution_flop_share']:.1%} "
         f"(padded blocks {step['padded_block_share']:.1%}, not counted)",
         "  time shares: " + ", ".join(f"{k} {v:.1%}" for k, v in step["phase_share"].items()),
         inside,
@@ -628,7 +645,7 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def build_parts(target, args, ctx, architecture: str) -> SimpleNamespace:
+def build_parts(target, args, ctx, architecture: str, objective) -> SimpleNamespace:
     """The drafter of one architecture, wrapped as the trainer wraps it, with its optimizer and anchor sampler."""
     on_gpu = ctx.device.type == "cuda"
     drafter = build_drafter(target, args, ctx.device, architecture)
@@ -642,7 +659,7 @@ def build_parts(target, args, ctx, architecture: str) -> SimpleNamespace:
     params = [p for p in drafter.parameters() if p.requires_grad]
     trained = rank_share(params, args.simulate_shards, rank=0) if args.simulate_shards else params
     return SimpleNamespace(
-        target=target, drafter=drafter, model=model, params=params, architecture=architecture,
+        target=target, drafter=drafter, model=model, params=params, architecture=architecture, objective=objective,
         optimizer=torch.optim.AdamW(trained, lr=6e-4, weight_decay=0.0, betas=(0.9, 0.95), fused=on_gpu),
         anchor_rng=torch.Generator().manual_seed(args.seed * 1009 + ctx.rank))
 
@@ -665,10 +682,13 @@ def main(argv=None) -> int:
         if ctx.is_main:
             print(f"[{time.perf_counter() - began:.0f}s] {what}", file=sys.stderr, flush=True)
 
+    from trainer.training.losses import Objective
+
+    objective = Objective(args.loss_weights, args.slot_weights)
     target, taps = build_target(MODELS[args.model], num_taps=args.drafter_layers, device=ctx.device, dtype=dtype,
-                                whole=args.simulate_shards > 0)
+                                whole=args.simulate_shards > 0 or objective.needs_target_distribution)
     progress(target.describe())
-    parts = build_parts(target, args, ctx, args.architectures[0])
+    parts = build_parts(target, args, ctx, args.architectures[0], objective)
     dataset = synthetic_dataset(args, vocab_size=target.config.vocab_size,
                                 batches_needed=(args.warmup + args.steps + 2) * ctx.world_size)
     autocast = torch.autocast(device_type=ctx.device.type, dtype=dtype, enabled=on_gpu)
@@ -694,7 +714,7 @@ def main(argv=None) -> int:
                 del parts
                 if on_gpu:
                     torch.cuda.empty_cache()
-                parts = build_parts(target, args, ctx, architecture)
+                parts = build_parts(target, args, ctx, architecture, objective)
             for name in names:
                 if on_gpu:  # each variant's own peak (and the plan's, with --simulate-shards, is of training steps)
                     torch.cuda.reset_peak_memory_stats(ctx.device)
@@ -718,6 +738,7 @@ def main(argv=None) -> int:
             stream.close()
     result = summarise(args, ctx, peak=peak, taps=taps, target_only=target_only, training=training, plain=plain,
                        target_line=target.describe(), plain_packed=plain_packed)
+    result["objective"] = objective.describe()
     result["variants"] = [variant_row(name, summarise(args, ctx, peak=peak, taps=taps, target_only=target_only,
                                                       training=figures, plain=plain, target_line="",
                                                       plain_packed=plain_packed), peak_gib, architecture)

@@ -1,5 +1,6 @@
 """Model FLOPs of one training step: the target's feature pass, the drafter's forward and backward, and the
-LM head's logits with their backward.
+LM head's logits with their backward; for an objective against the target's distribution (kl, tv, nla,
+lk_hybrid), also the target's layers past the last tap and its LM head at the slots' positions.
 
 Only matrix products are counted (norms, RoPE, softmax and the optimizer are a rounding error next to them),
 at 2 FLOPs per multiply-add. A hybrid target's Gated DeltaNet layer counts its projections (in_proj_qkv, z, b, a,
@@ -160,6 +161,9 @@ class StepFlops:
     drafter_backward: int
     lm_head_forward: int     # logits of slots 1..B-1
     lm_head_backward: int    # gradient of the hidden states only (the head is frozen)
+    # objectives against the target's distribution (kl, tv, nla, lk_hybrid): its layers past the last tap and
+    # its LM head at every slot's position, forward only
+    target_distribution: int = 0
 
     @property
     def drafter_total(self) -> int:
@@ -167,7 +171,7 @@ class StepFlops:
 
     @property
     def total(self) -> int:
-        return self.target + self.drafter_total
+        return self.target + self.target_distribution + self.drafter_total
 
     def __add__(self, other: "StepFlops") -> "StepFlops":
         return StepFlops(*(a + b for a, b in zip(asdict(self).values(), asdict(other).values())))
@@ -218,13 +222,31 @@ def drafter_step_flops(shape: LayerShape, *, num_layers: int, num_taps: int, blo
                      lm_head_backward=logits)
 
 
+def target_distribution_flops(target_shape: LayerShape | TargetShape, *, target_layers: int, total_layers: int,
+                              block_size: int, lengths: list[int], anchors: list[list[int]]) -> int:
+    """What an objective against the target's distribution adds: the layers after the first `target_layers` over
+    every real token (they need the whole context) and the LM head at the B-1 slot positions of each real block."""
+    if isinstance(target_shape, LayerShape):
+        target_shape = TargetShape.dense(target_shape, total_layers)
+    shape = target_shape.attention
+    layers = (target_shape.feature_flops(num_layers=total_layers, lengths=lengths)
+              - target_shape.feature_flops(num_layers=target_layers, lengths=lengths))
+    blocks = sum(1 for row in anchors for a in row if a >= 0)
+    return layers + 2 * shape.hidden_size * shape.vocab_size * blocks * (block_size - 1)
+
+
 def training_step_flops(target_shape: LayerShape | TargetShape, drafter_shape: LayerShape, *, target_layers: int,
                         drafter_layers: int, num_taps: int, block_size: int, lengths: list[int],
-                        anchors: list[list[int]], dflash2: Dflash2Sizes | None = None) -> StepFlops:
-    """Every model FLOP of one step: the target's features plus the drafter's step."""
+                        anchors: list[list[int]], dflash2: Dflash2Sizes | None = None,
+                        total_layers: int | None = None) -> StepFlops:
+    """Every model FLOP of one step: the target's features plus the drafter's step; with `total_layers` (an
+    objective against the target's distribution), also the target's remaining layers and its LM head."""
     target = target_feature_flops(target_shape, num_layers=target_layers, lengths=lengths)
     drafter = drafter_step_flops(drafter_shape, num_layers=drafter_layers, num_taps=num_taps,
                                  block_size=block_size, context_lengths=lengths, anchors=anchors, dflash2=dflash2)
+    distribution = 0 if total_layers is None else target_distribution_flops(
+        target_shape, target_layers=target_layers, total_layers=total_layers, block_size=block_size,
+        lengths=lengths, anchors=anchors)
     return StepFlops(target=target, drafter_forward=drafter.drafter_forward,
                      drafter_backward=drafter.drafter_backward, lm_head_forward=drafter.lm_head_forward,
-                     lm_head_backward=drafter.lm_head_backward)
+                     lm_head_backward=drafter.lm_head_backward, target_distribution=distribution)

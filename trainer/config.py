@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from trainer.errors import TrainerError
 
@@ -28,6 +28,11 @@ MAX_TREE_BUDGET = 1024
 BLOCK_SIZE_DEFAULTS = {"dflash": 16, "dflash2": 8}
 DFLASH2_DEFAULTS = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 256, "selector_top_k": 16}
 CONV_KERNEL_SIZES = (2,)   # the published convolution's taps (slot t and t - 1); others are untested
+# The training objectives (trainer/training/losses.py computes them): ce and cap need only the data's labels, the
+# others the target's own distribution at each labelled position (its last layers and LM head run for them).
+LABEL_OBJECTIVES = ("ce", "cap")
+DISTRIBUTION_OBJECTIVES = ("kl", "tv", "nla", "lk_hybrid")
+OBJECTIVES = LABEL_OBJECTIVES + DISTRIBUTION_OBJECTIVES
 # Names other trainers use for our keys, where the closest spelling would point elsewhere (or nowhere).
 KEY_ALIASES = {
     "learning_rate": "lr", "batch_size": "token_budget", "max_tokens": "token_budget", "tokens_per_batch":
@@ -39,7 +44,8 @@ KEY_ALIASES = {
     "max_seq_length": "max_length", "seq_len": "max_length", "num_layers": "drafter_layers",
     "save_steps": "checkpoint_every", "save_every": "checkpoint_every", "logging_steps": "log_every",
     "resume_from_checkpoint": "resume", "torch_compile": "compile", "wd": "weight_decay",
-    "num_attention_heads": "drafter_heads", "num_key_value_heads": "drafter_kv_heads", "head_dim": "drafter_head_dim",
+    "loss_fn": "loss", "objective": "loss", "loss_type": "loss", "loss_weights": "slot_weights",
+    "per_position_loss_weight": "slot_weights", "num_attention_heads": "drafter_heads", "num_key_value_heads": "drafter_kv_heads", "head_dim": "drafter_head_dim",
     "intermediate_size": "drafter_intermediate_size", "rope_theta": "drafter_rope_theta",
 }
 
@@ -62,6 +68,35 @@ class ConfigError(TrainerError):
     def __init__(self, source: str, problems: list[Problem]) -> None:
         self.source, self.problems = source, list(problems)
         super().__init__("\n".join(f"{source}: {problem}" for problem in self.problems))
+
+
+def parse_loss(value: Any) -> dict[str, float]:
+    """The `loss:` value as {objective: weight}: a name (weight 1) or a mapping of names to weights >= 0, at
+    least one of them positive. A ValueError of one line otherwise."""
+    known = ", ".join(OBJECTIVES)
+    if isinstance(value, str):
+        value = {value: 1.0}
+    if not isinstance(value, dict) or not value:
+        raise ValueError(f"loss must be an objective name ({known}) or a mapping of them to weights, "
+                         f"e.g. {{ce: 0.1, cap: 0.9}}")
+    weights = {}
+    for name, weight in value.items():
+        if name not in OBJECTIVES:
+            close = difflib.get_close_matches(str(name), OBJECTIVES, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise ValueError(f"unknown objective '{name}'{hint}; known: {known}")
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight >= 0:
+            raise ValueError(f"the weight of '{name}' must be a number >= 0, got {weight!r}")
+        weights[name] = float(weight)
+    if not any(weights.values()):
+        raise ValueError("loss: at least one objective needs a weight > 0")
+    return weights
+
+
+def objective_text(loss: Any, slot_weights: str = "decay") -> str:
+    """One line for logs and model cards, e.g. `0.1*ce + 0.9*cap, decay slot weights`."""
+    terms = " + ".join(name if weight == 1.0 else f"{weight:g}*{name}" for name, weight in parse_loss(loss).items())
+    return f"{terms}, {slot_weights} slot weights"
 
 
 def default_gamma(block_size: int) -> float:
@@ -99,6 +134,19 @@ class TrainConfig(BaseModel):
                                 "grows with blocks x block_size); 0 = no cap.")
     gamma: float | None = Field(None, gt=0, description="Loss decay: slot k weighs exp(-(k-1)/gamma). "
                                                          "Default 7 for B=16, 5 for B=10, 4 for B=8.")
+    loss: str | dict[str, float] = Field(
+        "ce", description="Training objective: ce (decay-weighted cross-entropy on the data's tokens), cap (expected "
+                          "accepted prefix of each block under greedy verification, CE mixed in while acceptance is "
+                          "low), or against the target's own distribution: kl (forward KL), tv (1 - acceptance "
+                          "rate), nla (-log acceptance rate), lk_hybrid (KL and TV blended by acceptance). A mapping "
+                          "weighs several, e.g. {ce: 0.1, cap: 0.9}; each term is logged apart (loss_ce, ...). "
+                          "kl/tv/nla/lk_hybrid also run the target's layers past the last tap and its LM head.")
+    slot_weights: Literal["decay", "dpace"] = Field(
+        "decay", description="How the per-slot terms weigh a block's slots: decay (exp(-(k-1)/gamma)) or dpace "
+                             "(D-PACE: each slot's share of the block's expected accepted length, from the "
+                             "drafter's detached confidence in the target's token).")
+    dpace_alpha: float = Field(0.5, ge=0, le=1, description="D-PACE's confidence smoothing: a slot's confidence "
+                                                            "q becomes (1 - alpha) q + alpha.")
     drafter_layers: int = Field(5, ge=1, description="Decoder layers of the drafter; also the number of "
                                                      "tapped target layers when target_layer_ids is unset.")
     target_layer_ids: list[int] | None = Field(
@@ -190,6 +238,19 @@ class TrainConfig(BaseModel):
     heldout_path: str | None = Field(None, description="Held-out dataset directory; null = {data_path}/heldout, "
                                                        "where `prepare` writes it.")
 
+    @field_validator("loss", mode="before")
+    @classmethod
+    def _parse_loss(cls, value: Any) -> str | dict[str, float]:
+        weights = parse_loss(value)
+        # one objective at weight 1 stays a name, so the resolved config reads as it was written
+        return next(iter(weights)) if len(weights) == 1 and next(iter(weights.values())) == 1.0 else weights
+
+    def loss_weights(self) -> dict[str, float]:
+        return parse_loss(self.loss)
+
+    def needs_target_distribution(self) -> bool:
+        return any(name in DISTRIBUTION_OBJECTIVES for name in self.loss_weights())
+
     @model_validator(mode="after")
     def _check_consistency(self, info: ValidationInfo) -> "TrainConfig":
         """Fill the derived defaults and check the keys against each other. With a `problems` list in the
@@ -274,6 +335,8 @@ def _field_problem(error: dict[str, Any]) -> Problem:
     location = ".".join(str(part) for part in error["loc"]) or "config"
     if error["type"] == "missing":
         return Problem(key, f"missing required key '{location}'")
+    if error["type"] == "value_error":  # our own validators' messages, without pydantic's "Value error, "
+        return Problem(key, f"{location}: {error['ctx']['error']}")
     return Problem(key, f"{location}: {error['msg']} (got {error.get('input')!r})")
 
 

@@ -14,6 +14,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trainer.config import objective_text
 from trainer.errors import TrainerError
 from trainer.spec.parity import ParityReport, check_parity, read_json
 
@@ -60,7 +61,8 @@ def training_facts(ckpt: Path) -> dict:
                 step is None or not isinstance(record.get("step"), int) or record["step"] <= step):
             tau = (record["tau"], record.get("step"))
         heldout = _heldout_taus(record, step) or heldout
-    return {"step": step, "target": trained.get("target_path"), "tau": tau, "heldout": heldout}
+    return {"step": step, "target": trained.get("target_path"), "tau": tau, "heldout": heldout,
+            "objective": objective_of(trained)}
 
 
 def _heldout_taus(record, step: int | None) -> dict | None:
@@ -88,6 +90,17 @@ def _heldout_row(heldout: dict | None) -> str:
     return "; ".join(parts) + f" (step {heldout['step']})"
 
 
+def objective_of(trained: dict) -> str | None:
+    """The training objective a checkpoint's trainer config records; runs from before `loss:` existed trained
+    with decay-weighted CE, the only objective then."""
+    if not trained:
+        return None
+    try:
+        return objective_text(trained.get("loss", "ce"), trained.get("slot_weights", "decay"))
+    except ValueError:
+        return f"{trained.get('loss')!r} (unknown)"
+
+
 def model_card(config: dict, facts: dict, dtype: str) -> str:
     dflash = config["dflash_config"]
     window = (f"sliding window {config['sliding_window']} on "
@@ -109,6 +122,7 @@ def model_card(config: dict, facts: dict, dtype: str) -> str:
                        f"top {dflash['selector_top_k']} candidates")] if "selector_top_k" in dflash else []),
         ("Weights", dtype),
         ("Training steps", facts["step"] if facts["step"] is not None else "(not recorded)"),
+        ("Training objective", facts.get("objective") or "(not recorded)"),
         ("Eval tau", f"{tau[0]:.2f} (step {tau[1]})" if tau else "(not measured)"),
         ("Held-out tau, replayed", _heldout_row(facts.get("heldout"))),
     ]

@@ -224,13 +224,23 @@ def check_served_parity(log: MetricsLog, cfg: TrainConfig, checkpoint: Path, ste
     log.event("parity", step=step, ok=report.ok, failed=[check.key for check in report.failed])
 
 
+def objective_line(objective) -> str:
+    """What the start-up line says of the loss: the objective and how its logits are held."""
+    if objective.is_plain_ce:
+        return "chunked cross-entropy (logits in the head's dtype)"
+    extra = "; the target's last layers and LM head run for p" if objective.needs_target_distribution else ""
+    return f"{objective.describe()}, chunked by whole blocks{extra}"
+
+
 def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> int:
     """Set up (each part above) and run the loop."""
     from trainer.model.target import TargetModel
     from trainer.training.distributed import barrier, weights_digest
+    from trainer.training.losses import Objective
     from trainer.training.objective import dflash_step
 
     output_dir, log = open_output(cfg, ctx)
+    objective = Objective.from_config(cfg)
     per_rank, min_size = describe_data(log, cfg, ctx, dataset, layout)
     total_steps = cfg.max_steps or cfg.epochs * per_rank
     on_gpu, dtype = ctx.device.type == "cuda", run_dtype(cfg, ctx)
@@ -245,8 +255,7 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
     resume_dir, local_resume = agree_on_resume(resume_dir, ctx)
     drafter = build_drafter(cfg, ctx, log, target, resume_dir if local_resume else None)
     log.say(f"Kernels: {target.packing_line()}; {kernel_lib.install_target(target.hf_model, kernels)}; "
-            f"{kernel_lib.install(drafter, kernels)}; loss: chunked "
-            f"cross-entropy (logits in the head's dtype)")
+            f"{kernel_lib.install(drafter, kernels)}; loss: {objective_line(objective)}")
     model = DraftDDP(drafter, device_ids=[ctx.device] if on_gpu else None) if ctx.is_distributed else drafter
     phases = PhaseMeter(ctx.device, ddp=model if ctx.is_distributed else None)
     if cfg.compile:
@@ -270,7 +279,8 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
                          width=anchors_per_sequence(cfg, max(1, cfg.replay_sequences)))
     log.say(stage_line("first step"))
     meter = Throughput(ctx.device)
-    sums = torch.zeros(3, dtype=torch.float64, device=ctx.device)  # loss, acc, streak of the interval
+    terms = list(objective.weights)
+    sums = torch.zeros(3 + len(terms), dtype=torch.float64, device=ctx.device)  # loss, acc, streak, each term
     started, start_step = time.perf_counter(), step
     log.event("start", step=step, total_steps=total_steps, world_size=ctx.world_size)
 
@@ -299,12 +309,15 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
             with autocast:
                 # the CPU mask: features() reads the right padding on the host and packs the batch (or runs the
                 # unmasked causal kernel where it does not pack), without waiting for the GPU
-                features = target.features(input_ids, batch.attention_mask)
+                features = target.features(input_ids, batch.attention_mask,
+                                           final=objective.needs_target_distribution)
+                features, target_hidden = features if objective.needs_target_distribution else (features, None)
             t1 = meter.mark()
             n_anchors = anchors_per_sequence(cfg, len(input_ids))
             with autocast:
                 out = dflash_step(model, features, input_ids, loss_mask, num_anchors=n_anchors,
-                                  block_size=cfg.block_size, gamma=cfg.gamma, noise=cfg.noise, generator=anchor_rng)
+                                  block_size=cfg.block_size, gamma=cfg.gamma, noise=cfg.noise, generator=anchor_rng,
+                                  objective=objective, target_hidden=target_hidden)
             out.loss.backward()
             t2 = meter.mark()
             if cfg.grad_clip > 0:
@@ -323,7 +336,8 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
                     step, graphs=graphs - graphs_before, total=graphs, seconds=time.perf_counter() - step_began,
                     batch=len(input_ids), seq_len=input_ids.shape[1], blocks=len(input_ids) * n_anchors))
             # metrics stay on the device; they are read once per log interval, not every step
-            sums += torch.stack([out.loss.detach(), out.acc, out.streak]).double()
+            sums += torch.stack([out.loss.detach(), out.acc, out.streak,
+                                 *(out.terms[name] for name in terms)]).double()
             if step % cfg.log_every == 0 or step == total_steps or step == start_step + 1 or monitor.eval_due(step):
                 epoch = batch.epoch + (batch.index + 1) / per_rank
                 measuring = time.perf_counter()
@@ -331,7 +345,7 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
                 meter.started += time.perf_counter() - measuring  # measuring is not training: not in tok/s
                 log_step(log, meter, sums, ctx, cfg, step=step, total_steps=total_steps, lr=lr, epoch=epoch,
                          elapsed=time.perf_counter() - started, q_pre=[stream.queue_depth()], batch=batch,
-                         phases=phases, taus=taus)
+                         phases=phases, taus=taus, term_names=terms)
             if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < total_steps:
                 write_checkpoint()
         if step > start_step:  # a run resumed from its last step has nothing new to save

@@ -60,6 +60,17 @@ def test_step_flops_add_the_target_and_sum_over_steps():
     assert (one + one).total == 2 * one.total and (one + StepFlops(0, 0, 0, 0, 0)) == one
 
 
+def test_an_objective_against_the_target_distribution_adds_its_last_layers_and_head():
+    # a 3-layer target tapped through 2 layers: the third over 6 tokens (6 * 1152 + 21 pairs * 32 = 7584) and
+    # the LM head at the 2 slots of each of the 2 real blocks (2 * 8 * 10 * 4 = 640)
+    plain = training_step_flops(SMALL, SMALL, target_layers=2, drafter_layers=1, num_taps=2, block_size=3,
+                                lengths=[6], anchors=[[1, 3, -1]])
+    against_p = training_step_flops(SMALL, SMALL, target_layers=2, drafter_layers=1, num_taps=2, block_size=3,
+                                    lengths=[6], anchors=[[1, 3, -1]], total_layers=3)
+    assert plain.target_distribution == 0 and against_p.target_distribution == 7584 + 640
+    assert against_p.total == plain.total + 8224
+
+
 def test_per_token_counts_equal_twice_the_real_layer_parameters():
     """The per-token terms against a real drafter layer's weights: 2 FLOPs per weight per token."""
     from types import SimpleNamespace
@@ -119,6 +130,18 @@ def test_dflash2_is_measured_against_dflash_on_the_same_batches():
                                                                         ("dflash2/auto", "dflash2")]
     assert rows[0]["tok_per_s_vs_first"] == 1.0 and rows[1]["tok_per_s_vs_first"] > 0
     assert all(row["mfu"] > 0 for row in rows) and result["architecture"] == "dflash2"
+
+
+def test_the_loss_option_times_an_objective_against_the_target_distribution():
+    result = run_bench("--tiny", "--device", "cpu", "--steps", "1", "--skip-baselines", "--loss",
+                       '{"ce": 0.5, "kl": 0.5}', "--json")
+    flops = result["step"]["flops_per_step"]
+    assert result["objective"] == "0.5*ce + 0.5*kl, decay slot weights"
+    assert flops["target_distribution"] > 0 and result["step"]["distribution_flop_share"] > 0
+    assert flops["total"] == pytest.approx(flops["target"] + flops["target_distribution"] + flops["drafter_total"])
+    bad = subprocess.run([sys.executable, "bench/bench_train.py", "--tiny", "--loss", "kll"], capture_output=True,
+                         text=True, timeout=120, env=trainer_env(), cwd=REPO_ROOT)
+    assert bad.returncode == 2 and "--loss: unknown objective 'kll' (did you mean 'kl'?)" in bad.stderr
 
 
 def test_an_unknown_variant_is_a_usage_error():

@@ -54,6 +54,22 @@ def test_features_equal_hf_hidden_states_at_the_taps(hybrid_dir):
     torch.testing.assert_close(got[real], expected_padded[real], rtol=1e-5, atol=1e-5)
 
 
+def test_the_final_states_past_the_last_tap_give_the_targets_own_logits(hybrid_dir):
+    """Objectives against the target's distribution run its layers past the last tap (here linear-attention
+    layers 4-6 and the full-attention layer 7) in the feature pass: the LM head over its final states gives the
+    model's own logits, padded rows too."""
+    target = TargetModel.load(hybrid_dir, layer_ids=[1, 3], num_taps=2, dtype=torch.float32)
+    input_ids = torch.randint(0, target.config.vocab_size, (2, 40), generator=torch.Generator().manual_seed(1))
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[1, 25:] = 0
+    features, final = target.features(input_ids, attention_mask, final=True)
+    real = attention_mask.bool()
+    torch.testing.assert_close(features[real], target.features(input_ids, attention_mask)[real])
+    with torch.no_grad():
+        expected = target.hf_model(input_ids=input_ids, attention_mask=attention_mask).logits
+    torch.testing.assert_close(target.lm_head(final)[real], expected[real], rtol=1e-4, atol=1e-4)
+
+
 def test_composite_checkpoint_loads_its_language_model_weights(tmp_path):
     from safetensors.torch import load_file
 

@@ -373,6 +373,26 @@ def test_a_plan_that_does_not_fit_exits_2_with_one_line_saying_what_to_change(tm
                     "--gpu-memory", "139").returncode == 0
 
 
+def test_an_objective_against_the_target_distribution_plans_its_final_states_and_larger_chunks(tmp_path):
+    """kl/tv/nla/lk_hybrid keep the target's final hidden states and a chunk holding p beside q: planned, still
+    without torch; cap (on the data's labels) plans its own chunk and no target states."""
+    from trainer.spec.drafter_bytes import Precision
+    from trainer.spec.memory_plan import loss_chunk_bytes
+
+    def plan_of(loss, **values):
+        result = run_plan(plan_config(tmp_path, loss=loss, token_budget=8192, **values), "--gpus", "8",
+                          "--gpu-memory", "1000")
+        assert result.returncode == 0 and result.stdout.splitlines()[-1] == "no torch", result.stderr
+        return planned_total(result.stdout), result.stdout.splitlines()[4]
+
+    (ce, ce_line), (kl, kl_line), (cap, cap_line) = plan_of("ce"), plan_of("kl"), plan_of("cap")
+    assert "target final states" in kl_line and "target final states" not in ce_line + cap_line
+    # 8192 tokens + 8192 block tokens of 5120 bf16 values: 0.16 GiB more than ce (the plan prints 0.1 GiB steps)
+    assert kl >= ce + 0.1
+    bf16 = Precision.of_run("auto", True)
+    assert loss_chunk_bytes("distribution", bf16, 5120, 8192) > loss_chunk_bytes("labels", bf16, 5120, 8192)
+
+
 def test_the_plan_grows_with_the_budget_and_shrinks_with_the_shards(tmp_path):
     def total(*args, **values) -> float:
         return planned_total(run_plan(plan_config(tmp_path, **values), *args, "--gpu-memory", "1000").stdout)

@@ -42,6 +42,21 @@ def test_packed_features_equal_padded_features_at_every_real_position(tiny_targe
     assert bool((packed[~real] == 0).all())   # padded positions: zero, never garbage
 
 
+def test_packed_final_states_equal_padded_ones(tiny_target):
+    """The final states an objective against the target's distribution reads come out of the packed pass as out of
+    the padded one."""
+    input_ids, attention_mask = _mixed_batch(tiny_target.config.vocab_size, [24, 9, 17], seed=3)
+    try:
+        tiny_target.packing = False
+        _, padded = tiny_target.features(input_ids, attention_mask, final=True)
+        tiny_target.packing = True
+        _, packed = tiny_target.features(input_ids, attention_mask, final=True)
+    finally:
+        tiny_target.packing = "auto"
+    real = attention_mask.bool().to(tiny_target.device)
+    torch.testing.assert_close(packed[real], padded[real], rtol=1e-5, atol=1e-5)
+
+
 def test_each_packed_sequence_equals_the_sequence_run_alone(tiny_target):
     """Nothing of one sequence reaches another in the packed row (positions restart, attention stays inside)."""
     lengths = [11, 20, 7]

@@ -130,7 +130,7 @@ def test_export_writes_a_serving_only_directory(trained, tiny_target, tmp_path, 
     card = (out / "README.md").read_text()
     taps = config["dflash_config"]["target_layer_ids"]
     assert str(tiny_target) in card and f"{taps}" in card and "| Block size | 8 " in card
-    assert "| Training steps | 3 |" in card
+    assert "| Training steps | 3 |" in card and "| Training objective | ce, decay slot weights |" in card
     # the exported directory is a drafter checkpoint of its own: the check passes on it too
     assert check_parity(tiny_target, out).ok
 
@@ -180,7 +180,8 @@ def test_the_card_takes_the_latest_eval_and_heldout_tau_up_to_the_checkpoints_st
     (tmp_path / "out" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records) + "{cut")
     facts = training_facts(checkpoint)
     assert facts == {"step": 10, "target": "/models/t", "tau": (2.25, 10),
-                     "heldout": {"step": 8, "chain": 1.75, "trees": {8: 2.0, 32: 2.5}}}
+                     "heldout": {"step": 8, "chain": 1.75, "trees": {8: 2.0, 32: 2.5}},
+                     "objective": "ce, decay slot weights"}  # a run from before `loss:` existed
     card = model_card(CARD_CONFIG, facts, "bfloat16")
     assert "| Held-out tau, replayed | chain 1.75; DDTree 8 nodes 2.00, 32 nodes 2.50 (step 8) |" in card
     records[2] = {"event": "step", "step": 8, "tau_heldout": 1.75}  # a run with eval_tree_budgets: []
@@ -190,6 +191,23 @@ def test_the_card_takes_the_latest_eval_and_heldout_tau_up_to_the_checkpoints_st
     (tmp_path / "out" / "metrics.jsonl").unlink()
     assert training_facts(checkpoint)["tau"] is None and training_facts(checkpoint)["heldout"] is None
     assert "| Held-out tau, replayed | (not measured" in model_card(CARD_CONFIG, training_facts(checkpoint), "bf16")
+
+
+def test_the_card_names_the_objective_the_checkpoint_was_trained_with(tmp_path):
+    from trainer.export import model_card, training_facts
+
+    checkpoint = tmp_path / "out" / "step_4"
+    checkpoint.mkdir(parents=True)
+    trained = {"target_path": "/models/t", "loss": {"ce": 0.1, "cap": 0.9}, "slot_weights": "dpace"}
+    (checkpoint / "trainer_config.json").write_text(json.dumps(trained))
+    facts = training_facts(checkpoint)
+    assert facts["objective"] == "0.1*ce + 0.9*cap, dpace slot weights"
+    config = {"dflash_config": {"target_layer_ids": [1], "mask_token_id": 5}, "eagle_aux_hidden_state_layer_ids": [2],
+              "num_target_layers": 4, "block_size": 8, "num_hidden_layers": 1, "hidden_size": 64,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16}
+    assert "| Training objective | 0.1*ce + 0.9*cap, dpace slot weights |" in model_card(config, facts, "bfloat16")
+    (checkpoint / "trainer_config.json").unlink()
+    assert "| Training objective | (not recorded) |" in model_card(config, training_facts(checkpoint), "bfloat16")
 
 
 def test_a_spare_embedding_row_past_the_tokenizer_is_a_mask_no_text_encodes_to(trained, tiny_target, tmp_path):

@@ -208,8 +208,12 @@ class TargetModel:
         return self.spec.layer_types
 
     @torch.no_grad()
-    def features(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def features(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+                 final: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """[B, S, k*H]: the tapped layers' outputs (layer i's output is HF's hidden_states[i + 1]), concatenated.
+        With `final`, also [B, S, H]: the last layer's output after the final norm (what the LM head reads), for
+        objectives against the target's distribution; the layers past the last tap then run too, in the same
+        pass and with the same kernels and packing.
 
         attention_mask [B, S] is 1 on real tokens. A right-padded mask on the CPU (every row's ones come first,
         as the trainer's batches are) is dropped: under causal attention no real token sees a pad, so the
@@ -217,16 +221,17 @@ class TargetModel:
         input_ids = input_ids.to(self.device)
         if attention_mask is not None and attention_mask.device.type == "cpu" and is_right_padded(attention_mask):
             if len(input_ids) > 1 and not bool(attention_mask.all()) and self.can_pack():
-                return self.packed_features(input_ids, packing_lib.plan(attention_mask, self.device))
+                return self.packed_features(input_ids, packing_lib.plan(attention_mask, self.device), final=final)
             attention_mask = None
         if attention_mask is not None:
             attention_mask = attention_mask.to(self.device)
         position_ids = torch.arange(input_ids.shape[1], device=self.device).unsqueeze(0)
         masks = self._layer_masks(input_ids.shape[1], attention_mask)
-        return self._tapped(input_ids, position_ids, masks)
+        return self._tapped(input_ids, position_ids, masks, final=final)
 
     @torch.no_grad()
-    def packed_features(self, input_ids: torch.Tensor, plan: packing_lib.PackPlan) -> torch.Tensor:
+    def packed_features(self, input_ids: torch.Tensor, plan: packing_lib.PackPlan, *,
+                        final: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """features() of a right-padded batch computed on its real tokens alone, packed into one row (the plan's);
         padded positions of the result are zero."""
         masks = {kind: None for kind in (FULL, SLIDING, LINEAR)}
@@ -235,12 +240,16 @@ class TargetModel:
             linear = packing_lib.packed_linear_attention(self.spec.model_type, plan,
                                                          kernel=linear_attention_kernel(self.spec))
         with packing_lib.packed_attention(self.config), linear:
-            packed = self._tapped(packing_lib.pack(input_ids, plan), plan.position_ids, masks,
+            packed = self._tapped(packing_lib.pack(input_ids, plan), plan.position_ids, masks, final=final,
                                   **{packing_lib.PACKING_KWARG: plan})
+        if final:
+            return packing_lib.unpack(packed[0], plan), packing_lib.unpack(packed[1], plan)
         return packing_lib.unpack(packed, plan)
 
-    def _tapped(self, input_ids: torch.Tensor, position_ids: torch.Tensor, masks: dict, **attention) -> torch.Tensor:
-        """The embedding and the layers up to the last tap; the tapped outputs concatenated."""
+    def _tapped(self, input_ids: torch.Tensor, position_ids: torch.Tensor, masks: dict, *, final: bool = False,
+                **attention) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """The embedding and the layers up to the last tap (with `final`: every layer and the final norm); the
+        tapped outputs concatenated."""
         hidden = self.embed_tokens(input_ids)
         # Qwen3.5's rotary embedding is multimodal (one row of positions per time/height/width axis); text uses
         # the same positions on all three, which some releases broadcast themselves and others require given
@@ -250,8 +259,8 @@ class TargetModel:
         position_embeddings = self.decoder.rotary_emb(hidden, rope_positions)
         layer_types = self._layer_types()
         tapped, wanted = [], set(self.layer_ids)
-        # layers past the last tap never run: their outputs would be thrown away
-        for i in range(self.layer_ids[-1] + 1):
+        # layers past the last tap run only for the target's own distribution: otherwise they would be thrown away
+        for i in range(self.num_layers if final else self.layer_ids[-1] + 1):
             hidden = self.decoder.layers[i](
                 hidden, attention_mask=masks[layer_types[i]], position_ids=position_ids,
                 position_embeddings=position_embeddings, **attention)
@@ -259,6 +268,8 @@ class TargetModel:
                 hidden = hidden[0]
             if i in wanted:
                 tapped.append(hidden)
+        if final:
+            return torch.cat(tapped, dim=-1), self.decoder.norm(hidden)
         return torch.cat(tapped, dim=-1)
 
     @torch.no_grad()

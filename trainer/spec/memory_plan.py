@@ -14,7 +14,10 @@ Bytes per rank, in the order the trainer allocates them:
   token and per key/value token, with the kernels the run uses: the drafter's torch code or liger-kernel's; on
   the CPU it equals what saved-tensor hooks count in a real step, see the tests), the autocast's bf16 copies of
   the drafter's weights, and a working set (what the backward holds above the saved tensors,
-  drafter_bytes.backward_working_bytes, or the loss's chunk of logits, whichever is larger).
+  drafter_bytes.backward_working_bytes, or the loss's chunk of logits, whichever is larger). An objective other
+  than plain CE (trainer/training/losses.py) holds more per chunk (its own autograd graph); one against the
+  target's distribution also holds the target's final hidden states and their rows at the slots, and its chunk
+  holds the target's logits and probabilities beside the drafter's.
   checkpoint phase (sharded): AdamW's shards pass through every rank's device on their way to rank 0.
 - reserve: a fixed allowance for the CUDA context, NCCL buffers and allocator fragmentation.
 
@@ -34,6 +37,12 @@ GIB = 2 ** 30
 RESERVE_BYTES = 4 * GIB          # CUDA context (~0.5 GiB), NCCL buffers, allocator fragmentation
 FP32 = 4
 LOGITS_PER_CHUNK = 2 ** 27       # objective.LOGITS_PER_CHUNK: rows of logits per chunk of the loss
+ROW_VOCAB_PER_CHUNK = 2 ** 26    # losses.ROW_VOCAB_PER_CHUNK: the other objectives' chunk
+# [rows, vocab] tensors a chunk of those objectives holds at its peak: logits (activation dtype) and fp32
+# log-probabilities, their gradients and the softmax; against the target's distribution also its logits, log p,
+# p and the overlap terms
+LABEL_CHUNK_TENSORS = (1, 4)         # (activation dtype, fp32)
+DISTRIBUTION_CHUNK_TENSORS = (2, 8)
 
 
 # ---------------------------------------------------------------------------------------------- drafter
@@ -123,11 +132,23 @@ def _gib(value: int) -> str:
     return f"{value / GIB:.1f}"
 
 
+def loss_chunk_bytes(objective: str, precision: Precision, hidden_size: int, block_tokens: int) -> int:
+    """The loss's working set: one chunk and the gradient of the drafter's hidden states. `objective`: "ce" (the
+    plain CE's own path), "labels" (another objective on the data's tokens) or "distribution" (one against the
+    target's distribution)."""
+    grad = FP32 * hidden_size * block_tokens
+    if objective == "ce":
+        return LOGITS_PER_CHUNK * (precision.act + FP32) + grad
+    act, fp32 = DISTRIBUTION_CHUNK_TENSORS if objective == "distribution" else LABEL_CHUNK_TENSORS
+    return ROW_VOCAB_PER_CHUNK * (act * precision.act + fp32 * FP32) + grad
+
+
 def plan(text: dict, drafter: DrafterSizes, *, tokens: int, block_tokens: int, ways: int, precision: Precision,
          world_size: int = 1, limit: int | None = None, simulated: bool = False,
-         kernels: str = "torch") -> MemoryPlan:
+         kernels: str = "torch", objective: str = "ce") -> MemoryPlan:
     """The plan of one rank for a target text config and a drafter at `tokens` target tokens per step, whose
-    RMSNorm and SwiGLU run `kernels` ("torch" or "liger", as kernels.resolve answers)."""
+    RMSNorm and SwiGLU run `kernels` ("torch" or "liger", as kernels.resolve answers), trained for `objective`
+    (loss_chunk_bytes)."""
     numels = drafter.param_numels()
     n_drafter = sum(numels)
     shares = [sum(numels[i] for i in part) for part in zero_partition(numels, ways)]
@@ -135,15 +156,18 @@ def plan(text: dict, drafter: DrafterSizes, *, tokens: int, block_tokens: int, w
     features = precision.act * drafter.num_taps * drafter.hidden_size * tokens
     backward = backward_working_bytes(drafter, precision, context_tokens=tokens, block_tokens=block_tokens,
                                       kernels=kernels)
-    loss_chunk = LOGITS_PER_CHUNK * (precision.act + FP32) + FP32 * drafter.hidden_size * block_tokens
+    loss_chunk = loss_chunk_bytes(objective, precision, drafter.hidden_size, block_tokens)
+    # the target's final hidden states ([tokens, H], kept for the loss) and their rows at the slots
+    final = precision.act * drafter.hidden_size * (tokens + block_tokens) if objective == "distribution" else 0
     drafter_phase = {
         "features": features,
         "saved": drafter_saved_bytes(drafter, precision, context_tokens=tokens, block_tokens=block_tokens,
                                      kernels=kernels),
         "bf16 weights": 2 * drafter.matmul_params() if precision.casts else 0,
         "working": max(backward, loss_chunk),
+        "target final states": final,
     }
-    target_phase = {"features": 3 * features,
+    target_phase = {"features": 3 * features, "target final states": final,
                     "target layer": target_layer_working_bytes(text, precision.target) * tokens}
     # between steps, a checkpoint gathers the shards through every rank's device: two copies of a share
     checkpoint_phase = {"features": features, "gathered shards": 2 * 2 * FP32 * share if ways > 1 else 0}
@@ -209,7 +233,14 @@ def config_plan(cfg, *, world_size: int, limit: int | None, on_gpu: bool, tokens
     ways = cfg.simulate_shards or sharding_ways(cfg.shard_optimizer, world_size)
     return plan(text, drafter, tokens=tokens, block_tokens=max_block_tokens(cfg, tokens), ways=ways,
                 precision=Precision.of_run(cfg.dtype, on_gpu), world_size=world_size, limit=limit,
-                simulated=bool(cfg.simulate_shards), kernels=kernels)
+                simulated=bool(cfg.simulate_shards), kernels=kernels, objective=objective_kind(cfg))
+
+
+def objective_kind(cfg) -> str:
+    """What the loss of `cfg` holds (loss_chunk_bytes): "ce", "labels" or "distribution"."""
+    if cfg.needs_target_distribution():
+        return "distribution"
+    return "ce" if cfg.loss_weights() == {"ce": 1.0} and cfg.slot_weights == "decay" else "labels"
 
 
 def refusal(cfg, memory: MemoryPlan, *, on_gpu: bool) -> str:

@@ -114,10 +114,11 @@ class Throughput:
 
 def log_step(log: MetricsLog, meter: Throughput, sums, ctx, cfg: TrainConfig, *, step: int, total_steps: int,
              lr: float, epoch: float, elapsed: float, q_pre: list[int], batch, phases: "PhaseMeter | None" = None,
-             taus: dict | None = None) -> None:
+             taus: dict | None = None, term_names: list[str] = ()) -> None:
     """Average the interval over steps and ranks (one small all-reduce, on log steps only) and write it.
     `taus`: the τ fields measured at this step (trainer/training/tau_monitor.py); histograms go to metrics.jsonl
-    only."""
+    only. `sums` holds loss, acc, streak, then one sum per objective term (`term_names`), which metrics.jsonl
+    gets as loss_<term>."""
     import torch.distributed as dist
 
     from trainer.training.distributed import all_reduce_sum
@@ -126,7 +127,7 @@ def log_step(log: MetricsLog, meter: Throughput, sums, ctx, cfg: TrainConfig, *,
     totals = sums.clone()
     if ctx.is_distributed:
         dist.all_reduce(totals)
-    loss, acc, streak = (totals / (steps * ctx.world_size)).tolist()
+    loss, acc, streak, *term_values = (totals / (steps * ctx.world_size)).tolist()
     target_s, drafter_s, wall_s = meter.seconds()
     tokens = all_reduce_sum(float(meter.tokens), ctx)
     seconds_per_step = wall_s / steps
@@ -139,6 +140,7 @@ def log_step(log: MetricsLog, meter: Throughput, sums, ctx, cfg: TrainConfig, *,
         **{name: (taus or {}).get(name) for name in logformat.TAU_FIELDS})
     times, times_line = step_time_fields(phases, wall_s, steps) if phases is not None else ({}, None)
     extra = {key: value for key, value in (taus or {}).items() if key not in logformat.TAU_FIELDS}
+    extra.update({f"loss_{name}": value for name, value in zip(term_names, term_values)})
     log.step(metrics, data_position=[batch.epoch, batch.index], world_size=ctx.world_size, **times, **extra)
     if times_line is not None:
         log.say(times_line)

@@ -1,10 +1,12 @@
-"""The DFlash training objective: anchor sampling, block labels, decay-weighted chunked cross-entropy, metrics."""
+"""The DFlash training step: anchor sampling, block labels, decay-weighted chunked cross-entropy (the default
+objective's own fast path; the others are in losses.py), metrics."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from trainer.training.losses import Objective, chunked_objective
 from trainer.training.selector_objective import selector_loss
 
 IGNORE = -100
@@ -22,6 +24,7 @@ class StepOutput:
     streak: torch.Tensor        # mean accepted prefix length per block (tau = streak + 1)
     n_supervised: torch.Tensor  # int64 scalar
     n_blocks: torch.Tensor      # int64 scalar
+    terms: dict[str, torch.Tensor] = field(default_factory=dict)  # each objective term before its weight
 
 
 def sample_anchors(loss_mask: torch.Tensor, num_anchors: int, generator: torch.Generator) -> torch.Tensor:
@@ -139,12 +142,25 @@ def add_feature_noise(features: torch.Tensor, std: float, generator: torch.Gener
     return features + (noise * std).to(features.dtype)
 
 
+def slot_positions(anchors: torch.Tensor, block_size: int) -> torch.Tensor:
+    """[B, A, Bs-1]: the position whose target state predicts slot k's token (anchor + k - 1), clamped inside."""
+    return (anchors[..., None] + torch.arange(block_size - 1, device=anchors.device)).clamp(min=0)
+
+
+def gather_rows(states: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """[N, H]: states [B, S, H] at positions [B, ...] (clamped to the sequence), flattened."""
+    flat = positions.flatten(1).clamp(max=states.shape[1] - 1)
+    return states.gather(1, flat[..., None].expand(-1, -1, states.shape[-1])).reshape(-1, states.shape[-1])
+
+
 def dflash_step(drafter, features: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor, *,
                 num_anchors: int, block_size: int, gamma: float, noise: float, generator: torch.Generator,
-                chunk_rows: int | None = None) -> StepOutput:
+                chunk_rows: int | None = None, objective: Objective | None = None,
+                target_hidden: torch.Tensor | None = None) -> StepOutput:
     """One training forward: loss (differentiable) and metrics for a batch of target features.
 
-    `drafter` may be wrapped (DDP, torch.compile): the forward goes through the wrapper."""
+    `drafter` may be wrapped (DDP, torch.compile): the forward goes through the wrapper. `target_hidden`
+    [B, S, H]: the target's final-normed hidden states, for objectives against its distribution."""
     from trainer.model.drafter import unwrap
 
     inner = unwrap(drafter)
@@ -160,8 +176,24 @@ def dflash_step(drafter, features: torch.Tensor, input_ids: torch.Tensor, loss_m
     # every slot goes through the loss, unsupervised ones with weight 0: selecting the supervised rows would
     # make the shape depend on the data and wait for the GPU to know it
     slot_weights = decay_weights(block_size, gamma, device=labels.device) * supervised
-    loss, correct = chunked_weighted_ce(hidden.reshape(-1, hidden.shape[-1]), inner.lm_head.weight,
-                                        labels.clamp(min=0).flatten(), slot_weights.flatten(), chunk_rows=chunk_rows)
+    objective = objective or Objective()
+    rows = hidden.reshape(-1, hidden.shape[-1])
+    if objective.is_plain_ce:
+        loss, correct = chunked_weighted_ce(rows, inner.lm_head.weight, labels.clamp(min=0).flatten(),
+                                            slot_weights.flatten(), chunk_rows=chunk_rows)
+        terms = {"ce": loss.detach()}
+    else:
+        target_rows = None
+        if objective.needs_target_distribution:
+            if target_hidden is None:
+                raise ValueError(f"objective {objective.describe()} needs the target's final hidden states")
+            target_rows = gather_rows(target_hidden, slot_positions(anchors, block_size))
+        decay = decay_weights(block_size, gamma, device=labels.device).expand_as(labels)
+        chunk_blocks = None if chunk_rows is None else max(1, chunk_rows // (block_size - 1))
+        loss, terms, correct = chunked_objective(rows, inner.lm_head.weight, labels.clamp(min=0).flatten(),
+                                                 supervised.flatten(), decay.flatten(), objective,
+                                                 slots=block_size - 1, target_hidden=target_rows,
+                                                 chunk_blocks=chunk_blocks)
     correct = correct.view(labels.shape)
     if getattr(inner, "selector_top_k", None):   # DFlash2: its selector's objective too
         rows = chunk_rows or max(1, LOGITS_PER_CHUNK // inner.lm_head.weight.shape[0])
@@ -171,4 +203,4 @@ def dflash_step(drafter, features: torch.Tensor, input_ids: torch.Tensor, loss_m
     n_supervised, n_blocks = supervised.sum(), real_blocks.sum()
     acc = (correct & supervised).sum() / n_supervised.clamp(min=1)
     streak = (accepted_streak(correct, labels) * real_blocks).sum() / n_blocks.clamp(min=1)
-    return StepOutput(loss=loss, acc=acc, streak=streak, n_supervised=n_supervised, n_blocks=n_blocks)
+    return StepOutput(loss=loss, acc=acc, streak=streak, n_supervised=n_supervised, n_blocks=n_blocks, terms=terms)

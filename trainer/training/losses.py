@@ -1,0 +1,214 @@
+"""The training objectives beyond plain cross-entropy, in chunked form (config `loss:` and `slot_weights:`).
+
+Per labelled slot, q is the drafter's distribution, y the target's token (the data's) and p the target's own
+distribution at that position (only kl/tv/nla/lk_hybrid need p):
+- ce: -log q(y), weighted per slot;
+- kl: KL(p || q); tv: 1 - alpha with alpha = sum_v min(p_v, q_v), the acceptance rate of speculative sampling;
+  nla: -log alpha; lk_hybrid: lam * KL + (1 - lam) * TV, lam = exp(-3 alpha) detached (KL leads from a cold start,
+  TV takes over as acceptance rises);
+- cap: per block 1 - E[accepted prefix] / (B - 1), E[accepted prefix] = sum_k prod_{i<=k} q_i(y_i) (greedy
+  verification), mixed with the block's CE by lam = exp(-3 mean_k q_k(y_k)) detached: an acceptance objective gives
+  almost no gradient while q(y) is near 0 everywhere, so CE carries the cold start.
+
+Slot weights (decay or D-PACE) weigh the per-slot terms; ce/kl/tv/nla/lk_hybrid are normalised by the sum of the
+decay weights (as the plain CE is) or, for D-PACE, by the number of supervised slots (its weights are not
+normalised: a block the drafter gets right weighs more); cap by the number of blocks.
+
+Chunks hold whole blocks, so every term, the D-PACE weights and cap's per-block products are computed inside one
+chunk: the [blocks * (B-1), vocab] logits never exist whole. Each chunk runs its own small autograd graph in the
+forward pass and keeps only the gradient with respect to the drafter's hidden states. No fused kernel fits here:
+liger-kernel's and cut-cross-entropy's fused linear cross-entropy take no per-row weights, and none computes TV,
+the acceptance prefix or D-PACE; the default `ce` keeps its own fused-by-hand path (objective.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from trainer.config import DISTRIBUTION_OBJECTIVES, objective_text
+
+# fp32 [rows, vocab] tensors one chunk holds at once (its autograd graph keeps several): 256 MiB each. Not
+# smaller: each chunk costs a few ms of Python and kernel launches (an 8B vocabulary gives ~110 chunks a step)
+ROW_VOCAB_PER_CHUNK = 2 ** 26
+LAMBDA_RATE = 3.0   # lam = exp(-3 alpha), as the LK losses paper's hybrid
+
+
+@dataclass(frozen=True)
+class Objective:
+    """What a training step optimises: {term: weight} and how slots are weighed."""
+
+    weights: dict[str, float] = field(default_factory=lambda: {"ce": 1.0})
+    slot_weights: str = "decay"   # or "dpace"
+    dpace_alpha: float = 0.5
+
+    @classmethod
+    def from_config(cls, cfg) -> "Objective":
+        return cls(cfg.loss_weights(), cfg.slot_weights, cfg.dpace_alpha)
+
+    @property
+    def needs_target_distribution(self) -> bool:
+        # a term at weight 0 is still computed and logged: a way to watch, say, tv while training on ce
+        return any(name in DISTRIBUTION_OBJECTIVES for name in self.weights)
+
+    @property
+    def is_plain_ce(self) -> bool:
+        """Today's objective, which has a faster hand-written path (objective.ChunkedLinearCrossEntropy)."""
+        return self.weights == {"ce": 1.0} and self.slot_weights == "decay"
+
+    def describe(self) -> str:
+        return objective_text(self.weights, self.slot_weights)
+
+
+def dpace_weights(log_q_y: torch.Tensor, supervised: torch.Tensor, alpha: float) -> torch.Tensor:
+    """[blocks, slots] D-PACE weights (arXiv 2605.18810): w_k = sum_{j>=k} prod_{i<=j} c_i over supervised slots,
+    c_i = (1 - alpha) q_i(y_i) + alpha the smoothed confidence (1 at an unsupervised slot, which gets weight 0).
+    w_k is the derivative of the block's expected accepted length by log c_k: a slot weighs as much as the
+    acceptance it gates. Detached: it weighs the loss, it is not optimised."""
+    with torch.no_grad():
+        mask = supervised.to(torch.float32)
+        confidence = torch.where(supervised, (1 - alpha) * log_q_y.float().exp() + alpha, torch.ones_like(mask))
+        reach = torch.cumprod(confidence, dim=-1) * mask
+        return reach.flip(-1).cumsum(-1).flip(-1) * mask
+
+
+def expected_accepted_prefix(log_q_y: torch.Tensor, supervised: torch.Tensor) -> torch.Tensor:
+    """[blocks]: sum_k prod_{i<=k} q_i(y_i) for log q_i(y_i) [blocks, slots]; an unsupervised slot ends the prefix.
+    The products are exponentiated cumulative sums of log q: no underflowing product of many small numbers."""
+    reached = torch.cumprod(supervised.to(log_q_y.dtype), dim=-1)
+    return (torch.cumsum(log_q_y * supervised, dim=-1).exp() * reached).sum(-1)
+
+
+def acceptance_rate(log_p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
+    """[rows]: alpha = sum_v min(p_v, q_v)."""
+    return torch.minimum(log_p, log_q).exp().sum(-1)
+
+
+def forward_kl(log_p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
+    """[rows]: KL(p || q) = sum_v p_v (log p_v - log q_v)."""
+    return (log_p.exp() * (log_p - log_q)).sum(-1)
+
+
+@dataclass(frozen=True)
+class Normalisers:
+    """The whole batch's denominators, known before the first chunk: the per-slot terms' and cap's."""
+
+    slots: torch.Tensor
+    blocks: torch.Tensor
+
+
+def chunk_terms(log_q: torch.Tensor, log_p: torch.Tensor | None, labels: torch.Tensor, supervised: torch.Tensor,
+                decay: torch.Tensor, objective: Objective, slots: int, norms: Normalisers) -> dict[str, torch.Tensor]:
+    """Each objective term's share of the batch from one chunk of whole blocks (differentiable in log_q):
+    log_q and log_p [rows, vocab] fp32 log-probabilities, labels/supervised/decay [rows], rows = blocks * slots."""
+    log_q_y = log_q.gather(1, labels[:, None]).squeeze(1) * supervised
+    blocks = labels.shape[0] // slots
+    by_block = (blocks, slots)
+    if objective.slot_weights == "dpace":
+        weight = dpace_weights(log_q_y.detach().view(by_block), supervised.view(by_block),
+                               objective.dpace_alpha).flatten()
+    else:
+        weight = decay * supervised
+    terms: dict[str, torch.Tensor] = {}
+    names = objective.weights
+    if "ce" in names:
+        terms["ce"] = -(weight * log_q_y).sum() / norms.slots
+    if log_p is not None:
+        alpha = acceptance_rate(log_p, log_q)
+        per_slot = {}
+        if "kl" in names or "lk_hybrid" in names:
+            kl = forward_kl(log_p, log_q)
+            per_slot["kl"] = kl
+        if "tv" in names:
+            per_slot["tv"] = 1 - alpha
+        if "nla" in names:
+            per_slot["nla"] = -torch.log(alpha.clamp(min=torch.finfo(alpha.dtype).tiny))
+        if "lk_hybrid" in names:
+            lam = torch.exp(-LAMBDA_RATE * alpha).detach()
+            per_slot["lk_hybrid"] = lam * kl + (1 - lam) * (1 - alpha)
+        for name, value in per_slot.items():
+            if name in names:
+                terms[name] = (weight * value).sum() / norms.slots
+    if "cap" in names:
+        terms["cap"] = cap_blocks(log_q_y.view(by_block), supervised.view(by_block), weight.view(by_block),
+                                  slots).sum() / norms.blocks
+    return terms
+
+
+def cap_blocks(log_q_y: torch.Tensor, supervised: torch.Tensor, weight: torch.Tensor, slots: int) -> torch.Tensor:
+    """[blocks]: (1 - lam) (1 - E[accepted prefix] / slots) + lam CE_block, lam = exp(-3 mean confidence) detached;
+    0 for a padding block (no supervised slot)."""
+    mask = supervised.to(log_q_y.dtype)
+    count = mask.sum(-1)
+    prefix = expected_accepted_prefix(log_q_y, supervised)
+    ce = -(weight * log_q_y).sum(-1) / weight.sum(-1).clamp(min=torch.finfo(weight.dtype).tiny)
+    confidence = (log_q_y.detach().exp() * mask).sum(-1) / count.clamp(min=1)
+    lam = torch.exp(-LAMBDA_RATE * confidence)
+    return ((1 - lam) * (1 - prefix / slots) + lam * ce) * (count > 0)
+
+
+class ChunkedObjective(torch.autograd.Function):
+    """sum_t weight_t * term_t over chunks of whole blocks; also each term's value and per-row top-1 correctness.
+
+    `target_hidden` [rows, H] (the target's final-normed hidden state at each slot's position, or None) goes
+    through the same frozen LM head as the drafter's: p is computed chunk by chunk too. The gradient with
+    respect to `hidden` is taken per chunk in the forward pass; the head and the target get none."""
+
+    @staticmethod
+    def forward(ctx, hidden, head, target_hidden, labels, supervised, decay, objective: Objective, slots: int,
+                norms: Normalisers, chunk_rows: int):
+        need_grad = ctx.needs_input_grad[0]
+        names = list(objective.weights)
+        values = torch.zeros(len(names), dtype=torch.float32, device=hidden.device)
+        correct = torch.empty(hidden.shape[0], dtype=torch.bool, device=hidden.device)
+        grad_hidden = torch.zeros_like(hidden) if need_grad else None
+        for start in range(0, hidden.shape[0], chunk_rows):
+            rows = slice(start, start + chunk_rows)
+            piece = hidden[rows].detach().requires_grad_(need_grad)
+            with torch.enable_grad():
+                logits = piece.to(head.dtype) @ head.t()
+                log_q = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
+                log_p = None
+                if target_hidden is not None:
+                    with torch.no_grad():
+                        log_p = torch.log_softmax(target_hidden[rows].to(head.dtype) @ head.t(), dim=-1,
+                                                  dtype=torch.float32)
+                terms = chunk_terms(log_q, log_p, labels[rows], supervised[rows], decay[rows], objective, slots,
+                                    norms)
+                total = sum(objective.weights[name] * terms[name] for name in names)
+                if need_grad:
+                    (grad_hidden[rows],) = torch.autograd.grad(total, piece)
+            correct[rows] = logits.detach().argmax(dim=-1) == labels[rows]
+            values += torch.stack([terms[name].detach() for name in names])
+        ctx.save_for_backward(grad_hidden)
+        ctx.mark_non_differentiable(values, correct)
+        total = (values * torch.tensor([objective.weights[n] for n in names], device=values.device)).sum()
+        return total, values, correct
+
+    @staticmethod
+    def backward(ctx, grad_total, grad_values, grad_correct):
+        (grad_hidden,) = ctx.saved_tensors
+        return (grad_hidden * grad_total.to(grad_hidden.dtype), None, None, None, None, None, None, None, None,
+                None)
+
+
+def chunked_objective(hidden: torch.Tensor, head: torch.Tensor, labels: torch.Tensor, supervised: torch.Tensor,
+                      decay: torch.Tensor, objective: Objective, *, slots: int,
+                      target_hidden: torch.Tensor | None = None,
+                      chunk_blocks: int | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
+    """(loss, {term: value}, correct[rows]) for hidden [rows, H] in block order (rows = blocks * slots), the LM
+    head weight [V, H], labels (any valid id where unsupervised), supervised (bool), decay [rows]."""
+    if objective.needs_target_distribution and target_hidden is None:
+        raise ValueError(f"objective {objective.describe()} needs the target's hidden states")
+    if chunk_blocks is None:
+        chunk_blocks = max(1, ROW_VOCAB_PER_CHUNK // (head.shape[0] * slots))
+    tiny = torch.finfo(torch.float32).tiny
+    if objective.slot_weights == "dpace":
+        slot_norm = supervised.sum().float().clamp(min=1)
+    else:
+        slot_norm = (decay * supervised).sum().float().clamp(min=tiny)
+    norms = Normalisers(slots=slot_norm, blocks=supervised.view(-1, slots).any(-1).sum().float().clamp(min=1))
+    target = None if target_hidden is None or not objective.needs_target_distribution else target_hidden
+    loss, values, correct = ChunkedObjective.apply(hidden, head, target, labels, supervised, decay.float(),
+                                                   objective, slots, norms, chunk_blocks * slots)
+    return loss, dict(zip(objective.weights, values.unbind())), correct
