@@ -101,16 +101,8 @@ def run(work: Path, args) -> dict:
 
 
 def main(argv=None) -> int:
-    import tempfile
-
     args = parse_args(argv)
-    if args.workdir:
-        work = Path(args.workdir)
-        work.mkdir(parents=True, exist_ok=True)
-        result = run(work, args)
-    else:
-        with tempfile.TemporaryDirectory(prefix="bench_dflash2-") as tmp:
-            result = run(Path(tmp), args)
+    result = bench_tau.in_workdir(args.workdir, "bench_dflash2-", lambda work: run(work, args))
     print(json.dumps(result, indent=1), flush=True)
     return 0
 

@@ -24,7 +24,6 @@ import json
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -262,13 +261,7 @@ def markdown(result: dict) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if args.workdir:
-        work = Path(args.workdir)
-        work.mkdir(parents=True, exist_ok=True)
-        result = run(work, args)
-    else:
-        with tempfile.TemporaryDirectory(prefix="bench_objectives-") as tmp:
-            result = run(Path(tmp), args)
+    result = bench_tau.in_workdir(args.workdir, "bench_objectives-", lambda work: run(work, args))
     print(json.dumps(result, indent=1) if args.json else result["markdown"], flush=True)
     return 0
 

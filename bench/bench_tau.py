@@ -273,17 +273,21 @@ def run(work: Path, args) -> dict:
     }
 
 
-def main(argv=None) -> int:
+def in_workdir(workdir: str | None, prefix: str, body):
+    """body(work) in `workdir` (made if missing, kept afterwards) or in a temporary directory removed afterwards."""
     import tempfile
 
-    args = parse_args(argv)
-    if args.workdir:
-        work = Path(args.workdir)
+    if workdir:
+        work = Path(workdir)
         work.mkdir(parents=True, exist_ok=True)
-        result = run(work, args)
-    else:
-        with tempfile.TemporaryDirectory(prefix="bench_tau-") as tmp:
-            result = run(Path(tmp), args)
+        return body(work)
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        return body(Path(tmp))
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    result = in_workdir(args.workdir, "bench_tau-", lambda work: run(work, args))
     print(json.dumps(result, indent=1), flush=True)
     return 0
 
