@@ -65,7 +65,7 @@ def _check(args) -> int:
     from trainer.spec.preflight import check_config_file
 
     from_stdin = args.config == "-"
-    found = check_config_file(args.config, text=sys.stdin.read() if from_stdin else None, base_dir=args.base_dir,
+    found = check_config_file(args.config, text=sys.stdin.buffer.read() if from_stdin else None, base_dir=args.base_dir,
                               source=args.source or ("<stdin>" if from_stdin else args.config))
     if args.json:
         print(json.dumps(found.as_dict()), flush=True)
@@ -157,7 +157,10 @@ def _tiny_target(args) -> int:
 
     from trainer.model.tiny_target import write_tiny_target
 
-    path = write_tiny_target(Path(args.out_dir), family=args.family, composite=args.composite, seed=args.seed)
+    out_dir = Path(args.out_dir)
+    if out_dir.exists() and (not out_dir.is_dir() or (any(out_dir.iterdir()) and not args.force)):
+        raise TrainerError(f"{out_dir} exists and is not an empty directory (--force writes over the model in it)")
+    path = write_tiny_target(out_dir, family=args.family, composite=args.composite, seed=args.seed)
     kind = args.family + (" composite (image-text)" if args.composite else "")
     print(f"Wrote a tiny random {kind} target to {path}", flush=True)
     return 0
@@ -312,7 +315,7 @@ def _add_eval_command(commands) -> None:
 def _add_tiny_target_command(commands) -> None:
     tiny = commands.add_parser("tiny-target", help="write a tiny random target (no downloads)",
                                description="A tiny random target and its tokenizer, for CPU tests and demos.")
-    tiny.add_argument("out_dir", metavar="OUT_DIR", help="directory to write")
+    tiny.add_argument("out_dir", metavar="OUT_DIR", help="directory to write (new, or empty)")
     tiny.add_argument("--family", choices=("qwen3", "qwen3.5", "qwen3.5-moe"), default="qwen3",
                       help="qwen3 (dense), or a Qwen3.5 hybrid: 3 Gated DeltaNet layers per full-attention one "
                            "(default qwen3)")
@@ -320,6 +323,7 @@ def _add_tiny_target_command(commands) -> None:
                       help="write a Qwen3.5 image-text checkpoint (vision tower + language model), as the "
                            "published Qwen3.5/3.6 models are")
     tiny.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
+    tiny.add_argument("--force", action="store_true", help="write into OUT_DIR even if it is not empty")
     tiny.set_defaults(run=_tiny_target)
 
 

@@ -386,20 +386,33 @@ def config_from_dict(data: Any, *, source: str) -> TrainConfig:
     return report.config
 
 
-def read_config_data(path: str | Path, *, text: str | None = None) -> dict[str, Any]:
+def read_config_data(path: str | Path, *, text: str | bytes | None = None) -> dict[str, Any]:
     """The YAML mapping of a config file (or of `text`, read from it already); a TrainerError otherwise."""
     import yaml
 
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text() if text is None else text) or {}
+        raw = path.read_bytes() if text is None else text
     except OSError as exc:
         raise TrainerError(f"cannot read config {path}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(_config_text(path, raw)) or {}
     except yaml.YAMLError as exc:
         raise TrainerError(f"{path}: invalid YAML: {exc}") from None
     if not isinstance(data, dict):
         raise TrainerError(f"{path}: expected a mapping of config keys, got {type(data).__name__}")
     return data
+
+
+def _config_text(path: Path, raw: str | bytes) -> str:
+    """The file's text: UTF-8 (YAML's own encoding, and what every editor writes by default)."""
+    if isinstance(raw, str):
+        return raw
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise TrainerError(f"{path}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}): "
+                           "save the config as UTF-8") from None
 
 
 def load_config(path: str | Path, *, overrides: dict[str, Any] | None = None) -> TrainConfig:

@@ -27,7 +27,7 @@ def read_config(path: Path, text: bytes | None = None) -> dict:
     from trainer.errors import TrainerError
 
     try:
-        return read_config_data(path, text=None if text is None else text.decode("utf-8", "replace"))
+        return read_config_data(path, text=text)  # bytes: a file that is not UTF-8 is refused, not mangled
     except TrainerError as exc:
         raise UsageError(f"--config: {exc}") from None
 

@@ -26,7 +26,8 @@ class PrepareReport:
             f"Read {self.records} records; wrote {self.kept} samples ({self.tokens} tokens) to {output}",
             f"  dropped {self.too_few_supervised} with fewer than 2*block_size supervised tokens",
             f"  over-long: {self.overlong_truncated} truncated, {self.overlong_dropped} dropped",
-            f"  held out: {self.set_aside} samples in {output}/heldout (never trained on)",
+            f"  held out: {self.set_aside} samples in {output}/heldout (never trained on)" if self.set_aside
+            else "  held out: none",
         ] + (["  skipped a cut-off last line (a generate still running, or killed)"] if self.torn_last_line else [])
 
 
@@ -200,14 +201,13 @@ def prepare(*, target: str | Path, input_path: str | Path, output: str | Path, b
     the samples (by a hash of each chat: deterministic) goes to {output}/heldout instead, never trained on."""
     import datasets
     import pyarrow as pa
-    from transformers import AutoTokenizer
 
     input_path, output = Path(input_path), Path(output)
     if not input_path.is_file():
         raise TrainerError(f"input {input_path} does not exist")
     if not 0 <= heldout < 1:
         raise TrainerError(f"the held-out share must be in [0, 1), got {heldout}")
-    tokenizer = AutoTokenizer.from_pretrained(str(target))
+    tokenizer = _target_tokenizer(Path(target))
     report = PrepareReport()
     output.parent.mkdir(parents=True, exist_ok=True)
     staging = {side: output.parent / f".{output.name}.{side}.staging.arrow" for side in ("train", "heldout")}
@@ -220,6 +220,7 @@ def prepare(*, target: str | Path, input_path: str | Path, output: str | Path, b
             for side, batch in _tokenized_batches(tokenizer, input_path, report, min_supervised=2 * block_size,
                                                   max_length=max_length, overlong=overlong, heldout=heldout):
                 writers[side].write_batch(batch)
+        _refuse_an_empty_dataset(input_path, report)
         datasets.Dataset.from_file(str(staging["train"])).save_to_disk(str(output))
         if report.set_aside:
             datasets.Dataset.from_file(str(staging["heldout"])).save_to_disk(str(output / "heldout"))
@@ -227,3 +228,32 @@ def prepare(*, target: str | Path, input_path: str | Path, output: str | Path, b
         for path in staging.values():
             path.unlink(missing_ok=True)
     return report
+
+
+def _target_tokenizer(target: Path):
+    """The target's tokenizer, refused in one line (as generate, check and eval refuse it) when the directory is
+    not a supported model or the tokenizer has no chat template to render the records with."""
+    from transformers import AutoTokenizer
+
+    from trainer.model.target import check_target_dir
+
+    check_target_dir(target)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(target))
+    except (OSError, ValueError) as exc:
+        raise TrainerError(f"cannot load the tokenizer of {target}: {str(exc).splitlines()[0]}") from None
+    if not tokenizer.chat_template:
+        raise TrainerError(f"{target}: the tokenizer has no chat template (a base model?): prepare renders each "
+                           "chat with the target's template; use the chat (instruct) model's directory")
+    return tokenizer
+
+
+def _refuse_an_empty_dataset(input_path: Path, report: PrepareReport) -> None:
+    """A dataset of no sample is a mistake upstream (an empty file, every chat too short): say which, write none."""
+    if report.records == 0:
+        raise TrainerError(f"input {input_path} has no records (one JSON chat per line); nothing written")
+    if report.kept == 0:
+        raise TrainerError(
+            f"input {input_path}: none of its {report.records} records is left to train on "
+            f"({report.too_few_supervised} with fewer than 2*block_size supervised tokens, "
+            f"{report.overlong_dropped} over-long dropped, {report.set_aside} held out); nothing written")

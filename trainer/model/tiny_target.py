@@ -136,6 +136,8 @@ def write_tiny_target(out_dir: Path, *, family: str = "qwen3", composite: bool =
     import torch
     from transformers import Qwen3ForCausalLM
 
+    from trainer.model.drafter_files import make_readable
+
     if family not in FAMILIES:
         raise ValueError(f"family {family!r}: one of {', '.join(FAMILIES)}")
     if composite and family == "qwen3":
@@ -157,4 +159,8 @@ def write_tiny_target(out_dir: Path, *, family: str = "qwen3", composite: bool =
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
+    for path in out_dir.iterdir():
+        if path.is_file():
+            make_readable(path)  # the weights: save_pretrained goes through safetensors, which writes 0o600
     return out_dir
+

@@ -54,7 +54,7 @@ class Preflight:
                 "data_files": self.data_files}
 
 
-def check_config_file(path: str | Path, *, text: str | None = None, base_dir: str | None = None,
+def check_config_file(path: str | Path, *, text: str | bytes | None = None, base_dir: str | None = None,
                       overrides: dict[str, Any] | None = None, source: str | None = None) -> Preflight:
     """Check a config file (or `text`, its content) and the paths it names. Relative paths are taken from
     `base_dir` (default: the working directory), which need not exist yet: a run's directory is made at start."""

@@ -8,10 +8,13 @@ checks that judge those facts, one Row each (ok / warn / fail, the fix in one li
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
-from ...errors import DflashError, UsageError, Unreachable
+from ...errors import DflashError, OperationFailed, UsageError, Unreachable
 from ...inventory.model import Target
 from ..client import RunClient
+from ..spec import new_run_id
+from ..trainerconfig import ConfigRejected
 from . import basics, ownfiles
 from .checks import CHECKS, CONTAINER_CHECKS, GPU_CHECKS, PREFLIGHT, PREFLIGHT_GPU, run_checks
 from .facts import Needs, gather, read_needs
@@ -66,6 +69,23 @@ def _judge(client: RunClient, target: Target, report: DoctorReport, needs: Needs
     checks = CHECKS if needs is not None else GPU_CHECKS + CONTAINER_CHECKS
     for row in run_checks(facts, checks):
         report.add(row)
+    if needs is not None and not facts.probe.get("error"):
+        for row in trainer_check(client, target, needs):
+            report.add(row)
+
+
+def trainer_check(client: RunClient, target: Target, needs: Needs) -> list[Row]:
+    """The bundled trainer's own check of the config there, as `launch --config` runs it first: its keys and
+    values, the paths and data it names, the python's packages. One fail row per problem it finds."""
+    run_id = new_run_id(Path(needs.source).stem.replace(" ", "-") or "train")
+    try:
+        found = client.check_trainer_config(target, needs.text, source=needs.source, run_id=run_id, env={})
+    except ConfigRejected as rejected:
+        return [Row("trainer check", FAIL, problem, f"correct {needs.source}") for problem in rejected.problems]
+    except OperationFailed as exc:
+        return [Row("trainer check", FAIL, str(exc), "install the trainer's packages in the target's python")]
+    return [Row("trainer check", OK, f"a {found.get('target_layers')}-layer target tapped at "
+                                     f"{found.get('target_layer_ids')}, {found.get('data_files')} data file(s)")]
 
 
 def preflight(client: RunClient, target: Target, needs: Needs) -> list[Row]:

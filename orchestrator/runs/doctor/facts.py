@@ -19,7 +19,7 @@ from ...transports.pct import PctTransport
 from ...transports.timeouts import AGENT_TIMEOUT_S, PROBE_TIMEOUT_S
 from ..client import RunClient
 from ..spec import runs_dir
-from ..trainerconfig import config_defaults, read_config
+from ..trainerconfig import config_defaults, config_file
 from .pctconfig import CtConfig, parse_ct_config
 
 # "$@", when given, is `pct config CTID` (pct as the inventory spells it): one round trip for everything
@@ -52,6 +52,7 @@ class Needs:
     num_workers: int
     drafter_layers: int
     cpu_only: bool
+    text: bytes = b""                          # the file as read, for the trainer's own check on the target
 
 
 @dataclass
@@ -71,7 +72,8 @@ class Facts:
 
 def read_needs(config: Path) -> Needs:
     """The config's paths and sizes; a file that is not a YAML mapping is a usage error (exit 2)."""
-    data, defaults = read_config(config), config_defaults()
+    text, data = config_file(config)
+    defaults = config_defaults()
 
     def get(key: str, kind: type = int):
         value = data.get(key, defaults.get(key))
@@ -84,7 +86,7 @@ def read_needs(config: Path) -> Needs:
     return Needs(source=str(config), paths=paths, keep_checkpoints=get("keep_checkpoints"),
                  checkpoint_every=get("checkpoint_every"), max_steps=get("max_steps"),
                  num_workers=get("num_workers"), drafter_layers=get("drafter_layers"),
-                 cpu_only=str(data.get("device", "")).lower() == "cpu")
+                 cpu_only=str(data.get("device", "")).lower() == "cpu", text=text)
 
 
 def host_facts(host: Transport, target: Target) -> HostFacts:
