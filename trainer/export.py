@@ -50,16 +50,17 @@ def training_facts(ckpt: Path) -> dict:
     tau = heldout = None
     try:
         lines = (ckpt.resolve().parent / "metrics.jsonl").read_text().splitlines()
-    except OSError:
+    except (OSError, UnicodeDecodeError):
         lines = []
     for line in lines:
         try:
             record = json.loads(line)
         except ValueError:
             continue
-        if isinstance(record, dict) and isinstance(record.get("tau"), (int, float)) and (
+        # tau_eval: real speculative decoding of held-out prompts (eval_prompts), as the trainer writes it
+        if isinstance(record, dict) and isinstance(record.get("tau_eval"), (int, float)) and (
                 step is None or not isinstance(record.get("step"), int) or record["step"] <= step):
-            tau = (record["tau"], record.get("step"))
+            tau = (record["tau_eval"], record.get("step"))
         heldout = _heldout_taus(record, step) or heldout
     return {"step": step, "target": trained.get("target_path"), "tau": tau, "heldout": heldout,
             "objective": objective_of(trained)}
@@ -123,7 +124,7 @@ def model_card(config: dict, facts: dict, dtype: str) -> str:
         ("Weights", dtype),
         ("Training steps", facts["step"] if facts["step"] is not None else "(not recorded)"),
         ("Training objective", facts.get("objective") or "(not recorded)"),
-        ("Eval tau", f"{tau[0]:.2f} (step {tau[1]})" if tau else "(not measured)"),
+        ("Eval tau", f"{tau[0]:.2f} (step {tau[1]})" if tau else "(not measured: eval_prompts sets it)"),
         ("Held-out tau, replayed", _heldout_row(facts.get("heldout"))),
     ]
     table = "\n".join(f"| {name} | {value} |" for name, value in rows)

@@ -135,6 +135,19 @@ def test_export_writes_a_serving_only_directory(trained, tiny_target, tmp_path, 
     assert check_parity(tiny_target, out).ok
 
 
+def test_export_card_shows_the_tau_figures_the_run_measured_up_to_the_checkpoint(trained, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(trained["checkpoint"], run / "step_3")
+    records = [{"event": "step", "step": 2, "loss": 1.0, "tau_heldout": 1.79, "tau_eval": 1.81},
+               {"event": "step", "step": 3, "loss": 0.9, "tau_replay": 1.9},
+               {"event": "step", "step": 4, "loss": 0.8, "tau_eval": 2.5}]  # after the checkpoint: not its figure
+    (run / "metrics.jsonl").write_text("".join(json.dumps(record) + "\n" for record in records))
+    assert main(["export", str(run / "step_3"), str(tmp_path / "served"), "--no-check"]) == 0, capsys.readouterr()
+    card = (tmp_path / "served" / "README.md").read_text()
+    assert "| Eval tau | 1.81 (step 2) |" in card
+    assert "| Held-out tau, replayed | chain 1.79 (step 2) |" in card
+
+
 def test_export_writes_nothing_for_a_drafter_that_does_not_fit(trained, tiny_target, tmp_path, capsys):
     planted = plant(trained["checkpoint"], tmp_path / "planted", hidden_size=128)
     assert main(["export", str(planted), str(tmp_path / "served")]) == 1
