@@ -50,6 +50,7 @@ __all__ = [
 ]
 
 MAX_LINE_BYTES = 64 * 1024
+JSON_RECORD = "{\""  # how a line of JSON Lines output begins; no trainer line does
 
 # ---------------------------------------------------------------------------------------------- the stream
 
@@ -184,6 +185,12 @@ class LogParser:
             self._take_in_traceback(text, line_no, truncated, out)
 
     def _classify(self, text: str, line_no: int, truncated: bool, out: list[Event]) -> None:
+        if text.startswith(JSON_RECORD):
+            # a JSON record is another program's data, e.g. a headless watch's alerts, which quote other runs'
+            # step lines and tracebacks: taken as this run's own they made a notifier look like a training run
+            # (and its alerts about exceptions alert again about themselves)
+            out.append(LogLine(line_no, text, truncated))
+            return
         if " step=" in text:
             step = parse_step_line(text, line_no)
             if step is not None:

@@ -86,6 +86,18 @@ def test_seed_step_lines_and_the_cut_off_one():
     assert cut.epoch is None and cut.eta_s is None
 
 
+def test_a_notifiers_json_alerts_are_not_its_own_steps_or_exceptions():
+    """`watch --headless` prints one JSON object per alert, quoting the run's last step line and its error: a
+    notifier launched as a run must not look like a training run (nor alert about its own alerts)."""
+    step_line = SEED_STEPS.splitlines()[0]
+    alerts = [{"version": 1, "type": "alert", "kind": "stall", "run_id": "train-1", "message": "no step for 600 s",
+               "last_step_line": step_line},
+              {"version": 1, "type": "alert", "kind": "exception", "run_id": "train-1",
+               "message": "ValueError: boom", "last_step_line": step_line}]
+    events = parse_all("".join(json.dumps(alert) + "\n" for alert in alerts).encode())
+    assert [type(event) for event in events] == [LogLine, LogLine]
+
+
 @pytest.mark.parametrize("text, seconds", [
     ("45s", 45.0), ("6m", 360.0), ("1h23m", 4980.0), ("3h07m", 11220.0), ("12.0d", 12 * 86400.0),
     ("3.5h", 12600.0), ("20m", 1200.0), ("45.0s", 45.0), ("?", None), ("", None), ("12", None), ("m", None),
