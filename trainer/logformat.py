@@ -50,6 +50,9 @@ def format_elapsed(seconds: float) -> str:
     seconds = max(0, int(seconds))
     if seconds < 60:
         return f"{seconds}s"
+    if seconds < 300:
+        # the seed format's whole minutes hide most of the first minutes (`[1m]` from 60 to 119 s)
+        return f"{seconds // 60}m{seconds % 60:02d}s"
     if seconds < 3600:
         return f"{seconds // 60}m"
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"

@@ -53,7 +53,8 @@ def test_startup_lines_match_the_seed_log():
 
 
 @pytest.mark.parametrize(("seconds", "text"), [
-    (0, "0s"), (59.9, "59s"), (60, "1m"), (391, "6m"), (3599, "59m"), (3600, "1h00m"), (7 * 3600 + 125, "7h02m"),
+    (0, "0s"), (59.9, "59s"), (60, "1m00s"), (65, "1m05s"), (119.9, "1m59s"), (299, "4m59s"), (300, "5m"),
+    (391, "6m"), (3599, "59m"), (3600, "1h00m"), (7 * 3600 + 125, "7h02m"),
 ])
 def test_elapsed_format(seconds, text):
     assert format_elapsed(seconds) == text
