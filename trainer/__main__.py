@@ -31,7 +31,8 @@ def _plan(args) -> int:
     """`train --plan`: the plan of one rank of a run on --gpus GPUs (default: WORLD_SIZE, else 1) of --gpu-memory
     GiB each (default: this machine's first GPU, else unchecked), loading nothing; exit 0 when it fits, 2 (a
     TrainerError) when not. The kernels are the ones the run would resolve on a CUDA machine (kernels.on_a_gpu:
-    auto takes liger when liger-kernel is installed here); the plan's lines name them."""
+    auto takes liger when liger-kernel is installed here); the plan's lines name them. A config with `device: cpu`
+    gets the plan of its one CPU process, checked against no limit."""
     import os
 
     from trainer.config import load_config
@@ -40,11 +41,13 @@ def _plan(args) -> int:
 
     cfg = load_config(args.config)
     world_size = args.gpus or int(os.environ.get("WORLD_SIZE", 1))
-    limit = int(args.gpu_memory * GIB) if args.gpu_memory else _local_gpu_bytes()
-    memory = config_plan(cfg, world_size=world_size, limit=limit, on_gpu=True, kernels=on_a_gpu(cfg.kernels))
+    on_gpu = cfg.device != "cpu"  # a CPU run has no GPU memory to fit, nor a CUDA context to allow for
+    limit = (int(args.gpu_memory * GIB) if args.gpu_memory else _local_gpu_bytes()) if on_gpu else None
+    memory = config_plan(cfg, world_size=world_size, limit=limit, on_gpu=on_gpu,
+                         kernels=on_a_gpu(cfg.kernels) if on_gpu else "torch")
     print("\n".join(memory.lines()), flush=True)
     if not memory.fits:
-        raise TrainerError(refusal(cfg, memory, on_gpu=True))
+        raise TrainerError(refusal(cfg, memory, on_gpu=on_gpu))
     return 0
 
 

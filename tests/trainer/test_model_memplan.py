@@ -344,6 +344,26 @@ def test_the_27b_plan_on_8_gpus_at_24k_tokens_fits_139_gib(tmp_path):
     assert lines[-1] == "no torch"   # nothing loaded, not even torch
 
 
+def test_the_plan_of_a_cpu_run_is_its_process_s_without_a_cuda_allowance(tmp_path):
+    """`device: cpu` (the small configs of the README and the demo): no GPU, no CUDA context, and a tiny
+    model's parameters counted in millions, not as `0.00B`."""
+    target = tmp_path / "tiny"
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps({
+        "model_type": "qwen3", "vocab_size": 320, "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 6, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+        "max_position_embeddings": 4096, "rope_theta": 10000.0, "tie_word_embeddings": False}))
+    config = write_config(tmp_path / "cpu.yaml", target_path=str(target), data_path=str(tmp_path / "data"),
+                          output_dir=str(tmp_path / "out"), device="cpu", drafter_layers=1, block_size=8,
+                          token_budget=2048, buckets=[0, 128, 256, 512])
+    result = run_plan(config, "--gpu-memory", "0.001")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("Memory plan of the process (CPU) (one rank): ") and "limit not checked" in lines[0]
+    assert "CUDA" not in result.stdout and "0.00B" not in result.stdout
+    assert "M params" in lines[1] and "M params" in lines[2]
+
+
 def test_the_plan_assumes_the_kernels_a_gpu_run_would_take(tmp_path, monkeypatch):
     """`--plan` resolves kernels as a CUDA machine would with this machine's packages: auto takes liger where
     liger-kernel is installed; an explicit choice stands. liger's kernels keep less, and the plan says which."""

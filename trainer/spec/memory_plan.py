@@ -26,6 +26,7 @@ block tokens for the drafter.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from trainer.errors import TrainerError
@@ -82,6 +83,7 @@ class MemoryPlan:
     world_size: int = 1
     simulated: bool = False
     kernels: str = "torch"     # the drafter's RMSNorm and SwiGLU the activations assume (drafter_bytes.KERNELS)
+    on_gpu: bool = True        # False: a CPU run, whose memory is the process's and needs no CUDA allowance
 
     @property
     def activation_bytes(self) -> int:
@@ -103,18 +105,19 @@ class MemoryPlan:
                    f"fits {_gib(self.limit)} GiB, {_gib(self.limit - self.total)} GiB spare" if self.fits else
                    f"does NOT fit {_gib(self.limit)} GiB: {_gib(self.total - self.limit)} GiB over")
         parts = ", ".join(f"{name} {_gib(value)}" for name, value in self.activations.items())
-        return [
-            f"Memory plan per GPU ({who}): {_gib(self.total)} GiB, {verdict}",
-            f"  target      {_gib(self.target_bytes):>7} GiB  {self.target_name}, "
-            f"{self.target_params / 1e9:.2f}B params",
-            f"  drafter     {_gib(self.drafter_bytes):>7} GiB  {self.drafter_params / 1e9:.2f}B params, "
-            f"fp32 weights + grads",
+        where = "per GPU" if self.on_gpu else "of the process (CPU)"
+        lines = [
+            f"Memory plan {where} ({who}): {_gib(self.total)} GiB, {verdict}",
+            f"  target      {_gib(self.target_bytes):>7} GiB  {self.target_name}, {_params(self.target_params)}",
+            f"  drafter     {_gib(self.drafter_bytes):>7} GiB  {_params(self.drafter_params)}, fp32 weights + grads",
             f"  optimizer   {_gib(self.optimizer_bytes):>7} GiB  AdamW states {shards} "
-            f"({self.optimizer_params / 1e9:.2f}B params on {'rank 0' if self.simulated else 'the largest rank'})",
+            f"({_params(self.optimizer_params)} on {'rank 0' if self.simulated else 'the largest rank'})",
             f"  activations {_gib(self.activation_bytes):>7} GiB  {self.tokens} tokens, {self.block_tokens} block "
             f"tokens, {self.kernels} kernels; {self.phase} phase: {parts}",
-            f"  reserve     {_gib(self.reserve):>7} GiB  CUDA context, NCCL, allocator",
         ]
+        if self.reserve:
+            lines.append(f"  reserve     {_gib(self.reserve):>7} GiB  CUDA context, NCCL, allocator")
+        return lines
 
     def refusal(self, fitting_budget: int) -> str:
         """One line: what does not fit and what to change (fitting_budget: the largest token_budget that fits
@@ -141,6 +144,14 @@ def loss_chunk_bytes(objective: str, precision: Precision, hidden_size: int, blo
         return LOGITS_PER_CHUNK * (precision.act + FP32) + grad
     act, fp32 = DISTRIBUTION_CHUNK_TENSORS if objective == "distribution" else LABEL_CHUNK_TENSORS
     return ROW_VOCAB_PER_CHUNK * (act * precision.act + fp32 * FP32) + grad
+
+
+def _params(count: int) -> str:
+    """`8.19B params`, `0.22B params`, `1.25M params`: a tiny model's count is not `0.00B`."""
+    for smallest, scale, unit in ((1e8, 1e9, "B"), (1e4, 1e6, "M")):
+        if count >= smallest:
+            return f"{count / scale:.2f}{unit} params"
+    return f"{count} params"
 
 
 def plan(text: dict, drafter: DrafterSizes, *, tokens: int, block_tokens: int, ways: int, precision: Precision,
@@ -231,9 +242,10 @@ def config_plan(cfg, *, world_size: int, limit: int | None, on_gpu: bool, tokens
     taps = len(cfg.target_layer_ids) if cfg.target_layer_ids else cfg.drafter_layers
     drafter = drafter or DrafterSizes.for_run(spec, cfg, num_taps=taps)
     ways = cfg.simulate_shards or sharding_ways(cfg.shard_optimizer, world_size)
-    return plan(text, drafter, tokens=tokens, block_tokens=max_block_tokens(cfg, tokens), ways=ways,
-                precision=Precision.of_run(cfg.dtype, on_gpu), world_size=world_size, limit=limit,
-                simulated=bool(cfg.simulate_shards), kernels=kernels, objective=objective_kind(cfg))
+    memory = plan(text, drafter, tokens=tokens, block_tokens=max_block_tokens(cfg, tokens), ways=ways,
+                  precision=Precision.of_run(cfg.dtype, on_gpu), world_size=world_size, limit=limit,
+                  simulated=bool(cfg.simulate_shards), kernels=kernels, objective=objective_kind(cfg))
+    return memory if on_gpu else dataclasses.replace(memory, reserve=0, on_gpu=False)
 
 
 def objective_kind(cfg) -> str:
