@@ -25,6 +25,13 @@ ADVICE_GPU = ("GPU memory is held while no run of this runs directory is live on
               "the host) or restart the container.")
 
 
+def summary(target: str, actions: list, *, dry_run: bool) -> str:
+    """The one line a cleanup's result starts with, in the CLI and the dashboard alike."""
+    if not actions:
+        return f"{target}: nothing to clean"
+    return f"{target}: {len(actions)} action{'s' if len(actions) != 1 else ''} {'planned' if dry_run else 'taken'}"
+
+
 class Cleanup:
     def __init__(self, runs_dir: str, *, dry_run: bool, grace: float) -> None:
         self.runs_dir = os.path.abspath(runs_dir)

@@ -8,7 +8,7 @@ import typer
 from ..errors import EXIT_USAGE, DflashError
 from . import cleanup, demo, doctor, kill, launch, logs, ps, version, watch
 from .state import AppState
-from .usage import CommandGroup, is_parse_error, show_parse_error
+from .usage import Command, CommandGroup, is_parse_error, show_parse_error
 
 HELP = (
     "Launch, watch, stop and clean up long GPU training runs in Proxmox LXC containers, on plain SSH hosts "
@@ -35,15 +35,15 @@ def _root(
     ctx.obj = AppState(inventory_path=inventory, verbose=verbose)
 
 
-app.command("doctor")(doctor.doctor)
-app.command("launch")(launch.launch)
-app.command("ps")(ps.ps)
-app.command("logs")(logs.logs)
-app.command("kill")(kill.kill)
-app.command("cleanup")(cleanup.cleanup)
-app.command("watch")(watch.watch)
-app.command("demo")(demo.demo)
-app.command("version")(version.version)
+app.command("doctor", cls=Command)(doctor.doctor)
+app.command("launch", cls=Command)(launch.launch)
+app.command("ps", cls=Command)(ps.ps)
+app.command("logs", cls=Command)(logs.logs)
+app.command("kill", cls=Command)(kill.kill)
+app.command("cleanup", cls=Command)(cleanup.cleanup)
+app.command("watch", cls=Command)(watch.watch)
+app.command("demo", cls=Command)(demo.demo)
+app.command("version", cls=Command)(version.version)
 
 
 def main(argv: list[str] | None = None) -> int:

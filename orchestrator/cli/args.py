@@ -46,8 +46,15 @@ def parse_env(pairs: list[str] | None) -> dict[str, str]:
     return env
 
 
-def finite(value: float | None) -> float | None:
-    """Option callback: `nan` and `inf` parse as floats but are no number of seconds."""
-    if value is not None and not math.isfinite(value):
-        raise typer.BadParameter(f"{value} is not a finite number")
-    return value
+def number_in(low: float, high: float | None = None):
+    """An option callback for a float that must lie in [low, high]: one wording for every value refused
+    (`nan`, `inf`, `-1`), which a typer `min=` gave in two (its own range message, and this module's for what
+    passed it). The range is also said in the option's help, not as typer's `[x>=0]` type noise."""
+    bounds = f"of at least {low:g}" if high is None else f"from {low:g} to {high:g}"
+
+    def check(value: float | None) -> float | None:
+        if value is not None and not (math.isfinite(value) and low <= value <= (math.inf if high is None else high)):
+            raise typer.BadParameter(f"expected a number {bounds}, got {value:g}")
+        return value
+
+    return check

@@ -5,6 +5,7 @@ from typing import List
 
 import typer
 
+from ..agent.cleanup import summary
 from ..runs.client import RunClient
 from ..transports.fanout import fanout_exit_code, per_host
 from ..transports.pool import Connections
@@ -41,7 +42,7 @@ def _print(report: dict, dry_run: bool) -> None:
         if result.get("error") and not result.get("ok"):
             out.print(about(target, result["error"]), markup=False)
         actions = result.get("actions") or []
-        out.print(f"{target}: {len(actions)} action(s) {'planned' if dry_run else 'taken'}", markup=False)
+        out.print(summary(target, actions, dry_run=dry_run), markup=False)
         for action in actions:
             out.print(f"  - {action.get('description') or action}", markup=False)
         for finding in result.get("unfixable") or result.get("findings") or []:

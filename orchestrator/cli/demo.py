@@ -24,6 +24,7 @@ from ..runs.client import RunClient
 from ..transports.pool import Connections
 from ..watch.model import RunView
 from ..watch.source import LiveSource
+from .args import number_in
 from .launch import launch_spec
 from .output import stderr, stdout
 from .state import AppState
@@ -35,7 +36,7 @@ WAIT_LIMIT_S = 1800.0
 
 def demo(
     ctx: typer.Context,
-    steps: int = typer.Option(160, "--steps", min=1, help="Training steps of the demo run."),
+    steps: int = typer.Option(160, "--steps", callback=number_in(1), metavar="N", help="Training steps of the demo run."),
     no_watch: bool = typer.Option(False, "--no-watch", help="Wait for the run to end and print its summary "
                                                             "instead of opening the dashboard."),
 ) -> int:

@@ -7,12 +7,13 @@ from typing import List, Optional
 import typer
 
 from ..agent.launch import how_it_ended
+from ..agent.protocol import TERMINAL_STATES
 from ..inventory.model import Target
 from ..runs.addressing import Match, locate
 from ..runs.client import RunClient
 from ..transports.fanout import fanout_exit_code, per_host
 from ..transports.pool import Connections
-from .args import finite
+from .args import number_in
 from .output import about, print_json, stderr, stdout
 from .state import AppState
 
@@ -22,7 +23,7 @@ def kill(
     run_ids: List[str] = typer.Argument(..., metavar="RUN",
                                         help="Run or job ids, unique prefixes of them, or names given at launch "
                                              "(the newest run of the name, live ones first)."),
-    grace: Optional[float] = typer.Option(None, "--grace", "-g", min=0, callback=finite,
+    grace: Optional[float] = typer.Option(None, "--grace", "-g", callback=number_in(0), metavar="S",
                                           help="Seconds between TERM and KILL (default: the run's, 30)."),
     as_json: bool = typer.Option(False, "--json", help="Print {\"targets\": {...}} as JSON."),
 ) -> int:
@@ -40,8 +41,11 @@ def kill(
             if match.note:
                 err.print(match.note, markup=False)
         targets, by_target = _by_target(matches)
-        err.print(f"stopping {sum(map(len, by_target.values()))} run(s) (TERM, KILL after "
-                  f"{'the run grace' if grace is None else f'{grace:g}s'})...")
+        live = len({record["run_id"] for match in matches for _, record in match.runs
+                    if record.get("state") not in TERMINAL_STATES})
+        if live:  # an ended run is only reported as such below: nothing is stopped
+            err.print(f"stopping {live} run{'s' if live != 1 else ''} (TERM, KILL after "
+                      f"{'the run grace' if grace is None else f'{grace:g}s'})...")
         outcomes = per_host(list(targets.values()), lambda t: client.kill(t, by_target[t.name], grace=grace))
     report = {o.target.name: (o.value if o.ok else {"ok": False, "error": str(o.error)}) for o in outcomes}
     if as_json:

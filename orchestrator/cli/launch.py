@@ -7,7 +7,7 @@ from typing import List, Optional
 import typer
 
 from ..agent.launch import how_it_ended
-from ..agent.protocol import DEFAULT_GRACE_S
+from ..agent.protocol import DEFAULT_GRACE_S, TERMINAL_STATES
 from ..errors import EXIT_OK, UsageError, shorten
 from ..inventory.model import Target
 from ..runs.client import LaunchFailed, RunClient
@@ -17,7 +17,7 @@ from ..runs.jobs import DEFAULT_DIST_TIMEOUT_S, JobLaunchFailed, JobSpec, launch
 from ..runs.spec import LaunchSpec, check_name, default_name
 from ..runs.trainerconfig import config_file, read_config
 from ..transports.pool import Connections
-from .args import finite, parse_env, parse_gpus
+from .args import number_in, parse_env, parse_gpus
 from .output import print_json, stderr
 from .state import AppState
 
@@ -31,7 +31,7 @@ def launch(
         None, metavar="[TARGET...] | [-- CMD...]",
         help="With --config: more targets, one job across all of them. Without: run this command instead "
              "of the bundled trainer."),
-    name: Optional[str] = typer.Option(None, "--name", "-n", help="Run name (default: from the command)."),
+    name: Optional[str] = typer.Option(None, "--name", "-n", metavar="NAME", help="Run name (default: from the command)."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", metavar="FILE",
                                           help="Trainer config (YAML) for the bundled trainer."),
     gpus: Optional[str] = typer.Option(None, "--gpus", metavar="0,1|0-7|none",
@@ -40,13 +40,13 @@ def launch(
     env: Optional[List[str]] = typer.Option(None, "--env", "-e", metavar="K=V", help="Extra environment (repeat)."),
     force: bool = typer.Option(False, "--force", help="Start even if a live run holds the GPUs, or doctor's "
                                                       "checks of the config fail (tmpfs paths, no room, no GPU)."),
-    grace: float = typer.Option(DEFAULT_GRACE_S, "--grace", min=0, callback=finite,
+    grace: float = typer.Option(DEFAULT_GRACE_S, "--grace", callback=number_in(0), metavar="S",
                                 help="Seconds a later `kill` waits after TERM."),
     nproc_per_node: Optional[int] = typer.Option(
-        None, "--nproc-per-node", min=1, help="Processes per node of a multi-target job (default: one per GPU; "
+        None, "--nproc-per-node", callback=number_in(1), metavar="N", help="Processes per node of a multi-target job (default: one per GPU; "
                                               "one CPU process where there are none or the config says cpu)."),
     dist_timeout: float = typer.Option(
-        DEFAULT_DIST_TIMEOUT_S, "--dist-timeout", min=1, callback=finite, metavar="SECONDS",
+        DEFAULT_DIST_TIMEOUT_S, "--dist-timeout", callback=number_in(1), metavar="SECONDS",
         help="Multi-target job: how long the rendezvous and every collective wait for a missing node before "
              "the job fails."),
     as_json: bool = typer.Option(False, "--json", help="Print the run record (a job: job_id and one per node)."),
@@ -112,10 +112,18 @@ def _launch_run(state: AppState, spec: LaunchSpec, config: Path | None, *, as_js
     if as_json:
         print_json({"run": record, **record})
     else:
-        err.print(f"{record['run_id']} is {record.get('state')} on {where} (pid {record.get('pid')}); "
-                  f"`dflashctl logs -f {record['run_id']}` to follow it")
+        err.print(_started_line(record, where), markup=False)
         typer.echo(record["run_id"])
     return EXIT_OK
+
+
+def _started_line(record: dict, where: str) -> str:
+    """What became of the run: running, or (a short command) already ended while the launch verified it."""
+    run_id = record["run_id"]
+    if record.get("state") in TERMINAL_STATES:
+        return f"{run_id} on {where} already ended: {how_it_ended(record)}; `dflashctl logs {run_id}` shows its output"
+    return (f"{run_id} is {record.get('state')} on {where} (pid {record.get('pid')}); "
+            f"`dflashctl logs -f {run_id}` to follow it")
 
 
 def _job_targets(state: AppState, names: list[str]) -> list[Target]:
@@ -202,10 +210,10 @@ def _report_failure(failed: LaunchFailed) -> None:
     run = payload.get("run") or {}
     if not run:  # refused before anything started (e.g. GPUs busy): the error says it all
         return
+    # how it ended is the error line printed after this; here only what the error cannot hold
     err = stderr()
-    err.print(f"run {run.get('run_id', '?')} ended during start-up: {how_it_ended(run)}", markup=False)
     lines = payload.get("log_tail") or []
     if lines:
-        err.print("last lines of its log:", markup=False)
+        err.print(f"last lines of the log of {run.get('run_id', '?')}:", markup=False)
         for line in lines[-40:]:
             err.print(f"  {line}", markup=False)

@@ -14,6 +14,7 @@ from ..runs.client import RunClient
 from ..transports.pool import Connections
 from ..transports.timeouts import LOG_READ_TIMEOUT_S
 from ..watch.stream import drop_connection, reason_only
+from .args import number_in
 from .output import stderr
 from .state import AppState
 
@@ -29,8 +30,8 @@ def logs(
                                  help="A run or job id, a unique prefix of one, or the name given at launch "
                                       "(its newest run, live ones first)."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines until the run ends."),
-    lines: int = typer.Option(100, "--lines", "-n", min=0, help="How many of the last lines to show first."),
-    node: Optional[int] = typer.Option(None, "--node", min=0,
+    lines: int = typer.Option(100, "--lines", "-n", callback=number_in(0), metavar="N", help="How many of the last lines to show first."),
+    node: Optional[int] = typer.Option(None, "--node", callback=number_in(0), metavar="N",
                                        help="Of a job: this node's log (default: node 0, which holds rank 0)."),
 ) -> int:
     """Print the end of a run's log (its stdout and stderr); with -f, follow it until the run ends.

@@ -7,11 +7,12 @@ module relies on, never where the classes are imported from.
 """
 from __future__ import annotations
 
+import copy
 import difflib
 import sys
 
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from ..errors import EXIT_USAGE, shorten
 
@@ -58,8 +59,73 @@ def show_parse_error(exc: BaseException) -> int:
     return EXIT_USAGE
 
 
+def _named_types() -> tuple[type, ...]:
+    try:
+        import click  # typer < 0.26 only
+    except ImportError:
+        return ()
+    return (click.types.StringParamType,)
+
+
+_NAMED_TYPES = _named_types()
+
+
+def _plain(params) -> None:
+    """Help that shows the metavars the commands give, not the type names typer >= 0.26 adds beside each one
+    (`<str>`, `<bool>`, `<list[str]>`), nor those older ones show (TEXT, BOOLEAN): a flag shows nothing, an
+    argument only its name."""
+    for param in params:
+        if getattr(param, "is_flag", False):
+            param.metavar = ""
+        if param.default is None:
+            param.show_default = False  # typer < 0.26 writes `[default: None]` for an option that has none
+        if param.param_type_name == "argument":
+            param.metavar = param.metavar or param.name.upper()
+            param.display_type_rich = lambda *args, **kwargs: None  # typer >= 0.26 only; older ones never call it
+            if isinstance(getattr(param, "type", None), _NAMED_TYPES):
+                # typer < 0.26 shows an argument's type name (TEXT) beside its name: a copy named nothing
+                param.type = copy.copy(param.type)
+                param.type.name = ""
+
+
+def _usage_piece(argument) -> str:
+    """An argument in the usage line: NAME, [NAME] when optional, ... when repeated (typer >= 0.26 writes a
+    required one in braces, `{TARGET}`, which reads as a set to type)."""
+    name = argument.metavar or argument.name.upper()
+    if any(mark in name for mark in " |["):
+        return name  # a metavar that describes its own shape (launch's `[TARGET...] | [-- CMD...]`)
+    name = name if argument.required else f"[{name}]"
+    return name + ("..." if argument.nargs != 1 and not name.endswith("...") else "")
+
+
+class Command(TyperCommand):
+    """Every command: plain help (see _plain) and a usage line of plain names, from every typer version alike."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        _plain(self.params)
+
+    def get_help_option(self, ctx):
+        option = super().get_help_option(ctx)
+        _plain([option] if option is not None else [])
+        return option
+
+    def collect_usage_pieces(self, ctx) -> list[str]:
+        pieces = [self.options_metavar] if self.options_metavar else []
+        return pieces + [_usage_piece(param) for param in self.get_params(ctx) if param.param_type_name == "argument"]
+
+
 class CommandGroup(TyperGroup):
     """The root group: an unknown command gets "did you mean" from every typer version alike."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        _plain(self.params)
+
+    def get_help_option(self, ctx):
+        option = super().get_help_option(ctx)
+        _plain([option] if option is not None else [])
+        return option
 
     def resolve_command(self, ctx, args):
         name = args[0] if args else None

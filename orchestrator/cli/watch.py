@@ -19,19 +19,19 @@ from ..watch.alerts import AlertRules
 from ..watch.model import Snapshot
 from ..watch.source import LiveSource
 from ..watch.stream import ONCE_WAIT_S
-from .args import finite
+from .args import number_in
 from .output import print_json, stderr, stdout
 from .state import AppState
 from .watchserve import serve_dashboard
 
 
 # the low_disk alert's marks (doctor's, by default)
-MIN_FREE_GIB = typer.Option(LOW_FREE_BYTES / GIB, "--min-free-gib", min=0.0, callback=finite, metavar="GIB",
+MIN_FREE_GIB = typer.Option(LOW_FREE_BYTES / GIB, "--min-free-gib", callback=number_in(0), metavar="GIB",
                             help="low_disk alert: a container's runs filesystem has less free than this...")
-MIN_FREE_PCT = typer.Option(LOW_FREE_FRACTION * 100, "--min-free-pct", min=0.0, max=100.0, callback=finite,
+MIN_FREE_PCT = typer.Option(LOW_FREE_FRACTION * 100, "--min-free-pct", callback=number_in(0, 100),
                             metavar="PCT", help="...or less than this share of it.")
 # a stream waits FIRST_WORD_S for its agent's first word: --once must not give up on a target before that
-ONCE_TIMEOUT = typer.Option(ONCE_WAIT_S, "--timeout", min=0.0, callback=finite, metavar="S",
+ONCE_TIMEOUT = typer.Option(ONCE_WAIT_S, "--timeout", callback=number_in(0), metavar="S",
                             help="With --once: the longest wait for every target to answer (a loaded container "
                             "may take most of a minute to start the agent).")
 
@@ -42,7 +42,7 @@ def watch(
                                                   help="Only these targets (default: every target)."),
     once: bool = typer.Option(False, "--once", help="Print one snapshot and exit instead of opening the dashboard."),
     as_json: bool = typer.Option(False, "--json", help="With --once: print the snapshot as one JSON object."),
-    interval: float = typer.Option(1.0, "--interval", min=0.1, callback=finite, metavar="S",
+    interval: float = typer.Option(1.0, "--interval", callback=number_in(0.1), metavar="S",
                                    help="Seconds between GPU samples (nvidia-smi loops in the container)."),
     timeout: float = ONCE_TIMEOUT,
     headless: bool = typer.Option(False, "--headless", help="No screen: print each alert as a JSON line on stdout "
@@ -52,12 +52,12 @@ def watch(
                                                "apprise URL (ntfy://, slack://, json://...; repeatable) besides the "
                                                "inventory's notify: entries; kinds: failed, killed, lost, exception, "
                                                "stall, gpu_idle_held, nan. Needs `pip install 'dflashctl[notify]'`."),
-    notify_repeat: Optional[float] = typer.Option(None, "--notify-repeat", min=0.0, callback=finite, metavar="S",
+    notify_repeat: Optional[float] = typer.Option(None, "--notify-repeat", callback=number_in(0), metavar="S",
                                                   help="At most one notification per alert kind and run in S "
                                                   "seconds (default 600, or the entry's repeat_s)."),
     no_notify: bool = typer.Option(False, "--no-notify", help="Send nothing, the inventory's notify: entries "
                                    "included (e.g. while a headless watcher sends them)."),
-    stall: Optional[float] = typer.Option(None, "--stall", min=0.1, callback=finite, metavar="S",
+    stall: Optional[float] = typer.Option(None, "--stall", callback=number_in(0.1), metavar="S",
                                           help="A run is stalled after S seconds without a new step, or 5 median "
                                           "step intervals if longer (default: 120 s, and 900 s until three steps "
                                           "are timed)."),
@@ -65,7 +65,7 @@ def watch(
                                "(needs the serve extra: pip install 'dflashctl[serve]')."),
     host: str = typer.Option("127.0.0.1", "--host", metavar="ADDR",
                              help="With --serve: the address to listen on; any but loopback needs a token."),
-    port: int = typer.Option(8000, "--port", min=1, max=65535, help="With --serve: the port to listen on."),
+    port: int = typer.Option(8000, "--port", callback=number_in(1, 65535), metavar="PORT", help="With --serve: the port to listen on."),
     token: Optional[str] = typer.Option(None, "--token", metavar="T", help="With --serve: the token every "
                                         "request must carry (?token=T); made up and printed off loopback."),
     min_free_gib: float = MIN_FREE_GIB,

@@ -14,6 +14,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from ..agent.cleanup import summary
 from ..agent.protocol import MSG_DISK, MSG_GPU, MSG_LOG, MSG_RESET, MSG_RUNS, MSG_SYNCED, TERMINAL_STATES
 from ..errors import DflashError, TargetNotFound
 from ..inventory.model import Inventory, Target
@@ -166,8 +167,7 @@ class LiveSource:
         except DflashError as exc:
             return ActionResult(ok=False, message=str(exc))
         actions = payload.get("actions") or []
-        verb = "planned" if dry_run else "taken"
-        return ActionResult(ok=bool(payload.get("ok")), message=f"{target}: {len(actions)} action(s) {verb}",
+        return ActionResult(ok=bool(payload.get("ok")), message=summary(target, actions, dry_run=dry_run),
                             details=payload)
 
     def log_line_count(self, run_id: str) -> int:

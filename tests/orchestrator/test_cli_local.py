@@ -55,9 +55,28 @@ def test_a_second_kill_says_the_run_had_already_ended(inv, capsys):
     record = launch(inv, capsys, "--", "sleep", "60")
     code, out, _ = run_cli(inv, "kill", record["run_id"], "--grace", "1", capsys=capsys)
     assert code == 0 and out.strip() == f"{record['run_id']} on local: killed, signal 15 (SIGTERM)"
-    code, out, _ = run_cli(inv, "kill", record["run_id"], capsys=capsys)
+    code, out, err = run_cli(inv, "kill", record["run_id"], capsys=capsys)
     assert code == 0
     assert out.strip() == f"{record['run_id']} on local: had already ended: killed, signal 15 (SIGTERM); nothing to stop"
+    assert "stopping" not in err  # nothing is: the line above says why
+
+
+def test_a_command_that_ends_during_the_launch_is_said_to_have_ended(inv, capsys):
+    code, out, err = run_cli(inv, "launch", "local", "--gpus", "none", "--", "true", capsys=capsys)
+    assert code == 0, err
+    run_id = out.strip()
+    assert f"{run_id} on local already ended: succeeded, exit code 0" in err and "is succeeded" not in err
+    code, out, err = run_cli(inv, "cleanup", "local", capsys=capsys)
+    assert code == 0 and "(s)" not in out
+    assert out.splitlines()[0] in ("local: nothing to clean", "local: 1 action taken") or " actions taken" in out
+
+
+def test_a_launch_that_fails_says_so_once(inv, capsys):
+    code, out, err = run_cli(inv, "launch", "local", "--gpus", "none", "--", "sh", "-c", "echo oops; exit 3",
+                             capsys=capsys)
+    assert code == 1
+    assert err.count("exit code 3") == 1, err
+    assert "oops" in err  # the log's last lines, above the error
 
 
 def test_a_missing_binary_fails_the_launch_with_exit_127_command_not_found(inv, capsys):

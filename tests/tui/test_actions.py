@@ -114,7 +114,7 @@ async def test_cleanup_with_nothing_planned_says_so_and_offers_no_confirm():
 
     finding = {"kind": "zombies_of_init", "count": 3, "pids": [17, 18, 19],
                "advice": "only a container restart clears them"}
-    nothing = ActionResult(ok=True, message="pve2/300: 0 action(s) planned",
+    nothing = ActionResult(ok=True, message="pve2/300: nothing to clean",
                            details={"actions": [], "findings": [finding]})
     app = DashboardApp(FakeSource(scenario.snapshot(), cleanup_plan=nothing), refresh_s=0.02)
     async with app.run_test(size=(80, 24)) as pilot:
@@ -127,7 +127,9 @@ async def test_cleanup_with_nothing_planned_says_so_and_offers_no_confirm():
         assert [button.id for button in dialog.query(Button)] == ["no"]
         assert str(dialog.query_one("#no", Button).label) == "Close (n)"
         plan = dialog.query_one("#details-text", Static).content.plain
-        assert "Nothing to clean" in plan and "Planned actions" not in plan
+        # said once, by the title: not again by the message nor by the plan's text
+        assert "nothing to clean" not in plan.lower() and "Planned actions" not in plan
+        assert plan.startswith("No orphan of an ended run (stuck or not), no dead run.")
         assert "zombies_of_init count 3" in plan  # what it cannot fix is still said
         await pilot.press("y")  # nothing to confirm: y only closes
         await wait_until(pilot, lambda: isinstance(app.screen, MainScreen), what="the dialog closed")

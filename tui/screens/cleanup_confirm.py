@@ -32,14 +32,14 @@ def planned_actions(plan: ActionResult) -> list:
 def plan_text(plan: ActionResult) -> Text:
     """The dry run's message, its planned actions, what it cannot fix, and the zombies of processes no run owns
     (never planned: cleanup ends only what its runs left)."""
-    text = Text(plan.message or "")
     actions = planned_actions(plan)
     findings = list(plan.details.get("findings") or [])
     foreign = list(plan.details.get("foreign_zombies") or [])
     if actions:
+        text = Text(plan.message or "")
         text.append(f"\n\nPlanned actions ({len(actions)}):", style="bold")
-    else:
-        text.append("\n\nNothing to clean: no orphan of an ended run (stuck or not), no dead run.", style="dim")
+    else:  # the title says there is nothing to clean: here only what was looked for, once
+        text = Text("No orphan of an ended run (stuck or not), no dead run.", style="dim")
     for action in actions:
         text.append("\n  • ")
         text.append(describe(action, name_field="action"))
