@@ -100,13 +100,16 @@ def run_eval(target: Path, drafter: Path, prompts: Path, args) -> tuple[dict, fl
 def old_loop(target: Path, drafter_dir: Path, prompts: Path, args) -> tuple[float, float, float]:
     """(seconds, greedy tok/s, chain tok/s) of the previous eval's loop, one prompt at a time."""
     from trainer.data.generate import load_target_for_generation, pick_device, read_prompts
-    from trainer.decoding.evaluation import _cpu_threads, _tokenize
+    from trainer.decoding.evaluation import _tokenize
     from trainer.decoding.speculative import LayerTaps, greedy_decode, speculative_decode
     from trainer.model.drafter_files import load_drafter
 
     device = pick_device(args.device)
     model, tokenizer = load_target_for_generation(target, device)
-    _cpu_threads(model, device, say=lambda line: None)  # the threads eval uses: the comparison is the batching
+    from trainer.model.cpu_threads import one_thread_for_a_small_model
+
+    # the threads eval uses: the comparison is the batching
+    one_thread_for_a_small_model(model.config.hidden_size, device, lambda line: None, command="eval")
     drafter = load_drafter(drafter_dir, embed_tokens=model.get_input_embeddings(),
                            lm_head=model.get_output_embeddings(), device=device).eval()
     taps = LayerTaps(model, drafter.config.target_layer_ids)

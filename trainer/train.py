@@ -234,6 +234,7 @@ def objective_line(objective) -> str:
 
 def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> int:
     """Set up (each part above) and run the loop."""
+    from trainer.model.cpu_threads import one_thread_for_a_small_model
     from trainer.model.target import TargetModel
     from trainer.training.distributed import barrier, weights_digest
     from trainer.training.losses import Objective
@@ -251,6 +252,7 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
                               device=ctx.device, dtype=dtype, mask_token_id=cfg.mask_token_id,
                               packing=cfg.pack_target)
     log.say(target.describe())
+    one_thread_for_a_small_model(target.hidden_size, ctx.device, log.say, command="train")
     log.say(stage_line("building drafter"))
     resume_dir, local_resume = agree_on_resume(resume_dir, ctx)
     drafter = build_drafter(cfg, ctx, log, target, resume_dir if local_resume else None)

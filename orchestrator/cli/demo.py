@@ -12,6 +12,7 @@ import random
 import subprocess
 import sys
 import time
+from collections import deque
 from pathlib import Path
 
 import typer
@@ -30,6 +31,9 @@ from .output import stderr, stdout
 from .state import AppState
 
 PROMPTS = 48
+PROMPT_BATCH = 8          # answered in batches, so that progress shows while the others wait
+PROGRESS_EVERY_S = 3.0
+GENERATE_PROGRESS = "] generate answered="   # generate's progress lines (trainer/logformat.py)
 ANSWER_TOKENS = 64
 WAIT_LIMIT_S = 1800.0
 
@@ -51,7 +55,7 @@ def demo(
     base = Path(target.workdir) / "demo"
     target_dir, dataset = prepare_demo_data(base)
     config = write_demo_config(base, target_dir, dataset, steps=steps)
-    spec = launch_spec(target, [], name="demo", config=config, gpus=None, env={"OMP_NUM_THREADS": "2"},
+    spec = launch_spec(target, [], name="demo", config=config, gpus=None, env={},
                  force=True, grace=5.0)
     with Connections() as conns:
         record = RunClient(inventory, conns).launch(spec)
@@ -90,20 +94,27 @@ def prepare_demo_data(base: Path) -> tuple[Path, Path]:
     write_prompts(prompts, tokenizer_corpus())
     err.print(f"letting it answer {PROMPTS} prompts (the drafter learns to predict its own answers)...")
     _trainer("generate", "--target", str(target_dir), "--prompts", str(prompts), "--output", str(chats),
-             "--max-new-tokens", str(ANSWER_TOKENS), "--batch-size", str(PROMPTS), "--device", "cpu")
+             "--max-new-tokens", str(ANSWER_TOKENS), "--batch-size", str(PROMPT_BATCH), "--device", "cpu",
+             "--progress-every", str(PROGRESS_EVERY_S), shown=GENERATE_PROGRESS)
     _trainer("prepare", "--target", str(target_dir), "--input", str(chats), "--output", str(dataset),
              "--block-size", "8")
     (dataset / "done").write_text("ok\n")
     return target_dir, dataset
 
 
-def _trainer(*args: str) -> None:
-    done = subprocess.run([sys.executable, "-m", "trainer", *args], stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"})
-    if done.returncode != 0:
-        tail = done.stdout.decode("utf-8", "replace").strip().splitlines()[-15:]
-        raise OperationFailed(f"`python -m trainer {args[0]}` failed (exit {done.returncode}):\n" + "\n".join(tail))
+def _trainer(*args: str, shown: str | None = None) -> None:
+    """`python -m trainer ARGS` with its output kept for the error; the lines containing `shown` (its progress)
+    are passed on as they come, so that a step of a minute is not a minute of silence."""
+    tail: deque[str] = deque(maxlen=15)
+    with subprocess.Popen([sys.executable, "-m", "trainer", *args], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, errors="replace",
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}) as child:
+        for line in child.stdout:
+            tail.append(line.rstrip("\n"))
+            if shown is not None and shown in line:
+                stderr().print(f"  {line.strip()}", markup=False)
+    if child.returncode != 0:
+        raise OperationFailed(f"`python -m trainer {args[0]}` failed (exit {child.returncode}):\n" + "\n".join(tail))
 
 
 def write_prompts(path: Path, corpus: list[str]) -> None:

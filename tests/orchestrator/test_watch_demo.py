@@ -24,10 +24,20 @@ def test_demo_trains_on_local_and_summarises(tmp_path: Path, capsys, monkeypatch
         stop_keeper(tmp_path / "work" / ".dflash" / "runs")
 
 
+def test_the_demo_shows_a_trainer_command_s_progress_as_it_comes(tmp_path: Path, capsys) -> None:
+    """The tiny target answers the demo's prompts for most of a minute: its progress lines are passed on."""
+    from orchestrator.cli.demo import _trainer
+
+    _trainer("tiny-target", str(tmp_path / "target"), shown="Wrote a tiny")
+    assert f"Wrote a tiny random qwen3 target to {tmp_path / 'target'}" in capsys.readouterr().err
+
+
 def demo_and_watch(inventory: Path, capsys) -> None:
     code = run_cli(["--inventory", str(inventory), "demo", "--no-watch", "--steps", "20"])
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
     assert code == 0, out
+    assert "generate answered=48/48" in captured.err  # the prompts' progress, not a minute of silence
     run_id, state = out.splitlines()[0].split(": ")
     assert state == "succeeded" and run_id.startswith("demo-")
     assert "steps 1..20" in out  # step 1 is logged at once, then every log_every (5) steps

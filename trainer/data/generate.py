@@ -103,7 +103,7 @@ def generate(*, target: str | Path | None, prompts: str | Path, output: str | Pa
         answer_all = client.answer_all
         say(f"Generating with model {client.model!r} of {client.base} ({client.concurrency} at a time)")
     elif len(resumed.answered) < total:
-        answer_all = LocalTarget(target, device=device, max_new_tokens=max_new_tokens,
+        answer_all = LocalTarget(target, device=device, max_new_tokens=max_new_tokens, say=say,
                                  batch_size=batch_size).answer_all
     else:
         answer_all = _nothing_left
@@ -191,12 +191,16 @@ class Progress:
 class LocalTarget:
     """The target loaded here, answering batches of prompts with Hugging Face `generate` (greedy)."""
 
-    def __init__(self, target, *, device: str, max_new_tokens: int, batch_size: int) -> None:
+    def __init__(self, target, *, device: str, max_new_tokens: int, batch_size: int, say=print) -> None:
         from trainer.errors import TrainerError
 
         if target is None:
             raise TrainerError("generate needs --target (to load it here) or --server (to ask an engine)")
-        self.model, self.tokenizer = load_target_for_generation(target, pick_device(device))
+        from trainer.model.cpu_threads import one_thread_for_a_small_model
+
+        torch_device = pick_device(device)
+        self.model, self.tokenizer = load_target_for_generation(target, torch_device)
+        one_thread_for_a_small_model(self.model.config.hidden_size, torch_device, say, command="generate")
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.max_new_tokens, self.batch_size = max_new_tokens, max(1, batch_size)

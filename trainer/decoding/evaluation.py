@@ -9,7 +9,6 @@ Sliding-window targets decode one prompt at a time with exact cache rollback (tr
 """
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -21,21 +20,10 @@ from trainer.decoding.batched import (can_batch, can_batch_trees, chain_proposer
 from trainer.decoding.eval_report import EvalReport, rounding_epsilon, summarize
 from trainer.decoding.speculative import DecodeRun, LayerTaps, greedy_decode, speculative_decode
 from trainer.errors import TrainerError
+from trainer.model.cpu_threads import one_thread_for_a_small_model
 from trainer.model.target import check_target_dir, linear_attention_kernel
 
 BASELINE_SEED = 0
-SMALL_HIDDEN = 1024  # on the CPU, targets narrower than this decode on one thread (see _cpu_threads)
-
-
-def _cpu_threads(model, device: torch.device, say) -> None:
-    """A small target's operations on the CPU are too small to share out: extra threads only spin (measured on
-    2 cores: 3x the wall time, 4x under load). One thread then, unless OMP_NUM_THREADS says otherwise."""
-    if device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ and model.config.hidden_size < SMALL_HIDDEN:
-        torch.set_num_threads(1)
-        say(f"eval: one CPU thread (a target of hidden size {model.config.hidden_size}; set OMP_NUM_THREADS "
-            "to choose)")
-
-
 def untrained_like(drafter):
     """A drafter of the same shape, freshly initialised (fixed seed), on the same device and dtype."""
     from trainer.model.drafter import DFlashDrafter
@@ -103,7 +91,7 @@ def evaluate(*, target: str | Path, drafter_dir: str | Path, prompts: str | Path
     chats = read_prompts(prompts)
     torch_device = pick_device(device)
     model, tokenizer = load_target_for_generation(target, torch_device, dtype)
-    _cpu_threads(model, torch_device, say)
+    one_thread_for_a_small_model(model.config.hidden_size, torch_device, say, command="eval")
     tf32_dots = (model.dtype == torch.float32 and torch_device.type == "cuda"
                  and linear_attention_kernel(check_target_dir(Path(target))) == "fla")
     epsilon = rounding_epsilon(model.dtype, tf32_dots=tf32_dots)
