@@ -68,13 +68,14 @@ def _mark(value: bool | None) -> str:
 
 def _table(reports: list[DoctorReport]) -> Table:
     table = Table(title="dflashctl doctor", title_justify="left")
-    for col in ("target", "reach", "host key", "login", "pct", "container", "python", "GPUs", "cache", "status"):
+    for col in ("target", "reach", "host key", "login", "pct", "container", "python", "agent", "GPUs", "cache",
+                "status"):
         table.add_column(col)
     for r in reports:
         gpus = "-" if r.gpus is None else (f"{len(r.gpus)}" + (f" {r.gpus[0]['name']}" if r.gpus and
                                                                  r.gpus[0].get("name") else ""))
         table.add_row(r.target, _mark(r.reachable), _mark(r.host_key_ok), _mark(r.auth_ok), _mark(r.pct),
-                      r.container or "-", r.python or "-", gpus, format_bytes(r.cache_bytes),
+                      r.container or "-", r.python or "-", r.agent or "-", gpus, format_bytes(r.cache_bytes),
                       "[green]ok[/]" if r.ok else "[red]unreachable[/]" if r.unreachable else "[red]failed[/]")
     return table
 

@@ -1,5 +1,6 @@
-"""A trainer config on the `local` target: `doctor --config` runs the trainer's own check as `launch` does, and
-a config file that is not UTF-8 is the same one-line usage error (exit 2) in both."""
+"""doctor and a trainer config on the `local` target: `doctor --config` runs the trainer's own check as `launch`
+does, a config file that is not UTF-8 is the same one-line usage error (exit 2) in both, and the table shows
+what --json has."""
 from __future__ import annotations
 
 import json
@@ -40,3 +41,18 @@ def test_a_config_that_is_not_utf8_is_a_usage_error(inv, tmp_path, capsys, comma
     assert code == 2 and "Traceback" not in err
     assert f"{config}: not UTF-8 text (byte 0xff at offset 0)" in err
     assert "expected a mapping" not in err
+
+
+def test_doctor_s_table_has_the_agent_column_its_json_has(inv, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # every column whole on one line
+    run_cli(inv, "doctor", "local", "--json", capsys=capsys)  # the first doctor deploys the agent it probes with
+    code, result, _ = run_cli(inv, "doctor", "local", "--json", capsys=capsys)
+    agent = result["targets"]["local"]["agent"]
+    assert agent == "ok"
+    code, table, _ = run_cli(inv, "doctor", "local", capsys=capsys)
+    header = next(line for line in table.splitlines() if "target" in line and "reach" in line)
+    assert "agent" in header
+    row = next(line for line in table.splitlines() if line.strip("│┃ ").startswith("local"))
+    cells = [cell.strip() for cell in row.strip("│").split("│")]
+    names = [cell.strip() for cell in header.strip("┃").split("┃")]
+    assert cells[names.index("agent")] == agent
