@@ -19,12 +19,12 @@ def shown_lines(view: LogView) -> list[str]:
     return [view.render_line(y).text for y in range(view.scrollable_content_region.height)]
 
 
-async def open_log(pilot, source, run_id: str) -> LogView:
+async def open_log(pilot, source, run_id: str, *, lines: int = LINES) -> LogView:
     await wait_for_rows(pilot, 4)
     await select_run(pilot, run_id)
     await pilot.press("l")
     view = (await wait_for_screen(pilot, LogScreen, ready="LogView", what="the log screen")).query_one(LogView)
-    await wait_until(pilot, lambda: view.line_count == LINES, what="the line count")
+    await wait_until(pilot, lambda: view.line_count == lines, what="the line count")
     return view
 
 
@@ -117,3 +117,29 @@ async def test_log_screen_survives_a_failing_source_and_recovers(app, source, mo
         source.set_log("r-0001", 101, lambda i: f"line {i}")  # the next count change asks again
         await settle(pilot, view)
         assert shown_lines(view)[-1].split() == ["101", "line", "100"]
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)])
+async def test_log_screen_opens_on_the_last_line_of_a_log_wider_than_the_screen(app, source, size):
+    """Lines wider than the screen bring a horizontal scrollbar once they arrive, one row less to show: the view
+    that follows the end must still end on the log's last line."""
+    count = 300
+    source.set_log("r-0001", count, lambda i: f"line {i} " + "x" * 200)
+    async with app.run_test(size=size) as pilot:
+        view = await open_log(pilot, source, "r-0001", lines=count)
+        await settle(pilot, view)
+        shown = [line for line in shown_lines(view) if line.strip()]
+        assert shown[-1].split()[:3] == [str(count), "line", str(count - 1)], shown[-3:]
+        assert all("…" not in line for line in shown)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)])
+async def test_log_screen_asks_first_for_the_lines_it_opens_on(app, source, size):
+    """It opens at the end: asking first for the top left every line a placeholder until a second answer."""
+    count = 300
+    source.set_log("r-0001", count, lambda i: f"line {i}")
+    async with app.run_test(size=size) as pilot:
+        view = await open_log(pilot, source, "r-0001", lines=count)
+        await settle(pilot, view)
+        height = view.scrollable_content_region.height
+        assert source.log_requests[0] == ("r-0001", count - height, count), source.log_requests

@@ -52,8 +52,14 @@ class LogView(ScrollView, can_focus=True):
         return self._line_count
 
     def visible_window(self) -> tuple[int, int]:
-        start = max(int(self.scroll_offset.y), 0)
-        return start, min(start + self.scrollable_content_region.height, self._line_count)
+        height = self.scrollable_content_region.height
+        if self.follow:
+            # the end, even before the scroll lands there (a new line count applies after the next refresh):
+            # asking for the top first left a small screen showing only placeholders until a second answer
+            start = max(self._line_count - height, 0)
+        else:
+            start = max(int(self.scroll_offset.y), 0)
+        return start, min(start + height, self._line_count)
 
     def set_exception_lines(self, lines: frozenset[str]) -> None:
         self._exception_lines = lines
@@ -77,7 +83,11 @@ class LogView(ScrollView, can_focus=True):
         self._wanted = None
         self._resize_virtual()
         self.refresh()
-        self._want_missing()
+        if self.follow:
+            # a line wider than the view brings the horizontal scrollbar, a row less to show: end there again
+            self.call_after_refresh(self._follow_end)
+        else:
+            self._want_missing()
 
     # Jumps without animation: an animated jump across millions of lines would pass through (and ask for)
     # windows nobody looks at.
