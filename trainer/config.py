@@ -237,6 +237,13 @@ class TrainConfig(BaseModel):
                     "[] = none.")
     heldout_path: str | None = Field(None, description="Held-out dataset directory; null = {data_path}/heldout, "
                                                        "where `prepare` writes it.")
+    report_to: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(
+        default_factory=list, description="Experiment trackers that also get every step's numbers, the τ figures "
+                                          "and the resolved config, under the run's name (rank 0): tensorboard "
+                                          "({output_dir}/tensorboard), wandb (offline unless you configured it), "
+                                          "mlflow (MLFLOW_TRACKING_URI, else {output_dir}/mlruns). Each needs "
+                                          "its package: pip install 'dflashctl[report]' (tensorboard), wandb, "
+                                          "mlflow.")
 
     @field_validator("loss", mode="before")
     @classmethod

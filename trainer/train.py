@@ -29,6 +29,7 @@ from trainer.training.checkpoints import (agree_on_resume, check_resumable, choo
                                           restore_rng, resume_state, rng_state, save_checkpoint)
 from trainer.training.compile_warmup import compile_attention
 from trainer.training.metrics import MetricsLog, PhaseMeter, Throughput, compiled_graphs, log_step
+from trainer.training.reporting import open_reporters, run_name
 from trainer.training.startup import default_compile_caches, stage_line
 
 
@@ -102,8 +103,13 @@ def open_output(cfg: TrainConfig, ctx) -> tuple[Path, MetricsLog]:
     if ctx.is_main:
         for stale in output_dir.glob(".tmp-step_*"):
             shutil.rmtree(stale, ignore_errors=True)
-    log = MetricsLog(output_dir, enabled=ctx.is_main)
-    log.say("Resolved config:", *("  " + line for line in resolved_config_text(cfg).splitlines()))
+    config_text = resolved_config_text(cfg)
+    reporters = (open_reporters(cfg.report_to, output_dir=output_dir, config=cfg.model_dump(),
+                                config_text=config_text) if ctx.is_main else [])
+    log = MetricsLog(output_dir, enabled=ctx.is_main, reporters=reporters)
+    log.say("Resolved config:", *("  " + line for line in config_text.splitlines()))
+    if reporters:
+        log.say(f"Reporting to {', '.join(cfg.report_to)} as {run_name(output_dir)}")
     log.say(f"World: {ctx.world_size} process(es), rank 0 on {ctx.device}")
     gpu_bytes = torch.cuda.get_device_properties(ctx.device).total_memory if ctx.device.type == "cuda" else None
     memory_plan.check(cfg, world_size=ctx.world_size, limit=gpu_bytes, on_gpu=gpu_bytes is not None, say=log.say,

@@ -76,6 +76,8 @@ def check_config_file(path: str | Path, *, text: str | bytes | None = None, base
     if problem is not None and ("data_path" in present or report.config.heldout_path):
         found.problems.append(problem)
     _check_modules(found.problems)
+    if "report_to" not in report.unusable:
+        _check_reporters(report.config.report_to, found.problems)
     return found
 
 
@@ -102,6 +104,15 @@ def _check_modules(problems: list[Problem]) -> None:
     if missing:
         problems.append(Problem("python", f"python: {sys.executable} has no {', '.join(missing)}: install the "
                                           f"trainer's dependencies there (pip install 'dflashctl[train]')"))
+
+
+def _check_reporters(report_to: list[str], problems: list[Problem]) -> None:
+    """Each tracker of report_to needs its package (an optional extra): refused before anything loads."""
+    for name in report_to:
+        if importlib.util.find_spec(name) is None:
+            install = "pip install 'dflashctl[report]'" if name == "tensorboard" else f"pip install {name}"
+            problems.append(Problem("report_to", f"report_to: {name} needs the {name} package, which "
+                                                 f"{sys.executable} does not have: {install}"))
 
 
 def checked_config(path: str | Path, *, overrides: dict[str, Any] | None = None) -> TrainConfig:

@@ -12,13 +12,15 @@ import torch
 
 from trainer import logformat
 from trainer.config import TrainConfig
+from trainer.training.reporting import numbers_of
 
 
 class MetricsLog:
     """Rank 0's step lines on stdout and the same numbers as JSON lines in {output_dir}/metrics.jsonl."""
 
-    def __init__(self, output_dir: Path, enabled: bool):
+    def __init__(self, output_dir: Path, enabled: bool, reporters: list | None = None):
         self.enabled = enabled
+        self.reporters = list(reporters or []) if enabled else []  # trainer/training/reporting.py
         self.file = open(output_dir / "metrics.jsonl", "a") if enabled else None
         if enabled:
             link_into_run_dir(output_dir / "metrics.jsonl")
@@ -40,8 +42,13 @@ class MetricsLog:
             record.update(extra)
             self.file.write(json.dumps(record) + "\n")
             self.file.flush()
+            for reporter in self.reporters:
+                reporter.step(metrics.step, numbers_of(record))
 
     def close(self) -> None:
+        for reporter in self.reporters:
+            reporter.close()
+        self.reporters = []
         if self.file:
             self.file.close()
 
