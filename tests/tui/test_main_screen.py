@@ -224,3 +224,15 @@ async def test_a_snapshot_handled_after_the_screens_went_is_dropped(app, source)
     snapshot = source.snapshot()
     app._snapshot_updated(SnapshotUpdated(snapshot))
     assert app.main_screen.snapshot is snapshot
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)])
+async def test_a_queue_family_the_run_does_not_have_is_not_shown_empty(app, source, size):
+    """This trainer writes `q_hs=[]` (no hidden-state queue): no `q_hs` label without a value."""
+    source.update_run("r-0003", q_pre=(2,), q_hs=())
+    async with app.run_test(size=size) as pilot:
+        await wait_for_rows(pilot, 4)
+        await select_run(pilot, "r-0003")
+        await wait_until(pilot, lambda: "q_pre" in app.query_one("#queues").render().plain, what="the queues")
+        queues = app.query_one("#queues").render().plain.splitlines()
+        assert queues and all(line.startswith("q_pre") for line in queues), queues

@@ -35,8 +35,11 @@ class QueueBars(Widget):
         run = self._run
         if run is None or not (run.q_pre or run.q_hs):
             return Text("no queue depths yet", style="dim")
+        # a family the run has no queue of (this trainer's q_hs=[]: its features are computed in the step) is
+        # left out, not shown as a label without a value
         families = [(family, depths, style, max(self._peaks.get((run.run_id, family), 0), 1))
-                    for family, depths, style in (("pre", run.q_pre, "blue"), ("hs", run.q_hs, "magenta"))]
+                    for family, depths, style in (("pre", run.q_pre, "blue"), ("hs", run.q_hs, "magenta"))
+                    if depths]
         # One line per queue needs room; the compact layout gets one line per family.
         if self.screen.has_class("-compact"):
             lines = [family_line(f"q_{family}", depths, peak, style) for family, depths, style, peak in families]
