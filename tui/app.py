@@ -82,7 +82,7 @@ class DashboardApp(App):
         self.main_screen.show_snapshot(message.snapshot)
         # The app may be closing: its screens went, and the source's worker had posted one more snapshot.
         top = self.screen_stack[-1] if self.screen_stack else None
-        if isinstance(top, LogScreen):
+        if isinstance(top, (LogScreen, KillConfirmScreen)):  # screens of one run follow its newer views
             shown = top.run.run_id
             run = next((run for run in message.snapshot.runs if run.run_id == shown), None)
             if run is not None:

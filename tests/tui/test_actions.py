@@ -25,6 +25,17 @@ async def open_kill_prompt(pilot, run_id: str) -> KillConfirmScreen:
     return await wait_for_screen(pilot, KillConfirmScreen, ready="#question", what="the kill prompt")
 
 
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)])
+async def test_the_kill_prompt_shows_the_run_as_it_is_now(app, source, size):
+    async with app.run_test(size=size) as pilot:
+        prompt = await open_kill_prompt(pilot, "r-0001")
+        details = prompt.query_one("#details-text", Static)
+        assert ", step 1200," in details.content.plain
+        source.update_run("r-0001", last_step=1250)
+        await wait_until(pilot, lambda: ", step 1250," in details.content.plain, what="the newer step")
+        await pilot.press("n")
+
+
 @pytest.mark.parametrize("confirm_key", ["y", "enter"])
 async def test_kill_confirmed_kills_the_run_and_the_row_turns_killed(app, source, confirm_key):
     async with app.run_test(size=(120, 40)) as pilot:

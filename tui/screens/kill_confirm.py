@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from rich.text import Text
+from textual.widgets import Static
 
 from orchestrator.agent.protocol import DEFAULT_GRACE_S
 from orchestrator.watch.model import RunView
@@ -15,6 +16,12 @@ class KillConfirmScreen(ConfirmScreen):
         super().__init__(kill_question(run, grace), kill_details(run), yes_label="Kill")
         self.run = run
         self.grace = grace
+
+    def show_run(self, run: RunView) -> None:
+        """A newer view of the run while the prompt is open: its step and state as they are now."""
+        if kill_details(run) != kill_details(self.run):
+            self.query_one("#details-text", Static).update(kill_details(run))
+        self.run = run
 
 
 def kill_grace(run: RunView, override: float | None = None) -> float:
