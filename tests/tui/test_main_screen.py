@@ -236,3 +236,16 @@ async def test_a_queue_family_the_run_does_not_have_is_not_shown_empty(app, sour
         await wait_until(pilot, lambda: "q_pre" in app.query_one("#queues").render().plain, what="the queues")
         queues = app.query_one("#queues").render().plain.splitlines()
         assert queues and all(line.startswith("q_pre") for line in queues), queues
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)])
+async def test_the_runs_table_title_stands_out_from_the_background(app, size):
+    """Its title took the border's dark blue: on the dark background (and in a browser, on blue) unreadable."""
+    async with app.run_test(size=size) as pilot:
+        await wait_for_rows(pilot, 4)
+        runs = app.query_one("#runs")
+        title = runs.styles.border_title_color
+        if title.a == 0:  # no colour of its own: the border's
+            title = runs.styles.border_top[1]
+        background = app.screen.styles.background
+        assert abs(title.brightness - background.brightness) > 0.4, (title, background)
