@@ -185,9 +185,10 @@ def test_the_card_takes_the_latest_eval_and_heldout_tau_up_to_the_checkpoints_st
     checkpoint = tmp_path / "out" / "step_10"
     checkpoint.mkdir(parents=True)
     (checkpoint / "trainer_config.json").write_text(json.dumps({"target_path": "/models/t"}))
-    records = [{"event": "step", "step": 5, "loss": 3.0}, {"event": "eval", "step": 5, "tau": 1.5},
+    # tau_eval rides on the step records, as the trainer writes it (eval_prompts)
+    records = [{"event": "step", "step": 5, "loss": 3.0, "tau_eval": 1.5},
                {"event": "step", "step": 8, "tau_heldout": 1.75, "tau_tree_heldout": {"32": 2.5, "8": 2.0}},
-               {"event": "eval", "step": 10, "tau": 2.25}, {"event": "eval", "step": 15, "tau": 3.0},
+               {"event": "step", "step": 10, "tau_eval": 2.25}, {"event": "step", "step": 15, "tau_eval": 3.0},
                {"event": "step", "step": 9, "loss": 2.0},
                {"event": "step", "step": 12, "tau_heldout": 1.9, "tau_tree_heldout": {"8": 2.2, "32": 2.75}}]
     (tmp_path / "out" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records) + "{cut")
