@@ -118,6 +118,17 @@ class Browser:
             f"(document.querySelector({json.dumps(selector)}))")
         return tuple(value) if isinstance(value, list) else None
 
+    async def drawn(self, selector: str, top: float, bottom: float) -> list[tuple[int, int, int]]:
+        """The colours drawn (alpha above 0) on a 2D canvas between `top` and `bottom`, as shares of its height:
+        one call for a whole band of a terminal's rows, however many pixels."""
+        value = await self.evaluate(
+            f"(c => {{ if (!c) return null; const y0 = Math.floor(c.height * {top}), y1 = Math.ceil(c.height * "
+            f"{bottom}); const d = c.getContext('2d').getImageData(0, y0, c.width, Math.max(y1 - y0, 1)).data; "
+            f"const seen = new Set(); for (let i = 0; i < d.length; i += 4) if (d[i + 3] > 0) "
+            f"seen.add(d[i] + ',' + d[i + 1] + ',' + d[i + 2]); return Array.from(seen); }})"
+            f"(document.querySelector({json.dumps(selector)}))")
+        return [tuple(map(int, colour.split(","))) for colour in value or []]
+
     async def press(self, key: str) -> None:
         """A key as a person types it (one printable character)."""
         code = f"Key{key.upper()}" if key.isalpha() else ""

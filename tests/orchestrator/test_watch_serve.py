@@ -132,6 +132,43 @@ def test_loopback_needs_no_token_but_refuses_another_sites_websocket(tmp_path) -
         stop(proc)
 
 
+def test_the_browser_shows_the_keys_and_a_readable_runs_title_before_any_key_press(tmp_path) -> None:
+    """Served, the dashboard starts without the page's focus: the footer stayed blank until the first key press,
+    and the runs table's title was drawn in the border's dark blue."""
+    import asyncio
+
+    if chromium_path() is None:
+        pytest.skip("no Chromium here")
+    port = free_port("127.0.0.1")
+    proc, url = start_server("watch", "local", "--serve", "--port", str(port),
+                             env_extra={"XDG_DATA_HOME": str(tmp_path)})
+
+    async def look() -> tuple[list, list]:
+        async with Browser(width=1000, height=600) as browser:
+            await browser.open(url)
+            deadline = time.monotonic() + 60
+            footer = title = []
+            while time.monotonic() < deadline and not (footer and title):
+                await asyncio.sleep(0.5)
+                footer = [c for c in await browser.drawn(TEXT_LAYER, 0.955, 1.0) if bright(c)]  # the keys
+                title = [c for c in await browser.drawn(TEXT_LAYER, 0.045, 0.07) if bright(c)]  # the runs title
+            await browser.screenshot(tmp_path / "served.png")
+            return footer, title
+
+    try:
+        footer, title = asyncio.run(look())
+    finally:
+        stop(proc)
+    assert footer, f"no key drawn in the footer before a key press ({tmp_path / 'served.png'})"
+    assert title, f"the runs title is not drawn in a bright colour ({tmp_path / 'served.png'})"
+
+
+def bright(rgb: tuple[int, int, int]) -> bool:
+    """Orange, yellow or white text, not the dark backgrounds (the terminal draws those on the same canvas) nor
+    the border's dark blue (0, 83, 170)."""
+    return rgb[0] > 180 and rgb[1] > 120
+
+
 # ------------------------------------------------------------------------------------------------ the Host
 
 UPGRADE = ("Connection: Upgrade", "Upgrade: websocket", "Sec-WebSocket-Version: 13",

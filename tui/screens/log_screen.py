@@ -6,7 +6,7 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.screen import Screen
-from textual.widgets import Footer, Static
+from textual.widgets import Static
 from textual.worker import get_current_worker
 
 from orchestrator.watch.model import DashboardSource, RunView
@@ -15,6 +15,7 @@ from ..cancellable import sleep_unless_cancelled
 from ..loghighlight import exception_line_set
 from ..messages import LogFetchFailed, LogLineCount, LogLinesLoaded
 from ..runcells import run_label
+from ..widgets.keys_footer import KeysFooter
 from ..widgets.log_view import LogView
 
 
@@ -38,7 +39,7 @@ class LogScreen(Screen):
     def compose(self) -> ComposeResult:
         yield Static(Text(f"log of {run_label(self.run)} on {self.run.target}"), id="log-header")
         yield LogView(id="log-view")
-        yield Footer()
+        yield KeysFooter()
 
     def on_mount(self) -> None:
         view = self.query_one(LogView)

@@ -16,7 +16,7 @@ from textual.containers import Horizontal, Vertical
 from textual.geometry import Size
 from textual.reactive import reactive
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer
+from textual.widgets import DataTable
 
 from orchestrator.watch.model import RunView, Snapshot
 
@@ -28,6 +28,7 @@ from ..widgets.filter_bar import FilterBar, run_matches
 from ..widgets.gpu_panel import GpuPanel
 from ..widgets.gpu_summary import GpuSummary
 from ..widgets.host_status import HostStatus
+from ..widgets.keys_footer import KeysFooter
 from ..widgets.log_tail import LogTail
 from ..widgets.metric_charts import MetricCharts
 from ..widgets.queue_bars import QueueBars
@@ -69,7 +70,7 @@ class MainScreen(Screen):
                 yield GpuPanel(id="gpus")
                 yield AlertsList(id="alerts")
         yield FilterBar(id="filter")
-        yield Footer()
+        yield KeysFooter()
 
     def on_mount(self) -> None:
         self.query_one("#queues").border_title = "queues"
