@@ -31,7 +31,8 @@ def doctor(
     then what a GPU run needs there: the host's kernel module against the container's libnvidia-ml, the
     /dev/nvidia* nodes and the CT config's device and mount entries, /dev/shm, the workdir's free space and
     inodes, CPU and memory limits, GPU memory held with no live run. With --config, also the config's paths
-    (there, and not on tmpfs), room for its checkpoints and /dev/shm for its processes.
+    (there, and not on tmpfs), room for its checkpoints, /dev/shm for its processes, and the trainer's own check
+    of the config there (what launch runs first).
 
     One row per check: ok, warn or fail, and the fix. Hosts are checked in parallel. Exit 0 when nothing
     failed (warnings allowed), 3 when a target is unreachable (the others are still reported), 1 when a check
