@@ -54,6 +54,9 @@ def test_no_module_and_no_function_is_too_long() -> None:
 
 
 TRAINER_LOOP = "trainer/train.py:train"  # the training loop reads best as one function
+# every checkpoint ships this file alone (AutoModel with trust_remote_code): it can import nothing of ours, so it
+# holds DFlash and DFlash2 whole; its functions are held to the limit like any other
+SHIPPED_ALONE = "trainer/model/modeling_dflash.py"
 
 
 def test_trainer_modules_and_functions_are_small_too() -> None:
@@ -61,7 +64,7 @@ def test_trainer_modules_and_functions_are_small_too() -> None:
     for path in sorted((ROOT / "trainer").rglob("*.py")):
         name = path.relative_to(ROOT).as_posix()
         text = path.read_text(encoding="utf-8")
-        if text.count("\n") > MAX_MODULE_LINES:
+        if text.count("\n") > MAX_MODULE_LINES and name != SHIPPED_ALONE:
             too_long.append(f"{name}: {text.count(chr(10))} lines")
         for node in ast.walk(ast.parse(text)):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and f"{name}:{node.name}" != TRAINER_LOOP:

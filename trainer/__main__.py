@@ -169,13 +169,22 @@ def _tiny_target(args) -> int:
     return 0
 
 
+def field_help(model) -> str:
+    """Every field of a config model with its default and description, for `train --help`."""
+    lines = []
+    for name, info in model.model_fields.items():
+        default = "required" if info.is_required() else f"default {info.get_default(call_default_factory=True)!r}"
+        lines.append(f"  {name} ({default}): {info.description}")
+    return "\n".join(lines)
+
+
 def _add_train_command(commands) -> None:
-    from trainer.config import field_help
+    from trainer.config import TrainConfig
 
     train = commands.add_parser(
         "train", help="train a drafter from a YAML config", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Train a DFlash drafter. Run under torchrun for several GPUs.",
-        epilog="config keys (YAML):\n" + field_help())
+        epilog="config keys (YAML):\n" + field_help(TrainConfig))
     train.add_argument("--config", required=True, help="YAML file with the keys listed below")
     train.add_argument("--resume", default=None, metavar="auto|never|PATH",
                        help="overrides the config's resume: auto (newest complete step_N), never, or a step_N dir")

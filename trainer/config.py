@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from trainer.errors import TrainerError
+from trainer.errors import ConfigError, Problem, TrainerError
 
 # The seed run's length buckets (upper bounds exclusive): they spread a chat dataset's batches evenly enough.
 SEED_BUCKETS = [0, 770, 1216, 1728, 2432, 3296, 8193]
@@ -48,26 +48,6 @@ KEY_ALIASES = {
     "per_position_loss_weight": "slot_weights", "num_attention_heads": "drafter_heads", "num_key_value_heads": "drafter_kv_heads", "head_dim": "drafter_head_dim",
     "intermediate_size": "drafter_intermediate_size", "rope_theta": "drafter_rope_theta",
 }
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One thing wrong with a config: the key it is about and a message that names it."""
-
-    key: str
-    message: str
-    needs: tuple[str, ...] = ()   # other keys the check read: it means nothing when one of them is invalid
-
-    def __str__(self) -> str:
-        return self.message
-
-
-class ConfigError(TrainerError):
-    """Every problem of one config; str() is one line per problem, each starting with the config's name."""
-
-    def __init__(self, source: str, problems: list[Problem]) -> None:
-        self.source, self.problems = source, list(problems)
-        super().__init__("\n".join(f"{source}: {problem}" for problem in self.problems))
 
 
 def parse_loss(value: Any) -> dict[str, float]:
@@ -317,15 +297,6 @@ class TrainConfig(BaseModel):
         return []
 
 
-def field_help() -> str:
-    """Every config field with its type, default and description, for `train --help`."""
-    lines = []
-    for name, info in TrainConfig.model_fields.items():
-        default = "required" if info.is_required() else f"default {info.get_default(call_default_factory=True)!r}"
-        lines.append(f"  {name} ({default}): {info.description}")
-    return "\n".join(lines)
-
-
 def suggest_key(key: str) -> str | None:
     """The config key `key` was probably meant to be: a known alias first, else the closest spelling."""
     normal = key.strip().lower().replace("-", "_")
@@ -394,32 +365,24 @@ def config_from_dict(data: Any, *, source: str) -> TrainConfig:
 
 
 def read_config_data(path: str | Path, *, text: str | bytes | None = None) -> dict[str, Any]:
-    """The YAML mapping of a config file (or of `text`, read from it already); a TrainerError otherwise."""
+    """The YAML mapping of a config file (or of `text`, read from it already); a TrainerError otherwise. The file
+    must be UTF-8 (YAML's own encoding, and what every editor writes by default)."""
     import yaml
 
     path = Path(path)
     try:
         raw = path.read_bytes() if text is None else text
+        data = yaml.safe_load(raw.decode("utf-8") if isinstance(raw, bytes) else raw) or {}
     except OSError as exc:
         raise TrainerError(f"cannot read config {path}: {exc.strerror}") from None
-    try:
-        data = yaml.safe_load(_config_text(path, raw)) or {}
+    except UnicodeDecodeError as exc:
+        raise TrainerError(f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}): "
+                           "save the config as UTF-8") from None
     except yaml.YAMLError as exc:
         raise TrainerError(f"{path}: invalid YAML: {exc}") from None
     if not isinstance(data, dict):
         raise TrainerError(f"{path}: expected a mapping of config keys, got {type(data).__name__}")
     return data
-
-
-def _config_text(path: Path, raw: str | bytes) -> str:
-    """The file's text: UTF-8 (YAML's own encoding, and what every editor writes by default)."""
-    if isinstance(raw, str):
-        return raw
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise TrainerError(f"{path}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}): "
-                           "save the config as UTF-8") from None
 
 
 def load_config(path: str | Path, *, overrides: dict[str, Any] | None = None) -> TrainConfig:
