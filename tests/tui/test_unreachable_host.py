@@ -5,7 +5,7 @@ import pytest
 
 from orchestrator.inventory.model import load_inventory
 from orchestrator.watch.source import LiveSource
-from tests.orchestrator.test_watch_unreachable import closed_port
+from tests.orchestrator.watch.test_watch_unreachable import closed_port
 from tui.app import DashboardApp
 from tui.widgets.host_status import HostStatus
 

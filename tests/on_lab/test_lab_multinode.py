@@ -1,0 +1,254 @@
+"""One training job across two lab hosts: the real trainer under torchrun (c10d rendezvous, gloo on the CPU,
+the tiny target), by hand and through `dflashctl launch pve1/200 pve2/300`, and how such a job ends when
+it is killed, when one node's workload is SIGKILLed, and when one host's link is cut."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.lab.workloads import run_cli as cli
+from tests.on_lab.lab_configs import write_config
+from tests.trainer.conftest import REPO_ROOT, write_prompts
+
+pytestmark = pytest.mark.lab
+NODES = (("pve1", 200), ("pve2", 300))
+TARGETS = ("pve1/200", "pve2/300")
+DIGEST = re.compile(r"rank (\d+) drafter weights digest ([0-9a-f]{16})")
+DIST_TIMEOUT_S = 15
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> dict[str, Path]:
+    """The tiny target, and a dataset of its own answers, where every lab container can read them."""
+    from trainer.data.generate import generate
+    from trainer.data.prepare import prepare
+    from trainer.model.tiny_target import write_tiny_target
+
+    root = tmp_path_factory.mktemp("multinode-data")
+    target = write_tiny_target(root / "target", seed=0)
+    prompts = write_prompts(root / "prompts.jsonl", 48, seed=1)
+    generate(target=target, prompts=prompts, output=root / "chats.jsonl", max_new_tokens=64, batch_size=48,
+             device="cpu")
+    prepare(target=target, input_path=root / "chats.jsonl", output=root / "dataset", block_size=8)
+    return {"target": target, "dataset": root / "dataset"}
+
+
+@pytest.fixture(scope="module")
+def inv(lab, tmp_path_factory) -> str:
+    return str(lab.write_inventory(tmp_path_factory.mktemp("inv") / "inventory.yaml"))
+
+
+def checkpoint_digest(tiny: dict[str, Path], checkpoint: Path) -> str:
+    """The digest the trainer prints, computed from a checkpoint (the drafter shares the target's frozen
+    embedding and LM head)."""
+    from transformers import AutoModelForCausalLM
+
+    from trainer.model.drafter_files import load_drafter
+    from trainer.training.distributed import weights_digest
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny["target"])).requires_grad_(False)
+    drafter = load_drafter(checkpoint, embed_tokens=model.get_input_embeddings(),
+                           lm_head=model.get_output_embeddings())
+    return weights_digest(drafter)
+
+
+def job_of(inv: str, capsys, job_id: str, *targets: str) -> dict | None:
+    code, payload, err = cli(inv, "ps", *targets, "--all", "--json", capsys=capsys)
+    assert isinstance(payload, dict), err
+    return next((job for job in payload["jobs"] if job["job_id"] == job_id), None)
+
+
+def wait_job(inv: str, capsys, job_id: str, done, *targets: str, timeout: float = 90) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        job = job_of(inv, capsys, job_id, *targets)
+        if (job and done(job)) or time.monotonic() > deadline:
+            return job
+        time.sleep(0.5)
+
+
+def all_ended(job: dict) -> bool:
+    return all(node["state"] not in ("starting", "running") for node in job["nodes"])
+
+
+def processes_of(lab, run_ids: set[str], nodes=NODES) -> list:
+    return [p for host, ctid in nodes for p in lab.ct_processes(host, ctid)
+            if p.environ.get("DFLASH_RUN_ID") in run_ids and p.state != "Z"]
+
+
+def launch_job(inv: str, capsys, config: Path, *extra: str) -> dict:
+    code, job, err = cli(inv, "launch", *TARGETS, "--config", str(config), "--dist-timeout",
+                         str(DIST_TIMEOUT_S), "--json", *extra, capsys=capsys)
+    assert code == 0, err
+    return job
+
+
+def wait_training(inv: str, capsys, job_id: str, timeout: float = 90) -> None:
+    """Until node 0's log shows steps: every rank has joined the group and trains."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        code, out, _ = cli(inv, "logs", job_id, "-n", "5", capsys=capsys)
+        if code == 0 and "step=" in str(out):
+            return
+        time.sleep(0.5)
+    pytest.fail(f"job {job_id} did not start training within {timeout} s")
+
+
+# ---- by hand ---------------------------------------------------------------------------------------------
+
+def test_torchrun_by_hand_across_two_hosts_keeps_four_ranks_identical(lab, tiny, tmp_path) -> None:
+    config = write_config(tmp_path / "job.yaml", tiny, output_dir="/workspace/by-hand-out")
+    endpoint = f"{lab.hosts['pve1'].address}:{29400 + os.getpid() % 500}"
+    procs = []
+    for rank, (host, ctid) in enumerate(NODES):
+        link = lab.hosts[host].link
+        argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=2",
+                "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id=by-hand-{os.getpid()}",
+                f"--rdzv-conf=is_host={str(rank == 0).lower()},join_timeout=60", f"--local-addr={link.address}",
+                "--max-restarts=0", "-m", "trainer", "train", "--config", str(config)]
+        env = {"PYTHONPATH": str(REPO_ROOT), "GLOO_SOCKET_IFNAME": link.host_veth, "DFLASH_DIST_TIMEOUT_S": "30",
+               "DFLASH_RANK_OFFSET": str(2 * rank), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+        procs.append(lab.ct_start(host, ctid, argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True))
+    outputs = []
+    for proc in procs:
+        try:
+            outputs.append(proc.communicate(timeout=150)[0])
+        finally:
+            proc.kill()
+    for proc, out in zip(procs, outputs):
+        assert proc.returncode == 0, out[-3000:]
+    digests = [dict(DIGEST.findall(out)) for out in outputs]
+    assert sorted(digests[0]) == ["0", "1"] and sorted(digests[1]) == ["2", "3"]  # node order as given
+    assert len({*digests[0].values(), *digests[1].values()}) == 1
+    out_pve1 = lab.hosts["pve1"].containers[200].workspace / "by-hand-out"
+    assert (out_pve1 / "step_6").is_dir(), "rank 0 writes the checkpoints on the first node"
+    assert not (lab.hosts["pve2"].containers[300].workspace / "by-hand-out" / "step_6").exists()
+    assert checkpoint_digest(tiny, out_pve1 / "step_6") == digests[0]["0"]
+
+
+# ---- through dflashctl -----------------------------------------------------------------------------------
+
+def test_launch_on_two_targets_trains_one_job(lab, tiny, inv, tmp_path, capsys) -> None:
+    config = write_config(tmp_path / "two-node.yaml", tiny)
+    job = launch_job(inv, capsys, config, "--nproc-per-node", "2")
+    job_id = job["job_id"]
+    nodes = job["nodes"]
+    assert [n["target"] for n in nodes] == list(TARGETS) and [n["node_rank"] for n in nodes] == [0, 1]
+    assert all(n["job_id"] == job_id and n["nnodes"] == 2 and n["run_id"] == f"{job_id}-n{n['node_rank']}"
+               for n in nodes)
+    assert job["rendezvous"].startswith(lab.hosts["pve1"].address + ":")
+    done = wait_job(inv, capsys, job_id, all_ended)
+    assert done["state"] == "succeeded", done
+    assert [n["state"] for n in done["nodes"]] == ["succeeded", "succeeded"]
+    run_json = json.loads(lab.ct_run("pve2", 300, ["cat", f"{nodes[1]['run_dir']}/run.json"]).stdout)
+    assert (run_json["job_id"], run_json["node_rank"], run_json["nnodes"]) == (job_id, 1, 2)
+
+    code, node0_log, _ = cli(inv, "logs", job_id, "-n", "400", capsys=capsys)
+    assert code == 0 and "World: 4 process(es)" in node0_log and "step=6" in node0_log
+    code, node1_log, _ = cli(inv, "logs", job_id, "--node", "1", "-n", "400", capsys=capsys)
+    assert code == 0 and "step=" not in node1_log  # rank 0's step lines are the job's, and they are on node 0
+    digests = {**dict(DIGEST.findall(node0_log)), **dict(DIGEST.findall(node1_log))}
+    assert sorted(digests) == ["0", "1", "2", "3"] and len(set(digests.values())) == 1, digests
+    pve1_run_dir = nodes[0]["run_dir"].replace("/workspace", str(lab.hosts["pve1"].containers[200].workspace), 1)
+    checkpoint = Path(pve1_run_dir) / "out" / "step_6"
+    assert checkpoint_digest(tiny, checkpoint) == digests["0"]
+    pve2_run_dir = nodes[1]["run_dir"].replace("/workspace", str(lab.hosts["pve2"].containers[300].workspace), 1)
+    assert not (Path(pve2_run_dir) / "out" / "step_6").exists(), "checkpoints are written once, on node 0"
+
+    code, table, _ = cli(inv, "ps", "--all", capsys=capsys)
+    assert table.count(job_id) == 3 and "2 nodes" in table  # the job's row, then one row per node
+
+    code, snapshot, _ = cli(inv, "watch", *TARGETS, "--once", "--json", "--timeout", "30", capsys=capsys)
+    rows = [r for r in snapshot["runs"] if r["run_id"].startswith(job_id)]
+    assert [r["run_id"] for r in rows] == [job_id]  # the dashboard shows the job once...
+    assert [(n["node_rank"], n["target"]) for n in rows[0]["nodes"]] == [(0, TARGETS[0]), (1, TARGETS[1])]
+    assert (rows[0]["state"], rows[0]["last_step"]) == ("succeeded", 6)  # ...with rank 0's steps
+
+
+def test_a_job_resumes_as_a_whole_from_node0s_checkpoint(lab, tiny, inv, tmp_path, capsys) -> None:
+    """Only node 0 holds checkpoints; a relaunch resumes every rank from rank 0's, not rank 0 alone."""
+    out = f"/workspace/resume-{os.getpid()}"
+    first = launch_job(inv, capsys, write_config(tmp_path / "a.yaml", tiny, output_dir=out, max_steps=6),
+                       "--nproc-per-node", "1")
+    assert wait_job(inv, capsys, first["job_id"], all_ended)["state"] == "succeeded"
+    node1_out = lab.hosts["pve2"].containers[300].workspace / out.removeprefix("/workspace/")
+    assert not list(node1_out.glob("step_*"))  # the other node has no checkpoint to resume from
+    second = launch_job(inv, capsys, write_config(tmp_path / "b.yaml", tiny, output_dir=out, max_steps=9),
+                        "--nproc-per-node", "1")
+    assert wait_job(inv, capsys, second["job_id"], all_ended)["state"] == "succeeded"
+    code, node0_log, _ = cli(inv, "logs", second["job_id"], "-n", "400", capsys=capsys)
+    code1, node1_log, _ = cli(inv, "logs", second["job_id"], "--node", "1", "-n", "400", capsys=capsys)
+    assert code == code1 == 0
+    assert f"Resumed from {out}/step_6 at step 6" in node0_log
+    steps = [int(s) for s in re.findall(r"\] step=(\d+) ", node0_log)]
+    assert steps and min(steps) == 7 and max(steps) == 9  # trained on from 6, not again from 1
+    digests = {**dict(DIGEST.findall(node0_log)), **dict(DIGEST.findall(node1_log))}
+    assert sorted(digests) == ["0", "1"] and len(set(digests.values())) == 1, digests
+
+
+def test_kill_job_stops_every_node_and_leaves_nothing(lab, tiny, inv, tmp_path, capsys) -> None:
+    config = write_config(tmp_path / "long.yaml", tiny, max_steps=100000, checkpoint_every=0, log_every=5)
+    job = launch_job(inv, capsys, config, "--nproc-per-node", "1")
+    run_ids = {n["run_id"] for n in job["nodes"]}
+    wait_training(inv, capsys, job["job_id"])
+    assert {p.environ["DFLASH_RUN_ID"] for p in processes_of(lab, run_ids)} == run_ids
+    code, result, err = cli(inv, "kill", job["job_id"], "--grace", "2", "--json", capsys=capsys)
+    assert code == 0, err
+    assert set(result["targets"]) == set(TARGETS) and all(t["ok"] for t in result["targets"].values())
+    assert processes_of(lab, run_ids) == []
+    ended = job_of(inv, capsys, job["job_id"])
+    assert ended["state"] == "killed" and {n["state"] for n in ended["nodes"]} == {"killed"}
+
+
+# ---- failures ----------------------------------------------------------------------------------------------
+
+def test_sigkill_of_one_node_fails_the_job_on_every_node(lab, tiny, inv, tmp_path, capsys) -> None:
+    config = write_config(tmp_path / "long.yaml", tiny, max_steps=100000, checkpoint_every=0, log_every=5)
+    job = launch_job(inv, capsys, config, "--nproc-per-node", "1")
+    run_ids = {n["run_id"] for n in job["nodes"]}
+    wait_training(inv, capsys, job["job_id"])
+    node1 = job["nodes"][1]
+    torchrun = next(p for p in lab.ct_processes("pve2", 300) if p.pid == node1["pid"])
+    os.kill(torchrun.host_pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    ended = wait_job(inv, capsys, job["job_id"], all_ended, timeout=DIST_TIMEOUT_S + 30)
+    assert time.monotonic() - killed_at < DIST_TIMEOUT_S + 30
+    assert ended["state"] == "failed" and [n["state"] for n in ended["nodes"]] == ["failed", "failed"], ended
+    first = ended["failed_first"]
+    assert first["node_rank"] == 1 and first["target"] == "pve2/300" and first["signal"] == signal.SIGKILL
+    assert all(n["job_failed_first"] == 1 for n in ended["nodes"])
+    assert processes_of(lab, run_ids) == []
+    code, table, _ = cli(inv, "ps", "--all", capsys=capsys)
+    assert "failed first: node 1 (pve2/300)" in table
+
+
+def test_cutting_one_hosts_link_fails_the_job_instead_of_hanging(lab, tiny, inv, tmp_path, capsys) -> None:
+    config = write_config(tmp_path / "long.yaml", tiny, max_steps=100000, checkpoint_every=0, log_every=5)
+    job = launch_job(inv, capsys, config, "--nproc-per-node", "1")
+    run_ids = {n["run_id"] for n in job["nodes"]}
+    wait_training(inv, capsys, job["job_id"])
+    lab.link_down("pve2")
+    try:
+        cut_at = time.monotonic()
+        survivor = wait_job(inv, capsys, job["job_id"], all_ended, "pve1/200", timeout=DIST_TIMEOUT_S + 60)
+        assert survivor["nodes"][0]["state"] == "failed", survivor
+        assert time.monotonic() - cut_at < DIST_TIMEOUT_S + 60
+        assert processes_of(lab, run_ids, nodes=[NODES[0]]) == []
+        # the cut-off node gives up too: no process of it waits for a peer that will never answer
+        deadline = time.monotonic() + DIST_TIMEOUT_S + 60
+        while processes_of(lab, run_ids, nodes=[NODES[1]]) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert processes_of(lab, run_ids, nodes=[NODES[1]]) == []
+    finally:
+        lab.link_up("pve2")
+    ended = wait_job(inv, capsys, job["job_id"], all_ended)
+    assert ended["state"] == "failed" and [n["state"] for n in ended["nodes"]] == ["failed", "failed"]

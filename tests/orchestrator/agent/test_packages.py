@@ -1,0 +1,89 @@
+"""The agent's `packages`: a trainer package arrives whole or leaves nothing (no temp dir, no zombie, even under
+a PID 1 that never reaps), and only versions that no live run uses and nobody asked for lately are removed."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import time
+
+from orchestrator.runs.deploy import trainer_bundle
+from tests.orchestrator.agent.pidns import AGENT_PYTHON, launch
+
+
+def packages(ns, pkg_dir: str, runs_dir: str, *, send: bytes | None = None, size: int | None = None,
+             stall: float = 30.0) -> tuple:
+    """(exit status, answer) of `packages`; `send` is what arrives on stdin, `size` what was announced."""
+    data = trainer_bundle().data
+    args = ["packages", "--dir", pkg_dir, "--runs-dir", runs_dir]
+    if send is not None:
+        args += ["--size", str(len(data) if size is None else size), "--sha256", hashlib.sha256(data).hexdigest(),
+                 "--stall", str(stall)]
+    done = subprocess.run(ns.prefix() + [AGENT_PYTHON, ns.pyz, *args], input=send or b"", capture_output=True,
+                          timeout=60)
+    return done.returncode, json.loads(done.stdout.decode().splitlines()[-1])
+
+
+def test_a_package_is_installed_whole_once(container, tmp_path):
+    pkg = tmp_path / "pkg" / trainer_bundle().digest
+    status, out = packages(container, str(pkg), str(tmp_path / "runs"), send=trainer_bundle().data)
+    assert (status, out["installed"]) == (0, True), out
+    assert (pkg / "trainer" / "config.py").is_file() and os.listdir(tmp_path / "pkg") == [pkg.name]
+    status, out = packages(container, str(pkg), str(tmp_path / "runs"), send=trainer_bundle().data)
+    assert (status, out["installed"], os.listdir(tmp_path / "pkg")) == (0, False, [pkg.name])  # a racing twin
+
+
+def test_a_cut_or_damaged_upload_leaves_no_temp_dir_and_no_zombie(bad_init_container, tmp_path):
+    data, pkg = trainer_bundle().data, tmp_path / "pkg" / trainer_bundle().digest
+    zombies = set(bad_init_container.zombies())
+    cases = [(data[: len(data) // 2], "upload_cut"), (data[:-1] + bytes([data[-1] ^ 1]), "upload_damaged"),
+             (data + b"x", "upload_cut")]
+    for sent, code in cases:
+        status, out = packages(bad_init_container, str(pkg), str(tmp_path / "runs"), send=sent, size=len(data))
+        assert (status, out["code"]) == (1, code), out
+        assert not (tmp_path / "pkg").exists() or os.listdir(tmp_path / "pkg") == []
+    assert set(bad_init_container.zombies()) == zombies
+
+
+def test_a_receiver_whose_sender_went_silent_gives_up_after_the_stall(bad_init_container, tmp_path):
+    data, pkg = trainer_bundle().data, tmp_path / "pkg" / trainer_bundle().digest
+    receiver = subprocess.Popen(bad_init_container.prefix() + [
+        AGENT_PYTHON, bad_init_container.pyz, "packages", "--dir", str(pkg), "--runs-dir", str(tmp_path / "runs"),
+        "--size", str(len(data)), "--stall", "0.5"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    started = time.monotonic()
+    receiver.stdin.write(data[:1000])
+    receiver.stdin.flush()  # and then nothing, with the pipe still open: a link that went down
+    try:
+        receiver.wait(timeout=30)  # stdin still open: communicate() would close it, which is a cut, not a stall
+    finally:
+        receiver.stdin.close()
+    assert json.loads(receiver.stdout.read())["code"] == "upload_stalled" and time.monotonic() - started < 10
+    receiver.stdout.close()
+    assert not (tmp_path / "pkg").exists() or os.listdir(tmp_path / "pkg") == []
+
+
+def test_only_versions_no_live_run_uses_and_none_asked_for_lately_are_removed(container, tmp_path):
+    root, runs = tmp_path / "pkg", str(tmp_path / "runs")
+    names = {"old": "a" * 16, "used": "b" * 16, "fresh": "c" * 16, "dead_temp": "d" * 16 + ".tmp.{}",
+             "live_temp": "e" * 16 + ".tmp.{}", "legacy_temp": "f" * 16 + ".tmp", "other": "notes"}
+    ended = container.run(["sh", "-c", "echo $$"]).stdout.decode().strip()  # a receiver that is gone
+    live = container.run(["sh", "-c", "sleep 60 >/dev/null 2>&1 & echo $!"]).stdout.decode().strip()  # one that is not
+    try:
+        names["dead_temp"], names["live_temp"] = names["dead_temp"].format(ended), names["live_temp"].format(live)
+        for key, name in names.items():
+            (root / name / "trainer").mkdir(parents=True)
+            if key not in ("fresh", "live_temp"):
+                os.utime(root / name, (time.time() - 7200, time.time() - 7200))  # past the lease
+        status, out = launch(container, runs, "user", ["sleep", "60"], "--pythonpath", str(root / names["used"]))
+        assert status == 0, out
+        status, out = packages(container, str(root / names["fresh"]), runs)
+        assert status == 0, out
+        assert sorted(out["removed"]) == sorted(names[k] for k in ("old", "dead_temp", "legacy_temp"))
+        assert sorted(os.listdir(root)) == sorted(names[k] for k in ("used", "fresh", "live_temp", "other"))
+        status, out = container.agent("kill", "--runs-dir", runs, "--run-id", "user", "--grace", "1")
+        assert status == 0, out
+        status, out = packages(container, str(root / names["fresh"]), runs)  # its run ended: it goes too
+        assert out["removed"] == [names["used"]]
+    finally:
+        container.run(["kill", live])
