@@ -19,6 +19,7 @@ from orchestrator.runs.spec import LaunchSpec
 from orchestrator.transports.pool import Connections
 from tests.lab.workloads import STEP, counter, quick_inventory, run_cli, stop_keeper
 from tests.notify_sink import NotifySink, Received
+from tests.orchestrator.notify.test_notify import burst_beside_a_hung_webhook
 
 pytest.importorskip("apprise")
 pytestmark = pytest.mark.lab
@@ -167,3 +168,14 @@ def launch_from_a_shell_that_dies(inv: str, tmp_path: Path) -> str:
         os.killpg(shell.pid, signal.SIGKILL)
     shell.wait(10)
     return re.search(r"\bnotifier-\S+", said.read_text()).group(0)
+
+
+@pytest.mark.lab
+def test_a_hung_service_delays_no_other_on_a_lab_container(lab, tmp_path: Path, capsys) -> None:
+    """The burst of tests/orchestrator/notify/test_notify.py (six runs on `local`) from six runs in a lab container,
+    watched over SSH and pct exec."""
+    inv = tmp_path / "inventory.yaml"
+    quick_inventory(lab, inv)
+    name = f"go-{os.getpid()}-{time.monotonic_ns()}"
+    burst_beside_a_hung_webhook(inv, "pve1/200", go=lab.hosts["pve1"].containers[200].workspace / name,
+                                go_seen_by_runs=f"/workspace/{name}", capsys=capsys)

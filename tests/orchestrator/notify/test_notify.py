@@ -23,7 +23,7 @@ from orchestrator.notify.pump import FLUSH_S, NOTIFY_FAILED, AlertPump
 from orchestrator.notify.sender import Sender
 from orchestrator.watch.model import AlertFeed, AlertView, RunStatus
 from orchestrator.watch.source import LiveSource
-from tests.lab.workloads import quick_inventory, run_cli, stop_keeper
+from tests.lab.workloads import run_cli, stop_keeper
 from tests.notify_sink import NotifySink
 from tests.polling import wait_for
 
@@ -234,16 +234,6 @@ def test_a_hung_service_delays_no_other_and_a_stop_says_what_it_could_not_send(t
                                     capsys=capsys)
     finally:
         stop_keeper(tmp_path / "work" / ".dflash" / "runs")
-
-
-@pytest.mark.lab
-def test_a_hung_service_delays_no_other_on_a_lab_container(lab, tmp_path: Path, capsys) -> None:
-    """The same burst from six runs in a lab container, watched over SSH and pct exec."""
-    inv = tmp_path / "inventory.yaml"
-    quick_inventory(lab, inv)
-    name = f"go-{os.getpid()}-{time.monotonic_ns()}"
-    burst_beside_a_hung_webhook(inv, "pve1/200", go=lab.hosts["pve1"].containers[200].workspace / name,
-                                go_seen_by_runs=f"/workspace/{name}", capsys=capsys)
 
 
 def burst_beside_a_hung_webhook(inv: Path, target: str, *, go: Path, go_seen_by_runs: str, capsys) -> None:
