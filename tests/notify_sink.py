@@ -8,6 +8,8 @@ import threading
 import time
 from dataclasses import dataclass
 
+from tests import polling
+
 
 @dataclass(frozen=True)
 class Received:
@@ -51,15 +53,18 @@ class NotifySink:
         return f"json://127.0.0.1:{self.port}/{path}"
 
     def wait_for(self, predicate, timeout: float) -> list[Received]:
-        """The messages once `predicate(messages)` holds; AssertionError with what came otherwise."""
-        deadline = time.monotonic() + timeout
+        """The messages once `predicate(messages)` holds (tried again at each arrival); AssertionError with what
+        came otherwise."""
+        def held() -> list[Received] | None:
+            with self._changed:
+                got = list(self.received)
+            return got if predicate(got) else None
+
+        return polling.wait_for(held, timeout, 0.2, pause=self._arrival, what=lambda: f"received: {self.received}")
+
+    def _arrival(self, timeout: float) -> None:
         with self._changed:
-            while not predicate(list(self.received)):
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise AssertionError(f"not within {timeout}s; received: {self.received}")
-                self._changed.wait(left)
-            return list(self.received)
+            self._changed.wait(timeout)
 
     def about(self, run_id: str) -> list[Received]:
         return [r for r in self.received if run_id in r.message]

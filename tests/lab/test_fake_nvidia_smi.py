@@ -9,13 +9,13 @@ import shutil
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.lab.lab import FIXTURES, HERE, Lab, seed_8gpu_state
+from tests.polling import wait_for
 
 REAL = FIXTURES / "nvidia-smi"
 SEED_QUERY = ["--query-gpu=index,memory.used,utilization.gpu"]
@@ -159,10 +159,8 @@ def test_loop_follows_set_gpus(ct300_gpus: Lab) -> None:
 
 
 def assert_eventually_gone(lab: Lab, needle: str) -> None:
-    deadline = time.monotonic() + 5
-    while any(needle in " ".join(p.cmdline) for p in lab.ct_processes("pve2", 300)):
-        assert time.monotonic() < deadline, f"{needle} still running in CT 300"
-        time.sleep(0.1)
+    wait_for(lambda: not any(needle in " ".join(p.cmdline) for p in lab.ct_processes("pve2", 300)), 5, 0.1,
+             what=f"{needle} gone from CT 300")
 
 
 def test_cleared_state_reads_as_missing_driver(ct300_gpus: Lab) -> None:

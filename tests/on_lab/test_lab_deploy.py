@@ -50,9 +50,10 @@ def receivers(lab, pkg_root: Path) -> list:
     return [p for p in lab.ct_processes("pve2", 300) if p.state != "Z" and any(inside in a for a in p.cmdline)]
 
 
-def wait_for_upload(lab, pkg_root: Path, steady_s: float = 2.0) -> bool:
-    """Whether a receiver shows up and stays for `steady_s`: the upload (~15 s over the slow link), not the
-    check of what is there that comes before it (over in milliseconds, and its command line names the same dir)."""
+def upload_steady(lab, pkg_root: Path, steady_s: float = 2.0):
+    """A predicate for tests/polling.py: whether a receiver has shown up and stayed for `steady_s`: the upload
+    (~15 s over the slow link), not the check of what is there that comes before it (over in milliseconds, and its
+    command line names the same dir)."""
     first_seen: dict[int, float] = {}
 
     def steady() -> bool:
@@ -62,7 +63,7 @@ def wait_for_upload(lab, pkg_root: Path, steady_s: float = 2.0) -> bool:
             del first_seen[pid]
         return any(now - first_seen.setdefault(pid, now) >= steady_s for pid in pids)
 
-    return wait_for(steady, 60)
+    return steady
 
 
 def zombies(lab) -> set[int]:
@@ -100,7 +101,7 @@ def test_an_upload_cut_by_killing_the_controller_leaves_nothing_behind(lab, conf
         controller = subprocess.Popen(dflashctl(inv, "launch", TARGET, "--config", str(config), "--gpus", "none"),
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            assert wait_for_upload(lab, pkg_root)
+            assert wait_for(upload_steady(lab, pkg_root), 60)
         finally:
             controller.kill()  # SIGKILL mid-upload: no chance to clean anything up
             controller.wait()
@@ -121,7 +122,7 @@ def test_an_upload_cut_by_the_link_going_down_leaves_nothing_behind(lab, cut_upl
     with slow_link(lab, "pve2"):
         thread = threading.Thread(target=controller, daemon=True)
         thread.start()
-        assert wait_for_upload(lab, pkg_root)
+        assert wait_for(upload_steady(lab, pkg_root), 60)
         lab.link_down("pve2")
         try:
             gone = wait_for(lambda: not receivers(lab, pkg_root), 30)

@@ -263,16 +263,6 @@ def test_watch_shows_how_little_room_the_runs_have_and_alerts(lab, full_disk, ca
     assert not next(h for h in snapshot["hosts"] if h["name"] == "pve2")["low_disk"]
 
 
-def wait_for(source: LiveSource, predicate, timeout: float = 5.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = predicate(source.snapshot())
-        if found:
-            return found
-        source.wait_for_change(0.2)
-    raise AssertionError(f"not within {timeout}s")
-
-
 def test_a_truncated_or_rewritten_log_is_announced_and_read_again_whole(lab, inv, quiet_run) -> None:
     inventory, run_id = load_inventory(Path(inv)), quiet_run["run_id"]
     log = log_path(lab, inventory, "pve2", 300, run_id)
@@ -288,15 +278,18 @@ def test_a_truncated_or_rewritten_log_is_announced_and_read_again_whole(lab, inv
         assert source.wait_until_answered(20)
         with log.open("a") as handle:
             handle.write(lines("old", 40))
-        wait_for(source, lambda s: "old 39" in tail(s))
+        poll(lambda: "old 39" in tail(source.snapshot()), 5.0, 0.2, pause=source.wait_for_change,
+             what="'old 39' in the tail")
         log.write_text(lines("short", 3))  # truncated in place: smaller than what was read
-        wait_for(source, lambda s: "short 2" in tail(s))
+        poll(lambda: "short 2" in tail(source.snapshot()), 5.0, 0.2, pause=source.wait_for_change,
+             what="'short 2' in the tail")
         shown = list(tail(source.snapshot()))
         assert any("truncated" in line for line in shown)
         assert shown[shown.index(next(l for l in shown if "truncated" in l)) + 1:] == ["short 0", "short 1", "short 2"]
         with log.open("r+") as handle:  # rewritten in place, ending past the old offset: same inode, same start
             handle.write(lines("new", 60))
-        wait_for(source, lambda s: "new 59" in tail(s))
+        poll(lambda: "new 59" in tail(source.snapshot()), 5.0, 0.2, pause=source.wait_for_change,
+             what="'new 59' in the tail")
         shown = list(tail(source.snapshot()))
         mark = max(i for i, line in enumerate(shown) if "dflashctl: train.log was" in line)
         assert "rewritten" in shown[mark] and shown[mark + 1:] == [f"new {i}" for i in range(60)]

@@ -49,13 +49,16 @@ def zombies(lab) -> list:
 
 
 def wait_state(inv: str, capsys, run_id: str, states: set[str], timeout: float = 15) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
+    """The run's `ps` record once its state is one of `states`, else its last one after `timeout` seconds."""
+    seen: list[dict] = []
+
+    def reached() -> bool:
         code, payload, _ = cli(inv, "ps", TARGET, "--all", "--json", capsys=capsys)
-        run = next(r for r in payload["runs"] if r["run_id"] == run_id)
-        if run["state"] in states or time.monotonic() > deadline:
-            return run
-        time.sleep(0.3)
+        seen.append(next(r for r in payload["runs"] if r["run_id"] == run_id))
+        return seen[-1]["state"] in states
+
+    wait_for(reached, timeout, 0.3)
+    return seen[-1]
 
 
 def test_launch_returns_verified_and_the_run_outlives_ssh_and_pct(lab, inv: str, capsys) -> None:

@@ -16,6 +16,7 @@ import pytest
 
 from tests.lab.workloads import run_cli as cli
 from tests.on_lab.lab_configs import write_config
+from tests.polling import wait_for
 from tests.trainer.conftest import REPO_ROOT, write_prompts
 
 pytestmark = pytest.mark.lab
@@ -67,12 +68,15 @@ def job_of(inv: str, capsys, job_id: str, *targets: str) -> dict | None:
 
 
 def wait_job(inv: str, capsys, job_id: str, done, *targets: str, timeout: float = 90) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        job = job_of(inv, capsys, job_id, *targets)
-        if (job and done(job)) or time.monotonic() > deadline:
-            return job
-        time.sleep(0.5)
+    """The job's record once `done(job)`, else its last one after `timeout` seconds."""
+    seen: list[dict | None] = []
+
+    def reached() -> bool:
+        seen.append(job_of(inv, capsys, job_id, *targets))
+        return bool(seen[-1] and done(seen[-1]))
+
+    wait_for(reached, timeout, 0.5)
+    return seen[-1]
 
 
 def all_ended(job: dict) -> bool:
@@ -93,13 +97,11 @@ def launch_job(inv: str, capsys, config: Path, *extra: str) -> dict:
 
 def wait_training(inv: str, capsys, job_id: str, timeout: float = 90) -> None:
     """Until node 0's log shows steps: every rank has joined the group and trains."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def training() -> bool:
         code, out, _ = cli(inv, "logs", job_id, "-n", "5", capsys=capsys)
-        if code == 0 and "step=" in str(out):
-            return
-        time.sleep(0.5)
-    pytest.fail(f"job {job_id} did not start training within {timeout} s")
+        return code == 0 and "step=" in str(out)
+
+    wait_for(training, timeout, 0.5, what=f"job {job_id} training")
 
 
 # ---- by hand ---------------------------------------------------------------------------------------------

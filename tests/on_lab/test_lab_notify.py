@@ -20,6 +20,7 @@ from orchestrator.transports.pool import Connections
 from tests.lab.workloads import STEP, counter, quick_inventory, run_cli, stop_keeper
 from tests.notify_sink import NotifySink, Received
 from tests.orchestrator.notify.test_notify import burst_beside_a_hung_webhook
+from tests.polling import wait_for
 
 pytest.importorskip("apprise")
 pytestmark = pytest.mark.lab
@@ -65,13 +66,10 @@ def headless_lines(path: Path) -> list[dict]:
 
 
 def wait_for_line(path: Path, predicate, timeout: float) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = next((line for line in headless_lines(path) if predicate(line)), None) if path.exists() else None
-        if found:
-            return found
-        time.sleep(0.2)
-    raise AssertionError(f"no such line within {timeout}s: {path.read_text() if path.exists() else '(no file)'}")
+    """The first line of the headless watch's output `path` that `predicate` accepts (tests/polling.py's loop)."""
+    return wait_for(lambda: next((line for line in headless_lines(path) if predicate(line)), None)
+                    if path.exists() else None, timeout, 0.2,
+                    what=lambda: f"no such line: {path.read_text() if path.exists() else '(no file)'}")
 
 
 def test_a_headless_watch_notifies_stall_recovery_and_failure_and_nothing_for_a_healthy_run(lab, tmp_path):

@@ -13,6 +13,7 @@ from orchestrator.transports.pool import Connections
 from orchestrator.watch.source import LiveSource
 from tests.lab.workloads import QUIET, STEP, counter, log_path, quick_inventory
 from tests.lab.workloads import TRACEBACK as TRACEBACK_TEMPLATE
+from tests.polling import wait_for
 
 pytestmark = pytest.mark.lab
 
@@ -46,15 +47,9 @@ def source(inventory, launched):
         yield live
 
 
-def wait_for(source: LiveSource, predicate, timeout: float):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        snapshot = source.snapshot()
-        found = predicate(snapshot)
-        if found:
-            return found
-        source.wait_for_change(0.2)
-    raise AssertionError(f"not within {timeout}s: {source.snapshot().hosts}")
+def changes(source: LiveSource) -> dict:
+    """How the tests here poll (tests/polling.py): again at each change of the source, naming its hosts on a timeout."""
+    return {"interval": 0.2, "pause": source.wait_for_change, "what": lambda: f"hosts {source.snapshot().hosts}"}
 
 
 def run_of(snapshot, run_id: str):
@@ -71,17 +66,18 @@ def test_runs_of_two_hosts_update_live(lab, inventory, launched, source: LiveSou
     started = time.monotonic()
     with log.open("a") as handle:
         handle.write(STEP.format(i=7777) + "\n")
-    wait_for(source, lambda s: run_of(s, quiet).last_step == 7777, 3.0)
+    wait_for(lambda: run_of(source.snapshot(), quiet).last_step == 7777, 3.0, **changes(source))
     assert time.monotonic() - started < 1.5
     with log.open("a") as handle:
         handle.write(TRACEBACK)
-    alert = wait_for(source, lambda s: next((a for a in s.alerts if a.kind == "exception" and a.run_id == quiet),
-                                            None), 5.0)
+    alert = wait_for(lambda: next((a for a in source.snapshot().alerts if a.kind == "exception" and a.run_id == quiet),
+                                  None), 5.0, **changes(source))
     assert "illegal memory access" in alert.message and alert.target == "pve1/200"
     assert "RuntimeError" in run_of(source.snapshot(), quiet).exception_texts[-1]
     lab.set_gpus("pve2", 300, [{"memory.used": 4321, "utilization.gpu": 77}])
     try:
-        wait_for(source, lambda s: any(g.target == "pve2/300" and g.utilization_pct == 77 for g in s.gpus), 5.0)
+        wait_for(lambda: any(g.target == "pve2/300" and g.utilization_pct == 77 for g in source.snapshot().gpus), 5.0,
+                 **changes(source))
     finally:
         lab.set_gpus("pve2", 300, [{}])  # back to the session's idle H200 for the tests after
 
@@ -89,21 +85,22 @@ def test_runs_of_two_hosts_update_live(lab, inventory, launched, source: LiveSou
 def test_a_lost_host_is_shown_and_its_log_resumes_without_loss(lab, inventory, launched,
                                                                 source: LiveSource) -> None:
     quiet, counter = launched["quiet"]["run_id"], launched["counter"]["run_id"]
-    wait_for(source, lambda s: (run_of(s, counter).last_step or 0) > 5, 5.0)
+    wait_for(lambda: (run_of(source.snapshot(), counter).last_step or 0) > 5, 5.0, **changes(source))
     lab.link_down("pve2")
     try:
-        host = wait_for(source, lambda s: next((h for h in s.hosts if h.name == "pve2" and not h.connected), None),
-                        10.0)
+        host = wait_for(lambda: next((h for h in source.snapshot().hosts if h.name == "pve2" and not h.connected),
+                                     None), 10.0, **changes(source))
         assert host.error
         stalled_at = run_of(source.snapshot(), counter).last_step
         with log_path(lab, inventory, "pve1", 200, quiet).open("a") as handle:
             handle.write(STEP.format(i=8888) + "\n")
-        wait_for(source, lambda s: run_of(s, quiet).last_step == 8888, 3.0)  # pve1 keeps updating
+        wait_for(lambda: run_of(source.snapshot(), quiet).last_step == 8888, 3.0,  # pve1 keeps updating
+                 **changes(source))
         assert next(h for h in source.snapshot().hosts if h.name == "pve1").connected
         time.sleep(2.0)  # the counter writes ~20 lines meanwhile
     finally:
         lab.link_up("pve2")
-    wait_for(source, lambda s: (run_of(s, counter).last_step or 0) > stalled_at + 20, 25.0)
+    wait_for(lambda: (run_of(source.snapshot(), counter).last_step or 0) > stalled_at + 20, 25.0, **changes(source))
     steps = [point.step for point in run_of(source.snapshot(), counter).history]
     assert steps == list(range(steps[0], steps[0] + len(steps))), "a step line was lost or repeated"
 
@@ -117,7 +114,7 @@ def test_kill_and_log_lines_through_the_source(lab, inventory, launched, source:
     assert json_step(source.log_lines(counter, total - 1, total)[0]) >= total - 1
     result = source.kill(counter, grace=1)
     assert result.ok, result.message
-    wait_for(source, lambda s: run_of(s, counter).state == "killed", 5.0)
+    wait_for(lambda: run_of(source.snapshot(), counter).state == "killed", 5.0, **changes(source))
     ended = [a for a in source.snapshot().alerts if a.kind == "ended" and a.run_id == counter]
     assert ended and ended[-1].severity == "warning"
     plan = source.cleanup("pve2/300", dry_run=True)
