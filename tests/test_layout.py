@@ -101,3 +101,48 @@ def test_the_controller_imports_no_torch_and_only_the_dashboard_commands_import_
         assert not any(module.split(".")[0] in {"torch", "transformers"} for module in names), name
         if name.startswith("orchestrator/") and name not in DASHBOARD_OPENERS:
             assert not any(module.split(".")[0] == "tui" for module in names), name
+
+
+# ------------------------------------------------------------------------------------------------ tests/
+
+TESTS = ROOT / "tests"
+# the only homes of a polling loop: the sync one, and its async twin that awaits Pilot's pauses
+POLLING_HOMES = ("tests/polling.py", "tests/tui/conftest.py")
+# where tests may use the lab: the lab tests' folder, and the lab's own self-tests
+LAB_HOMES = ("tests/on_lab/", "tests/lab/")
+
+
+def suite_modules() -> dict[str, ast.Module]:
+    return {path.relative_to(ROOT).as_posix(): ast.parse(path.read_text(encoding="utf-8"))
+            for path in sorted(TESTS.rglob("*.py")) if "__pycache__" not in path.parts}
+
+
+def test_the_controllers_tests_mirror_its_packages() -> None:
+    unit = TESTS / "orchestrator"
+    strays = [f"{folder.relative_to(ROOT)}: no orchestrator/{folder.relative_to(unit)} package"
+              for folder in sorted(unit.rglob("*")) if folder.is_dir() and folder.name != "__pycache__"
+              and not (ROOT / "orchestrator" / folder.relative_to(unit) / "__init__.py").is_file()]
+    root_modules = {path.stem for path in (ROOT / "orchestrator").glob("*.py")}
+    strays += [f"{path.relative_to(ROOT)}: tests no root module of orchestrator/; its package's folder is the home"
+               for path in sorted(unit.glob("test_*.py")) if path.stem.removeprefix("test_") not in root_modules]
+    assert strays == []
+
+
+def test_every_test_that_uses_the_lab_lives_in_tests_on_lab() -> None:
+    """A test or fixture taking the `lab` fixture; the ones that take such a fixture live beside it."""
+    outside = [f"{name}:{node.lineno} {node.name}"
+               for name, tree in suite_modules().items()
+               if name.rsplit("/", 1)[-1].startswith(("test_", "conftest")) and not name.startswith(LAB_HOMES)
+               for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+               and "lab" in [arg.arg for arg in node.args.posonlyargs + node.args.args + node.args.kwonlyargs]]
+    assert outside == []
+
+
+def test_one_polling_loop() -> None:
+    """A function named for waiting (wait_for, wait_until, poll...) that loops is a copy of tests/polling.py's."""
+    copies = [f"{name}:{node.lineno} {node.name}"
+              for name, tree in suite_modules().items() if name not in POLLING_HOMES
+              for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+              and node.name.lstrip("_").startswith(("wait", "poll", "until", "eventually", "assert_eventually"))
+              and any(isinstance(inner, (ast.While, ast.For, ast.AsyncFor)) for inner in ast.walk(node))]
+    assert copies == []

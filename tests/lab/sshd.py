@@ -6,8 +6,9 @@ import os
 import signal
 import socket
 import subprocess
-import time
 from pathlib import Path
+
+from tests.polling import wait_for
 
 SSHD = "/usr/sbin/sshd"
 
@@ -81,18 +82,18 @@ def start(netns: str, config: Path, log: Path, *, binds: tuple[tuple[Path, str],
 
 def wait_accepting(proc: subprocess.Popen[bytes], address: str, port: int, log: Path,
                    *, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def accepting() -> bool:
         if proc.poll() is not None:
             raise SshdError(f"sshd exited with {proc.returncode}: {_tail(log)}")
         try:
             with socket.create_connection((address, port), timeout=0.5) as sock:
                 sock.settimeout(2)
-                if sock.recv(64).startswith(b"SSH-"):
-                    return
+                return sock.recv(64).startswith(b"SSH-")
         except OSError:
-            time.sleep(0.02)
-    raise SshdError(f"sshd on {address}:{port} did not accept connections in {timeout}s: {_tail(log)}")
+            return False
+
+    if not wait_for(accepting, timeout):
+        raise SshdError(f"sshd on {address}:{port} did not accept connections in {timeout}s: {_tail(log)}")
 
 
 def stop(proc: subprocess.Popen[bytes], *, grace: float = 2.0) -> None:
