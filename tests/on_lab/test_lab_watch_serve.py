@@ -20,7 +20,7 @@ from orchestrator.runs.spec import LaunchSpec
 from orchestrator.transports.pool import Connections
 from tests.browser import Browser, chromium_path
 from tests.lab.workloads import quick_inventory
-from tests.orchestrator.cli.test_watch_serve import (SEED_RUN, check_hosts, foreign_hosts, free_port,
+from tests.orchestrator.cli.test_watch_serve import (SEED_RUN, TEXT_LAYER, check_hosts, foreign_hosts, free_port,
                                                      needs_textual_serve, start_server, status_of, stop)
 
 
@@ -126,7 +126,6 @@ async def kill_from_the_browser(browser: Browser, state_of, shots: Path) -> bool
     return False
 
 
-TEXT_LAYER = "canvas.xterm-text-layer"
 FIRST_ROW = (60, 62)  # a point of the runs table's first row, at the page's default font size
 
 

@@ -18,11 +18,13 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli import main
+from tests.browser import Browser, chromium_path
 from tests.seed_logs import SEED_STARTUP, SEED_STEPS
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 needs_textual_serve = pytest.mark.skipif(importlib.util.find_spec("textual_serve") is None,
                                          reason="needs the serve extra: pip install -e '.[serve]'")
+TEXT_LAYER = "canvas.xterm-text-layer"  # the canvas the served terminal draws its text on
 SERVING = re.compile(r"serving the dashboard on (http://\S+)")
 # the seed's start-up and first step line, then quiet: the dashboard names its bound (drafter) from them
 SEED_RUN = f"import sys, time; sys.stdout.write({SEED_STARTUP + SEED_STEPS.splitlines()[0] + chr(10)!r}); " \
