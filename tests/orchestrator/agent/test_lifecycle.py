@@ -21,7 +21,9 @@ def test_launch_is_verified_fast_and_sets_the_run_environment(container, runs_di
                          settle=None)
     elapsed = time.monotonic() - started
     assert status == 0, out
-    assert elapsed < 2.5
+    # verified once it stayed up the 1 s settle window, not at the 10 s verify timeout (a bound with room for a
+    # loaded machine: 2.5 s failed at 2.77 s under load while the launch was right)
+    assert elapsed < 6
     run = out["run"]
     assert (run["state"], run["run_id"], run["target"], run["gpus"]) == ("running", "r1", "lab/100", [2, 3])
     assert run["pid"] and run["supervisor_pid"] and run["exit_code"] is None
