@@ -92,7 +92,8 @@ def test_a_keeper_that_leaves_leaves_no_zombie_under_a_non_reaping_init(fresh_ba
     """Launched as pct exec launches (from a parent outside the container), the keeper's parent is that outside
     process and then the host's init, never the container's PID 1 that does not reap: its exit leaves nothing."""
     ns = fresh_bad_init_container
-    status, out = launch(ns, runs_dir, "brief", ["sleep", "0.5"], "--keeper-idle", "1")
+    # up long enough to be verified on a loaded machine (0.5 s once ended inside the 0.3 s settle window)
+    status, out = launch(ns, runs_dir, "brief", ["sleep", "2"], "--keeper-idle", "1")
     assert status == 0, out
     keeper = _host_pid(ns, _keeper(runs_dir)["pid"])
     wait_state(ns, runs_dir, "brief", ("succeeded",))
