@@ -168,9 +168,10 @@ def test_simulated_shards_report_the_plan_beside_the_measured_peak():
                        "--json")
     plan = result["memory_plan"]
     assert "memory_plan" not in whole
-    assert plan["lines"][0].startswith("Memory plan per GPU (rank 0 of 8, simulated): ")
+    assert plan["lines"][0].startswith("Memory plan ") and "(rank 0 of 8, simulated): " in plan["lines"][0]
     assert "sharded 8 ways" in plan["lines"][3] and plan["lines"][-1].startswith("  measured    peak allocated")
-    assert 0 < plan["without_reserve_gib"] < plan["total_gib"] and plan["peak_allocated_gib"] > 0
+    # a CPU process plans no CUDA context reserve: the total is what the process holds
+    assert 0 < plan["without_reserve_gib"] <= plan["total_gib"] and plan["peak_allocated_gib"] > 0
     assert plan["fits"] and set(plan["activations_gib"]) <= {"features", "saved", "working", "target layer"}
 
 

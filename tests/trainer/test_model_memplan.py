@@ -359,7 +359,7 @@ def test_the_plan_of_a_cpu_run_is_its_process_s_without_a_cuda_allowance(tmp_pat
     result = run_plan(config, "--gpu-memory", "0.001")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].startswith("Memory plan of the process (CPU) (one rank): ") and "limit not checked" in lines[0]
+    assert lines[0].startswith("Memory plan of the CPU process (one rank): ") and "limit not checked" in lines[0]
     assert "CUDA" not in result.stdout and "0.00B" not in result.stdout
     assert "M params" in lines[1] and "M params" in lines[2]
 

@@ -181,13 +181,15 @@ def test_prepare_counts_short_and_overlong_samples(tiny_target, tmp_path):
         {"prompt": "say something", "completion": long_answer},
         {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]},
         {"prompt": "again", "completion": long_answer + " " + long_answer},
+        # one that fits: dropping the over-long ones must leave something to train on (else prepare refuses)
+        {"prompt": "briefly", "completion": " ".join(["lorem ipsum dolor"] * 8)},
     ]
     source = _write_jsonl(tmp_path / "in.jsonl", records)
     report = prepare(target=tiny_target, input_path=source, output=tmp_path / "ds", block_size=4, max_length=200)
-    assert (report.records, report.kept, report.too_few_supervised) == (3, 2, 1)
+    assert (report.records, report.kept, report.too_few_supervised) == (4, 3, 1)
     assert report.overlong_truncated >= 1
     dataset = open_dataset(tmp_path / "ds")
-    assert len(dataset) == 2 and dataset.lengths.max() <= 200
+    assert len(dataset) == 3 and dataset.lengths.max() <= 200
 
     dropped = prepare(target=tiny_target, input_path=source, output=tmp_path / "ds2", block_size=4,
                       max_length=200, overlong="drop")

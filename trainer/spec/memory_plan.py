@@ -105,7 +105,7 @@ class MemoryPlan:
                    f"fits {_gib(self.limit)} GiB, {_gib(self.limit - self.total)} GiB spare" if self.fits else
                    f"does NOT fit {_gib(self.limit)} GiB: {_gib(self.total - self.limit)} GiB over")
         parts = ", ".join(f"{name} {_gib(value)}" for name, value in self.activations.items())
-        where = "per GPU" if self.on_gpu else "of the process (CPU)"
+        where = "per GPU" if self.on_gpu else "of the CPU process"
         lines = [
             f"Memory plan {where} ({who}): {_gib(self.total)} GiB, {verdict}",
             f"  target      {_gib(self.target_bytes):>7} GiB  {self.target_name}, {_params(self.target_params)}",
