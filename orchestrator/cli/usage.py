@@ -98,8 +98,8 @@ def _usage_piece(argument) -> str:
     return name + ("..." if argument.nargs != 1 and not name.endswith("...") else "")
 
 
-class Command(TyperCommand):
-    """Every command: plain help (see _plain) and a usage line of plain names, from every typer version alike."""
+class _PlainHelp:
+    """Plain help (see _plain) for every parameter and the --help option, mixed into a click command class."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -109,23 +109,18 @@ class Command(TyperCommand):
         option = super().get_help_option(ctx)
         _plain([option] if option is not None else [])
         return option
+
+
+class Command(_PlainHelp, TyperCommand):
+    """Every command: plain help and a usage line of plain names, from every typer version alike."""
 
     def collect_usage_pieces(self, ctx) -> list[str]:
         pieces = [self.options_metavar] if self.options_metavar else []
         return pieces + [_usage_piece(param) for param in self.get_params(ctx) if param.param_type_name == "argument"]
 
 
-class CommandGroup(TyperGroup):
-    """The root group: an unknown command gets "did you mean" from every typer version alike."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        _plain(self.params)
-
-    def get_help_option(self, ctx):
-        option = super().get_help_option(ctx)
-        _plain([option] if option is not None else [])
-        return option
+class CommandGroup(_PlainHelp, TyperGroup):
+    """The root group: plain help, and "did you mean" for an unknown command, from every typer version alike."""
 
     def resolve_command(self, ctx, args):
         name = args[0] if args else None

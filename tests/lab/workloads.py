@@ -5,6 +5,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -61,6 +62,13 @@ def run_cli(inv: str, *args: str, capsys) -> tuple[int, dict | str, str]:
         return code, json.loads(out.out), out.err
     except ValueError:
         return code, out.out, out.err
+
+
+def write_local_inventory(path: Path, workdir: Path) -> str:
+    """An inventory of the `local` target alone, working in `workdir` with this interpreter; its path."""
+    path.write_text("hosts:\n  local:\n    transport: local\n"
+                    f"    workdir: {json.dumps(str(workdir))}\n    python: {json.dumps(sys.executable)}\n")
+    return str(path)
 
 
 def stop_keeper(runs: Path) -> None:

@@ -2,8 +2,6 @@
 is shown as left alone and never offered for ending."""
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -11,7 +9,7 @@ from textual.widgets import Button, Label, Static
 
 from orchestrator.inventory.model import load_inventory
 from orchestrator.watch.source import LiveSource
-from tests.lab.workloads import run_cli, start_foreign_stuck_parent, stop_keeper
+from tests.lab.workloads import run_cli, start_foreign_stuck_parent, stop_keeper, write_local_inventory
 from tui.app import DashboardApp
 from tui.screens.cleanup_confirm import CleanupConfirmScreen
 from tui.screens.main_screen import MainScreen
@@ -23,10 +21,7 @@ pytestmark = pytest.mark.asyncio
 
 @pytest.fixture
 def inv(tmp_path: Path):
-    path = tmp_path / "inventory.yaml"
-    path.write_text("hosts:\n  local:\n    transport: local\n"
-                    f"    workdir: {json.dumps(str(tmp_path / 'work'))}\n    python: {json.dumps(sys.executable)}\n")
-    yield path
+    yield write_local_inventory(tmp_path / "inventory.yaml", tmp_path / "work")
     stop_keeper(tmp_path / "work" / ".dflash" / "runs")
 
 
@@ -35,7 +30,7 @@ async def test_the_cleanup_dialog_never_offers_to_end_a_process_no_run_owns(inv,
                              capsys=capsys)
     assert code == 0, err
     foreign = start_foreign_stuck_parent()
-    inventory = load_inventory(inv)
+    inventory = load_inventory(Path(inv))
     try:
         with LiveSource(inventory, [inventory.target("local")], heartbeat_s=1.0) as source:
             app = DashboardApp(source, refresh_s=0.1)

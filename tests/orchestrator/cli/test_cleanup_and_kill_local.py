@@ -7,27 +7,15 @@ import errno
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.orchestrator.agent.pidns import host_processes_with
-from tests.lab.workloads import run_cli, start_foreign_stuck_parent, stop_keeper, zombie_children
+from tests.lab.workloads import (run_cli, start_foreign_stuck_parent, stop_keeper, write_local_inventory,
+                                 zombie_children)
 from tests.polling import wait_for
-
-
-def write_inventory(path: Path, workdir: Path) -> str:
-    path.write_text("hosts:\n  local:\n    transport: local\n"
-                    f"    workdir: {json.dumps(str(workdir))}\n    python: {json.dumps(sys.executable)}\n")
-    return str(path)
-
-
-@pytest.fixture
-def inv(tmp_path: Path):
-    yield write_inventory(tmp_path / "inventory.yaml", tmp_path / "work")
-    stop_keeper(tmp_path / "work" / ".dflash" / "runs")
 
 
 def launch(inv: str, capsys, *args: str) -> dict:
@@ -74,7 +62,7 @@ def full_workdir(tmp_path: Path):
     work.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(work)], check=True)
     try:
-        yield write_inventory(tmp_path / "inventory.yaml", work), work
+        yield write_local_inventory(tmp_path / "inventory.yaml", work), work
     finally:
         stop_keeper(work / ".dflash" / "runs")
         subprocess.run(["umount", "-l", str(work)], check=False)

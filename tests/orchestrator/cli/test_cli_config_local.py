@@ -3,22 +3,9 @@ does, a config file that is not UTF-8 is the same one-line usage error (exit 2) 
 what --json has."""
 from __future__ import annotations
 
-import json
-import sys
-from pathlib import Path
-
 import pytest
 
-from tests.lab.workloads import run_cli, stop_keeper
-
-
-@pytest.fixture
-def inv(tmp_path: Path):
-    path = tmp_path / "inventory.yaml"
-    path.write_text("hosts:\n  local:\n    transport: local\n"
-                    f"    workdir: {json.dumps(str(tmp_path / 'work'))}\n    python: {json.dumps(sys.executable)}\n")
-    yield str(path)
-    stop_keeper(tmp_path / "work" / ".dflash" / "runs")
+from tests.lab.workloads import run_cli
 
 
 def test_doctor_fails_a_config_the_trainer_refuses(inv, tmp_path, capsys):

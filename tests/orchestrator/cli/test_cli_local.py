@@ -16,15 +16,6 @@ from tests.lab.workloads import run_cli, stop_keeper
 NO_GPU_PATH = "/usr/bin:/bin"  # no nvidia-smi there on a machine without GPUs: checked below
 
 
-@pytest.fixture
-def inv(tmp_path: Path):
-    path = tmp_path / "inventory.yaml"
-    path.write_text("hosts:\n  local:\n    transport: local\n"
-                    f"    workdir: {json.dumps(str(tmp_path / 'work'))}\n    python: {json.dumps(sys.executable)}\n")
-    yield str(path)
-    stop_keeper(tmp_path / "work" / ".dflash" / "runs")
-
-
 def launch(inv: str, capsys, *args: str) -> dict:
     code, record, err = run_cli(inv, "launch", "local", "--json", *args, capsys=capsys)
     assert code == 0, err

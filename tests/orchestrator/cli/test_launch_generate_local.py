@@ -11,7 +11,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from tests.lab.workloads import run_cli
-from tests.orchestrator.cli.test_cli_local import inv  # noqa: F401  (the fixture: a local target)
 from trainer.data.chat_server import send_json
 
 ANSWERED_BEFORE_HOLD = 3
