@@ -100,7 +100,7 @@ def main(argv=None) -> int:
     chunk_rows = max(1, LOGITS_PER_CHUNK // args.vocab)
 
     def loss_and_grad():
-        loss, _ = chunked_weighted_ce(hidden, weight, labels, weights)
+        loss = chunked_weighted_ce(hidden, weight, labels, weights).loss
         loss.backward()
         hidden.grad = None
 
@@ -111,7 +111,7 @@ def main(argv=None) -> int:
 
     with torch.no_grad():
         previous = previous_loss_and_grad(hidden, weight, labels, weights, chunk_rows)
-    loss, _ = chunked_weighted_ce(hidden, weight, labels, weights)
+    loss = chunked_weighted_ce(hidden, weight, labels, weights).loss
     (grad,) = torch.autograd.grad(loss, hidden)
     agreement = float((grad - previous[1]).norm() / previous[1].norm())
     loss_s = best_seconds(loss_and_grad, device, args.repeat)

@@ -15,9 +15,8 @@ as it should.
 
 A DFlash2 drafter adds, per block slot and layer, its two convolutions' kernel projections (their elementwise
 products are not matrix products), and per drafted slot its selector's hidden projection and the pair scores of
-its K candidates; the selector's backward computes weight gradients only (its inputs are detached). The candidates'
-second pass over the LM head is not counted: it recomputes logits the loss already made (useful work is counted,
-so it lowers the utilisation).
+its K candidates; the selector's backward computes weight gradients only (its inputs are detached). Its
+candidates are the top K of the logits the loss computes anyway (no second pass over the LM head).
 """
 from __future__ import annotations
 

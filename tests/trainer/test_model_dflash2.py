@@ -125,13 +125,36 @@ def test_dflash2_chain_is_the_selector_path_and_top1_without_pair_scores(tiny_ta
 
 
 def test_training_candidates_put_a_missing_label_in_the_weakest_place():
-    from trainer.training.selector_objective import training_candidates
+    from trainer.training.selector_objective import chunk_candidates
 
-    weight = torch.eye(6)
-    hidden = torch.tensor([[5.0, 4.0, 3.0, 2.0, 1.0, 0.0], [5.0, 4.0, 3.0, 2.0, 1.0, 0.0]])
-    unary, ids = training_candidates(hidden, weight, torch.tensor([1, 4]), 3, chunk_rows=1)
+    logits = torch.tensor([[5.0, 4.0, 3.0, 2.0, 1.0, 0.0], [5.0, 4.0, 3.0, 2.0, 1.0, 0.0]])
+    unary, ids = chunk_candidates(logits, torch.tensor([1, 4]), 3)
     assert ids.tolist() == [[0, 1, 2], [0, 1, 4]]
     assert unary.tolist() == [[5.0, 4.0, 3.0], [5.0, 4.0, 1.0]]
+
+
+@pytest.mark.parametrize("objective", [{"ce": 1.0}, {"ce": 0.5, "cap": 0.5}])
+def test_the_losses_give_the_selectors_candidates_from_their_own_chunks(objective):
+    """Both chunked losses (the plain CE's and the general one) hand back each row's top-K of the logits they
+    computed, chunk by chunk, equal to the top-K over the whole [rows, vocab] logits: no second LM-head pass."""
+    from trainer.training.losses import Objective, chunked_objective
+    from trainer.training.objective import chunked_weighted_ce
+    from trainer.training.selector_objective import chunk_candidates
+
+    torch.manual_seed(0)
+    slots, blocks, vocab, k = 3, 8, 50, 4
+    hidden, head = torch.randn(slots * blocks, 16), torch.randn(vocab, 16)
+    labels = torch.randint(0, vocab, (slots * blocks,))
+    whole = chunk_candidates(hidden @ head.t(), labels, k)
+    supervised, decay = torch.ones_like(labels, dtype=torch.bool), torch.ones(slots * blocks)
+    for chunk_blocks in (1, 3, blocks):
+        if objective == {"ce": 1.0}:
+            out = chunked_weighted_ce(hidden, head, labels, decay, chunk_rows=chunk_blocks * slots, top_k=k)
+        else:
+            out = chunked_objective(hidden, head, labels, supervised, decay, Objective(objective), slots=slots,
+                                    chunk_blocks=chunk_blocks, top_k=k)
+        assert torch.equal(out.candidates[1], whole[1]) and torch.allclose(out.candidates[0], whole[0])
+    assert chunked_weighted_ce(hidden, head, labels, decay).candidates is None
 
 
 def test_the_selector_scores_slot_k_after_the_texts_token_before_it():
@@ -144,7 +167,7 @@ def test_the_selector_scores_slot_k_after_the_texts_token_before_it():
 
 def test_training_a_dflash2_drafter_lowers_both_losses(tiny_target):
     from trainer.training.objective import IGNORE, block_labels, decay_weights, dflash_step
-    from trainer.training.selector_objective import selector_loss
+    from trainer.training.selector_objective import chunk_candidates, selector_loss
 
     drafter = make_drafter(tiny_target, architecture="dflash2", block_size=6).train()
     pattern = random_ids(tiny_target, (1, 7), seed=5)
@@ -159,8 +182,10 @@ def test_training_a_dflash2_drafter_lowers_both_losses(tiny_target):
     def selector_part() -> float:
         with torch.no_grad():
             hidden = drafter(features, input_ids.gather(1, anchors), anchors)[:, :, 1:]
+            logits = hidden.reshape(-1, hidden.shape[-1]) @ drafter.lm_head.weight.t()
+            candidates = chunk_candidates(logits, labels.clamp(min=0).flatten(), drafter.selector_top_k)
             return selector_loss(drafter, hidden, input_ids, anchors, labels.clamp(min=0), weights,
-                                 chunk_rows=64)[0].item()
+                                 candidates)[0].item()
 
     initial_selector = {k: v.clone() for k, v in drafter.candidate_selector.state_dict().items()}
     losses = []

@@ -91,7 +91,7 @@ def test_chunked_and_unchunked_agree_and_only_the_drafter_gets_a_gradient(name, 
     results = []
     for chunk_blocks in (1, 4, 6):
         leaf = hidden.clone().requires_grad_()
-        loss, terms, _ = chunked_objective(leaf, head.detach(), labels, supervised, decay, objective, slots=slots,
+        loss, _, terms, _ = chunked_objective(leaf, head.detach(), labels, supervised, decay, objective, slots=slots,
                                            target_hidden=target, chunk_blocks=chunk_blocks)
         loss.backward()
         results.append((loss.item(), leaf.grad))
@@ -111,11 +111,11 @@ def test_generic_ce_with_decay_weights_equals_the_fast_path() -> None:
     hidden, head, _, labels, supervised = batch(4 * slots, 16, 8, seed=3)
     decay = torch.exp(-torch.arange(slots, dtype=torch.float32) / 4).repeat(4)
     fast = hidden.clone().requires_grad_()
-    fast_loss, _ = chunked_weighted_ce(fast, head, labels, decay * supervised, chunk_rows=3)
+    fast_loss = chunked_weighted_ce(fast, head, labels, decay * supervised, chunk_rows=3).loss
     fast_loss.backward()
     generic = hidden.clone().requires_grad_()
-    loss, _, _ = chunked_objective(generic, head, labels, supervised, decay, Objective({"ce": 0.5, "tv": 0.0}),
-                                   slots=slots, target_hidden=hidden, chunk_blocks=2)
+    loss = chunked_objective(generic, head, labels, supervised, decay, Objective({"ce": 0.5, "tv": 0.0}),
+                             slots=slots, target_hidden=hidden, chunk_blocks=2).loss
     (2 * loss).backward()
     assert (2 * loss).item() == pytest.approx(fast_loss.item(), rel=1e-5)
     assert torch.allclose(generic.grad, fast.grad, atol=1e-6)

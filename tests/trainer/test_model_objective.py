@@ -65,7 +65,7 @@ def test_chunked_loss_and_gradient_equal_the_unchunked_ones(chunk_rows):
     weights = torch.rand(50, generator=generator, dtype=torch.float64)
     reference = (F.cross_entropy(hidden @ weight.t(), labels, reduction="none") * weights).sum() / weights.sum()
     (ref_grad,) = torch.autograd.grad(reference, hidden)
-    loss, correct = chunked_weighted_ce(hidden, weight, labels, weights, chunk_rows=chunk_rows)
+    loss, correct, _, _ = chunked_weighted_ce(hidden, weight, labels, weights, chunk_rows=chunk_rows)
     (grad,) = torch.autograd.grad(loss * 3.0, hidden)
     torch.testing.assert_close(loss.double(), reference, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(grad, ref_grad * 3.0, rtol=1e-5, atol=1e-6)
@@ -85,7 +85,7 @@ def test_chunked_loss_with_a_bf16_head_matches_fp32_math():
     probe = hidden.detach().bfloat16().float().requires_grad_(True)
     (ref_grad,) = torch.autograd.grad((F.cross_entropy(probe @ head.t(), labels, reduction="none") * weights).sum()
                                       / weights.sum(), probe)
-    loss, _ = chunked_weighted_ce(hidden, weight, labels, weights, chunk_rows=16)
+    loss = chunked_weighted_ce(hidden, weight, labels, weights, chunk_rows=16).loss
     (grad,) = torch.autograd.grad(loss, hidden)
     assert loss.dtype == torch.float32 and grad.dtype == torch.float32
     torch.testing.assert_close(loss, reference, rtol=2e-2, atol=2e-2)

@@ -23,15 +23,33 @@ the acceptance prefix or D-PACE; the default `ce` keeps its own fused-by-hand pa
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
 from trainer.config import DISTRIBUTION_OBJECTIVES, objective_text
+from trainer.training.selector_objective import chunk_candidates
 
 # fp32 [rows, vocab] tensors one chunk holds at once (its autograd graph keeps several): 256 MiB each. Not
 # smaller: each chunk costs a few ms of Python and kernel launches (an 8B vocabulary gives ~110 chunks a step)
 ROW_VOCAB_PER_CHUNK = 2 ** 26
 LAMBDA_RATE = 3.0   # lam = exp(-3 alpha), as the LK losses paper's hybrid
+
+
+class ChunkedLoss(NamedTuple):
+    """What a chunked loss gives the step: the loss (differentiable), per-row top-1 correctness, each term's value
+    before its weight, and with top_k > 0 each row's (unary logits, ids) [rows, K] for DFlash2's selector."""
+
+    loss: torch.Tensor
+    correct: torch.Tensor
+    terms: dict[str, torch.Tensor]
+    candidates: tuple[torch.Tensor, torch.Tensor] | None = None
+
+
+def no_candidates(rows: int, top_k: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The candidate buffers a chunk loop fills ([rows, K] fp32 logits and int64 ids; K = 0 when none are asked)."""
+    return (torch.empty(rows, top_k, dtype=torch.float32, device=device),
+            torch.empty(rows, top_k, dtype=torch.long, device=device))
 
 
 @dataclass(frozen=True)
@@ -156,11 +174,12 @@ class ChunkedObjective(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, head, target_hidden, labels, supervised, decay, objective: Objective, slots: int,
-                norms: Normalisers, chunk_rows: int):
+                norms: Normalisers, chunk_rows: int, top_k: int):
         need_grad = ctx.needs_input_grad[0]
         names = list(objective.weights)
         values = torch.zeros(len(names), dtype=torch.float32, device=hidden.device)
         correct = torch.empty(hidden.shape[0], dtype=torch.bool, device=hidden.device)
+        unary, ids = no_candidates(hidden.shape[0], top_k, hidden.device)
         grad_hidden = torch.zeros_like(hidden) if need_grad else None
         for start in range(0, hidden.shape[0], chunk_rows):
             rows = slice(start, start + chunk_rows)
@@ -179,25 +198,28 @@ class ChunkedObjective(torch.autograd.Function):
                 if need_grad:
                     (grad_hidden[rows],) = torch.autograd.grad(total, piece)
             correct[rows] = logits.detach().argmax(dim=-1) == labels[rows]
+            if top_k:
+                unary[rows], ids[rows] = chunk_candidates(logits.detach(), labels[rows], top_k)
             values += torch.stack([terms[name].detach() for name in names])
         ctx.save_for_backward(grad_hidden)
-        ctx.mark_non_differentiable(values, correct)
+        ctx.mark_non_differentiable(values, correct, unary, ids)
         total = (values * torch.tensor([objective.weights[n] for n in names], device=values.device)).sum()
-        return total, values, correct
+        return total, values, correct, unary, ids
 
     @staticmethod
-    def backward(ctx, grad_total, grad_values, grad_correct):
+    def backward(ctx, grad_total, grad_values, grad_correct, grad_unary, grad_ids):
         (grad_hidden,) = ctx.saved_tensors
         return (grad_hidden * grad_total.to(grad_hidden.dtype), None, None, None, None, None, None, None, None,
-                None)
+                None, None)
 
 
 def chunked_objective(hidden: torch.Tensor, head: torch.Tensor, labels: torch.Tensor, supervised: torch.Tensor,
                       decay: torch.Tensor, objective: Objective, *, slots: int,
-                      target_hidden: torch.Tensor | None = None,
-                      chunk_blocks: int | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
-    """(loss, {term: value}, correct[rows]) for hidden [rows, H] in block order (rows = blocks * slots), the LM
-    head weight [V, H], labels (any valid id where unsupervised), supervised (bool), decay [rows]."""
+                      target_hidden: torch.Tensor | None = None, chunk_blocks: int | None = None,
+                      top_k: int = 0) -> ChunkedLoss:
+    """The loss, correct[rows] and {term: value} for hidden [rows, H] in block order (rows = blocks * slots), the
+    LM head weight [V, H], labels (any valid id where unsupervised), supervised (bool), decay [rows]; with
+    top_k > 0 also each row's top-k candidates (selector_objective.chunk_candidates) from the same logits."""
     if objective.needs_target_distribution and target_hidden is None:
         raise ValueError(f"objective {objective.describe()} needs the target's hidden states")
     if chunk_blocks is None:
@@ -209,6 +231,8 @@ def chunked_objective(hidden: torch.Tensor, head: torch.Tensor, labels: torch.Te
         slot_norm = (decay * supervised).sum().float().clamp(min=tiny)
     norms = Normalisers(slots=slot_norm, blocks=supervised.view(-1, slots).any(-1).sum().float().clamp(min=1))
     target = None if target_hidden is None or not objective.needs_target_distribution else target_hidden
-    loss, values, correct = ChunkedObjective.apply(hidden, head, target, labels, supervised, decay.float(),
-                                                   objective, slots, norms, chunk_blocks * slots)
-    return loss, dict(zip(objective.weights, values.unbind())), correct
+    loss, values, correct, unary, ids = ChunkedObjective.apply(hidden, head, target, labels, supervised,
+                                                               decay.float(), objective, slots, norms,
+                                                               chunk_blocks * slots, top_k)
+    return ChunkedLoss(loss, correct, dict(zip(objective.weights, values.unbind())),
+                       (unary, ids) if top_k else None)

@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from trainer.training.losses import Objective, chunked_objective
-from trainer.training.selector_objective import selector_loss
+from trainer.training.losses import ChunkedLoss, Objective, chunked_objective, no_candidates
+from trainer.training.selector_objective import chunk_candidates, selector_loss
 
 IGNORE = -100
 # rows of logits per chunk are chosen so that one chunk holds about this many fp32 logits (512 MiB)
@@ -91,10 +91,11 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
     [rows, hidden] product, not the [rows, vocab] softmax."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, labels, weights, chunk_rows: int):
+    def forward(ctx, hidden, weight, labels, weights, chunk_rows: int, top_k: int):
         need_grad = ctx.needs_input_grad[0]
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
         correct = torch.empty(hidden.shape[0], dtype=torch.bool, device=hidden.device)
+        unary, ids = no_candidates(hidden.shape[0], top_k, hidden.device)
         grad_hidden = torch.empty_like(hidden) if need_grad else None
         for start in range(0, hidden.shape[0], chunk_rows):
             rows = slice(start, start + chunk_rows)
@@ -103,28 +104,32 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
             log_probs = torch.log_softmax(logits, dim=-1, dtype=torch.promote_types(logits.dtype, torch.float32))
             total -= (log_probs.gather(1, label[:, None]).squeeze(1) * weight_rows).sum()
             correct[rows] = logits.argmax(dim=-1) == label
+            if top_k:   # DFlash2's selector candidates, before the logits' buffer becomes the softmax
+                unary[rows], ids[rows] = chunk_candidates(logits, label, top_k)
             if need_grad:
                 probs = torch.exp(log_probs, out=logits)            # softmax, over the logits' own buffer
                 probs.scatter_add_(1, label[:, None], torch.full_like(probs[:, :1], -1))
                 grad_hidden[rows] = ((probs @ weight) * weight_rows[:, None]).to(hidden.dtype)
         ctx.save_for_backward(grad_hidden)
-        ctx.mark_non_differentiable(correct)
-        return total, correct
+        ctx.mark_non_differentiable(correct, unary, ids)
+        return total, correct, unary, ids
 
     @staticmethod
-    def backward(ctx, grad_total, grad_correct):
+    def backward(ctx, grad_total, grad_correct, grad_unary, grad_ids):
         (grad_hidden,) = ctx.saved_tensors
-        return grad_hidden * grad_total.to(grad_hidden.dtype), None, None, None, None
+        return grad_hidden * grad_total.to(grad_hidden.dtype), None, None, None, None, None
 
 
 def chunked_weighted_ce(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
-                        *, chunk_rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(loss normalised by sum(weights), correct[N]) for hidden [N, H] and the LM head weight [V, H]."""
+                        *, chunk_rows: int | None = None, top_k: int = 0) -> ChunkedLoss:
+    """The loss normalised by sum(weights) (its one term, ce) and correct[N] for hidden [N, H] and the LM head
+    weight [V, H]; with top_k > 0 each row's top-k candidates from the same logits (chunk_candidates)."""
     if chunk_rows is None:
         chunk_rows = max(1, LOGITS_PER_CHUNK // weight.shape[0])
     # a batch without supervised slots has all-zero weights: loss and gradient 0, not NaN
     normalised = (weights / weights.sum().clamp(min=torch.finfo(weights.dtype).tiny)).float()
-    return ChunkedLinearCrossEntropy.apply(hidden, weight, labels, normalised, chunk_rows)
+    loss, correct, unary, ids = ChunkedLinearCrossEntropy.apply(hidden, weight, labels, normalised, chunk_rows, top_k)
+    return ChunkedLoss(loss, correct, {"ce": loss.detach()}, (unary, ids) if top_k else None)
 
 
 def accepted_streak(correct: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -175,30 +180,28 @@ def dflash_step(drafter, features: torch.Tensor, input_ids: torch.Tensor, loss_m
     supervised = labels != IGNORE
     # every slot goes through the loss, unsupervised ones with weight 0: selecting the supervised rows would
     # make the shape depend on the data and wait for the GPU to know it
-    slot_weights = decay_weights(block_size, gamma, device=labels.device) * supervised
+    decay = decay_weights(block_size, gamma, device=labels.device)
+    slot_weights = decay * supervised
     objective = objective or Objective()
     rows = hidden.reshape(-1, hidden.shape[-1])
+    top_k = getattr(inner, "selector_top_k", None) or 0   # DFlash2: its selector's candidates come with the loss
     if objective.is_plain_ce:
-        loss, correct = chunked_weighted_ce(rows, inner.lm_head.weight, labels.clamp(min=0).flatten(),
-                                            slot_weights.flatten(), chunk_rows=chunk_rows)
-        terms = {"ce": loss.detach()}
+        out = chunked_weighted_ce(rows, inner.lm_head.weight, labels.clamp(min=0).flatten(), slot_weights.flatten(),
+                                  chunk_rows=chunk_rows, top_k=top_k)
     else:
         target_rows = None
         if objective.needs_target_distribution:
             if target_hidden is None:
                 raise ValueError(f"objective {objective.describe()} needs the target's final hidden states")
             target_rows = gather_rows(target_hidden, slot_positions(anchors, block_size))
-        decay = decay_weights(block_size, gamma, device=labels.device).expand_as(labels)
         chunk_blocks = None if chunk_rows is None else max(1, chunk_rows // (block_size - 1))
-        loss, terms, correct = chunked_objective(rows, inner.lm_head.weight, labels.clamp(min=0).flatten(),
-                                                 supervised.flatten(), decay.flatten(), objective,
-                                                 slots=block_size - 1, target_hidden=target_rows,
-                                                 chunk_blocks=chunk_blocks)
-    correct = correct.view(labels.shape)
-    if getattr(inner, "selector_top_k", None):   # DFlash2: its selector's objective too
-        rows = chunk_rows or max(1, LOGITS_PER_CHUNK // inner.lm_head.weight.shape[0])
+        out = chunked_objective(rows, inner.lm_head.weight, labels.clamp(min=0).flatten(), supervised.flatten(),
+                                decay.expand_as(labels).flatten(), objective, slots=block_size - 1, target_hidden=target_rows,
+                                chunk_blocks=chunk_blocks, top_k=top_k)
+    loss, terms, correct = out.loss, out.terms, out.correct.view(labels.shape)
+    if top_k:
         loss = loss + selector_loss(inner, hidden, input_ids, anchors, labels.clamp(min=0), slot_weights,
-                                    chunk_rows=rows)[0]
+                                    out.candidates)[0]
     real_blocks = anchors >= 0
     n_supervised, n_blocks = supervised.sum(), real_blocks.sum()
     acc = (correct & supervised).sum() / n_supervised.clamp(min=1)

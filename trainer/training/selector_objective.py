@@ -15,21 +15,16 @@ from trainer.spec.dflash2 import SELECTOR_LOSS_WEIGHT
 
 
 @torch.no_grad()
-def training_candidates(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, top_k: int,
-                        *, chunk_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(unary logits, token ids) [N, K] of each row's top K under the LM head `weight` [V, H], with the row's
-    label in the last place where it is not among them; logits `chunk_rows` rows at a time."""
-    values, ids = [], []
-    for start in range(0, hidden.shape[0], chunk_rows):
-        logits = hidden[start:start + chunk_rows].to(weight.dtype) @ weight.t()
-        label = labels[start:start + chunk_rows, None]
-        top_values, top_ids = logits.topk(top_k, dim=-1)
-        absent = ~(top_ids == label).any(dim=-1)
-        top_ids[absent, -1] = label[absent, 0]
-        top_values[absent, -1] = logits.gather(1, label)[absent, 0]
-        values.append(top_values.float())
-        ids.append(top_ids)
-    return torch.cat(values), torch.cat(ids)
+def chunk_candidates(logits: torch.Tensor, labels: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(unary logits in fp32, token ids) [rows, K] of one chunk of LM-head logits [rows, V]: each row's top K, with
+    the row's label in the last place where it is not among them. The training losses call it on the logits of
+    each chunk they compute anyway, before they turn them into probabilities: no second pass over the head."""
+    top_values, top_ids = logits.topk(top_k, dim=-1)
+    label = labels[:, None]
+    absent = ~(top_ids == label).any(dim=-1)
+    top_ids[absent, -1] = label[absent, 0]
+    top_values[absent, -1] = logits.gather(1, label)[absent, 0]
+    return top_values.float(), top_ids
 
 
 def previous_tokens(input_ids: torch.Tensor, anchors: torch.Tensor, drafted: int) -> torch.Tensor:
@@ -40,16 +35,16 @@ def previous_tokens(input_ids: torch.Tensor, anchors: torch.Tensor, drafted: int
 
 
 def selector_loss(drafter, hidden: torch.Tensor, input_ids: torch.Tensor, anchors: torch.Tensor,
-                  labels: torch.Tensor, slot_weights: torch.Tensor, *,
-                  chunk_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+                  labels: torch.Tensor, slot_weights: torch.Tensor,
+                  candidates: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """(weighted loss times SELECTOR_LOSS_WEIGHT, correct [B, A, T]: the selector's top score is the label) for the
-    drafted slots' final hidden states [B, A, T, H]; labels [B, A, T] (any value where slot_weights is 0)."""
+    drafted slots' final hidden states [B, A, T, H]; labels [B, A, T] (any value where slot_weights is 0);
+    `candidates`: (unary logits, ids) [B*A*T, K] as chunk_candidates gives them for these rows and labels."""
     flat_hidden = hidden.detach().reshape(-1, hidden.shape[-1])
-    unary, candidates = training_candidates(flat_hidden, drafter.lm_head.weight, labels.flatten(),
-                                            drafter.selector_top_k, chunk_rows=chunk_rows)
+    unary, ids = candidates
     previous = previous_tokens(input_ids, anchors, hidden.shape[2]).reshape(-1, 1)
-    scores = drafter.candidate_selector.pair_scores(flat_hidden, previous, candidates, unary)[:, 0]   # [N, K]
-    target = (candidates == labels.reshape(-1, 1)).int().argmax(dim=-1)
+    scores = drafter.candidate_selector.pair_scores(flat_hidden, previous, ids, unary)[:, 0]   # [N, K]
+    target = (ids == labels.reshape(-1, 1)).int().argmax(dim=-1)
     weights = slot_weights.flatten().float()
     loss = (F.cross_entropy(scores, target, reduction="none") * weights).sum()
     loss = loss / weights.sum().clamp(min=torch.finfo(weights.dtype).tiny)
