@@ -11,6 +11,7 @@ are synthetic chats laid out in the trainer's length buckets and served by the t
     python bench/bench_train.py --tiny --device cpu --steps 3 --json      # CPU smoke test
     python bench/bench_train.py --model qwen3.6-27b --token-budget 24576 --anchor-budget 1536 --simulate-shards 8
     python bench/bench_train.py --model qwen3-8b --block-size 8 --architecture dflash,dflash2   # DFlash2's cost
+    python bench/bench_train.py --model qwen3-8b --skip-baselines --objectives ce,ce+dpace,cap,kl,lk_hybrid
 
 --simulate-shards N checks the memory plan of one rank of an N-GPU run on one GPU: the target is built whole
 (as the trainer loads it), AdamW keeps only rank 0's share of the states (the partition ZeRO-1 gives it) and
@@ -18,6 +19,7 @@ updates only those weights, and the result holds the plan beside the peak of the
 
 --architecture dflash,dflash2 measures each drafter architecture in turn on the same batches (DFlash2 with the
 config's default convolution and selector sizes), each row with its tok/s, MFU and its tok/s against the first.
+--objectives measures training objectives the same way (bench_objectives.py's names: a loss and slot weights).
 """
 from __future__ import annotations
 
@@ -37,6 +39,12 @@ from synthetic import SHAPES, causal_lm_class, target_config
 from trainer.config import BLOCK_SIZE_DEFAULTS, DFLASH2_DEFAULTS, SEED_BUCKETS, default_gamma, parse_loss
 from trainer.training.metrics import compiled_graphs, seconds_between, timing_mark
 from trainer.training.optim import rank_share
+
+from bench_objectives import VARIANTS as NAMED_VARIANTS  # noqa: E402  (bench/ is on sys.path)
+
+# bench_objectives' named objectives of the DFlash architecture (--architecture picks the architecture here)
+OBJECTIVES = {name: (loss, slots) for name, (loss, slots, arch) in NAMED_VARIANTS.items() if arch == "dflash"}
+OBJECTIVE_NAMES = tuple(OBJECTIVES)
 
 MODELS = {name: SHAPES[name] for name in ("qwen3-1.7b", "qwen3-8b", "qwen3-32b", "tiny", "qwen3.6-27b",
                                           "qwen3.6-35b-a3b", "tiny-hybrid")}
@@ -93,12 +101,25 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "\"cap\": 0.9}'); kl/tv/nla/lk_hybrid build the whole target and count its last layers "
                              "and LM head (default ce)")
     parser.add_argument("--slot-weights", choices=("decay", "dpace"), default="decay", help="the config's slot_weights")
+    parser.add_argument("--objectives", default=None,
+                        help="comma-separated objectives measured one after the other on the same batches, by "
+                             "bench_objectives.py's names (" + ", ".join(OBJECTIVE_NAMES) + "); instead of "
+                             "--loss/--slot-weights")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = parser.parse_args(argv)
     try:
         args.loss_weights = parse_loss(json.loads(args.loss) if args.loss.lstrip().startswith("{") else args.loss)
     except ValueError as exc:
         parser.error(f"--loss: {exc}")
+    if args.objectives is None:
+        args.objective_list = [(args.loss if args.slot_weights == "decay" else f"{args.loss}+{args.slot_weights}",
+                                args.loss_weights, args.slot_weights)]
+    else:
+        names = [name for name in args.objectives.split(",") if name]
+        wrong = [name for name in names if name not in OBJECTIVE_NAMES]
+        if wrong or not names:
+            parser.error(f"unknown objective(s) {', '.join(wrong) or '(none)'}; known: {', '.join(OBJECTIVE_NAMES)}")
+        args.objective_list = [(name, parse_loss(OBJECTIVES[name][0]), OBJECTIVES[name][1]) for name in names]
     unknown = [v for v in (args.variants or "").split(",") if v and v not in VARIANTS]
     if unknown:
         parser.error(f"unknown variant(s) {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
@@ -551,9 +572,10 @@ def summarise(args, ctx, *, peak: tuple[float, str], taps: list[int], target_onl
     }
 
 
-def variant_row(name: str, summary: dict, peak_gib: float, architecture: str = "dflash") -> dict:
+def variant_row(name: str, summary: dict, peak_gib: float, architecture: str = "dflash",
+                objective: str = "ce") -> dict:
     step = summary["step"]
-    return {"variant": name, "architecture": architecture, "tok_per_s": step["tok_per_s"],
+    return {"variant": name, "architecture": architecture, "objective": objective, "tok_per_s": step["tok_per_s"],
             "step_ms": step["step_ms"], "mfu": step["mfu"],
             "mfu_datasheet": step["mfu_datasheet"], "target_tflops": step["target_tflops"],
             "drafter_tflops": step["drafter_tflops"], "phase_share": step["phase_share"],
@@ -574,7 +596,7 @@ def device_name(device: torch.device) -> str:
     return platform.processor() or platform.machine()
 
 
-def planned_memory(args, target, drafter, ctx, variant_name: str) -> dict:
+def planned_memory(args, target, drafter, objective, ctx, variant_name: str) -> dict:
     """The trainer's memory plan of rank 0 of --simulate-shards ranks for this very target and drafter at this
     budget, with the drafter's kernels of the last variant measured, and the peak that variant measured against
     it (the plan's reserve stands for what the allocator's counters do not see: the CUDA context, NCCL,
@@ -587,7 +609,7 @@ def planned_memory(args, target, drafter, ctx, variant_name: str) -> dict:
                       buckets=args.buckets, num_anchors=args.num_anchors, anchor_budget=args.anchor_budget,
                       block_size=args.block_size, drafter_layers=args.drafter_layers,
                       target_layer_ids=target.layer_ids, simulate_shards=args.simulate_shards,
-                      loss=args.loss_weights, slot_weights=args.slot_weights)
+                      loss=objective.weights, slot_weights=objective.slot_weights)
     on_gpu = ctx.device.type == "cuda"
     limit = torch.cuda.get_device_properties(ctx.device).total_memory if on_gpu else None
     plan = memory_plan.config_plan(cfg, world_size=1, limit=limit, on_gpu=on_gpu, text=target.config.to_dict(),
@@ -684,11 +706,12 @@ def main(argv=None) -> int:
 
     from trainer.training.losses import Objective
 
-    objective = Objective(args.loss_weights, args.slot_weights)
+    objectives = [(label, Objective(weights, slots)) for label, weights, slots in args.objective_list]
+    whole = args.simulate_shards > 0 or any(objective.needs_target_distribution for _, objective in objectives)
     target, taps = build_target(MODELS[args.model], num_taps=args.drafter_layers, device=ctx.device, dtype=dtype,
-                                whole=args.simulate_shards > 0 or objective.needs_target_distribution)
+                                whole=whole)
     progress(target.describe())
-    parts = build_parts(target, args, ctx, args.architectures[0], objective)
+    parts = build_parts(target, args, ctx, args.architectures[0], objectives[0][1])
     dataset = synthetic_dataset(args, vocab_size=target.config.vocab_size,
                                 batches_needed=(args.warmup + args.steps + 2) * ctx.world_size)
     autocast = torch.autocast(device_type=ctx.device.type, dtype=dtype, enabled=on_gpu)
@@ -714,42 +737,48 @@ def main(argv=None) -> int:
                 del parts
                 if on_gpu:
                     torch.cuda.empty_cache()
-                parts = build_parts(target, args, ctx, architecture, objective)
-            for name in names:
-                if on_gpu:  # each variant's own peak (and the plan's, with --simulate-shards, is of training steps)
-                    torch.cuda.reset_peak_memory_stats(ctx.device)
-                stream = batch_stream(dataset, args, ctx)   # a fresh stream of the same seed: the same batches
-                warming = batch_stream(dataset, args, ctx)
-                try:
-                    with variant(name, parts, ctx):
-                        warm_target_shapes(parts.target, warming, args, ctx, autocast)
-                        training = measure_training(parts, stream, args, ctx, autocast)
-                        peak_gib = peak_memory_gib(ctx.device)[0]
-                        last = name == names[-1] and architecture == args.architectures[-1]
-                        table = profile_steps(parts, stream, args, ctx, autocast) if args.profile and last else None
-                finally:
-                    stream.close()
-                    warming.close()
-                label = name if len(args.architectures) == 1 else f"{architecture}/{name}"
-                measured.append((label, training, peak_gib, architecture))
-                progress(f"training ({label}): {training['tok_per_s']:,.0f} tok/s")
+                parts = build_parts(target, args, ctx, architecture, objectives[0][1])
+            for objective_label, objective in objectives:
+                parts.objective = objective   # the same drafter and optimizer: only the loss differs
+                for name in names:
+                    if on_gpu:  # each variant's own peak (and the plan's, with --simulate-shards, of training steps)
+                        torch.cuda.reset_peak_memory_stats(ctx.device)
+                    stream = batch_stream(dataset, args, ctx)   # a fresh stream of the same seed: the same batches
+                    warming = batch_stream(dataset, args, ctx)
+                    try:
+                        with variant(name, parts, ctx):
+                            warm_target_shapes(parts.target, warming, args, ctx, autocast)
+                            training = measure_training(parts, stream, args, ctx, autocast)
+                            peak_gib = peak_memory_gib(ctx.device)[0]
+                            last = (name, architecture, objective) == (names[-1], args.architectures[-1],
+                                                                       objectives[-1][1])
+                            table = profile_steps(parts, stream, args, ctx, autocast) if args.profile and last \
+                                else None
+                    finally:
+                        stream.close()
+                        warming.close()
+                    label = "/".join(part for part, several in ((architecture, len(args.architectures) > 1),
+                                                                (objective_label, len(objectives) > 1),
+                                                                (name, True)) if several)
+                    measured.append((label, training, peak_gib, architecture, objective.describe()))
+                    progress(f"training ({label}): {training['tok_per_s']:,.0f} tok/s")
     finally:
         for stream in streams:
             stream.close()
     result = summarise(args, ctx, peak=peak, taps=taps, target_only=target_only, training=training, plain=plain,
                        target_line=target.describe(), plain_packed=plain_packed)
-    result["objective"] = objective.describe()
+    result["objective"] = parts.objective.describe()
     result["variants"] = [variant_row(name, summarise(args, ctx, peak=peak, taps=taps, target_only=target_only,
                                                       training=figures, plain=plain, target_line="",
-                                                      plain_packed=plain_packed), peak_gib, architecture)
-                          for name, figures, peak_gib, architecture in measured]
-    if len(args.architectures) > 1:
+                                                      plain_packed=plain_packed), peak_gib, architecture, objective)
+                          for name, figures, peak_gib, architecture, objective in measured]
+    if len(measured) > 1:
         first = result["variants"][0]["tok_per_s"]
         for row in result["variants"]:
             row["tok_per_s_vs_first"] = row["tok_per_s"] / first
     result["architecture"] = parts.architecture
     if args.simulate_shards:
-        result["memory_plan"] = planned_memory(args, target, parts.drafter, ctx, names[-1])
+        result["memory_plan"] = planned_memory(args, target, parts.drafter, parts.objective, ctx, names[-1])
     if ctx.is_main:
         print(json.dumps(result) if args.json else format_table(result), flush=True)
         if "memory_plan" in result and not args.json:

@@ -144,6 +144,20 @@ def test_the_loss_option_times_an_objective_against_the_target_distribution():
     assert bad.returncode == 2 and "--loss: unknown objective 'kll' (did you mean 'kl'?)" in bad.stderr
 
 
+def test_named_objectives_are_measured_one_after_the_other_on_the_same_drafter():
+    result = run_bench("--tiny", "--device", "cpu", "--steps", "1", "--warmup", "0", "--skip-baselines",
+                       "--objectives", "ce,0.5ce+0.5kl", "--json")
+    rows = result["variants"]
+    assert [(row["variant"], row["objective"]) for row in rows] == [
+        ("ce/auto", "ce, decay slot weights"), ("0.5ce+0.5kl/auto", "0.5*ce + 0.5*kl, decay slot weights")]
+    assert rows[0]["tok_per_s_vs_first"] == 1.0 and rows[1]["tok_per_s_vs_first"] > 0
+    # the target is built whole for the objective that reads its distribution
+    assert result["step"]["flops_per_step"]["target_distribution"] > 0
+    bad = subprocess.run([sys.executable, "bench/bench_train.py", "--tiny", "--objectives", "ce,dflash2"],
+                         capture_output=True, text=True, timeout=120, env=trainer_env(), cwd=REPO_ROOT)
+    assert bad.returncode == 2 and "unknown objective(s) dflash2" in bad.stderr
+
+
 def test_an_unknown_variant_is_a_usage_error():
     result = subprocess.run([sys.executable, "bench/bench_train.py", "--tiny", "--variants", "packed,fastest"],
                             capture_output=True, text=True, timeout=120, env=trainer_env(), cwd=REPO_ROOT)
@@ -224,7 +238,8 @@ def test_objective_pieces_never_wait_for_the_gpu():
         anchors = sample_anchors(loss_mask, 32, generator)
         labels = block_labels(input_ids, loss_mask, anchors, 8)
         weights = (decay_weights(8, 4.0, device="cuda") * (labels != -100)).flatten()
-        loss, correct = chunked_weighted_ce(hidden, weight, labels.clamp(min=0).flatten(), weights, chunk_rows=100)
+        loss, correct, _, _ = chunked_weighted_ce(hidden, weight, labels.clamp(min=0).flatten(), weights,
+                                                  chunk_rows=100)
         accepted_streak(correct.view(labels.shape), labels).sum()
         loss.backward()
     finally:
