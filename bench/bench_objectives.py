@@ -1,20 +1,24 @@
-"""Which training objective gives the most acceptance? Each one trained on one structured target, then decoded.
+"""Which training objective, and which drafter architecture, gives the most acceptance? Each one trained on one
+structured target, then decoded.
 
 bench_tau's stages build the target once (a Qwen3-shaped LM trained here on standard-library Python source, its own
-greedy answers prepared with a held-out split); then for each objective (config `loss:` / `slot_weights:`):
-(a) `trainer train` at the same number of steps, one run after another, so that each run's seconds per step
-    (the median of its logged intervals) is measured alone on the device;
-(b) `trainer train` at the same wall time: the slowest objective's time at (a), or --seconds, turned into steps
-    with each objective's own seconds per step (a run within 3 % of (a)'s steps is (a)'s run);
-and for every run `trainer eval --tree-budget` on held-out prompts: decoded chain τ and DDTree τ per budget, exact
-in float32. The (b) runs and the evaluations run --jobs at a time (evaluations of (a) beside the training of (b)):
-their step counts are fixed already and τ does not depend on speed.
+greedy answers prepared with a held-out split); then for each variant (config `loss:` / `slot_weights:` /
+`architecture:`):
+(a) `trainer train` at the same number of steps, one run after another (after an unmeasured warm-up run), so that
+    each run's seconds per step (the median of its logged intervals) is measured alone on the device;
+(b) `trainer train` at the same wall time: the slowest variant's time at (a), or --seconds, turned into steps
+    with each variant's own seconds per step (a run within 3 % of (a)'s steps is (a)'s run);
+and for every run `trainer eval --tree-budget` on held-out prompts: decoded chain τ (DFlash2: its selector's path)
+and DDTree τ per budget, exact in float32. The (b) runs and the evaluations run --jobs at a time (evaluations of
+(a) beside the training of (b)): their step counts are fixed already and τ does not depend on speed.
 
 Prints one markdown table (or --json: one object with it). Everything is kept in --workdir; a second run of the
 same command there reuses the target, the data and every finished run and evaluation (a run cut short starts
-over), so a run stopped by a time limit continues where it stopped.
+over), so a run stopped by a time limit continues where it stopped. Runs of another --block-size or --seed sit
+beside them and share the target and the data.
 
     python bench/bench_objectives.py --device cuda --workdir /tmp/objectives     # one H200: about 10 minutes
+    python bench/bench_objectives.py --device cuda --workdir /tmp/objectives --objectives ce,dflash2 --block-size 8
     python bench/bench_objectives.py --tiny --objectives ce,kl                  # a CPU smoke run of every stage
 """
 from __future__ import annotations
@@ -30,18 +34,20 @@ from pathlib import Path
 
 import bench_tau  # bench/ is on sys.path when one of its scripts runs; it puts the repository there too
 
-# name: (loss, slot_weights)
+# name: (loss, slot_weights, architecture)
 VARIANTS = {
-    "ce": ("ce", "decay"),
-    "ce+dpace": ("ce", "dpace"),
-    "cap": ("cap", "decay"),
-    "kl": ("kl", "decay"),
-    "lk_hybrid": ("lk_hybrid", "decay"),
-    "tv": ("tv", "decay"),
-    "nla": ("nla", "decay"),
-    "cap+dpace": ("cap", "dpace"),
-    "0.1ce+0.9cap": ({"ce": 0.1, "cap": 0.9}, "decay"),
-    "0.5ce+0.5kl": ({"ce": 0.5, "kl": 0.5}, "decay"),
+    "ce": ("ce", "decay", "dflash"),
+    "ce+dpace": ("ce", "dpace", "dflash"),
+    "cap": ("cap", "decay", "dflash"),
+    "kl": ("kl", "decay", "dflash"),
+    "lk_hybrid": ("lk_hybrid", "decay", "dflash"),
+    "tv": ("tv", "decay", "dflash"),
+    "nla": ("nla", "decay", "dflash"),
+    "cap+dpace": ("cap", "dpace", "dflash"),
+    "0.1ce+0.9cap": ({"ce": 0.1, "cap": 0.9}, "decay", "dflash"),
+    "0.5ce+0.5kl": ({"ce": 0.5, "kl": 0.5}, "decay", "dflash"),
+    "dflash2": ("ce", "decay", "dflash2"),
+    "dflash2+dpace": ("ce", "dpace", "dflash2"),
 }
 DEFAULT_VARIANTS = ("ce", "ce+dpace", "cap", "kl", "lk_hybrid", "tv", "nla")
 SAME_RUN_SHARE = 0.03   # (b) reuses (a) when the step counts differ by less than this
@@ -58,7 +64,11 @@ def parse_args(argv=None):
     parser.add_argument("--workdir", default=None, help="keep (and reuse) everything here (default: a temporary "
                                                         "directory)")
     parser.add_argument("--objectives", default=",".join(DEFAULT_VARIANTS),
-                        help=f"comma-separated, from: {', '.join(VARIANTS)} (default: {','.join(DEFAULT_VARIANTS)})")
+                        help=f"comma-separated, from: {', '.join(VARIANTS)} (default: {','.join(DEFAULT_VARIANTS)}); "
+                             "dflash2 is the DFlash2 architecture trained with ce")
+    parser.add_argument("--block-size", type=int, default=None,
+                        help="slots per block of every drafter (default bench_tau's: 16; tiny 8; DFlash2's recipe 8)")
+    parser.add_argument("--seed", type=int, default=0, help="the drafters' seed (initialisation, batch order, anchors)")
     parser.add_argument("--steps", type=int, default=None, help="drafter steps at equal steps (default 400; tiny 4)")
     parser.add_argument("--seconds", type=float, default=None,
                         help="wall-time budget of the equal-time runs (default: the slowest objective's time at "
@@ -89,6 +99,10 @@ def parse_args(argv=None):
         tau.eval_prompts = args.eval_prompts
     args.tau = tau
     args.device = tau.device
+    # the data is prepared at bench_tau's block size whatever the drafters' (a shorter block keeps every sample)
+    args.block_size = args.block_size or tau.block_size
+    if args.block_size < 2:
+        parser.error("--block-size must be at least 2")
     args.jobs = args.jobs or (6 if args.device == "cuda" else 1)
     return args
 
@@ -118,20 +132,21 @@ def build_target_and_data(work: Path, args) -> dict:
 
 
 def run_config(work: Path, args, name: str, steps: int, out: Path) -> dict:
-    loss, slot_weights = VARIANTS[name]
+    loss, slot_weights, architecture = VARIANTS[name]
     config = bench_tau.drafter_config(work, args.tau)
     # no held-out replay or batch replay: the step time is the objective's alone, and trainer eval measures τ
-    config.update(output_dir=str(out), max_steps=steps, loss=loss, slot_weights=slot_weights, eval_every=0,
+    config.update(output_dir=str(out), max_steps=steps, loss=loss, slot_weights=slot_weights,
+                  architecture=architecture, block_size=args.block_size, seed=args.seed, eval_every=0,
                   replay_sequences=0, log_every=max(1, steps // 20))
     return config
 
 
 def train(work: Path, args, name: str, steps: int, tag: str) -> Path:
-    """A finished `trainer train` run of `steps` steps of objective `name` in runs/{name}-{tag}/ (reused when
-    it finished before; started over when it did not)."""
+    """A finished `trainer train` run of `steps` steps of variant `name` in runs/{name}-b{block}-s{seed}-{tag}/
+    (reused when it finished before; started over when it did not)."""
     import yaml
 
-    out = work / "runs" / f"{name}-{tag}"
+    out = work / "runs" / f"{name}-b{args.block_size}-s{args.seed}-{tag}"
     if finished(out, steps):
         return out
     shutil.rmtree(out, ignore_errors=True)
@@ -200,6 +215,8 @@ def run(work: Path, args) -> dict:
     began = time.perf_counter()
     built = build_target_and_data(work, args)
     steps = args.tau.drafter_steps
+    # the first process on a fresh machine pays cold caches (kernels, files): a short run that nobody measures
+    train(work, args, args.variants[0], max(1, steps // 8), "warmup")
     say(f"(a) equal steps: {steps} steps per objective, one run at a time: {', '.join(args.variants)}")
     equal_steps = {name: train(work, args, name, steps, "steps") for name in args.variants}
     figures = {name: run_figures(out) for name, out in equal_steps.items()}
@@ -228,13 +245,14 @@ def run(work: Path, args) -> dict:
     time_figures = {name: run_figures(out) for name, out in equal_time.items()}
     rows = []
     for name in args.variants:
-        loss, slot_weights = VARIANTS[name]
-        rows.append({"objective": name, "loss": loss, "slot_weights": slot_weights,
+        loss, slot_weights, architecture = VARIANTS[name]
+        rows.append({"objective": name, "loss": loss, "slot_weights": slot_weights, "architecture": architecture,
                      "seconds_per_step": round(figures[name]["seconds_per_step"], 5),
                      "equal_steps": {**figures[name], **evaluations[equal_steps[name]]},
                      "equal_time": {**time_figures[name], **evaluations[equal_time[name]],
                                     "same_run_as_equal_steps": equal_time[name] == equal_steps[name]}})
     result = {"device": args.device, "size": args.tau.size, **built, "steps": steps,
+              "block_size": args.block_size, "seed": args.seed,
               "equal_time_seconds": round(budget, 2), "tree_budgets": args.budgets, "rows": rows,
               "seconds": round(time.perf_counter() - began, 1)}
     result["markdown"] = markdown(result)

@@ -37,25 +37,3 @@ def test_tau_benchmark_runs_every_stage_on_the_cpu(tmp_path):
                                                          abs=1e-3)
     # the run's own files stay in the work directory for a look afterwards
     assert (tmp_path / "drafter" / "metrics.jsonl").is_file() and (tmp_path / "dataset" / "heldout").is_dir()
-
-
-@pytest.mark.slow
-def test_dflash2_comparison_runs_every_stage_on_the_cpu(tmp_path):
-    """bench/bench_dflash2.py at its smallest: both architectures at the same steps, the faster one again at the
-    slower one's wall time, each with its held-out τ, its chain and its trees, all identical to greedy."""
-    done = subprocess.run([sys.executable, "bench/bench_dflash2.py", "--tiny", "--tree-budgets", "8",
-                           "--workdir", str(tmp_path)],
-                          capture_output=True, text=True, timeout=600, env=trainer_env(), cwd=REPO_ROOT)
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout)
-    assert result["block_size"] == 8 and result["tree_budgets"] == [8] and result["heldout_prompts"] == 3
-    same_steps, same_time = result["same_steps"], result["same_wall_time"]
-    assert set(same_steps) == set(same_time) == {"dflash", "dflash2"}
-    assert {run["steps"] for run in same_steps.values()} == {6}   # bench_tau's tiny drafter run
-    faster = min(same_steps, key=lambda arch: same_steps[arch]["train_seconds"])
-    assert same_time[faster]["steps"] == max(6, round(6 * result["wall_time_ratio"]))
-    for run in [*same_steps.values(), *same_time.values()]:
-        assert run["eval"]["identical_to_greedy"] and 1.0 <= run["eval"]["chain_tau"] <= 8.0
-        assert set(run["eval"]["tree_tau"]) == {"8"} and run["tau_heldout"] >= 1.0
-    config = (tmp_path / "drafter-dflash2-6" / "step_6" / "config.json").read_text()
-    assert '"DFlash2DraftModel"' in config
