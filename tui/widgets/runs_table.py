@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from rich.cells import cell_len
 from rich.text import Text
 from textual.binding import Binding
 from textual.coordinate import Coordinate
@@ -34,9 +35,7 @@ class RunsTable(DataTable):
         self._names: dict[str, str] = {}
         self._chosen = False  # the first rows put the cursor on the newest live run; later ones keep it
         self._tau = False  # the τ column: shown when a run has a τ and the full table has room for it
-
-    def on_mount(self) -> None:
-        self._add_columns()
+        self._widths: dict[str, int] = {}
 
     def on_resize(self) -> None:
         self._fit_columns()
@@ -59,9 +58,11 @@ class RunsTable(DataTable):
         self._names = run_names(self._among, limit=self._name_chars)
         if self._fit_columns():
             return  # every row was rebuilt for the new widths
-        if [run.run_id for run in runs] == self._row_keys:
+        cells = {run.run_id: self._cells_of(run) for run in runs}
+        # in place while every column keeps its width; a value that needs another one rebuilds the table
+        if [run.run_id for run in runs] == self._row_keys and self._column_widths(cells) == self._widths:
             for run in runs:
-                self._update_row(run)
+                self._update_row(run.run_id, cells[run.run_id])
         else:
             self._rebuild(runs, self.selected_run_id)
 
@@ -90,30 +91,33 @@ class RunsTable(DataTable):
             self._rebuild(self._runs, self.selected_run_id)
         return True
 
-    def _add_columns(self) -> None:
-        for key, header in columns(narrow=self.narrow, tau=self._tau):
-            self.add_column(header, key=key)
+    def _column_widths(self, cells: dict[str, dict[str, Text]]) -> dict[str, int]:
+        """Each shown column's width: its widest cell or header."""
+        return {key: max((cell_len(header), *(row[key].cell_len for row in cells.values())))
+                for key, header in columns(narrow=self.narrow, tau=self._tau)}
 
     def _cells_of(self, run: RunView) -> dict[str, Text]:
         return run_cells(run, name=self._names.get(run.run_id), narrow=self.narrow)
 
-    def _update_row(self, run: RunView) -> None:
-        old = self._cells[run.run_id]
-        new = self._cells_of(run)
+    def _update_row(self, run_id: str, new: dict[str, Text]) -> None:
+        old = self._cells[run_id]
         for column, _ in columns(narrow=self.narrow, tau=self._tau):
             if old.get(column) != new[column]:
-                self.update_cell(run.run_id, column, new[column], update_width=True)
-        self._cells[run.run_id] = new
+                self.update_cell(run_id, column, new[column])
+        self._cells[run_id] = new
 
     def _rebuild(self, runs: Sequence[RunView], selected: str | None) -> None:
-        # The columns too: a column only ever widens, so one that held a longer name would stay too wide.
+        # Every column gets its width here, from the cells it will hold, never later from DataTable's own
+        # measuring: that runs when the table is idle, and a row drawn before it stays drawn at the old width
+        # (DataTable caches drawn cells by content, not by width), `3.` for an lr of `3.57e-05`.
         self.clear(columns=True)
-        self._add_columns()
         self._row_keys = [run.run_id for run in runs]
-        self._cells = {}
+        self._cells = {run.run_id: self._cells_of(run) for run in runs}
+        self._widths = self._column_widths(self._cells)
+        for key, header in columns(narrow=self.narrow, tau=self._tau):
+            self.add_column(header, key=key, width=self._widths[key])
         for run in runs:
-            cells = self._cells_of(run)
-            self._cells[run.run_id] = cells
+            cells = self._cells[run.run_id]
             self.add_row(*(cells[key] for key, _ in columns(narrow=self.narrow, tau=self._tau)), key=run.run_id)
         if selected not in self._cells and not self._chosen:
             newest = newest_run(runs)
