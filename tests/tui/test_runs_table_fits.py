@@ -13,13 +13,15 @@ from orchestrator.watch.trackers import RunTracker
 from trainer.logformat import StepMetrics, format_startup_line, format_step_line
 from tests.seed_logs import SEED_STARTUP
 from tui.app import DashboardApp
+from tui.runcells import run_cells
 from tui.widgets.runs_table import RunsTable
 
-from .conftest import wait_until
+from .conftest import wait_for_rows, wait_until
 from .fake_source import FakeSource
 
 pytestmark = pytest.mark.asyncio
 
+SIZES = ((80, 24), (90, 40), (100, 24), (120, 40), (80, 40), (120, 24), (90, 24), (100, 40))
 STARTUP = "".join(format_startup_line(elapsed, stage) + "\n" for elapsed, stage in (
     (12.0, "loading target"), (30.5, "building drafter"),
     (41.2, "compiling 1/2 (flex_attention, full_attention layers)"), (80.0, "first step")))
@@ -102,6 +104,42 @@ async def settle(pilot, app: DashboardApp, width: int, rows: int) -> RunsTable:
     await wait_until(pilot, lambda: table.max_scroll_x == 0, what=f"no sideways scrolling ({table.virtual_size})")
     assert table.region.right <= width
     return table
+
+
+# what the runs go through, one snapshot after another: the first run alone, launched with no line yet, in start-up,
+# at its first step; then a second one launched beside it; then long into training with a second in start-up
+STAGES = (("launched",), ("start-up",), ("first step",), ("first step", "launched"), ("training", "start-up"),
+          ("training", "training"))
+
+
+async def test_every_frame_shows_whole_cells_from_launch_to_training_and_across_resizes(monkeypatch):
+    start = SIZES[0]  # 80x24: where a full table was drawn with lr cut by the edge and tok/s and ETA past it
+    frames = Frames(monkeypatch)
+    source = FakeSource(snapshot(*STAGES[0]))
+    app = DashboardApp(source, refresh_s=0.02)
+
+    async def show(stages: tuple[str, ...], size: tuple[int, int]) -> None:
+        frames.at = f"{stages} at {size}"
+        shown = snapshot(*stages)
+        source.mutate(lambda _: shown)
+        table = await settle(pilot, app, size[0], len(stages))
+        first, step = shown.runs[0].run_id, run_cells(shown.runs[0])["step"].plain
+        await wait_until(pilot, lambda: table.get_cell(first, "step").plain == step, what=f"the rows of {stages}")
+        await pilot.pause()
+        assert "tok_s" in table.columns and "eta" in table.columns
+
+    async with app.run_test(size=start) as pilot:
+        await wait_for_rows(pilot, 1)
+        for stages in STAGES[1:]:
+            await show(stages, start)
+        # every size, from the one before: the table is drawn at it before the runs change, then they change
+        for index, size in enumerate(SIZES[1:] + SIZES[:1]):
+            frames.at = f"resized to {size}"
+            await pilot.resize_terminal(*size)
+            await settle(pilot, app, size[0], len(app.main_screen.snapshot.runs))
+            await show(STAGES[index % len(STAGES)], size)
+    assert frames.drawn > 0
+    assert not frames.cut, "\n".join(frames.cut[:12])
 
 
 async def test_a_row_drawn_before_the_table_is_idle_is_drawn_whole(monkeypatch):

@@ -7,7 +7,9 @@ from rich.cells import cell_len
 from rich.text import Text
 from textual.binding import Binding
 from textual.coordinate import Coordinate
+from textual.geometry import Region
 from textual.reactive import reactive
+from textual.strip import Strip
 from textual.widgets import DataTable
 
 from orchestrator.watch.model import RunView
@@ -35,10 +37,16 @@ class RunsTable(DataTable):
         self._names: dict[str, str] = {}
         self._chosen = False  # the first rows put the cursor on the newest live run; later ones keep it
         self._tau = False  # the τ column: shown when a run has a τ and the full table has room for it
+        self._fit_width: int | None = None  # the width the columns were chosen for
         self._widths: dict[str, int] = {}
 
-    def on_resize(self) -> None:
-        self._fit_columns()
+    def render_lines(self, crop: Region) -> list[Strip]:
+        # The first frame at a new width comes before the Resize event: fitted only then, an 80-column terminal
+        # showed the columns chosen for its earlier width (or for none, at start), lr cut by the edge and tok/s
+        # and ETA beyond it. A vertical scrollbar that comes with more rows narrows the table too.
+        if self.scrollable_content_region.width != self._fit_width:
+            self._fit_columns()
+        return super().render_lines(crop)
 
     def watch_narrow(self) -> None:
         if self.is_mounted:
@@ -71,7 +79,8 @@ class RunsTable(DataTable):
         row was rebuilt)."""
         width = self.scrollable_content_region.width
         if width <= 0:
-            return False
+            return False  # not laid out yet: its first frame fits it
+        self._fit_width = width
         cell = 2 * self.cell_padding
         widths = widest_cells(self._runs)
         others = sum(chars + cell for key, chars in widths.items() if key != "run")
