@@ -14,7 +14,7 @@ from .errors import BadInput, OperationFailed
 from .rundir import (RUN_DIR_FILES, RunPaths, file_lock, list_run_ids, make_reserve, parse_env_pairs, parse_gpus,
                      tail_lines, utc_now_iso, validate_name, validate_target, write_json_atomic)
 from .protocol import LOST, RUNNING, STARTING, TERMINAL_STATES
-from .runstate import finish, is_live, load_record, read_run, read_state, supervisor_alive
+from .runstate import finish, is_live, load_record, read_run, read_state, supervisor_alive, update_state
 from .spawn import agent_entry, entry_env
 from .supervisor import LEFTOVERS_LIMIT_S
 
@@ -201,16 +201,25 @@ def wait_verified(paths: RunPaths, *, timeout: float, settle: float) -> str:
 
 
 def _give_up(paths: RunPaths) -> str:
-    """At the deadline: a run whose end was recorded since the last look has ended; one no supervisor has
-    claimed is lost, its spawn cancelled; any other is unverified."""
+    """At the deadline: a run no supervisor has claimed is lost, its spawn cancelled; one whose end was recorded
+    since the last look has ended; any other is unverified."""
     state = read_state(paths)
     if state.get("state") in TERMINAL_STATES:
         return "ended"
     if state.get("state") == STARTING and not state.get("supervisor_pid"):
         keeper.cancel_spawn(paths.runs_dir, paths.run_id)
-        finish(paths, LOST, error="the supervisor did not start in time")
-        return "ended"
+        # Under the run's lock, and only if still unclaimed: a supervisor the keeper had already started may
+        # have claimed the run since the read above, and then starts the workload and records its end itself.
+        if update_state(paths, _lost_unless_claimed).get("state") == LOST:
+            return "ended"
     return "unverified"
+
+
+def _lost_unless_claimed(state: dict) -> dict | None:
+    if state.get("state") != STARTING or state.get("supervisor_pid"):
+        return None
+    state.update(state=LOST, ended_at=utc_now_iso(), error="the supervisor did not start in time")
+    return state
 
 
 def how_it_ended(record: dict) -> str:
