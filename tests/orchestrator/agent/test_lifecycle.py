@@ -70,8 +70,9 @@ def test_segfault_is_failed_with_the_signal(container, runs_dir):
 def test_command_that_exits_at_once_fails_the_launch_with_the_log_tail(container, runs_dir):
     script = "for i in $(seq 1 60); do echo line$i; done; echo 'Traceback: boom' >&2; exit 4"
     status, out = launch(container, runs_dir, "early", ["sh", "-c", script])
-    assert status == 1 and out["ok"] is False and out["code"] == "run_ended"
-    assert out["exit_code"] == 4 and out["run"]["state"] == "failed"
+    # the whole answer on failure: its run record and the supervisor's and keeper's log tails say where it stood
+    assert status == 1 and out["ok"] is False and out["code"] == "run_ended", out
+    assert out["exit_code"] == 4 and out["run"]["state"] == "failed", out
     assert len(out["log_tail"]) == 40 and out["log_tail"][-1] == "Traceback: boom" and out["log_tail"][0] == "line22"
 
 
