@@ -14,13 +14,16 @@ from .errors import BadInput, OperationFailed
 from .rundir import (RUN_DIR_FILES, RunPaths, file_lock, list_run_ids, make_reserve, parse_env_pairs, parse_gpus,
                      tail_lines, utc_now_iso, validate_name, validate_target, write_json_atomic)
 from .protocol import LOST, RUNNING, STARTING, TERMINAL_STATES
-from .runstate import finish, is_live, load_record, read_run, read_state, supervisor_alive
+from .runstate import finish, is_live, load_record, read_run, read_state, supervisor_alive, update_state
 from .spawn import agent_entry, entry_env
+from .supervisor import LEFTOVERS_LIMIT_S
 
 MAX_INPUT_BYTES = 16 * 1024 * 1024
 LOG_TAIL_LINES = 40
 DIAGNOSTIC_TAIL_LINES = 10
 POLL_S = 0.02
+# room beyond the supervisor's own limit for ending leftovers: its /proc scans between rounds, on a loaded machine
+RECORD_SLACK_S = 5.0
 
 
 class LaunchRequest:
@@ -161,13 +164,25 @@ def verified(paths: RunPaths, state: dict) -> bool:
             and procfs.is_alive(state.get("pid"), state.get("pid_start_time")) and os.path.exists(paths.log))
 
 
+def workload_exited(state: dict) -> bool:
+    """The supervisor started the workload and that process is gone (or a zombie): the run has ended, whether
+    or not its supervisor has recorded how yet."""
+    return (state.get("state") == RUNNING and bool(state.get("pid"))
+            and not procfs.is_alive(state.get("pid"), state.get("pid_start_time")))
+
+
 def wait_verified(paths: RunPaths, *, timeout: float, settle: float) -> str:
-    """'verified', 'ended' or 'unverified'. Verified = still running `settle` s after we first saw it run."""
+    """'verified', 'ended' or 'unverified'. Verified = still running `settle` s after we first saw it run.
+
+    A workload seen to have exited has ended, whatever the clock says: from then on the launch waits for its
+    supervisor to record how (it first ends what the workload left behind, up to LEFTOVERS_LIMIT_S), not for
+    the verify timeout, so a command that died at once is not answered 'not verified' while its end is recorded.
+    """
     deadline = time.monotonic() + timeout
-    running_since = None
+    running_since = exited_at = None
     while True:
+        now = time.monotonic()  # before the read: a state read after a stall is never judged by an older clock
         state = read_state(paths)
-        now = time.monotonic()
         if state.get("state") in TERMINAL_STATES:
             return "ended"
         if verified(paths, state):
@@ -177,18 +192,34 @@ def wait_verified(paths: RunPaths, *, timeout: float, settle: float) -> str:
         elif state.get("supervisor_pid") and not supervisor_alive(state):
             finish(paths, LOST, error="supervisor died during launch")
             return "ended"
+        elif exited_at is None and workload_exited(state):
+            exited_at = now
+            deadline = max(deadline, now + LEFTOVERS_LIMIT_S + RECORD_SLACK_S)
         if now >= deadline:
             return _give_up(paths)
         time.sleep(POLL_S)
 
 
 def _give_up(paths: RunPaths) -> str:
+    """At the deadline: a run no supervisor has claimed is lost, its spawn cancelled; one whose end was recorded
+    since the last look has ended; any other is unverified."""
     state = read_state(paths)
+    if state.get("state") in TERMINAL_STATES:
+        return "ended"
     if state.get("state") == STARTING and not state.get("supervisor_pid"):
         keeper.cancel_spawn(paths.runs_dir, paths.run_id)
-        finish(paths, LOST, error="the supervisor did not start in time")
-        return "ended"
+        # Under the run's lock, and only if still unclaimed: a supervisor the keeper had already started may
+        # have claimed the run since the read above, and then starts the workload and records its end itself.
+        if update_state(paths, _lost_unless_claimed).get("state") == LOST:
+            return "ended"
     return "unverified"
+
+
+def _lost_unless_claimed(state: dict) -> dict | None:
+    if state.get("state") != STARTING or state.get("supervisor_pid"):
+        return None
+    state.update(state=LOST, ended_at=utc_now_iso(), error="the supervisor did not start in time")
+    return state
 
 
 def how_it_ended(record: dict) -> str:

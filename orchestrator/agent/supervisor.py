@@ -20,6 +20,10 @@ from .runstate import DISK_FULL, finish, read_run, update_state
 LEFTOVER_GRACE_S = 5.0
 POLL_S = 0.1
 KILL_ROUNDS = 100
+KILL_PAUSE_S = 0.05
+# Once the workload has exited by itself, the longest the supervisor spends ending what it left behind (their
+# grace, then every KILL round) before it records how the run ended; a launch waits that long for the record.
+LEFTOVERS_LIMIT_S = LEFTOVER_GRACE_S + KILL_ROUNDS * KILL_PAUSE_S
 
 
 class Supervisor:
@@ -155,7 +159,7 @@ class Supervisor:
             if not self.run_processes():
                 return
             self.signal_all(signal.SIGKILL)
-            time.sleep(0.05)
+            time.sleep(KILL_PAUSE_S)
         print("warning: processes survived SIGKILL: {}".format(self.run_processes()), file=sys.stderr)
 
     def loop(self, wakeup: Wakeup) -> None:

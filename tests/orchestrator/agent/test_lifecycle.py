@@ -70,9 +70,25 @@ def test_segfault_is_failed_with_the_signal(container, runs_dir):
 def test_command_that_exits_at_once_fails_the_launch_with_the_log_tail(container, runs_dir):
     script = "for i in $(seq 1 60); do echo line$i; done; echo 'Traceback: boom' >&2; exit 4"
     status, out = launch(container, runs_dir, "early", ["sh", "-c", script])
-    assert status == 1 and out["ok"] is False and out["code"] == "run_ended"
-    assert out["exit_code"] == 4 and out["run"]["state"] == "failed"
+    # the whole answer on failure: its run record and the supervisor's and keeper's log tails say where it stood
+    assert status == 1 and out["ok"] is False and out["code"] == "run_ended", out
+    assert out["exit_code"] == 4 and out["run"]["state"] == "failed", out
     assert len(out["log_tail"]) == 40 and out["log_tail"][-1] == "Traceback: boom" and out["log_tail"][0] == "line22"
+
+
+def test_a_command_that_exits_at_once_is_ended_even_when_its_end_is_recorded_after_the_verify_timeout(
+        container, runs_dir):
+    """The supervisor records the end only once the run's leftovers are gone: here a child that ignores SIGTERM,
+    ended after the 5 s grace, so the record comes after the 4 s verify timeout. The workload's own exit was
+    plain to see before that timeout (its pid gone): the launch says it ended, with its exit code, instead of
+    'could not be verified running'."""
+    # the workload exits only once the leftover ignores TERM: a TERM before that would end it at once
+    script = ("(trap '' TERM; : > \"$DFLASH_RUN_DIR/armed\"; exec sleep 60) & "
+              "until [ -e \"$DFLASH_RUN_DIR/armed\" ]; do sleep 0.05; done; echo 'Traceback: boom' >&2; exit 4")
+    status, out = launch(container, runs_dir, "left", ["sh", "-c", script], "--grace", "5", "--verify-timeout", "4")
+    assert (status, out["code"]) == (1, "run_ended"), out
+    assert (out["exit_code"], out["run"]["state"], out["log_tail"][-1]) == (4, "failed", "Traceback: boom")
+    assert host_processes_with(runs_dir, "left") == []
 
 
 def test_missing_program_fails_the_launch(container, runs_dir):
