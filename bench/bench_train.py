@@ -36,7 +36,8 @@ import torch
 
 from flops import LayerShape, StepFlops, TargetShape, target_feature_flops, training_step_flops
 from synthetic import SHAPES, causal_lm_class, target_config
-from trainer.config import BLOCK_SIZE_DEFAULTS, DFLASH2_DEFAULTS, SEED_BUCKETS, default_gamma, parse_loss
+from trainer.config import (BLOCK_SIZE_DEFAULTS, DFLASH2_DEFAULTS, SEED_BUCKETS, TrainConfig, default_gamma,
+                            parse_loss)
 from trainer.training.metrics import compiled_graphs, seconds_between, timing_mark
 from trainer.training.optim import rank_share
 
@@ -45,6 +46,7 @@ from bench_objectives import VARIANTS as NAMED_VARIANTS  # noqa: E402  (bench/ i
 # bench_objectives' named objectives of the DFlash architecture (--architecture picks the architecture here)
 OBJECTIVES = {name: (loss, slots) for name, (loss, slots, arch) in NAMED_VARIANTS.items() if arch == "dflash"}
 OBJECTIVE_NAMES = tuple(OBJECTIVES)
+DEFAULT_SLOT_WEIGHTS = TrainConfig.model_fields["slot_weights"].default   # what a run gets when its config is silent
 
 MODELS = {name: SHAPES[name] for name in ("qwen3-1.7b", "qwen3-8b", "qwen3-32b", "tiny", "qwen3.6-27b",
                                           "qwen3.6-35b-a3b", "tiny-hybrid")}
@@ -100,7 +102,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="training objective, as the config's loss: (a name, or JSON like '{\"ce\": 0.1, "
                              "\"cap\": 0.9}'); kl/tv/nla/lk_hybrid build the whole target and count its last layers "
                              "and LM head (default ce)")
-    parser.add_argument("--slot-weights", choices=("decay", "dpace"), default="decay", help="the config's slot_weights")
+    parser.add_argument("--slot-weights", choices=("decay", "dpace"), default=DEFAULT_SLOT_WEIGHTS,
+                        help=f"the config's slot_weights (default: the trainer's, {DEFAULT_SLOT_WEIGHTS})")
     parser.add_argument("--objectives", default=None,
                         help="comma-separated objectives measured one after the other on the same batches, by "
                              "bench_objectives.py's names (" + ", ".join(OBJECTIVE_NAMES) + "); instead of "
@@ -601,7 +604,6 @@ def planned_memory(args, target, drafter, objective, ctx, variant_name: str) -> 
     budget, with the drafter's kernels of the last variant measured, and the peak that variant measured against
     it (the plan's reserve stands for what the allocator's counters do not see: the CUDA context, NCCL,
     fragmentation)."""
-    from trainer.config import TrainConfig
     from trainer.model import kernels
     from trainer.spec import memory_plan
 
