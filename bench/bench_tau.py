@@ -1,6 +1,6 @@
 """Does the trainer's τ predict serving? A small target with real structure, built here, end to end.
 
-1. A Qwen3-shaped LM (about 17M parameters) is trained from scratch on the Python source of this machine's
+1. A Qwen3-shaped LM (15.7M parameters) is trained from scratch on the Python source of this machine's
    standard library, as chats (user: the first lines of a snippet; assistant: the lines after), with a BPE
    tokenizer trained on the same text.
 2. It answers prompts from other snippets greedily (`trainer generate`); `trainer prepare` tokenizes the answers

@@ -13,9 +13,11 @@ PR_SET_CHILD_SUBREAPER = 36
 
 def set_child_subreaper() -> bool:
     """Make orphaned descendants re-parent to us instead of to PID 1 (which may never reap them)."""
-    for name in (None, ctypes.util.find_library("c")):
+    # the process's own symbols first: find_library runs `ldconfig -p` (milliseconds at every keeper and
+    # supervisor start), so it is asked only when they do not hold prctl
+    for find in (lambda: None, lambda: ctypes.util.find_library("c")):
         try:
-            libc = ctypes.CDLL(name, use_errno=True)
+            libc = ctypes.CDLL(find(), use_errno=True)
             if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0:
                 return True
         except (OSError, AttributeError):

@@ -136,7 +136,7 @@ def test_the_loss_option_times_an_objective_against_the_target_distribution():
     result = run_bench("--tiny", "--device", "cpu", "--steps", "1", "--skip-baselines", "--loss",
                        '{"ce": 0.5, "kl": 0.5}', "--json")
     flops = result["step"]["flops_per_step"]
-    assert result["objective"] == "0.5*ce + 0.5*kl, decay slot weights"
+    assert result["objective"] == "0.5*ce + 0.5*kl, dpace slot weights"    # the trainer's default slot weights
     assert flops["target_distribution"] > 0 and result["step"]["distribution_flop_share"] > 0
     assert flops["total"] == pytest.approx(flops["target"] + flops["target_distribution"] + flops["drafter_total"])
     bad = subprocess.run([sys.executable, "bench/bench_train.py", "--tiny", "--loss", "kll"], capture_output=True,

@@ -149,7 +149,7 @@ def test_training_with_a_weighted_objective_logs_each_term(base_config, tmp_path
     config = {**base_config, "max_steps": 3, "loss": {"ce": 0.5, "kl": 0.5}}
     result = run_trainer("train", "--config", write_config(tmp_path / "mixed.yaml", **config), timeout=600)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
-    assert "loss: 0.5*ce + 0.5*kl, decay slot weights" in result.stdout
+    assert "loss: 0.5*ce + 0.5*kl, dpace slot weights" in result.stdout   # the default slot weights
     records = [json.loads(line) for line in (Path(config["output_dir"]) / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if r.get("event") == "step"]
     assert steps and all({"loss_ce", "loss_kl"} <= r.keys() for r in steps)
@@ -157,7 +157,7 @@ def test_training_with_a_weighted_objective_logs_each_term(base_config, tmp_path
         assert record["loss"] == pytest.approx(0.5 * record["loss_ce"] + 0.5 * record["loss_kl"], rel=1e-4)
     # the checkpoint records what it was trained for (the model card of `trainer export` reads it there)
     recorded = json.loads((Path(config["output_dir"]) / "step_3" / "trainer_config.json").read_text())
-    assert recorded["loss"] == {"ce": 0.5, "kl": 0.5} and recorded["slot_weights"] == "decay"
+    assert recorded["loss"] == {"ce": 0.5, "kl": 0.5} and recorded["slot_weights"] == "dpace"
 
 
 @pytest.mark.parametrize("loss, message", [

@@ -128,7 +128,8 @@ def chunked_weighted_ce(hidden: torch.Tensor, weight: torch.Tensor, labels: torc
         chunk_rows = max(1, LOGITS_PER_CHUNK // weight.shape[0])
     # a batch without supervised slots has all-zero weights: loss and gradient 0, not NaN
     normalised = (weights / weights.sum().clamp(min=torch.finfo(weights.dtype).tiny)).float()
-    loss, correct, unary, ids = ChunkedLinearCrossEntropy.apply(hidden, weight, labels, normalised, chunk_rows, top_k)
+    loss, correct, unary, ids = ChunkedLinearCrossEntropy.apply(hidden, weight, labels, normalised, chunk_rows,
+                                                                top_k)
     return ChunkedLoss(loss, correct, {"ce": loss.detach()}, (unary, ids) if top_k else None)
 
 
@@ -196,8 +197,8 @@ def dflash_step(drafter, features: torch.Tensor, input_ids: torch.Tensor, loss_m
             target_rows = gather_rows(target_hidden, slot_positions(anchors, block_size))
         chunk_blocks = None if chunk_rows is None else max(1, chunk_rows // (block_size - 1))
         out = chunked_objective(rows, inner.lm_head.weight, labels.clamp(min=0).flatten(), supervised.flatten(),
-                                decay.expand_as(labels).flatten(), objective, slots=block_size - 1, target_hidden=target_rows,
-                                chunk_blocks=chunk_blocks, top_k=top_k)
+                                decay.expand_as(labels).flatten(), objective, slots=block_size - 1,
+                                target_hidden=target_rows, chunk_blocks=chunk_blocks, top_k=top_k)
     loss, terms, correct = out.loss, out.terms, out.correct.view(labels.shape)
     if top_k:
         loss = loss + selector_loss(inner, hidden, input_ids, anchors, labels.clamp(min=0), slot_weights,
