@@ -18,7 +18,8 @@ ARCHITECTURE_NAMES = {"dflash": "DFlashDraftModel", "dflash2": "DFlash2DraftMode
 # - a label outside the top K replaces the weakest candidate, so every supervised slot has a target;
 # - the unary logits and the slot's hidden state enter the scores detached: the selector loss trains the selector
 #   alone, the backbone keeps DFlash's objective;
-# - slots are weighted as in the main loss (decay, supervised only) and the term is added with this weight.
+# - slots are weighted by the decay weights (supervised only), whatever the main loss's slot_weights, and the
+#   term is added with this weight.
 SELECTOR_LOSS_WEIGHT = 1.0
 # The path through the candidates: the highest summed pair score over the whole block (Viterbi). The public
 # reference walks greedily instead (each slot the best candidate after the one chosen before it).
