@@ -21,7 +21,10 @@ def trained(tiny_target, self_generated, tmp_path_factory) -> dict:
               "selector_top_k": 4, "num_anchors": 16, "drafter_layers": 1, "token_budget": 2048,
               "buckets": [0, 128, 256, 512], "lr": 3e-3, "log_every": 1, "checkpoint_every": 0, "seed": 0,
               "device": "cpu", "num_workers": 1, "prefetch": 2, "eval_every": 12, "eval_samples": 2,
-              "eval_tree_budgets": [4, 16]}
+              "eval_tree_budgets": [4, 16],
+              # the decay weights: a loss whose definition does not move with the drafter's confidence, so that its
+              # fall over 12 steps at this high lr measures learning (D-PACE's weights grow as the drafter learns)
+              "slot_weights": "decay"}
     result = run_trainer("train", "--config", write_config(root / "run.yaml", **config))
     assert result.returncode == 0, result.stderr[-3000:]
     return {"checkpoint": root / "out" / "step_12", "stdout": result.stdout, "root": root}

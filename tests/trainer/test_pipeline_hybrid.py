@@ -57,7 +57,9 @@ def test_hybrid_text_target_trains_a_drafter_that_beats_an_untrained_one(tmp_pat
     run = _self_generated(tmp_path, composite=False, prompts=48)
     out, _ = _train(run, tmp_path, drafter_layers=2, max_steps=150, log_every=50)
     records = step_records(out)
-    assert records[-1]["loss"] < records[0]["loss"] - 0.5, [r["loss"] for r in records]
+    # the default D-PACE loss reweighs slots as confidence grows: its fall is smaller than CE's, accuracy rises
+    assert records[-1]["loss"] < 0.85 * records[0]["loss"], [r["loss"] for r in records]
+    assert records[-1]["acc"] > records[0]["acc"] + 0.05, [r["acc"] for r in records]
     drafter_config = json.loads((out / "step_150" / "config.json").read_text())
     assert drafter_config["num_target_layers"] == 8 and drafter_config["dflash_config"]["target_layer_ids"] == [1, 5]
 

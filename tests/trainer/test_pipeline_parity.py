@@ -130,7 +130,7 @@ def test_export_writes_a_serving_only_directory(trained, tiny_target, tmp_path, 
     card = (out / "README.md").read_text()
     taps = config["dflash_config"]["target_layer_ids"]
     assert str(tiny_target) in card and f"{taps}" in card and "| Block size | 8 " in card
-    assert "| Training steps | 3 |" in card and "| Training objective | ce, decay slot weights |" in card
+    assert "| Training steps | 3 |" in card and "| Training objective | ce, dpace slot weights |" in card
     # the exported directory is a drafter checkpoint of its own: the check passes on it too
     assert check_parity(tiny_target, out).ok
 

@@ -56,7 +56,9 @@ def test_training_on_self_generated_data_raises_eval_tau(base_config, tiny_targe
     assert result.returncode == 0, result.stderr[-3000:]
     records = step_records(Path(config["output_dir"]))
     assert [r["step"] for r in records] == [1, *range(10, 151, 10)]  # step 1 at once, then every 10
-    assert records[-1]["loss"] < records[0]["loss"] - 0.8, [r["loss"] for r in records]
+    # the default D-PACE loss reweighs slots as confidence grows: its fall is smaller than CE's, accuracy rises
+    assert records[-1]["loss"] < 0.75 * records[0]["loss"], [r["loss"] for r in records]
+    assert records[-1]["acc"] > records[0]["acc"] + 0.2, [r["acc"] for r in records]
     assert "Loading dataset from" in result.stdout and "Batches per epoch:" in result.stdout
 
     trained = run_trainer("eval", "--target", tiny_target, "--drafter", Path(config["output_dir"]) / "step_150",
