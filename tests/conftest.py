@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import signal
 from collections.abc import Iterator
+from pathlib import Path
 
 # One CPU thread for torch in every test process and every process a test starts, before anything imports torch:
 # the suite runs two workers on two cores, and torch's default (a thread per core in each process) made a
@@ -22,6 +25,40 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "lab" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.lab)
+
+
+@pytest.fixture(autouse=True)
+def _machine_turn(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """A test marked `loads_machine` drives the whole machine's load up on purpose (forty clients beside
+    spinners): under pytest-xdist it runs only while no other worker runs a test, and no other test starts until
+    it is done. Launch and timing tests beside it once saw 10 s stalls that were its doing, not theirs."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        yield
+        return
+    # the workers' base temporary directories sit side by side in one directory of the session
+    with _turn(tmp_path_factory.getbasetemp().parent, alone=request.node.get_closest_marker("loads_machine")
+               is not None):
+        yield
+
+
+@contextlib.contextmanager
+def _turn(shared: Path, *, alone: bool) -> Iterator[None]:
+    """Readers and a writer with the writer first: the gate stops new tests once a loading test waits for the
+    running ones to finish (flock alone would let two workers' back-to-back tests starve it)."""
+    gate = os.open(shared / "machine-turn.gate", os.O_RDWR | os.O_CREAT, 0o600)
+    held = os.open(shared / "machine-turn.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        if alone:
+            fcntl.flock(gate, fcntl.LOCK_EX)
+            fcntl.flock(held, fcntl.LOCK_EX)
+        else:
+            fcntl.flock(gate, fcntl.LOCK_SH)
+            fcntl.flock(held, fcntl.LOCK_SH)
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        yield
+    finally:
+        os.close(held)  # closing a descriptor releases its lock
+        os.close(gate)
 
 
 def _interrupt_on_sigterm(signum: int, _frame: object) -> None:

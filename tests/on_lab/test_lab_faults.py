@@ -391,6 +391,7 @@ THREE_TARGETS = ("pve1/200", "pve2/300", "local")  # two SSH hosts and this mach
 
 
 @pytest.mark.slow
+@pytest.mark.loads_machine
 @pytest.mark.parametrize("targets", [(TARGET,), THREE_TARGETS], ids=["one-target", "three-targets"])
 def test_forty_parallel_ps_and_watch_once_on_a_loaded_machine_see_no_outage(lab, quiet_run: dict, tmp_path,
                                                                             targets: tuple[str, ...]) -> None:
