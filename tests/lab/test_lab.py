@@ -141,8 +141,11 @@ def test_command_leads_its_own_process_group(lab: Lab) -> None:
 
 def test_background_child_holding_stdout_keeps_the_session_open(lab: Lab) -> None:
     started = time.monotonic()
-    # (the short sleep lets setsid happen before pct's process-group kill, a race the real pct has too)
-    result = ssh_pct(lab, "pve2", 300, "sh", "-c", 'setsid sh -c "sleep 1.5; echo late" & sleep 0.2; echo early')
+    # the shell returns only once the child is in its own session (it writes $f from there): before that, pct's
+    # process-group kill would take it too, a race the real pct has as well (a fixed 0.2 s lost it under load)
+    result = ssh_pct(lab, "pve2", 300, "sh", "-c",
+                     'f=/tmp/own-session.$$; setsid sh -c "touch $f; sleep 1.5; echo late" & '
+                     'until [ -e $f ]; do sleep 0.02; done; rm -f $f; echo early')
     elapsed = time.monotonic() - started
     assert result.returncode == 0
     assert result.stdout == "early\nlate\n"
