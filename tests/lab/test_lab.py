@@ -145,7 +145,7 @@ def test_background_child_holding_stdout_keeps_the_session_open(lab: Lab) -> Non
     # process-group kill would take it too, a race the real pct has as well (a fixed 0.2 s lost it under load)
     result = ssh_pct(lab, "pve2", 300, "sh", "-c",
                      'f=/tmp/own-session.$$; setsid sh -c "touch $f; sleep 1.5; echo late" & '
-                     'until [ -e $f ]; do sleep 0.02; done; rm -f $f; echo early')
+                     'i=0; until [ -e $f ] || [ $i -ge 500 ]; do i=$((i+1)); sleep 0.02; done; rm -f $f; echo early')
     elapsed = time.monotonic() - started
     assert result.returncode == 0
     assert result.stdout == "early\nlate\n"
@@ -154,8 +154,11 @@ def test_background_child_holding_stdout_keeps_the_session_open(lab: Lab) -> Non
 
 def test_detached_child_survives_and_does_not_hold_the_session(lab: Lab) -> None:
     started = time.monotonic()
+    # returns once the child leads its own session (setsid execs in place: its session id becomes its pid)
     result = ssh_pct(lab, "pve2", 300, "sh", "-c",
-                     "DETACHED=1 setsid sleep 61 </dev/null >/dev/null 2>&1 & echo $!; sleep 0.2")
+                     "DETACHED=1 setsid sleep 61 </dev/null >/dev/null 2>&1 & p=$!; "
+                     "i=0; until [ \"$(cut -d' ' -f6 /proc/$p/stat)\" = \"$p\" ] || [ $i -ge 500 ]; do i=$((i+1)); "
+                     "sleep 0.02; done; echo $p")
     elapsed = time.monotonic() - started
     pid = int(result.stdout)
     assert elapsed < 5, "a fully detached child must not keep the SSH session open for its 61 s"
