@@ -8,6 +8,7 @@ checkpoints. All GPU work runs on the main thread: the batch-builder threads onl
 """
 from __future__ import annotations
 
+import functools
 import math
 import shutil
 import sys
@@ -242,12 +243,13 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
     """Set up (each part above) and run the loop."""
     from trainer.model.cpu_threads import one_thread_for_a_small_model
     from trainer.model.target import TargetModel
-    from trainer.training.distributed import barrier, weights_digest
+    from trainer.training.distributed import barrier, rank_share, weights_digest
     from trainer.training.losses import Objective
     from trainer.training.objective import dflash_step
 
     output_dir, log = open_output(cfg, ctx)
     objective = Objective.from_config(cfg)
+    count_share = functools.partial(rank_share, ctx=ctx)   # every rank's loss over the global batch's counts
     per_rank, min_size = describe_data(log, cfg, ctx, dataset, layout)
     total_steps = cfg.max_steps or cfg.epochs * per_rank
     on_gpu, dtype = ctx.device.type == "cuda", run_dtype(cfg, ctx)
@@ -325,7 +327,7 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
             with autocast:
                 out = dflash_step(model, features, input_ids, loss_mask, num_anchors=n_anchors,
                                   block_size=cfg.block_size, gamma=cfg.gamma, noise=cfg.noise, generator=anchor_rng,
-                                  objective=objective, target_hidden=target_hidden)
+                                  objective=objective, target_hidden=target_hidden, count_share=count_share)
             out.loss.backward()
             t2 = meter.mark()
             if cfg.grad_clip > 0:
