@@ -62,6 +62,8 @@ VARIANTS = {
     "packed+liger-drafter": dict(pack=True, kernels="liger", target_kernels="torch", legacy=False),
     "packed+liger": dict(pack=True, kernels="liger", target_kernels="liger", legacy=False),
     "auto": dict(pack="auto", kernels="auto", target_kernels="auto", legacy=False),
+    # DFlash2's block convolution as eager torch code instead of the trainer's compiled one
+    "auto+eager-conv": dict(pack="auto", kernels="auto", target_kernels="auto", legacy=False, eager_conv=True),
 }
 
 
@@ -510,6 +512,7 @@ def variant(name: str, parts: SimpleNamespace, ctx):
     parts.target.packing = spec["pack"]
     kernels.install(parts.drafter, kernels.resolve(spec["kernels"], ctx.device))
     kernels.install_target(parts.target.hf_model, kernels.resolve(spec["target_kernels"], ctx.device))
+    kernels.compile_block_convs(parts.drafter, ctx.device, on=not spec.get("eager_conv", False))
     try:
         with legacy_elementwise() if spec["legacy"] else contextlib.nullcontext():
             yield
@@ -517,6 +520,7 @@ def variant(name: str, parts: SimpleNamespace, ctx):
         parts.target.packing = "auto"
         kernels.install(parts.drafter, "torch")
         kernels.install_target(parts.target.hf_model, "torch")
+        kernels.compile_block_convs(parts.drafter, ctx.device, on=False)
 
 
 def profile_steps(parts: SimpleNamespace, stream, args, ctx, autocast) -> str:

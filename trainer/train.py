@@ -264,8 +264,9 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
     log.say(stage_line("building drafter"))
     resume_dir, local_resume = agree_on_resume(resume_dir, ctx)
     drafter = build_drafter(cfg, ctx, log, target, resume_dir if local_resume else None)
+    conv = kernel_lib.compile_block_convs(drafter, ctx.device)
     log.say(f"Kernels: {target.packing_line()}; {kernel_lib.install_target(target.hf_model, kernels)}; "
-            f"{kernel_lib.install(drafter, kernels)}; loss: {objective_line(objective)}")
+            f"{kernel_lib.install(drafter, kernels)}; {conv + '; ' if conv else ''}loss: {objective_line(objective)}")
     model = DraftDDP(drafter, device_ids=[ctx.device] if on_gpu else None) if ctx.is_distributed else drafter
     phases = PhaseMeter(ctx.device, ddp=model if ctx.is_distributed else None)
     if cfg.compile:
