@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import ipaddress
+import logging
 import secrets
 import shlex
 import signal
@@ -177,6 +178,15 @@ def _server_class(server_base: type, web, access_logger_base: type):
             # the page's websocket goes back to the address the browser used, not to the bound one
             self.public_url = f"{request.scheme}://{request.host}"
             return await super().handle_index(request)
+
+        def initialize_logging(self) -> None:
+            """textual-serve's log lines, with tracebacks that never show their frames' variables: a failed
+            request's would show the token the checks held."""
+            from rich.logging import RichHandler
+
+            logging.basicConfig(level="DEBUG" if self.debug else "INFO", format="%(message)s", handlers=[
+                RichHandler(show_path=False, show_time=False, rich_tracebacks=True, tracebacks_show_locals=False,
+                            console=self.console)])
 
         async def on_startup(self, app) -> None:
             """Quiet: the line that says where to point a browser comes once the socket listens (serve)."""
