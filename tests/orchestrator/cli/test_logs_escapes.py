@@ -92,6 +92,15 @@ def test_logs_on_a_terminal_keeps_colours_and_nothing_else(inv, tmp_path, capsys
     assert all(words in out for words in WORDS[:-1]), out
 
 
+def test_a_launch_that_fails_shows_the_logs_last_lines_as_text_only(inv, tmp_path, capsysbinary):
+    (tmp_path / "hostile.log").write_bytes(LOG)
+    code, out, err = run_cli(inv, "launch", "local", "--gpus", "none", "--", "sh", "-c",
+                             f"cat {tmp_path / 'hostile.log'}; exit 3", capsys=capsysbinary)
+    assert code == 1 and b"exit code 3" in err, err
+    assert_inert(err)
+    assert all(words in err for words in WORDS), err  # the last lines are still shown
+
+
 def test_a_sequence_cut_between_two_reads_never_passes_as_text():
     from orchestrator.agent.terminaltext import TerminalStream, for_terminal
 
