@@ -70,3 +70,13 @@ def test_ps_shows_whole_columns_that_fit_the_terminal(inv, capsys, monkeypatch, 
         if "AGE" in cells:
             assert cells["AGE"][:-1].isascii() and cells["AGE"][:-1].isdigit() and cells["AGE"][-1] in "smhd"
     assert by_id[runs[0]["run_id"]]["STEP"] == "812345"
+
+
+def test_fit_columns_leaves_whole_columns_out_in_the_order_given():
+    from orchestrator.display import fit_columns
+
+    widths = {"run": 20, "name": 10, "pid": 6, "step": 6}
+    assert fit_columns(widths, width=50, gap=2) == ("run", "name", "pid", "step")
+    assert fit_columns(widths, width=49, gap=2, drop=[("name",), ("pid",)]) == ("run", "pid", "step")
+    assert fit_columns(widths, width=30, gap=2, drop=[("name",), ("pid",)]) == ("run", "step")
+    assert fit_columns(widths, width=29, gap=2, drop=[("name",), ("pid",)]) is None
