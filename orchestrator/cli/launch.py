@@ -8,6 +8,7 @@ import typer
 
 from ..agent.launch import how_it_ended
 from ..agent.protocol import DEFAULT_GRACE_S, TERMINAL_STATES
+from ..agent.terminaltext import for_terminal
 from ..errors import EXIT_OK, UsageError, shorten
 from ..inventory.model import Target
 from ..runs.client import LaunchFailed, RunClient
@@ -215,5 +216,5 @@ def _report_failure(failed: LaunchFailed) -> None:
     lines = payload.get("log_tail") or []
     if lines:
         err.print(f"last lines of the log of {run.get('run_id', '?')}:", markup=False)
-        for line in lines[-40:]:
-            err.print(f"  {line}", markup=False)
+        for line in lines[-40:]:  # the workload's text only, never its escape sequences
+            err.print(f"  {for_terminal(line)}", markup=False)

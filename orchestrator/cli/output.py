@@ -5,17 +5,22 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
 
 from rich.console import Console
 
+from ..agent.protocol import ascii_decimal
+
 JSON_VERSION = 1
 
 
 def stdout() -> Console:
-    # piped into grep or a file, tables should not be squeezed to the 80 columns rich assumes there
-    width = None if sys.stdout.isatty() else 160
+    # piped into grep or a file, tables should not be squeezed to the 80 columns rich assumes there; COLUMNS,
+    # where set, is the width asked for (rich reads it)
+    asked = ascii_decimal(os.environ.get("COLUMNS"))
+    width = None if sys.stdout.isatty() else (asked or 160)
     return Console(file=sys.stdout, highlight=False, soft_wrap=True, width=width)
 
 
