@@ -12,6 +12,7 @@ from typing import Any
 from rich.console import Console
 
 from ..agent.protocol import ascii_decimal
+from ..agent.terminaltext import for_terminal
 
 JSON_VERSION = 1
 
@@ -33,6 +34,12 @@ def print_json(payload: dict[str, Any]) -> None:
     """One versioned JSON object on stdout."""
     sys.stdout.write(json.dumps({"version": JSON_VERSION, **payload}, indent=2, default=str) + "\n")
     sys.stdout.flush()
+
+
+def say(console: Console, text: str) -> None:
+    """One line of text that may hold what a workload chose (a process's command line, a log line), with every
+    escape sequence and control character taken out: such text never drives the terminal."""
+    console.print(for_terminal(text), markup=False)
 
 
 def about(target: str, message: str) -> str:
