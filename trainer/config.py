@@ -150,7 +150,13 @@ class TrainConfig(BaseModel):
     noise: float = Field(0.0, ge=0, description="Std of Gaussian noise added to target features (0 = off).")
     log_every: int = Field(10, ge=1, description="Steps between step lines (stdout + metrics.jsonl).")
     checkpoint_every: int = Field(1000, ge=0, description="Steps between checkpoints (0 = only at the end).")
-    keep_checkpoints: int = Field(3, ge=0, description="Newest step_N/ checkpoints kept (0 = keep all).")
+    keep_checkpoints: int = Field(3, ge=0, description="Newest step_N/ checkpoints kept (0 = keep all); older ones "
+                                                       "are removed only once the new save is complete.")
+    on_disk_full: Literal["skip", "stop"] = Field(
+        "skip", description="A checkpoint the disk has no room for (free space is checked before each save, from "
+                            "the weights' and optimizer state's size): skip = log it and keep training, the last "
+                            "complete checkpoint stays and the next save tries again; stop = end the run (exit 1) "
+                            "with that line. A save cut short by a full disk is removed either way.")
     seed: int = Field(0, description="Seed of weights init, data order, anchors and noise.")
     compile: bool = Field(False, description="torch.compile the drafter (batches are then padded to the "
                                              "bucket bound so shapes repeat).")
