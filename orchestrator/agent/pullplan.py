@@ -18,7 +18,7 @@ import json
 import os
 
 from .errors import BadInput
-from .protocol import BAD_USAGE
+from .protocol import BAD_USAGE, ascii_decimal
 from .rundir import existing_run
 
 MANIFEST = "manifest.json"
@@ -69,11 +69,11 @@ def _complete_steps(output_dir: str) -> list:
         return []
     for name in names:
         path = os.path.join(output_dir, name)
-        suffix = name[len("step_"):]
-        if name.startswith("step_") and suffix.isdigit() and os.path.isdir(path) and (
+        step = ascii_decimal(name[len("step_"):]) if name.startswith("step_") else None
+        if step is not None and os.path.isdir(path) and (
                 os.path.isfile(os.path.join(path, MANIFEST))
                 or all(os.path.isfile(os.path.join(path, f)) for f in SAVED_FILES)):
-            found.append((int(suffix), path))
+            found.append((step, path))
     return [path for _, path in sorted(found)]
 
 
@@ -141,7 +141,8 @@ def _parse_have(pairs: list) -> dict:
     known = {}
     for pair in pairs:
         name, _, size = pair.rpartition("=")
-        if not name or not size.isdigit():
+        count = ascii_decimal(size)
+        if not name or count is None:
             raise BadInput("--have wants NAME=BYTES, not {!r}".format(pair), code=BAD_USAGE)
-        known[name] = int(size)
+        known[name] = count
     return known

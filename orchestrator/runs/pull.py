@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..agent.protocol import ascii_decimal
 from ..errors import OperationFailed, TargetNotFound, UsageError
 from ..inventory.model import Target
 from ..transports.timeouts import EXPORT_TIMEOUT_S, PULL_PLAN_TIMEOUT_S, PULL_STALL_S
@@ -60,8 +61,7 @@ class Progress:
 
 
 def check_checkpoint(value: str) -> str:
-    suffix = value.removeprefix("step_")
-    if value in ("latest", "all") or (value.startswith("step_") and suffix.isdigit()):
+    if value in ("latest", "all") or (value.startswith("step_") and ascii_decimal(value[5:]) is not None):
         return value
     raise UsageError(f"--checkpoint {value!r}: give {CHECKPOINT_CHOICES}")
 
