@@ -3,8 +3,9 @@
 
 Run as root from the repo root:  python3 bench/bench_pull.py [--mb 300] [--rounds 3]
 Not a test: it prints MB/s of each round, the medians and their ratio for bench/RESULTS.md. The pull is the
-whole command in a process of its own (start-up, connect, the agent's file list, the stream, the local sha256
-check of every byte); plain ssh only streams. The checkpoint's training state is random bytes (nothing
+whole command in a process of its own (start-up, connect, finding the run on every target of the inventory, the
+agent's file list, the streams with the sha256 of every byte as it arrives); plain ssh only streams. The pull's
+streams alone (its JSON's transfer_s) are printed too. The checkpoint's training state is random bytes (nothing
 compresses it); the pull also brings the run's few-KB files (weights stub, manifest, metrics, log).
 """
 from __future__ import annotations
@@ -60,7 +61,7 @@ def make_run(lab: Lab, inventory_path: Path, mb: int) -> tuple[str, str, int]:
     return record["run_id"], "/workspace/bench-pull/step_1/training_state.pt", mb * 2**20
 
 
-def time_pull(inventory: Path, run_id: str, dest: Path) -> tuple[float, int]:
+def time_pull(inventory: Path, run_id: str, dest: Path) -> tuple[float, int, float]:
     shutil.rmtree(dest, ignore_errors=True)
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "orchestrator", "--inventory", str(inventory), "pull", run_id,
@@ -69,7 +70,8 @@ def time_pull(inventory: Path, run_id: str, dest: Path) -> tuple[float, int]:
     elapsed = time.perf_counter() - started
     if done.returncode != 0:
         raise SystemExit(f"pull failed: {done.stderr[-2000:]}")
-    return elapsed, json.loads(done.stdout)["bytes_transferred"]
+    result = json.loads(done.stdout)
+    return elapsed, result["bytes_transferred"], result["transfer_s"]
 
 
 def time_plain(lab: Lab, path: str, out: Path) -> tuple[float, int]:
@@ -88,21 +90,26 @@ def main() -> int:
     parser.add_argument("--mb", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    rates: dict[str, list[float]] = {"pull": [], "ssh": []}
+    rates: dict[str, list[float]] = {"pull": [], "ssh": [], "streams": []}
     with tempfile.TemporaryDirectory() as tmp, Lab.start(Path(tmp) / "lab") as lab:
         inventory = lab.write_inventory(Path(tmp) / "inventory.yaml")
         run_id, path, size = make_run(lab, inventory, args.mb)
         for i in range(args.rounds):
             for kind in ("pull", "ssh") if i % 2 == 0 else ("ssh", "pull"):
+                streams = ""
                 if kind == "pull":
-                    seconds, moved = time_pull(inventory, run_id, Path(tmp) / "pulled")
+                    seconds, moved, streamed = time_pull(inventory, run_id, Path(tmp) / "pulled")
+                    rates["streams"].append(moved / streamed / 1e6)
+                    streams = f" (its streams alone {streamed:.2f} s: {rates['streams'][-1]:.1f} MB/s)"
                 else:
                     seconds, moved = time_plain(lab, path, Path(tmp) / "plain.bin")
                 rates[kind].append(moved / seconds / 1e6)
                 print(f"round {i + 1} {kind:<4} {moved / 1e6:7.1f} MB in {seconds:6.2f} s: "
-                      f"{rates[kind][-1]:6.1f} MB/s", flush=True)
+                      f"{rates[kind][-1]:6.1f} MB/s{streams}", flush=True)
     pull, ssh = statistics.median(rates["pull"]), statistics.median(rates["ssh"])
-    print(f"median: dflashctl pull {pull:.1f} MB/s, ssh ... pct exec ... cat {ssh:.1f} MB/s, ratio {pull / ssh:.2f}")
+    streams = statistics.median(rates["streams"])
+    print(f"median: dflashctl pull {pull:.1f} MB/s, ssh ... pct exec ... cat {ssh:.1f} MB/s, ratio {pull / ssh:.2f}; "
+          f"the pull's streams alone {streams:.1f} MB/s, ratio {streams / ssh:.2f}")
     print(f"load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     return 0
 

@@ -9,6 +9,7 @@ parity check against the target the run trained on), so only the serving files t
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,10 +43,12 @@ class PullResult:
     export: bool
     files: list[dict] = field(default_factory=list)
     transferred: int = 0
+    transfer_s: float = 0.0   # the time the streams took, without start-up, listing and the checks of what is here
 
     def as_dict(self) -> dict:
         return {"run_id": self.run_id, "target": self.target, "to": self.to, "checkpoints": self.checkpoints,
-                "export": self.export, "files": self.files, "bytes_transferred": self.transferred}
+                "export": self.export, "files": self.files, "bytes_transferred": self.transferred,
+                "transfer_s": round(self.transfer_s, 3)}
 
 
 class Progress:
@@ -100,8 +103,10 @@ def pull(client: RunClient, target: Target, record: dict, request: PullRequest, 
     try:
         for step in steps:
             progress.file(step)
+            began = time.perf_counter()
             sent = 0 if step.action == "skip" else \
                 fetch(transport, step, stall=request.stall, on_bytes=progress.advance)
+            result.transfer_s += time.perf_counter() - began if sent else 0.0
             if step.action == "skip":
                 progress.advance(step.file.size)
             result.transferred += sent
