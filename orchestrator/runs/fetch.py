@@ -116,6 +116,8 @@ def fetch(transport: Transport, step: Step, *, stall: float, on_bytes: Callable[
     got = _stream(transport, file, part, offset, digest, stall=stall, on_bytes=on_bytes) if offset < file.size else 0
     if digest.hexdigest() != file.sha256:
         part.unlink(missing_ok=True)
+        if offset:  # the bytes kept from before were not the start of this file: once more, from byte 0
+            return got + fetch(transport, Step(file, path, "fetch"), stall=stall, on_bytes=on_bytes)
         raise OperationFailed(f"{file.source}: the copy's sha256 {digest.hexdigest()[:16]}... is not the target's "
                               f"{file.sha256[:16]}... (changed while it was read, or damaged); removed, pull again")
     os.replace(part, path)

@@ -80,12 +80,13 @@ def test_a_partial_file_resumes_from_its_offset_and_a_damaged_one_is_caught(inv,
     state = next(f for f in result["files"] if f["path"] == "step_20/training_state.pt")
     assert state["action"] == "resume" and state["resumed_from"] == 300_000
     assert (dest / "step_20" / "training_state.pt").read_bytes() == STATE and not part.exists()
-    # a .part whose bytes are not the file's: the sha256 check refuses it and removes it
+    # a .part whose bytes are not the file's start: the sha256 check catches it, and it is fetched again whole
     (dest / "step_20" / "training_state.pt").unlink()
     part.write_bytes(b"x" * 300_000)
-    code, out, err = run_cli(inv, "pull", "drafter", "--to", str(dest), capsys=capsys)
-    assert code == 1 and "sha256" in err and not part.exists()
-    assert not (dest / "step_20" / "training_state.pt").exists()
+    code, result, err = run_cli(inv, "pull", "drafter", "--to", str(dest), "--json", capsys=capsys)
+    assert code == 0, err
+    assert (dest / "step_20" / "training_state.pt").read_bytes() == STATE and not part.exists()
+    assert result["bytes_transferred"] == (len(STATE) - 300_000) + len(STATE)  # the rest, then all of it again
 
 
 def test_a_grown_log_is_extended_not_refused(inv, run_with_outputs, tmp_path, capsys):
@@ -117,3 +118,16 @@ def test_an_unknown_run_and_a_run_without_checkpoints_exit_2(inv, tmp_path, caps
                                 "true", capsys=capsys)
     code, out, err = run_cli(inv, "pull", "plain", "--to", str(tmp_path / "y"), capsys=capsys)
     assert code == 2 and "has no complete checkpoint" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_file_that_is_not_what_its_manifest_says_is_refused_after_transfer(inv, run_with_outputs, tmp_path,
+                                                                             capsys):
+    remote = tmp_path / "out" / "step_20" / "training_state.pt"
+    damaged = bytearray(remote.read_bytes())
+    damaged[12345] ^= 0xFF  # one flipped bit on the target's disk, same size
+    remote.write_bytes(bytes(damaged))
+    dest = tmp_path / "pulled"
+    code, out, err = run_cli(inv, "pull", "drafter", "--to", str(dest), capsys=capsys)
+    assert code == 1 and "sha256" in err and "training_state.pt" in err and len(err.strip().splitlines()) <= 2
+    assert not (dest / "step_20" / "training_state.pt").exists()
+    assert not (dest / "step_20" / "training_state.pt.part").exists()
