@@ -31,7 +31,8 @@ def pull(
                                      "dflash.py, the model card README.md): made on the target first if it is "
                                      "not there, and loadable with transformers' AutoModel."),
     to: Optional[Path] = typer.Option(None, "--to", metavar="DIR",
-                                      help="Where the files go (default: a folder named after the run, in the current one)."),
+                                      help="Where the files go (default: a folder named after the run, in the "
+                                           "current one)."),
     force: bool = typer.Option(False, "--force", help="Replace local files that differ from the run's."),
     stall: float = typer.Option(PULL_STALL_S, "--stall", callback=number_in(1), metavar="S",
                                 help="Give up on a file after this many seconds without a byte (a dead link)."),

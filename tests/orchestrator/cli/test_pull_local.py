@@ -1,8 +1,6 @@
 """`dflashctl pull` on the `local` target: what it brings, what it skips, what it refuses, and bad input."""
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 
 import pytest
@@ -23,10 +21,6 @@ def run_with_outputs(inv, tmp_path, capsys):
                                 *link_outputs_argv(str(out)), capsys=capsys)
     assert code == 0, err
     return record
-
-
-def sha(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def test_pull_brings_the_newest_checkpoint_metrics_and_log_verified(inv, run_with_outputs, tmp_path, capsys):
