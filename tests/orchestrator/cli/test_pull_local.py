@@ -43,7 +43,8 @@ def test_pull_brings_the_newest_checkpoint_metrics_and_log_verified(inv, run_wit
 def test_all_and_a_named_step(inv, run_with_outputs, tmp_path, capsys):
     code, result, err = run_cli(inv, "pull", "drafter", "--checkpoint", "all", "--to", str(tmp_path / "a"),
                                 "--json", capsys=capsys)
-    assert code == 0, err and result["checkpoints"] == ["step_10", "step_20"]
+    assert code == 0, err
+    assert result["checkpoints"] == ["step_10", "step_20"]
     assert (tmp_path / "a" / "step_10" / "model.safetensors").read_bytes() == b"w10" * 1000
     code, result, err = run_cli(inv, "pull", "drafter", "-c", "step_10", "--to", str(tmp_path / "b"), "--json",
                                 capsys=capsys)
