@@ -1,8 +1,8 @@
 """`python -m trainer COMMAND`: train, check, export, prepare, generate, eval, tiny-target.
 
-Exit codes: 0 success; 1 an unexpected error (full traceback printed); 2 bad input (a TrainerError: the
-message only, one `error:` line per problem). SIGTERM keeps its default action, so the process ends at once;
-the supervisor that started it owns the grace period.
+Exit codes: 0 success; 1 an unexpected error (full traceback printed), or a checkpoint that found the disk full
+(one `error:` line); 2 bad input (a TrainerError: the message only, one `error:` line per problem). SIGTERM keeps
+its default action, so the process ends at once; the supervisor that started it owns the grace period.
 """
 from __future__ import annotations
 
@@ -359,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     except TrainerError as exc:
         for line in str(exc).splitlines() or [type(exc).__name__]:
             print(f"error: {line}", file=sys.stderr, flush=True)
-        return 2
+        return getattr(exc, "exit_code", 2)
     except KeyboardInterrupt:
         return 130
     except Exception:  # noqa: BLE001 - the one place that turns any crash into a traceback and exit 1
