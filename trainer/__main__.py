@@ -24,7 +24,7 @@ def _train(args) -> int:
     default_cuda_allocator()  # before torch loads and anything touches the GPU
     from trainer.train import main as train_main
 
-    return train_main(args.config, resume=args.resume)
+    return train_main(args.config, resume=args.resume, base_dir=args.base_dir)
 
 
 def _plan(args) -> int:
@@ -38,8 +38,9 @@ def _plan(args) -> int:
     from trainer.config import load_config
     from trainer.model.kernels import on_a_gpu
     from trainer.spec.memory_plan import GIB, config_plan, refusal
+    from trainer.spec.preflight import with_base_dir
 
-    cfg = load_config(args.config)
+    cfg = with_base_dir(load_config(args.config), args.base_dir)
     world_size = args.gpus or int(os.environ.get("WORLD_SIZE", 1))
     on_gpu = cfg.device != "cpu"  # a CPU run has no GPU memory to fit, nor a CUDA context to allow for
     limit = (int(args.gpu_memory * GIB) if args.gpu_memory else _local_gpu_bytes()) if on_gpu else None
@@ -191,6 +192,10 @@ def _add_train_command(commands) -> None:
     train.add_argument("--config", required=True, help="YAML file with the keys listed below")
     train.add_argument("--resume", default=None, metavar="auto|never|PATH",
                        help="overrides the config's resume: auto (newest complete step_N), never, or a step_N dir")
+    train.add_argument("--base-dir", default=None, metavar="DIR",
+                       help="take the config's relative paths from DIR (default: the working directory); "
+                            "`dflashctl launch` gives the target's workdir, or on `local` the config file's "
+                            "directory")
     train.add_argument("--plan", action="store_true",
                        help="print the memory plan of one rank and exit, loading nothing: 0 if it fits, 2 if not")
     train.add_argument("--gpus", type=int, default=None, metavar="N",
@@ -219,7 +224,7 @@ def _add_check_command(commands) -> None:
     check.add_argument("--drafter", default=None, metavar="CKPT",
                        help="drafter checkpoint directory (a step_N or an export; with --target)")
     check.add_argument("--base-dir", default=None, metavar="DIR",
-                       help="take relative paths from DIR, the run's working directory (default: here); "
+                       help="take relative paths from DIR, as `train --base-dir DIR` does (default: here); "
                             "DIR need not exist yet")
     check.add_argument("--source", default=None, metavar="NAME", help="the config's name in messages")
     check.add_argument("--json", action="store_true",
