@@ -2,7 +2,7 @@
 
 Unknown keys are refused with the key's name and the closest known name, so a typo never silently falls back
 to a default. Every problem of a config is reported at once, one line each, each naming its key.
-Relative paths are taken relative to the working directory the trainer was started in.
+Relative paths are taken from the working directory the trainer was started in, or from `train --base-dir`.
 """
 from __future__ import annotations
 

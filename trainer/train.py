@@ -75,9 +75,9 @@ def lr_factor(step: int, *, total_steps: int, warmup_steps: int) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
 
-def main(config_path: str, *, resume: str | None = None) -> int:
+def main(config_path: str, *, resume: str | None = None, base_dir: str | None = None) -> int:
     # ------------------------------------------------------------------ config: everything is checked before models load
-    cfg = checked_config(config_path, overrides={"resume": resume} if resume else None)
+    cfg = checked_config(config_path, overrides={"resume": resume} if resume else None, base_dir=base_dir)
     refuse_gpu_compile(cfg)
     dataset = open_dataset(cfg.data_path)
     layout = layout_buckets(dataset.lengths, bounds=cfg.buckets, token_budget=cfg.token_budget,

@@ -72,6 +72,7 @@ class LaunchSpec:
     run_id: str | None = None     # chosen by the caller (a job's node runs); a new one otherwise
     job: dict[str, object] | None = None   # job_id, node_rank, nnodes of a multi-node job's node run
     check_config: str | None = None   # the trainer config's name: inputs[CONFIG_INPUT] is checked there first
+    config_base: str | None = None    # where that config's relative paths are taken from (command.config_base_dir)
 
     def run_env(self) -> dict[str, str]:
         return run_environment(self.target, self.env)
