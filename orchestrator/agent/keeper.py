@@ -250,7 +250,7 @@ def _live(runs_dir: str, run_id: str) -> bool:
         paths = RunPaths(runs_dir, run_id)
     except AgentError:
         return False
-    return is_live(read_run(paths), read_state(paths))
+    return is_live(paths, read_run(paths), read_state(paths))
 
 
 def _log(message: str) -> None:

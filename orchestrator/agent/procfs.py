@@ -148,13 +148,37 @@ def read_environ(pid: int) -> dict | None:
     return env
 
 
-def read_cmdline(pid: int) -> str:
+def read_argv(pid: int) -> list:
     try:
         with open("/proc/{}/cmdline".format(pid), "rb") as handle:
             data = handle.read()
     except OSError:
-        return ""
-    return " ".join(part.decode("utf-8", "replace") for part in data.split(b"\0") if part)
+        return []
+    return [part.decode("utf-8", "replace") for part in data.split(b"\0") if part]
+
+
+def read_cmdline(pid: int) -> str:
+    return " ".join(read_argv(pid))
+
+
+def namespace(pid, kind: str) -> tuple | None:
+    """(device, inode) of the `kind` namespace ("pid", "mnt") of `pid` ("self" for us): equal for two processes
+    exactly when they share it. None where it cannot be read (the process is gone, or not ours to inspect)."""
+    try:
+        info = os.stat("/proc/{}/ns/{}".format(pid, kind))
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino
+
+
+def shares_namespaces(pid: int) -> bool:
+    """`pid` lives in our PID and mount namespaces: seen from a host, a container's processes never do, even
+    where their paths (a workdir of /workspace on both) read the same as ours."""
+    for kind in ("pid", "mnt"):
+        ours = namespace("self", kind)
+        if ours is None or namespace(pid, kind) != ours:
+            return False
+    return True
 
 
 def processes_with_env(key: str, table: dict | None = None) -> dict:

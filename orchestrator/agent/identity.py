@@ -1,0 +1,60 @@
+"""Whether a live process is one of ours: the proofs `kill` and `cleanup` need before they signal anything.
+
+A pid is only a number: it gets reused, a record naming it may be stale or planted, and an environment variable
+(DFLASH_RUN_ID) is something anyone can set. What counts as proof that a process belongs to a run of this runs
+directory (docs/design.md, "What counts as ours"):
+
+- it is the run's supervisor or the keeper: the pid a record names, started at the recorded time (from
+  /proc/PID/stat), running the agent's own command for this runs directory (and run id), in our PID and mount
+  namespaces;
+- it descends from such a supervisor (every process of a run stays below it: it is a child subreaper);
+- it is a member of the session the run's workload leads (recorded by the supervisor, pid + start time): a
+  session id is inherited, never chosen, so only the workload's descendants carry it;
+- the keeper inherited it, and recorded which run it came from (lineage.py).
+
+Nothing in another PID or mount namespace is ever ours: seen from a host, a container's processes are not,
+whatever their paths or environment say.
+"""
+from __future__ import annotations
+
+import os
+
+from . import procfs
+
+SUPERVISE = "supervise"
+KEEPER = "keeper"
+
+
+def agent_command(pid: int) -> dict:
+    """The agent subcommand `pid` runs, with its options: {"command": "supervise", "--runs-dir": ..., ...};
+    empty when it runs none."""
+    argv = procfs.read_argv(pid)
+    for index, word in enumerate(argv):
+        if word in (SUPERVISE, KEEPER):
+            found = {"command": word}
+            rest = argv[index + 1:]
+            for option, value in zip(rest, rest[1:]):
+                if option.startswith("--") and option not in found:
+                    found[option] = value
+            return found
+    return {}
+
+
+def not_ours(pid: int, start: int | None, command: str, runs_dir: str, run_id: str | None = None) -> str | None:
+    """Why the live process `pid` is not the agent's `command` (supervise, keeper) of `runs_dir` (and run id)
+    that a record says started at `start`; None when it is. Call it on a live pid only."""
+    if start is None:
+        return "no start time is recorded for pid {}, so it cannot be told from a stranger".format(pid)
+    if procfs.start_time(pid) != start:
+        return "pid {} is a newer process than the one recorded".format(pid)
+    if not procfs.shares_namespaces(pid):
+        return "pid {} lives in another PID or mount namespace (a container's, seen from its host)".format(pid)
+    found = agent_command(pid)
+    wanted = {"command": command, "--runs-dir": os.path.abspath(runs_dir)}
+    if run_id is not None:
+        wanted["--run-id"] = run_id
+    if any(found.get(key) != value for key, value in wanted.items()):
+        return "pid {} runs {!r}, not the {} of {}{}".format(
+            pid, procfs.read_cmdline(pid)[:120], command, runs_dir, " run " + run_id if run_id else "")
+    return None
+
