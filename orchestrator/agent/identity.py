@@ -9,7 +9,7 @@ directory (docs/design.md, "What counts as ours"):
   namespaces;
 - it descends from such a supervisor (every process of a run stays below it: it is a child subreaper);
 - it is a member of the session the run's workload leads (recorded by the supervisor, pid + start time): a
-  session id is inherited, never chosen, so only the workload's descendants carry it;
+  process can only inherit its session or start its own, so only the workload's descendants carry it;
 - the keeper inherited it, and recorded which run it came from (lineage.py).
 
 Nothing in another PID or mount namespace is ever ours: seen from a host, a container's processes are not,
