@@ -72,8 +72,8 @@ class Cleanup:
         """pid -> (run id, why) of processes left by runs that are no longer live, each proven ours
         (identity.py): by the ended workload's session (for a child that cleared its environment), and by the
         keeper's record of what it inherited (for one that also left the session). Never by DFLASH_RUN_ID
-        alone, which anyone can set, and never in another PID or mount namespace (a container's, seen from
-        its host)."""
+        alone, which anyone can set, and never in another PID namespace (a container's, seen from its
+        host)."""
         table = procfs.snapshot()
         below_keeper = lineage.members(self.runs_dir, KeeperPaths(self.runs_dir).dir, table)
         found = {}
@@ -85,7 +85,7 @@ class Cleanup:
             if run_id not in live:
                 found.setdefault(pid, (run_id, "run {} has ended (an orphan the keeper inherited)".format(run_id)))
         self.report_claims(live, found, table, below_keeper)
-        return {pid: why for pid, why in found.items() if procfs.shares_namespaces(pid)}
+        return {pid: why for pid, why in found.items() if procfs.in_our_pid_namespace(pid)}
 
     def report_claims(self, live: dict, found: dict, table: dict, below_keeper: dict) -> None:
         """Processes here whose environment names a run of this runs directory, which nothing proves ours:
@@ -96,7 +96,7 @@ class Cleanup:
             ours.update(lineage.run_session(RunPaths(self.runs_dir, run_id), state, table, below_keeper))
         claims = sorted(pid for pid, (_, env) in procfs.processes_with_env("DFLASH_RUN_ID", table).items()
                         if env.get("DFLASH_RUNS_DIR") == self.runs_dir and pid not in ours
-                        and procfs.shares_namespaces(pid))
+                        and procfs.in_our_pid_namespace(pid) and procfs.sees_as_ours(pid, self.runs_dir))
         if claims:
             self.findings.append({"kind": "unproven_run_processes", "pids": claims, "advice": ADVICE_CLAIMS,
                                   "processes": [procfs.describe(pid) for pid in claims],

@@ -140,7 +140,7 @@ def members(runs_dir: str, keeper_dir: str, table: dict) -> dict:
 
 def run_session(paths: RunPaths, state: dict, table: dict, below_keeper: dict) -> list:
     """Live processes of the session the run's workload leads (state.json's pid + start time, written by the
-    supervisor), in our namespaces. While the leader lives it must be proven the workload first: a child of
+    supervisor), in our PID namespace. While the leader lives it must be proven the workload first: a child of
     the run's live supervisor, an orphan the keeper recorded for the run, or, with neither left to ask, a
     process started as this run's workload (the supervisor set DFLASH_RUN_ID and DFLASH_RUNS_DIR for it;
     alone that proves nothing, beside the record it catches a record that names a stranger)."""
@@ -149,7 +149,7 @@ def run_session(paths: RunPaths, state: dict, table: dict, below_keeper: dict) -
     if leader is not None and not leader.is_zombie and leader.start_time == start:
         if not _proven_workload(paths, state, leader, below_keeper):
             return []
-    return [pid for pid in procfs.session_members(table, sid, start) if procfs.shares_namespaces(pid)]
+    return [pid for pid in procfs.session_members(table, sid, start) if procfs.in_our_pid_namespace(pid)]
 
 
 def _proven_workload(paths: RunPaths, state: dict, leader, below_keeper: dict) -> bool:

@@ -171,14 +171,21 @@ def namespace(pid, kind: str) -> tuple | None:
     return info.st_dev, info.st_ino
 
 
-def shares_namespaces(pid: int) -> bool:
-    """`pid` lives in our PID and mount namespaces: seen from a host, a container's processes never do, even
-    where their paths (a workdir of /workspace on both) read the same as ours."""
-    for kind in ("pid", "mnt"):
-        ours = namespace("self", kind)
-        if ours is None or namespace(pid, kind) != ours:
-            return False
-    return True
+def in_our_pid_namespace(pid: int) -> bool:
+    """`pid` lives in our PID namespace: seen from a host, a container's processes never do."""
+    ours = namespace("self", "pid")
+    return ours is not None and namespace(pid, "pid") == ours
+
+
+def sees_as_ours(pid: int, path: str) -> bool:
+    """`path`, as `pid` sees it (its root, its mount namespace), is the very file we see there. A container's
+    /workspace is not its host's /workspace, however alike the two paths read."""
+    try:
+        theirs = os.stat("/proc/{}/root{}".format(pid, os.path.abspath(path)))
+        ours = os.stat(path)
+    except OSError:
+        return False
+    return (theirs.st_dev, theirs.st_ino) == (ours.st_dev, ours.st_ino)
 
 
 def processes_with_env(key: str, table: dict | None = None) -> dict:
