@@ -111,6 +111,7 @@ def test_a_run_directory_that_links_out_of_the_workdir_is_skipped_and_reported(i
     assert code == 0, err
     assert tree(outside) == before  # nothing written there: no .lock, state.json untouched
     assert [r["run_id"] for r in listing["runs"]] == [real["run_id"]]
+    assert f"local: {runs / 'linked'} skipped: a symbolic link out of the run tree: not followed" in err
     code, report, err = run_cli(inv, "cleanup", "local", "--json", capsys=capsys)
     result = report["targets"]["local"]
     assert code == 0, err
