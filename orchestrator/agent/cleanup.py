@@ -9,7 +9,7 @@ import time
 
 from . import gpus, lineage, procfs, terminate
 from .keeper import KeeperPaths
-from .rundir import RunPaths, list_run_ids, read_json
+from .rundir import RunPaths, list_run_ids, read_json, unfollowed_run_dirs
 from .runstate import is_live, read_run, read_state, settle_liveness
 
 ZOMBIE_CONFIRM_S = 0.3  # a zombie seen twice this far apart is not one its parent is about to reap
@@ -20,6 +20,8 @@ ADVICE_INIT_ZOMBIES = ("PID 1 of this container does not reap its children, so n
 ADVICE_OUTSIDE = "their parent lives outside this PID namespace (e.g. the host's pct/lxc-attach); it reaps them when it exits"
 ADVICE_FOREIGN = ("Whoever owns that process has to reap them or end it; if it is another container's PID 1, which "
                   "never reaps, only a restart of that container clears them. They hold pids, not memory or GPUs.")
+ADVICE_CLAIMS = ("DFLASH_RUN_ID is only a variable, which anyone can set: cleanup ends a process only where its "
+                 "lineage ties it to a run (see docs/design.md). End these yourself if they are yours.")
 ADVICE_GPU = ("GPU memory is held while no run of this runs directory is live on that GPU. nvidia-smi inside a "
               "container cannot name the process: look for a stuck process (here or in another container of "
               "the host) or restart the container.")
@@ -48,6 +50,9 @@ class Cleanup:
         return fields
 
     def mark_dead_runs(self) -> None:
+        for skipped in unfollowed_run_dirs(self.runs_dir):
+            self.findings.append(dict(skipped, kind="run_dir_not_followed", description="{} ({} -> {}): {}".format(
+                skipped["run_id"], skipped["path"], skipped["points_to"], skipped["reason"])))
         for run_id in list_run_ids(self.runs_dir):
             _, newly_lost = settle_liveness(RunPaths(self.runs_dir, run_id), dry_run=self.dry_run)
             if newly_lost:
@@ -59,29 +64,45 @@ class Cleanup:
         for run_id in list_run_ids(self.runs_dir):
             paths = RunPaths(self.runs_dir, run_id)
             run, state = read_run(paths), read_state(paths)
-            if is_live(run, state):
+            if is_live(paths, run, state):
                 live[run_id] = (run, state)
         return live
 
     def orphans(self, live: dict) -> dict:
-        """pid -> (run id, why) of processes left by runs that are no longer live: by DFLASH_RUN_ID, by the
-        ended workload's session (for a child that cleared its environment), and by the keeper's record of
-        what it inherited (for one that also left the session)."""
-        known = set(list_run_ids(self.runs_dir))
-        found = {}
-        for pid, (run_id, env) in procfs.processes_with_env("DFLASH_RUN_ID").items():
-            if env.get("DFLASH_RUNS_DIR", self.runs_dir) == self.runs_dir and run_id not in live:
-                found[pid] = (run_id, "run {} has ended".format(run_id) if run_id in known
-                              else "no run {} here".format(run_id))
+        """pid -> (run id, why) of processes left by runs that are no longer live, each proven ours
+        (identity.py): by the ended workload's session (for a child that cleared its environment), and by the
+        keeper's record of what it inherited (for one that also left the session). Never by DFLASH_RUN_ID
+        alone, which anyone can set, and never in another PID namespace (a container's, seen from its
+        host)."""
         table = procfs.snapshot()
-        for run_id in sorted(known - set(live)):
-            state = read_state(RunPaths(self.runs_dir, run_id))
-            for pid in procfs.session_members(table, state.get("pid"), state.get("pid_start_time")):
+        below_keeper = lineage.members(self.runs_dir, KeeperPaths(self.runs_dir).dir, table)
+        found = {}
+        for run_id in sorted(set(list_run_ids(self.runs_dir)) - set(live)):
+            paths = RunPaths(self.runs_dir, run_id)
+            for pid in lineage.run_session(paths, read_state(paths), table, below_keeper):
                 found.setdefault(pid, (run_id, "run {} has ended (a process of its session)".format(run_id)))
-        for (pid, _), run_id in lineage.members(self.runs_dir, KeeperPaths(self.runs_dir).dir, table).items():
+        for (pid, _), run_id in below_keeper.items():
             if run_id not in live:
                 found.setdefault(pid, (run_id, "run {} has ended (an orphan the keeper inherited)".format(run_id)))
-        return found
+        self.report_claims(live, found, table, below_keeper)
+        return {pid: why for pid, why in found.items() if procfs.in_our_pid_namespace(pid)}
+
+    def report_claims(self, live: dict, found: dict, table: dict, below_keeper: dict) -> None:
+        """Processes here whose environment names a run of this runs directory, which nothing proves ours:
+        left alone, and said."""
+        ours = set(found) | {pid for (pid, _), run_id in below_keeper.items() if run_id in live}
+        for run_id, (_, state) in live.items():
+            ours.update(procfs.descendants(table, state.get("supervisor_pid")))
+            ours.update(lineage.run_session(RunPaths(self.runs_dir, run_id), state, table, below_keeper))
+        claims = sorted(pid for pid, (_, env) in procfs.processes_with_env("DFLASH_RUN_ID", table).items()
+                        if env.get("DFLASH_RUNS_DIR") == self.runs_dir and pid not in ours
+                        and procfs.in_our_pid_namespace(pid) and procfs.sees_as_ours(pid, self.runs_dir))
+        if claims:
+            self.findings.append({"kind": "unproven_run_processes", "pids": claims, "advice": ADVICE_CLAIMS,
+                                  "processes": [procfs.describe(pid) for pid in claims],
+                                  "description": "{} process(es) name a run of this runs directory in their "
+                                                 "environment ({}) but nothing ties them to it: left alone. {}".format(
+                                                     len(claims), ", ".join(map(str, claims)), ADVICE_CLAIMS)})
 
     def end_orphans(self, live: dict, zombies: dict) -> set:
         """End what ended runs left behind; one that holds zombies is a stuck parent, and they go with it.

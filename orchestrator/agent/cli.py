@@ -37,13 +37,15 @@ Errors: {"ok": false, "error": MESSAGE, "code": CODE, ...details}. Answers (keys
     packages {"installed": bool, "removed": [names]}; failure: code upload_cut | upload_stalled | upload_damaged |
              unpack_failed
     probe    {"probe": {"devices", "nvml", "limits", "workdir", "shm", "paths", "live_gpus" (+ "model" with --model)}}
-    ps       {"runs": [RECORD (+ "log_tail": str with --tail-bytes)]}
+    ps       {"runs": [RECORD (+ "log_tail": str with --tail-bytes)], "skipped": [{"run_id", "path", "points_to",
+             "reason"}] (run directories that are symbolic links: never read or written through)}
     pull-plan {"output_dir", "steps", "checkpoints", "export_dir", "export_ready", "files": [{"source", "dest",
              "size", "sha256", "growing" (+ "prefix_size", "prefix_sha256" for a --have)}]}; no such checkpoint:
              code bad_usage
     kill     {"runs": [{"run_id", "ok", "state", "signal", "exit_code", "already_ended", "survivors":
-             [{"pid", "cmdline", "state"}], "actions": [str], "run": RECORD (+ "state_error": why the end is not
-             in state.json, when even the run's reserve could not make room)}]}
+             [{"pid", "cmdline", "state"}], "actions": [str], "refused": [{"pid", "role", "reason", "process"}]
+             (a pid state.json names that is not the run's: never signalled), "run": RECORD (+ "state_error":
+             why the end is not in state.json, when even the run's reserve could not make room)}]}
     cleanup  {"dry_run", "actions": [{"action", "done", "ok", "description", ...}], "findings": [{"kind",
              "description", ...}], "foreign_zombies": [{"parent": {"pid", "cmdline", "state"}, "pids", "count",
              "advice", "description"}] (zombies of processes no run owns: never acted on), "gpus": {"available",

@@ -22,7 +22,7 @@ import signal
 import sys
 import time
 
-from . import lineage, procfs
+from . import identity, lineage, procfs
 from .childwatch import Wakeup, ignore_signal, reap_children, set_child_subreaper
 from .errors import AgentError
 from .protocol import AGENT_VERSION
@@ -83,7 +83,10 @@ def start_and_request(runs_dir: str, run_id: str, *, entry: list, env: dict, log
         write_json_atomic(paths.request(run_id), {"version": 1, "argv": argv, "env": env, "log": log_path},
                           mode=0o600)
     info = read_json(paths.info) or {}
-    if procfs.is_alive(info.get("pid"), info.get("start_time")):
+    pid = info.get("pid")
+    # SIGUSR1 ends a process that does not handle it: only the keeper keeper.json names, proven so, gets one
+    if isinstance(pid, int) and procfs.is_alive(pid, info.get("start_time")) and identity.not_ours(
+            pid, info.get("start_time"), identity.KEEPER, runs_dir) is None:
         try:
             os.kill(info["pid"], signal.SIGUSR1)
         except OSError:
@@ -250,7 +253,7 @@ def _live(runs_dir: str, run_id: str) -> bool:
         paths = RunPaths(runs_dir, run_id)
     except AgentError:
         return False
-    return is_live(read_run(paths), read_state(paths))
+    return is_live(paths, read_run(paths), read_state(paths))
 
 
 def _log(message: str) -> None:

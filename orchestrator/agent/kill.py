@@ -8,7 +8,8 @@ from . import keeper, lineage, procfs, terminate
 from .childwatch import signal_name
 from .protocol import DEFAULT_GRACE_S, KILLED, LOST, STARTING, TERMINAL_STATES
 from .rundir import RunPaths, existing_run, utc_now_iso, write_json_atomic
-from .runstate import load_record, read_run, read_state, supervisor_alive, update_state
+from .runstate import (load_record, read_run, read_state, settle_liveness, supervisor_alive, supervisor_check,
+                       update_state)
 
 MARGIN_S = 3.0  # the supervisor's own reaction time and its SIGKILL rounds, beyond the grace
 SPAWN_WAIT_S = 3.0
@@ -17,21 +18,31 @@ POLL_S = 0.05
 
 
 def run_processes(paths: RunPaths, state: dict) -> list:
-    """(pid, start) of every live process of the run: by DFLASH_RUN_ID, by the workload's session (which
-    finds an `env -i` child the keeper adopted after the supervisor died), by the keeper's record of what it
-    inherited (which finds one that also left the session), and the supervisor with its tree."""
+    """(pid, start) of every live process of the run, each proven ours (identity.py): the supervisor with its
+    tree, the workload's session (which finds an `env -i` child the keeper adopted after the supervisor died)
+    and the keeper's record of what it inherited (which finds one that also left the session). DFLASH_RUN_ID
+    alone proves nothing: anyone can set it."""
     table = procfs.snapshot()
-    pids = set(procfs.session_members(table, state.get("pid"), state.get("pid_start_time")))
     below_keeper = lineage.members(paths.runs_dir, keeper.KeeperPaths(paths.runs_dir).dir, table)
+    pids = set(lineage.run_session(paths, state, table, below_keeper))
     pids.update(pid for (pid, _), run_id in below_keeper.items() if run_id == paths.run_id)
-    for pid, (value, env) in procfs.processes_with_env("DFLASH_RUN_ID", table).items():
-        if value == paths.run_id and env.get("DFLASH_RUNS_DIR", paths.runs_dir) == paths.runs_dir:
-            pids.add(pid)
-    if supervisor_alive(state):
+    if supervisor_alive(paths, state):
         sup = state["supervisor_pid"]
         pids.add(sup)
         pids.update(p for p in procfs.descendants(table, sup) if not table[p].is_zombie)
     return [(pid, table[pid].start_time) for pid in sorted(pids) if pid in table]
+
+
+def refuse_stranger(paths: RunPaths, state: dict, refused: list, actions: list) -> None:
+    """A supervisor pid in state.json that names a live process which is not this run's supervisor: say so,
+    and never signal it (run_processes and ask_supervisor only take a proven supervisor)."""
+    why = supervisor_check(paths, state)[1]
+    if why and not any(entry["pid"] == state.get("supervisor_pid") for entry in refused):
+        refused.append({"pid": state.get("supervisor_pid"), "role": "supervisor", "reason": why,
+                        "process": procfs.describe(state["supervisor_pid"]) if isinstance(
+                            state.get("supervisor_pid"), int) else None})
+        actions.append("not signalled: state.json names pid {} as the supervisor, but {}".format(
+            state.get("supervisor_pid"), why))
 
 
 def wait_for_supervisor(paths: RunPaths, notes: list) -> dict:
@@ -82,7 +93,7 @@ def wait_supervisor_gone(paths: RunPaths, timeout: float) -> dict:
     deadline = time.monotonic() + timeout
     while True:
         state = read_state(paths)
-        if not supervisor_alive(state) or time.monotonic() >= deadline:
+        if not supervisor_alive(paths, state) or time.monotonic() >= deadline:
             return state
         time.sleep(POLL_S)
 
@@ -106,16 +117,25 @@ def mark_killed(paths: RunPaths, sig: int | None, notes: list, **extra) -> dict:
         return dict(read_state(paths), **fields)
 
 
+def settle_or_keep(paths: RunPaths, state: dict, notes: list) -> dict:
+    try:
+        return settle_liveness(paths)[0]
+    except OSError as exc:
+        notes.append("its end could not be recorded in state.json: {}".format(exc))
+        return state
+
+
 def kill_one(paths: RunPaths, grace: float | None) -> dict:
-    actions, notes = [], []
+    actions, notes, refused = [], [], []
     run = read_run(paths)
     grace = float(run.get("grace_s", DEFAULT_GRACE_S)) if grace is None else grace
     state = wait_for_supervisor(paths, notes)
-    already_ended = state.get("state") in TERMINAL_STATES and not supervisor_alive(state)
+    refuse_stranger(paths, state, refused, actions)
+    already_ended = state.get("state") in TERMINAL_STATES and not supervisor_alive(paths, state)
     supervisor_did_it = False
-    if not already_ended and supervisor_alive(state):
+    if not already_ended and supervisor_alive(paths, state):
         state = ask_supervisor(paths, state, grace, actions)
-        supervisor_did_it = state.get("state") in TERMINAL_STATES and not supervisor_alive(state)
+        supervisor_did_it = state.get("state") in TERMINAL_STATES and not supervisor_alive(paths, state)
     left = run_processes(paths, state)
     if left:
         actions.append("ending {} leftover process(es): {}".format(len(left), [pid for pid, _ in left]))
@@ -125,6 +145,8 @@ def kill_one(paths: RunPaths, grace: float | None) -> dict:
         _, escalated = terminate.end_processes(left, grace=wait)
         if state.get("state") not in TERMINAL_STATES or state.get("state") == LOST:
             state = mark_killed(paths, signal.SIGKILL if escalated else signal.SIGTERM, notes)
+    elif state.get("state") not in TERMINAL_STATES and refused:
+        state = settle_or_keep(paths, state, notes)  # nothing of ours was found to end: lost, not killed
     elif state.get("state") not in TERMINAL_STATES:
         state = mark_killed(paths, signal.SIGTERM, notes)
     survivors = [procfs.describe(pid) for pid, _ in run_processes(paths, state)]
@@ -133,7 +155,7 @@ def kill_one(paths: RunPaths, grace: float | None) -> dict:
         record.update({key: state.get(key) for key in ("state", "signal", "signal_name", "ended_at", "error")})
     result = {"run_id": paths.run_id, "ok": not survivors, "state": record["state"], "signal": record.get("signal"),
               "exit_code": record.get("exit_code"), "already_ended": already_ended and not left,
-              "survivors": survivors, "actions": actions, "run": record}
+              "survivors": survivors, "actions": actions, "refused": refused, "run": record}
     if notes:
         result["state_error"] = "; ".join(notes)
     return result

@@ -112,7 +112,7 @@ def busy_gpus(runs_dir: str, gpus: list | None, *, exclude: str) -> dict:
         if gpus is None and held is None:
             continue
         both = sorted(held or []) if gpus is None else sorted(set(gpus) if held is None else set(gpus) & set(held))
-        if both and is_live(run, state):
+        if both and is_live(paths, run, state):
             clashes[run_id] = both
     return clashes
 
@@ -161,7 +161,7 @@ def start_supervisor(req: LaunchRequest) -> None:
 
 
 def verified(paths: RunPaths, state: dict) -> bool:
-    return (state.get("state") == RUNNING and supervisor_alive(state)
+    return (state.get("state") == RUNNING and supervisor_alive(paths, state)
             and procfs.is_alive(state.get("pid"), state.get("pid_start_time")) and os.path.exists(paths.log))
 
 
@@ -190,7 +190,7 @@ def wait_verified(paths: RunPaths, *, timeout: float, settle: float) -> str:
             running_since = running_since if running_since is not None else now
             if now - running_since >= settle:
                 return "verified"
-        elif state.get("supervisor_pid") and not supervisor_alive(state):
+        elif state.get("supervisor_pid") and not supervisor_alive(paths, state):
             finish(paths, LOST, error="supervisor died during launch")
             return "ended"
         elif exited_at is None and workload_exited(state):

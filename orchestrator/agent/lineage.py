@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import os
 
-from . import procfs
+from . import identity, procfs
 from .rundir import RunPaths, list_run_ids, read_json, write_json_atomic
-from .runstate import read_state
+from .runstate import read_state, supervisor_alive
 
 LINEAGE_VERSION = 1
 
@@ -118,11 +118,44 @@ def _orphaned_by(start_time: int, table: dict, states: _Once) -> str | None:
     return best[1] if best else None
 
 
-def members(runs_dir: str, keeper_dir: str, table: dict) -> dict:
-    """(pid, start time) -> run id below the live keeper of `runs_dir`; empty when no keeper runs."""
+def keeper_pid(runs_dir: str, keeper_dir: str, table: dict) -> int | None:
+    """The pid of the live keeper of `runs_dir`, proven so (identity.py), or None."""
     info = read_json(os.path.join(keeper_dir, "keeper.json")) or {}
     pid = info.get("pid")
     keeper = table.get(pid) if isinstance(pid, int) else None
     if keeper is None or keeper.start_time != info.get("start_time") or keeper.is_zombie:
+        return None
+    if identity.not_ours(pid, info.get("start_time"), identity.KEEPER, runs_dir) is not None:
+        return None
+    return pid
+
+
+def members(runs_dir: str, keeper_dir: str, table: dict) -> dict:
+    """(pid, start time) -> run id below the live keeper of `runs_dir`; empty when no keeper of ours runs."""
+    pid = keeper_pid(runs_dir, keeper_dir, table)
+    if pid is None:
         return {}
     return attribute(table, pid, lambda: run_states(runs_dir), load_known(keeper_dir))
+
+
+def run_session(paths: RunPaths, state: dict, table: dict, below_keeper: dict) -> list:
+    """Live processes of the session the run's workload leads (state.json's pid + start time, written by the
+    supervisor), in our PID namespace. While the leader lives it must be proven the workload first: a child of
+    the run's live supervisor, an orphan the keeper recorded for the run, or, with neither left to ask, a
+    process started as this run's workload (the supervisor set DFLASH_RUN_ID and DFLASH_RUNS_DIR for it;
+    alone that proves nothing, beside the record it catches a record that names a stranger)."""
+    sid, start = state.get("pid"), state.get("pid_start_time")
+    leader = table.get(sid) if isinstance(sid, int) else None
+    if leader is not None and not leader.is_zombie and leader.start_time == start:
+        if not _proven_workload(paths, state, leader, below_keeper):
+            return []
+    return [pid for pid in procfs.session_members(table, sid, start) if procfs.in_our_pid_namespace(pid)]
+
+
+def _proven_workload(paths: RunPaths, state: dict, leader, below_keeper: dict) -> bool:
+    if supervisor_alive(paths, state):
+        return leader.ppid == state.get("supervisor_pid")
+    if below_keeper.get((leader.pid, leader.start_time)) == paths.run_id:
+        return True
+    env = procfs.read_environ(leader.pid) or {}
+    return env.get("DFLASH_RUN_ID") == paths.run_id and env.get("DFLASH_RUNS_DIR") == paths.runs_dir

@@ -142,6 +142,6 @@ def in_use(runs_dir: str) -> set:
     for run_id in list_run_ids(runs_dir):
         paths = RunPaths(runs_dir, run_id)
         run = read_run(paths)
-        if is_live(run, read_state(paths)):
+        if is_live(paths, run, read_state(paths)):
             used.update(os.path.abspath(entry) for entry in run.get("pythonpath") or [])
     return used

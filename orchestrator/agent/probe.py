@@ -150,7 +150,7 @@ def live_gpu_sets(runs_dir: str) -> list:
     for run_id in list_run_ids(runs_dir):
         paths = RunPaths(runs_dir, run_id)
         run, state = read_run(paths), read_state(paths)
-        if is_live(run, state):
+        if is_live(paths, run, state):
             live.append(run.get("gpus"))
     return live
 

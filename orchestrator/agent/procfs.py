@@ -148,13 +148,44 @@ def read_environ(pid: int) -> dict | None:
     return env
 
 
-def read_cmdline(pid: int) -> str:
+def read_argv(pid: int) -> list:
     try:
         with open("/proc/{}/cmdline".format(pid), "rb") as handle:
             data = handle.read()
     except OSError:
-        return ""
-    return " ".join(part.decode("utf-8", "replace") for part in data.split(b"\0") if part)
+        return []
+    return [part.decode("utf-8", "replace") for part in data.split(b"\0") if part]
+
+
+def read_cmdline(pid: int) -> str:
+    return " ".join(read_argv(pid))
+
+
+def namespace(pid, kind: str) -> tuple | None:
+    """(device, inode) of the `kind` namespace ("pid", "mnt") of `pid` ("self" for us): equal for two processes
+    exactly when they share it. None where it cannot be read (the process is gone, or not ours to inspect)."""
+    try:
+        info = os.stat("/proc/{}/ns/{}".format(pid, kind))
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino
+
+
+def in_our_pid_namespace(pid: int) -> bool:
+    """`pid` lives in our PID namespace: seen from a host, a container's processes never do."""
+    ours = namespace("self", "pid")
+    return ours is not None and namespace(pid, "pid") == ours
+
+
+def sees_as_ours(pid: int, path: str) -> bool:
+    """`path`, as `pid` sees it (its root, its mount namespace), is the very file we see there. A container's
+    /workspace is not its host's /workspace, however alike the two paths read."""
+    try:
+        theirs = os.stat("/proc/{}/root{}".format(pid, os.path.abspath(path)))
+        ours = os.stat(path)
+    except OSError:
+        return False
+    return (theirs.st_dev, theirs.st_ino) == (ours.st_dev, ours.st_ino)
 
 
 def processes_with_env(key: str, table: dict | None = None) -> dict:

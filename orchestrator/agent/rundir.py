@@ -6,9 +6,10 @@ import datetime
 import fcntl
 import json
 import os
+import stat
 import tempfile
 
-from .errors import BadInput
+from .errors import BadInput, OperationFailed
 from .protocol import MAX_GPU_INDEX, NO_GPUS, RUN_ID_PATTERN, ascii_decimal, env_pair
 
 
@@ -80,18 +81,44 @@ class RunPaths:
         return os.path.isfile(self.run_json)
 
 
-def list_run_ids(runs_dir: str) -> list:
+def _is_run_dir(path: str) -> bool:
+    """A real directory (not a link to one) holding a real run.json: the run tree is never left by a link."""
     try:
-        names = os.listdir(runs_dir)
+        return (stat.S_ISDIR(os.lstat(path).st_mode)
+                and stat.S_ISREG(os.lstat(os.path.join(path, "run.json")).st_mode))
+    except OSError:
+        return False
+
+
+def _run_names(runs_dir: str) -> list:
+    try:
+        return sorted(n for n in os.listdir(runs_dir) if RUN_ID_PATTERN.fullmatch(n))
     except FileNotFoundError:
         return []
-    return sorted(n for n in names
-                  if RUN_ID_PATTERN.fullmatch(n) and os.path.isfile(os.path.join(runs_dir, n, "run.json")))
+
+
+def list_run_ids(runs_dir: str) -> list:
+    return [n for n in _run_names(runs_dir) if _is_run_dir(os.path.join(runs_dir, n))]
+
+
+def unfollowed_run_dirs(runs_dir: str) -> list:
+    """What is named like a run but is a symbolic link (or holds a linked run.json): never read or written
+    through, only reported, since its files would land wherever the link points."""
+    found = []
+    for name in _run_names(runs_dir):
+        path = os.path.join(runs_dir, name)
+        if not _is_run_dir(path) and os.path.isfile(os.path.join(path, "run.json")):
+            found.append({"run_id": name, "path": path, "points_to": os.path.realpath(path),
+                          "reason": "a symbolic link out of the run tree: not followed"})
+    return found
 
 
 def existing_run(runs_dir: str, run_id: str) -> RunPaths:
     paths = RunPaths(runs_dir, run_id)
-    if not paths.exists():
+    if not _is_run_dir(paths.dir):
+        if paths.exists():
+            raise OperationFailed("run {}: its directory {} is a symbolic link out of the run tree: not "
+                                  "followed".format(run_id, paths.dir), code="run_dir_link")
         raise BadInput("unknown run: {}".format(run_id), code="unknown_run")
     return paths
 
@@ -155,8 +182,9 @@ def _fsync_dir(directory: str) -> None:
 
 
 def read_json(path: str) -> dict | None:
+    """The JSON object in `path`; None when there is none. A symbolic link is not followed."""
     try:
-        with open(path) as handle:
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW)) as handle:
             data = json.load(handle)
     except (OSError, ValueError):
         return None
@@ -166,7 +194,7 @@ def read_json(path: str) -> dict | None:
 @contextlib.contextmanager
 def file_lock(path: str):
     """An exclusive flock, released when the block ends (or the holder dies)."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield

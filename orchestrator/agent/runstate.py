@@ -4,7 +4,7 @@ from __future__ import annotations
 import errno
 import time
 
-from . import procfs
+from . import identity, procfs
 from .protocol import LOST, STARTING, TERMINAL_STATES
 from .rundir import RunPaths, file_lock, read_json, release_reserve, utc_now_iso, write_json_atomic
 
@@ -71,11 +71,29 @@ def finish(paths: RunPaths, state_name: str, **fields) -> dict:
     return update_state(paths, mutate)
 
 
-def supervisor_alive(state: dict) -> bool:
+def supervisor_check(paths: RunPaths, state: dict) -> tuple:
+    """(the run's supervisor runs, why the live process its record names is not that supervisor).
+
+    state.json is a record, not a proof: the pid it names must still be the process that started at the
+    recorded time, and run this run's `supervise` in our namespaces (identity.py). One that is not is never
+    taken for the supervisor, and never signalled; the second value says why, for the caller to report."""
+    pid = state.get("supervisor_pid")
+    if not pid:
+        return False, None
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return False, "state.json names no valid supervisor pid: {!r}".format(pid)
     recorded_boot = state.get("supervisor_boot_id")
     if recorded_boot and recorded_boot != procfs.boot_id():
-        return False
-    return procfs.is_alive(state.get("supervisor_pid"), state.get("supervisor_start_time"))
+        return False, None  # from before a reboot: that supervisor is gone, whoever holds its pid now
+    start = state.get("supervisor_start_time")
+    if not procfs.is_alive(pid, None) or (start is not None and procfs.start_time(pid) != start):
+        return False, None  # gone (its pid free, or reused since)
+    why = identity.not_ours(pid, start, identity.SUPERVISE, paths.runs_dir, paths.run_id)
+    return why is None, why
+
+
+def supervisor_alive(paths: RunPaths, state: dict) -> bool:
+    return supervisor_check(paths, state)[0]
 
 
 def spawn_pending(run: dict, state: dict) -> bool:
@@ -85,26 +103,28 @@ def spawn_pending(run: dict, state: dict) -> bool:
     return time.time() - float(run.get("created_ts") or 0) < SPAWN_DEADLINE_S
 
 
-def is_live(run: dict, state: dict) -> bool:
+def is_live(paths: RunPaths, run: dict, state: dict) -> bool:
     if state.get("state") in TERMINAL_STATES:
         return False
-    return supervisor_alive(state) or spawn_pending(run, state)
+    return supervisor_alive(paths, state) or spawn_pending(run, state)
 
 
 def settle_liveness(paths: RunPaths, *, dry_run: bool = False) -> tuple:
     """(state, newly_lost): a non-terminal run whose supervisor is gone is `lost`, and is written so."""
     run, state = read_run(paths), read_state(paths)
-    if state.get("state") in TERMINAL_STATES or is_live(run, state):
+    if state.get("state") in TERMINAL_STATES or is_live(paths, run, state):
         return state, False
     if dry_run:
         return state, True
 
     def mutate(current: dict):
         # Re-check under the lock: the supervisor may have written its terminal state meanwhile.
-        if current.get("state") in TERMINAL_STATES or is_live(run, current):
+        if current.get("state") in TERMINAL_STATES or is_live(paths, run, current):
             return None
-        current.update(state=LOST, ended_at=utc_now_iso(),
-                       error=current.get("error") or "supervisor gone without a terminal state")
+        stranger = supervisor_check(paths, current)[1]
+        why = "its recorded supervisor is not its supervisor: " + stranger if stranger else \
+            "supervisor gone without a terminal state"
+        current.update(state=LOST, ended_at=utc_now_iso(), error=current.get("error") or why)
         return current
     new_state = update_state(paths, mutate)
     return new_state, new_state.get("state") == LOST and state.get("state") != LOST

@@ -121,12 +121,10 @@ class Supervisor:
         return DEFAULT_GRACE_S
 
     def run_processes(self) -> list:
-        """Live processes of this run: our descendants, and anything carrying our DFLASH_RUN_ID."""
+        """Live processes of this run: our descendants (we are their subreaper, so none leaves our tree). Not
+        whatever carries our DFLASH_RUN_ID: anyone can set that."""
         table = procfs.snapshot()
         pids = {p for p in procfs.descendants(table, self.pid) if not table[p].is_zombie}
-        for pid, (value, env) in procfs.processes_with_env("DFLASH_RUN_ID", table).items():
-            if value == self.paths.run_id and env.get("DFLASH_RUNS_DIR", self.paths.runs_dir) == self.paths.runs_dir:
-                pids.add(pid)
         pids.discard(self.pid)
         return [(pid, table[pid].start_time) for pid in sorted(pids) if pid in table]
 

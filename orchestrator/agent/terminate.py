@@ -12,8 +12,9 @@ KILL_WAIT_S = 3.0
 
 
 def send(pid: int, start: int, sig: int) -> bool:
-    """Signal `pid` only if it is still the process that started at `start` (pids get reused)."""
-    if not procfs.is_alive(pid, start):
+    """Signal `pid` only if it is still the process that started at `start` (pids get reused), and lives in
+    our PID namespace: from a host, a container's processes are never ours to end."""
+    if start is None or not procfs.is_alive(pid, start) or not procfs.in_our_pid_namespace(pid):
         return False
     try:
         os.kill(pid, sig)

@@ -79,6 +79,8 @@ def _print(report: dict) -> None:
                                                            if run.get("already_ended") else ended)
             if run.get("state_error"):
                 line += f"; {run['state_error']}"
+            for refused in run.get("refused") or []:
+                line += f"; NOT SIGNALLED: pid {refused.get('pid')}: {refused.get('reason')}"
             survivors = run.get("survivors") or []
             if survivors:
                 line += "; STILL ALIVE: " + ", ".join(f"{p.get('pid')} {p.get('cmdline', '')[:60]}"

@@ -41,7 +41,8 @@ def ps(
     state: AppState = ctx.obj
     resolved = state.inventory().targets(targets)
     with Connections() as conns:
-        outcomes = RunClient(state.inventory(), conns).list_runs(resolved)
+        client = RunClient(state.inventory(), conns)
+        outcomes = client.list_runs(resolved)
     now = datetime.datetime.now(datetime.timezone.utc)
     runs = [r for o in outcomes for r in (o.value or []) if show_all or _recent(r, now)]
     runs.sort(key=lambda r: r.get("created_at") or "")
@@ -56,6 +57,10 @@ def ps(
         _print_none(show_all, read=[o.target.name for o in outcomes if o.ok], unread=len(failures))
     for name, error in failures.items():
         stderr().print(f"dflashctl: error: {name}: runs not read: {error}", markup=False)
+    for name, skipped in sorted(client.skipped.items()):
+        for entry in skipped:
+            stderr().print(f"dflashctl: warning: {name}: {entry.get('path')} skipped: {entry.get('reason')}",
+                           markup=False)
     return fanout_exit_code(outcomes)
 
 

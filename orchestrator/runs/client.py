@@ -36,6 +36,8 @@ class RunClient:
         self.inventory = inventory
         self.conns = conns
         self._deployed: dict[tuple[str, bool], Deployment] = {}
+        # target name -> run directories its agent skipped (symbolic links, never followed), as ps last read them
+        self.skipped: dict[str, list[dict]] = {}
 
     # -- agent plumbing -------------------------------------------------------------------------------------
 
@@ -149,6 +151,7 @@ class RunClient:
         payload = self.agent(target, args)
         if not payload.get("ok"):  # never "no runs" for runs the agent could not read
             raise OperationFailed(f"{target.name}: {payload.get('error') or 'the agent could not list the runs'}")
+        self.skipped[target.name] = list(payload.get("skipped") or [])
         return [with_metrics(r) for r in payload.get("runs", [])]
 
     def log_lines(self, target: Target, run_id: str, start: int, stop: int) -> dict:

@@ -193,21 +193,33 @@ STUCK = ("import os,time\nfor _ in range(3):\n    os.fork() or os._exit(0)\nprin
          "time.sleep(300)")
 
 
-def plant_stuck_parent(lab, tag: str, *env: str) -> ProcInfo:
-    """A parent that never waits: its three children become zombies it holds. `env` makes it a run's."""
-    lab.ct_run(*CT, ["sh", "-c", f"setsid env {' '.join(env)} python3 -c \"$0\" {tag} </dev/null >/dev/null 2>&1 &",
-                     STUCK])
-    found = wait_for(lambda: [p for p in lab.ct_processes(*CT) if tag in p.cmdline and
-                              len([z for z in zombies(lab) if z.ppid == p.pid]) == 3], 10)
+def holding_zombies(lab, tag: str) -> list:
+    return [p for p in lab.ct_processes(*CT) if tag in p.cmdline and
+            len([z for z in zombies(lab) if z.ppid == p.pid]) == 3]
+
+
+def plant_stuck_parent(lab, tag: str) -> ProcInfo:
+    """A parent no run owns that never waits: its three children become zombies it holds."""
+    lab.ct_run(*CT, ["sh", "-c", f"setsid python3 -c \"$0\" {tag} </dev/null >/dev/null 2>&1 &", STUCK])
+    found = wait_for(lambda: holding_zombies(lab, tag), 10)
     assert found, "the stuck parent did not plant its zombies"
     return found[0]
 
 
+def stuck_run_left_behind(lab, inv: str, capsys, tag: str) -> tuple[dict, ProcInfo]:
+    """A run whose workload is a stuck parent of three zombies, and whose supervisor was SIGKILLed (the OOM
+    killer, say): the workload lives on below the keeper, a real leftover of the run."""
+    run = launch(inv, capsys, "python3", "-c", STUCK, tag, name="ender", extra=("--gpus", "none"))
+    found = wait_for(lambda: holding_zombies(lab, tag), 10)
+    assert found, "the run's stuck parent did not plant its zombies"
+    supervisor = run["supervisor_pid"]
+    lab.ct_run(*CT, ["kill", "-KILL", str(supervisor)])
+    assert wait_for(lambda: not [p for p in lab.ct_processes(*CT) if p.pid == supervisor], 10)  # the keeper reaped it
+    return run, found[0]
+
+
 def test_cleanup_reaps_a_runs_stuck_parent_leaves_a_foreign_one_and_reports_pid1_zombies(lab, inv, capsys):
-    ended = launch(inv, capsys, "sh", "-c", "sleep 1.5", name="ender", extra=("--gpus", "none"))
-    assert wait_state(inv, capsys, ended["run_id"], {"succeeded"})["state"] == "succeeded"
-    runs = ended["run_dir"].rsplit("/", 1)[0]
-    ours = plant_stuck_parent(lab, "ours-7311", "DFLASH_RUN_ID=" + ended["run_id"], "DFLASH_RUNS_DIR=" + runs)
+    ended, ours = stuck_run_left_behind(lab, inv, capsys, "ours-7311")
     foreign = plant_stuck_parent(lab, "foreign-7312")  # no run owns it: never ended, only reported
     # an orphan that exits after its parent: PID 1 inherits it and never reaps it
     lab.ct_run(*CT, ["sh", "-c", "(sleep 0.2 &) ; true"])
@@ -215,12 +227,13 @@ def test_cleanup_reaps_a_runs_stuck_parent_leaves_a_foreign_one_and_reports_pid1
     code, plan, _ = cli(inv, "cleanup", TARGET, "--dry-run", "--json", capsys=capsys)
     planned = plan["targets"][TARGET]
     assert code == 0 and [(a["action"], a["run_id"]) for a in planned["actions"]] == [
-        ("end_stuck_parent", ended["run_id"])]
+        ("mark_lost", ended["run_id"]), ("end_stuck_parent", ended["run_id"])]
     assert [z["parent"]["pid"] for z in planned["foreign_zombies"]] == [foreign.pid]
     assert len(zombies(lab)) >= 7  # a dry run changes nothing
     code, done, _ = cli(inv, "cleanup", TARGET, "--json", capsys=capsys)
     report = done["targets"][TARGET]
-    assert code == 0 and report["actions"][0]["pid"] == ours.pid and report["actions"][0]["ok"]
+    ended_parent = [a for a in report["actions"] if a["action"] == "end_stuck_parent"]
+    assert code == 0 and ended_parent[0]["pid"] == ours.pid and ended_parent[0]["ok"]
     assert [z["parent"]["pid"] for z in report["foreign_zombies"]] == [foreign.pid]
     assert report["foreign_zombies"][0]["count"] == 3
     time.sleep(0.5)
@@ -243,6 +256,31 @@ def test_cleanup_on_the_host_never_plans_to_end_a_containers_pid1(lab, inv: str,
     assert [a for a in report["actions"] if a.get("pid") == init] == []
     listed = [z for z in report["foreign_zombies"] if z["parent"]["pid"] == init]
     assert len(listed) == 1 and listed[0]["parent"]["cmdline"] == "sleep infinity", report["foreign_zombies"]
+
+
+def test_cleanup_on_a_host_whose_workdir_is_its_containers_never_touches_their_runs(lab, inv, capsys) -> None:
+    """A Proxmox host used as a target with the workdir of its containers (`/workspace` on both): the
+    containers' runs carry DFLASH_RUNS_DIR=/workspace/.dflash/runs, as the host's would, and the host sees
+    their processes. They are the containers' (another PID and mount namespace): the host's cleanup, run on
+    the host over SSH as the agent runs there, plans nothing for them and ends nothing."""
+    run = launch(inv, capsys, "sleep", "300", name="inside", extra=("--gpus", "none"))
+    runs = run["run_dir"].rsplit("/", 1)[0]
+    assert runs == "/workspace/.dflash/runs"
+    assert run_procs(lab, run["run_id"])
+    top = str(Path(__file__).resolve().parents[2])  # where this orchestrator package lives
+    agent = ["env", f"PYTHONPATH={top}", sys.executable, "-m", "orchestrator.agent", "cleanup", "--runs-dir", runs]
+    for dry in (["--dry-run"], []):
+        done = subprocess.run(lab.ssh_argv(CT[0]) + [shlex.join(agent + dry)], capture_output=True, text=True,
+                              timeout=60)
+        report = json.loads(done.stdout.splitlines()[-1])
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert [a for a in report["actions"] if a.get("run_id") == run["run_id"]] == [], report["actions"]
+        assert [a for a in report["actions"] if a["action"].startswith("end_")] == [], report["actions"]
+        # nor does it take them for strangers here that claim a run: they are not here at all
+        assert [f for f in report["findings"] if f["kind"] == "unproven_run_processes"] == [], report["findings"]
+    assert run_procs(lab, run["run_id"]) and wait_state(inv, capsys, run["run_id"], {"running"})["state"] == "running"
+    code, result, err = cli(inv, "kill", run["run_id"], "--grace", "1", "--json", capsys=capsys)
+    assert code == 0, err
 
 
 def test_a_keeper_that_leaves_after_its_idle_time_leaves_no_zombie(lab, tmp_path, capsys) -> None:

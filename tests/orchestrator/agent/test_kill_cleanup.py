@@ -39,22 +39,37 @@ time.sleep(300)
 """
 
 
-def plant_stuck_parent(ns, *env: str) -> subprocess.Popen:
-    """A process whose three children exit and which never waits for them: three zombies. `env`: KEY=VALUE
-    pairs that make it a process of a run."""
+def plant_stuck_parent(ns) -> subprocess.Popen:
+    """A process no run owns whose three children exit and which never waits for them: three zombies."""
     before = len(ns.zombies())
-    parent = ns.popen(["env", *env, sys.executable, "-c", STUCK_PARENT], stdout=subprocess.PIPE)
+    parent = ns.popen([sys.executable, "-c", STUCK_PARENT], stdout=subprocess.PIPE)
     assert parent.stdout.readline().strip() == b"planted"
     assert wait_for(lambda: len(ns.zombies()) >= before + 3, 5)
     return parent
 
 
-def ended_run(ns, runs_dir: str, run_id: str) -> tuple:
-    """The KEY=VALUE pairs of a run of `runs_dir` that has ended, for a process it left behind."""
-    status, out = launch(ns, runs_dir, run_id, ["sleep", "0.5"], settle="0.1")
+def gone(ns, pid: int) -> bool:
+    return ns.run(["test", "-e", "/proc/{}".format(pid)]).returncode != 0
+
+
+def left_by_a_dead_supervisor(ns, runs_dir: str, run_id: str, *, keeper_too: bool = False) -> int:
+    """A run whose supervisor was SIGKILLed (by the OOM killer, say) while its workload, a stuck parent of three
+    zombies, lives on: a real leftover of the run, not a process that merely sets DFLASH_RUN_ID. With
+    `keeper_too` the keeper goes as well, so the workload falls to the namespace's PID 1. Returns the
+    workload's pid (the namespace's numbering)."""
+    before = len(ns.zombies())
+    status, out = launch(ns, runs_dir, run_id, [sys.executable, "-c", STUCK_PARENT], settle="0.1")
     assert status == 0, out
-    wait_state(ns, runs_dir, run_id, ("succeeded",))
-    return "DFLASH_RUN_ID=" + run_id, "DFLASH_RUNS_DIR=" + runs_dir
+    assert wait_for(lambda: len(ns.zombies()) >= before + 3, 5)
+    run = record(ns, runs_dir, run_id)
+    assert ns.run(["kill", "-KILL", str(run["supervisor_pid"])]).returncode == 0
+    assert wait_for(lambda: gone(ns, run["supervisor_pid"]), 5)  # reaped by the keeper
+    if keeper_too:
+        with open(os.path.join(runs_dir, ".keeper", "keeper.json")) as handle:
+            keeper = json.load(handle)["pid"]
+        assert ns.run(["kill", "-KILL", str(keeper)]).returncode == 0
+        assert wait_for(lambda: gone(ns, keeper), 5)
+    return run["pid"]
 
 
 def stop(parent: subprocess.Popen) -> None:
@@ -97,22 +112,19 @@ def test_twenty_launch_kill_cycles_leave_no_zombie_under_a_non_reaping_init(bad_
 
 
 def test_cleanup_reaps_zombies_by_ending_the_stuck_parent_an_ended_run_left(container, runs_dir):
-    parent = plant_stuck_parent(container, *ended_run(container, runs_dir, "gone"))
-    try:
-        status, out = container.agent("cleanup", "--runs-dir", runs_dir, "--dry-run")
-        assert status == 0 and out["dry_run"] is True
-        planned = [a for a in out["actions"] if a["action"] == "end_stuck_parent"]
-        assert len(planned) == 1 and len(planned[0]["zombies"]) == 3 and planned[0]["done"] is False
-        assert planned[0]["run_id"] == "gone" and out["foreign_zombies"] == []
-        assert parent.poll() is None and len(container.zombies()) == 3  # dry run changed nothing
-        status, out = container.agent("cleanup", "--runs-dir", runs_dir)
-        done = [a for a in out["actions"] if a["action"] == "end_stuck_parent"]
-        assert status == 0 and out["ok"], out
-        assert done[0]["done"] and done[0]["ok"] and done[0]["reaped"] == 3
-        assert container.zombies() == []
-        assert parent.wait(timeout=5) == -signal.SIGTERM
-    finally:
-        stop(parent)
+    parent = left_by_a_dead_supervisor(container, runs_dir, "gone")
+    status, out = container.agent("cleanup", "--runs-dir", runs_dir, "--dry-run")
+    assert status == 0 and out["dry_run"] is True
+    planned = [a for a in out["actions"] if a["action"] == "end_stuck_parent"]
+    assert len(planned) == 1 and len(planned[0]["zombies"]) == 3 and planned[0]["done"] is False
+    assert planned[0]["run_id"] == "gone" and out["foreign_zombies"] == []
+    assert not gone(container, parent) and len(container.zombies()) == 3  # dry run changed nothing
+    status, out = container.agent("cleanup", "--runs-dir", runs_dir)
+    done = [a for a in out["actions"] if a["action"] == "end_stuck_parent"]
+    assert status == 0 and out["ok"], out
+    assert done[0]["done"] and done[0]["ok"] and done[0]["reaped"] == 3
+    assert wait_for(lambda: gone(container, parent), 5)
+    assert container.zombies() == []
 
 
 def test_cleanup_never_ends_a_stuck_parent_no_run_owns(container, runs_dir):
@@ -137,21 +149,22 @@ def test_cleanup_never_ends_a_stuck_parent_no_run_owns(container, runs_dir):
 
 def test_zombies_of_a_non_reaping_init_are_reported_not_hidden(fresh_bad_init_container, runs_dir):
     ns = fresh_bad_init_container
-    parent = plant_stuck_parent(ns, *ended_run(ns, runs_dir, "gone"))
-    try:
-        status, out = ns.agent("cleanup", "--runs-dir", runs_dir)
-        assert status == 0, out
-        action = [a for a in out["actions"] if a["action"] == "end_stuck_parent"][0]
-        assert action["ok"] and action["reaped"] == 0 and len(action["still_zombies"]) == 3
-        status, out = ns.agent("cleanup", "--runs-dir", runs_dir)
-        finding = [f for f in out["findings"] if f["kind"] == "zombies_of_init"][0]
-        assert finding["count"] == 3 and "restart" in finding["advice"] and "/dev/shm" in finding["advice"]
-        assert out["actions"] == []  # nothing left that cleanup could do
-    finally:
-        stop(parent)
+    left_by_a_dead_supervisor(ns, runs_dir, "gone", keeper_too=True)
+    status, out = ns.agent("cleanup", "--runs-dir", runs_dir)
+    assert status == 0, out
+    action = [a for a in out["actions"] if a["action"] == "end_stuck_parent"][0]
+    assert action["ok"] and action["reaped"] == 0 and len(action["still_zombies"]) == 3
+    status, out = ns.agent("cleanup", "--runs-dir", runs_dir)
+    finding = [f for f in out["findings"] if f["kind"] == "zombies_of_init"][0]
+    # the three it held, and the stuck parent itself: PID 1 inherited them all and never reaps
+    assert set(action["still_zombies"]) < set(finding["pids"]) and finding["count"] == 4
+    assert "restart" in finding["advice"] and "/dev/shm" in finding["advice"]
+    assert out["actions"] == []  # nothing left that cleanup could do
 
 
 def test_cleanup_ends_orphans_of_ended_runs_and_marks_dead_runs_lost(container, runs_dir):
+    """Only processes tied to a run by lineage are ended; ones that merely set DFLASH_RUN_ID (anyone can) are
+    reported and left alone, whether the run they name has ended or never existed."""
     assert launch(container, runs_dir, "ended", ["sh", "-c", "sleep 0.8"])[0] == 0
     wait_state(container, runs_dir, "ended", ("succeeded",))
     assert launch(container, runs_dir, "dead", ["sleep", "60"])[0] == 0
@@ -164,9 +177,10 @@ def test_cleanup_ends_orphans_of_ended_runs_and_marks_dead_runs_lost(container, 
         assert wait_for(lambda: len(host_processes_with(runs_dir)) == 4, 5)
         status, out = container.agent("cleanup", "--runs-dir", runs_dir, "--dry-run")
         planned = sorted((a["action"], a.get("run_id")) for a in out["actions"])
-        assert planned == [("end_orphan", "dead"), ("end_orphan", "ended"), ("end_orphan", "ghost"),
-                           ("mark_lost", "dead")]
+        assert planned == [("end_orphan", "dead"), ("mark_lost", "dead")]
         assert not any(a["done"] for a in out["actions"])
+        claims = [f for f in out["findings"] if f["kind"] == "unproven_run_processes"]
+        assert len(claims) == 1 and len(claims[0]["pids"]) == 2 and "left alone" in claims[0]["description"]
         with open(os.path.join(runs_dir, "dead", "state.json")) as handle:
             assert json.load(handle)["state"] == "running"  # dry run wrote nothing (ps would mark it lost)
         status, out = container.agent("cleanup", "--runs-dir", runs_dir)
@@ -174,7 +188,8 @@ def test_cleanup_ends_orphans_of_ended_runs_and_marks_dead_runs_lost(container, 
         assert all(a["done"] and a["ok"] for a in out["actions"])
         assert status == 0 and out["ok"] and out["live_runs"] == ["alive"]
         assert record(container, runs_dir, "dead")["state"] == "lost"
-        assert [p for p in host_processes_with(runs_dir)] == host_processes_with(runs_dir, "alive")
+        assert all(stray.poll() is None for stray in strays)  # never ended: nothing ties them to a run
+        assert len(host_processes_with(runs_dir)) == len(host_processes_with(runs_dir, "alive")) + 2
         assert len(host_processes_with(other_dir)) == 1  # another runs directory is not ours to touch
     finally:
         for stray in strays:

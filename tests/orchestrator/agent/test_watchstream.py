@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.agent import lineindex, watchstream
+from tests.polling import wait_for
 
 REPO = Path(__file__).resolve().parents[3]
 ENTRY = "import sys; from orchestrator.agent.cli import main; sys.exit(main(sys.argv[1:]))"
@@ -83,12 +84,35 @@ def runs(tmp_path: Path) -> Path:
     return tmp_path / "runs"
 
 
+STAND_INS: list = []
+
+
+@pytest.fixture(autouse=True)
+def _end_stand_ins():
+    yield
+    while STAND_INS:
+        proc = STAND_INS.pop()
+        proc.kill()
+        proc.wait()
+
+
+def stand_in_supervisor(runs: Path, run_id: str) -> dict:
+    """A live process the agent takes for the run's supervisor (its `supervise` command line, its start time
+    recorded): what keeps a `running` run from being settled as lost. Ended after the test."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", "supervise", "--runs-dir",
+                             str(runs.resolve()), "--run-id", run_id])
+    STAND_INS.append(proc)
+    read = lambda: Path(f"/proc/{proc.pid}/cmdline").read_bytes()  # noqa: E731
+    assert wait_for(lambda: b"supervise" in read(), 5)
+    start = int(Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    return {"supervisor_pid": proc.pid, "supervisor_start_time": start}
+
+
 def make_run(runs: Path, run_id: str, *, state: dict | None = None, log: bytes = b"") -> Path:
     run_dir = runs / run_id
     run_dir.mkdir(parents=True)
     (run_dir / "run.json").write_text(json.dumps({"run_id": run_id, "name": run_id, "target": "local"}))
-    # a supervisor pid that is alive (ours) keeps a `running` run from being settled as lost
-    write_state(run_dir, state or {"state": "running", "supervisor_pid": os.getpid()})
+    write_state(run_dir, state or dict(state="running", **stand_in_supervisor(runs, run_id)))
     (run_dir / "train.log").write_bytes(log)
     return run_dir
 
