@@ -2,7 +2,7 @@
 
 Exit codes: 0 success; 1 an unexpected error (full traceback printed); 2 bad input (a TrainerError: the
 message only, one `error:` line per problem). SIGTERM keeps its default action, so the process ends at once;
-the supervisor that started it owns the grace period.
+the supervisor that started it owns the grace period. SIGUSR1 dumps every thread's stack into the log.
 """
 from __future__ import annotations
 
@@ -352,8 +352,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def dump_stacks_on_signal() -> None:
+    """SIGUSR1 writes every thread's Python stack to stderr (the run's log) and the process goes on: what a
+    supervisor that judged the run hung sends before it ends it, so the log shows where it was stuck."""
+    import faulthandler
+    import signal
+
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True, chain=False)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    dump_stacks_on_signal()
     try:
         return args.run(args)
     except TrainerError as exc:

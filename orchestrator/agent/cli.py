@@ -3,6 +3,7 @@
     launch   --runs-dir D --run-id ID --name N --target T [--cwd DIR] [--env K=V]... [--gpus 0,1] [--force]
              [--grace S] [--verify-timeout S] [--settle S] [--input NAME]...
              [--job-id J --node-rank R --nnodes N] [--keeper-idle S]
+             [--restart never|on-failure[:N]] [--restart-backoff S] [--hang-timeout S] [--retry-arg ARG]...
              [--check JSON_ARGV --check-input NAME] -- CMD...
              (with --input, stdin is one JSON object {NAME: base64 content}; each file lands in the run dir;
              with --check, that command runs first in the run's environment with input NAME on its stdin,
@@ -156,6 +157,15 @@ def _add_launch(launch: argparse.ArgumentParser) -> None:
     launch.add_argument("--nnodes", type=int, help="how many nodes the job has")
     launch.add_argument("--keeper-idle", type=_seconds,
                         help="a keeper this launch starts exits after this long with nothing to do (default 600)")
+    launch.add_argument("--restart", default="never", metavar="never|on-failure[:N]",
+                        help="start the workload again after a failed or hung attempt, at most N times")
+    launch.add_argument("--restart-backoff", type=_seconds, metavar="S",
+                        help="seconds before the first restart, doubling after each (default 10, capped at 300)")
+    launch.add_argument("--hang-timeout", type=_seconds, metavar="S",
+                        help="end an attempt that printed steps and then none for S s (0: never; default: 20x its "
+                             "median step interval, at least 600 s)")
+    launch.add_argument("--retry-arg", action="append", default=[], metavar="ARG",
+                        help="appended to the command from the second attempt on (repeat)")
     launch.add_argument("--check", metavar="JSON_ARGV",
                         help="run this command first (a JSON list) in the run's environment; create nothing "
                              "unless it exits 0")
@@ -213,7 +223,7 @@ def dispatch(args: argparse.Namespace, command: list) -> dict:
                             command=command, cwd=args.cwd, env_pairs=args.env, gpus=args.gpus, force=args.force,
                             grace=args.grace, inputs=inputs,
                             job=job_fields(args.job_id, args.node_rank, args.nnodes), pythonpath=args.pythonpath,
-                            keeper_idle=args.keeper_idle)
+                            keeper_idle=args.keeper_idle, restart=_restart_fields(args))
         if args.check is not None:
             _check_before_launch(req, args.check, args.check_input)
         return dict(ok=True, **launch(req, verify_timeout=args.verify_timeout, settle=args.settle))
@@ -257,6 +267,17 @@ def dispatch(args: argparse.Namespace, command: list) -> dict:
     if args.command == "version":
         return {"ok": True, "agent_version": AGENT_VERSION, "python": sys.version.split()[0]}
     raise BadInput("no subcommand given (launch, ps, kill, cleanup, version)", code=BAD_USAGE)
+
+
+def _restart_fields(args: argparse.Namespace) -> dict:
+    """run.json's restart fields of a launch: the policy (checked), its backoff, the watchdog, the retry arguments."""
+    from .restart import parse_policy
+    try:
+        policy = parse_policy(args.restart)
+    except ValueError as exc:
+        raise BadInput("--restart: {}".format(exc), code=BAD_USAGE)
+    return {"restart": policy, "restart_backoff_s": args.restart_backoff, "hang_timeout_s": args.hang_timeout,
+            "retry_args": list(args.retry_arg)}
 
 
 def _check_before_launch(req, check: str, input_name: str | None) -> None:

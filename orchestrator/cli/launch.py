@@ -8,6 +8,7 @@ import typer
 
 from ..agent.launch import how_it_ended
 from ..agent.protocol import DEFAULT_GRACE_S, TERMINAL_STATES
+from ..agent.restart import parse_policy, policy_text
 from ..errors import EXIT_OK, UsageError, shorten
 from ..inventory.model import Target
 from ..runs.client import LaunchFailed, RunClient
@@ -49,6 +50,20 @@ def launch(
         DEFAULT_DIST_TIMEOUT_S, "--dist-timeout", callback=number_in(1), metavar="SECONDS",
         help="Multi-target job: how long the rendezvous and every collective wait for a missing node before "
              "the job fails."),
+    restart: Optional[str] = typer.Option(
+        None, "--restart", metavar="never|on-failure[:N]",
+        help="After a failed or hung attempt, start the run again (at most N times; 3 without N), after 10 s, "
+             "then 20 s, ... up to 5 min; the bundled trainer resumes from its newest complete checkpoint. "
+             "The supervisor does it inside the container, with no dflashctl running. Default: the inventory's "
+             "`restart:` of the container, host or defaults, else never."),
+    restart_backoff: Optional[float] = typer.Option(
+        None, "--restart-backoff", callback=number_in(0), metavar="S",
+        help="Seconds before the first restart, doubling after each (default 10)."),
+    hang_timeout: Optional[float] = typer.Option(
+        None, "--hang-timeout", callback=number_in(0), metavar="S",
+        help="An attempt that printed step lines and then none for S seconds is hung: its Python stacks go to "
+             "its log, it is ended and (under --restart) started again. Default: 20 times its median step "
+             "interval, at least 10 min; 0: never."),
     as_json: bool = typer.Option(False, "--json", help="Print the run record (a job: job_id and one per node)."),
 ) -> int:
     """Start a run detached under a supervisor so it survives the SSH session, pct and this command.
@@ -68,6 +83,7 @@ def launch(
         dflashctl launch local --name sweep1 -- python train.py --lr 3e-4
     """
     state: AppState = ctx.obj
+    healing = {"restart": check_restart(restart), "restart_backoff": restart_backoff, "hang_timeout": hang_timeout}
     if config is not None and command:
         targets = _job_targets(state, [target, *command])
         spec = job_spec(targets, config, name=name, gpus=parse_gpus(gpus), env=parse_env(env), force=force,
@@ -75,7 +91,18 @@ def launch(
         return _launch_job(state, spec, config, as_json=as_json)
     spec = launch_spec(state.inventory().target(target), command or [], name=name, config=config,
                        gpus=parse_gpus(gpus), env=parse_env(env), force=force, grace=grace)
+    spec.restart, spec.restart_backoff, spec.hang_timeout = healing.values()
     return _launch_run(state, spec, config, as_json=as_json)
+
+
+def check_restart(text: str | None) -> str | None:
+    """--restart as given, checked before anything is contacted."""
+    if text is None:
+        return None
+    try:
+        return policy_text(parse_policy(text))
+    except ValueError as exc:
+        raise UsageError(f"bad --restart {shorten(text, 40)!r}: {exc}") from None
 
 
 def _preflight(client: RunClient, targets: list[Target], config: Path | None, *, force: bool) -> None:

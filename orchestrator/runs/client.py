@@ -21,7 +21,7 @@ from ..transports.fanout import Outcome, per_host
 from ..transports.pool import Connections
 from ..transports.timeouts import AGENT_TIMEOUT_S, CLEANUP_TIMEOUT_S, LAUNCH_TIMEOUT_S, PROBE_TIMEOUT_S
 from .agentcall import agent_answer, agent_argv
-from .command import CONFIG_INPUT, check_command
+from .command import CONFIG_INPUT, check_command, retry_args
 from .deploy import Deployment, deploy
 from .spec import LaunchSpec, new_run_id, run_dir, runs_dir
 from .trainerconfig import judge
@@ -121,6 +121,7 @@ class RunClient:
                      "--nnodes", str(spec.job["nnodes"])]
         for name in spec.inputs:
             args += ["--input", name]
+        args += restart_args(spec)
         if spec.check_config is not None:  # the agent runs it before it creates anything
             argv = check_command(spec.target, base_dir=run_dir(spec.target, run_id), source=spec.check_config)
             args += ["--check", json.dumps(argv), "--check-input", CONFIG_INPUT]
@@ -181,6 +182,17 @@ class LaunchFailed(OperationFailed):
     def __init__(self, payload: dict, target: str) -> None:
         self.payload = payload
         super().__init__(f"{target}: {payload.get('error') or 'the run did not start'}")
+
+
+def restart_args(spec: LaunchSpec) -> list[str]:
+    """The agent's options for the run's restart policy, its backoff, its hang watchdog and what a restarted
+    attempt appends to the command (`--retry-arg=--resume`: an argument that starts with `--` needs the `=`)."""
+    args = ["--restart", spec.restart_policy()]
+    if spec.restart_backoff is not None:
+        args += ["--restart-backoff", f"{spec.restart_backoff:g}"]
+    if spec.hang_timeout is not None:
+        args += ["--hang-timeout", f"{spec.hang_timeout:g}"]
+    return args + [f"--retry-arg={arg}" for arg in retry_args(spec.command)]
 
 
 def _pack_inputs(inputs: dict[str, bytes]) -> bytes:

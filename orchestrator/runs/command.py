@@ -10,6 +10,8 @@ from ..inventory.model import Target
 CONFIG_INPUT = "config.yaml"   # the bundled trainer's config, as the run directory holds it
 TRAIN_ARGS = ("-m", "trainer", "train", "--config", CONFIG_INPUT)
 TORCHRUN = ("-m", "torch.distributed.run")
+# what a restarted attempt of the trainer gets on top: it goes on from its newest complete checkpoint
+RESUME_ARGS = ("--resume", "auto")
 
 
 def train_command(target: Target, *, nproc: int) -> list[str]:
@@ -37,3 +39,11 @@ def check_command(target: Target, *, base_dir: str, source: str) -> list[str]:
     """The trainer's check of a config; the config comes on its stdin. The agent runs it in the run's environment."""
     return [target.python, "-m", "trainer", "check", "--config", "-", "--json", "--base-dir", base_dir,
             "--source", source]
+
+
+def retry_args(command: list[str]) -> list[str]:
+    """The arguments appended to a run's command from its second attempt on: `--resume auto` for the bundled
+    trainer's `train` (its config may say `resume: never` or name one checkpoint, right for the first attempt
+    only); nothing for any other command, which resumes (or not) on its own."""
+    trains = any(command[i:i + 3] == ["-m", "trainer", "train"] for i in range(len(command)))
+    return list(RESUME_ARGS) if trains else []
