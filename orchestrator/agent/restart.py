@@ -7,7 +7,7 @@ Standard library only, like the whole agent; the controller checks `--restart` w
 """
 from __future__ import annotations
 
-from .protocol import ascii_decimal
+from .protocol import KILLED, ascii_decimal
 
 NEVER, ON_FAILURE = "never", "on-failure"
 DEFAULT_RESTARTS = 3
@@ -18,8 +18,8 @@ BACKOFF_MAX_S = 300.0
 CRASH_LOOP_ATTEMPTS = 3
 
 # why an attempt ended (state.json's attempts[].reason) and why a run ended without another (state.json's reason)
-EXITED, FAILED_EXIT, HUNG, KILLED_BY_USER, CRASH_LOOP, GAVE_UP = (
-    "exited", "failed", "hung", "killed", "crash loop", "restarts used up")
+EXITED, FAILED_EXIT, HUNG, CRASH_LOOP = "exited", "failed", "hung", "crash loop"
+KILLED_BY_USER = KILLED
 
 
 def parse_policy(text: str) -> dict:
@@ -73,3 +73,15 @@ def crash_loop(attempts: list, *, count: int = CRASH_LOOP_ATTEMPTS) -> str | Non
 def should_restart(policy: dict, attempts: list) -> bool:
     """After the last attempt failed or hung: may another start?"""
     return policy.get("policy") == ON_FAILURE and len(attempts) < max_attempts(policy)
+
+
+def attempt_end(attempt: dict) -> str:
+    """How one attempt ended, for the log and the alerts: `hung`, `failed with exit code 3 (RuntimeError: x)`."""
+    if attempt.get("reason") == HUNG:
+        text = "hung"
+    elif attempt.get("signal"):
+        text = "ended by signal {}".format(attempt["signal"]) + (
+            " ({})".format(attempt["signal_name"]) if attempt.get("signal_name") else "")
+    else:
+        text = "failed with exit code {}".format(attempt.get("exit_code"))
+    return text + (" ({})".format(attempt["exception"]) if attempt.get("exception") else "")

@@ -22,7 +22,7 @@ from .errors import OperationFailed
 from .protocol import DEFAULT_GRACE_S, FAILED, KILLED, RUNNING, STARTING, SUCCEEDED
 from .rundir import RunPaths, disk_full, existing_run, read_json, utc_now_iso, write_json_atomic
 from .hangwatch import AttemptLog
-from .restart import (BACKOFF_BASE_S, CRASH_LOOP, CRASH_LOOP_ATTEMPTS, EXITED, FAILED_EXIT, HUNG, KILLED_BY_USER, backoff, crash_loop,
+from .restart import (BACKOFF_BASE_S, attempt_end, CRASH_LOOP, CRASH_LOOP_ATTEMPTS, EXITED, FAILED_EXIT, HUNG, KILLED_BY_USER, backoff, crash_loop,
                       max_attempts, policy_text, should_restart)
 from .runstate import DISK_FULL, finish, read_run, update_state
 
@@ -261,7 +261,7 @@ class Supervisor:
         delay = backoff(len(self.attempts), base=float(base) if isinstance(base, (int, float)) else BACKOFF_BASE_S)
         last = self.attempts[-1]
         self.say("attempt {}/{} {}; restarting in {:g}s".format(
-            last["attempt"], max_attempts(self.policy), _attempt_end(last), delay))
+            last["attempt"], max_attempts(self.policy), attempt_end(last), delay))
         until = time.time() + delay
 
         def mutate(state: dict):
@@ -320,14 +320,6 @@ class Supervisor:
                 self.start_workload()
             except (OSError, ValueError, subprocess.SubprocessError) as exc:
                 return self.fail_to_start(exc)
-
-
-def _attempt_end(attempt: dict) -> str:
-    if attempt.get("reason") == HUNG:
-        return "hung"
-    if attempt.get("signal"):
-        return "ended by signal {} ({})".format(attempt["signal"], attempt.get("signal_name"))
-    return "failed with exit code {}".format(attempt.get("exit_code"))
 
 
 def supervise(runs_dir: str, run_id: str, *, grace: float | None = None) -> dict:

@@ -24,6 +24,21 @@ from .state import AppState
 
 CHECKED_SETTLE_S = 0.5   # a trainer run whose config passed the trainer's check must stay up this long
 
+RESTART_OPTION = typer.Option(
+    None, "--restart", metavar="never|on-failure[:N]",
+    help="After a failed or hung attempt, start the run again (at most N times; 3 without N), after 10 s, "
+         "then 20 s, ... up to 5 min; the bundled trainer resumes from its newest complete checkpoint. "
+         "The supervisor does it inside the container, with no dflashctl running. Default: the inventory's "
+         "`restart:` of the container, host or defaults, else never.")
+RESTART_BACKOFF_OPTION = typer.Option(
+    None, "--restart-backoff", callback=number_in(0), metavar="S",
+    help="Seconds before the first restart, doubling after each (default 10).")
+HANG_TIMEOUT_OPTION = typer.Option(
+    None, "--hang-timeout", callback=number_in(0), metavar="S",
+    help="An attempt that printed step lines and then none for S seconds is hung: its Python stacks go to "
+         "its log, it is ended and (under --restart) started again. Default: 20 times its median step "
+         "interval, at least 10 min; 0: never.")
+
 
 def launch(
     ctx: typer.Context,
@@ -50,20 +65,9 @@ def launch(
         DEFAULT_DIST_TIMEOUT_S, "--dist-timeout", callback=number_in(1), metavar="SECONDS",
         help="Multi-target job: how long the rendezvous and every collective wait for a missing node before "
              "the job fails."),
-    restart: Optional[str] = typer.Option(
-        None, "--restart", metavar="never|on-failure[:N]",
-        help="After a failed or hung attempt, start the run again (at most N times; 3 without N), after 10 s, "
-             "then 20 s, ... up to 5 min; the bundled trainer resumes from its newest complete checkpoint. "
-             "The supervisor does it inside the container, with no dflashctl running. Default: the inventory's "
-             "`restart:` of the container, host or defaults, else never."),
-    restart_backoff: Optional[float] = typer.Option(
-        None, "--restart-backoff", callback=number_in(0), metavar="S",
-        help="Seconds before the first restart, doubling after each (default 10)."),
-    hang_timeout: Optional[float] = typer.Option(
-        None, "--hang-timeout", callback=number_in(0), metavar="S",
-        help="An attempt that printed step lines and then none for S seconds is hung: its Python stacks go to "
-             "its log, it is ended and (under --restart) started again. Default: 20 times its median step "
-             "interval, at least 10 min; 0: never."),
+    restart: Optional[str] = RESTART_OPTION,
+    restart_backoff: Optional[float] = RESTART_BACKOFF_OPTION,
+    hang_timeout: Optional[float] = HANG_TIMEOUT_OPTION,
     as_json: bool = typer.Option(False, "--json", help="Print the run record (a job: job_id and one per node)."),
 ) -> int:
     """Start a run detached under a supervisor so it survives the SSH session, pct and this command.

@@ -45,7 +45,7 @@ def test_a_workload_failing_twice_then_succeeding_ends_succeeded_after_three_att
     log = open(run["log_path"]).read()
     # the first attempt runs the command as given, a restarted one with the retry arguments
     assert "attempt 1 args: \n" in log and "attempt 2 args: --resume auto" in log and "attempt 3 args: --resume auto" in log
-    assert "dflash: attempt 1/5 failed with exit code 3; restarting in 0.2s" in log
+    assert "dflash: attempt 1/5 failed with exit code 3 (RuntimeError: boom 1); restarting in 0.2s" in log
     assert "restarting in 0.4s" in log  # the backoff doubles
 
 
