@@ -137,8 +137,9 @@ def test_kill_during_the_backoff_ends_the_run_killed_and_nothing_restarts(contai
 
 
 def test_bad_restart_values_are_refused_before_anything_is_created(container, runs_dir):
-    for value in ("on-failure:-1", "on-failure:x", "sometimes", "never:2"):
+    for value, words in (("on-failure:-1", "bad restart count"), ("on-failure:x", "bad restart count"),
+                         ("sometimes", "unknown restart policy"), ("never:2", "unknown restart policy")):
         status, out = launch(container, runs_dir, "bad", ["true"], "--restart", value)
         assert (status, out["ok"], out["code"]) == (2, False, "bad_usage"), out
-        assert "--restart" in out["error"]
+        assert out["error"].startswith("--restart: ") and words in out["error"], out
     assert not os.path.exists(os.path.join(runs_dir, "bad"))
