@@ -12,6 +12,8 @@
              (CMD in a run's environment with stdin passed on; what launch --check does, on its own)
     ps       --runs-dir D [--run-id ID]... [--tail-bytes N]
     kill     --runs-dir D --run-id ID... [--grace S]
+    relaunch --runs-dir D --run-id LOST --new-run-id NEW [--verify-timeout S] [--settle S]
+             (a lost run with restarts left, once per loss: a new run of its command that resumes; see relaunch)
     cleanup  --runs-dir D [--dry-run] [--grace S]
     netinfo  --toward ADDR [--free-port]
     packages --dir PKG_DIR --runs-dir D [--size N --sha256 H [--stall S]]
@@ -28,6 +30,7 @@
 Every answer (but watch's stream and node-watch's workload) is one line of JSON with "version" (PROTOCOL_VERSION)
 and "ok"; exit 0 ok, 1 operation failed, 2 bad input.
 Errors: {"ok": false, "error": MESSAGE, "code": CODE, ...details}. Answers (keys may be added, never renamed):
+    relaunch {"run": RECORD of the new run, "relaunched_from": LOST}; failure: code not_relaunched (why), or launch's
     launch   {"run": RECORD}; failure: code run_ended | not_verified | gpus_busy (+ "busy": {run: [gpus]}),
              with "run", "exit_code", "signal", "log_tail" (last 40 lines), "supervisor_log_tail", "keeper_log_tail";
              or code check_failed with "check": {"exit_code", "stdout", "stderr"}
@@ -46,7 +49,9 @@ Errors: {"ok": false, "error": MESSAGE, "code": CODE, ...details}. Answers (keys
              "gpus": [{"index", "memory_used_mib", "utilization_pct"}], "error"}, "live_runs": [run ids]}
 RECORD: run_id, target, name, state, pid, pgid, exit_code, signal, signal_name, created_at, started_at, ended_at,
 log_path, run_dir, gpus, command, cwd, grace_s, supervisor_pid, supervisor_start_time, error, and for a node of a
-multi-node job job_id, node_rank, nnodes (null otherwise).
+multi-node job job_id, node_rank, nnodes (null otherwise); attempt, max_attempts, restart_policy, restart_at,
+reason, attempts (the supervisor's record of each attempt); relaunch_of (the lost run a relaunch continues) and
+relaunched_as (the run that continues a lost one).
 """
 from __future__ import annotations
 
@@ -181,6 +186,12 @@ def _add_run_commands(sub) -> None:
     kill.add_argument("--runs-dir", required=True)
     kill.add_argument("--run-id", nargs="+", action="extend", required=True)
     kill.add_argument("--grace", type=_seconds)
+    relaunch = sub.add_parser("relaunch", help="start a lost run with restarts left again, once per loss")
+    relaunch.add_argument("--runs-dir", required=True)
+    relaunch.add_argument("--run-id", required=True)
+    relaunch.add_argument("--new-run-id", required=True)
+    relaunch.add_argument("--verify-timeout", type=_seconds, default=10.0)
+    relaunch.add_argument("--settle", type=_seconds, default=1.0)
     cleanup = sub.add_parser("cleanup", help="reap zombies, end orphans, mark dead runs lost, report the rest")
     cleanup.add_argument("--runs-dir", required=True)
     cleanup.add_argument("--dry-run", action="store_true")
@@ -241,6 +252,10 @@ def dispatch(args: argparse.Namespace, command: list) -> dict:
     if args.command == "kill":
         from .kill import kill_runs
         return kill_runs(args.runs_dir, args.run_id, grace=args.grace)
+    if args.command == "relaunch":
+        from .relaunch import relaunch
+        return relaunch(args.runs_dir, args.run_id, args.new_run_id, verify_timeout=args.verify_timeout,
+                        settle=args.settle)
     if args.command == "cleanup":
         from .cleanup import cleanup
         return cleanup(args.runs_dir, dry_run=args.dry_run, grace=args.grace)

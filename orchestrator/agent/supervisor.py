@@ -88,9 +88,11 @@ class Supervisor:
         return env
 
     def command(self) -> list:
-        """The run's command; from the second attempt on with the run's retry arguments (the bundled trainer's
-        `--resume auto`, so that it goes on from its newest complete checkpoint whatever its config says)."""
-        extra = self.run.get("retry_args") or [] if self.attempts else []
+        """The run's command; from the second attempt on (and on the first of a relaunched lost run) with the
+        run's retry arguments (the bundled trainer's `--resume auto`: it goes on from its newest complete
+        checkpoint whatever its config says)."""
+        resumes = self.attempts or self.run.get("relaunch_of")  # a relaunched lost run resumes from its first
+        extra = self.run.get("retry_args") or [] if resumes else []
         return list(self.run["command"]) + list(extra)
 
     def start_workload(self) -> None:

@@ -135,6 +135,16 @@ class RunClient:
             raise LaunchFailed(payload, spec.target.name)
         return with_metrics(run or payload)
 
+    def relaunch(self, target: Target, run_id: str, *, name: str) -> dict:
+        """Start a lost run with restarts left again as a new run (the agent refuses a second relaunch of the
+        same loss); the new run's record."""
+        new_id = new_run_id(name or run_id)
+        payload = self.agent(target, ["relaunch", "--runs-dir", runs_dir(target), "--run-id", run_id,
+                                      "--new-run-id", new_id], timeout=LAUNCH_TIMEOUT_S)
+        if not payload.get("ok"):
+            raise OperationFailed(f"{target.name}: {payload.get('error') or 'relaunch failed'}")
+        return with_metrics(payload.get("run") or {})
+
     def list_runs(self, targets: list[Target]) -> list[Outcome[list[dict]]]:
         return per_host(targets, lambda target: self.runs_on(target, tail_bytes=PS_TAIL_BYTES))
 

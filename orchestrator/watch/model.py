@@ -156,6 +156,7 @@ class RunStatus:
     state: str
     conditions: frozenset[str] = frozenset()  # alert conditions raised and not cleared (stall, nan, ...)
     last_step_line: str | None = None
+    relaunchable: bool = False  # lost, with restarts left under its policy, not relaunched yet
 
 
 @dataclass(frozen=True)

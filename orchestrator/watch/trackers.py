@@ -6,7 +6,7 @@ import datetime
 from collections import deque
 from dataclasses import replace
 
-from ..agent.protocol import FINGERPRINT_BYTES, STARTING, TERMINAL_STATES
+from ..agent.protocol import FINGERPRINT_BYTES, LOST, STARTING, TERMINAL_STATES
 from ..gpus import GpuInfo, parse_query_csv
 from ..trainlog.lines import parse_step_times_line
 from ..trainlog.parser import ExceptionEvent, LogLine, LogParser, PhaseEvent, StepEvent
@@ -163,8 +163,11 @@ class RunTracker:
     # -- output
 
     def status(self) -> RunStatus:
-        return RunStatus(self.run_id, self.target, self.record.get("name") or "", self.record.get("state") or STARTING,
-                         self.health.conditions, self.last_step_line)
+        r = self.record
+        relaunchable = (r.get("state") == LOST and not r.get("relaunched_as") and not r.get("job_id")
+                        and len(r.get("attempts") or []) < (r.get("max_attempts") or 1))
+        return RunStatus(self.run_id, self.target, r.get("name") or "", r.get("state") or STARTING,
+                         self.health.conditions, self.last_step_line, relaunchable)
 
     def view(self) -> RunView:
         if self._view is None:

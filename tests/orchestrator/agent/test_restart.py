@@ -8,7 +8,7 @@ import signal
 import sys
 import textwrap
 
-from tests.orchestrator.agent.pidns import launch, record, wait_for, wait_state
+from tests.orchestrator.agent.pidns import Namespace, launch, record, wait_for, wait_state
 
 TERMINAL = ("succeeded", "failed", "killed", "lost")
 
@@ -143,3 +143,33 @@ def test_bad_restart_values_are_refused_before_anything_is_created(container, ru
         assert (status, out["ok"], out["code"]) == (2, False, "bad_usage"), out
         assert out["error"].startswith("--restart: ") and words in out["error"], out
     assert not os.path.exists(os.path.join(runs_dir, "bad"))
+
+
+def test_a_lost_run_is_relaunched_once_per_loss_and_resumes(agent_pyz, container, runs_dir, tmp_path):
+    """The container reboots (every process of its PID namespace killed at once): the run with a restart policy
+    is relaunched as a new run of its command, resuming; a second relaunch of the same loss starts nothing; a
+    run without a policy stays lost."""
+    command = ["sh", "-c", 'echo "args: $*"; sleep 60', "sh"]
+    rebooted = Namespace(agent_pyz, reaps=True)
+    try:
+        assert launch(rebooted, runs_dir, "lost1", command, "--restart", "on-failure:2",
+                      "--retry-arg=--resume", "--retry-arg=auto")[0] == 0
+        assert launch(rebooted, runs_dir, "plain", command)[0] == 0
+    finally:
+        rebooted.stop()
+    relaunch = ("relaunch", "--runs-dir", runs_dir, "--run-id", "lost1", "--new-run-id", "lost1-r1", "--settle", "0.3")
+    status, out = container.agent(*relaunch)
+    assert status == 0, out
+    new = out["run"]
+    assert (new["state"], new["relaunch_of"], new["restart_policy"], new["max_attempts"]) == (
+        "running", "lost1", "on-failure:1", 2)
+    assert wait_for(lambda: "args: --resume auto" in open(new["log_path"]).read(), 5)
+    old = record(container, runs_dir, "lost1")
+    assert (old["state"], old["relaunched_as"], old["attempts"][0]["reason"]) == ("lost", "lost1-r1", "lost")
+    status, again = container.agent(*relaunch[:-4], "--new-run-id", "lost1-r2")
+    assert (status, again["code"]) == (1, "not_relaunched") and "already relaunched as lost1-r1" in again["error"]
+    status, plain = container.agent("relaunch", "--runs-dir", runs_dir, "--run-id", "plain", "--new-run-id", "p2")
+    assert (status, plain["code"]) == (1, "not_relaunched") and "no restart policy" in plain["error"]
+    assert record(container, runs_dir, "plain")["state"] == "lost"
+    assert not os.path.exists(os.path.join(runs_dir, "lost1-r2")) and not os.path.exists(os.path.join(runs_dir, "p2"))
+    assert container.agent("kill", "--runs-dir", runs_dir, "--run-id", "lost1-r1", "--grace", "1")[0] == 0
