@@ -24,7 +24,16 @@ def _train(args) -> int:
     default_cuda_allocator()  # before torch loads and anything touches the GPU
     from trainer.train import main as train_main
 
-    return train_main(args.config, resume=args.resume)
+    return train_main(args.config, resume=args.resume or _restarted_resume())
+
+
+def _restarted_resume() -> str | None:
+    """Workers that torchrun restarted (a multi-node job restarts as a whole) go on from the newest complete
+    checkpoint, whatever the config's `resume:` says: the first start is the one it is for."""
+    import os
+
+    restarts = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return "auto" if restarts.isascii() and restarts.isdigit() and int(restarts) > 0 else None
 
 
 def _plan(args) -> int:

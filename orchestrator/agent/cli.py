@@ -4,6 +4,7 @@
              [--grace S] [--verify-timeout S] [--settle S] [--input NAME]...
              [--job-id J --node-rank R --nnodes N] [--keeper-idle S]
              [--restart never|on-failure[:N]] [--restart-backoff S] [--hang-timeout S] [--retry-arg ARG]...
+             [--worker-restarts N]
              [--check JSON_ARGV --check-input NAME] -- CMD...
              (with --input, stdin is one JSON object {NAME: base64 content}; each file lands in the run dir;
              with --check, that command runs first in the run's environment with input NAME on its stdin,
@@ -169,6 +170,9 @@ def _add_launch(launch: argparse.ArgumentParser) -> None:
     launch.add_argument("--hang-timeout", type=_seconds, metavar="S",
                         help="end an attempt that printed steps and then none for S s (0: never; default: 20x its "
                              "median step interval, at least 600 s)")
+    launch.add_argument("--worker-restarts", type=_count, default=0, metavar="N",
+                        help="the workload restarts its own workers up to N times (a job node's torchrun): a hung "
+                             "attempt has its workers ended, not the workload")
     launch.add_argument("--retry-arg", action="append", default=[], metavar="ARG",
                         help="appended to the command from the second attempt on (repeat)")
     launch.add_argument("--check", metavar="JSON_ARGV",
@@ -292,7 +296,7 @@ def _restart_fields(args: argparse.Namespace) -> dict:
     except ValueError as exc:
         raise BadInput("--restart: {}".format(exc), code=BAD_USAGE)
     return {"restart": policy, "restart_backoff_s": args.restart_backoff, "hang_timeout_s": args.hang_timeout,
-            "retry_args": list(args.retry_arg)}
+            "retry_args": list(args.retry_arg), "worker_restarts": args.worker_restarts}
 
 
 def _check_before_launch(req, check: str, input_name: str | None) -> None:

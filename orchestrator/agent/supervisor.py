@@ -16,7 +16,7 @@ import sys
 import time
 import traceback
 
-from . import procfs
+from . import procfs, terminate
 from .childwatch import Wakeup, decode_status, ignore_signal, reap_children, set_child_subreaper, signal_name
 from .errors import OperationFailed
 from .protocol import DEFAULT_GRACE_S, FAILED, KILLED, RUNNING, STARTING, SUCCEEDED
@@ -209,10 +209,20 @@ class Supervisor:
             self.attempt_log.poll(now)
             silent = self.attempt_log.hung(now, self.hang_setting)
             if silent is not None:
-                self.dump_stacks(silent, wakeup)
-                return HUNG
+                catching = self.dump_stacks(silent, wakeup)
+                if not self.run.get("worker_restarts") or not catching:
+                    return HUNG
+                self.end_workers(catching, wakeup)
             wakeup.wait(tick)
         return KILLED_BY_USER if self.term_signal is not None else EXITED
+
+    def end_workers(self, workers: list, wakeup: Wakeup) -> None:
+        """A job node's hang: end its trainer processes only (TERM, the grace, KILL). torchrun, which stays,
+        sees its workers fail and restarts the workers of every node of the job together."""
+        self.say("ending the hung workers {}; torchrun restarts the job's workers on every node".format(
+            ", ".join(str(pid) for pid, _ in workers)))
+        terminate.end_processes(workers, grace=self.grace(), tick=self.reap)
+        self.attempt_log = AttemptLog(self.paths.log, os.path.getsize(self.paths.log))
 
     def say(self, text: str) -> None:
         """A line of the supervisor's own in the run's log, where its reader looks for why."""
@@ -222,21 +232,23 @@ class Supervisor:
         except OSError:
             pass
 
-    def dump_stacks(self, silent: float, wakeup: Wakeup) -> None:
+    def dump_stacks(self, silent: float, wakeup: Wakeup) -> list:
         """SIGUSR1 to every process of the run that handles it (the bundled trainer's faulthandler writes every
-        thread's stack to the log); a process without a handler would die of it and is left alone."""
-        catching = [pid for pid, _ in self.run_processes() if procfs.catches_signal(pid, signal.SIGUSR1)]
+        thread's stack to the log); a process without a handler would die of it and is left alone. Those that
+        handle it, as (pid, start time)."""
+        catching = [(pid, start) for pid, start in self.run_processes()
+                    if procfs.catches_signal(pid, signal.SIGUSR1)]
         self.say("no step for {:.0f}s (bound {:.0f}s): judged hung; {}".format(
             silent, self.attempt_log.bound(self.hang_setting),
-            "Python stacks of pid {} follow".format(", ".join(map(str, catching))) if catching
+            "Python stacks of pid {} follow".format(", ".join(str(pid) for pid, _ in catching)) if catching
             else "no process of the run dumps its stacks on SIGUSR1"))
-        for pid in catching:
-            try:
-                os.kill(pid, signal.SIGUSR1)
-            except OSError:
-                pass
-        if not catching:
-            return
+        for pid, start in catching:
+            terminate.send(pid, start, signal.SIGUSR1)
+        if catching:
+            self.wait_log_quiet(wakeup)
+        return catching
+
+    def wait_log_quiet(self, wakeup: Wakeup) -> None:
         deadline, size, quiet_since = time.monotonic() + STACK_DUMP_WAIT_S, -1, time.monotonic()
         while time.monotonic() < deadline and self.term_signal is None:
             now_size = os.path.getsize(self.paths.log) if os.path.exists(self.paths.log) else 0

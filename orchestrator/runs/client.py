@@ -202,6 +202,8 @@ def restart_args(spec: LaunchSpec) -> list[str]:
         args += ["--restart-backoff", f"{spec.restart_backoff:g}"]
     if spec.hang_timeout is not None:
         args += ["--hang-timeout", f"{spec.hang_timeout:g}"]
+    if spec.worker_restarts:
+        args += ["--worker-restarts", str(spec.worker_restarts)]
     return args + [f"--retry-arg={arg}" for arg in retry_args(spec.command)]
 
 

@@ -21,12 +21,14 @@ def train_command(target: Target, *, nproc: int) -> list[str]:
 
 
 def node_train_command(target: Target, *, nnodes: int, nproc: int, endpoint: str, job_id: str, is_host: bool,
-                       local_addr: str, timeout: float) -> list[str]:
-    """torchrun for one node of a multi-node job (c10d rendezvous at `endpoint`, nothing restarted)."""
+                       local_addr: str, timeout: float, max_restarts: int = 0) -> list[str]:
+    """torchrun for one node of a multi-node job (c10d rendezvous at `endpoint`). A job restarts as a whole:
+    with `max_restarts`, a failed worker on any node has every node's torchrun restart all its workers together
+    through the rendezvous (no controller involved), at most that many times; the trainer resumes then."""
     conf = f"is_host={str(is_host).lower()},join_timeout={timeout:g},read_timeout={min(timeout, 60.0):g}"
     return [target.python, *TORCHRUN, f"--nnodes={nnodes}", f"--nproc-per-node={nproc}",
             "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={job_id}", f"--rdzv-conf={conf}",
-            f"--local-addr={local_addr}", "--max-restarts=0", *TRAIN_ARGS]
+            f"--local-addr={local_addr}", f"--max-restarts={max_restarts}", *TRAIN_ARGS]
 
 
 def runs_bundled_trainer(command: list[str]) -> bool:

@@ -75,6 +75,7 @@ class LaunchSpec:
     restart: str | None = None    # never|on-failure[:N] (checked); None: the target's inventory default
     restart_backoff: float | None = None   # seconds before the first restart (agent default 10, doubling)
     hang_timeout: float | None = None      # the hang watchdog's bound (0: off; None: from the step interval)
+    worker_restarts: int = 0      # the workload (a job node's torchrun) restarts its own workers this often
 
     def run_env(self) -> dict[str, str]:
         return run_environment(self.target, self.env)
