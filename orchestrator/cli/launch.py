@@ -9,6 +9,7 @@ import typer
 from ..agent.launch import how_it_ended
 from ..agent.protocol import DEFAULT_GRACE_S, TERMINAL_STATES
 from ..agent.restart import parse_policy, policy_text
+from ..display import record_state_text
 from ..errors import EXIT_OK, UsageError, shorten
 from ..inventory.model import Target
 from ..runs.client import LaunchFailed, RunClient
@@ -154,7 +155,8 @@ def _started_line(record: dict, where: str) -> str:
     run_id = record["run_id"]
     if record.get("state") in TERMINAL_STATES:
         return f"{run_id} on {where} already ended: {how_it_ended(record)}; `dflashctl logs {run_id}` shows its output"
-    return (f"{run_id} is {record.get('state')} on {where} (pid {record.get('pid')}); "
+    pid = f" (pid {record['pid']})" if record.get("pid") else ""
+    return (f"{run_id} is {record_state_text(record)} on {where}{pid}; "
             f"`dflashctl logs -f {run_id}` to follow it")
 
 
