@@ -96,7 +96,7 @@ def test_a_silent_workload_is_judged_hung_its_stacks_dumped_then_restarted(conta
     script = tmp_path / "hang.py"
     script.write_text(HANGING)
     status, out = launch(container, runs_dir, "hang", [sys.executable, str(script), str(tmp_path)],
-                         "--restart", "on-failure:2", "--restart-backoff", "0.1", "--hang-timeout", "1.5",
+                         "--restart", "on-failure:2", "--restart-backoff", "0.1", "--hang-timeout", "3",
                          "--grace", "2")
     assert status == 0, out
     run = wait_state(container, runs_dir, "hang", TERMINAL, timeout=30)
@@ -114,7 +114,7 @@ def test_a_silent_workload_is_judged_hung_its_stacks_dumped_then_restarted(conta
 def test_a_hung_run_without_a_policy_ends_failed_as_hung(container, runs_dir, tmp_path):
     script = tmp_path / "hang.py"
     script.write_text(HANGING)
-    assert launch(container, runs_dir, "hung", [sys.executable, str(script), str(tmp_path)], "--hang-timeout", "1",
+    assert launch(container, runs_dir, "hung", [sys.executable, str(script), str(tmp_path)], "--hang-timeout", "2.5",
                   "--grace", "1")[0] == 0
     run = wait_state(container, runs_dir, "hung", TERMINAL, timeout=20)
     assert (run["state"], run["reason"], run["signal"]) == ("failed", "hung", signal.SIGTERM)
