@@ -62,6 +62,8 @@ VARIANTS = {
     "packed+liger-drafter": dict(pack=True, kernels="liger", target_kernels="torch", legacy=False),
     "packed+liger": dict(pack=True, kernels="liger", target_kernels="liger", legacy=False),
     "auto": dict(pack="auto", kernels="auto", target_kernels="auto", legacy=False),
+    # DFlash2's block convolution as eager torch code instead of the trainer's compiled one
+    "auto+eager-conv": dict(pack="auto", kernels="auto", target_kernels="auto", legacy=False, eager_conv=True),
 }
 
 
@@ -108,6 +110,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="comma-separated objectives measured one after the other on the same batches, by "
                              "bench_objectives.py's names (" + ", ".join(OBJECTIVE_NAMES) + "); instead of "
                              "--loss/--slot-weights")
+    parser.add_argument("--warm-pass", action=argparse.BooleanOptionalAction, default=None,
+                        help="measure the first architecture and objective once, untimed and discarded, before the "
+                             "measured rows, so the first row is not charged the cold caches and allocator growth the "
+                             "later rows do not pay (default: on when several rows are measured)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = parser.parse_args(argv)
     try:
@@ -461,6 +467,20 @@ def measure_training(parts: SimpleNamespace, stream, args, ctx, autocast) -> dic
             "loss": float(torch.stack(losses).float().mean()), "tok_per_s": all_ranks_sum(tokens, ctx) / seconds}
 
 
+def warm_pass(parts: SimpleNamespace, dataset, args, ctx, autocast, objective, name: str) -> None:
+    """The first row's whole measurement, run once and thrown away: the row measured first otherwise pays what every
+    later row finds ready (allocator segments, cuBLAS and Triton autotune caches, lazily built kernels)."""
+    parts.objective = objective
+    stream, warming = batch_stream(dataset, args, ctx), batch_stream(dataset, args, ctx)
+    try:
+        with variant(name, parts, ctx):
+            warm_target_shapes(parts.target, warming, args, ctx, autocast)
+            measure_training(parts, stream, args, ctx, autocast)
+    finally:
+        stream.close()
+        warming.close()
+
+
 @contextlib.contextmanager
 def legacy_elementwise():
     """The drafter's RMSNorm and context projection as they were before the dtype fix: an fp32 master weight made
@@ -492,6 +512,7 @@ def variant(name: str, parts: SimpleNamespace, ctx):
     parts.target.packing = spec["pack"]
     kernels.install(parts.drafter, kernels.resolve(spec["kernels"], ctx.device))
     kernels.install_target(parts.target.hf_model, kernels.resolve(spec["target_kernels"], ctx.device))
+    kernels.compile_block_convs(parts.drafter, ctx.device, on=not spec.get("eager_conv", False))
     try:
         with legacy_elementwise() if spec["legacy"] else contextlib.nullcontext():
             yield
@@ -499,6 +520,7 @@ def variant(name: str, parts: SimpleNamespace, ctx):
         parts.target.packing = "auto"
         kernels.install(parts.drafter, "torch")
         kernels.install_target(parts.target.hf_model, "torch")
+        kernels.compile_block_convs(parts.drafter, ctx.device, on=False)
 
 
 def profile_steps(parts: SimpleNamespace, stream, args, ctx, autocast) -> str:
@@ -733,6 +755,10 @@ def main(argv=None) -> int:
                 stream.close()
             progress(f"plain forward of the same packed tokens: {plain_packed['tok_per_s']:,.0f} tok/s")
         names = args.variants.split(",") if args.variants else ["auto"]
+        rows = len(args.architectures) * len(objectives) * len(names)
+        if args.warm_pass if args.warm_pass is not None else rows > 1:
+            warm_pass(parts, dataset, args, ctx, autocast, objectives[0][1], names[0])
+            progress("warm pass done (untimed, discarded)")
         measured = []
         for architecture in args.architectures:
             if architecture != parts.architecture:   # the previous drafter and its optimizer go first

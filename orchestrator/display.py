@@ -6,6 +6,7 @@ duration one spelling everywhere. Pure functions of their arguments; the colours
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 
 from .agent.protocol import FAILED, GIB, KILLED, LOST, MIB, RUNNING, STARTING, SUCCEEDED
 
@@ -91,3 +92,17 @@ def format_bytes(size: float | None) -> str:
             break
         value /= 1024
     return f"{value:.0f} {unit}" if unit in ("B", "KiB") or value >= 100 else f"{value:.1f} {unit}"
+
+
+def fit_columns(widths: Mapping[str, int], *, width: int, gap: int,
+                drop: Sequence[Sequence[str]] = ()) -> tuple[str, ...] | None:
+    """The columns (keys of `widths`, in its order) that fit side by side in `width` cells, each taking its
+    width and `gap`: all of them, else all but the first group of `drop`, else all but the first two groups, and
+    so on; None when not even the last choice fits. What a table shows at a terminal's width: a column is left
+    out whole, never cut (`ps`, the dashboard's runs table)."""
+    kept = list(widths)
+    for group in ((), *drop):
+        kept = [key for key in kept if key not in group]
+        if sum(widths[key] + gap for key in kept) <= width:
+            return tuple(kept)
+    return None

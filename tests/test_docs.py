@@ -144,6 +144,29 @@ def test_each_command_has_its_line_in_the_readme_and_its_section_in_cli_md() -> 
     assert not missing_section, f"commands without a `dflashctl NAME` section in docs/cli.md: {missing_section}"
 
 
+def cli_sections() -> dict[str, str]:
+    """Command name -> the text of its `## dflashctl NAME` section of docs/cli.md."""
+    sections = {}
+    for part in re.split(r"^## ", (ROOT / "docs" / "cli.md").read_text(encoding="utf-8"), flags=re.MULTILINE)[1:]:
+        heading, _, body = part.partition("\n")
+        found = re.match(r"`dflashctl (\w+)`", heading)
+        if found:
+            sections[found.group(1)] = body
+    return sections
+
+
+def test_every_option_of_every_command_is_in_its_section_of_cli_md() -> None:
+    sections = cli_sections()
+    missing = []
+    for name, command in sorted(typer.main.get_command(app).commands.items()):
+        for param in command.params:
+            names = [*param.opts, *param.secondary_opts]
+            if param.param_type_name == "option" and not any(
+                    re.search(rf"(?<![\w-]){re.escape(option)}(?![\w-])", sections.get(name, "")) for option in names):
+                missing.append(f"{name} {names[0]}")
+    assert not missing, f"options docs/cli.md does not document in their command's section: {missing}"
+
+
 def test_each_guide_section_doctor_names_exists() -> None:
     page = ROOT / GUIDE_PAGE
     assert page.is_file()

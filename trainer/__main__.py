@@ -1,8 +1,9 @@
 """`python -m trainer COMMAND`: train, check, export, prepare, generate, eval, tiny-target.
 
-Exit codes: 0 success; 1 an unexpected error (full traceback printed); 2 bad input (a TrainerError: the
-message only, one `error:` line per problem). SIGTERM keeps its default action, so the process ends at once;
-the supervisor that started it owns the grace period. SIGUSR1 dumps every thread's stack into the log.
+Exit codes: 0 success; 1 an unexpected error (full traceback printed), or a checkpoint that found the disk full
+(one `error:` line); 2 bad input (a TrainerError: the message only, one `error:` line per problem). SIGTERM keeps
+its default action, so the process ends at once; the supervisor that started it owns the grace period. SIGUSR1
+dumps every thread's stack into the log.
 """
 from __future__ import annotations
 
@@ -13,27 +14,18 @@ import sys
 import textwrap
 import traceback
 
-from trainer.errors import TrainerError
+from trainer.errors import TrainerError, about_path
 
 
 def _train(args) -> int:
     if args.plan:
         return _plan(args)
-    from trainer.training.startup import default_cuda_allocator
+    from trainer.training.startup import default_cuda_allocator, restarted_resume
 
     default_cuda_allocator()  # before torch loads and anything touches the GPU
     from trainer.train import main as train_main
 
-    return train_main(args.config, resume=args.resume or _restarted_resume())
-
-
-def _restarted_resume() -> str | None:
-    """Workers that torchrun restarted (a multi-node job restarts as a whole) go on from the newest complete
-    checkpoint, whatever the config's `resume:` says: the first start is the one it is for."""
-    import os
-
-    restarts = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return "auto" if restarts.isascii() and restarts.isdigit() and int(restarts) > 0 else None
+    return train_main(args.config, resume=args.resume or restarted_resume(), base_dir=args.base_dir)
 
 
 def _plan(args) -> int:
@@ -47,8 +39,9 @@ def _plan(args) -> int:
     from trainer.config import load_config
     from trainer.model.kernels import on_a_gpu
     from trainer.spec.memory_plan import GIB, config_plan, refusal
+    from trainer.spec.preflight import with_base_dir
 
-    cfg = load_config(args.config)
+    cfg = with_base_dir(load_config(args.config), args.base_dir)
     world_size = args.gpus or int(os.environ.get("WORLD_SIZE", 1))
     on_gpu = cfg.device != "cpu"  # a CPU run has no GPU memory to fit, nor a CUDA context to allow for
     limit = (int(args.gpu_memory * GIB) if args.gpu_memory else _local_gpu_bytes()) if on_gpu else None
@@ -110,7 +103,8 @@ def _prepare(args) -> int:
     from trainer.data.prepare import prepare
 
     report = prepare(target=args.target, input_path=args.input, output=args.output, block_size=args.block_size,
-                     max_length=args.max_length, overlong=args.overlong, heldout=args.heldout)
+                     max_length=args.max_length, overlong=args.overlong, heldout=args.heldout,
+                     force=args.force)
     print("\n".join(report.lines(args.output)), flush=True)
     return 0
 
@@ -172,6 +166,8 @@ def _tiny_target(args) -> int:
     out_dir = Path(args.out_dir)
     if out_dir.exists() and (not out_dir.is_dir() or (any(out_dir.iterdir()) and not args.force)):
         raise TrainerError(f"{out_dir} exists and is not an empty directory (--force writes over the model in it)")
+    with about_path(out_dir, "create the directory"):
+        out_dir.mkdir(parents=True, exist_ok=True)
     path = write_tiny_target(out_dir, family=args.family, composite=args.composite, seed=args.seed)
     kind = args.family + (" composite (image-text)" if args.composite else "")
     print(f"Wrote a tiny random {kind} target to {path}", flush=True)
@@ -197,6 +193,10 @@ def _add_train_command(commands) -> None:
     train.add_argument("--config", required=True, help="YAML file with the keys listed below")
     train.add_argument("--resume", default=None, metavar="auto|never|PATH",
                        help="overrides the config's resume: auto (newest complete step_N), never, or a step_N dir")
+    train.add_argument("--base-dir", default=None, metavar="DIR",
+                       help="take the config's relative paths from DIR (default: the working directory); "
+                            "`dflashctl launch` gives the target's workdir, or on `local` the config file's "
+                            "directory")
     train.add_argument("--plan", action="store_true",
                        help="print the memory plan of one rank and exit, loading nothing: 0 if it fits, 2 if not")
     train.add_argument("--gpus", type=int, default=None, metavar="N",
@@ -225,7 +225,7 @@ def _add_check_command(commands) -> None:
     check.add_argument("--drafter", default=None, metavar="CKPT",
                        help="drafter checkpoint directory (a step_N or an export; with --target)")
     check.add_argument("--base-dir", default=None, metavar="DIR",
-                       help="take relative paths from DIR, the run's working directory (default: here); "
+                       help="take relative paths from DIR, as `train --base-dir DIR` does (default: here); "
                             "DIR need not exist yet")
     check.add_argument("--source", default=None, metavar="NAME", help="the config's name in messages")
     check.add_argument("--json", action="store_true",
@@ -257,7 +257,7 @@ def _add_prepare_command(commands) -> None:
     prepare = commands.add_parser("prepare", help="tokenize JSONL chat records into an Arrow dataset")
     prepare.add_argument("--target", required=True, help="target model directory (its tokenizer and chat template)")
     prepare.add_argument("--input", required=True, help='JSONL: {"messages": [...]} or {"prompt", "completion"}')
-    prepare.add_argument("--output", required=True, help="dataset directory to write")
+    prepare.add_argument("--output", required=True, help="dataset directory to write (new, or empty)")
     prepare.add_argument("--block-size", type=int, default=16,
                          help="drop samples with fewer than 2*block-size supervised tokens (default 16)")
     prepare.add_argument("--max-length", type=int, default=None, help="longest sample in tokens (default: none)")
@@ -267,6 +267,8 @@ def _add_prepare_command(commands) -> None:
                          help="share of the samples set aside in OUTPUT/heldout, never trained on, for the "
                               "trainer's eval_every (by a hash of each chat: the same split every time; "
                               "default 0.01, 0 = none)")
+    prepare.add_argument("--force", action="store_true",
+                         help="replace the dataset an earlier prepare wrote to --output (never anything else)")
     prepare.set_defaults(run=_prepare)
 
 
@@ -285,9 +287,11 @@ def _add_generate_command(commands) -> None:
     generate.add_argument("--retry-wait", type=float, default=1.0,
                           help="seconds before the first retry, doubling each time (default 1)")
     generate.add_argument("--request-timeout", metavar="S",
-                          help="with --server: give up on a request the server has sent nothing for in S seconds "
-                               "(a hung request) and ask again like a failed one (default 120, or 0.1 s per "
-                               "--max-new-tokens token if that is longer: the answer comes whole at its end)")
+                          help="with --server: the longest one request may take, whole (connecting, waiting, "
+                               "reading the answer): one the server has not answered in full within S seconds (a "
+                               "hung server, or one that drips its answer) is given up and asked again like a "
+                               "failed one (default 120, or 0.1 s per --max-new-tokens token if that is longer: "
+                               "the answer comes whole at its end)")
     generate.add_argument("--prompts", required=True, help='JSONL: {"messages": [...]} or {"prompt": ...}')
     generate.add_argument("--output", required=True, help="JSONL of chat records to append to (resumed)")
     generate.add_argument("--max-new-tokens", type=int, default=512, help="answer length limit (default 512)")
@@ -361,25 +365,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def dump_stacks_on_signal() -> None:
-    """SIGUSR1 writes every thread's Python stack to stderr (the run's log) and the process goes on: what a
-    supervisor that judged the run hung sends before it ends it, so the log shows where it was stuck."""
-    import faulthandler
-    import signal
-
-    if hasattr(signal, "SIGUSR1"):
-        faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True, chain=False)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from trainer.training.startup import dump_stacks_on_signal
+
     dump_stacks_on_signal()
     try:
         return args.run(args)
     except TrainerError as exc:
         for line in str(exc).splitlines() or [type(exc).__name__]:
             print(f"error: {line}", file=sys.stderr, flush=True)
-        return 2
+        return getattr(exc, "exit_code", 2)
     except KeyboardInterrupt:
         return 130
     except Exception:  # noqa: BLE001 - the one place that turns any crash into a traceback and exit 1

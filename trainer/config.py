@@ -2,7 +2,7 @@
 
 Unknown keys are refused with the key's name and the closest known name, so a typo never silently falls back
 to a default. Every problem of a config is reported at once, one line each, each naming its key.
-Relative paths are taken relative to the working directory the trainer was started in.
+Relative paths are taken from the working directory the trainer was started in, or from `train --base-dir`.
 """
 from __future__ import annotations
 
@@ -125,8 +125,7 @@ class TrainConfig(BaseModel):
         "dpace", description="How the per-slot terms weigh a block's slots: dpace (D-PACE: each slot's share of the "
                              "block's expected accepted length, from the drafter's detached confidence in the "
                              "target's token; the default, chosen by bench/bench_objectives.py: +15-24 % decoded "
-                             "chain τ over decay on two seeds) or decay (exp(-(k-1)/gamma), the first DFlash "
-                             "recipe).")
+                             "chain τ over decay on two seeds) or decay (exp(-(k-1)/gamma), the first DFlash recipe).")
     dpace_alpha: float = Field(0.5, ge=0, le=1, description="D-PACE's confidence smoothing: a slot's confidence "
                                                             "q becomes (1 - alpha) q + alpha.")
     drafter_layers: int = Field(5, ge=1, description="Decoder layers of the drafter; also the number of "
@@ -151,6 +150,8 @@ class TrainConfig(BaseModel):
     log_every: int = Field(10, ge=1, description="Steps between step lines (stdout + metrics.jsonl).")
     checkpoint_every: int = Field(1000, ge=0, description="Steps between checkpoints (0 = only at the end).")
     keep_checkpoints: int = Field(3, ge=0, description="Newest step_N/ checkpoints kept (0 = keep all).")
+    on_disk_full: Literal["skip", "stop"] = Field("skip", description="A checkpoint the disk has no room for: skip = "
+                                                  "log it and keep training; stop = end the run (exit 1).")
     seed: int = Field(0, description="Seed of weights init, data order, anchors and noise.")
     compile: bool = Field(False, description="torch.compile the drafter (batches are then padded to the "
                                              "bucket bound so shapes repeat).")
@@ -166,8 +167,7 @@ class TrainConfig(BaseModel):
                                                                 "recipe (Qwen3.5/3.6: 128; otherwise the target's).")
     drafter_intermediate_size: int | None = Field(
         None, ge=1, description="MLP width of the drafter; null = the target's (3 x hidden for MoE targets).")
-    drafter_rope_theta: float | None = Field(None, gt=0, description="RoPE base of the drafter; null = the "
-                                                                    "target's.")
+    drafter_rope_theta: float | None = Field(None, gt=0, description="RoPE base of the drafter; null = the target's.")
     mask_token_id: int | None = Field(
         None, ge=0, description="Token id of the drafter's masked slots; null = the tokenizer's mask token, else "
                                 "<|MASK|>, else the family's (248070 for the Qwen3.5/3.6 tokenizer), else the first "

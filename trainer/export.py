@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainer.config import objective_text
-from trainer.errors import TrainerError
+from trainer.errors import TrainerError, about_path
 from trainer.spec.parity import ParityReport, check_parity, read_json
 
 README_FILE = "README.md"
@@ -190,18 +190,25 @@ def export(checkpoint: str | Path, out: str | Path, *, target: str | Path | None
             return ExportResult(out=str(out), ok=False, parity=parity)
     temp = out.parent / f".tmp-{out.name}-{os.getpid()}"
     shutil.rmtree(temp, ignore_errors=True)
-    temp.mkdir(parents=True)
+    with about_path(out, "write the export to"):  # OUT under a file, or where nothing can be made
+        temp.mkdir(parents=True)
     try:
         config = _serving_files(ckpt, temp, dtype)
         (temp / README_FILE).write_text(model_card(config, {**facts, "target": str(target or facts["target"] or "")
                                                             or None}, dtype))
         make_readable(temp / README_FILE)
+        _move_into_place(temp, out)
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
+    return ExportResult(out=str(out), ok=True, files=sorted(p.name for p in out.iterdir()), parity=parity)
+
+
+def _move_into_place(temp: Path, out: Path) -> None:
+    """The finished files into OUT: the whole directory renamed, or each file into an OUT that exists."""
+    with about_path(out, "write the export to"):
         if out.exists():
             for path in temp.iterdir():
                 os.replace(path, out / path.name)
             temp.rmdir()
         else:
             os.rename(temp, out)
-    finally:
-        shutil.rmtree(temp, ignore_errors=True)
-    return ExportResult(out=str(out), ok=True, files=sorted(p.name for p in out.iterdir()), parity=parity)

@@ -8,6 +8,7 @@ checkpoints. All GPU work runs on the main thread: the batch-builder threads onl
 """
 from __future__ import annotations
 
+import functools
 import math
 import shutil
 import sys
@@ -25,6 +26,7 @@ from trainer.model import kernels as kernel_lib
 from trainer.spec import memory_plan
 from trainer.spec.preflight import checked_config  # every problem of config, paths and data in one pass
 from trainer.training import optim
+from trainer.training.checkpoint_space import DiskFull
 from trainer.training.checkpoints import (agree_on_resume, check_resumable, choose_resume_dir, gather_to_main,
                                           restore_rng, resume_state, rng_state, save_checkpoint)
 from trainer.training.compile_warmup import compile_attention
@@ -73,9 +75,9 @@ def lr_factor(step: int, *, total_steps: int, warmup_steps: int) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
 
-def main(config_path: str, *, resume: str | None = None) -> int:
+def main(config_path: str, *, resume: str | None = None, base_dir: str | None = None) -> int:
     # ------------------------------------------------------------------ config: everything is checked before models load
-    cfg = checked_config(config_path, overrides={"resume": resume} if resume else None)
+    cfg = checked_config(config_path, overrides={"resume": resume} if resume else None, base_dir=base_dir)
     refuse_gpu_compile(cfg)
     dataset = open_dataset(cfg.data_path)
     layout = layout_buckets(dataset.lengths, bounds=cfg.buckets, token_budget=cfg.token_budget,
@@ -216,6 +218,23 @@ def build_optimization(cfg: TrainConfig, ctx, log: MetricsLog, drafter, *, total
     return params, optimizer, scheduler, anchor_rng, step, position
 
 
+def _save_or_refusal(cfg: TrainConfig, log: MetricsLog, output_dir: Path, step: int, *, drafter,
+                     state: dict) -> DiskFull | None:
+    """Save step_N/ (rank 0), or say in the log why the disk had no room for it and return that refusal; the
+    caller stops the run for it when `on_disk_full: stop`."""
+    try:
+        path = save_checkpoint(output_dir, step, drafter=drafter, state=state, keep=cfg.keep_checkpoints,
+                               save_dtype=cfg.save_dtype)
+    except DiskFull as exc:
+        then = "stopping (on_disk_full: stop)" if cfg.on_disk_full == "stop" else \
+            "training goes on; the last complete checkpoint stays (on_disk_full: skip)"
+        log.say(f"Checkpoint of step {step} not saved: {exc}; {then}")
+        log.event("checkpoint_refused", step=step, reason=str(exc))
+        return exc
+    log.event("checkpoint", step=step, path=str(path))
+    return None
+
+
 def check_served_parity(log: MetricsLog, cfg: TrainConfig, checkpoint: Path, step: int) -> None:
     """The last checkpoint against its target, as a server will pair them (trainer/spec/parity.py): one line per
     check in the log, and a `parity` event."""
@@ -242,12 +261,13 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
     """Set up (each part above) and run the loop."""
     from trainer.model.cpu_threads import one_thread_for_a_small_model
     from trainer.model.target import TargetModel
-    from trainer.training.distributed import barrier, weights_digest
+    from trainer.training.distributed import any_rank, barrier, rank_share, weights_digest
     from trainer.training.losses import Objective
     from trainer.training.objective import dflash_step
 
     output_dir, log = open_output(cfg, ctx)
     objective = Objective.from_config(cfg)
+    count_share = functools.partial(rank_share, ctx=ctx)   # every rank's loss over the global batch's counts
     per_rank, min_size = describe_data(log, cfg, ctx, dataset, layout)
     total_steps = cfg.max_steps or cfg.epochs * per_rank
     on_gpu, dtype = ctx.device.type == "cuda", run_dtype(cfg, ctx)
@@ -262,8 +282,9 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
     log.say(stage_line("building drafter"))
     resume_dir, local_resume = agree_on_resume(resume_dir, ctx)
     drafter = build_drafter(cfg, ctx, log, target, resume_dir if local_resume else None)
+    conv = kernel_lib.compile_block_convs(drafter, ctx.device)
     log.say(f"Kernels: {target.packing_line()}; {kernel_lib.install_target(target.hf_model, kernels)}; "
-            f"{kernel_lib.install(drafter, kernels)}; loss: {objective_line(objective)}")
+            f"{kernel_lib.install(drafter, kernels)}; {conv + '; ' if conv else ''}loss: {objective_line(objective)}")
     model = DraftDDP(drafter, device_ids=[ctx.device] if on_gpu else None) if ctx.is_distributed else drafter
     phases = PhaseMeter(ctx.device, ddp=model if ctx.is_distributed else None)
     if cfg.compile:
@@ -293,16 +314,16 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
     log.event("start", step=step, total_steps=total_steps, world_size=ctx.world_size)
 
     def write_checkpoint() -> None:
-        began = time.perf_counter()
+        began, refused = time.perf_counter(), None
         rngs = gather_to_main(rng_state(anchor_rng), ctx)
         optimizer_state = optim.full_state(optimizer, ctx)  # every rank: a sharded state is gathered to rank 0
         if ctx.is_main:
             state = {"step": step, "optimizer": optimizer_state, "scheduler": scheduler.state_dict(),
                      "rng": rngs, "data_position": stream.position(), "config": cfg.model_dump(),
                      "world_size": ctx.world_size}
-            path = save_checkpoint(output_dir, step, drafter=drafter, state=state, keep=cfg.keep_checkpoints,
-                                   save_dtype=cfg.save_dtype)
-            log.event("checkpoint", step=step, path=str(path))
+            refused = _save_or_refusal(cfg, log, output_dir, step, drafter=drafter, state=state)
+        if any_rank(ctx.is_main and refused is not None and cfg.on_disk_full == "stop", ctx):
+            raise refused or TrainerError("rank 0 found no room for a checkpoint (its log says where)")
         barrier(ctx)
         meter.started += time.perf_counter() - began  # saving is not training: keep it out of tok/s
 
@@ -325,7 +346,7 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
             with autocast:
                 out = dflash_step(model, features, input_ids, loss_mask, num_anchors=n_anchors,
                                   block_size=cfg.block_size, gamma=cfg.gamma, noise=cfg.noise, generator=anchor_rng,
-                                  objective=objective, target_hidden=target_hidden)
+                                  objective=objective, target_hidden=target_hidden, count_share=count_share)
             out.loss.backward()
             t2 = meter.mark()
             if cfg.grad_clip > 0:
@@ -367,6 +388,8 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
     log.event("finished", step=step, digest=digest)
     if ctx.is_main and (output_dir / f"step_{step}").is_dir():
         check_served_parity(log, cfg, output_dir / f"step_{step}", step)
-    log.say(f"Finished: {step} steps in {time.perf_counter() - started:.1f}s; checkpoint {output_dir}/step_{step}")
+    saved = (f"checkpoint {output_dir}/step_{step}" if (output_dir / f"step_{step}").is_dir()
+             else "no checkpoint of the last step (no room on the disk: see above)")
+    log.say(f"Finished: {step} steps in {time.perf_counter() - started:.1f}s; {saved}")
     log.close()
     return 0

@@ -24,6 +24,8 @@
     node-watch --stall S -- CMD                        (a job node's workload: CMD's exit, no JSON; see nodewatch)
     watch    --runs-dir D [--gpu-interval S] [--heartbeat S] [--idle-exit S]   (JSON lines, see watchstream)
     lines    --runs-dir D --run-id ID --start S --stop E
+    pull-plan --runs-dir D --run-id ID [--checkpoint latest|all|step_N] [--export] [--have NAME=BYTES]...
+             (what `dflashctl pull` fetches: files with size and sha256; see pullplan)
     version
     supervise --runs-dir D --run-id ID [--grace S]     (internal: started by the keeper)
     keeper    --runs-dir D [--idle-exit S]             (internal: started by launch; exits after S s idle)
@@ -41,6 +43,9 @@ Errors: {"ok": false, "error": MESSAGE, "code": CODE, ...details}. Answers (keys
              unpack_failed
     probe    {"probe": {"devices", "nvml", "limits", "workdir", "shm", "paths", "live_gpus" (+ "model" with --model)}}
     ps       {"runs": [RECORD (+ "log_tail": str with --tail-bytes)]}
+    pull-plan {"output_dir", "steps", "checkpoints", "export_dir", "export_ready", "files": [{"source", "dest",
+             "size", "sha256", "growing" (+ "prefix_size", "prefix_sha256" for a --have)}]}; no such checkpoint:
+             code bad_usage
     kill     {"runs": [{"run_id", "ok", "state", "signal", "exit_code", "already_ended", "survivors":
              [{"pid", "cmdline", "state"}], "actions": [str], "run": RECORD (+ "state_error": why the end is not
              in state.json, when even the run's reserve could not make room)}]}
@@ -200,6 +205,13 @@ def _add_run_commands(sub) -> None:
     cleanup.add_argument("--runs-dir", required=True)
     cleanup.add_argument("--dry-run", action="store_true")
     cleanup.add_argument("--grace", type=_seconds, default=3.0)
+    pull = sub.add_parser("pull-plan", help="the files `dflashctl pull` fetches, with size and sha256")
+    pull.add_argument("--runs-dir", required=True)
+    pull.add_argument("--run-id", required=True)
+    pull.add_argument("--checkpoint", default="latest", help="latest, all or step_N")
+    pull.add_argument("--export", action="store_true", help="the checkpoint's export-step_N/ instead of it")
+    pull.add_argument("--have", action="append", default=[], metavar="NAME=BYTES",
+                      help="a growing file the caller holds this much of: add the hash of that many bytes")
 
 
 def _add_watch_commands(sub) -> None:
@@ -257,12 +269,14 @@ def dispatch(args: argparse.Namespace, command: list) -> dict:
         from .kill import kill_runs
         return kill_runs(args.runs_dir, args.run_id, grace=args.grace)
     if args.command == "relaunch":
-        from .relaunch import relaunch
-        return relaunch(args.runs_dir, args.run_id, args.new_run_id, verify_timeout=args.verify_timeout,
-                        settle=args.settle)
+        return _relaunch(args)
     if args.command == "cleanup":
         from .cleanup import cleanup
         return cleanup(args.runs_dir, dry_run=args.dry_run, grace=args.grace)
+    if args.command == "pull-plan":
+        from .pullplan import pull_plan
+        return pull_plan(args.runs_dir, args.run_id, checkpoint=args.checkpoint, export=args.export,
+                         have=args.have)
     if args.command == "supervise":
         from .supervisor import supervise
         return {"ok": True, "state": supervise(args.runs_dir, args.run_id, grace=args.grace)}
@@ -286,6 +300,12 @@ def dispatch(args: argparse.Namespace, command: list) -> dict:
     if args.command == "version":
         return {"ok": True, "agent_version": AGENT_VERSION, "python": sys.version.split()[0]}
     raise BadInput("no subcommand given (launch, ps, kill, cleanup, version)", code=BAD_USAGE)
+
+
+def _relaunch(args: argparse.Namespace) -> dict:
+    from .relaunch import relaunch
+    return relaunch(args.runs_dir, args.run_id, args.new_run_id, verify_timeout=args.verify_timeout,
+                    settle=args.settle)
 
 
 def _restart_fields(args: argparse.Namespace) -> dict:

@@ -37,8 +37,9 @@ class LaunchRequest:
         if not command or not command[0]:
             raise BadInput("nothing to run: give the command after --", code="no_command")
         self.command = list(command)
-        # By default a run works in its own directory: its inputs (the trainer config) are there, and relative
-        # output paths land beside its log instead of wherever pct exec happened to start.
+        # By default a run works in its own directory: its inputs (the trainer config) are there, and what a
+        # command writes to relative paths lands beside its log instead of wherever pct exec happened to start
+        # (the bundled trainer takes its config's relative paths from --base-dir instead: runs/command.py).
         self.cwd = os.path.abspath(cwd) if cwd else self.paths.dir
         if cwd and not os.path.isdir(self.cwd):
             raise BadInput("--cwd {!r} is not a directory".format(self.cwd), code="bad_cwd")

@@ -6,7 +6,7 @@ import sys
 import typer
 
 from ..errors import EXIT_USAGE, DflashError
-from . import cleanup, demo, doctor, kill, launch, logs, ps, version, watch
+from . import cleanup, demo, doctor, kill, launch, logs, ps, pull, version, watch
 from .state import AppState
 from .usage import Command, CommandGroup, is_parse_error, show_parse_error
 
@@ -40,6 +40,7 @@ app.command("launch", cls=Command)(launch.launch)
 app.command("ps", cls=Command)(ps.ps)
 app.command("logs", cls=Command)(logs.logs)
 app.command("kill", cls=Command)(kill.kill)
+app.command("pull", cls=Command)(pull.pull)
 app.command("cleanup", cls=Command)(cleanup.cleanup)
 app.command("watch", cls=Command)(watch.watch)
 app.command("demo", cls=Command)(demo.demo)

@@ -9,7 +9,7 @@ from ..agent.cleanup import summary
 from ..runs.client import RunClient
 from ..transports.fanout import fanout_exit_code, per_host
 from ..transports.pool import Connections
-from .output import about, print_json, stderr, stdout
+from .output import about, print_json, say, stderr, stdout
 from .state import AppState
 
 
@@ -40,12 +40,12 @@ def _print(report: dict, dry_run: bool) -> None:
     out = stdout()
     for target, result in report.items():
         if result.get("error") and not result.get("ok"):
-            out.print(about(target, result["error"]), markup=False)
+            say(out, about(target, result["error"]))
         actions = result.get("actions") or []
-        out.print(summary(target, actions, dry_run=dry_run), markup=False)
+        say(out, summary(target, actions, dry_run=dry_run))
         for action in actions:
-            out.print(f"  - {action.get('description') or action}", markup=False)
+            say(out, f"  - {action.get('description') or action}")
         for finding in result.get("unfixable") or result.get("findings") or []:
-            out.print(f"  ! {finding.get('description') or finding}", markup=False)
+            say(out, f"  ! {finding.get('description') or finding}")
         for foreign in result.get("foreign_zombies") or []:
-            out.print(f"  ! {foreign.get('description') or foreign}", markup=False)
+            say(out, f"  ! {foreign.get('description') or foreign}")

@@ -97,7 +97,7 @@ def prepare_demo_data(base: Path) -> tuple[Path, Path]:
              "--max-new-tokens", str(ANSWER_TOKENS), "--batch-size", str(PROMPT_BATCH), "--device", "cpu",
              "--progress-every", str(PROGRESS_EVERY_S), shown=GENERATE_PROGRESS)
     _trainer("prepare", "--target", str(target_dir), "--input", str(chats), "--output", str(dataset),
-             "--block-size", "8")
+             "--block-size", "8", "--force")  # a dataset an interrupted demo left without its `done`
     (dataset / "done").write_text("ok\n")
     return target_dir, dataset
 

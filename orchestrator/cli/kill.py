@@ -14,7 +14,7 @@ from ..runs.client import RunClient
 from ..transports.fanout import fanout_exit_code, per_host
 from ..transports.pool import Connections
 from .args import number_in
-from .output import about, print_json, stderr, stdout
+from .output import about, print_json, say, stderr, stdout
 from .state import AppState
 
 
@@ -71,7 +71,7 @@ def _print(report: dict) -> None:
     out = stdout()
     for target, result in report.items():
         if result.get("error") and not result.get("runs"):
-            out.print(about(target, result["error"]), markup=False)
+            say(out, about(target, result["error"]))
         for run in result.get("runs", []):
             record = {**(run.get("run") or {}), **run}
             ended = how_it_ended(record)
@@ -83,4 +83,4 @@ def _print(report: dict) -> None:
             if survivors:
                 line += "; STILL ALIVE: " + ", ".join(f"{p.get('pid')} {p.get('cmdline', '')[:60]}"
                                                      for p in survivors)
-            out.print(line, markup=False)
+            say(out, line)

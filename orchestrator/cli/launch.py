@@ -9,11 +9,12 @@ import typer
 from ..agent.launch import how_it_ended
 from ..agent.protocol import DEFAULT_GRACE_S, TERMINAL_STATES
 from ..agent.restart import parse_policy, policy_text
+from ..agent.terminaltext import for_terminal
 from ..display import record_state_text
 from ..errors import EXIT_OK, UsageError, shorten
 from ..inventory.model import Target
 from ..runs.client import LaunchFailed, RunClient
-from ..runs.command import CONFIG_INPUT, runs_bundled_trainer, train_command
+from ..runs.command import CONFIG_INPUT, config_base_dir, runs_bundled_trainer, train_command
 from ..runs.doctor import OK, WARN, preflight, read_needs, refuse_failed
 from ..runs.jobs import DEFAULT_DIST_TIMEOUT_S, JobLaunchFailed, JobSpec, launch_job, processes_per_node
 from ..runs.spec import LaunchSpec, check_name, default_name
@@ -230,13 +231,14 @@ def launch_spec(target: Target, command: list[str], *, name: str | None, config:
 def _trainer_spec(target: Target, config: Path, *, name: str | None, gpus: list[int] | None,
                   env: dict[str, str], force: bool, grace: float) -> LaunchSpec:
     text, _ = config_file(config)
-    command = train_command(target, nproc=processes_per_node(target, gpus))
+    base_dir = config_base_dir(target, str(config))
+    command = train_command(target, nproc=processes_per_node(target, gpus), base_dir=base_dir)
     # The keys, the paths, the data and the python's packages are checked by the trainer itself on the target,
     # all in one pass, before the run is created. What a settle of 1 s would catch on top of that (the trainer
     # not starting at all) that check has shown already: the same python, PYTHONPATH and package ran it.
     return LaunchSpec(target=target, command=command, name=check_name(name or config.stem.replace(" ", "-")),
                       env=env, gpus=gpus, force=force, grace=grace, inputs={CONFIG_INPUT: text},
-                      uses_trainer=True, check_config=str(config), settle=CHECKED_SETTLE_S)
+                      uses_trainer=True, check_config=str(config), config_base=base_dir, settle=CHECKED_SETTLE_S)
 
 
 def _report_failure(failed: LaunchFailed) -> None:
@@ -249,5 +251,5 @@ def _report_failure(failed: LaunchFailed) -> None:
     lines = payload.get("log_tail") or []
     if lines:
         err.print(f"last lines of the log of {run.get('run_id', '?')}:", markup=False)
-        for line in lines[-40:]:
-            err.print(f"  {line}", markup=False)
+        for line in lines[-40:]:  # the workload's text only, never its escape sequences
+            err.print(f"  {for_terminal(line)}", markup=False)

@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from ..agent.protocol import TERMINAL_STATES
+from ..agent.terminaltext import TerminalStream
 from ..errors import EXIT_FAILED, EXIT_OK, CommandTimeout, DflashError, TargetNotFound, UsageError
 from ..runs.addressing import Match, locate
 from ..runs.client import RunClient
@@ -36,6 +37,9 @@ def logs(
 ) -> int:
     """Print the end of a run's log (its stdout and stderr); with -f, follow it until the run ends.
 
+    What the workload wrote reaches the terminal as text: its escape sequences (clipboard, title, cursor,
+    screen clears) are dropped, its colours kept only when stdout is a terminal.
+
     For a multi-node job, the log of node 0 (rank 0's step lines are the job's), or of --node N.
     """
     state: AppState = ctx.obj
@@ -50,8 +54,7 @@ def logs(
         log_path = record["log_path"]
         if not follow:
             result = transport.run(["tail", "-n", str(lines), "--", log_path], timeout=LOG_READ_TIMEOUT_S)
-            sys.stdout.buffer.write(result.stdout)
-            sys.stdout.flush()
+            _write(_terminal_stream().feed(result.stdout, final=True))
             return EXIT_OK if result.ok else EXIT_FAILED
         follower = _Follower(client, target, run_id, log_path)
         follower.start_from_tail(transport, lines)
@@ -78,6 +81,7 @@ class _Follower:
         self.client, self.target, self.run_id, self.log_path = client, target, run_id, log_path
         self.offset = 0  # the next byte of the log to print
         self.ended_at: float | None = None
+        self.text = _terminal_stream()  # one for the whole follow: a sequence cut between two reads is held
 
     def start_from_tail(self, transport, lines: int) -> None:
         """Print the last `lines` lines of what is there now and remember where that ends."""
@@ -86,7 +90,7 @@ class _Follower:
                                timeout=LOG_READ_TIMEOUT_S)
         size, _, text = result.stdout.partition(b"\n")
         self.offset = int(size or 0)
-        _write(text)
+        _write(self.text.feed(text))
 
     def run(self, transport) -> int:
         failures = 0
@@ -119,9 +123,10 @@ class _Follower:
                 except CommandTimeout:
                     chunk = None
                 if chunk:
-                    _write(chunk)
+                    _write(self.text.feed(chunk))
                     self.offset += len(chunk)
                 if self.ended_at is not None and time.monotonic() - self.ended_at > 1.0:
+                    _write(self.text.feed(b"", final=True))
                     return True  # the run ended and its last output has had time to arrive
                 if chunk == b"":
                     return self._ended()
@@ -136,6 +141,11 @@ class _Follower:
         return any(r.get("state") in TERMINAL_STATES for r in self.client.runs_on(self.target, [self.run_id]))
 
 
-def _write(data: bytes) -> None:
-    sys.stdout.buffer.write(data)
+def _terminal_stream() -> TerminalStream:
+    """The log's bytes made safe for stdout: colours only where a terminal shows them."""
+    return TerminalStream(colours=sys.stdout.isatty())
+
+
+def _write(text: str) -> None:
+    sys.stdout.buffer.write(text.encode("utf-8", "replace"))
     sys.stdout.flush()

@@ -5,17 +5,23 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
 
 from rich.console import Console
 
+from ..agent.protocol import ascii_decimal
+from ..agent.terminaltext import for_terminal
+
 JSON_VERSION = 1
 
 
 def stdout() -> Console:
-    # piped into grep or a file, tables should not be squeezed to the 80 columns rich assumes there
-    width = None if sys.stdout.isatty() else 160
+    # piped into grep or a file, tables should not be squeezed to the 80 columns rich assumes there; COLUMNS,
+    # where set, is the width asked for (rich reads it)
+    asked = ascii_decimal(os.environ.get("COLUMNS"))
+    width = None if sys.stdout.isatty() else (asked or 160)
     return Console(file=sys.stdout, highlight=False, soft_wrap=True, width=width)
 
 
@@ -28,6 +34,12 @@ def print_json(payload: dict[str, Any]) -> None:
     """One versioned JSON object on stdout."""
     sys.stdout.write(json.dumps({"version": JSON_VERSION, **payload}, indent=2, default=str) + "\n")
     sys.stdout.flush()
+
+
+def say(console: Console, text: str) -> None:
+    """One line of text that may hold what a workload chose (a process's command line, a log line), with every
+    escape sequence and control character taken out: such text never drives the terminal."""
+    console.print(for_terminal(text), markup=False)
 
 
 def about(target: str, message: str) -> str:

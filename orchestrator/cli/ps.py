@@ -6,9 +6,10 @@ from typing import List, Optional
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from ..agent.protocol import LIVE_STATES
-from ..display import MISSING, format_age, format_rate, record_state_text, state_style
+from ..display import MISSING, fit_columns, format_age, format_rate, record_state_text, state_style
 from ..runs.client import RunClient
 from ..runs.jobs import group_jobs
 from ..transports.fanout import fanout_exit_code
@@ -17,6 +18,11 @@ from .output import print_json, stderr, stdout
 from .state import AppState
 
 RECENT = datetime.timedelta(hours=24)
+COLUMNS = ("RUN", "TARGET", "NAME", "STATE", "PID", "AGE", "EXIT", "STEP", "TOK/S")
+# What a narrow terminal loses first: the name (a run id starts with it), then what matters least to a person
+# scanning for what is alive, how far it got and how fast; RUN and STATE always stay.
+DROP_ORDER = (("NAME",), ("PID",), ("AGE",), ("TOK/S",), ("EXIT",), ("TARGET",), ("STEP",))
+CELL_PADDING = 2  # rich's table pads each cell with a space on either side
 
 
 def ps(
@@ -45,7 +51,7 @@ def ps(
         print_json({"runs": runs, "jobs": jobs, "errors": failures,
                     "targets": {o.target.name: {"ok": o.ok, "error": failures.get(o.target.name)} for o in outcomes}})
     elif runs:
-        stdout().print(_table(runs, jobs, now))
+        _print_table(runs, jobs, now)
     else:
         _print_none(show_all, read=[o.target.name for o in outcomes if o.ok], unread=len(failures))
     for name, error in failures.items():
@@ -81,30 +87,66 @@ def age(created_at: str | None, now: datetime.datetime) -> str:
     return format_age((now - _parse_time(created_at)).total_seconds())
 
 
-def _table(runs: list[dict], jobs: list[dict], now: datetime.datetime) -> Table:
-    table = Table(box=None, header_style="bold")
-    for col in ("RUN", "TARGET", "NAME", "STATE", "PID", "AGE", "EXIT", "STEP", "TOK/S"):
-        table.add_column(col, no_wrap=True)
+def _print_table(runs: list[dict], jobs: list[dict], now: datetime.datetime) -> None:
+    """The runs as a table of the columns that fit the terminal whole, then why each failed job failed."""
+    out = stdout()
+    rows, failures = _rows(runs, jobs, now)
+    out.print(_table(rows, width=out.width))
+    for job_id, reason in failures:
+        out.print(f"{job_id}: failed first: {reason}", markup=False)
+
+
+def _rows(runs: list[dict], jobs: list[dict], now: datetime.datetime) -> tuple[list[list[str]], list[tuple]]:
+    """The table's rows (a job's row with its nodes below it, where its first node sorts), and each failed
+    job's (id, why it failed first)."""
+    rows: list[list[str]] = []
+    failures: list[tuple[str, str]] = []
     jobs_by_id = {job["job_id"]: job for job in jobs}
     for r in runs:
         if not r.get("job_id"):
-            table.add_row(*_row(r, now))
-        elif r["job_id"] in jobs_by_id:  # the job's row and its nodes, where its first node sorts
-            _add_job(table, jobs_by_id.pop(r["job_id"]), now)
+            rows.append(_row(r, now))
+        elif r["job_id"] in jobs_by_id:
+            job = jobs_by_id.pop(r["job_id"])
+            rows += _job_rows(job, now)
+            if job.get("failed_first"):
+                failures.append((job["job_id"], job["failed_first"]["reason"]))
+    return rows, failures
+
+
+def _table(rows: list[list[str]], *, width: int) -> Table:
+    """The columns that fit `width` whole (DROP_ORDER says which go first); a number is never cut. Only a run
+    id too long for even RUN and STATE is cut short, at its end."""
+    widths = {column: max(cell_len(cell) for cell in (column, *(row[i] for row in rows)))
+              for i, column in enumerate(COLUMNS)}
+    shown = fit_columns(widths, width=width, gap=CELL_PADDING, drop=DROP_ORDER) or ("RUN", "STATE")
+    room = width - sum(widths[column] + CELL_PADDING for column in shown if column != "RUN") - CELL_PADDING
+    table = Table(box=None, header_style="bold")
+    for column in shown:
+        if column == "RUN":
+            table.add_column(column, no_wrap=True, overflow="ellipsis", max_width=max(room, 1))
+        else:
+            table.add_column(column, no_wrap=True, min_width=widths[column])
+    indexes = [COLUMNS.index(column) for column in shown]
+    for row in rows:
+        table.add_row(*(row[i] for i in indexes))
     return table
 
 
-def _add_job(table: Table, job: dict, now: datetime.datetime) -> None:
+def cell_len(cell: str) -> int:
+    """The cells `cell` takes on screen, its markup (a state's colour) aside."""
+    return Text.from_markup(cell).cell_len
+
+
+def _job_rows(job: dict, now: datetime.datetime) -> list[list[str]]:
     first = job.get("failed_first")
     exit_text = f"node {first['node_rank']} first" if first else "-"
-    table.add_row(job["job_id"], f"{job['nnodes']} nodes", job.get("name") or "-", _state(job.get("state")), "-",
-                  age(job.get("created_at"), now), exit_text, _number(job.get("last_step")), _tok(job))
+    rows = [[job["job_id"], f"{job['nnodes']} nodes", job.get("name") or "-", _state(job.get("state")), "-",
+             age(job.get("created_at"), now), exit_text, _number(job.get("last_step")), _tok(job)]]
     for node in job["nodes"]:
         cells = _row(node, now)
         cells[0] = f"  node {node.get('node_rank')}: {node['run_id']}"
-        table.add_row(*cells)
-    if first:
-        table.add_row(f"  failed first: {first['reason']}", "", "", "", "", "", "", "", "")
+        rows.append(cells)
+    return rows
 
 
 def _row(r: dict, now: datetime.datetime) -> list[str]:

@@ -67,7 +67,8 @@ def watch(
                              help="With --serve: the address to listen on; any but loopback needs a token."),
     port: int = typer.Option(8000, "--port", callback=number_in(1, 65535), metavar="PORT", help="With --serve: the port to listen on."),
     token: Optional[str] = typer.Option(None, "--token", metavar="T", help="With --serve: the token every "
-                                        "request must carry (?token=T); made up and printed off loopback."),
+                                        "request must carry (?token=T), 16 characters at least; made up and "
+                                        "printed off loopback."),
     min_free_gib: float = MIN_FREE_GIB,
     min_free_pct: float = MIN_FREE_PCT,
 ) -> int:

@@ -14,12 +14,15 @@ Every request, page, websocket and static file alike, must also name this server
 port, and the bound address or a name of it: loopback's names on a loopback bind, this machine's names and the
 address the connection reached otherwise): a site whose own name its DNS points at this machine (DNS rebinding)
 is the same origin as itself to the browser, so only the Host it sends gives it away.
+In front of all that (serveguard.py): a cap on connections with a deadline for a stranger's first request, a
+limit on wrong tokens per address, and an access log that never writes a token.
 """
 from __future__ import annotations
 
 import asyncio
 import hmac
 import ipaddress
+import logging
 import secrets
 import shlex
 import signal
@@ -30,10 +33,14 @@ from urllib.parse import urlsplit
 
 from ..errors import EXIT_OK, UsageError
 from ..inventory.model import find_inventory
+from .serveguard import (ACCEPT_BACKLOG, KEEPALIVE_S, SHUTDOWN_S, ConnectionGuard, WrongTokens,
+                         access_logger_class, connection_cap)
 
 INSTALL_HINT = "pip install 'dflashctl[serve]'"
 TOKEN_COOKIE = "dflashctl_token"
 REFUSED = "dflashctl watch --serve: this dashboard needs its token: open the URL it printed (?token=...)\n"
+TOO_MANY = "dflashctl watch --serve: too many wrong tokens from this address: wait a minute\n"
+MIN_TOKEN_CHARS = 16
 WRONG_HOST = "dflashctl watch --serve: the request's Host is not this server's address: open the URL it printed\n"
 WILDCARDS = ("0.0.0.0", "::", "")
 HOST_CHARACTERS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789.-:[]")
@@ -52,8 +59,9 @@ def is_loopback(host: str) -> bool:
 def choose_token(host: str, token: str | None) -> str | None:
     """The token the server will require: the given one, a new one off loopback, none on loopback."""
     if token is not None:
-        if len(token) < 8 or not token.isprintable() or " " in token:
-            raise UsageError("--token: use at least 8 printable characters without spaces")
+        if len(token) < MIN_TOKEN_CHARS or not token.isprintable() or " " in token:
+            raise UsageError(f"--token: use at least {MIN_TOKEN_CHARS} printable characters without spaces "
+                             "(or leave it out: one is made up)")
         return token
     return None if is_loopback(host) else secrets.token_urlsafe(18)
 
@@ -127,17 +135,22 @@ def same_origin(origin: str | None, host: str | None) -> bool:
     return urlsplit(origin).netloc.lower() == (host or "").lower()
 
 
-def serve(command: str, *, host: str, port: int, token: str | None, title: str) -> int:
-    """Serve `command` until interrupted (Ctrl-C or SIGTERM)."""
+def serve(command: str, *, host: str, port: int, token: str | None, title: str, show_token: bool = True) -> int:
+    """Serve `command` until interrupted (Ctrl-C or SIGTERM); the line that says where names the token only
+    with `show_token` (one made up, which nobody knows yet)."""
     try:
         from aiohttp import web
+        from aiohttp.abc import AbstractAccessLogger
         from textual_serve.server import Server
     except ImportError:
         raise UsageError(f"watch --serve needs textual-serve, which is not installed: {INSTALL_HINT}") from None
-    server = _server_class(Server, web)(command, host=host, port=port, title=title)
+    server = _server_class(Server, web, AbstractAccessLogger)(command, host=host, port=port, title=title)
     server.token = token
-    server.url = page_url(host, port, token)
+    server.url = page_url(host, port, token if show_token else None)
+    if token and not show_token:
+        server.url, server.note = server.url + "?token=...", "with the token given to --token; "
     server.names = served_names(host)
+    server.wrong_tokens = WrongTokens()
     try:
         server.serve()
     except OSError as exc:  # the port is taken, the address is not this machine's
@@ -145,44 +158,35 @@ def serve(command: str, *, host: str, port: int, token: str | None, title: str) 
     return EXIT_OK
 
 
-def _server_class(server_base: type, web):
+def _server_class(server_base: type, web, access_logger_base: type):
     """textual-serve's Server with the Host, origin and token checks in front of every route."""
 
     class TokenServer(server_base):
         token: str | None = None
         url = ""
+        note = ""
         names: frozenset[str] = frozenset()
+        guard: ConnectionGuard
+        wrong_tokens: WrongTokens
 
         async def _make_app(self):
             app = await super()._make_app()
-            app.middlewares.append(self._guard(web))
+            app.middlewares.append(_checks(self, web))
             return app
-
-        def _guard(self, web):
-            @web.middleware
-            async def guard(request, handler):
-                sockname = request.transport.get_extra_info("sockname") if request.transport else None
-                if not host_ok(request.headers.get("Host"), bound=self.host, port=self.port, names=self.names,
-                               reached=sockname[0] if sockname else None):
-                    return web.Response(status=403, text=WRONG_HOST)
-                if request.path == "/ws" and not same_origin(request.headers.get("Origin"), request.host):
-                    return web.Response(status=403, text="dflashctl watch --serve: a websocket from another "
-                                                         "site is refused\n")
-                given = request.query.get("token")
-                if self.token and not (token_ok(given, self.token)
-                                       or token_ok(request.cookies.get(TOKEN_COOKIE), self.token)):
-                    return web.Response(status=403, text=REFUSED)
-                response = await handler(request)
-                if self.token and given and request.path == "/":
-                    response.set_cookie(TOKEN_COOKIE, self.token, httponly=True, samesite="Strict")
-                return response
-
-            return guard
 
         async def handle_index(self, request):
             # the page's websocket goes back to the address the browser used, not to the bound one
             self.public_url = f"{request.scheme}://{request.host}"
             return await super().handle_index(request)
+
+        def initialize_logging(self) -> None:
+            """textual-serve's log lines, with tracebacks that never show their frames' variables: a failed
+            request's would show the token the checks held."""
+            from rich.logging import RichHandler
+
+            logging.basicConfig(level="DEBUG" if self.debug else "INFO", format="%(message)s", handlers=[
+                RichHandler(show_path=False, show_time=False, rich_tracebacks=True, tracebacks_show_locals=False,
+                            console=self.console)])
 
         async def on_startup(self, app) -> None:
             """Quiet: the line that says where to point a browser comes once the socket listens (serve)."""
@@ -191,15 +195,75 @@ def _server_class(server_base: type, web):
             self.debug = debug
             self.initialize_logging()
             loop = asyncio.new_event_loop()
+            stopping = asyncio.Event()
             for signum in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(signum, self.request_exit)
-            web.run_app(self._make_app(), host=self.host, port=self.port, handle_signals=False, loop=loop,
-                        print=lambda _text: self._listening())
+                loop.add_signal_handler(signum, stopping.set)
+            try:
+                loop.run_until_complete(_listen(self, web, access_logger_base, stopping))
+            finally:
+                loop.close()
 
         def _listening(self) -> None:
-            print(f"dflashctl: serving the dashboard on {self.url} (Ctrl-C stops it)", file=sys.stderr, flush=True)
+            print(f"dflashctl: serving the dashboard on {self.url} ({self.note}Ctrl-C stops it)", file=sys.stderr,
+                  flush=True)
 
     return TokenServer
+
+
+def _checks(server, web):
+    """The middleware in front of every route: the Host, the websocket's origin, the token (and its cookie)."""
+    @web.middleware
+    async def guard(request, handler):
+        sockname = request.transport.get_extra_info("sockname") if request.transport else None
+        if not host_ok(request.headers.get("Host"), bound=server.host, port=server.port, names=server.names,
+                       reached=sockname[0] if sockname else None):
+            return web.Response(status=403, text=WRONG_HOST)
+        if request.path == "/ws" and not same_origin(request.headers.get("Origin"), request.host):
+            return web.Response(status=403, text="dflashctl watch --serve: a websocket from another "
+                                                 "site is refused\n")
+        given = request.query.get("token")
+        if server.token:
+            refused = token_refusal(request, given, server.token, server.wrong_tokens)
+            if refused:
+                return web.Response(status=refused[0], text=refused[1])
+        server.guard.let_in(request.transport)
+        response = await handler(request)
+        if server.token and given and request.path == "/":
+            response.set_cookie(TOKEN_COOKIE, server.token, httponly=True, samesite="Strict")
+        return response
+
+    return guard
+
+
+def token_refusal(request, given: str | None, token: str, wrong_tokens: WrongTokens) -> tuple[int, str] | None:
+    """(status, text) when the request's token (in the query or the cookie) does not let it in; a wrong one
+    counts against its address, which is refused for a while after WRONG_TOKENS of them."""
+    address = request.remote
+    if wrong_tokens.blocked(address):
+        return 429, TOO_MANY
+    cookie = request.cookies.get(TOKEN_COOKIE)
+    if token_ok(given, token) or token_ok(cookie, token):
+        return None
+    if given is not None or cookie is not None:
+        wrong_tokens.wrong(address)
+    return 403, REFUSED
+
+
+async def _listen(server, web, access_logger_base: type, stopping: asyncio.Event) -> None:
+    """Serve through the connection guard until `stopping` is set, then close every tab's session: aiohttp's
+    runner by hand, since run_app has no place for the guard."""
+    runner = web.AppRunner(await server._make_app(), handle_signals=False, keepalive_timeout=KEEPALIVE_S,
+                           access_log_class=access_logger_class(access_logger_base), shutdown_timeout=SHUTDOWN_S)
+    await runner.setup()
+    try:
+        server.guard = ConnectionGuard(runner.server, cap=connection_cap())
+        listener = await asyncio.get_running_loop().create_server(
+            server.guard, server.host or None, server.port, reuse_address=True, backlog=ACCEPT_BACKLOG)
+        server._listening()
+        await stopping.wait()
+        listener.close()
+    finally:
+        await runner.cleanup()
 
 
 def serve_dashboard(state, targets: list[str], interval: float, *, once: bool, host: str, port: int,
@@ -210,4 +274,4 @@ def serve_dashboard(state, targets: list[str], interval: float, *, once: bool, h
     required = choose_token(host, token)  # a made-up one is in the URL the server prints when it listens
     inventory = find_inventory(state.inventory_path)
     return serve(served_command(inventory, targets, interval), host=host, port=port, token=required,
-                 title="dflashctl watch")
+                 title="dflashctl watch", show_token=token is None)

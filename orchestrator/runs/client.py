@@ -21,7 +21,7 @@ from ..transports.fanout import Outcome, per_host
 from ..transports.pool import Connections
 from ..transports.timeouts import AGENT_TIMEOUT_S, CLEANUP_TIMEOUT_S, LAUNCH_TIMEOUT_S, PROBE_TIMEOUT_S
 from .agentcall import agent_answer, agent_argv
-from .command import CONFIG_INPUT, check_command, retry_args
+from .command import CONFIG_INPUT, check_command, config_base_dir, retry_args
 from .deploy import Deployment, deploy
 from .spec import LaunchSpec, new_run_id, run_dir, runs_dir
 from .trainerconfig import judge
@@ -84,16 +84,17 @@ class RunClient:
             raise UsageError(f"--gpus {shown}: {target.name} has "
                              + (f"{have} GPU(s) (0-{have - 1}) {where}" if have else f"no GPU {where}"))
 
-    def check_trainer_config(self, target: Target, config_text: bytes, *, source: str, run_id: str,
+    def check_trainer_config(self, target: Target, config_text: bytes, *, source: str,
                              env: dict[str, str]) -> dict:
-        """The bundled trainer's own check of the config on the target, for the run `run_id` would be, on its
-        own (a job checks every node before it starts any); ConfigRejected when it refuses the config."""
+        """The bundled trainer's own check of the config on the target, on its own, in the environment `env` a
+        run would get (a job checks every node before it starts any); ConfigRejected when it refuses the config.
+        `source` is the config file's path here, which places its relative paths (command.config_base_dir)."""
         transport = self.conns.for_target(target)
         pkg_dir = self._deployment(target, transport, with_trainer=True).pkg_dir
         args = ["check", "--pythonpath", pkg_dir]
         for key, value in env.items():
             args += ["--env", f"{key}={value}"]
-        argv = check_command(target, base_dir=run_dir(target, run_id), source=source)
+        argv = check_command(target, base_dir=config_base_dir(target, source), source=source)
         payload = self.agent(target, [*args, "--", *argv], timeout=LAUNCH_TIMEOUT_S, stdin=config_text,
                              with_trainer=True)
         return judge(target, source, payload.get("check") or {})
@@ -123,7 +124,8 @@ class RunClient:
             args += ["--input", name]
         args += restart_args(spec)
         if spec.check_config is not None:  # the agent runs it before it creates anything
-            argv = check_command(spec.target, base_dir=run_dir(spec.target, run_id), source=spec.check_config)
+            argv = check_command(spec.target, base_dir=spec.config_base or run_dir(spec.target, run_id),
+                                 source=spec.check_config)
             args += ["--check", json.dumps(argv), "--check-input", CONFIG_INPUT]
         payload = self.agent(spec.target, [*args, "--", *spec.command], timeout=LAUNCH_TIMEOUT_S,
                              stdin=_pack_inputs(spec.inputs) if spec.inputs else None,

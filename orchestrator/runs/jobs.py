@@ -22,7 +22,7 @@ from ..transports.timeouts import DEFAULT_DIST_TIMEOUT_S
 from ..transports.fanout import Outcome, fanout_exit_code, per_host
 from .agentcall import agent_argv
 from .client import LaunchFailed, RunClient
-from .command import CONFIG_INPUT, node_train_command
+from .command import CONFIG_INPUT, config_base_dir, node_train_command
 from .spec import LaunchSpec, new_run_id, run_environment
 from .trainerconfig import ConfigRejected
 
@@ -83,12 +83,13 @@ def rendezvous_host(target: Target) -> str:
 
 
 def torchrun_command(target: Target, *, agent_path: str, nnodes: int, nproc: int, endpoint: str, job_id: str,
-                     is_host: bool, local_addr: str, timeout: float, max_restarts: int = 0) -> list[str]:
+                     is_host: bool, local_addr: str, timeout: float, base_dir: str, max_restarts: int = 0) -> list[str]:
     """torchrun for one node, under the agent's node-watch (which ends a torchrun that outlives its workers
     by `timeout`: it is then stuck talking to an unreachable rendezvous store)."""
     return [*agent_argv(target, agent_path, "node-watch", f"--stall={timeout:g}", "--"),
             *node_train_command(target, nnodes=nnodes, nproc=nproc, endpoint=endpoint, job_id=job_id,
-                                is_host=is_host, local_addr=local_addr, timeout=timeout, max_restarts=max_restarts)]
+                                is_host=is_host, local_addr=local_addr, timeout=timeout, base_dir=base_dir,
+                                max_restarts=max_restarts)]
 
 
 def _raise_first_error(outcomes: list[Outcome], what: str) -> None:
@@ -98,12 +99,10 @@ def _raise_first_error(outcomes: list[Outcome], what: str) -> None:
         raise JobLaunchFailed(f"{what} failed, nothing was started: {details}", exit_code=fanout_exit_code(failed))
 
 
-def check_every_node(client: RunClient, spec: JobSpec, job_id: str) -> None:
+def check_every_node(client: RunClient, spec: JobSpec) -> None:
     """The trainer's check of the config on every node, before any node starts; every node's reasons."""
-    ranks = {target.name: rank for rank, target in enumerate(spec.targets)}
     outcomes = per_host(spec.targets, lambda t: client.check_trainer_config(
-        t, spec.config_text, source=spec.config_source, run_id=node_run_id(job_id, ranks[t.name]),
-        env=run_environment(t, spec.env)))
+        t, spec.config_text, source=spec.config_source, env=run_environment(t, spec.env)))
     rejected = [o.error for o in outcomes if not o.ok and isinstance(o.error, ConfigRejected)]
     if rejected and len(rejected) == sum(not o.ok for o in outcomes):
         raise UsageError("\n".join(str(error) for error in rejected))
@@ -130,7 +129,8 @@ def node_specs(client: RunClient, spec: JobSpec, job_id: str) -> tuple[str, list
         agent_path = client.deploy(target, with_trainer=True).agent_path
         command = torchrun_command(target, agent_path=agent_path, nnodes=len(spec.targets), nproc=nproc,
                                    endpoint=f"{host}:{port}", job_id=job_id, is_host=rank == 0,
-                                   local_addr=net.value["address"], timeout=spec.dist_timeout, max_restarts=restarts)
+                                   local_addr=net.value["address"], timeout=spec.dist_timeout,
+                                   base_dir=config_base_dir(target, spec.config_source), max_restarts=restarts)
         # never one node alone: its supervisor leaves restarts to torchrun, which restarts every node's workers
         specs.append(LaunchSpec(target=target, command=command, name=spec.name, env=env, gpus=spec.gpus,
                                 force=spec.force, grace=spec.grace, inputs={CONFIG_INPUT: spec.config_text},
@@ -154,7 +154,7 @@ def launch_job(client: RunClient, spec: JobSpec) -> dict:
         raise UsageError(f"a target appears twice: {' '.join(names)}")
     job_id = new_run_id(spec.name)
     _raise_first_error(per_host(spec.targets, lambda t: client.deploy(t, with_trainer=True)), "deploying")
-    check_every_node(client, spec, job_id)
+    check_every_node(client, spec)
     endpoint, node_launches = node_specs(client, spec, job_id)
     specs = {s.target.name: s for s in node_launches}
     outcomes = per_host(spec.targets, lambda t: client.launch(specs[t.name]))

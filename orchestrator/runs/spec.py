@@ -76,6 +76,7 @@ class LaunchSpec:
     restart_backoff: float | None = None   # seconds before the first restart (agent default 10, doubling)
     hang_timeout: float | None = None      # the hang watchdog's bound (0: off; None: from the step interval)
     worker_restarts: int = 0      # the workload (a job node's torchrun) restarts its own workers this often
+    config_base: str | None = None    # where that config's relative paths are taken from (command.config_base_dir)
 
     def run_env(self) -> dict[str, str]:
         return run_environment(self.target, self.env)

@@ -29,3 +29,12 @@ UPLOAD_TIMEOUT_S = 300.0
 # how long a node of a multi-node job waits for its peers at the rendezvous (torchrun's --stall under the
 # agent's node-watch): nodes start a few seconds apart, but a cold container may first load a large target
 DEFAULT_DIST_TIMEOUT_S = 300.0
+# pull's listing of a run's files: checkpoints the trainer wrote without a manifest are hashed on the target,
+# several GB at disk speed
+PULL_PLAN_TIMEOUT_S = 600.0
+# pull --export makes the serving copy on the target first: a Python start-up with torch, the weights read, cast
+# and written once
+EXPORT_TIMEOUT_S = 600.0
+# pull gives up on a file (and keeps what arrived, for the next pull to resume) after this long without a byte:
+# a link that silently drops packets never says it is gone
+PULL_STALL_S = 30.0

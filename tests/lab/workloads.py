@@ -125,3 +125,25 @@ def slow_link(lab, host: str) -> Iterator[None]:
         yield
     finally:
         subprocess.run(["tc", "qdisc", "del", "dev", veth, "root"], check=False, capture_output=True)
+
+
+# a run that made what the bundled trainer makes: metrics.jsonl in its output_dir, linked into the run directory
+LINK_OUTPUTS = 'ln -s "$1/metrics.jsonl" "$DFLASH_RUN_DIR/metrics.jsonl"; echo "outputs in $1"'
+
+
+def link_outputs_argv(output_dir: str) -> list[str]:
+    """The command of a run whose output_dir (as the container sees it) holds checkpoints already."""
+    return ["sh", "-c", LINK_OUTPUTS, "sh", output_dir]
+
+
+def write_checkpoint_dir(step_dir: Path, files: dict[str, bytes]) -> Path:
+    """step_N/ with these files and the manifest.json a save ends with (sizes and sha256)."""
+    import hashlib
+
+    step_dir.mkdir(parents=True, exist_ok=True)
+    manifest = {}
+    for name, data in files.items():
+        (step_dir / name).write_bytes(data)
+        manifest[name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (step_dir / "manifest.json").write_text(json.dumps({"version": 1, "files": manifest}))
+    return step_dir

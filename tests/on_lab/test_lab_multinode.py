@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.lab.workloads import run_cli as cli
+from tests.on_lab import lab_configs
 from tests.on_lab.lab_configs import write_config
 from tests.polling import wait_for
 from tests.trainer.conftest import REPO_ROOT, write_prompts
@@ -160,11 +161,11 @@ def test_launch_on_two_targets_trains_one_job(lab, tiny, inv, tmp_path, capsys) 
     assert code == 0 and "step=" not in node1_log  # rank 0's step lines are the job's, and they are on node 0
     digests = {**dict(DIGEST.findall(node0_log)), **dict(DIGEST.findall(node1_log))}
     assert sorted(digests) == ["0", "1", "2", "3"] and len(set(digests.values())) == 1, digests
-    pve1_run_dir = nodes[0]["run_dir"].replace("/workspace", str(lab.hosts["pve1"].containers[200].workspace), 1)
-    checkpoint = Path(pve1_run_dir) / "out" / "step_6"
+    out = lab_configs.output_dir(config)  # relative: under each node's workdir
+    checkpoint = lab.hosts["pve1"].containers[200].workspace / out / "step_6"
     assert checkpoint_digest(tiny, checkpoint) == digests["0"]
-    pve2_run_dir = nodes[1]["run_dir"].replace("/workspace", str(lab.hosts["pve2"].containers[300].workspace), 1)
-    assert not (Path(pve2_run_dir) / "out" / "step_6").exists(), "checkpoints are written once, on node 0"
+    assert not (lab.hosts["pve2"].containers[300].workspace / out / "step_6").exists(), \
+        "checkpoints are written once, on node 0"
 
     code, table, _ = cli(inv, "ps", "--all", capsys=capsys)
     assert table.count(job_id) == 3 and "2 nodes" in table  # the job's row, then one row per node

@@ -33,13 +33,13 @@ def test_off_loopback_a_request_whose_host_names_another_server_is_refused(lab, 
     host = lab.hosts["pve2"]
     port = 18080  # the namespace is the lab's: nothing else listens there
     proc, _ = start_server("watch", "local", "--serve", "--host", host.address if bind == "address" else bind,
-                           "--port", str(port), "--token", "given-token-2", netns=host.netns, reach=host.address,
+                           "--port", str(port), "--token", "given-token-2-lab-0", netns=host.netns, reach=host.address,
                            env_extra={"XDG_DATA_HOME": str(tmp_path)})
     own = [f"{host.address}:{port}", f"{socket.gethostname()}:{port}"] + ([f"localhost:{port}"] if bind != "address"
                                                                            else [])
     foreign = foreign_hosts(host.address, port) + [f"{host.link.root_address}:{port}"]
     try:
-        check_hosts(host.address, port, "given-token-2", own=own,
+        check_hosts(host.address, port, "given-token-2-lab-0", own=own,
                     foreign=foreign + ([f"127.0.0.1:{port}"] if bind == "address" else []))
     finally:
         stop(proc)

@@ -105,6 +105,36 @@ def test_compiled_drafter_matches_eager(cuda_target):
     assert all(torch.isfinite(p.grad).all() for p in drafter.parameters())
 
 
+def test_compiled_block_convolution_matches_eager(cuda_target):
+    """DFlash2's BlockConv compiled (kernels.compile_block_convs, as the trainer runs it on a GPU) gives the eager
+    code's loss and gradients, every parameter's."""
+    from trainer.model.kernels import compile_block_convs
+    from trainer.training.objective import dflash_step
+
+    input_ids = random_ids(cuda_target, (2, 64), seed=11)
+    loss_mask = torch.ones_like(input_ids)
+    features = cuda_target.features(input_ids)
+    results = {}
+    for compiled in (False, True):
+        drafter = make_drafter(cuda_target, block_size=8, seed=7, architecture="dflash2")
+        with torch.no_grad():   # away from the identity start, so the convolutions' arithmetic shows
+            for name, param in drafter.named_parameters():
+                if "conv" in name:
+                    param.add_(0.05 * torch.randn_like(param))
+        assert compile_block_convs(drafter, torch.device("cuda"), on=compiled) == (
+            "block convolution: torch.compile" if compiled else None)
+        out = dflash_step(drafter, features, input_ids, loss_mask, num_anchors=6, block_size=8, gamma=4.0,
+                          noise=0.0, generator=torch.Generator().manual_seed(0))
+        out.loss.backward()
+        results[compiled] = (out.loss.detach(), {n: p.grad.clone() for n, p in drafter.named_parameters()
+                                                 if p.grad is not None})
+    torch.testing.assert_close(results[True][0], results[False][0], rtol=1e-5, atol=1e-5)
+    assert sorted(results[True][1]) == sorted(results[False][1])
+    assert any("base_kernel" in name for name in results[True][1])
+    for name, grad in results[False][1].items():
+        torch.testing.assert_close(results[True][1][name], grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
 def test_new_batch_shapes_do_not_recompile_every_step(cuda_target, capsys):
     """Buckets and anchor counts change the shapes from batch to batch; the block mask compiles nothing and
     flex_attention compiles once for all shapes (twice: batches of one sequence are a shape of their own)."""
@@ -133,16 +163,20 @@ def test_new_batch_shapes_do_not_recompile_every_step(cuda_target, capsys):
     assert max(times[-4:]) < 1.0
 
 
-@pytest.mark.parametrize("sliding_window", [None, 12])
-def test_start_up_compile_leaves_nothing_to_compile_for_real_batches(cuda_target, sliding_window):
-    """After compile_attention, batches of new shapes (more than one sequence) compile nothing more."""
+@pytest.mark.parametrize(("sliding_window", "architecture"), [(None, "dflash"), (12, "dflash"), (None, "dflash2")])
+def test_start_up_compile_leaves_nothing_to_compile_for_real_batches(cuda_target, sliding_window, architecture):
+    """After compile_attention, batches of new shapes (more than one sequence) compile nothing more; DFlash2's
+    compiled block convolutions included."""
     import contextlib
 
+    from trainer.model.kernels import compile_block_convs
     from trainer.training.compile_warmup import compile_attention
     from trainer.training.metrics import compiled_graphs
     from trainer.training.objective import dflash_step
 
-    drafter = make_drafter(cuda_target, num_layers=3, block_size=8, sliding_window=sliding_window, seed=6)
+    drafter = make_drafter(cuda_target, num_layers=3, block_size=8, sliding_window=sliding_window, seed=6,
+                           architecture=architecture)
+    compile_block_convs(drafter, torch.device("cuda"))
     lines: list[str] = []
     kinds = compile_attention(drafter, feature_dtype=torch.float32, autocast=contextlib.nullcontext(),
                               say=lines.append)

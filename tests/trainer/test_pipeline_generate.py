@@ -297,3 +297,48 @@ def test_resume_appends_only_to_its_own_records(tmp_path):
         with pytest.raises(TrainerError, match="refusing to append to it"):
             resume_output(path)
         assert path.read_text() == text  # nothing cut from a file that is not ours
+
+
+ENGINE_REPLIES = {"/v1/models": {"data": [{"id": "slow"}]},
+                  "/v1/chat/completions": {"choices": [{"message": {"content": "a long time coming"},
+                                                        "finish_reason": "stop"}],
+                                           "usage": {"completion_tokens": 4}}}
+
+
+def test_a_server_that_drips_its_answers_is_given_up_at_the_request_deadline_and_asked_again(tmp_path):
+    # one byte every 0.3 s: each read is well within any socket timeout, so only a deadline on the whole
+    # request ends it (before, such a request stalled the run for as long as the server kept dripping)
+    from tests.dripping_server import dripping_server
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"question {i}"}) + "\n" for i in range(2)))
+    output = tmp_path / "answers.jsonl"
+    with dripping_server(ENGINE_REPLIES, drip_paths=("/v1/chat/",)) as server:
+        done = run_trainer("generate", "--server", server.url, "--prompts", prompts, "--output", output,
+                           "--request-timeout", "1.5", "--retries", "1", "--retry-wait", "0.01", "--json",
+                           timeout=90)
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    failed = _records(tmp_path / "answers.failed.jsonl")
+    assert sorted(record["index"] for record in failed) == [0, 1]
+    assert {record["reason"] for record in failed} == {
+        f"gave up after 2 attempts: POST {server.url}/v1/chat/completions: no whole answer within the request "
+        f"deadline of 1.5s (--request-timeout)"}
+    assert server.requests.count("POST /v1/chat/completions") == 4  # the retry policy applies: each asked twice
+    assert json.loads(done.stdout)["failed"] == 2
+
+
+def test_a_server_that_drips_even_its_model_list_is_one_error_line_naming_it_and_the_deadline(tmp_path):
+    from tests.dripping_server import dripping_server
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"prompt": "hello"}) + "\n")
+    with dripping_server(ENGINE_REPLIES, drip_paths=("/v1/",)) as server:
+        done = run_trainer("generate", "--server", server.url, "--prompts", prompts, "--output",
+                           tmp_path / "answers.jsonl", "--request-timeout", "1", "--retries", "1",
+                           "--retry-wait", "0.01", timeout=90)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"error: server {server.url}/v1: cannot list its models: gave up after 2 attempts: GET {server.url}/v1/models: "
+        f"no whole answer within the request deadline of 1s (--request-timeout)"]
+    assert server.requests == ["GET /v1/models"] * 2

@@ -34,3 +34,11 @@ def test_sigusr1_writes_every_stack_to_stderr_and_the_trainer_goes_on(tmp_path):
         proc.kill()
         _, err = proc.communicate(timeout=10)
     assert "most recent call first" in err and "waiting_for_a_collective" in err
+
+
+def test_workers_torchrun_restarted_resume_from_the_newest_checkpoint():
+    from trainer.training.startup import restarted_resume
+
+    assert restarted_resume({"TORCHELASTIC_RESTART_COUNT": "1"}) == "auto"
+    assert restarted_resume({"TORCHELASTIC_RESTART_COUNT": "0"}) is None and restarted_resume({}) is None
+    assert restarted_resume({"TORCHELASTIC_RESTART_COUNT": "\u00b2"}) is None

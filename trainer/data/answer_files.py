@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainer.data.prepare import record_messages
-from trainer.errors import TrainerError
+from trainer.errors import TrainerError, about_path
 
 Chat = list[dict[str, str]]
 
@@ -86,6 +86,10 @@ def resume_output(output: Path) -> Resumed:
     answered: set[int] = set()
     if not output.exists():
         return Resumed(answered, False)
+    if not output.is_file():
+        kind = "a directory" if output.is_dir() else "not a regular file"
+        raise TrainerError(f"--output {output} is {kind}: give the JSONL file to append the answers to, e.g. "
+                           f"{output / 'answers.jsonl'}")
     good_end = 0
     with output.open("rb") as lines:
         previous: bytes | None = None
@@ -132,10 +136,12 @@ class AnswerFiles:
     at once: a kill loses at most the line being written, which the next run's resume cuts away."""
 
     def __init__(self, output: Path) -> None:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        self._answers = output.open("a", encoding="utf-8")
-        # this run's permanent failures only: a rerun retries them, and those it answers are answered
-        self._failed = failed_path(output).open("w", encoding="utf-8")
+        with about_path(output, "write the answers to"):  # under a file, or where nothing can be made
+            output.parent.mkdir(parents=True, exist_ok=True)
+            self._answers = output.open("a", encoding="utf-8")
+        with about_path(failed_path(output), "write the failed prompts to"):
+            # this run's permanent failures only: a rerun retries them, and those it answers are answered
+            self._failed = failed_path(output).open("w", encoding="utf-8")
 
     def answered(self, index: int, messages: Chat, answer: str, token_ids: list[int] | None,
                  **extra: object) -> None:

@@ -2,7 +2,9 @@
 any other server that speaks `/v1/chat/completions`. Standard library only (urllib and threads): one request
 per prompt, at most `concurrency` in flight, retries with exponential backoff on 429, 5xx, dropped or refused
 connections and requests the server left unanswered past the request timeout; any other answer is a permanent
-failure of that prompt, with the server's reason.
+failure of that prompt, with the server's reason. The request timeout bounds each request whole (connecting,
+waiting, reading the answer), not each read of its socket: a server that drips its answer a byte at a time never
+lets a socket timeout fire, so each request carries a deadline that shuts its socket when it passes.
 
 Greedy by default (temperature 0); the server applies the target's own chat template. `return_token_ids` asks
 the server for the answer's token ids (vLLM returns them as `choices[0].token_ids`); a server that has none
@@ -10,9 +12,11 @@ gives text only, which `prepare` tokenizes.
 """
 from __future__ import annotations
 
+import functools
 import http.client
 import json
 import socket
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -129,19 +133,25 @@ class ServerClient:
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(self.base + path, data=data, method=method,
                                          headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                payload = response.read()
-        except urllib.error.HTTPError as exc:
-            detail = _error_detail(exc)
-            if exc.code in RETRIED_STATUS:
-                raise _Retry(f"HTTP {exc.code}: {detail}", _retry_after(exc)) from None
-            raise PermanentFailure(f"HTTP {exc.code}: {detail}") from None
-        except (urllib.error.URLError, http.client.HTTPException, ConnectionError, socket.timeout, OSError) as exc:
-            reason = getattr(exc, "reason", None) or exc
-            if isinstance(reason, TimeoutError):  # socket.timeout: the server sent nothing for timeout_s
-                raise _Retry(f"no answer within {self.timeout_s:g}s", None) from None
-            raise _Retry(f"connection: {reason}", None) from None
+        late = _Retry(f"{method} {self.base}{path}: no whole answer within the request deadline of "
+                      f"{self.timeout_s:g}s (--request-timeout)", None)
+        with _Deadline(self.timeout_s) as deadline:
+            try:
+                with deadline.opener().open(request, timeout=self.timeout_s) as response:
+                    payload = response.read()
+            except urllib.error.HTTPError as exc:
+                detail = _error_detail(exc)
+                if exc.code in RETRIED_STATUS:
+                    raise _Retry(f"HTTP {exc.code}: {detail}", _retry_after(exc)) from None
+                raise PermanentFailure(f"HTTP {exc.code}: {detail}") from None
+            except (urllib.error.URLError, http.client.HTTPException, ConnectionError, socket.timeout,
+                    OSError) as exc:
+                reason = getattr(exc, "reason", None) or exc
+                if deadline.expired or isinstance(reason, TimeoutError):  # TimeoutError: silent for timeout_s
+                    raise late from None
+                raise _Retry(f"connection: {reason}", None) from None
+        if deadline.expired:  # the socket was shut mid-answer: what was read is not the whole answer
+            raise late
         try:
             return json.loads(payload)
         except ValueError:
@@ -152,6 +162,94 @@ class _Retry(Exception):
     def __init__(self, message: str, wait_s: float | None) -> None:
         super().__init__(message)
         self.wait_s = wait_s
+
+
+class _Deadline:
+    """One request's whole time. When it passes, every socket the request opened is shut down, which wakes a
+    read blocked on a server that drips its answer (each byte well within the socket timeout, so that never
+    fires) and ends the request with an error; `expired` then says why."""
+
+    def __init__(self, seconds: float) -> None:
+        self.expired = False
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.daemon = True
+
+    def __enter__(self) -> "_Deadline":
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._timer.cancel()
+
+    def opener(self) -> urllib.request.OpenerDirector:
+        """urllib's opener (proxies from the environment included) whose connections this deadline watches."""
+        return urllib.request.build_opener(_WatchedHTTPHandler(self), _WatchedHTTPSHandler(self))
+
+    def watch(self, sock: socket.socket) -> socket.socket:
+        with self._lock:
+            self._sockets.append(sock)
+            if self.expired:
+                _shut(sock)
+        return sock
+
+    def _expire(self) -> None:
+        with self._lock:
+            self.expired = True
+            for sock in self._sockets:
+                _shut(sock)
+
+
+def _shut(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:  # closed already, or a plain socket a TLS one took over
+        pass
+
+
+class _Watched:
+    """An http.client connection whose sockets its deadline watches: the plain one from the moment it connects
+    (a TLS handshake can drip too), then the TLS one that takes it over."""
+
+    def __init__(self, *args, deadline: _Deadline, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.deadline = deadline
+        create = self._create_connection
+        self._create_connection = lambda *a, **k: deadline.watch(create(*a, **k))
+
+    def connect(self) -> None:
+        super().connect()
+        self.deadline.watch(self.sock)
+
+
+class _WatchedHTTPConnection(_Watched, http.client.HTTPConnection):
+    pass
+
+
+class _WatchedHTTPSConnection(_Watched, http.client.HTTPSConnection):
+    pass
+
+
+class _WatchedHTTPHandler(urllib.request.HTTPHandler):
+    def __init__(self, deadline: _Deadline) -> None:
+        super().__init__()
+        self.deadline = deadline
+
+    def http_open(self, req):
+        return self.do_open(functools.partial(_WatchedHTTPConnection, deadline=self.deadline), req)
+
+
+class _WatchedHTTPSHandler(urllib.request.HTTPSHandler):
+    def __init__(self, deadline: _Deadline) -> None:
+        super().__init__()
+        self.deadline = deadline
+
+    def https_open(self, req):
+        options = {"context": self._context}
+        if hasattr(self, "_check_hostname"):  # Python < 3.12
+            options["check_hostname"] = self._check_hostname
+        return self.do_open(functools.partial(_WatchedHTTPSConnection, deadline=self.deadline), req, **options)
 
 
 def _retry_after(error: urllib.error.HTTPError) -> float | None:

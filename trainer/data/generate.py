@@ -95,25 +95,17 @@ def generate(*, target: str | Path | None, prompts: str | Path, output: str | Pa
     prompts, output = Path(prompts), Path(output)
     total = count_prompts(prompts)
     resumed = resume_output(output)
-    if server is not None:
-        from trainer.data.chat_client import ServerClient
-
-        client = ServerClient(server, model=model, concurrency=concurrency, max_new_tokens=max_new_tokens,
-                              retries=retries, retry_wait_s=retry_wait_s, timeout_s=request_timeout_s)
-        answer_all = client.answer_all
-        say(f"Generating with model {client.model!r} of {client.base} ({client.concurrency} at a time)")
-    elif len(resumed.answered) < total:
-        answer_all = LocalTarget(target, device=device, max_new_tokens=max_new_tokens, say=say,
-                                 batch_size=batch_size).answer_all
-    else:
-        answer_all = _nothing_left
-    if resumed.torn:
-        say(f"{output}: its last line was cut off (a killed run); that prompt is asked again")
-    if resumed.answered:
-        say(f"{output}: skipping {len(resumed.answered)} prompts already answered")
-    progress = Progress(total=total, skipped=len(resumed.answered), every_s=progress_every_s, say=say)
-    files = AnswerFiles(output)
+    files = AnswerFiles(output)  # an output it cannot write is refused before a model loads or a server is asked
     try:
+        answer_all = _answerer(target=target, server=server, model=model, concurrency=concurrency,
+                               max_new_tokens=max_new_tokens, retries=retries, retry_wait_s=retry_wait_s,
+                               request_timeout_s=request_timeout_s, device=device, batch_size=batch_size, say=say,
+                               left=len(resumed.answered) < total)
+        if resumed.torn:
+            say(f"{output}: its last line was cut off (a killed run); that prompt is asked again")
+        if resumed.answered:
+            say(f"{output}: skipping {len(resumed.answered)} prompts already answered")
+        progress = Progress(total=total, skipped=len(resumed.answered), every_s=progress_every_s, say=say)
         _answer_into(files, answer_all, iter_prompts(prompts, skip=resumed.answered), progress)
     finally:
         files.close()
@@ -121,6 +113,23 @@ def generate(*, target: str | Path | None, prompts: str | Path, output: str | Pa
     return GenerateSummary(prompts=total, answered=progress.answered, skipped=progress.skipped,
                            failed=progress.failed, tokens=progress.tokens, seconds=round(progress.seconds(), 3),
                            torn_line_redone=resumed.torn, output=str(output), failed_file=str(failed_path(output)))
+
+
+def _answerer(*, target, server: str | None, model: str | None, concurrency: int, max_new_tokens: int,
+              retries: int, retry_wait_s: float, request_timeout_s: float | None, device: str, batch_size: int,
+              say, left: bool):
+    """What answers the prompts: the server's client, the target loaded here, or nothing (all answered)."""
+    if server is not None:
+        from trainer.data.chat_client import ServerClient
+
+        client = ServerClient(server, model=model, concurrency=concurrency, max_new_tokens=max_new_tokens,
+                              retries=retries, retry_wait_s=retry_wait_s, timeout_s=request_timeout_s)
+        say(f"Generating with model {client.model!r} of {client.base} ({client.concurrency} at a time)")
+        return client.answer_all
+    if left:
+        return LocalTarget(target, device=device, max_new_tokens=max_new_tokens, say=say,
+                           batch_size=batch_size).answer_all
+    return _nothing_left
 
 
 def _answer_into(files: AnswerFiles, answer_all, stream: Iterator[Prompt], progress: "Progress") -> None:

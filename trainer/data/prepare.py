@@ -2,12 +2,17 @@
 (trainer/data/batches.py), with the loss mask on the assistant's tokens; offline, before any training run."""
 from __future__ import annotations
 
+import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from trainer.errors import TrainerError
+from trainer.errors import TrainerError, about_path
+from trainer.spec.preflight import HELDOUT_DIR
+
+DATASET_MARKER = "dataset_info.json"  # what save_to_disk writes into every dataset directory
 
 
 @dataclass
@@ -125,8 +130,13 @@ def _read_jsonl(path: Path, report: PrepareReport):
     line with no newline that is not JSON is a record being written: skipped, and the report says so."""
     import json
 
-    with path.open() as lines:
-        for number, line in enumerate(lines, 1):
+    with path.open("rb") as lines:
+        for number, raw in enumerate(lines, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise TrainerError(f"{path}:{number}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset "
+                                   f"{exc.start} of the line): JSONL is UTF-8; convert the file") from None
             if not line.strip():
                 continue
             try:
@@ -194,40 +204,81 @@ def _arrow_columns(rows: dict[str, list]) -> dict:
 
 
 def prepare(*, target: str | Path, input_path: str | Path, output: str | Path, block_size: int = 16,
-            max_length: int | None = None, overlong: str = "truncate", heldout: float = 0.01) -> PrepareReport:
+            max_length: int | None = None, overlong: str = "truncate", heldout: float = 0.01,
+            force: bool = False) -> PrepareReport:
     """Tokenize JSONL chat records with the target's tokenizer and chat template into an Arrow dataset,
     streaming: neither the records nor the tokens are ever all in memory. Records that carry
     `completion_token_ids` (written by `generate`) keep the target's exact answer tokens. A `heldout` share of
-    the samples (by a hash of each chat: deterministic) goes to {output}/heldout instead, never trained on."""
+    the samples (by a hash of each chat: deterministic) goes to {output}/heldout instead, never trained on.
+    The dataset is written beside `output` and moved there whole; a dataset already there is replaced only
+    with `force`."""
     import datasets
-    import pyarrow as pa
 
     input_path, output = Path(input_path), Path(output)
     if not input_path.is_file():
         raise TrainerError(f"input {input_path} does not exist")
     if not 0 <= heldout < 1:
         raise TrainerError(f"the held-out share must be in [0, 1), got {heldout}")
+    _refuse_to_overwrite(output, force=force)
     tokenizer = _target_tokenizer(Path(target))
     report = PrepareReport()
-    output.parent.mkdir(parents=True, exist_ok=True)
-    staging = {side: output.parent / f".{output.name}.{side}.staging.arrow" for side in ("train", "heldout")}
+    staging = output.parent / f".{output.name}.staging-{os.getpid()}"
+    with about_path(output, "write the dataset to"):  # under a file, or where nothing can be made
+        staging.mkdir(parents=True)
+    try:
+        _write_streams(tokenizer, input_path, staging, report, block_size=block_size, max_length=max_length,
+                       overlong=overlong, heldout=heldout)
+        _refuse_an_empty_dataset(input_path, report)
+        dataset = staging / "dataset"
+        datasets.Dataset.from_file(str(staging / "train.arrow")).save_to_disk(str(dataset))
+        if report.set_aside:
+            datasets.Dataset.from_file(str(staging / "heldout.arrow")).save_to_disk(str(dataset / HELDOUT_DIR))
+        _move_into_place(dataset, output)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return report
+
+
+def _write_streams(tokenizer, input_path: Path, staging: Path, report: PrepareReport, **options) -> None:
+    """The tokenized samples as two Arrow streams in `staging`: train.arrow and heldout.arrow."""
+    import pyarrow as pa
+
     schema = pa.schema([("input_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.int8())),
                         ("length", pa.int32())])
-    try:
-        with (pa.OSFile(str(staging["train"]), "wb") as train_sink, pa.ipc.new_stream(train_sink, schema) as train,
-              pa.OSFile(str(staging["heldout"]), "wb") as held_sink, pa.ipc.new_stream(held_sink, schema) as held):
-            writers = {"train": train, "heldout": held}
-            for side, batch in _tokenized_batches(tokenizer, input_path, report, min_supervised=2 * block_size,
-                                                  max_length=max_length, overlong=overlong, heldout=heldout):
-                writers[side].write_batch(batch)
-        _refuse_an_empty_dataset(input_path, report)
-        datasets.Dataset.from_file(str(staging["train"])).save_to_disk(str(output))
-        if report.set_aside:
-            datasets.Dataset.from_file(str(staging["heldout"])).save_to_disk(str(output / "heldout"))
-    finally:
-        for path in staging.values():
-            path.unlink(missing_ok=True)
-    return report
+    with (pa.OSFile(str(staging / "train.arrow"), "wb") as train_sink, pa.ipc.new_stream(train_sink, schema) as train,
+          pa.OSFile(str(staging / "heldout.arrow"), "wb") as held_sink, pa.ipc.new_stream(held_sink, schema) as held):
+        writers = {"train": train, "heldout": held}
+        block_size = options.pop("block_size")
+        for side, batch in _tokenized_batches(tokenizer, input_path, report, min_supervised=2 * block_size,
+                                              **options):
+            writers[side].write_batch(batch)
+
+
+def _refuse_to_overwrite(output: Path, *, force: bool) -> None:
+    """OUTPUT may be new, an empty directory, or (with --force) a dataset an earlier prepare wrote; never a file
+    or a directory of something else, which --force would destroy."""
+    if not output.exists():
+        return
+    if not output.is_dir():
+        raise TrainerError(f"--output {output} exists and is not a directory: give a new directory for the dataset")
+    if not any(output.iterdir()):
+        return
+    if not (output / DATASET_MARKER).is_file():
+        raise TrainerError(f"--output {output} is a directory that holds something other than a dataset: give a "
+                           "new or empty directory")
+    if not force:
+        raise TrainerError(f"--output {output} holds a dataset already (--force replaces it)")
+
+
+def _move_into_place(dataset: Path, output: Path) -> None:
+    """The finished dataset to `output`: renamed there, or swapped with the dataset it replaces."""
+    with about_path(output, "write the dataset to"):
+        if output.exists() and any(output.iterdir()):
+            old = dataset.parent / "replaced"
+            os.rename(output, old)
+            os.rename(dataset, output)
+        else:
+            os.replace(dataset, output)  # over an empty directory too
 
 
 def _target_tokenizer(target: Path):

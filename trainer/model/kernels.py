@@ -129,6 +129,36 @@ def install(model: nn.Module, kernels: str, *, what: str = "drafter", silu: bool
     return f"{what} RMSNorm and SwiGLU: liger-kernel {liger_version()}" + (" (gated RMSNorm: fla)" if gated else "")
 
 
+def compile_block_convs(model: nn.Module, device: torch.device, *, on: bool = True) -> str | None:
+    """On a GPU, bind every DFlash2 BlockConv of `model` to one torch.compile'd `block_conv`: eager it is a dozen
+    elementwise kernels per convolution over [tokens, hidden] tensors, each saving its inputs for the backward;
+    compiled, one fused kernel each way that recomputes what it needs. Returns the start-up line's words for it,
+    or None for a model without convolutions (or off a GPU, where the torch code runs as it is). `on=False` puts
+    the modules' own forward back."""
+    convs = [module for module in model.modules() if type(module).__name__ == "BlockConv"]
+    if not on:
+        for module in convs:
+            module.__dict__.pop("forward", None)
+    if not on or not convs or device.type != "cuda":
+        return None
+    for module in convs:
+        module.forward = types.MethodType(_compiled_block_conv, module)
+    return "block convolution: torch.compile"
+
+
+_COMPILED: dict = {}
+
+
+def _compiled_block_conv(module: nn.Module, y: torch.Tensor, kernels: torch.Tensor, side: int) -> torch.Tensor:
+    if "block_conv" not in _COMPILED:   # once per process: every layer and side share the graphs
+        import torch
+
+        from trainer.model.modeling_dflash import block_conv
+
+        _COMPILED["block_conv"] = torch.compile(block_conv, dynamic=True)
+    return _COMPILED["block_conv"](y, kernels, module.base_kernel, side=side, block_size=module.block_size)
+
+
 def install_target(hf_model: nn.Module, kernels: str) -> str:
     """`install` for the frozen target's decoder (its own HF modules; a SiLU MLP only where its config says)."""
     silu = getattr(hf_model.config, "hidden_act", None) in ("silu", "swish")

@@ -212,16 +212,25 @@ class BlockConv(nn.Module):
 
     def forward(self, y: torch.Tensor, kernels: torch.Tensor, side: int) -> torch.Tensor:
         """y [B, Q, H] (Q = A*Bs) through side `side`'s kernel; slots never see another block or a later slot."""
-        batch, q_len, hidden = y.shape
-        blocks = y.view(batch, q_len // self.block_size, self.block_size, self.groups, self.group_size)
-        base = self.base_kernel[side].view(self.kernel_size, self.groups, self.group_size)
-        out = torch.zeros_like(blocks)
-        for tap in range(self.kernel_size):
-            coefficient = (kernels[:, :, :, side, tap, :, None] + base[tap]).to(y.dtype)
-            # slot t reads slot t - tap of its own block: a shift along the slot axis, zeros in front
-            shifted = F.pad(blocks[:, :, :self.block_size - tap], (0, 0, 0, 0, tap, 0)) if tap else blocks
-            out = out + coefficient * shifted
-        return out.view(batch, q_len, hidden)
+        return block_conv(y, kernels, self.base_kernel, side=side, block_size=self.block_size)
+
+
+def block_conv(y: torch.Tensor, kernels: torch.Tensor, base_kernel: torch.Tensor, *, side: int,
+               block_size: int) -> torch.Tensor:
+    """BlockConv's arithmetic as a pure function (the trainer compiles it on a GPU: trainer/model/kernels.py): y
+    [B, Q, H], the dynamic corrections `kernels` [B, A, Bs, 2, taps, groups], `base_kernel` [2, taps, H]."""
+    batch, q_len, hidden = y.shape
+    taps, groups = kernels.shape[-2:]
+    blocks = y.view(batch, q_len // block_size, block_size, groups, hidden // groups)
+    base = base_kernel[side].view(taps, groups, hidden // groups)
+    out = None
+    for tap in range(taps):
+        coefficient = (kernels[:, :, :, side, tap, :, None] + base[tap]).to(y.dtype)
+        # slot t reads slot t - tap of its own block: a shift along the slot axis, zeros in front
+        shifted = F.pad(blocks[:, :, :block_size - tap], (0, 0, 0, 0, tap, 0)) if tap else blocks
+        term = coefficient * shifted
+        out = term if out is None else out + term
+    return out.view(batch, q_len, hidden)
 
 
 class DrafterLayer(nn.Module):

@@ -115,17 +115,34 @@ def _check_reporters(report_to: list[str], problems: list[Problem]) -> None:
                                                  f"{sys.executable} does not have: {install}"))
 
 
-def checked_config(path: str | Path, *, overrides: dict[str, Any] | None = None) -> TrainConfig:
-    """The config with its tap ids resolved, once every check passed; a ConfigError with all problems else."""
-    found = check_config_file(path, overrides=overrides)
+def checked_config(path: str | Path, *, overrides: dict[str, Any] | None = None,
+                   base_dir: str | None = None) -> TrainConfig:
+    """The config with its tap ids resolved, once every check passed, and its relative paths taken from
+    `base_dir` (default: the working directory); a ConfigError with all problems else."""
+    found = check_config_file(path, overrides=overrides, base_dir=base_dir)
     if not found.ok:
         raise ConfigError(found.source, found.problems)
     found.config.target_layer_ids = found.layer_ids
-    return found.config
+    return with_base_dir(found.config, base_dir)
+
+
+PATH_KEYS = ("target_path", "data_path", "output_dir", "heldout_path", "resume")  # the config's paths
+
+
+def with_base_dir(config: TrainConfig, base_dir: str | None) -> TrainConfig:
+    """The config with each relative path made absolute from `base_dir` (`train --base-dir`, which `launch`
+    gives: a launched run works in its own run directory, where no data is)."""
+    if base_dir:
+        resolve = _Resolver(base_dir)
+        for key in PATH_KEYS:
+            value = getattr(config, key)
+            if value and not (key == "resume" and value in ("auto", "never")):
+                setattr(config, key, str(resolve(value)))
+    return config
 
 
 class _Resolver:
-    """Relative config paths, taken from the run's working directory (which may not exist yet)."""
+    """Relative config paths, taken from the base directory (the run's, which may not exist yet)."""
 
     def __init__(self, base_dir: str | None) -> None:
         self.base = os.path.abspath(base_dir) if base_dir else None

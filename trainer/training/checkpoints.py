@@ -5,6 +5,7 @@ renamed). Which checkpoint a run resumes from, and whether its config allows it,
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -17,11 +18,16 @@ import torch
 from trainer.errors import TrainerError
 from trainer.model.drafter_files import (CONFIG_FILE, DTYPES, MASTER_WEIGHTS_FILE, WEIGHTS_FILE, drafter_tensors,
                                          make_readable, save_drafter, save_weights)
+from trainer.model.drafter import unwrap
+from trainer.training.checkpoint_space import (check_room, disk_full_error, estimate_save_bytes, is_disk_full,
+                                               state_bytes)
 
 if TYPE_CHECKING:
     from trainer.config import TrainConfig
 
 STATE_FILE = "training_state.pt"
+MANIFEST_FILE = "manifest.json"  # each file's size and sha256, written last: what `dflashctl pull` checks against
+HASH_CHUNK = 4 * 1024**2
 TRAINER_CONFIG_FILE = "trainer_config.json"  # the resolved training config, readable without torch
 CHECKPOINT_FILES = (CONFIG_FILE, WEIGHTS_FILE, STATE_FILE, TRAINER_CONFIG_FILE)
 # config keys that shape the drafter or the data order: a checkpoint resumes only with the same values
@@ -70,10 +76,37 @@ def save_checkpoint(output_dir: Path, step: int, *, drafter, state: dict, keep: 
     """Write step_N/ into a temp dir and rename it: a kill mid-write never leaves a complete-looking step_N.
 
     model.safetensors is written in `save_dtype`; when that is not the training dtype, the master weights go
-    to master_weights.safetensors as they are, and a resumed run loads those."""
+    to master_weights.safetensors as they are, and a resumed run loads those. The disk must have room for the
+    whole save first (DiskFull otherwise, nothing written); a save that still meets a full disk is removed and
+    raised as DiskFull. Older checkpoints beyond `keep` go only once the new one is complete."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(output_dir)
+    needed = save_size(drafter, state, save_dtype)
+    check_room(output_dir, needed)
     final = output_dir / f"step_{step}"
     temp = output_dir / f".tmp-step_{step}-{os.getpid()}"
     shutil.rmtree(temp, ignore_errors=True)
+    try:
+        _write_files(temp, drafter=drafter, state=state, save_dtype=save_dtype)
+    except Exception as exc:
+        shutil.rmtree(temp, ignore_errors=True)  # a partial save must not eat the space of the next one
+        if is_disk_full(exc):
+            raise disk_full_error(output_dir, needed) from exc
+        raise
+    _replace(temp, final)
+    prune_checkpoints(output_dir, keep, newest=final)
+    return final
+
+
+def save_size(drafter, state: dict, save_dtype: str) -> int:
+    """The estimated bytes of the save: weights in save_dtype, fp32 masters where they differ, the state."""
+    tensors = unwrap(drafter).state_dict()
+    master_bytes = max((t.element_size() for t in tensors.values() if t.is_floating_point()), default=4)
+    return estimate_save_bytes(state_bytes(tensors), save_dtype_bytes=DTYPES[save_dtype].itemsize,
+                               master_dtype_bytes=master_bytes, state=state)
+
+
+def _write_files(temp: Path, *, drafter, state: dict, save_dtype: str) -> None:
     temp.mkdir(parents=True)
     dtype = DTYPES[save_dtype]
     save_drafter(drafter, temp, dtype=dtype)
@@ -86,13 +119,60 @@ def save_checkpoint(output_dir: Path, step: int, *, drafter, state: dict, keep: 
         make_readable(path)
         with open(path, "rb") as handle:
             os.fsync(handle.fileno())
+    write_manifest(temp)
+
+
+def write_manifest(directory: Path) -> Path:
+    """manifest.json: every file's size and sha256, the last file a save writes (read back in chunks)."""
+    files = {}
+    for path in sorted(directory.iterdir()):
+        if path.is_file() and path.name != MANIFEST_FILE:
+            files[path.name] = {"size": path.stat().st_size, "sha256": file_sha256(path)}
+    manifest = directory / MANIFEST_FILE
+    manifest.write_text(json.dumps({"version": 1, "files": files}, indent=2) + "\n")
+    make_readable(manifest)
+    with open(manifest, "rb") as handle:
+        os.fsync(handle.fileno())
+    return manifest
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(HASH_CHUNK), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _replace(temp: Path, final: Path) -> None:
+    """temp becomes final; a final already there (the same step saved again) is moved aside first and removed
+    only after, so no moment passes without a complete step_N."""
+    aside = final.with_name(f".old-{final.name}-{os.getpid()}")
     if final.exists():
-        shutil.rmtree(final)
+        shutil.rmtree(aside, ignore_errors=True)
+        os.rename(final, aside)
     os.rename(temp, final)
-    if keep:
-        for _, old in complete_checkpoints(output_dir)[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
-    return final
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def prune_checkpoints(output_dir: Path, keep: int, *, newest: Path) -> list[Path]:
+    """Remove complete checkpoints beyond the newest `keep` (0 keeps all); `newest`, the save just completed,
+    always counts as one of them, whatever its step (a run resumed from an older checkpoint saves lower steps)."""
+    if not keep:
+        return []
+    others = [path for _, path in complete_checkpoints(output_dir) if path != newest]
+    doomed = others[:max(0, len(others) - (keep - 1))]
+    for old in doomed:
+        shutil.rmtree(old, ignore_errors=True)
+    return doomed
+
+
+def remove_stale_temps(output_dir: Path) -> None:
+    """Temp dirs of saves whose process is gone (killed mid-save) hold space the next save needs."""
+    for path in output_dir.glob(".tmp-step_*-*"):
+        pid = path.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and int(pid) != os.getpid() and not os.path.exists(f"/proc/{pid}"):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def rng_state(generator) -> dict:

@@ -128,6 +128,18 @@ def all_reduce_sum(value: float, ctx: DistributedContext) -> float:
     return tensor.item()
 
 
+def rank_share(count: torch.Tensor, ctx: DistributedContext) -> torch.Tensor:
+    """The sum of `count` over every rank, divided by the ranks: a loss normalised by it, whose gradients DDP then
+    averages, is the whole global batch's loss over its global count, whatever each rank's own count (a rank whose
+    batch holds fewer supervised slots no longer weighs each of them more). `count` is a tensor on the device, so
+    this enqueues an all-reduce without waiting for the GPU."""
+    if not ctx.is_distributed:
+        return count
+    total = count.detach().clone()
+    dist.all_reduce(total)
+    return total / ctx.world_size
+
+
 def weights_digest(module: torch.nn.Module) -> str:
     """A short hash of every trainable weight: ranks that stay in sync print the same digest."""
     digest = hashlib.sha256()

@@ -23,7 +23,7 @@ the acceptance prefix or D-PACE; the default `ce` keeps its own fused-by-hand pa
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -44,6 +44,14 @@ class ChunkedLoss(NamedTuple):
     correct: torch.Tensor
     terms: dict[str, torch.Tensor]
     candidates: tuple[torch.Tensor, torch.Tensor] | None = None
+
+
+CountShare = Callable[[torch.Tensor], torch.Tensor]
+
+
+def local_count(count: torch.Tensor) -> torch.Tensor:
+    """One process: its counts are the global ones."""
+    return count
 
 
 def no_candidates(rows: int, top_k: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -216,20 +224,22 @@ class ChunkedObjective(torch.autograd.Function):
 def chunked_objective(hidden: torch.Tensor, head: torch.Tensor, labels: torch.Tensor, supervised: torch.Tensor,
                       decay: torch.Tensor, objective: Objective, *, slots: int,
                       target_hidden: torch.Tensor | None = None, chunk_blocks: int | None = None,
-                      top_k: int = 0) -> ChunkedLoss:
+                      top_k: int = 0, count_share: CountShare = local_count) -> ChunkedLoss:
     """The loss, correct[rows] and {term: value} for hidden [rows, H] in block order (rows = blocks * slots), the
     LM head weight [V, H], labels (any valid id where unsupervised), supervised (bool), decay [rows]; with
-    top_k > 0 also each row's top-k candidates (selector_objective.chunk_candidates) from the same logits."""
+    top_k > 0 also each row's top-k candidates (selector_objective.chunk_candidates) from the same logits.
+    `count_share` turns this rank's normalising counts into its share of the global ones (distributed.rank_share)."""
     if objective.needs_target_distribution and target_hidden is None:
         raise ValueError(f"objective {objective.describe()} needs the target's hidden states")
     if chunk_blocks is None:
         chunk_blocks = max(1, ROW_VOCAB_PER_CHUNK // (head.shape[0] * slots))
     tiny = torch.finfo(torch.float32).tiny
     if objective.slot_weights == "dpace":
-        slot_norm = supervised.sum().float().clamp(min=1)
+        slot_norm = count_share(supervised.sum().float()).clamp(min=1)
     else:
-        slot_norm = (decay * supervised).sum().float().clamp(min=tiny)
-    norms = Normalisers(slots=slot_norm, blocks=supervised.view(-1, slots).any(-1).sum().float().clamp(min=1))
+        slot_norm = count_share((decay * supervised).sum().float()).clamp(min=tiny)
+    blocks = count_share(supervised.view(-1, slots).any(-1).sum().float()).clamp(min=1)
+    norms = Normalisers(slots=slot_norm, blocks=blocks)
     target = None if target_hidden is None or not objective.needs_target_distribution else target_hidden
     loss, values, correct, unary, ids = ChunkedObjective.apply(hidden, head, target, labels, supervised,
                                                                decay.float(), objective, slots, norms,

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from trainer.training.losses import ChunkedLoss, Objective, chunked_objective, no_candidates
+from trainer.training.losses import ChunkedLoss, CountShare, Objective, chunked_objective, local_count, no_candidates
 from trainer.training.selector_objective import chunk_candidates, selector_loss
 
 IGNORE = -100
@@ -121,13 +121,15 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
 
 
 def chunked_weighted_ce(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
-                        *, chunk_rows: int | None = None, top_k: int = 0) -> ChunkedLoss:
-    """The loss normalised by sum(weights) (its one term, ce) and correct[N] for hidden [N, H] and the LM head
-    weight [V, H]; with top_k > 0 each row's top-k candidates from the same logits (chunk_candidates)."""
+                        *, chunk_rows: int | None = None, top_k: int = 0,
+                        count_share: CountShare = local_count) -> ChunkedLoss:
+    """The loss normalised by sum(weights) (its one term, ce; `count_share` makes that sum the global one's share)
+    and correct[N] for hidden [N, H] and the LM head weight [V, H]; with top_k > 0 each row's top-k candidates from
+    the same logits (chunk_candidates)."""
     if chunk_rows is None:
         chunk_rows = max(1, LOGITS_PER_CHUNK // weight.shape[0])
     # a batch without supervised slots has all-zero weights: loss and gradient 0, not NaN
-    normalised = (weights / weights.sum().clamp(min=torch.finfo(weights.dtype).tiny)).float()
+    normalised = (weights / count_share(weights.sum()).clamp(min=torch.finfo(weights.dtype).tiny)).float()
     loss, correct, unary, ids = ChunkedLinearCrossEntropy.apply(hidden, weight, labels, normalised, chunk_rows,
                                                                 top_k)
     return ChunkedLoss(loss, correct, {"ce": loss.detach()}, (unary, ids) if top_k else None)
@@ -162,11 +164,12 @@ def gather_rows(states: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
 def dflash_step(drafter, features: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor, *,
                 num_anchors: int, block_size: int, gamma: float, noise: float, generator: torch.Generator,
                 chunk_rows: int | None = None, objective: Objective | None = None,
-                target_hidden: torch.Tensor | None = None) -> StepOutput:
+                target_hidden: torch.Tensor | None = None, count_share: CountShare = local_count) -> StepOutput:
     """One training forward: loss (differentiable) and metrics for a batch of target features.
 
     `drafter` may be wrapped (DDP, torch.compile): the forward goes through the wrapper. `target_hidden`
-    [B, S, H]: the target's final-normed hidden states, for objectives against its distribution."""
+    [B, S, H]: the target's final-normed hidden states, for objectives against its distribution. Under DDP
+    `count_share` (distributed.rank_share) normalises every term by the global batch's counts, not this rank's."""
     from trainer.model.drafter import unwrap
 
     inner = unwrap(drafter)
@@ -188,7 +191,7 @@ def dflash_step(drafter, features: torch.Tensor, input_ids: torch.Tensor, loss_m
     top_k = getattr(inner, "selector_top_k", None) or 0   # DFlash2: its selector's candidates come with the loss
     if objective.is_plain_ce:
         out = chunked_weighted_ce(rows, inner.lm_head.weight, labels.clamp(min=0).flatten(), slot_weights.flatten(),
-                                  chunk_rows=chunk_rows, top_k=top_k)
+                                  chunk_rows=chunk_rows, top_k=top_k, count_share=count_share)
     else:
         target_rows = None
         if objective.needs_target_distribution:
@@ -198,11 +201,12 @@ def dflash_step(drafter, features: torch.Tensor, input_ids: torch.Tensor, loss_m
         chunk_blocks = None if chunk_rows is None else max(1, chunk_rows // (block_size - 1))
         out = chunked_objective(rows, inner.lm_head.weight, labels.clamp(min=0).flatten(), supervised.flatten(),
                                 decay.expand_as(labels).flatten(), objective, slots=block_size - 1,
-                                target_hidden=target_rows, chunk_blocks=chunk_blocks, top_k=top_k)
+                                target_hidden=target_rows, chunk_blocks=chunk_blocks, top_k=top_k,
+                                count_share=count_share)
     loss, terms, correct = out.loss, out.terms, out.correct.view(labels.shape)
     if top_k:
         loss = loss + selector_loss(inner, hidden, input_ids, anchors, labels.clamp(min=0), slot_weights,
-                                    out.candidates)[0]
+                                    out.candidates, count_share=count_share)[0]
     real_blocks = anchors >= 0
     n_supervised, n_blocks = supervised.sum(), real_blocks.sum()
     acc = (correct & supervised).sum() / n_supervised.clamp(min=1)

@@ -36,10 +36,12 @@ def previous_tokens(input_ids: torch.Tensor, anchors: torch.Tensor, drafted: int
 
 def selector_loss(drafter, hidden: torch.Tensor, input_ids: torch.Tensor, anchors: torch.Tensor,
                   labels: torch.Tensor, slot_weights: torch.Tensor,
-                  candidates: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+                  candidates: tuple[torch.Tensor, torch.Tensor],
+                  count_share=lambda count: count) -> tuple[torch.Tensor, torch.Tensor]:
     """(weighted loss times SELECTOR_LOSS_WEIGHT, correct [B, A, T]: the selector's top score is the label) for the
     drafted slots' final hidden states [B, A, T, H]; labels [B, A, T] (any value where slot_weights is 0);
-    `candidates`: (unary logits, ids) [B*A*T, K] as chunk_candidates gives them for these rows and labels."""
+    `candidates`: (unary logits, ids) [B*A*T, K] as chunk_candidates gives them for these rows and labels;
+    `count_share` as in losses.chunked_objective."""
     flat_hidden = hidden.detach().reshape(-1, hidden.shape[-1])
     unary, ids = candidates
     previous = previous_tokens(input_ids, anchors, hidden.shape[2]).reshape(-1, 1)
@@ -47,5 +49,5 @@ def selector_loss(drafter, hidden: torch.Tensor, input_ids: torch.Tensor, anchor
     target = (ids == labels.reshape(-1, 1)).int().argmax(dim=-1)
     weights = slot_weights.flatten().float()
     loss = (F.cross_entropy(scores, target, reduction="none") * weights).sum()
-    loss = loss / weights.sum().clamp(min=torch.finfo(weights.dtype).tiny)
+    loss = loss / count_share(weights.sum()).clamp(min=torch.finfo(weights.dtype).tiny)
     return loss * SELECTOR_LOSS_WEIGHT, (scores.argmax(dim=-1) == target).view(labels.shape)

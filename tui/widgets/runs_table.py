@@ -12,6 +12,7 @@ from textual.reactive import reactive
 from textual.strip import Strip
 from textual.widgets import DataTable
 
+from orchestrator.display import fit_columns
 from orchestrator.watch.model import RunView
 
 from ..runcells import MAX_NAME_CHARS, NARROW_NAME_CHARS, columns, newest_run, run_cells, run_names, widest_cells
@@ -82,13 +83,12 @@ class RunsTable(DataTable):
             return False  # not laid out yet: its first frame fits it
         self._fit_width = width
         cell = 2 * self.cell_padding
-        widths = widest_cells(self._runs)
-        others = sum(chars + cell for key, chars in widths.items() if key != "run")
-        room = width - others - cell
-        tau = room >= NARROW_NAME_CHARS and any(run.tau is not None for run in self._runs)
-        if not tau:
-            room += widths["tau"] + cell
-        narrow = room < NARROW_NAME_CHARS
+        widths = {**widest_cells(self._runs), "run": NARROW_NAME_CHARS}  # names may be cut down to that
+        if not any(run.tau is not None for run in self._runs):
+            del widths["tau"]
+        fitted = fit_columns(widths, width=width, gap=cell, drop=[("tau",)])
+        narrow, tau = fitted is None, fitted is not None and "tau" in fitted
+        room = width - sum(widths[key] + cell for key in fitted or () if key != "run") - cell
         name_chars = NARROW_NAME_CHARS if narrow else min(room, MAX_NAME_CHARS)
         if (narrow, name_chars, tau) == (self.narrow, self._name_chars, self._tau):
             return False

@@ -8,12 +8,10 @@ checks that judge those facts, one Row each (ok / warn / fail, the fix in one li
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 from ...errors import DflashError, OperationFailed, UsageError, Unreachable
 from ...inventory.model import Target
 from ..client import RunClient
-from ..spec import new_run_id
 from ..trainerconfig import ConfigRejected
 from . import basics, ownfiles
 from .checks import CHECKS, CONTAINER_CHECKS, GPU_CHECKS, PREFLIGHT, PREFLIGHT_GPU, run_checks
@@ -77,9 +75,8 @@ def _judge(client: RunClient, target: Target, report: DoctorReport, needs: Needs
 def trainer_check(client: RunClient, target: Target, needs: Needs) -> list[Row]:
     """The bundled trainer's own check of the config there, as `launch --config` runs it first: its keys and
     values, the paths and data it names, the python's packages. One fail row per problem it finds."""
-    run_id = new_run_id(Path(needs.source).stem.replace(" ", "-") or "train")
     try:
-        found = client.check_trainer_config(target, needs.text, source=needs.source, run_id=run_id, env={})
+        found = client.check_trainer_config(target, needs.text, source=needs.source, env={})
     except ConfigRejected as rejected:
         return [Row("trainer check", FAIL, problem, f"correct {needs.source}") for problem in rejected.problems]
     except OperationFailed as exc:

@@ -15,7 +15,7 @@ VOLATILE = ("tmpfs", "ramfs")
 
 def _absolute_paths(facts: Facts):
     """(key, path, its filesystem facts) of the config's absolute paths; relative ones are the trainer's
-    check's business at launch (they are taken from the run directory)."""
+    check's business (they are taken from the launch's base directory, command.config_base_dir)."""
     for key, path in (facts.needs.paths.items() if facts.needs else ()):
         if path.startswith("/"):
             yield key, path, (facts.probe.get("paths") or {}).get(path) or {}

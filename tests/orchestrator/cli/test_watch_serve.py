@@ -97,7 +97,7 @@ def test_without_textual_serve_one_line_with_the_install_hint_and_exit_2(monkeyp
 @pytest.mark.parametrize("args, says", [
     (["--port", "9000"], "go with --serve"),
     (["--serve", "--once"], "--serve and --once"),
-    (["--serve", "--host", "0.0.0.0", "--token", "short"], "at least 8"),
+    (["--serve", "--host", "0.0.0.0", "--token", "short"], "at least 16"),
     (["--serve", "--headless"], "do not go with it"),
     (["--serve", "--notify", "json://127.0.0.1:9/x"], "do not go with it"),
 ])
@@ -204,7 +204,7 @@ def check_hosts(reach: str, port: int, token: str | None, *, foreign: list[str],
 
 
 @needs_textual_serve
-@pytest.mark.parametrize("token", [None, "given-token-1"])
+@pytest.mark.parametrize("token", [None, "given-token-1-long-enough"])
 def test_on_loopback_a_request_whose_host_names_another_server_is_refused(tmp_path, token) -> None:
     port = free_port("127.0.0.1")
     proc, _ = start_server("watch", "local", "--serve", "--port", str(port), *(["--token", token] if token else []),
@@ -223,7 +223,7 @@ def test_what_decides_access_and_what_the_browser_tab_runs(tmp_path) -> None:
 
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("198.18.0.1") and not is_loopback("myhost")
-    assert choose_token("127.0.0.1", None) is None and choose_token("::1", "given-token") == "given-token"
+    assert choose_token("127.0.0.1", None) is None and choose_token("::1", "given-token-of-16") == "given-token-of-16"
     made = choose_token("0.0.0.0", None)
     assert made and len(made) >= 20 and made != choose_token("0.0.0.0", None)
     assert same_origin(None, "h:1") and same_origin("http://H:1", "h:1") and not same_origin("http://e:1", "h:1")

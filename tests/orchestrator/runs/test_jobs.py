@@ -65,7 +65,8 @@ def test_processes_per_node(inventory) -> None:
 def test_torchrun_command_of_a_node(inventory) -> None:
     target = inventory.target("pve1/200")
     argv = torchrun_command(target, agent_path="/w/agent.pyz", nnodes=2, nproc=8, endpoint="10.0.0.1:29500",
-                            job_id="job-1", is_host=True, local_addr="10.0.0.1", timeout=120)
+                            job_id="job-1", is_host=True, local_addr="10.0.0.1", timeout=120,
+                            base_dir="/workspace")
     assert argv[:5] == [target.python, "/w/agent.pyz", "node-watch", "--stall=120", "--"]
     torchrun = argv[5:]
     assert torchrun[:3] == [target.python, "-m", "torch.distributed.run"]
@@ -73,5 +74,18 @@ def test_torchrun_command_of_a_node(inventory) -> None:
                  "--rdzv-id=job-1", "--local-addr=10.0.0.1", "--max-restarts=0",
                  "--rdzv-conf=is_host=true,join_timeout=120,read_timeout=60"):
         assert flag in torchrun
-    assert torchrun[-5:] == ["-m", "trainer", "train", "--config", "config.yaml"]
+    assert torchrun[-7:] == ["-m", "trainer", "train", "--config", "config.yaml", "--base-dir", "/workspace"]
     assert node_run_id("job-1", 1) == "job-1-n1"
+
+
+def test_a_launched_config_s_relative_paths_are_taken_from_where_its_files_are(inventory, tmp_path) -> None:
+    # a run works in its own run directory, where no data is: on `local` the config file's directory places the
+    # paths (whatever directory dflashctl runs in), on a container its workdir (the file's directory here means
+    # nothing there)
+    from orchestrator.runs.command import config_base_dir, train_command
+
+    container, local = inventory.target("pve1/200"), inventory.target("local")
+    config = tmp_path / "project" / "small.yaml"
+    assert config_base_dir(local, str(config)) == str(tmp_path / "project")
+    assert config_base_dir(container, str(config)) == container.workdir == "/workspace"
+    assert train_command(container, nproc=1, base_dir="/workspace")[-2:] == ["--base-dir", "/workspace"]

@@ -1,0 +1,169 @@
+"""Copy remote files to this machine through a transport's output stream: resumable, verified, bounded memory.
+
+Each file arrives as `<name>.part` and is renamed to `<name>` only once its sha256 is the one the target gave:
+a cut leaves the `.part`, and the next pull asks only for the bytes after it (`tail -c +N | head -c M` on the
+target). What is already here is never trusted blindly: a complete file is skipped only when its size and
+sha256 match, and a shorter copy of a growing file (a live run's log) is extended only when it is the start of
+the remote one. Bytes go from the channel to the file in chunks: memory stays bounded whatever the file's size.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from ..errors import CommandTimeout, OperationFailed, TransportError, Unreachable
+from ..transports.base import Transport
+
+HASH_CHUNK = 4 * 1024 * 1024
+PART_SUFFIX = ".part"
+# $1 path, $2 the first byte wanted (1-based), $3 how many bytes: exactly the bytes planned, even of a file
+# that grew since (a live log), and nothing when it shrank (then the count falls short and says so)
+RANGE_SCRIPT = 'tail -c +"$2" -- "$1" | head -c "$3"'
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    source: str
+    dest: str          # relative to the destination directory, "/"-separated
+    size: int
+    sha256: str
+    growing: bool = False
+    prefix_size: int | None = None
+    prefix_sha256: str | None = None
+
+    @classmethod
+    def from_plan(cls, entry: dict) -> "RemoteFile":
+        return cls(source=entry["source"], dest=entry["dest"], size=int(entry["size"]), sha256=entry["sha256"],
+                   growing=bool(entry.get("growing")), prefix_size=entry.get("prefix_size"),
+                   prefix_sha256=entry.get("prefix_sha256"))
+
+
+@dataclass(frozen=True)
+class Step:
+    """What to do for one file: skip it, or fetch from `offset` (resuming a .part or extending a copy)."""
+
+    file: RemoteFile
+    path: Path
+    action: str        # "skip", "fetch", "resume", "extend", "replace" (--force over a different file)
+    offset: int = 0
+
+
+class Conflict(OperationFailed):
+    """A different file is in the way and --force was not given: nothing was transferred."""
+
+
+def local_sha256(path: Path, size: int | None = None) -> str:
+    """sha256 of the first `size` bytes of a local file (all of it by default), read in chunks."""
+    digest = hashlib.sha256()
+    left = path.stat().st_size if size is None else size
+    with open(path, "rb") as source:
+        while left > 0:
+            chunk = source.read(min(HASH_CHUNK, left))
+            if not chunk:
+                break
+            digest.update(chunk)
+            left -= len(chunk)
+    return digest.hexdigest()
+
+
+def decide(root: Path, file: RemoteFile, *, force: bool) -> Step | str:
+    """The step for one file, or (a str) why a different file in the way stops the pull."""
+    path = root.joinpath(*file.dest.split("/"))
+    part = path.with_name(path.name + PART_SUFFIX)
+    if path.is_file():
+        size = path.stat().st_size
+        if size == file.size and local_sha256(path) == file.sha256:
+            return Step(file, path, "skip")
+        if file.growing and file.prefix_size == size and local_sha256(path) == file.prefix_sha256:
+            return Step(file, path, "extend", size)
+        if not force:
+            return f"{path} differs from {file.source} ({size} bytes here, {file.size} there)"
+        return Step(file, path, "replace")
+    if path.exists():
+        return f"{path} is in the way and is not a file"
+    if part.is_file() and part.stat().st_size <= file.size:
+        return Step(file, path, "resume", part.stat().st_size)
+    return Step(file, path, "fetch")
+
+
+def plan_steps(root: Path, files: list[RemoteFile], *, force: bool) -> list[Step]:
+    """Every file's step; Conflict (before anything is transferred) when a different file is in the way."""
+    steps, conflicts = [], []
+    for file in files:
+        step = decide(root, file, force=force)
+        (conflicts if isinstance(step, str) else steps).append(step)
+    if conflicts:
+        raise Conflict("refusing to overwrite what differs (--force replaces it): " + "; ".join(conflicts))
+    return steps
+
+
+def fetch(transport: Transport, step: Step, *, stall: float, on_bytes: Callable[[int], None]) -> int:
+    """Bring one file here as the step says; the bytes transferred. Unreachable when the stream is cut (the
+    .part stays for the next pull), OperationFailed when what arrived is not what the target hashed."""
+    file, path = step.file, step.path
+    part = path.with_name(path.name + PART_SUFFIX)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if step.action == "extend":
+        os.replace(path, part)
+    elif step.action in ("fetch", "replace"):
+        part.unlink(missing_ok=True)
+    offset = step.offset
+    digest = _digest_of_start(part, offset)
+    on_bytes(offset)
+    got = _stream(transport, file, part, offset, digest, stall=stall, on_bytes=on_bytes) if offset < file.size else 0
+    if digest.hexdigest() != file.sha256:
+        part.unlink(missing_ok=True)
+        if offset:  # the bytes kept from before were not the start of this file: once more, from byte 0
+            return got + fetch(transport, Step(file, path, "fetch"), stall=stall, on_bytes=on_bytes)
+        raise OperationFailed(f"{file.source}: the copy's sha256 {digest.hexdigest()[:16]}... is not the target's "
+                              f"{file.sha256[:16]}... (changed while it was read, or damaged); removed, pull again")
+    os.replace(part, path)
+    return got
+
+
+def _digest_of_start(part: Path, offset: int):
+    """The hash state after the first `offset` bytes of the .part (a resume goes on from there)."""
+    digest = hashlib.sha256()
+    if offset:
+        with open(part, "r+b") as sink:
+            sink.truncate(offset)  # a byte past the offset (written before a cut) is not trusted
+            for chunk in iter(lambda: sink.read(HASH_CHUNK), b""):
+                digest.update(chunk)
+    return digest
+
+
+def _stream(transport: Transport, file: RemoteFile, part: Path, offset: int, digest, *, stall: float,
+            on_bytes: Callable[[int], None]) -> int:
+    want = file.size - offset
+    proc = transport.start(["sh", "-c", RANGE_SCRIPT, "sh", file.source, str(offset + 1), str(want)])
+    got = 0
+    try:
+        with open(part, "ab") as sink:
+            while got < want:
+                try:
+                    chunk = proc.read(timeout=stall)
+                except CommandTimeout as exc:
+                    raise Unreachable(_cut(file, offset + got, f"no byte for {stall:g}s")) from exc
+                except TransportError as exc:
+                    raise Unreachable(_cut(file, offset + got, str(exc))) from exc
+                if not chunk:
+                    break
+                sink.write(chunk)
+                digest.update(chunk)
+                got += len(chunk)
+                on_bytes(len(chunk))
+    finally:
+        proc.close()
+    if got < want:
+        raise Unreachable(_cut(file, offset + got, "the stream ended early"))
+    return got
+
+
+def _cut(file: RemoteFile, at: int, why: str) -> str:
+    return (f"{file.source}: cut at byte {at} of {file.size} ({why}); the same pull again resumes from there")
+
+
+__all__ = ["RemoteFile", "Step", "Conflict", "decide", "plan_steps", "fetch", "local_sha256"]

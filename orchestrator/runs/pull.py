@@ -1,0 +1,147 @@
+"""`dflashctl pull`: what a run made, brought to this machine (its checkpoint or the serving-only export, its
+config, metrics.jsonl and log).
+
+The agent lists the files with their sizes and sha256 (the trainer's manifest.json where a checkpoint has one);
+fetch.py decides per file what this machine already holds and streams the rest through the target's transport
+(SSH, then `pct exec` for a container). An export is made on the target first when it is not there yet
+(`python -m trainer export` of the chosen checkpoint into `{output_dir}/export-step_N/`, with the trainer's
+parity check against the target the run trained on), so only the serving files travel.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..agent.protocol import ascii_decimal
+from ..errors import OperationFailed, TargetNotFound, UsageError
+from ..inventory.model import Target
+from ..transports.timeouts import EXPORT_TIMEOUT_S, PULL_PLAN_TIMEOUT_S, PULL_STALL_S
+from .addressing import Match
+from .client import RunClient
+from .fetch import RemoteFile, Step, fetch, plan_steps
+from .spec import runs_dir
+
+CHECKPOINT_CHOICES = "latest, all or step_N (e.g. step_1000)"
+
+
+@dataclass(frozen=True)
+class PullRequest:
+    checkpoint: str = "latest"
+    export: bool = False
+    to: Path | None = None
+    force: bool = False
+    stall: float = PULL_STALL_S
+
+
+@dataclass
+class PullResult:
+    run_id: str
+    target: str
+    to: str
+    checkpoints: list[str]
+    export: bool
+    files: list[dict] = field(default_factory=list)
+    transferred: int = 0
+    transfer_s: float = 0.0   # the time the streams took, without start-up, listing and the checks of what is here
+
+    def as_dict(self) -> dict:
+        return {"run_id": self.run_id, "target": self.target, "to": self.to, "checkpoints": self.checkpoints,
+                "export": self.export, "files": self.files, "bytes_transferred": self.transferred,
+                "transfer_s": round(self.transfer_s, 3)}
+
+
+class Progress:
+    """What a pull reports as it goes (the CLI draws it on stderr)."""
+
+    def start(self, total: int, files: int) -> None: ...
+
+    def file(self, step: Step) -> None: ...
+
+    def advance(self, count: int) -> None: ...
+
+    def done(self) -> None: ...
+
+
+def check_checkpoint(value: str) -> str:
+    if value in ("latest", "all") or (value.startswith("step_") and ascii_decimal(value[5:]) is not None):
+        return value
+    raise UsageError(f"--checkpoint {value!r}: give {CHECKPOINT_CHOICES}")
+
+
+def node_zero(match: Match) -> tuple[Target, dict]:
+    """The run to pull: the run itself, or rank 0's node of a job (rank 0 writes the checkpoints)."""
+    if match.kind == "run":
+        return match.runs[0]
+    for target, record in match.runs:
+        if (record.get("node_rank") or 0) == 0:
+            return target, record
+    raise TargetNotFound(f"job {match.id} has no node 0 to pull from")
+
+
+def default_destination(record: dict) -> Path:
+    return Path.cwd() / (record.get("name") or record["run_id"])
+
+
+def pull(client: RunClient, target: Target, record: dict, request: PullRequest, progress: Progress) -> PullResult:
+    if request.export and request.checkpoint == "all":
+        raise UsageError("--export makes one serving copy: give --checkpoint latest or step_N, not all")
+    root = (request.to or default_destination(record)).resolve()
+    if root.exists() and not root.is_dir():
+        raise UsageError(f"--to {root}: not a directory")
+    run_id = record["run_id"]
+    plan = _plan(client, target, run_id, request, root)
+    if request.export and not plan.get("export_ready"):
+        _export(client, target, plan)
+        plan = _plan(client, target, run_id, request, root)
+    files = [RemoteFile.from_plan(entry) for entry in plan.get("files", [])]
+    steps = plan_steps(root, files, force=request.force)
+    result = PullResult(run_id=run_id, target=target.name, to=str(root), checkpoints=plan.get("checkpoints", []),
+                        export=request.export)
+    progress.start(sum(step.file.size for step in steps), len(steps))
+    transport = client.conns.for_target(target)
+    try:
+        for step in steps:
+            progress.file(step)
+            began = time.perf_counter()
+            sent = 0 if step.action == "skip" else \
+                fetch(transport, step, stall=request.stall, on_bytes=progress.advance)
+            result.transfer_s += time.perf_counter() - began if sent else 0.0
+            if step.action == "skip":
+                progress.advance(step.file.size)
+            result.transferred += sent
+            result.files.append({"path": step.file.dest, "size": step.file.size, "sha256": step.file.sha256,
+                                 "action": step.action, "resumed_from": step.offset or None})
+    finally:
+        progress.done()
+    return result
+
+
+def _plan(client: RunClient, target: Target, run_id: str, request: PullRequest, root: Path) -> dict:
+    args = ["pull-plan", "--runs-dir", runs_dir(target), "--run-id", run_id, "--checkpoint", request.checkpoint]
+    if request.export:
+        args.append("--export")
+    for name in ("train.log", "metrics.jsonl", "config.yaml"):
+        local = root / name
+        if local.is_file():  # a copy from an earlier pull: is it the start of the remote one?
+            args += ["--have", f"{name}={local.stat().st_size}"]
+    payload = client.agent(target, args, timeout=PULL_PLAN_TIMEOUT_S)
+    if not payload.get("ok"):
+        raise OperationFailed(f"{target.name}: {payload.get('error') or 'the agent could not list the files'}")
+    return payload
+
+
+def _export(client: RunClient, target: Target, plan: dict) -> None:
+    """Make `{output_dir}/export-step_N/` on the target with the bundled trainer's `export` command."""
+    step = plan["checkpoints"][0]
+    source = f"{plan['output_dir']}/{step}"
+    pkg_dir = client.deploy(target, with_trainer=True).pkg_dir
+    argv = ["env", f"PYTHONPATH={pkg_dir}", target.python, "-m", "trainer", "export", source, plan["export_dir"]]
+    result = client.conns.for_target(target).run(argv, timeout=EXPORT_TIMEOUT_S)
+    if not result.ok:
+        lines = [line for line in (result.err + result.out).strip().splitlines() if line.strip()]
+        raise OperationFailed(f"{target.name}: exporting {step} failed: " + ("; ".join(lines[-3:]) or
+                                                                           result.describe()))
+
+
+__all__ = ["PullRequest", "PullResult", "Progress", "pull", "node_zero", "check_checkpoint", "CHECKPOINT_CHOICES"]
