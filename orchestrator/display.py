@@ -26,6 +26,23 @@ def state_style(state: str | None) -> str:
     return STATE_STYLES.get(state or "", UNKNOWN_STATE_STYLE)
 
 
+def state_text(state: str | None, *, attempt: int | None = None, max_attempts: int | None = None,
+               restarting: bool = False) -> str:
+    """A run's state as ps and the dashboard show it: `running (attempt 3/5)` under a restart policy,
+    `running (restarting: attempt 2/5 next)` in the backoff between two attempts."""
+    text = state or MISSING
+    if not isinstance(attempt, int) or not isinstance(max_attempts, int) or max_attempts <= 1:
+        return text
+    if restarting and state == RUNNING:
+        return f"{text} (restarting: attempt {attempt + 1}/{max_attempts} next)"
+    return f"{text} (attempt {attempt}/{max_attempts})" if attempt > 1 or state == RUNNING else text
+
+
+def record_state_text(record: dict) -> str:
+    return state_text(record.get("state"), attempt=record.get("attempt"), max_attempts=record.get("max_attempts"),
+                      restarting=bool(record.get("restart_at")))
+
+
 def format_duration(seconds: float | None) -> str:
     """`42s`, `3m07s`, `2h05m`, `1.5d`; MISSING for nothing, a negative or a non-finite value."""
     if seconds is None or not math.isfinite(seconds) or seconds < 0:

@@ -2,7 +2,8 @@
 
 Exit codes: 0 success; 1 an unexpected error (full traceback printed), or a checkpoint that found the disk full
 (one `error:` line); 2 bad input (a TrainerError: the message only, one `error:` line per problem). SIGTERM keeps
-its default action, so the process ends at once; the supervisor that started it owns the grace period.
+its default action, so the process ends at once; the supervisor that started it owns the grace period. SIGUSR1
+dumps every thread's stack into the log.
 """
 from __future__ import annotations
 
@@ -19,12 +20,12 @@ from trainer.errors import TrainerError, about_path
 def _train(args) -> int:
     if args.plan:
         return _plan(args)
-    from trainer.training.startup import default_cuda_allocator
+    from trainer.training.startup import default_cuda_allocator, restarted_resume
 
     default_cuda_allocator()  # before torch loads and anything touches the GPU
     from trainer.train import main as train_main
 
-    return train_main(args.config, resume=args.resume, base_dir=args.base_dir)
+    return train_main(args.config, resume=args.resume or restarted_resume(), base_dir=args.base_dir)
 
 
 def _plan(args) -> int:
@@ -366,6 +367,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from trainer.training.startup import dump_stacks_on_signal
+
+    dump_stacks_on_signal()
     try:
         return args.run(args)
     except TrainerError as exc:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from rich.text import Text
 
 from orchestrator.agent.protocol import TERMINAL_STATES
-from orchestrator.display import MISSING, format_duration, format_rate, state_style
+from orchestrator.display import MISSING, format_duration, format_rate, state_style, state_text
 from orchestrator.watch.model import RunView
 
 # (column key, header); the keys are what RunsTable updates cells by.
@@ -83,7 +83,8 @@ def run_cells(run: RunView, *, name: str | None = None, narrow: bool = False) ->
     return {
         "target": Text(_shorten(run.target, NARROW_TARGET_CHARS) if narrow else run.target),
         "run": Text(name if name is not None else _shorten(run.name or run.run_id, limit)),
-        "state": Text(run.state, style=state_style(run.state)),
+        "state": Text(state_text(run.state, attempt=run.attempt, max_attempts=run.max_attempts,
+                                 restarting=bool(run.restart_at)), style=state_style(run.state)),
         "phase": Text(run.phase or MISSING),
         "step": _number(MISSING if run.last_step is None else str(run.last_step)),
         "loss": _number(format_float(run.loss, 4), bad=not _finite(run.loss)),

@@ -3,6 +3,8 @@
     launch   --runs-dir D --run-id ID --name N --target T [--cwd DIR] [--env K=V]... [--gpus 0,1] [--force]
              [--grace S] [--verify-timeout S] [--settle S] [--input NAME]...
              [--job-id J --node-rank R --nnodes N] [--keeper-idle S]
+             [--restart never|on-failure[:N]] [--restart-backoff S] [--hang-timeout S] [--retry-arg ARG]...
+             [--worker-restarts N]
              [--check JSON_ARGV --check-input NAME] -- CMD...
              (with --input, stdin is one JSON object {NAME: base64 content}; each file lands in the run dir;
              with --check, that command runs first in the run's environment with input NAME on its stdin,
@@ -11,6 +13,8 @@
              (CMD in a run's environment with stdin passed on; what launch --check does, on its own)
     ps       --runs-dir D [--run-id ID]... [--tail-bytes N]
     kill     --runs-dir D --run-id ID... [--grace S]
+    relaunch --runs-dir D --run-id LOST --new-run-id NEW [--verify-timeout S] [--settle S]
+             (a lost run with restarts left, once per loss: a new run of its command that resumes; see relaunch)
     cleanup  --runs-dir D [--dry-run] [--grace S]
     netinfo  --toward ADDR [--free-port]
     packages --dir PKG_DIR --runs-dir D [--size N --sha256 H [--stall S]]
@@ -29,6 +33,7 @@
 Every answer (but watch's stream and node-watch's workload) is one line of JSON with "version" (PROTOCOL_VERSION)
 and "ok"; exit 0 ok, 1 operation failed, 2 bad input.
 Errors: {"ok": false, "error": MESSAGE, "code": CODE, ...details}. Answers (keys may be added, never renamed):
+    relaunch {"run": RECORD of the new run, "relaunched_from": LOST}; failure: code not_relaunched (why), or launch's
     launch   {"run": RECORD}; failure: code run_ended | not_verified | gpus_busy (+ "busy": {run: [gpus]}),
              with "run", "exit_code", "signal", "log_tail" (last 40 lines), "supervisor_log_tail", "keeper_log_tail";
              or code check_failed with "check": {"exit_code", "stdout", "stderr"}
@@ -52,7 +57,9 @@ Errors: {"ok": false, "error": MESSAGE, "code": CODE, ...details}. Answers (keys
              "gpus": [{"index", "memory_used_mib", "utilization_pct"}], "error"}, "live_runs": [run ids]}
 RECORD: run_id, target, name, state, pid, pgid, exit_code, signal, signal_name, created_at, started_at, ended_at,
 log_path, run_dir, gpus, command, cwd, grace_s, supervisor_pid, supervisor_start_time, error, and for a node of a
-multi-node job job_id, node_rank, nnodes (null otherwise).
+multi-node job job_id, node_rank, nnodes (null otherwise); attempt, max_attempts, restart_policy, restart_at,
+reason, attempts (the supervisor's record of each attempt); relaunch_of (the lost run a relaunch continues) and
+relaunched_as (the run that continues a lost one).
 """
 from __future__ import annotations
 
@@ -163,6 +170,18 @@ def _add_launch(launch: argparse.ArgumentParser) -> None:
     launch.add_argument("--nnodes", type=int, help="how many nodes the job has")
     launch.add_argument("--keeper-idle", type=_seconds,
                         help="a keeper this launch starts exits after this long with nothing to do (default 600)")
+    launch.add_argument("--restart", default="never", metavar="never|on-failure[:N]",
+                        help="start the workload again after a failed or hung attempt, at most N times")
+    launch.add_argument("--restart-backoff", type=_seconds, metavar="S",
+                        help="seconds before the first restart, doubling after each (default 10, capped at 300)")
+    launch.add_argument("--hang-timeout", type=_seconds, metavar="S",
+                        help="end an attempt that printed steps and then none for S s (0: never; default: 20x its "
+                             "median step interval, at least 600 s)")
+    launch.add_argument("--worker-restarts", type=_count, default=0, metavar="N",
+                        help="the workload restarts its own workers up to N times (a job node's torchrun): a hung "
+                             "attempt has its workers ended, not the workload")
+    launch.add_argument("--retry-arg", action="append", default=[], metavar="ARG",
+                        help="appended to the command from the second attempt on (repeat)")
     launch.add_argument("--check", metavar="JSON_ARGV",
                         help="run this command first (a JSON list) in the run's environment; create nothing "
                              "unless it exits 0")
@@ -178,6 +197,12 @@ def _add_run_commands(sub) -> None:
     kill.add_argument("--runs-dir", required=True)
     kill.add_argument("--run-id", nargs="+", action="extend", required=True)
     kill.add_argument("--grace", type=_seconds)
+    relaunch = sub.add_parser("relaunch", help="start a lost run with restarts left again, once per loss")
+    relaunch.add_argument("--runs-dir", required=True)
+    relaunch.add_argument("--run-id", required=True)
+    relaunch.add_argument("--new-run-id", required=True)
+    relaunch.add_argument("--verify-timeout", type=_seconds, default=10.0)
+    relaunch.add_argument("--settle", type=_seconds, default=1.0)
     cleanup = sub.add_parser("cleanup", help="reap zombies, end orphans, mark dead runs lost, report the rest")
     cleanup.add_argument("--runs-dir", required=True)
     cleanup.add_argument("--dry-run", action="store_true")
@@ -227,7 +252,7 @@ def dispatch(args: argparse.Namespace, command: list) -> dict:
                             command=command, cwd=args.cwd, env_pairs=args.env, gpus=args.gpus, force=args.force,
                             grace=args.grace, inputs=inputs,
                             job=job_fields(args.job_id, args.node_rank, args.nnodes), pythonpath=args.pythonpath,
-                            keeper_idle=args.keeper_idle)
+                            keeper_idle=args.keeper_idle, restart=_restart_fields(args))
         if args.check is not None:
             _check_before_launch(req, args.check, args.check_input)
         return dict(ok=True, **launch(req, verify_timeout=args.verify_timeout, settle=args.settle))
@@ -245,6 +270,8 @@ def dispatch(args: argparse.Namespace, command: list) -> dict:
     if args.command == "kill":
         from .kill import kill_runs
         return kill_runs(args.runs_dir, args.run_id, grace=args.grace)
+    if args.command == "relaunch":
+        return _relaunch(args)
     if args.command == "cleanup":
         from .cleanup import cleanup
         return cleanup(args.runs_dir, dry_run=args.dry_run, grace=args.grace)
@@ -275,6 +302,23 @@ def dispatch(args: argparse.Namespace, command: list) -> dict:
     if args.command == "version":
         return {"ok": True, "agent_version": AGENT_VERSION, "python": sys.version.split()[0]}
     raise BadInput("no subcommand given (launch, ps, kill, cleanup, version)", code=BAD_USAGE)
+
+
+def _relaunch(args: argparse.Namespace) -> dict:
+    from .relaunch import relaunch
+    return relaunch(args.runs_dir, args.run_id, args.new_run_id, verify_timeout=args.verify_timeout,
+                    settle=args.settle)
+
+
+def _restart_fields(args: argparse.Namespace) -> dict:
+    """run.json's restart fields of a launch: the policy (checked), its backoff, the watchdog, the retry arguments."""
+    from .restart import parse_policy
+    try:
+        policy = parse_policy(args.restart)
+    except ValueError as exc:
+        raise BadInput("--restart: {}".format(exc), code=BAD_USAGE)
+    return {"restart": policy, "restart_backoff_s": args.restart_backoff, "hang_timeout_s": args.hang_timeout,
+            "retry_args": list(args.retry_arg), "worker_restarts": args.worker_restarts}
 
 
 def _check_before_launch(req, check: str, input_name: str | None) -> None:

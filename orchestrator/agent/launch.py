@@ -30,7 +30,7 @@ class LaunchRequest:
     def __init__(self, *, runs_dir: str, run_id: str, name: str, target: str, command: list, cwd: str | None,
                  env_pairs: list, gpus: str | None, force: bool, grace: float, inputs: dict | None = None,
                  job: dict | None = None, pythonpath: list | None = None,
-                 keeper_idle: float | None = None) -> None:
+                 keeper_idle: float | None = None, restart: dict | None = None) -> None:
         self.paths = RunPaths(runs_dir, run_id)
         self.name = validate_name(name, what="name")
         self.target = validate_target(target)
@@ -54,13 +54,15 @@ class LaunchRequest:
         self.inputs = inputs or {}
         self.job = job or {"job_id": None, "node_rank": None, "nnodes": None}
         self.keeper_idle = keeper_idle  # for a keeper this launch starts (None: its default)
+        # restart.py's policy, its backoff base, the hang watchdog's bound, the arguments of a restarted attempt
+        self.restart = restart or {}
 
     def run_json(self) -> dict:
         return {"version": 1, "run_id": self.paths.run_id, "name": self.name, "target": self.target,
                 "command": self.command, "cwd": self.cwd, "env": self.env, "pythonpath": self.pythonpath,
                 "gpus": self.gpus,
                 "grace_s": self.grace, "created_at": utc_now_iso(), "created_ts": time.time(),
-                "supervisor_pid": None, "supervisor_start_time": None, **self.job}
+                "supervisor_pid": None, "supervisor_start_time": None, **self.job, **self.restart}
 
 
 def job_fields(job_id: str | None, node_rank: int | None, nnodes: int | None) -> dict:
@@ -165,6 +167,12 @@ def verified(paths: RunPaths, state: dict) -> bool:
             and procfs.is_alive(state.get("pid"), state.get("pid_start_time")) and os.path.exists(paths.log))
 
 
+def restarting(state: dict) -> bool:
+    """The first attempt has ended and its supervisor, alive, goes on under the run's restart policy: the run
+    lives, whatever became of that attempt."""
+    return bool(state.get("restart_at") or (state.get("attempt") or 1) > 1) and supervisor_alive(state)
+
+
 def workload_exited(state: dict) -> bool:
     """The supervisor started the workload and that process is gone (or a zombie): the run has ended, whether
     or not its supervisor has recorded how yet."""
@@ -186,6 +194,8 @@ def wait_verified(paths: RunPaths, *, timeout: float, settle: float) -> str:
         state = read_state(paths)
         if state.get("state") in TERMINAL_STATES:
             return "ended"
+        if restarting(state):
+            return "verified"
         if verified(paths, state):
             running_since = running_since if running_since is not None else now
             if now - running_since >= settle:

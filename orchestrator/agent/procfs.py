@@ -206,3 +206,15 @@ def describe(pid: int) -> dict:
     stat = read_stat(pid)
     return {"pid": pid, "cmdline": read_cmdline(pid) or (stat.comm if stat else ""),
             "state": stat.state if stat else None}
+
+
+def catches_signal(pid: int, signum: int) -> bool:
+    """`pid` has a handler of its own for `signum` (SigCgt of /proc/PID/status): sending it does not end it."""
+    try:
+        with open("/proc/{}/status".format(pid)) as handle:
+            for line in handle:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        return False
+    return False

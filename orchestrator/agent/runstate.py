@@ -13,9 +13,10 @@ SPAWN_DEADLINE_S = 60.0
 DISK_FULL = "disk full: no space left for the run's files (its log may end early)"
 
 RECORD_FROM_RUN = ("run_id", "target", "name", "gpus", "command", "cwd", "created_at", "grace_s", "job_id",
-                   "node_rank", "nnodes")
+                   "node_rank", "nnodes", "relaunch_of", "worker_restarts")
 RECORD_FROM_STATE = ("state", "pid", "pgid", "exit_code", "signal", "signal_name", "started_at", "ended_at",
-                     "supervisor_pid", "supervisor_start_time", "error")
+                     "supervisor_pid", "supervisor_start_time", "error", "attempt", "max_attempts",
+                     "restart_policy", "restart_at", "reason", "attempts", "relaunched_as")
 
 
 def read_run(paths: RunPaths) -> dict:

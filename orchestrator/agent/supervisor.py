@@ -1,8 +1,14 @@
 """The supervisor of one run: starts the workload, reaps everything, records how it ended, and on SIGTERM
 ends every process of the run (TERM, grace, KILL) before it writes the terminal state.
+
+Under a restart policy (restart.py) it starts the workload again after a failed or hung attempt, after a
+backoff, and records every attempt in state.json; its hang watchdog (hangwatch.py) ends an attempt that went
+silent, once the Python stacks of its processes are in the log. All of it here, inside the container: a run
+heals itself with no controller connected.
 """
 from __future__ import annotations
 
+import datetime
 import os
 import signal
 import subprocess
@@ -10,11 +16,14 @@ import sys
 import time
 import traceback
 
-from . import procfs
+from . import procfs, terminate
 from .childwatch import Wakeup, decode_status, ignore_signal, reap_children, set_child_subreaper, signal_name
 from .errors import OperationFailed
 from .protocol import DEFAULT_GRACE_S, FAILED, KILLED, RUNNING, STARTING, SUCCEEDED
 from .rundir import RunPaths, disk_full, existing_run, read_json, utc_now_iso, write_json_atomic
+from .hangwatch import AttemptLog
+from .restart import (BACKOFF_BASE_S, attempt_end, CRASH_LOOP, CRASH_LOOP_ATTEMPTS, EXITED, FAILED_EXIT, HUNG, KILLED_BY_USER, backoff, crash_loop,
+                      max_attempts, policy_text, should_restart)
 from .runstate import DISK_FULL, finish, read_run, update_state
 
 LEFTOVER_GRACE_S = 5.0
@@ -24,6 +33,11 @@ KILL_PAUSE_S = 0.05
 # Once the workload has exited by itself, the longest the supervisor spends ending what it left behind (their
 # grace, then every KILL round) before it records how the run ended; a launch waits that long for the record.
 LEFTOVERS_LIMIT_S = LEFTOVER_GRACE_S + KILL_ROUNDS * KILL_PAUSE_S
+WATCH_TICK_S = 1.0
+# How long the workload's stack dump (SIGUSR1 to the processes that handle it) may take before the hung
+# attempt is ended: the log stops growing sooner.
+STACK_DUMP_WAIT_S = 5.0
+STACK_DUMP_QUIET_S = 0.5
 
 
 class Supervisor:
@@ -37,6 +51,11 @@ class Supervisor:
         self.workload_pgid = None
         self.workload_status = None
         self.term_signal = None
+        self.policy = self.run.get("restart") or {}
+        hang = self.run.get("hang_timeout_s")
+        self.hang_setting = float(hang) if isinstance(hang, (int, float)) else None
+        self.attempts = []
+        self.attempt_log = None
 
     # -- start ---------------------------------------------------------------------------------------
     def claim(self) -> bool:
@@ -68,10 +87,19 @@ class Supervisor:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.run["gpus"])
         return env
 
+    def command(self) -> list:
+        """The run's command; from the second attempt on (and on the first of a relaunched lost run) with the
+        run's retry arguments (the bundled trainer's `--resume auto`: it goes on from its newest complete
+        checkpoint whatever its config says)."""
+        resumes = self.attempts or self.run.get("relaunch_of")  # a relaunched lost run resumes from its first
+        extra = self.run.get("retry_args") or [] if resumes else []
+        return list(self.run["command"]) + list(extra)
+
     def start_workload(self) -> None:
         log_fd = os.open(self.paths.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
-            proc = subprocess.Popen(self.run["command"], cwd=self.run.get("cwd") or "/", env=self.workload_env(),
+            offset = os.fstat(log_fd).st_size
+            proc = subprocess.Popen(self.command(), cwd=self.run.get("cwd") or "/", env=self.workload_env(),
                                     stdin=subprocess.DEVNULL, stdout=log_fd, stderr=subprocess.STDOUT,
                                     start_new_session=True, close_fds=True, restore_signals=True)
         finally:
@@ -80,14 +108,22 @@ class Supervisor:
         self.workload_pgid = proc.pid  # start_new_session: the workload leads its own session and group
         self._popen = proc  # keep it referenced; we reap it ourselves with waitpid(-1)
         pid_start = procfs.start_time(proc.pid)
+        self.workload_status = None
+        self.attempt_log = AttemptLog(self.paths.log, offset)
+        self.attempts.append({"attempt": len(self.attempts) + 1, "started_at": utc_now_iso(), "ended_at": None,
+                              "exit_code": None, "signal": None, "signal_name": None, "reason": None,
+                              "last_step": None, "exception": None})
 
         def mutate(state: dict):
-            state.update(state=RUNNING, pid=proc.pid, pgid=proc.pid, pid_start_time=pid_start,
-                         started_at=utc_now_iso())
+            state.update(state=RUNNING, pid=proc.pid, pgid=proc.pid, pid_start_time=pid_start, restart_at=None,
+                         attempt=len(self.attempts), max_attempts=max_attempts(self.policy),
+                         restart_policy=policy_text(self.policy), attempts=self.attempts)
+            state.setdefault("started_at", None)
+            state["started_at"] = state["started_at"] or utc_now_iso()
             return state
         update_state(self.paths, mutate)
 
-    def fail_to_start(self, exc: Exception) -> None:
+    def fail_to_start(self, exc: Exception) -> dict:
         program = (self.run.get("command") or ["?"])[0]
         if isinstance(exc, FileNotFoundError) and exc.filename in (None, program):
             reason = "command not found: {}".format(program)
@@ -99,7 +135,7 @@ class Supervisor:
             log.write("dflash: {}\n".format(reason))
         # the shell's codes for the same mistakes
         code = 126 if isinstance(exc, PermissionError) else 127
-        finish(self.paths, FAILED, exit_code=code, signal=None, error=reason)
+        return finish(self.paths, FAILED, exit_code=code, signal=None, error=reason, restart_at=None)
 
     # -- run -----------------------------------------------------------------------------------------
     def on_term(self, signum, frame) -> None:
@@ -160,22 +196,143 @@ class Supervisor:
             time.sleep(KILL_PAUSE_S)
         print("warning: processes survived SIGKILL: {}".format(self.run_processes()), file=sys.stderr)
 
-    def loop(self, wakeup: Wakeup) -> None:
+    def loop(self, wakeup: Wakeup) -> str:
+        """Wait for the attempt to end: EXITED, KILLED_BY_USER (SIGTERM came) or HUNG (the watchdog's call)."""
+        tick = WATCH_TICK_S if not self.hang_setting else min(WATCH_TICK_S, max(self.hang_setting / 4, 0.05))
         while self.workload_status is None and self.term_signal is None:
             self.reap()
-            if self.workload_status is None and self.term_signal is None:
-                wakeup.wait(1.0)
+            if self.workload_status is not None or self.term_signal is not None:
+                break
+            now = time.monotonic()
+            self.attempt_log.poll(now)
+            silent = self.attempt_log.hung(now, self.hang_setting)
+            if silent is not None:
+                catching = self.dump_stacks(silent, wakeup)
+                if not self.run.get("worker_restarts") or not catching:
+                    return HUNG
+                self.end_workers(catching, wakeup)
+            wakeup.wait(tick)
+        return KILLED_BY_USER if self.term_signal is not None else EXITED
 
-    def conclude(self) -> dict:
+    def end_workers(self, workers: list, wakeup: Wakeup) -> None:
+        """A job node's hang: end its trainer processes only (TERM, the grace, KILL). torchrun, which stays,
+        sees its workers fail and restarts the workers of every node of the job together."""
+        self.say("ending the hung workers {}; torchrun restarts the job's workers on every node".format(
+            ", ".join(str(pid) for pid, _ in workers)))
+        terminate.end_processes(workers, grace=self.grace(), tick=self.reap)
+        self.attempt_log = AttemptLog(self.paths.log, os.path.getsize(self.paths.log))
+
+    def say(self, text: str) -> None:
+        """A line of the supervisor's own in the run's log, where its reader looks for why."""
+        try:
+            with open(self.paths.log, "a") as log:
+                log.write("dflash: {}\n".format(text))
+        except OSError:
+            pass
+
+    def dump_stacks(self, silent: float, wakeup: Wakeup) -> list:
+        """SIGUSR1 to every process of the run that handles it (the bundled trainer's faulthandler writes every
+        thread's stack to the log); a process without a handler would die of it and is left alone. Those that
+        handle it, as (pid, start time)."""
+        catching = [(pid, start) for pid, start in self.run_processes()
+                    if procfs.catches_signal(pid, signal.SIGUSR1)]
+        self.say("no step for {:.0f}s (bound {:.0f}s): judged hung; {}".format(
+            silent, self.attempt_log.bound(self.hang_setting),
+            "Python stacks of pid {} follow".format(", ".join(str(pid) for pid, _ in catching)) if catching
+            else "no process of the run dumps its stacks on SIGUSR1"))
+        for pid, start in catching:
+            terminate.send(pid, start, signal.SIGUSR1)
+        if catching:
+            self.wait_log_quiet(wakeup)
+        return catching
+
+    def wait_log_quiet(self, wakeup: Wakeup) -> None:
+        deadline, size, quiet_since = time.monotonic() + STACK_DUMP_WAIT_S, -1, time.monotonic()
+        while time.monotonic() < deadline and self.term_signal is None:
+            now_size = os.path.getsize(self.paths.log) if os.path.exists(self.paths.log) else 0
+            if now_size != size:
+                size, quiet_since = now_size, time.monotonic()
+            elif time.monotonic() - quiet_since >= STACK_DUMP_QUIET_S:
+                return
+            wakeup.wait(0.1)
+
+    def end_attempt(self, why: str) -> dict:
+        """Record how the attempt ended (state.json's attempts[]) and return that record."""
+        exit_code, sig = decode_status(self.workload_status) if self.workload_status is not None else (None, None)
+        self.attempt_log.poll(time.monotonic())
+        reason = why if why != EXITED else (EXITED if exit_code == 0 else FAILED_EXIT)
+        attempt = self.attempts[-1]
+        attempt.update(ended_at=utc_now_iso(), exit_code=exit_code, signal=sig, signal_name=signal_name(sig),
+                       reason=reason, last_step=self.attempt_log.last_step, exception=self.attempt_log.exception)
+        update_state(self.paths, lambda state: dict(state, attempts=self.attempts))
+        return attempt
+
+    def back_off(self, wakeup: Wakeup) -> bool:
+        """Wait before the next attempt; False when a kill came meanwhile (then nothing starts again)."""
+        base = self.run.get("restart_backoff_s")
+        delay = backoff(len(self.attempts), base=float(base) if isinstance(base, (int, float)) else BACKOFF_BASE_S)
+        last = self.attempts[-1]
+        self.say("attempt {}/{} {}; restarting in {:g}s".format(
+            last["attempt"], max_attempts(self.policy), attempt_end(last), delay))
+        until = time.time() + delay
+
+        def mutate(state: dict):
+            state.update(pid=None, pgid=None, pid_start_time=None,
+                         restart_at=datetime.datetime.fromtimestamp(until, datetime.timezone.utc)
+                         .isoformat(timespec="milliseconds").replace("+00:00", "Z"))
+            return state
+        update_state(self.paths, mutate)
+        deadline = time.monotonic() + delay
+        while self.term_signal is None and time.monotonic() < deadline:
+            self.reap()
+            wakeup.wait(min(WATCH_TICK_S, max(deadline - time.monotonic(), 0.0)))
+        return self.term_signal is None
+
+    def conclude(self, why: str | None = None) -> dict:
         exit_code, sig = decode_status(self.workload_status) if self.workload_status is not None else (None, None)
         # a full disk is most likely why it ended (its log could not be written): say so beside the exit code
-        why = {"error": DISK_FULL} if disk_full(self.paths.dir) else {}
+        why_fields = {"error": DISK_FULL} if disk_full(self.paths.dir) else {}
+        if why == HUNG:
+            why_fields = dict(why_fields, reason=HUNG)
+            why_fields.setdefault("error", "hung: no step for longer than its bound")
+        fields = dict(restart_at=None, **why_fields)
         if self.term_signal is not None:
             sig = sig if sig is not None else signal.SIGTERM
-            return finish(self.paths, KILLED, exit_code=exit_code, signal=sig, signal_name=signal_name(sig), **why)
+            return finish(self.paths, KILLED, exit_code=exit_code, signal=sig, signal_name=signal_name(sig), **fields)
         if exit_code == 0:
-            return finish(self.paths, SUCCEEDED, exit_code=0, signal=None, **why)
-        return finish(self.paths, FAILED, exit_code=exit_code, signal=sig, signal_name=signal_name(sig), **why)
+            return finish(self.paths, SUCCEEDED, exit_code=0, signal=None, **fields)
+        return finish(self.paths, FAILED, exit_code=exit_code, signal=sig, signal_name=signal_name(sig), **fields)
+
+    def run_attempts(self, wakeup: Wakeup) -> dict:
+        """Attempt after attempt under the restart policy, until one succeeds, a kill comes, the restarts are
+        used up or the same failure repeats (a crash loop); the run's terminal state."""
+        while True:
+            why = self.loop(wakeup)
+            grace_s = self.grace() if why != EXITED else min(self.grace(), LEFTOVER_GRACE_S)
+            self.end_everything(grace_s, wakeup)
+            self.reap()
+            if self.workload_status is None and self.term_signal is None and why != HUNG:
+                self.term_signal = signal.SIGTERM
+            attempt = self.end_attempt(why)
+            if self.term_signal is not None or attempt["reason"] == EXITED:
+                return self.conclude()
+            looping = crash_loop(self.attempts)
+            if looping is not None:
+                self.say("crash loop: the same failure {} attempts in a row with no step progress: {}; no more "
+                         "restarts".format(CRASH_LOOP_ATTEMPTS, looping))
+                exit_code, sig = attempt["exit_code"], attempt["signal"]
+                return finish(self.paths, FAILED, exit_code=exit_code, signal=sig, signal_name=signal_name(sig),
+                              reason=CRASH_LOOP, restart_at=None, error="crash loop: " + looping)
+            if not should_restart(self.policy, self.attempts):
+                return self.conclude(why)
+            if not self.back_off(wakeup):
+                self.workload_status = None
+                return self.conclude()
+            try:
+                self.start_workload()
+            except (OSError, ValueError, subprocess.SubprocessError) as exc:
+                return self.fail_to_start(exc)
+
 
 def supervise(runs_dir: str, run_id: str, *, grace: float | None = None) -> dict:
     paths = existing_run(runs_dir, run_id)
@@ -193,16 +350,10 @@ def supervise(runs_dir: str, run_id: str, *, grace: float | None = None) -> dict
         sup.fail_to_start(exc)
         raise OperationFailed(str(exc), code="exec_failed")
     try:
-        sup.loop(wakeup)
-        grace_s = sup.grace() if sup.term_signal is not None else min(sup.grace(), LEFTOVER_GRACE_S)
-        sup.end_everything(grace_s, wakeup)
-        sup.reap()
-        if sup.workload_status is None and sup.term_signal is None:
-            sup.term_signal = signal.SIGTERM
+        return sup.run_attempts(wakeup)
     except Exception:
         traceback.print_exc()
         sup.signal_all(signal.SIGKILL)
         sup.reap()
         finish(paths, FAILED, error="supervisor crashed: " + traceback.format_exc(limit=3))
         raise
-    return sup.conclude()

@@ -17,6 +17,27 @@ from __future__ import annotations
 import codecs
 import re
 
+# The start of a trainer's step line (`[6m] step=8 loss=...`): the elapsed time in brackets, then the step number.
+# The controller's log parser reads the whole line (orchestrator/trainlog/lines.py); the supervisor's hang watchdog
+# needs only to know that a step went by, and which.
+STEP_MARK = re.compile(r"\[(\d[\d.dhms]*)\] step=(\d+)")
+# torchrun's per-rank prefix, then a Python exception line: `[rank0]: torch.OutOfMemoryError: CUDA out of memory`
+FAILURE_LINE = re.compile(r"(?:\[(?:default)?rank\d+\]:\s*)?((?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Interrupt)"
+                          r"\b(?::.*)?)")
+
+
+def step_number(text: str) -> int | None:
+    """The step a shown line reports, when it is a step line; None otherwise."""
+    match = STEP_MARK.search(text)
+    return int(match.group(2)) if match is not None else None
+
+
+def failure_text(text: str) -> str | None:
+    """The exception line a shown line is (`RuntimeError: CUDA error: ...`), without a rank prefix; else None."""
+    match = FAILURE_LINE.fullmatch(text.rstrip())
+    return match.group(1) if match is not None else None
+
+
 # CSI; OSC, DCS, SOS, PM and APC strings (to BEL or ST, or cut short by a line end); the two-byte escapes; each in
 # its 7-bit form (ESC and a letter) and its 8-bit one (a C1 control); and any other C1 control left alone
 ANSI_ESCAPE = re.compile(

@@ -8,7 +8,9 @@ import typer
 
 from ..agent.launch import how_it_ended
 from ..agent.protocol import DEFAULT_GRACE_S, TERMINAL_STATES
+from ..agent.restart import parse_policy, policy_text
 from ..agent.terminaltext import for_terminal
+from ..display import record_state_text
 from ..errors import EXIT_OK, UsageError, shorten
 from ..inventory.model import Target
 from ..runs.client import LaunchFailed, RunClient
@@ -23,6 +25,21 @@ from .output import print_json, stderr
 from .state import AppState
 
 CHECKED_SETTLE_S = 0.5   # a trainer run whose config passed the trainer's check must stay up this long
+
+RESTART_OPTION = typer.Option(
+    None, "--restart", metavar="never|on-failure[:N]",
+    help="After a failed or hung attempt, start the run again (at most N times; 3 without N), after 10 s, "
+         "then 20 s, ... up to 5 min; the bundled trainer resumes from its newest complete checkpoint. "
+         "The supervisor does it inside the container, with no dflashctl running. Default: the inventory's "
+         "`restart:` of the container, host or defaults, else never.")
+RESTART_BACKOFF_OPTION = typer.Option(
+    None, "--restart-backoff", callback=number_in(0), metavar="S",
+    help="Seconds before the first restart, doubling after each (default 10).")
+HANG_TIMEOUT_OPTION = typer.Option(
+    None, "--hang-timeout", callback=number_in(0), metavar="S",
+    help="An attempt that printed step lines and then none for S seconds is hung: its Python stacks go to "
+         "its log, it is ended and (under --restart) started again. Default: 20 times its median step "
+         "interval, at least 10 min; 0: never.")
 
 
 def launch(
@@ -50,6 +67,9 @@ def launch(
         DEFAULT_DIST_TIMEOUT_S, "--dist-timeout", callback=number_in(1), metavar="SECONDS",
         help="Multi-target job: how long the rendezvous and every collective wait for a missing node before "
              "the job fails."),
+    restart: Optional[str] = RESTART_OPTION,
+    restart_backoff: Optional[float] = RESTART_BACKOFF_OPTION,
+    hang_timeout: Optional[float] = HANG_TIMEOUT_OPTION,
     as_json: bool = typer.Option(False, "--json", help="Print the run record (a job: job_id and one per node)."),
 ) -> int:
     """Start a run detached under a supervisor so it survives the SSH session, pct and this command.
@@ -69,14 +89,27 @@ def launch(
         dflashctl launch local --name sweep1 -- python train.py --lr 3e-4
     """
     state: AppState = ctx.obj
+    healing = {"restart": check_restart(restart), "restart_backoff": restart_backoff, "hang_timeout": hang_timeout}
     if config is not None and command:
         targets = _job_targets(state, [target, *command])
         spec = job_spec(targets, config, name=name, gpus=parse_gpus(gpus), env=parse_env(env), force=force,
                         grace=grace, nproc_per_node=nproc_per_node, dist_timeout=dist_timeout)
+        spec.restart, spec.hang_timeout = healing["restart"], healing["hang_timeout"]
         return _launch_job(state, spec, config, as_json=as_json)
     spec = launch_spec(state.inventory().target(target), command or [], name=name, config=config,
                        gpus=parse_gpus(gpus), env=parse_env(env), force=force, grace=grace)
+    spec.restart, spec.restart_backoff, spec.hang_timeout = healing.values()
     return _launch_run(state, spec, config, as_json=as_json)
+
+
+def check_restart(text: str | None) -> str | None:
+    """--restart as given, checked before anything is contacted."""
+    if text is None:
+        return None
+    try:
+        return policy_text(parse_policy(text))
+    except ValueError as exc:
+        raise UsageError(f"bad --restart {shorten(text, 40)!r}: {exc}") from None
 
 
 def _preflight(client: RunClient, targets: list[Target], config: Path | None, *, force: bool) -> None:
@@ -123,7 +156,8 @@ def _started_line(record: dict, where: str) -> str:
     run_id = record["run_id"]
     if record.get("state") in TERMINAL_STATES:
         return f"{run_id} on {where} already ended: {how_it_ended(record)}; `dflashctl logs {run_id}` shows its output"
-    return (f"{run_id} is {record.get('state')} on {where} (pid {record.get('pid')}); "
+    pid = f" (pid {record['pid']})" if record.get("pid") else ""
+    return (f"{run_id} is {record_state_text(record)} on {where}{pid}; "
             f"`dflashctl logs -f {run_id}` to follow it")
 
 

@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..agent.protocol import LIVE_STATES
-from ..display import MISSING, fit_columns, format_age, format_rate, state_style
+from ..display import MISSING, fit_columns, format_age, format_rate, record_state_text, state_style
 from ..runs.client import RunClient
 from ..runs.jobs import group_jobs
 from ..transports.fanout import fanout_exit_code
@@ -157,13 +157,13 @@ def _job_rows(job: dict, now: datetime.datetime) -> list[list[str]]:
 def _row(r: dict, now: datetime.datetime) -> list[str]:
     exit_text = f"sig {r['signal']}" if r.get("signal") else ("-" if r.get("exit_code") is None
                                                              else str(r["exit_code"]))
-    return [r["run_id"], r.get("target") or "-", r.get("name") or "-", _state(r.get("state")),
+    return [r["run_id"], r.get("target") or "-", r.get("name") or "-", _state(r.get("state"), record_state_text(r)),
             str(r.get("pid") or "-"), age(r.get("created_at"), now), exit_text, _number(r.get("last_step")),
             _tok(r)]
 
 
-def _state(state: str | None) -> str:
-    return f"[{state_style(state)}]{state}[/]"
+def _state(state: str | None, text: str | None = None) -> str:
+    return f"[{state_style(state)}]{text or state}[/]"
 
 
 def _number(value: int | None) -> str:

@@ -45,13 +45,13 @@ def watch(
     interval: float = typer.Option(1.0, "--interval", callback=number_in(0.1), metavar="S",
                                    help="Seconds between GPU samples (nvidia-smi loops in the container)."),
     timeout: float = ONCE_TIMEOUT,
-    headless: bool = typer.Option(False, "--headless", help="No screen: print each alert as a JSON line on stdout "
-                                  "and send the notifications, until SIGTERM. Detached and supervised: "
-                                  "`dflashctl launch local -- dflashctl watch --headless`."),
+    headless: bool = typer.Option(False, "--headless", help="No screen: alerts as JSON lines on stdout, notifications "
+                                  "sent, lost runs with a restart policy relaunched (once per loss), until SIGTERM. "
+                                  "Detached: `dflashctl launch local -- dflashctl watch --headless`."),
     notify: Optional[List[str]] = typer.Option(None, "--notify", metavar="URL", help="Also send alerts to this "
                                                "apprise URL (ntfy://, slack://, json://...; repeatable) besides the "
-                                               "inventory's notify: entries; kinds: failed, killed, lost, exception, "
-                                               "stall, gpu_idle_held, nan. Needs `pip install 'dflashctl[notify]'`."),
+                                               "inventory's notify: entries; kinds: failed, killed, lost, restarted, "
+                                               "exception, stall, gpu_idle_held, nan (needs dflashctl[notify])."),
     notify_repeat: Optional[float] = typer.Option(None, "--notify-repeat", callback=number_in(0), metavar="S",
                                                   help="At most one notification per alert kind and run in S "
                                                   "seconds (default 600, or the entry's repeat_s)."),

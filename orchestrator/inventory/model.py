@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from ..agent.protocol import ascii_decimal
+from ..agent.restart import NEVER, parse_policy
 from ..errors import InventoryError, TargetNotFound, shorten
 from .notify import NotifySpec
 from .yaml_lines import LocatedYaml, load_located
@@ -25,6 +26,13 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def _restart_policy(value: str | None) -> str | None:
+    """`restart:` of the defaults, a host or a container: what `launch --restart` takes."""
+    if value is not None:
+        parse_policy(value)  # its ValueError names the policy and what is allowed
+    return value
+
+
 class Defaults(_Strict):
     user: str = "root"
     port: int = Field(22, ge=1, le=65535)
@@ -33,12 +41,18 @@ class Defaults(_Strict):
     pct: str = "pct"
     connect_timeout: float = Field(10.0, gt=0)
     host_key_policy: Literal["reject", "accept-new"] = "reject"
+    restart: str = Field(NEVER, description="restart policy of a launch without --restart: never|on-failure[:N]")
+
+    _check_restart = field_validator("restart")(_restart_policy)
 
 
 class ContainerSpec(_Strict):
     gpus: int = Field(0, ge=0, description="how many GPUs the container sees")
     workdir: str | None = None
     python: str | None = None
+    restart: str | None = None
+
+    _check_restart = field_validator("restart")(_restart_policy)
 
 
 class HostSpec(_Strict):
@@ -55,6 +69,7 @@ class HostSpec(_Strict):
     workdir: str | None = None
     python: str | None = None
     gpus: int = Field(0, ge=0, description="GPUs of the host itself, when used without containers")
+    restart: str | None = None
     containers: dict[int, ContainerSpec] = Field(default_factory=dict)
 
     @field_validator("address")
@@ -69,6 +84,8 @@ class HostSpec(_Strict):
         if transport == "local" and value:
             raise ValueError("a local host has no address")
         return value
+
+    _check_restart = field_validator("restart")(_restart_policy)
 
     @field_validator("containers")
     @classmethod
@@ -123,6 +140,7 @@ class Target:
     workdir: str
     python: str
     gpus: int
+    restart: str = NEVER  # the inventory's restart policy for a launch that names none
 
     @property
     def name(self) -> str:
@@ -166,7 +184,8 @@ class Inventory:
                 ids = ", ".join(f"{host_name}/{c}" for c in spec.containers)
                 raise TargetNotFound(f"{host_name} has containers; name one: {ids}")
             workdir = spec.workdir or (_local_workdir() if host.transport == "local" else d.workdir)
-            return Target(host=host, ctid=None, workdir=workdir, python=spec.python or d.python, gpus=spec.gpus)
+            return Target(host=host, ctid=None, workdir=workdir, python=spec.python or d.python, gpus=spec.gpus,
+                          restart=spec.restart or d.restart)
         ctid = ascii_decimal(ctid_text)
         if ctid is None:
             raise TargetNotFound(f"bad target {shorten(text)!r}: the container id after '/' must be a number "
@@ -181,6 +200,7 @@ class Inventory:
             workdir=container.workdir or spec.workdir or d.workdir,
             python=container.python or spec.python or d.python,
             gpus=container.gpus,
+            restart=container.restart or spec.restart or d.restart,
         )
 
     def all_targets(self) -> list[Target]:

@@ -3,7 +3,8 @@
 Every new alert is one JSON line on stdout (and every host that drops or comes back, so a log of the watcher
 says why it went quiet); notifications go out as the dashboard would send them. It runs until SIGTERM or
 SIGINT, then sends what is still queued (a few seconds at most), and prints one `unsent` line per destination
-that was left with notifications it could not send.
+that was left with notifications it could not send. A run lost with its container that has a restart policy is
+relaunched, once per loss (relaunch.py), and a `relaunched` line says so.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from ..watch.source import LiveSource
 from ..watch.trackers import iso
 from .destinations import Destination
 from .pump import AlertPump
+from .relaunch import Relauncher
 from .sender import Unsent, by_destination
 
 LINE_VERSION = 1
@@ -35,7 +37,7 @@ class JsonLines:
     def __call__(self, feed: AlertFeed) -> None:
         for alert, old in feed.flagged():
             run = feed.runs.get(alert.run_id or "")
-            self._print({"type": "alert", **asdict(alert), "name": run.name if run else None,
+            self.print_line({"type": "alert", **asdict(alert), "name": run.name if run else None,
                          "state": run.state if run else None, "last_step_line": run.last_step_line if run else None,
                          "backlog": old})
         for host in feed.hosts:
@@ -47,18 +49,18 @@ class JsonLines:
         self._hosts[host.name] = now
         if before == now or (before is None and not host.connected and not host.error):
             return  # unchanged, or not connected *yet*: only an answer or a failure is news
-        self._print({"type": "host", "time": iso(time.time()), "host": host.name, "connected": host.connected,
+        self.print_line({"type": "host", "time": iso(time.time()), "host": host.name, "connected": host.connected,
                      "error": host.error})
 
     def unsent(self, unsent: Sequence[Unsent]) -> None:
         """One line per destination: how many notifications, of which kinds and runs, and why not."""
         for destination, left in by_destination(unsent).items():
-            self._print({"type": "unsent", "time": iso(time.time()), "destination": destination.shown,
+            self.print_line({"type": "unsent", "time": iso(time.time()), "destination": destination.shown,
                          "count": len(left), "kinds": [u.message.kind for u in left],
                          "run_ids": [u.message.run_id for u in left],
                          "reasons": list(dict.fromkeys(u.reason for u in left))})
 
-    def _print(self, record: dict) -> None:
+    def print_line(self, record: dict) -> None:
         self.out.write(json.dumps({"version": LINE_VERSION, **record}, default=str) + "\n")
         self.out.flush()
 
@@ -67,7 +69,12 @@ def run_headless(source: LiveSource, destinations: Sequence[Destination], *,
                  out: TextIO | None = None) -> list[Unsent]:
     """Watch until SIGTERM/SIGINT; the notifications the stop could not send (printed too)."""
     lines = JsonLines(out or sys.stdout)
-    pump = AlertPump(source, destinations, on_feed=lines)
+    relauncher = Relauncher(source, lines.print_line)
+
+    def on_feed(feed: AlertFeed) -> None:
+        lines(feed)
+        relauncher(feed)
+    pump = AlertPump(source, destinations, on_feed=on_feed)
     previous = {sig: signal.signal(sig, lambda _signum, _frame: pump.request_stop())
                 for sig in (signal.SIGTERM, signal.SIGINT)}
     try:

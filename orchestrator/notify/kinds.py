@@ -9,14 +9,14 @@ from __future__ import annotations
 import difflib
 
 from ..agent.protocol import FAILED, KILLED, LOST, SUCCEEDED
-from ..watch.alertkinds import ENDED, EXCEPTION, GPU_IDLE, NAN, STALL, STARVATION, THROUGHPUT
+from ..watch.alertkinds import ENDED, EXCEPTION, GPU_IDLE, NAN, RESTARTED, STALL, STARVATION, THROUGHPUT
 
 GPU_IDLE_HELD = "gpu_idle_held"
 RECOVERED = "recovered"
 # conditions that last and clear (a run recovers from them), as the alert rules name them
 CONDITIONS = frozenset({STALL, GPU_IDLE, NAN, THROUGHPUT, STARVATION})
-KINDS = (FAILED, KILLED, LOST, SUCCEEDED, EXCEPTION, STALL, GPU_IDLE_HELD, NAN, THROUGHPUT, STARVATION)
-DEFAULT_KINDS = (FAILED, KILLED, LOST, EXCEPTION, STALL, GPU_IDLE_HELD, NAN)
+KINDS = (FAILED, KILLED, LOST, SUCCEEDED, RESTARTED, EXCEPTION, STALL, GPU_IDLE_HELD, NAN, THROUGHPUT, STARVATION)
+DEFAULT_KINDS = (FAILED, KILLED, LOST, RESTARTED, EXCEPTION, STALL, GPU_IDLE_HELD, NAN)
 DEFAULT_REPEAT_S = 600.0  # at most one notification per kind and run in this window
 
 

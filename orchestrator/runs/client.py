@@ -21,7 +21,7 @@ from ..transports.fanout import Outcome, per_host
 from ..transports.pool import Connections
 from ..transports.timeouts import AGENT_TIMEOUT_S, CLEANUP_TIMEOUT_S, LAUNCH_TIMEOUT_S, PROBE_TIMEOUT_S
 from .agentcall import agent_answer, agent_argv
-from .command import CONFIG_INPUT, check_command, config_base_dir
+from .command import CONFIG_INPUT, check_command, config_base_dir, retry_args
 from .deploy import Deployment, deploy
 from .spec import LaunchSpec, new_run_id, run_dir, runs_dir
 from .trainerconfig import judge
@@ -124,6 +124,7 @@ class RunClient:
                      "--nnodes", str(spec.job["nnodes"])]
         for name in spec.inputs:
             args += ["--input", name]
+        args += restart_args(spec)
         if spec.check_config is not None:  # the agent runs it before it creates anything
             argv = check_command(spec.target, base_dir=spec.config_base or run_dir(spec.target, run_id),
                                  source=spec.check_config)
@@ -137,6 +138,16 @@ class RunClient:
         if not payload.get("ok") and run.get("state") != SUCCEEDED:  # finishing at once with 0 is no failure
             raise LaunchFailed(payload, spec.target.name)
         return with_metrics(run or payload)
+
+    def relaunch(self, target: Target, run_id: str, *, name: str) -> dict:
+        """Start a lost run with restarts left again as a new run (the agent refuses a second relaunch of the
+        same loss); the new run's record."""
+        new_id = new_run_id(name or run_id)
+        payload = self.agent(target, ["relaunch", "--runs-dir", runs_dir(target), "--run-id", run_id,
+                                      "--new-run-id", new_id], timeout=LAUNCH_TIMEOUT_S)
+        if not payload.get("ok"):
+            raise OperationFailed(f"{target.name}: {payload.get('error') or 'relaunch failed'}")
+        return with_metrics(payload.get("run") or {})
 
     def list_runs(self, targets: list[Target]) -> list[Outcome[list[dict]]]:
         return per_host(targets, lambda target: self.runs_on(target, tail_bytes=PS_TAIL_BYTES))
@@ -186,6 +197,19 @@ class LaunchFailed(OperationFailed):
     def __init__(self, payload: dict, target: str) -> None:
         self.payload = payload
         super().__init__(f"{target}: {payload.get('error') or 'the run did not start'}")
+
+
+def restart_args(spec: LaunchSpec) -> list[str]:
+    """The agent's options for the run's restart policy, its backoff, its hang watchdog and what a restarted
+    attempt appends to the command (`--retry-arg=--resume`: an argument that starts with `--` needs the `=`)."""
+    args = ["--restart", spec.restart_policy()]
+    if spec.restart_backoff is not None:
+        args += ["--restart-backoff", f"{spec.restart_backoff:g}"]
+    if spec.hang_timeout is not None:
+        args += ["--hang-timeout", f"{spec.hang_timeout:g}"]
+    if spec.worker_restarts:
+        args += ["--worker-restarts", str(spec.worker_restarts)]
+    return args + [f"--retry-arg={arg}" for arg in retry_args(spec.command)]
 
 
 def _pack_inputs(inputs: dict[str, bytes]) -> bytes:

@@ -14,6 +14,8 @@ from ..inventory.model import Target
 CONFIG_INPUT = "config.yaml"   # the bundled trainer's config, as the run directory holds it
 TRAIN_ARGS = ("-m", "trainer", "train", "--config", CONFIG_INPUT)
 TORCHRUN = ("-m", "torch.distributed.run")
+# what a restarted attempt of the trainer gets on top: it goes on from its newest complete checkpoint
+RESUME_ARGS = ("--resume", "auto")
 
 
 def config_base_dir(target: Target, config: str) -> str:
@@ -32,12 +34,14 @@ def train_command(target: Target, *, nproc: int, base_dir: str) -> list[str]:
 
 
 def node_train_command(target: Target, *, nnodes: int, nproc: int, endpoint: str, job_id: str, is_host: bool,
-                       local_addr: str, timeout: float, base_dir: str) -> list[str]:
-    """torchrun for one node of a multi-node job (c10d rendezvous at `endpoint`, nothing restarted)."""
+                       local_addr: str, timeout: float, base_dir: str, max_restarts: int = 0) -> list[str]:
+    """torchrun for one node of a multi-node job (c10d rendezvous at `endpoint`). A job restarts as a whole:
+    with `max_restarts`, a failed worker on any node has every node's torchrun restart all its workers together
+    through the rendezvous (no controller involved), at most that many times; the trainer resumes then."""
     conf = f"is_host={str(is_host).lower()},join_timeout={timeout:g},read_timeout={min(timeout, 60.0):g}"
     return [target.python, *TORCHRUN, f"--nnodes={nnodes}", f"--nproc-per-node={nproc}",
             "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={job_id}", f"--rdzv-conf={conf}",
-            f"--local-addr={local_addr}", "--max-restarts=0", *TRAIN_ARGS, "--base-dir", base_dir]
+            f"--local-addr={local_addr}", f"--max-restarts={max_restarts}", *TRAIN_ARGS, "--base-dir", base_dir]
 
 
 def runs_bundled_trainer(command: list[str]) -> bool:
@@ -50,3 +54,11 @@ def check_command(target: Target, *, base_dir: str, source: str) -> list[str]:
     """The trainer's check of a config; the config comes on its stdin. The agent runs it in the run's environment."""
     return [target.python, "-m", "trainer", "check", "--config", "-", "--json", "--base-dir", base_dir,
             "--source", source]
+
+
+def retry_args(command: list[str]) -> list[str]:
+    """The arguments appended to a run's command from its second attempt on: `--resume auto` for the bundled
+    trainer's `train` (its config may say `resume: never` or name one checkpoint, right for the first attempt
+    only); nothing for any other command, which resumes (or not) on its own."""
+    trains = any(command[i:i + 3] == ["-m", "trainer", "train"] for i in range(len(command)))
+    return list(RESUME_ARGS) if trains else []

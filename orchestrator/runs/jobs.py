@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..agent.protocol import DEFAULT_GRACE_S, FAILED, FAILED_STATES, KILLED, LIVE_STATES, RUNNING, SUCCEEDED
+from ..agent.restart import NEVER, ON_FAILURE, parse_policy
 from ..errors import DflashError, OperationFailed, UsageError
 from ..inventory.model import Target
 from ..transports.timeouts import DEFAULT_DIST_TIMEOUT_S
@@ -41,6 +42,8 @@ class JobSpec:
     force: bool = False
     grace: float = DEFAULT_GRACE_S
     dist_timeout: float = DEFAULT_DIST_TIMEOUT_S
+    restart: str | None = None            # never|on-failure[:N]; None: the first target's inventory default
+    hang_timeout: float | None = None     # the hang watchdog's bound on node 0 (where the step lines are)
 
 
 class JobLaunchFailed(OperationFailed):
@@ -80,12 +83,13 @@ def rendezvous_host(target: Target) -> str:
 
 
 def torchrun_command(target: Target, *, agent_path: str, nnodes: int, nproc: int, endpoint: str, job_id: str,
-                     is_host: bool, local_addr: str, timeout: float, base_dir: str) -> list[str]:
+                     is_host: bool, local_addr: str, timeout: float, base_dir: str, max_restarts: int = 0) -> list[str]:
     """torchrun for one node, under the agent's node-watch (which ends a torchrun that outlives its workers
     by `timeout`: it is then stuck talking to an unreachable rendezvous store)."""
     return [*agent_argv(target, agent_path, "node-watch", f"--stall={timeout:g}", "--"),
             *node_train_command(target, nnodes=nnodes, nproc=nproc, endpoint=endpoint, job_id=job_id,
-                                is_host=is_host, local_addr=local_addr, timeout=timeout, base_dir=base_dir)]
+                                is_host=is_host, local_addr=local_addr, timeout=timeout, base_dir=base_dir,
+                                max_restarts=max_restarts)]
 
 
 def _raise_first_error(outcomes: list[Outcome], what: str) -> None:
@@ -113,6 +117,7 @@ def node_specs(client: RunClient, spec: JobSpec, job_id: str) -> tuple[str, list
     nets = per_host(spec.targets, lambda t: client.netinfo(t, host))
     _raise_first_error(nets, "finding the way to the rendezvous")
     nprocs = [nproc_for(t, spec) for t in spec.targets]
+    restarts = job_restarts(spec)
     specs, offset = [], 0
     for rank, (target, net, nproc) in enumerate(zip(spec.targets, nets, nprocs)):
         env = {"DFLASH_DIST_TIMEOUT_S": f"{spec.dist_timeout:g}", "DFLASH_RANK_OFFSET": str(offset),
@@ -125,13 +130,21 @@ def node_specs(client: RunClient, spec: JobSpec, job_id: str) -> tuple[str, list
         command = torchrun_command(target, agent_path=agent_path, nnodes=len(spec.targets), nproc=nproc,
                                    endpoint=f"{host}:{port}", job_id=job_id, is_host=rank == 0,
                                    local_addr=net.value["address"], timeout=spec.dist_timeout,
-                                   base_dir=config_base_dir(target, spec.config_source))
+                                   base_dir=config_base_dir(target, spec.config_source), max_restarts=restarts)
+        # never one node alone: its supervisor leaves restarts to torchrun, which restarts every node's workers
         specs.append(LaunchSpec(target=target, command=command, name=spec.name, env=env, gpus=spec.gpus,
                                 force=spec.force, grace=spec.grace, inputs={CONFIG_INPUT: spec.config_text},
                                 uses_trainer=True, run_id=node_run_id(job_id, rank),
-                                job={"job_id": job_id, "node_rank": rank, "nnodes": len(spec.targets)}))
+                                job={"job_id": job_id, "node_rank": rank, "nnodes": len(spec.targets)},
+                                restart=NEVER, hang_timeout=spec.hang_timeout, worker_restarts=restarts))
         offset += nproc
     return f"{host}:{port}", specs
+
+
+def job_restarts(spec: JobSpec) -> int:
+    """How many times the job restarts as a whole: --restart, else the first target's inventory default."""
+    policy = parse_policy(spec.restart or spec.targets[0].restart)
+    return int(policy["max_restarts"]) if policy["policy"] == ON_FAILURE else 0
 
 
 def launch_job(client: RunClient, spec: JobSpec) -> dict:

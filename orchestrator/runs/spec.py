@@ -72,10 +72,17 @@ class LaunchSpec:
     run_id: str | None = None     # chosen by the caller (a job's node runs); a new one otherwise
     job: dict[str, object] | None = None   # job_id, node_rank, nnodes of a multi-node job's node run
     check_config: str | None = None   # the trainer config's name: inputs[CONFIG_INPUT] is checked there first
+    restart: str | None = None    # never|on-failure[:N] (checked); None: the target's inventory default
+    restart_backoff: float | None = None   # seconds before the first restart (agent default 10, doubling)
+    hang_timeout: float | None = None      # the hang watchdog's bound (0: off; None: from the step interval)
+    worker_restarts: int = 0      # the workload (a job node's torchrun) restarts its own workers this often
     config_base: str | None = None    # where that config's relative paths are taken from (command.config_base_dir)
 
     def run_env(self) -> dict[str, str]:
         return run_environment(self.target, self.env)
+
+    def restart_policy(self) -> str:
+        return self.restart or self.target.restart
 
 
 def run_environment(target: Target, env: dict[str, str]) -> dict[str, str]:

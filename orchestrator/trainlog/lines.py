@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from ..agent.protocol import ascii_decimal
+from ..agent.terminaltext import STEP_MARK
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,7 +176,7 @@ _STEP_KEYS = re.compile(r"\b(step|loss|acc|streak|lr|noise|tgt|dft|epoch|ETA|tau
                         r"[=~]([^\s|()\[\]]+)")
 _STEP_QUEUES = re.compile(r"\b(q_pre|q_hs)=\[([\d,\s]*)\]")
 _STEP_TOKENS = re.compile(r"\(([\d.]+(?:[eE][-+]?\d+)?)([KMG]?)tok/s\)")
-_STEP_ELAPSED = re.compile(r"\[(\d[\d.dhms]*)\] step=")
+_STEP_ELAPSED = STEP_MARK  # the agent's watchdog knows a step line by the same mark
 _STEP_CONVERT = {"step": _int, "loss": _float, "acc": _float, "streak": _float, "lr": _float, "noise": _float,
                  "epoch": _float, "ETA": parse_duration, "tau_replay": _float, "tau_heldout": _float,
                  "tau_eval": _float, "tau_tree_heldout": _tree_taus,

@@ -8,5 +8,6 @@ INFO, WARNING, ERROR = "info", "warning", "error"
 # what happened to a run (the alert rules say which); a run that ended is told by its state as well
 EXCEPTION, ENDED, STALL, GPU_IDLE, THROUGHPUT, NAN, STARVATION = (
     "exception", "ended", "stall", "gpu_idle", "throughput", "nan", "starvation")
+RESTARTED = "restarted"  # the supervisor started a run again under its restart policy (a failed or hung attempt)
 LOG_RESET = "log_reset"  # the followed log was truncated or replaced: the run's view starts over
 LOW_DISK = "low_disk"    # a target's alert: its runs directory is running out of room

@@ -17,10 +17,11 @@ from dataclasses import dataclass
 
 from ..agent.protocol import (FAILED, GPU_HELD_MIB, GPU_IDLE_UTIL_PCT, KILLED, LOST, LOW_FREE_BYTES, LOW_FREE_FRACTION,
                               SUCCEEDED, idle_and_held, low_free)
+from ..agent.restart import attempt_end
 from ..display import format_bytes, format_duration, format_gib, format_rate
 from ..trainlog.parser import ExceptionEvent, PhaseEvent, StepEvent
-from .alertkinds import (ENDED, ERROR, EXCEPTION, GPU_IDLE, INFO, LOW_DISK, NAN, STALL, STARVATION, THROUGHPUT,
-                         WARNING)
+from .alertkinds import (ENDED, ERROR, EXCEPTION, GPU_IDLE, INFO, LOW_DISK, NAN, RESTARTED, STALL, STARVATION,
+                         THROUGHPUT, WARNING)
 
 TERMINAL_SEVERITY = {SUCCEEDED: INFO, FAILED: ERROR, KILLED: WARNING, LOST: ERROR}
 
@@ -93,6 +94,7 @@ class RunHealth:
         self._idle: dict[int, _IdleGpu] = {}
         self._training_since: float | None = None
         self._recent_exceptions: dict[tuple[str | None, str], float] = {}
+        self._attempt: int | None = None  # the supervisor's attempt number last seen
 
     @property
     def ended(self) -> bool:
@@ -125,17 +127,37 @@ class RunHealth:
         return []
 
     def observe_state(self, state: str, now: float, *, exit_code: int | None = None,
-                      signal: int | None = None) -> list[Alert]:
-        """A run state from the run directory: starting, running, or a terminal one."""
+                      signal: int | None = None, record: dict | None = None) -> list[Alert]:
+        """A run state from the run directory: starting, running, or a terminal one; `record` (the run's whole
+        record) tells of its attempts and why it ended."""
         if self.ended:
             return []  # a run ends exactly once; a late or repeated report changes nothing
         self.state = state
+        alerts = self._observe_attempt(record or {}, now)
         if not self.ended:
-            return []
+            return alerts
         self._clear(STALL, GPU_IDLE, THROUGHPUT, STARVATION, NAN)
         detail = f" (exit code {exit_code})" if exit_code is not None else ""
         detail += f" (signal {signal})" if signal is not None else ""
-        return [self._alert(now, ENDED, TERMINAL_SEVERITY[state], f"run {state}{detail}")]
+        detail += f": {record['error']}" if (record or {}).get("reason") and record.get("error") else ""
+        return alerts + [self._alert(now, ENDED, TERMINAL_SEVERITY[state], f"run {state}{detail}")]
+
+    def _observe_attempt(self, record: dict, now: float) -> list[Alert]:
+        """One `restarted` alert per new attempt the supervisor started (none for the attempt a watch first
+        finds: it began before the watch did)."""
+        attempt, seen = record.get("attempt"), self._attempt
+        if not isinstance(attempt, int):
+            return []
+        self._attempt = attempt if seen is None else max(seen, attempt)
+        if seen is None or attempt <= seen:
+            return []
+        self._clear(STALL, GPU_IDLE, THROUGHPUT, STARVATION, NAN)  # a new process: its conditions start over
+        self._last_step_at = None
+        before = [a for a in record.get("attempts") or [] if a.get("attempt") == attempt - 1]
+        why = f" after attempt {attempt - 1} {attempt_end(before[0])}" if before else ""
+        total = record.get("max_attempts")
+        return [self._alert(now, RESTARTED, WARNING,
+                            f"restarted: attempt {attempt}{f'/{total}' if total else ''}{why}")]
 
     def observe_gpus(self, samples: Iterable[GpuSample], now: float) -> list[Alert]:
         for sample in samples:

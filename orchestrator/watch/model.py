@@ -62,6 +62,10 @@ class RunView:
     log_path: str | None = None
     gpus: tuple[int, ...] = ()
     grace_s: float | None = None     # the seconds a kill waits after TERM, as recorded at launch
+    attempt: int | None = None       # under a restart policy: the supervisor's attempt, of max_attempts
+    max_attempts: int | None = None
+    restart_at: str | None = None    # set in the backoff between two attempts
+    reason: str | None = None        # why it ended without another attempt: hung, crash loop
     last_step: int | None = None
     loss: float | None = None
     acc: float | None = None
@@ -152,6 +156,7 @@ class RunStatus:
     state: str
     conditions: frozenset[str] = frozenset()  # alert conditions raised and not cleared (stall, nan, ...)
     last_step_line: str | None = None
+    relaunchable: bool = False  # lost, with restarts left under its policy, not relaunched yet
 
 
 @dataclass(frozen=True)

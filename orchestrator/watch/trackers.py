@@ -6,7 +6,7 @@ import datetime
 from collections import deque
 from dataclasses import replace
 
-from ..agent.protocol import FINGERPRINT_BYTES, STARTING, TERMINAL_STATES
+from ..agent.protocol import FINGERPRINT_BYTES, LOST, STARTING, TERMINAL_STATES
 from ..gpus import GpuInfo, parse_query_csv
 from ..trainlog.lines import parse_step_times_line
 from ..trainlog.parser import ExceptionEvent, LogLine, LogParser, PhaseEvent, StepEvent
@@ -83,7 +83,8 @@ class RunTracker:
         self.record = record
         self._view = None if changed else self._view
         return self._keep(self.health.observe_state(record.get("state") or STARTING, now,
-                                                    exit_code=record.get("exit_code"), signal=record.get("signal")))
+                                                    exit_code=record.get("exit_code"), signal=record.get("signal"),
+                                                    record=record))
 
     def feed(self, offset: int, ino: int | None, data: bytes, now: float) -> list[Alert]:
         """New log bytes starting at `offset`; bytes we already have (a resend) are dropped."""
@@ -162,8 +163,11 @@ class RunTracker:
     # -- output
 
     def status(self) -> RunStatus:
-        return RunStatus(self.run_id, self.target, self.record.get("name") or "", self.record.get("state") or STARTING,
-                         self.health.conditions, self.last_step_line)
+        r = self.record
+        relaunchable = (r.get("state") == LOST and not r.get("relaunched_as") and not r.get("job_id")
+                        and len(r.get("attempts") or []) < (r.get("max_attempts") or 1))
+        return RunStatus(self.run_id, self.target, r.get("name") or "", r.get("state") or STARTING,
+                         self.health.conditions, self.last_step_line, relaunchable)
 
     def view(self) -> RunView:
         if self._view is None:
@@ -191,6 +195,8 @@ class RunTracker:
             phase=self.phase, pid=r.get("pid"), exit_code=r.get("exit_code"), signal=r.get("signal"),
             created_at=r.get("created_at"), ended_at=r.get("ended_at"), log_path=r.get("log_path"),
             gpus=tuple(r.get("gpus") or ()), grace_s=_seconds(r.get("grace_s")), last_step=self.last_step,
+            attempt=r.get("attempt"), max_attempts=r.get("max_attempts"), restart_at=r.get("restart_at"),
+            reason=r.get("reason"),
             loss=v["loss"], acc=v["acc"], streak=v["streak"], lr=v["lr"], tok_per_s=v["tok_per_s"],
             eta_s=v["eta_s"], q_pre=self.q_pre, q_hs=self.q_hs, exceptions=self.exception_count,
             history=tuple(self.history), log_tail=tuple(self.tail), exception_texts=tuple(self.exception_texts),

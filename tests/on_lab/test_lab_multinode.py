@@ -255,3 +255,32 @@ def test_cutting_one_hosts_link_fails_the_job_instead_of_hanging(lab, tiny, inv,
         lab.link_up("pve2")
     ended = wait_job(inv, capsys, job["job_id"], all_ended)
     assert ended["state"] == "failed" and [n["state"] for n in ended["nodes"]] == ["failed", "failed"]
+
+
+# ---- a job restarts as a whole ------------------------------------------------------------------------------
+
+def test_a_job_with_a_restart_policy_restarts_every_node_together_and_resumes(lab, tiny, inv, tmp_path,
+                                                                              capsys) -> None:
+    """A worker SIGKILLed on node 1: torchrun restarts the workers of both nodes together through the rendezvous
+    (no controller; neither supervisor restarts its node alone), they resume from node 0's newest checkpoint, and
+    the job ends succeeded."""
+    config = write_config(tmp_path / "restart.yaml", tiny, max_steps=40, checkpoint_every=3, log_every=1)
+    job = launch_job(inv, capsys, config, "--nproc-per-node", "1", "--restart", "on-failure:1")
+    nodes = job["nodes"]
+    assert [n["restart_policy"] for n in nodes] == ["never", "never"]  # no node restarts alone
+    assert [n["worker_restarts"] for n in nodes] == [1, 1]
+
+    def past_a_checkpoint() -> bool:
+        code, out, _ = cli(inv, "logs", job["job_id"], "-n", "400", capsys=capsys)
+        return code == 0 and re.search(r"\] step=([5-9]|\d\d) ", str(out)) is not None
+    wait_for(past_a_checkpoint, 120, 0.5, what="job training past its first checkpoint")
+    workers = [p for p in lab.ct_processes("pve2", 300) if p.environ.get("DFLASH_RUN_ID") == nodes[1]["run_id"]
+               and "trainer" in p.cmdline and "torch.distributed.run" not in p.cmdline and p.state != "Z"]
+    assert len(workers) == 1, workers
+    os.kill(workers[0].host_pid, signal.SIGKILL)
+    ended = wait_job(inv, capsys, job["job_id"], all_ended, timeout=240)
+    assert ended["state"] == "succeeded" and [n["state"] for n in ended["nodes"]] == ["succeeded"] * 2, ended
+    assert all(len(n["attempts"]) == 1 for n in ended["nodes"])  # one supervisor attempt each: torchrun restarted
+    code, node0_log, _ = cli(inv, "logs", job["job_id"], "-n", "2000", capsys=capsys)
+    assert code == 0 and re.search(r"Resumed from \S+/step_\d+ at step \d+", node0_log), node0_log[-3000:]
+    assert "step=40 " in node0_log

@@ -37,3 +37,15 @@ def test_newest_run_prefers_a_live_one() -> None:
     assert newest_run([old, ended]) is old
     assert newest_run([dataclasses.replace(old, state="killed"), ended]) is ended
     assert newest_run([]) is None
+
+
+@pytest.mark.parametrize("fields, shown", [
+    ({"state": "running", "attempt": 3, "max_attempts": 5}, "running (attempt 3/5)"),
+    ({"state": "running", "attempt": 2, "max_attempts": 5, "restart_at": "2026-12-06T03:00:00Z"},
+     "running (restarting: attempt 3/5 next)"),
+    ({"state": "succeeded", "attempt": 3, "max_attempts": 5}, "succeeded (attempt 3/5)"),
+    ({"state": "running", "attempt": 1, "max_attempts": 1}, "running"),  # no restart policy: as before
+])
+def test_the_state_cell_tells_the_attempt_of_a_run_under_a_restart_policy(fields: dict, shown: str) -> None:
+    cells = run_cells(RunView(run_id="r1", target="pve1/200", name="r1", **fields))
+    assert cells["state"].plain == shown

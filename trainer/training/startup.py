@@ -4,7 +4,10 @@ flex_attention's kernels compiled up front: trainer/training/compile_warmup.py.
 """
 from __future__ import annotations
 
+import faulthandler
 import os
+import signal
+import sys
 import time
 from pathlib import Path
 
@@ -38,3 +41,17 @@ def default_cuda_allocator(environ: dict | None = None) -> str:
     0.5 %), room a rank's NCCL buffers need. Takes effect only before the first CUDA allocation."""
     env = os.environ if environ is None else environ
     return env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+
+
+def dump_stacks_on_signal() -> None:
+    """SIGUSR1 writes every thread's Python stack to stderr (the run's log) and the process goes on: what a
+    supervisor that judged the run hung sends before it ends it, so the log shows where it was stuck."""
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True, chain=False)
+
+
+def restarted_resume(environ: dict | None = None) -> str | None:
+    """Workers that torchrun restarted (a multi-node job restarts as a whole) go on from the newest complete
+    checkpoint, whatever the config's `resume:` says: the first start is the one it is for."""
+    restarts = (os.environ if environ is None else environ).get("TORCHELASTIC_RESTART_COUNT", "0")
+    return "auto" if restarts.isascii() and restarts.isdigit() and int(restarts) > 0 else None

@@ -1,0 +1,78 @@
+"""`relaunch`: start a `lost` run again (its container rebooted under it) as a new run of the same command,
+once per loss, when its restart policy has restarts left.
+
+The lost run keeps its terminal state (every run ends exactly once); it records which run took over
+(`relaunched_as`, written under its lock before anything starts: a second watcher, or a second look by the same
+one, finds it and starts nothing). The new run works where the lost one worked (its cwd, so a relative output
+directory and its config are the same files), gets the restarts that were left, and, as any restarted attempt,
+the retry arguments from its first attempt on: the bundled trainer resumes from its newest complete checkpoint.
+"""
+from __future__ import annotations
+
+from .errors import BadInput, OperationFailed
+from .launch import LaunchRequest, launch
+from .protocol import LOST, NO_GPUS
+from .restart import ON_FAILURE, max_attempts
+from .rundir import RunPaths, existing_run, utc_now_iso
+from .runstate import read_run, read_state, settle_liveness, update_state
+
+
+def refusal(run: dict, state: dict) -> str | None:
+    """Why this run is not relaunched, or None when it is to be."""
+    policy = run.get("restart") or {}
+    if state.get("state") != LOST:
+        return "run is {}, not lost".format(state.get("state"))
+    if state.get("relaunched_as"):
+        return "already relaunched as {}".format(state["relaunched_as"])
+    if policy.get("policy") != ON_FAILURE:
+        return "it has no restart policy"
+    if run.get("job_id"):
+        return "a node of job {} restarts with its job, not alone".format(run["job_id"])
+    if len(state.get("attempts") or []) >= max_attempts(policy):
+        return "its restarts are used up"
+    return None
+
+
+def claim_loss(paths: RunPaths, new_run_id: str) -> tuple:
+    """(run, state) once this caller owns the relaunch of the loss; OperationFailed saying why not otherwise."""
+    settle_liveness(paths)  # a run whose supervisor is gone becomes `lost` here first
+    run, why = read_run(paths), []
+
+    def mutate(state: dict):
+        reason = refusal(run, state)
+        if reason is not None:
+            why.append(reason)
+            return None
+        state.update(relaunched_as=new_run_id, relaunched_at=utc_now_iso())
+        attempts = state.get("attempts") or []
+        if attempts and not attempts[-1].get("reason"):  # the attempt the reboot took
+            attempts[-1].update(reason=LOST, ended_at=state.get("ended_at"))
+        return state
+    state = update_state(paths, mutate)
+    if why:
+        raise OperationFailed("{} not relaunched: {}".format(paths.run_id, why[0]), code="not_relaunched")
+    return run, state
+
+
+def request_for(paths: RunPaths, run: dict, state: dict, new_run_id: str) -> LaunchRequest:
+    policy = run["restart"]
+    left = max(int(policy.get("max_restarts") or 0) - len(state.get("attempts") or []), 0)
+    gpus = run.get("gpus")
+    gpus_text = None if gpus is None else (",".join(map(str, gpus)) or NO_GPUS)
+    restart = {"restart": {"policy": ON_FAILURE, "max_restarts": left},
+               "restart_backoff_s": run.get("restart_backoff_s"), "hang_timeout_s": run.get("hang_timeout_s"),
+               "retry_args": run.get("retry_args") or [], "relaunch_of": paths.run_id}
+    return LaunchRequest(runs_dir=paths.runs_dir, run_id=new_run_id, name=run.get("name") or paths.run_id,
+                         target=run.get("target") or "?", command=run["command"], cwd=run.get("cwd"),
+                         env_pairs=["{}={}".format(k, v) for k, v in sorted((run.get("env") or {}).items())],
+                         gpus=gpus_text, force=False, grace=float(run.get("grace_s") or 0), restart=restart,
+                         pythonpath=run.get("pythonpath") or [])
+
+
+def relaunch(runs_dir: str, run_id: str, new_run_id: str, *, verify_timeout: float, settle: float) -> dict:
+    paths = existing_run(runs_dir, run_id)
+    if new_run_id == run_id:
+        raise BadInput("the new run id must differ from the lost one", code="bad_usage")
+    run, state = claim_loss(paths, new_run_id)
+    answer = launch(request_for(paths, run, state, new_run_id), verify_timeout=verify_timeout, settle=settle)
+    return {"ok": True, "relaunched_from": run_id, "lost": read_state(paths).get("state"), **answer}

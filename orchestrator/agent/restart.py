@@ -1,0 +1,87 @@
+"""When a run that ended by itself starts again: the restart policy, the backoff, the crash-loop guard.
+
+`never` (the default) or `on-failure[:N]`: after a failed or hung attempt the supervisor starts the workload
+again, at most N times (DEFAULT_RESTARTS without N), waiting BACKOFF_BASE_S, then twice that, up to
+BACKOFF_MAX_S. A kill is never a failure. Pure functions of the run's records; the supervisor does the IO.
+Standard library only, like the whole agent; the controller checks `--restart` with the same parse.
+"""
+from __future__ import annotations
+
+from .protocol import KILLED, ascii_decimal
+
+NEVER, ON_FAILURE = "never", "on-failure"
+DEFAULT_RESTARTS = 3
+MAX_RESTARTS = 1000
+BACKOFF_BASE_S = 10.0
+BACKOFF_MAX_S = 300.0
+# the same exception line this many attempts in a row, none of them past the best step before them: a crash loop
+CRASH_LOOP_ATTEMPTS = 3
+
+# why an attempt ended (state.json's attempts[].reason) and why a run ended without another (state.json's reason)
+EXITED, FAILED_EXIT, HUNG, CRASH_LOOP = "exited", "failed", "hung", "crash loop"
+KILLED_BY_USER = KILLED
+
+
+def parse_policy(text: str) -> dict:
+    """`never` | `on-failure` | `on-failure:N` -> {"policy", "max_restarts"}; ValueError says what is wrong."""
+    name, sep, count = str(text).strip().partition(":")
+    if name == NEVER and not sep:
+        return {"policy": NEVER, "max_restarts": 0}
+    if name != ON_FAILURE:
+        raise ValueError("unknown restart policy {!r}: use never, on-failure or on-failure:N".format(text))
+    if not sep:
+        return {"policy": ON_FAILURE, "max_restarts": DEFAULT_RESTARTS}
+    value = ascii_decimal(count)
+    if value is None or value > MAX_RESTARTS:
+        raise ValueError("bad restart count in {!r}: N is a whole number from 0 to {}".format(text, MAX_RESTARTS))
+    return {"policy": ON_FAILURE, "max_restarts": value}
+
+
+def policy_text(policy: dict) -> str:
+    if policy.get("policy") != ON_FAILURE:
+        return NEVER
+    return "{}:{}".format(ON_FAILURE, policy.get("max_restarts", DEFAULT_RESTARTS))
+
+
+def backoff(restart_number: int, *, base: float = BACKOFF_BASE_S, cap: float = BACKOFF_MAX_S) -> float:
+    """Seconds to wait before restart number `restart_number` (1 = the first restart): base, 2*base, ... cap."""
+    return min(base * (2 ** max(restart_number - 1, 0)), max(cap, base))
+
+
+def max_attempts(policy: dict) -> int:
+    return 1 + (int(policy.get("max_restarts") or 0) if policy.get("policy") == ON_FAILURE else 0)
+
+
+def crash_loop(attempts: list, *, count: int = CRASH_LOOP_ATTEMPTS) -> str | None:
+    """The exception line the last `count` attempts all ended with, none of them past the best step of the
+    attempts before them; None while that is not so."""
+    if count < 1 or len(attempts) < count:
+        return None
+    recent = attempts[-count:]
+    line = recent[0].get("exception")
+    if not line or any(a.get("exception") != line or a.get("reason") == HUNG for a in recent):
+        return None
+    before = [a.get("last_step") for a in attempts[:-count] if a.get("last_step") is not None]
+    best = max(before) if before else None
+    for attempt in recent:
+        step = attempt.get("last_step")
+        if step is not None and (best is None or step > best):
+            return None  # it got further than ever before: not the same loop
+    return line
+
+
+def should_restart(policy: dict, attempts: list) -> bool:
+    """After the last attempt failed or hung: may another start?"""
+    return policy.get("policy") == ON_FAILURE and len(attempts) < max_attempts(policy)
+
+
+def attempt_end(attempt: dict) -> str:
+    """How one attempt ended, for the log and the alerts: `hung`, `failed with exit code 3 (RuntimeError: x)`."""
+    if attempt.get("reason") == HUNG:
+        text = "hung"
+    elif attempt.get("signal"):
+        text = "ended by signal {}".format(attempt["signal"]) + (
+            " ({})".format(attempt["signal_name"]) if attempt.get("signal_name") else "")
+    else:
+        text = "failed with exit code {}".format(attempt.get("exit_code"))
+    return text + (" ({})".format(attempt["exception"]) if attempt.get("exception") else "")
