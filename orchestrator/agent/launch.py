@@ -167,10 +167,10 @@ def verified(paths: RunPaths, state: dict) -> bool:
             and procfs.is_alive(state.get("pid"), state.get("pid_start_time")) and os.path.exists(paths.log))
 
 
-def restarting(state: dict) -> bool:
+def restarting(paths: RunPaths, state: dict) -> bool:
     """The first attempt has ended and its supervisor, alive, goes on under the run's restart policy: the run
     lives, whatever became of that attempt."""
-    return bool(state.get("restart_at") or (state.get("attempt") or 1) > 1) and supervisor_alive(state)
+    return bool(state.get("restart_at") or (state.get("attempt") or 1) > 1) and supervisor_alive(paths, state)
 
 
 def workload_exited(state: dict) -> bool:
@@ -194,7 +194,7 @@ def wait_verified(paths: RunPaths, *, timeout: float, settle: float) -> str:
         state = read_state(paths)
         if state.get("state") in TERMINAL_STATES:
             return "ended"
-        if restarting(state):
+        if restarting(paths, state):
             return "verified"
         if verified(paths, state):
             running_since = running_since if running_since is not None else now
