@@ -70,8 +70,8 @@ def _raise_missing(missing: list[str], outcomes: list) -> None:
     failed = [o for o in outcomes if not o.ok]
     down = [f"{o.target.name} ({o.error})" for o in failed if isinstance(o.error, Unreachable)]
     if down:  # it may well be on a target we could not reach: an outage (exit 3), not a typo
-        raise Unreachable(f"no run or job {names} on the targets that answered; not searched, "
-                          f"unreachable: {'; '.join(down)}")
+        raise Unreachable(f"cannot look up {names}: unreachable: {'; '.join(down)} (no target that answered "
+                          f"has it)")
     others = [f"{o.target.name} ({o.error})" for o in failed]
     hint = f"; not searched: {'; '.join(others)}" if others else ""
     raise TargetNotFound(f"no run or job {names} on any target (a run id, a unique prefix of one, or the name "

@@ -23,6 +23,7 @@ import paramiko
 from ..errors import AuthError, CommandTimeout, HostKeyError, TransportError, Unreachable
 from ..inventory.model import HostConfig
 from .base import DEFAULT_TIMEOUT, CommandResult, RemoteProcess, Transport
+from .remotegroup import RunningCommands, announced, announced_group, end_groups, split_marker
 
 log = logging.getLogger("dflashctl.ssh")
 KEEPALIVE_S = 15
@@ -76,10 +77,16 @@ class SSHHost:
         self.host = host
         self._lock = threading.Lock()
         self._conn: fabric.Connection | None = None
+        self.running = RunningCommands()
 
     @property
     def label(self) -> str:
         return self.host.name
+
+    def active(self) -> bool:
+        """Connected now (never connects: ending what we left on a host must not wait for a dead one)."""
+        conn = self._conn
+        return conn is not None and conn.transport is not None and conn.transport.is_active()
 
     def transport(self) -> paramiko.Transport:
         with self._lock:
@@ -90,6 +97,11 @@ class SSHHost:
             return self._conn.transport
 
     def close(self) -> None:
+        """Close the connection, first ending the commands still running on it (another thread's, given up on):
+        sshd would leave them running."""
+        groups = self.running.groups()
+        if groups and self.active():
+            end_groups(SSHTransport(self), groups)
         with self._lock:
             self._close_locked()
 
@@ -266,29 +278,42 @@ class SSHTransport(Transport):
         argv = tuple(argv)
         started = time.monotonic()
         chan = self._session()
+        out, err = bytearray(), bytearray()
+        self.conn.running.add(id(chan), err)
         try:
-            chan.exec_command(command_line(argv))
+            chan.exec_command(announced(command_line(argv)))
             if stdin:
-                chan.sendall(stdin)
+                _send_input(chan, stdin, timeout, self.label, argv)
             chan.shutdown_write()
-            out, err, code = _drain(chan, timeout, self.label, argv)
+            code = _drain(chan, timeout, self.label, argv, out, err)
+        except CommandTimeout:
+            self.conn.running.done(id(chan))
+            self._end(chan, err)  # what we started must not stay behind on the host
+            raise
         except (paramiko.SSHException, OSError, EOFError) as exc:
             self.conn.close()
             raise Unreachable(f"{self.label}: the connection dropped while running {argv[0]}: {_reason(exc)}") \
                 from None
         finally:
+            self.conn.running.done(id(chan))
             chan.close()
         log.debug("%s: %s -> %d in %.0f ms", self.label, argv[0], code, (time.monotonic() - started) * 1000)
-        return CommandResult(argv, code, out, err)
+        return CommandResult(argv, code, bytes(out), split_marker(bytes(err))[1])
 
     def start(self, argv: Sequence[str]) -> RemoteProcess:
         chan = self._session()
         try:
-            chan.exec_command(command_line(argv))
+            chan.exec_command(announced(command_line(argv)))
         except (paramiko.SSHException, OSError, EOFError) as exc:
             self.conn.close()
             raise Unreachable(f"{self.label}: the connection dropped: {_reason(exc)}") from None
-        return SSHProcess(chan, self.label)
+        return SSHProcess(chan, self)
+
+    def _end(self, chan: paramiko.Channel, err: bytearray) -> None:
+        """End a command we gave up on: its process group, as it announced it, on a second channel."""
+        pgid = announced_group(chan, err)
+        if pgid is not None and not chan.exit_status_ready() and self.conn.active():
+            end_groups(self, [pgid])
 
 
 def command_line(argv: Sequence[str]) -> bytes:
@@ -297,15 +322,27 @@ def command_line(argv: Sequence[str]) -> bytes:
     return shlex.join(argv).encode("utf-8", "surrogateescape")
 
 
-def _drain(chan: paramiko.Channel, timeout: float | None, label: str,
-           argv: tuple[str, ...]) -> tuple[bytes, bytes, int]:
-    """Read stdout and stderr until the remote side closes them, then take the exit status.
+def _send_input(chan: paramiko.Channel, data: bytes, timeout: float | None, label: str,
+                argv: tuple[str, ...]) -> None:
+    """Send a command's stdin; one that stops reading (a hung `pct exec`) is a timeout, not a hang."""
+    chan.settimeout(timeout)
+    try:
+        chan.sendall(data)
+    except socket.timeout:
+        raise CommandTimeout(f"{label}: unresponsive: `{' '.join(argv)[:120]}` did not take its input in "
+                             f"{timeout:g}s") from None
+    finally:
+        chan.settimeout(None)
+
+
+def _drain(chan: paramiko.Channel, timeout: float | None, label: str, argv: tuple[str, ...],
+           out: bytearray, err: bytearray) -> int:
+    """Read stdout and stderr (into `out` and `err`) until the remote side closes them; the exit status.
 
     Like OpenSSH, this waits for end-of-file, not just for the command's exit: a background child still holding
     the output keeps the channel open (the timeout then reports it instead of hanging forever).
     """
     deadline = None if timeout is None else time.monotonic() + timeout
-    out, err = bytearray(), bytearray()
     while True:
         while chan.recv_ready():
             out += chan.recv(65536)
@@ -317,18 +354,20 @@ def _drain(chan: paramiko.Channel, timeout: float | None, label: str,
             raise EOFError("channel closed before end of output")
         remaining = None if deadline is None else deadline - time.monotonic()
         if remaining is not None and remaining <= 0:
-            raise CommandTimeout(f"{label}: `{' '.join(argv)[:120]}` did not finish in {timeout:g}s")
+            raise CommandTimeout(f"{label}: unresponsive: `{' '.join(argv)[:120]}` did not finish in {timeout:g}s")
         select.select([chan], [], [], min(remaining, 1.0) if remaining is not None else 1.0)
     remaining = None if deadline is None else max(deadline - time.monotonic(), 0.01)
     if not chan.status_event.wait(remaining):
-        raise CommandTimeout(f"{label}: `{' '.join(argv)[:120]}` closed its output but did not exit in time")
-    return bytes(out), bytes(err), chan.recv_exit_status()
+        raise CommandTimeout(f"{label}: unresponsive: `{' '.join(argv)[:120]}` closed its output but did not exit "
+                             f"in {timeout:g}s")
+    return chan.recv_exit_status()
 
 
 class SSHProcess(RemoteProcess):
-    def __init__(self, chan: paramiko.Channel, label: str) -> None:
+    def __init__(self, chan: paramiko.Channel, transport: SSHTransport) -> None:
         self._chan = chan
-        self._label = label
+        self._transport = transport
+        self._label = transport.label
 
     def read(self, timeout: float | None = None) -> bytes:
         try:
@@ -353,4 +392,8 @@ class SSHProcess(RemoteProcess):
         return self._chan.recv_exit_status() if self._chan.exit_status_ready() else None
 
     def close(self) -> None:
+        """Close the channel, ending the command first if it still runs (a quiet `tail -F` would otherwise stay
+        on the host until it next writes, a hung one forever)."""
+        if not self._chan.closed and not self._chan.exit_status_ready():
+            self._transport._end(self._chan, bytearray())
         self._chan.close()
