@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from ..agent.protocol import ascii_decimal
 from ..errors import InventoryError, TargetNotFound, shorten
 from .notify import NotifySpec
-from .yaml_lines import LocatedYaml, load_located
+from .yaml_lines import MAX_BYTES, LocatedYaml, load_located
 
 LOCAL = "local"
 
@@ -233,9 +233,14 @@ def load_inventory(path: Path | None) -> Inventory:
     if path is None:
         return builtin_inventory()
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as handle:
+            raw = handle.read(MAX_BYTES + 1)  # never all of a huge file (or of /dev/zero)
     except OSError as exc:
         raise InventoryError(f"{path}: cannot read the inventory: {exc.strerror or exc}") from exc
+    if len(raw) > MAX_BYTES:
+        raise InventoryError(f"{path}: the inventory is larger than the limit of 1 MiB ({MAX_BYTES} bytes)")
+    try:
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InventoryError(f"{path}: the inventory is not UTF-8 text") from exc
     return parse_inventory(text, path)
