@@ -41,6 +41,8 @@ def _print(report: dict, dry_run: bool) -> None:
     for target, result in report.items():
         if result.get("error") and not result.get("ok"):
             out.print(about(target, result["error"]), markup=False)
+            if "actions" not in result:  # not looked at (unreachable, refused): never "nothing to clean"
+                continue
         actions = result.get("actions") or []
         out.print(summary(target, actions, dry_run=dry_run), markup=False)
         for action in actions:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import sys
 from collections import Counter
 from typing import List, Optional
 
@@ -111,6 +113,16 @@ def _check_options(*, once: bool, as_json: bool, headless: bool, notify: list[st
         raise UsageError(f"{'--headless' if headless else '--notify'} needs a live watch, not --once")
     if notify and no_notify:
         raise UsageError("--notify and --no-notify contradict each other")
+    if not (once or headless or serve or _has_screen()):
+        raise UsageError("the dashboard needs a terminal, and stdout is not one (a pipe or a file would get "
+                         "escape codes forever): --once prints one snapshot, --headless runs without a screen, "
+                         "--serve serves it to a browser")
+
+
+def _has_screen() -> bool:
+    """stdout is a terminal, or Textual was handed another screen (`watch --serve` runs each tab's dashboard
+    with textual-serve's web driver, its stdout a pipe to the server)."""
+    return sys.stdout.isatty() or bool(os.environ.get("TEXTUAL_DRIVER"))
 
 
 def _once(source: LiveSource, *, timeout: float, as_json: bool) -> int:
