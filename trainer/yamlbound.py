@@ -7,7 +7,10 @@ repeats, and one past MAX_YAML_NODES values is refused before anything is built.
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+from .errors import TrainerError
 
 MAX_YAML_BYTES = 1 << 20   # a config (or an inventory) is a few KiB; 1 MiB is far beyond any real one
 MAX_YAML_NODES = 200_000   # values after expanding aliases; a real config has a few hundred
@@ -20,6 +23,25 @@ class YamlTooLarge(ValueError):
 def check_size(size: int, what: str) -> None:
     if size > MAX_YAML_BYTES:
         raise YamlTooLarge(f"{what} is larger than the limit of 1 MiB ({MAX_YAML_BYTES} bytes)")
+
+
+def read_yaml(path: Path, text: str | bytes | None, what: str) -> Any:
+    """The YAML document of a file (or of `text`, read from it already), within the bounds; a TrainerError
+    naming the file otherwise: unreadable, not UTF-8, not YAML, too large."""
+    import yaml
+
+    try:
+        raw = read_bounded(path, what) if text is None else text
+        return safe_load_bounded(raw.decode("utf-8") if isinstance(raw, bytes) else raw, what)
+    except YamlTooLarge as exc:
+        raise TrainerError(f"{path}: {exc}") from None
+    except OSError as exc:
+        raise TrainerError(f"cannot read config {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise TrainerError(f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}): "
+                           "save the config as UTF-8") from None
+    except yaml.YAMLError as exc:
+        raise TrainerError(f"{path}: invalid YAML: {exc}") from None
 
 
 def read_bounded(path, what: str) -> bytes:
