@@ -73,13 +73,42 @@ class RunningCommands:
         return [pgid for pgid in found if pgid is not None]
 
 
-def end_groups(transport: Transport, groups: list[int]) -> None:
-    """End these process groups of commands we started on the transport's host; a failure is only logged."""
+_ending = threading.local()   # set in a thread that is ending groups: its own command is never ended in turn
+_pending: set[threading.Thread] = set()
+_pending_lock = threading.Lock()
+
+
+def end_later(transport: Transport, groups: list[int]) -> None:
+    """End these process groups in a thread of its own (a dead link must not hold the caller up);
+    wait_for_endings, before a connection closes, lets it finish."""
+    if getattr(_ending, "active", False):
+        return  # the ending command itself timed out, or its connection failed: logged, not chased forever
+    thread = threading.Thread(target=_end_groups, args=(transport, groups), name="end remote", daemon=True)
+    with _pending_lock:
+        _pending.add(thread)
+    thread.start()
+
+
+def wait_for_endings(timeout: float = END_COMMAND_TIMEOUT_S) -> None:
+    """Let the endings under way finish (at most `timeout`): the process may exit right after."""
+    deadline = time.monotonic() + timeout
+    with _pending_lock:
+        threads = list(_pending)
+    for thread in threads:
+        if thread is not threading.current_thread():
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+
+def _end_groups(transport: Transport, groups: list[int]) -> None:
+    _ending.active = True
     try:
         result = transport.run(end_argv(*groups), timeout=END_COMMAND_TIMEOUT_S)
     except DflashError as exc:
         log.warning("%s: could not end process group(s) %s: %s", transport.label, groups, exc)
         return
+    finally:
+        with _pending_lock:
+            _pending.discard(threading.current_thread())
     if not result.ok:
         log.warning("%s: ending process group(s) %s: %s", transport.label, groups, result.describe())
 
