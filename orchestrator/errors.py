@@ -59,14 +59,15 @@ class TransportError(DflashError):
     """A command could not be run or its output could not be read."""
 
 
-class CommandTimeout(TransportError):
-    """A remote command did not finish within its timeout."""
-
-
 class Unreachable(TransportError):
     """The host cannot be reached or will not let us in (network, host key, authentication)."""
 
     exit_code = EXIT_UNREACHABLE
+
+
+class CommandTimeout(Unreachable):
+    """A remote command did not finish within its timeout: the target is stuck (a hung `pct exec`, a frozen
+    container, a host swapping hard), which is as much an outage as a dead link: exit 3, never "no run"."""
 
 
 class HostKeyError(Unreachable):

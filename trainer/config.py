@@ -368,20 +368,12 @@ def config_from_dict(data: Any, *, source: str) -> TrainConfig:
 
 def read_config_data(path: str | Path, *, text: str | bytes | None = None) -> dict[str, Any]:
     """The YAML mapping of a config file (or of `text`, read from it already); a TrainerError otherwise. The file
-    must be UTF-8 (YAML's own encoding, and what every editor writes by default)."""
-    import yaml
+    must be UTF-8 (YAML's own encoding, and what every editor writes by default), at most 1 MiB, and its
+    aliases may not expand past a bound (yamlbound.py)."""
+    from .yamlbound import read_yaml
 
     path = Path(path)
-    try:
-        raw = path.read_bytes() if text is None else text
-        data = yaml.safe_load(raw.decode("utf-8") if isinstance(raw, bytes) else raw) or {}
-    except OSError as exc:
-        raise TrainerError(f"cannot read config {path}: {exc.strerror}") from None
-    except UnicodeDecodeError as exc:
-        raise TrainerError(f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}): "
-                           "save the config as UTF-8") from None
-    except yaml.YAMLError as exc:
-        raise TrainerError(f"{path}: invalid YAML: {exc}") from None
+    data = read_yaml(path, text, "the config") or {}
     if not isinstance(data, dict):
         raise TrainerError(f"{path}: expected a mapping of config keys, got {type(data).__name__}")
     return data

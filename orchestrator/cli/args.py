@@ -47,14 +47,22 @@ def parse_env(pairs: list[str] | None) -> dict[str, str]:
 
 
 def number_in(low: float, high: float | None = None):
-    """An option callback for a float that must lie in [low, high]: one wording for every value refused
-    (`nan`, `inf`, `-1`), which a typer `min=` gave in two (its own range message, and this module's for what
-    passed it). The range is also said in the option's help, not as typer's `[x>=0]` type noise."""
-    bounds = f"of at least {low:g}" if high is None else f"from {low:g} to {high:g}"
+    """An option callback for a number that must lie in [low, high]: one wording for every value refused
+    (`nan`, `inf`, `-1`, a 20-digit count), which a typer `min=` gave in two (its own range message, and this
+    module's for what passed it). The range is also said in the option's help, not as typer's `[x>=0]` type
+    noise."""
+    bounds = f"of at least {_number(low)}" if high is None else f"from {_number(low)} to {_number(high)}"
 
     def check(value: float | None) -> float | None:
         if value is not None and not (math.isfinite(value) and low <= value <= (math.inf if high is None else high)):
-            raise typer.BadParameter(f"expected a number {bounds}, got {value:g}")
+            raise typer.BadParameter(f"expected a number {bounds}, got {shorten(_number(value), 40)}")
         return value
 
     return check
+
+
+def _number(value: float) -> str:
+    """A bound or a value as typed: whole numbers in full (`1000000000000`, not `1e+12`), others as %g."""
+    if isinstance(value, int):
+        return str(value)
+    return f"{value:g}"

@@ -41,6 +41,8 @@ def _print(report: dict, dry_run: bool) -> None:
     for target, result in report.items():
         if result.get("error") and not result.get("ok"):
             say(out, about(target, result["error"]))
+            if "actions" not in result:  # not looked at (unreachable, refused): never "nothing to clean"
+                continue
         actions = result.get("actions") or []
         say(out, summary(target, actions, dry_run=dry_run))
         for action in actions:

@@ -46,9 +46,12 @@ def doctor(
         client = RunClient(state.inventory(), conns)
         outcomes = per_host(resolved, lambda t: check_target(client, t, needs))
     reports = [o.value if o.ok else DoctorReport(o.target.name, error=str(o.error)) for o in outcomes]
+    choice = state.inventory_choice()
     if as_json:
-        print_json({"targets": {r.target: r.as_dict() for r in reports}})
+        print_json({"inventory": {"path": str(choice.path) if choice.path else None, "source": choice.source},
+                    "targets": {r.target: r.as_dict() for r in reports}})
     else:
+        stdout().print(f"inventory: {choice.describe()}", markup=False)
         _print(reports)
     return worst_exit_code(r.exit_code for r in reports)
 

@@ -36,7 +36,7 @@ def kill(
     err = stderr()
     with Connections() as conns:
         client = RunClient(state.inventory(), conns)
-        matches = locate(client, list(dict.fromkeys(run_ids)))
+        matches = locate(client, list(dict.fromkeys(run_ids)), one_live=True)
         for match in matches:
             if match.note:
                 err.print(match.note, markup=False)

@@ -7,11 +7,11 @@ from typing import List, Optional
 import typer
 
 from ..agent.launch import how_it_ended
-from ..agent.protocol import DEFAULT_GRACE_S, TERMINAL_STATES
+from ..agent.protocol import DEFAULT_GRACE_S, LIVE_STATES, TERMINAL_STATES
 from ..agent.restart import parse_policy, policy_text
 from ..agent.terminaltext import for_terminal
 from ..display import record_state_text
-from ..errors import EXIT_OK, UsageError, shorten
+from ..errors import EXIT_OK, DflashError, UsageError, shorten
 from ..inventory.model import Target
 from ..runs.client import LaunchFailed, RunClient
 from ..runs.command import CONFIG_INPUT, config_base_dir, runs_bundled_trainer, train_command
@@ -127,6 +127,22 @@ def _preflight(client: RunClient, targets: list[Target], config: Path | None, *,
             refuse_failed(target, rows)
 
 
+def _warn_same_name(client: RunClient, targets: list[Target], name: str) -> None:
+    """Say so when a live run on these targets already has the name: `kill NAME` will then refuse to guess
+    between them (give the id). Only the launch's own targets are asked; one that cannot be read is left to
+    the launch to report."""
+    same = []
+    for target in targets:
+        try:
+            same += [r["run_id"] for r in client.runs_on(target)
+                     if r.get("name") == name and r.get("state") in LIVE_STATES]
+        except DflashError:
+            continue
+    if same:
+        stderr().print(f"warning: a live run is already named {name!r}: {', '.join(same)}; `dflashctl kill "
+                       f"{name}` will ask which one (give the id, or launch with another --name)", markup=False)
+
+
 def _launch_run(state: AppState, spec: LaunchSpec, config: Path | None, *, as_json: bool) -> int:
     err = stderr()
     where = spec.target.name
@@ -138,6 +154,7 @@ def _launch_run(state: AppState, spec: LaunchSpec, config: Path | None, *, as_js
     with Connections() as conns:
         client = RunClient(state.inventory(), conns)
         _preflight(client, [spec.target], config, force=spec.force)
+        _warn_same_name(client, [spec.target], spec.name)
         try:
             record = client.launch(spec)
         except LaunchFailed as failed:
@@ -178,6 +195,7 @@ def _launch_job(state: AppState, spec: JobSpec, config: Path, *, as_json: bool) 
     with Connections() as conns:
         client = RunClient(state.inventory(), conns)
         _preflight(client, spec.targets, config, force=spec.force)
+        _warn_same_name(client, spec.targets, spec.name)
         try:
             job = launch_job(client, spec)
         except JobLaunchFailed as failed:

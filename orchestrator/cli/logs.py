@@ -9,7 +9,7 @@ import typer
 
 from ..agent.protocol import TERMINAL_STATES
 from ..agent.terminaltext import TerminalStream
-from ..errors import EXIT_FAILED, EXIT_OK, CommandTimeout, DflashError, TargetNotFound, UsageError
+from ..errors import EXIT_OK, CommandTimeout, DflashError, OperationFailed, TargetNotFound, UsageError
 from ..runs.addressing import Match, locate
 from ..runs.client import RunClient
 from ..transports.pool import Connections
@@ -23,6 +23,7 @@ STATE_POLL_S = 2.0
 READ_WAIT_S = 0.5  # one read of the followed stream waits at most this long: the run's state is still polled
 RECONNECT_FIRST_S = 1.0
 RECONNECT_CAP_S = 5.0  # an operator following a log wants it back soon after the Wi-Fi is
+MAX_LINES = 10**12  # far beyond any log, and within what every tail (GNU's, busybox's) can count
 
 
 def logs(
@@ -31,7 +32,8 @@ def logs(
                                  help="A run or job id, a unique prefix of one, or the name given at launch "
                                       "(its newest run, live ones first)."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines until the run ends."),
-    lines: int = typer.Option(100, "--lines", "-n", callback=number_in(0), metavar="N", help="How many of the last lines to show first."),
+    lines: int = typer.Option(100, "--lines", "-n", callback=number_in(0, MAX_LINES), metavar="N",
+                              help=f"How many of the last lines to show first (up to {MAX_LINES})."),
     node: Optional[int] = typer.Option(None, "--node", callback=number_in(0), metavar="N",
                                        help="Of a job: this node's log (default: node 0, which holds rank 0)."),
 ) -> int:
@@ -55,7 +57,9 @@ def logs(
         if not follow:
             result = transport.run(["tail", "-n", str(lines), "--", log_path], timeout=LOG_READ_TIMEOUT_S)
             _write(_terminal_stream().feed(result.stdout, final=True))
-            return EXIT_OK if result.ok else EXIT_FAILED
+            if not result.ok:  # never a silent exit 1
+                raise OperationFailed(f"{target.name}: cannot read the log {log_path}: {result.describe()}")
+            return EXIT_OK
         follower = _Follower(client, target, run_id, log_path)
         follower.start_from_tail(transport, lines)
         return follower.run(transport)

@@ -5,7 +5,8 @@ import logging
 import sys
 from dataclasses import dataclass, field
 
-from ..inventory.model import Inventory, find_inventory, load_inventory
+from ..inventory.model import Inventory, InventoryChoice, choose_inventory, load_inventory
+from .output import stderr
 
 
 @dataclass
@@ -20,5 +21,13 @@ class AppState:
 
     def inventory(self) -> Inventory:
         if self._inventory is None:
-            self._inventory = load_inventory(find_inventory(self.inventory_path))
+            choice = self.inventory_choice()
+            if choice.shadowed is not None:  # a ./inventory.yaml silently beating the one the user exported
+                stderr().print(f"note: using {choice.path} (./inventory.yaml comes first), not $DFLASHCTL_INVENTORY "
+                               f"{choice.shadowed}; --inventory chooses", markup=False)
+            self._inventory = load_inventory(choice.path)
         return self._inventory
+
+    def inventory_choice(self) -> InventoryChoice:
+        """Which inventory file this command uses, and why (doctor says it)."""
+        return choose_inventory(self.inventory_path)

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import sys
 from collections import Counter
 from typing import List, Optional
 
@@ -112,6 +114,16 @@ def _check_options(*, once: bool, as_json: bool, headless: bool, notify: list[st
         raise UsageError(f"{'--headless' if headless else '--notify'} needs a live watch, not --once")
     if notify and no_notify:
         raise UsageError("--notify and --no-notify contradict each other")
+    if not (once or headless or serve or _has_screen()):
+        raise UsageError("the dashboard needs a terminal, and stdout is not one (a pipe or a file would get "
+                         "escape codes forever): --once prints one snapshot, --headless runs without a screen, "
+                         "--serve serves it to a browser")
+
+
+def _has_screen() -> bool:
+    """stdout is a terminal, or Textual was handed another screen (`watch --serve` runs each tab's dashboard
+    with textual-serve's web driver, its stdout a pipe to the server)."""
+    return sys.stdout.isatty() or bool(os.environ.get("TEXTUAL_DRIVER"))
 
 
 def _once(source: LiveSource, *, timeout: float, as_json: bool) -> int:
@@ -122,11 +134,11 @@ def _once(source: LiveSource, *, timeout: float, as_json: bool) -> int:
         source.wait_until_answered(timeout)
         source.settle()
         snapshot = source.snapshot()
-        unreachable = source.unreachable()
+        unreachable = source.unreachable(waited_s=timeout)
     if as_json:
         print_json({**json_safe(snapshot.as_dict()), "errors": unreachable})
     else:
-        _print(snapshot, unreachable)
+        _print(snapshot, unreachable, len(source.targets))
     return EXIT_UNREACHABLE if unreachable else EXIT_OK
 
 
@@ -168,7 +180,7 @@ def _rules(stall: float | None, min_free_gib: float, min_free_pct: float) -> Ale
     return rules if stall is None else dataclasses.replace(rules, stall_floor_s=stall, stall_startup_s=stall)
 
 
-def _print(snapshot: Snapshot, unreachable: dict[str, str]) -> None:
+def _print(snapshot: Snapshot, unreachable: dict[str, str], targets: int) -> None:
     out = stdout()
     table = Table(box=None, header_style="bold")
     for column in ("TARGET", "RUN", "STATE", "PHASE", "STEP", "LOSS", "ACC", "TOK/S", "EXC"):
@@ -177,7 +189,7 @@ def _print(snapshot: Snapshot, unreachable: dict[str, str]) -> None:
         table.add_row(run.target, run.run_id, run.state, run.phase or "-", _value(run.last_step),
                       _value(run.loss, "{:.4f}"), _value(run.acc, "{:.3f}"),
                       format_rate(run.tok_per_s), str(run.exceptions))
-    out.print(table if snapshot.runs else "no runs")
+    out.print(table if snapshot.runs else _no_runs(unreachable, targets))
     for run in snapshot.runs:
         if run.bottleneck is not None:
             out.print(f"{run.target} {run.run_id} {run.bottleneck.evidence}", markup=False)
@@ -193,6 +205,16 @@ def _print(snapshot: Snapshot, unreachable: dict[str, str]) -> None:
         out.print(f"{alert.time} {alert.severity} {alert.target} {alert.run_id}: {alert.message}", markup=False)
     for name, error in unreachable.items():
         stderr().print(f"{name}: {error}", markup=False)
+
+
+def _no_runs(unreachable: dict[str, str], targets: int) -> str:
+    """What an empty table means: no runs, or none on the targets that answered (an unreachable target may
+    well have live runs: never "no runs" for it)."""
+    if not unreachable:
+        return "no runs"
+    if len(unreachable) >= targets:
+        return f"runs not read: unreachable: {', '.join(unreachable)}"
+    return f"no runs on the targets that answered; not read (unreachable): {', '.join(unreachable)}"
 
 
 def json_safe(value: object) -> object:

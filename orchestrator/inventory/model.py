@@ -17,7 +17,7 @@ from ..agent.protocol import ascii_decimal
 from ..agent.restart import NEVER, parse_policy
 from ..errors import InventoryError, TargetNotFound, shorten
 from .notify import NotifySpec
-from .yaml_lines import LocatedYaml, load_located
+from .yaml_lines import MAX_BYTES, LocatedYaml, load_located
 
 LOCAL = "local"
 
@@ -238,24 +238,55 @@ def builtin_inventory() -> Inventory:
     return Inventory(path=None, model=InventoryModel(hosts={LOCAL: HostSpec(transport="local")}))
 
 
-def find_inventory(explicit: str | None, *, cwd: Path | None = None) -> Path | None:
+@dataclass(frozen=True)
+class InventoryChoice:
+    """Which inventory file a command uses, and why."""
+
+    path: Path | None
+    source: str                   # "--inventory", "./inventory.yaml", "$DFLASHCTL_INVENTORY" or "built-in"
+    shadowed: Path | None = None  # $DFLASHCTL_INVENTORY, when a different ./inventory.yaml beat it
+
+    def describe(self) -> str:
+        return f"{self.path} ({self.source})" if self.path else "the built-in one (this machine as `local`)"
+
+
+def choose_inventory(explicit: str | None, *, cwd: Path | None = None) -> InventoryChoice:
     """--inventory, else ./inventory.yaml, else $DFLASHCTL_INVENTORY, else None (built-in)."""
     if explicit:
-        return Path(explicit)
+        return InventoryChoice(Path(explicit), "--inventory")
     here = (cwd or Path.cwd()) / "inventory.yaml"
-    if here.is_file():
-        return here
     env = os.environ.get("DFLASHCTL_INVENTORY")
-    return Path(env) if env else None
+    if here.is_file():
+        other = Path(env) if env and not _same_file(here, Path(env)) else None
+        return InventoryChoice(here, "./inventory.yaml", shadowed=other)
+    if env:
+        return InventoryChoice(Path(env), "$DFLASHCTL_INVENTORY")
+    return InventoryChoice(None, "built-in")
+
+
+def find_inventory(explicit: str | None, *, cwd: Path | None = None) -> Path | None:
+    return choose_inventory(explicit, cwd=cwd).path
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.samefile(b)
+    except OSError:  # $DFLASHCTL_INVENTORY names nothing there: not the same file
+        return False
 
 
 def load_inventory(path: Path | None) -> Inventory:
     if path is None:
         return builtin_inventory()
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as handle:
+            raw = handle.read(MAX_BYTES + 1)  # never all of a huge file (or of /dev/zero)
     except OSError as exc:
         raise InventoryError(f"{path}: cannot read the inventory: {exc.strerror or exc}") from exc
+    if len(raw) > MAX_BYTES:
+        raise InventoryError(f"{path}: the inventory is larger than the limit of 1 MiB ({MAX_BYTES} bytes)")
+    try:
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InventoryError(f"{path}: the inventory is not UTF-8 text") from exc
     return parse_inventory(text, path)

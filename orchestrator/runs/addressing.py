@@ -46,16 +46,17 @@ class Match:
         return f"{self.id} ({'job ' if self.kind == 'job' else ''}{state} on {', '.join(targets)})"
 
 
-def locate(client: RunClient, refs: list[str]) -> list[Match]:
+def locate(client: RunClient, refs: list[str], *, one_live: bool = False) -> list[Match]:
     """One Match per RUN argument, from one sweep of every target; raises when one names nothing or is
-    ambiguous, before anything is done to any of them."""
+    ambiguous, before anything is done to any of them. With `one_live` (what `kill` asks), a name that several
+    live runs carry is ambiguous too: the newest is a guess that must not stop the wrong run."""
     for ref in refs:
         check_run_id(ref)
     outcomes = client.list_runs(client.inventory.all_targets())
     runs = [(o.target, record) for o in outcomes for record in o.value or []]
     matches, missing = [], []
     for ref in refs:
-        match = resolve(ref, runs)
+        match = resolve(ref, runs, one_live=one_live)
         if match is None:
             missing.append(ref)
         else:
@@ -70,16 +71,17 @@ def _raise_missing(missing: list[str], outcomes: list) -> None:
     failed = [o for o in outcomes if not o.ok]
     down = [f"{o.target.name} ({o.error})" for o in failed if isinstance(o.error, Unreachable)]
     if down:  # it may well be on a target we could not reach: an outage (exit 3), not a typo
-        raise Unreachable(f"no run or job {names} on the targets that answered; not searched, "
-                          f"unreachable: {'; '.join(down)}")
+        raise Unreachable(f"cannot look up {names}: unreachable: {'; '.join(down)} (no target that answered "
+                          f"has it)")
     others = [f"{o.target.name} ({o.error})" for o in failed]
     hint = f"; not searched: {'; '.join(others)}" if others else ""
     raise TargetNotFound(f"no run or job {names} on any target (a run id, a unique prefix of one, or the name "
                          f"given at launch; see `dflashctl ps`){hint}")
 
 
-def resolve(ref: str, runs: list[tuple[Target, dict]]) -> Match | None:
-    """The Match for `ref` among every known run, None when nothing matches; UsageError when ambiguous."""
+def resolve(ref: str, runs: list[tuple[Target, dict]], *, one_live: bool = False) -> Match | None:
+    """The Match for `ref` among every known run, None when nothing matches; UsageError when ambiguous (with
+    `one_live`, also a name of several live runs)."""
     exact = [(t, r) for t, r in runs if r.get("run_id") == ref]
     if exact:
         return Match(ref, "run", ref, exact[:1])
@@ -88,6 +90,9 @@ def resolve(ref: str, runs: list[tuple[Target, dict]]) -> Match | None:
         return units["job"][ref]
     named = [m for m in [*units["run"].values(), *units["job"].values()] if m.name == ref]
     if named:
+        live = [m for m in named if m.live]
+        if one_live and len(live) > 1:
+            _refuse(f"{shorten(ref)!r} names {len(live)} live runs", live, "Give the id of the one to stop (or each)")
         return _newest(ref, named)
     return _by_prefix(ref, runs, units)
 
@@ -129,10 +134,15 @@ def _by_prefix(ref: str, runs: list[tuple[Target, dict]], units: dict[str, dict[
         return None
     if len(found) == 1:
         return Match(ref, found[0].kind, found[0].id, found[0].runs)
-    found.sort(key=lambda m: m.created_at, reverse=True)
-    listed = "; ".join(m.describe() for m in found[:MAX_CANDIDATES])
-    more = f"; and {len(found) - MAX_CANDIDATES} more" if len(found) > MAX_CANDIDATES else ""
-    raise UsageError(f"{shorten(ref)!r} begins {len(found)} run ids: {listed}{more}. Give more of the id.")
+    _refuse(f"{shorten(ref)!r} begins {len(found)} run ids", found, "Give more of the id")
+
+
+def _refuse(what: str, candidates: list[Match], advice: str) -> None:
+    """An ambiguous RUN: a UsageError listing the candidates, newest first."""
+    candidates = sorted(candidates, key=lambda m: m.created_at, reverse=True)
+    listed = "; ".join(m.describe() for m in candidates[:MAX_CANDIDATES])
+    more = f"; and {len(candidates) - MAX_CANDIDATES} more" if len(candidates) > MAX_CANDIDATES else ""
+    raise UsageError(f"{what}: {listed}{more}. {advice}.")
 
 
 __all__ = ["Match", "locate", "resolve"]

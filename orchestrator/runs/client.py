@@ -51,12 +51,14 @@ class RunClient:
         """Ship the agent (and the trainer) to the target now, once per version and dflashctl invocation."""
         return self._deployment(target, self.conns.for_target(target), with_trainer=with_trainer)
 
-    def agent(self, target: Target, args: list[str], *, timeout: float = AGENT_TIMEOUT_S, stdin: bytes | None = None,
+    def agent(self, target: Target, args: list[str], *, timeout: float | None = None, stdin: bytes | None = None,
               with_trainer: bool = False) -> dict:
-        """Run one agent subcommand on the target and return its JSON answer (ok true or false)."""
+        """Run one agent subcommand on the target and return its JSON answer (ok true or false); the timeout is
+        AGENT_TIMEOUT_S unless given, and a command past it is ended on the target (CommandTimeout, exit 3)."""
         transport = self.conns.for_target(target)
         deployment = self._deployment(target, transport, with_trainer=with_trainer)
-        result = transport.run(agent_argv(target, deployment.agent_path, *args), timeout=timeout, stdin=stdin)
+        result = transport.run(agent_argv(target, deployment.agent_path, *args), stdin=stdin,
+                               timeout=AGENT_TIMEOUT_S if timeout is None else timeout)
         return agent_answer(target, result)
 
     def start_agent(self, target: Target, args: list[str]) -> RemoteProcess:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import shlex
 from typing import Sequence
 
+from ..errors import CommandTimeout
 from .base import DEFAULT_TIMEOUT, CommandResult, RemoteProcess, Transport
 
 
@@ -25,7 +26,11 @@ class PctTransport(Transport):
 
     def run(self, argv: Sequence[str], *, stdin: bytes | None = None,
             timeout: float | None = DEFAULT_TIMEOUT) -> CommandResult:
-        result = self.host.run(self.wrap(argv), stdin=stdin, timeout=timeout)
+        try:
+            result = self.host.run(self.wrap(argv), stdin=stdin, timeout=timeout)
+        except CommandTimeout:  # the host transport ended the `pct exec` it started; say which target hung
+            raise CommandTimeout(f"{self.label}: unresponsive: `{' '.join(argv)[:120]}` did not finish in "
+                                 f"{timeout:g}s (ended its `pct exec` on {self.host.label})") from None
         return CommandResult(tuple(argv), result.exit_code, result.stdout, result.stderr)
 
     def start(self, argv: Sequence[str]) -> RemoteProcess:

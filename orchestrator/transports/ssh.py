@@ -23,11 +23,15 @@ import paramiko
 from ..errors import AuthError, CommandTimeout, HostKeyError, TransportError, Unreachable
 from ..inventory.model import HostConfig
 from .base import DEFAULT_TIMEOUT, CommandResult, RemoteProcess, Transport
+from .remotegroup import RunningCommands, announced, announced_group, end_later, split_marker, wait_for_endings
+from .sshchannel import drain, send_input
 
 log = logging.getLogger("dflashctl.ssh")
 KEEPALIVE_S = 15
 RETRY_FIRST_S = 0.2   # the first backoff after a dropped connection (full jitter: a random wait up to this)...
 RETRY_CAP_S = 2.0     # ...doubling up to this
+CLOSE_GRACE_S = 1.0   # a streamed command gets this long to end at end of input before it is ended
+STDERR_KEPT = 4096    # of a streamed command's stderr (nobody reads it), what is kept: the announced group
 
 # paramiko's transport thread logs what it meets (a reset during the banner: an error and its traceback) to the
 # "paramiko" logger. With no handler there, logging's last resort printed that on stderr before dflashctl's own
@@ -76,10 +80,16 @@ class SSHHost:
         self.host = host
         self._lock = threading.Lock()
         self._conn: fabric.Connection | None = None
+        self.running = RunningCommands()
 
     @property
     def label(self) -> str:
         return self.host.name
+
+    def active(self) -> bool:
+        """Connected now (never connects: ending what we left on a host must not wait for a dead one)."""
+        conn = self._conn
+        return conn is not None and conn.transport is not None and conn.transport.is_active()
 
     def transport(self) -> paramiko.Transport:
         with self._lock:
@@ -89,7 +99,14 @@ class SSHHost:
             self._conn = self._open()
             return self._conn.transport
 
-    def close(self) -> None:
+    def close(self, *, end_commands: bool = True) -> None:
+        """Close the connection, first ending the commands still running on it (another thread's, given up on;
+        sshd would leave them running) and letting the endings under way finish; not on a link found dead."""
+        groups = self.running.groups() if end_commands and self.active() else []
+        if groups:
+            end_later(SSHTransport(self), groups)
+        if end_commands:
+            wait_for_endings()
         with self._lock:
             self._close_locked()
 
@@ -258,7 +275,7 @@ class SSHTransport(Transport):
         try:
             return transport.open_session(timeout=self.conn.host.connect_timeout)
         except (paramiko.SSHException, OSError, EOFError) as exc:
-            self.conn.close()
+            self.conn.close(end_commands=False)
             raise Unreachable(f"{self.label}: the connection dropped: {_reason(exc)}") from None
 
     def run(self, argv: Sequence[str], *, stdin: bytes | None = None,
@@ -266,29 +283,42 @@ class SSHTransport(Transport):
         argv = tuple(argv)
         started = time.monotonic()
         chan = self._session()
+        out, err = bytearray(), bytearray()
+        self.conn.running.add(id(chan), err)
         try:
-            chan.exec_command(command_line(argv))
+            chan.exec_command(announced(command_line(argv)))
             if stdin:
-                chan.sendall(stdin)
+                send_input(chan, stdin, timeout, self.label, argv)
             chan.shutdown_write()
-            out, err, code = _drain(chan, timeout, self.label, argv)
+            code = drain(chan, timeout, self.label, argv, out, err)
+        except CommandTimeout:
+            self.conn.running.done(id(chan))
+            self._end(chan, err)  # what we started must not stay behind on the host
+            raise
         except (paramiko.SSHException, OSError, EOFError) as exc:
-            self.conn.close()
+            self.conn.close(end_commands=False)
             raise Unreachable(f"{self.label}: the connection dropped while running {argv[0]}: {_reason(exc)}") \
                 from None
         finally:
+            self.conn.running.done(id(chan))
             chan.close()
         log.debug("%s: %s -> %d in %.0f ms", self.label, argv[0], code, (time.monotonic() - started) * 1000)
-        return CommandResult(argv, code, out, err)
+        return CommandResult(argv, code, bytes(out), split_marker(bytes(err))[1])
 
     def start(self, argv: Sequence[str]) -> RemoteProcess:
         chan = self._session()
         try:
-            chan.exec_command(command_line(argv))
+            chan.exec_command(announced(command_line(argv)))
         except (paramiko.SSHException, OSError, EOFError) as exc:
-            self.conn.close()
+            self.conn.close(end_commands=False)
             raise Unreachable(f"{self.label}: the connection dropped: {_reason(exc)}") from None
-        return SSHProcess(chan, self.label)
+        return SSHProcess(chan, self)
+
+    def _end(self, chan: paramiko.Channel, err: bytearray) -> None:
+        """End a command we gave up on: its process group, as it announced it, on a second channel."""
+        pgid = announced_group(chan, err)
+        if pgid is not None and not chan.exit_status_ready() and self.conn.active():
+            end_later(self, [pgid])  # in the background: a dead link must not hold the caller
 
 
 def command_line(argv: Sequence[str]) -> bytes:
@@ -297,45 +327,26 @@ def command_line(argv: Sequence[str]) -> bytes:
     return shlex.join(argv).encode("utf-8", "surrogateescape")
 
 
-def _drain(chan: paramiko.Channel, timeout: float | None, label: str,
-           argv: tuple[str, ...]) -> tuple[bytes, bytes, int]:
-    """Read stdout and stderr until the remote side closes them, then take the exit status.
-
-    Like OpenSSH, this waits for end-of-file, not just for the command's exit: a background child still holding
-    the output keeps the channel open (the timeout then reports it instead of hanging forever).
-    """
-    deadline = None if timeout is None else time.monotonic() + timeout
-    out, err = bytearray(), bytearray()
-    while True:
-        while chan.recv_ready():
-            out += chan.recv(65536)
-        while chan.recv_stderr_ready():
-            err += chan.recv_stderr(65536)
-        if chan.eof_received and not chan.recv_ready() and not chan.recv_stderr_ready():
-            break
-        if chan.closed:
-            raise EOFError("channel closed before end of output")
-        remaining = None if deadline is None else deadline - time.monotonic()
-        if remaining is not None and remaining <= 0:
-            raise CommandTimeout(f"{label}: `{' '.join(argv)[:120]}` did not finish in {timeout:g}s")
-        select.select([chan], [], [], min(remaining, 1.0) if remaining is not None else 1.0)
-    remaining = None if deadline is None else max(deadline - time.monotonic(), 0.01)
-    if not chan.status_event.wait(remaining):
-        raise CommandTimeout(f"{label}: `{' '.join(argv)[:120]}` closed its output but did not exit in time")
-    return bytes(out), bytes(err), chan.recv_exit_status()
-
-
 class SSHProcess(RemoteProcess):
-    def __init__(self, chan: paramiko.Channel, label: str) -> None:
+    def __init__(self, chan: paramiko.Channel, transport: SSHTransport) -> None:
         self._chan = chan
-        self._label = label
+        self._transport = transport
+        self._label = transport.label
+        self._err = bytearray()  # the start of stderr: where the command announced its process group
 
     def read(self, timeout: float | None = None) -> bytes:
+        """The next chunk of stdout. The channel's fileno also wakes for stderr, which is taken aside here: a
+        recv() woken by stderr alone would block until stdout spoke, past any timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            if not self._chan.recv_ready() and not self._chan.eof_received:
-                ready, _, _ = select.select([self._chan], [], [], timeout)
-                if not ready:
+            while not self._chan.recv_ready() and not self._chan.eof_received:
+                while self._chan.recv_stderr_ready():
+                    chunk = self._chan.recv_stderr(65536)
+                    self._err += chunk[:max(0, STDERR_KEPT - len(self._err))]
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
                     raise CommandTimeout(f"{self._label}: no output in {timeout:g}s")
+                select.select([self._chan], [], [], left)
             return self._chan.recv(65536)
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise Unreachable(f"{self._label}: the connection dropped: {_reason(exc)}") from None
@@ -353,4 +364,10 @@ class SSHProcess(RemoteProcess):
         return self._chan.recv_exit_status() if self._chan.exit_status_ready() else None
 
     def close(self) -> None:
+        """Close the channel, ending the command first if it still runs (a quiet `tail -F` would otherwise stay
+        on the host until it next writes, a hung one forever)."""
+        if not self._chan.closed and not self._chan.exit_status_ready():
+            self._chan.shutdown_write()  # most commands (the watch agent) end on their own at end of input...
+            if not self._chan.status_event.wait(CLOSE_GRACE_S):
+                self._transport._end(self._chan, self._err)  # ...the others (tail -F, a hung one) are ended
         self._chan.close()

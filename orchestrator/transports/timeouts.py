@@ -13,6 +13,8 @@ PROBE_TIMEOUT_S = 30.0
 # one agent request (ps, netinfo, probe): a Python start-up plus reading run directories and /proc; also the
 # time a kill may take beyond the run's grace period (the agent verifies that nothing of the run is left)
 AGENT_TIMEOUT_S = 60.0
+# ending, on the host, a command that timed out (kill on its process group: TERM, KILL 2 s later if need be)
+END_COMMAND_TIMEOUT_S = 10.0
 # reading the end of a log (`logs`): tail over one stream, a minute even for a slow disk
 LOG_READ_TIMEOUT_S = 60.0
 # measuring the compile cache (du over many small files on possibly slow storage): only a warning past it

@@ -136,10 +136,11 @@ class LiveSource:
         for state in list(self._targets.values()):
             self.tick(state.target)
 
-    def unreachable(self) -> dict[str, str]:
-        """Targets not connected now, with the reason."""
+    def unreachable(self, *, waited_s: float | None = None) -> dict[str, str]:
+        """Targets not connected now, with the reason (one that never answered: how long it was waited for)."""
+        silent = "not connected" if waited_s is None else f"no answer within {waited_s:g}s"
         with self._lock:
-            return {name: s.error or "not connected" for name, s in self._targets.items() if not s.connected}
+            return {name: s.error or silent for name, s in self._targets.items() if not s.connected}
 
     def kill(self, run_id: str, *, grace: float) -> ActionResult:
         nodes = self._jobs.get(run_id)

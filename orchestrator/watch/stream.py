@@ -44,7 +44,7 @@ def drop_connection(transport: Transport) -> None:
     """Close the SSH connection under a transport: a link that went silent is dead for every container."""
     base = transport.host if isinstance(transport, PctTransport) else transport
     if isinstance(base, SSHTransport):
-        base.conn.close()
+        base.conn.close(end_commands=False)  # nothing can be ended over it
 
 
 class HostActivity:

@@ -23,6 +23,9 @@ process of the container to N CPUs. The init's host pid and start time are kept 
   - CMD leads its own process group; when CMD returns, whatever is left in that group is SIGKILLed;
   - anything that still holds the inherited stdout/stderr keeps the caller's SSH session open;
   - on SIGHUP, SIGTERM or SIGINT pct SIGKILLs CMD's process group and exits 128+signal.
+A test knob: while <lab>/hosts/<host>/ct/<id>/exec-hangs exists, `pct exec` on that container hangs before it
+attaches, as lxc-attach does on a frozen container, until a signal ends it; only for commands with an argument
+equal to the file's first line when it has one (`ps`: only the agent's ps hangs).
 
 Exit codes: `exec` returns CMD's exit code, 128+N if CMD died of signal N, 127 if CMD was not found, 126 if
 it could not be executed. Every error of pct itself exits 2: unknown CT (Proxmox's "Configuration file
@@ -160,6 +163,17 @@ def kill_group(pgid: int) -> None:
         pass
 
 
+def hang_if_told(container: Container, argv: list[str]) -> None:
+    """The exec-hangs knob (see the module docstring): sleep until a signal (default action: end) ends pct."""
+    try:
+        only = (container.dir / "exec-hangs").read_text().strip()
+    except FileNotFoundError:
+        return
+    if not only or only in argv:
+        while True:
+            signal.pause()
+
+
 def cmd_exec(args: list[str]) -> int:
     if not args:
         raise PctError("400 not enough arguments\n" + USAGE)
@@ -167,6 +181,7 @@ def cmd_exec(args: list[str]) -> int:
     argv = args[2:] if args[1:2] == ["--"] else args[1:]
     if not argv:
         raise PctError("missing command")
+    hang_if_told(container, argv)
     enter_namespaces(container.running_pid())
     limit_cpus(container)
     signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)

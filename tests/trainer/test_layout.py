@@ -14,7 +14,8 @@ from tests.trainer.conftest import REPO_ROOT, trainer_env
 
 TRAINER = REPO_ROOT / "trainer"
 COMMANDS = ("__init__", "__main__", "train", "export")   # `python -m trainer ...` and what it runs
-CONTRACTS = ("config", "errors", "logformat")            # shared with the controller; every room may read them
+# shared with the controller (yamlbound: how config reads YAML safely); every room may read them
+CONTRACTS = ("config", "errors", "logformat", "yamlbound")
 ROOMS = ("spec", "model", "data", "decoding", "training")  # lowest first: each imports only those before it
 # what the controller imports of the trainer (DESIGN.md: the config adapter, `check`), in a fresh process each
 CONTROLLER_READS = [f"trainer.{name}" for name in CONTRACTS] + sorted(

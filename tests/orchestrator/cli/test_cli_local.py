@@ -33,7 +33,10 @@ def test_logs_and_kill_address_a_run_by_its_name_and_by_a_prefix(inv, capsys):
     assert code == 0 and out.strip() == "first"
     code, out, err = run_cli(inv, "logs", "ticker-", capsys=capsys)  # a prefix of both
     assert code == 2 and first["run_id"] in err and second["run_id"] in err and "Traceback" not in err
-    code, result, err = run_cli(inv, "kill", "ticker", "--grace", "1", "--json", capsys=capsys)
+    # kill does not guess between two live runs of one name: it lists them
+    code, out, err = run_cli(inv, "kill", "ticker", "--grace", "1", capsys=capsys)
+    assert code == 2 and "'ticker' names 2 live runs" in err and first["run_id"] in err and second["run_id"] in err
+    code, result, err = run_cli(inv, "kill", second["run_id"], "--grace", "1", "--json", capsys=capsys)
     assert code == 0 and [r["run_id"] for r in result["targets"]["local"]["runs"]] == [second["run_id"]]
     # with the newest one ended, the name means the other, still live one
     code, result, err = run_cli(inv, "kill", "ticker", "--grace", "1", "--json", capsys=capsys)

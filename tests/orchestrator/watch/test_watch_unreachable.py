@@ -1,7 +1,9 @@
 """An unreachable host in `watch --once` and in the dashboard's host line: its name once, then the reason."""
 from __future__ import annotations
 
+import json
 import socket
+import sys
 
 import pytest
 
@@ -32,6 +34,20 @@ def test_watch_once_names_the_unreachable_host_once(inventory_path, capsys) -> N
     line = next(line for line in err.splitlines() if line.startswith("dead:"))
     assert line.startswith("dead: cannot connect to 127.0.0.1:"), line
     assert "dead: dead:" not in err
+
+
+def test_watch_once_never_says_no_runs_for_a_target_it_could_not_read(inventory_path, tmp_path, capsys) -> None:
+    # an unreachable target may have live runs: an empty table says which targets it speaks for
+    code = run_cli(["--inventory", str(inventory_path), "watch", "dead", "--once", "--timeout", "10"])
+    out = capsys.readouterr().out
+    assert code == 3 and "no runs" not in out and out.strip() == "runs not read: unreachable: dead", out
+    with inventory_path.open("a") as inventory:  # beside a target that answers with no runs
+        inventory.write(f"  local:\n    transport: local\n    workdir: {json.dumps(str(tmp_path / 'work'))}\n"
+                        f"    python: {json.dumps(sys.executable)}\n")
+    code = run_cli(["--inventory", str(inventory_path), "watch", "--once", "--timeout", "30"])
+    out = capsys.readouterr().out
+    assert code == 3, out
+    assert out.splitlines()[0] == "no runs on the targets that answered; not read (unreachable): dead", out
 
 
 def test_the_dashboards_host_error_is_the_reason_alone(inventory_path) -> None:

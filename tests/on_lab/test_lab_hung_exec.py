@@ -1,0 +1,108 @@
+"""A `pct exec` that hangs forever (a frozen container, a stuck lxc-attach), made by the pct stand-in's
+exec-hangs knob: every command returns in its time, ends the `pct exec` it started on the host, and calls the
+target unreachable (exit 3, one line naming it and the timeout), never "no run"."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from orchestrator.errors import CommandTimeout
+from orchestrator.inventory.model import load_inventory
+from orchestrator.transports.pool import Connections
+
+from tests.lab.workloads import QUIET, quick_inventory
+from tests.lab.workloads import run_cli as cli
+from tests.polling import wait_for
+
+pytestmark = pytest.mark.lab
+HOST, CTID = "pve2", 300
+TARGET = f"{HOST}/{CTID}"
+
+
+@pytest.fixture(scope="module")
+def inv(lab, tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("inv") / "inventory.yaml"
+    quick_inventory(lab, path)
+    return str(path)
+
+
+@pytest.fixture()
+def live_run(inv: str, capsys):
+    code, record, err = cli(inv, "launch", TARGET, "--json", "--name", "hung", "--", "python3", "-c", QUIET,
+                            capsys=capsys)
+    assert code == 0, err
+    yield record
+    cli(inv, "kill", record["run_id"], "--grace", "1", capsys=capsys)
+
+
+@pytest.fixture()
+def hang(lab):
+    """hang(arg): from now on `pct exec` on the target hangs (for commands with that argument; "" for all)."""
+    knob = lab.hosts[HOST].containers[CTID].dir / "exec-hangs"
+
+    def set_knob(only: str = "") -> None:
+        knob.write_text(only + "\n")
+
+    yield set_knob
+    knob.unlink(missing_ok=True)
+
+
+def pct_execs(lab) -> list[int]:
+    """The host's `pct exec` processes of the target (this lab's stand-in only), by pid."""
+    pct = lab.hosts[HOST].pct_command.encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        if pct in argv[:2] and b"exec" in argv and str(CTID).encode() in argv:
+            found.append(int(entry))
+    return found
+
+
+def assert_none_left(lab) -> None:
+    wait_for(lambda: not pct_execs(lab), timeout=10, what=lambda: f"hung pct exec left: {pct_execs(lab)}")
+
+
+def test_a_command_that_times_out_is_ended_on_the_host(lab, inv: str, hang) -> None:
+    hang()
+    inventory = load_inventory(Path(inv))
+    with Connections() as conns:
+        transport = conns.for_target(inventory.target(TARGET))
+        for _ in range(3):
+            with pytest.raises(CommandTimeout) as caught:
+                transport.run(["true"], timeout=1.5)
+            assert caught.value.exit_code == 3
+            assert str(caught.value).startswith(f"{TARGET}: ") and "1.5s" in str(caught.value)
+            assert_none_left(lab)  # while the connection is still open: the timeout ended it
+        with pytest.raises(CommandTimeout):  # one that never reads its input does not hang the sender
+            transport.run(["cat"], stdin=b"x" * (8 << 20), timeout=1.5)
+        assert_none_left(lab)
+
+
+@pytest.mark.parametrize("command", [("logs",), ("kill", "--grace", "1")])
+def test_logs_and_kill_of_a_run_on_a_hung_target_say_unreachable(lab, inv: str, live_run: dict, hang, command,
+                                                                   monkeypatch, capsys) -> None:
+    monkeypatch.setattr("orchestrator.runs.client.AGENT_TIMEOUT_S", 2.0)
+    hang("ps")  # the agent's listing hangs: the run cannot be looked up
+    code, out, err = cli(inv, command[0], live_run["run_id"], *command[1:], capsys=capsys)
+    assert code == 3, (out, err)
+    assert len(err.strip().splitlines()) == 1 and TARGET in err and "2s" in err, err
+    assert "no run" not in err and "unreachable" in err, err
+    assert_none_left(lab)
+
+
+@pytest.mark.parametrize("hung", ["watch", ""])
+def test_watch_once_on_a_hung_target_says_so_and_leaves_nothing(lab, inv: str, live_run: dict, hang, hung: str,
+                                                                capsys) -> None:
+    # "watch": the agent's stream never says a word; "": not even the deploy check before it returns, and the
+    # command still running when watch --once gives up is ended as its connection closes
+    hang(hung)
+    code, out, err = cli(inv, "watch", TARGET, "--once", "--timeout", "3", capsys=capsys)
+    assert code == 3, (out, err)
+    assert "no runs" not in out, out
+    assert TARGET in err and "3s" in err, err
+    assert_none_left(lab)
