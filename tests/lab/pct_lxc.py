@@ -25,6 +25,7 @@ while it runs, as the stand-in keeps them. Every error of pct itself exits 2.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import subprocess
@@ -36,7 +37,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pct_standin as standin  # noqa: E402  (installed beside this file)
 
 ID_BASE, ID_COUNT = 100000, 65536
-LEGACY_CGROUPS = Path("/sys/fs/cgroup/memory").is_dir()
+CGROUPS = Path("/sys/fs/cgroup")
+HIERARCHIES = [line.split(":", 2)[1] for line in Path("/proc/self/cgroup").read_text().splitlines()]
+LEGACY_CGROUPS = any("memory" in h.split(",") for h in HIERARCHIES)  # a cgroup v1 memory controller
+MS_REC, MS_PRIVATE = 16384, 1 << 18
 ROOT_DIRS = ("usr", "etc", "proc", "sys/fs/cgroup", "dev", "tmp", "root", "run", "var/tmp", "workspace", "opt/lab")
 DEFAULT_INIT = "/usr/bin/sleep infinity"
 
@@ -78,7 +82,7 @@ def lxc_config(container: standin.Container, rootfs: Path) -> str:
     config, entries = container.config(), container.entries()
     lines = [f"lxc.uts.name = {config.get('hostname', f'ct{container.ctid}')}",
              f"lxc.rootfs.path = dir:{rootfs}", "lxc.net.0.type = none", "lxc.apparmor.profile = unconfined",
-             "lxc.autodev = 1", "lxc.tty.max = 0", "lxc.pty.max = 16", "lxc.mount.auto = proc:mixed cgroup:mixed",
+             "lxc.autodev = 1", "lxc.tty.max = 0", "lxc.pty.max = 16", "lxc.mount.auto = proc:mixed cgroup:mixed:force",
              f"lxc.init.cmd = {config.get('lxc.init.cmd', DEFAULT_INIT)}"]
     if unprivileged(container):
         lines += [f"lxc.idmap = {kind} 0 {ID_BASE} {ID_COUNT}" for kind in "ug"]
@@ -143,6 +147,31 @@ def mount_and_start(ctid_text: str) -> None:
     bind(str(wrappers), rootfs / "usr" / "local" / "sbin", read_only=True)
     bind(str(container.dir / "workspace"), rootfs / "workspace", read_only=False)
     os.execvp("lxc-start", lxc("start", container.ctid, "-l", "INFO", "-o", str(container.dir / "lxc.log")))
+
+
+def see_host_cgroups() -> None:
+    """`ip netns exec` (and so each lab host's sshd) mounts a fresh sysfs on /sys, without the machine's cgroup
+    file systems; lxc-start and lxc-attach find cgroups there. In a mount namespace of this process's own, bind
+    the machine's back (a real Proxmox host has them where they belong)."""
+    if any(CGROUPS.iterdir()):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(standin.CLONE_NEWNS) != 0:
+        raise standin.PctError(f"unshare: {os.strerror(ctypes.get_errno())}")
+    standin.libc_mount("none", "/", None, MS_REC | MS_PRIVATE)
+    legacy = [h for h in HIERARCHIES if h]
+    if not legacy:  # cgroup v2 only
+        standin.libc_mount("cgroup2", str(CGROUPS), "cgroup2", 0)
+        return
+    standin.libc_mount("tmpfs", str(CGROUPS), "tmpfs", 0, "mode=755")
+    for hierarchy in legacy:  # the same hierarchies again (mounting one with the same options reuses it)
+        target = CGROUPS / hierarchy.replace("name=", "")
+        target.mkdir()
+        standin.libc_mount("cgroup", str(target), "cgroup", 0,
+                           hierarchy if not hierarchy.startswith("name=") else "none," + hierarchy)
+    if "" in HIERARCHIES:
+        (CGROUPS / "unified").mkdir()
+        standin.libc_mount("cgroup2", str(CGROUPS / "unified"), "cgroup2", 0)
 
 
 # ---- commands -------------------------------------------------------------------------------------------
@@ -233,6 +262,8 @@ def main(argv: list[str]) -> int:
     try:
         if argv[0] in standin.NEEDS_CTID and len(argv) < 2:
             raise standin.PctError("400 not enough arguments\n" + standin.USAGE)
+        if argv[0] in ("start", "exec", "reboot"):
+            see_host_cgroups()
         return COMMANDS[argv[0]](argv[1:])
     except standin.PctError as exc:
         sys.stderr.write(f"{exc}\n")
