@@ -10,11 +10,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.lab.lxclab import OOM_MEMORY_MIB
 from tests.lab.workloads import run_cli as cli
 from tests.polling import wait_for
 
 from tests.on_lab import test_lab_lifecycle as lifecycle
-from tests.on_lab.test_lab_lifecycle import inv  # noqa: F401  (its inventory fixture, here of the LXC lab)
+from tests.on_lab import test_watch_live as watch_live
+# their fixtures, here on the LXC lab
+from tests.on_lab.test_lab_lifecycle import inv  # noqa: F401
+from tests.on_lab.test_watch_live import inventory, launched, source  # noqa: F401
 
 pytestmark = pytest.mark.lab
 
@@ -105,3 +109,25 @@ def test_a_reaping_pid1_leaves_no_zombie_a_non_reaping_one_does(lab) -> None:
     assert [p for p in lab.ct_processes("pve1", 202) if p.state == "Z"] == []
     assert [p.cmdline for p in lab.ct_processes("pve1", 202) if p.pid == 1] == [
         ["/usr/bin/python3", "/opt/lab/bin/reaping-init"]]
+
+
+def test_doctor_reads_the_memory_cgroup_and_pct_status_of_a_real_container(lab, inv: str, capsys) -> None:
+    code, payload, err = cli(inv, "doctor", OOM_TARGET, "--json", capsys=capsys)
+    checks = {row["name"]: row for row in payload["targets"][OOM_TARGET]["checks"]}
+    assert checks["reach"]["status"] == "ok" and "container 202 running" in checks["reach"]["detail"], err
+    assert checks["shm"]["status"] == "ok" and checks["workdir"]["status"] == "ok"
+    # the limit the container's memory cgroup really has (the stand-in has none)
+    assert checks["limits"]["status"] == "warn" and f"{OOM_MEMORY_MIB} MiB of" in checks["limits"]["detail"]
+    assert "`pct set 202 --memory" in checks["limits"]["fix"]
+    lab.pct("pve1", "stop", "202", check=True)
+    try:
+        code, payload, err = cli(inv, "doctor", OOM_TARGET, "--json", capsys=capsys)
+        report = payload["targets"][OOM_TARGET]
+        assert code != 0 and report["container"] == "stopped" and "pct start 202" in report["error"], report
+    finally:
+        lab.pct("pve1", "start", "202", check=True)
+
+
+# the live source of `watch`: runs on both hosts (pve2's pct exec clears the environment), their log lines, a kill
+test_watch_updates_runs_of_two_hosts_live_on_lxc = watch_live.test_runs_of_two_hosts_update_live
+test_watch_kill_and_log_lines_on_lxc = watch_live.test_kill_and_log_lines_through_the_source
