@@ -131,3 +131,4 @@ def test_doctor_reads_the_memory_cgroup_and_pct_status_of_a_real_container(lab, 
 # the live source of `watch`: runs on both hosts (pve2's pct exec clears the environment), their log lines, a kill
 test_watch_updates_runs_of_two_hosts_live_on_lxc = watch_live.test_runs_of_two_hosts_update_live
 test_watch_kill_and_log_lines_on_lxc = watch_live.test_kill_and_log_lines_through_the_source
+test_closing_watch_ends_every_agent_and_nvidia_smi_on_lxc = watch_live.test_closing_the_source_ends_every_agent_and_nvidia_smi
