@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.lab import test_lab as stand_in
 from tests.lab.lxclab import OOM_MEMORY_MIB
 from tests.lab.workloads import run_cli as cli
 from tests.polling import wait_for
@@ -131,4 +132,14 @@ def test_doctor_reads_the_memory_cgroup_and_pct_status_of_a_real_container(lab, 
 # the live source of `watch`: runs on both hosts (pve2's pct exec clears the environment), their log lines, a kill
 test_watch_updates_runs_of_two_hosts_live_on_lxc = watch_live.test_runs_of_two_hosts_update_live
 test_watch_kill_and_log_lines_on_lxc = watch_live.test_kill_and_log_lines_through_the_source
-test_closing_watch_ends_every_agent_and_nvidia_smi_on_lxc = watch_live.test_closing_the_source_ends_every_agent_and_nvidia_smi
+test_closing_watch_ends_every_agent_and_nvidia_smi_on_lxc = \
+    watch_live.test_closing_the_source_ends_every_agent_and_nvidia_smi
+
+# what the pct stand-in does as lxc-attach does (tests/lab/test_lab.py), checked on lxc-attach itself
+test_command_stays_in_pcts_process_group_and_session_on_lxc = \
+    stand_in.test_command_stays_in_pcts_process_group_and_session
+test_plain_background_child_survives_the_command_on_lxc = \
+    stand_in.test_plain_background_child_survives_the_command_under_pid1
+test_background_child_holding_stdout_keeps_the_session_open_on_lxc = \
+    stand_in.test_background_child_holding_stdout_keeps_the_session_open
+test_hangup_or_term_to_pct_ends_pct_alone_on_lxc = stand_in.test_hangup_or_term_to_pct_ends_pct_alone
