@@ -467,6 +467,7 @@ def _create_host_driver(host_dir: Path, gpus: int, driver: str | None) -> None:
                  if driver and gpus else []):
         if not (dev / node).exists():
             os.mknod(dev / node, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+            os.chmod(dev / node, 0o666)  # as the driver makes them, past the umask: an unprivileged CT opens them
 
 
 def _install_nvidia_smi(container: LabContainer) -> None:

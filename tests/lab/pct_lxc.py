@@ -14,7 +14,8 @@ its Proxmox config <lab>/hosts/<host>/lxc/<id>.conf as Proxmox builds /var/lib/l
 The root file system is a directory of empty mount points: the host's /usr and /etc and every path listed in
 <lab>/hosts/<host>/lxc-binds (the lab's Python) bound read-only, the container's persistent directory on
 /workspace, its lab directory on /opt/lab (and on /usr/local/sbin an `nvidia-smi` that runs the fake one), the host's
-/proc/driver on /proc/driver, its own cgroups on /sys/fs/cgroup (no sysfs: mounting one needs a network
+/proc/driver on /proc/driver, the container's <ct>/lib (libnvidia-ml.so.<version>) laid over the system library
+directory, its own cgroups on /sys/fs/cgroup (no sysfs: mounting one needs a network
 namespace of its own). The container shares its host's network namespace (Proxmox gives it a veth).
 
 `pct exec CTID [--] CMD...` is `exec lxc-attach -n CTID --keep-env -- CMD...` as on PVE 8, or `--clear-env` (PVE 9)
@@ -100,6 +101,9 @@ def lxc_config(container: standin.Container, rootfs: Path) -> str:
         cpus = sorted(os.sched_getaffinity(0))[:max(int(cores), 1)]
         lines.append(f"lxc.cgroup{'' if LEGACY_CGROUPS else '2'}.cpuset.cpus = {','.join(map(str, cpus))}")
     lines += [passed_on(k, v) for k, v in entries if k.startswith("lxc.") and k != "lxc.init.cmd"]
+    if any(line.startswith("lxc.mount.entry = " + str(host_dir() / "dev")) for line in lines):
+        # the lab host's GPU nodes are stand-ins with /dev/null's numbers: the device rules must let them open
+        lines.append(f"lxc.cgroup{'' if LEGACY_CGROUPS else '2'}.devices.allow = c 1:3 rwm")
     return "".join(line + "\n" for line in lines)
 
 
@@ -146,6 +150,10 @@ def mount_and_start(ctid_text: str) -> None:
     (wrappers / "nvidia-smi").chmod(0o755)
     bind(str(wrappers), rootfs / "usr" / "local" / "sbin", read_only=True)
     bind(str(container.dir / "workspace"), rootfs / "workspace", read_only=False)
+    system = next((d for d in ("usr/lib/x86_64-linux-gnu", "usr/lib/aarch64-linux-gnu") if (rootfs / d).is_dir()), "")
+    if system and (container.dir / "lib").is_dir():  # libnvidia-ml.so.<version>, where NVIDIA's installer puts it
+        subprocess.run(["mount", "-t", "overlay", "overlay", "-o", f"lowerdir={container.dir / 'lib'}:/{system}",
+                        str(rootfs / system)], check=True)
     os.execvp("lxc-start", lxc("start", container.ctid, "-l", "INFO", "-o", str(container.dir / "lxc.log")))
 
 

@@ -113,7 +113,11 @@ def test_a_reaping_pid1_leaves_no_zombie_a_non_reaping_one_does(lab) -> None:
 
 
 def test_doctor_reads_the_memory_cgroup_and_pct_status_of_a_real_container(lab, inv: str, capsys) -> None:
-    code, payload, err = cli(inv, "doctor", OOM_TARGET, "--json", capsys=capsys)
+    code, payload, err = cli(inv, "doctor", OOM_TARGET, "pve2/300", "--json", capsys=capsys)
+    gpu = {row["name"]: row["status"] for row in payload["targets"]["pve2/300"]["checks"]}
+    # a GPU container as docs/proxmox.md prepares it: the CT config's device rules and binds, the driver twice
+    assert gpu == dict.fromkeys(("reach", "compile_cache", "nvidia_smi", "driver", "device_nodes", "ct_config",
+                                 "gpus_held", "shm", "workdir", "limits"), "ok"), err
     checks = {row["name"]: row for row in payload["targets"][OOM_TARGET]["checks"]}
     assert checks["reach"]["status"] == "ok" and "container 202 running" in checks["reach"]["detail"], err
     assert checks["shm"]["status"] == "ok" and checks["workdir"]["status"] == "ok"
