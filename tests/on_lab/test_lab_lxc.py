@@ -1,7 +1,8 @@
-"""The lab's run lifecycle again on real, unprivileged LXC containers (tests/lab/lxclab.py): the same test bodies
-as test_lab_lifecycle.py with `lab` the LXC lab (launch, ps, logs, kill of a family that fights back, cleanup under
-a PID 1 that never reaps, reboot), and what only a real container shows: a supervisor OOM-killed by the memory
-cgroup, /dev/shm gone after a reboot, pct exec's two environment modes."""
+"""The lab's tests again on real, unprivileged LXC containers (tests/lab/lxclab.py), with `lab` the LXC lab: the
+same bodies as test_lab_lifecycle.py (launch + ps + logs + kill, a family that fights back, cleanup under a PID 1
+that never reaps, reboot), test_watch_live.py (the live source) and test_lab.py (pct exec's habits), and what only
+a real container shows: a supervisor OOM-killed by the memory cgroup, /dev/shm gone after a reboot, doctor on a
+real cgroup, pct exec's two environment modes, a reaping PID 1 beside one that never reaps."""
 from __future__ import annotations
 
 import subprocess
@@ -13,13 +14,12 @@ import pytest
 from tests.lab import test_lab as stand_in
 from tests.lab.lxclab import OOM_MEMORY_MIB
 from tests.lab.workloads import run_cli as cli
-from tests.polling import wait_for
-
 from tests.on_lab import test_lab_lifecycle as lifecycle
 from tests.on_lab import test_watch_live as watch_live
 # their fixtures, here on the LXC lab
 from tests.on_lab.test_lab_lifecycle import inv  # noqa: F401
 from tests.on_lab.test_watch_live import inventory, launched, source  # noqa: F401
+from tests.polling import wait_for
 
 pytestmark = pytest.mark.lab
 
