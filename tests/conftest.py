@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shutil
 import signal
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +20,7 @@ for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 import pytest
 
 from tests.lab.lab import Lab, lab_unavailable_reason
+from tests.lab.lxclab import lxc_spec, lxc_unavailable_reason
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -87,3 +90,24 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
         instance.stop()
         if previous is signal.SIG_DFL:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+@pytest.fixture(scope="session")
+def lxc_lab() -> Iterator[Lab]:
+    """The lab with real, unprivileged LXC containers (tests/lab/lxclab.py): pve1 with CT 200 (8 GPUs, a PID 1
+    that never reaps, pct exec --keep-env) and CT 202 (a reaping PID 1, 192 MiB of memory), pve2 with CT 300
+    (1 GPU, pct exec --clear-env). Its root is a directory of its own (container roots must be reachable by the
+    containers' mapped root, which the session's 0700 temporary directory is not). Skipped like `lab`."""
+    reason = lab_unavailable_reason() or lxc_unavailable_reason()
+    if reason and os.environ.get("DFLASHCTL_LAB_REQUIRED") == "1":
+        pytest.fail(f"DFLASHCTL_LAB_REQUIRED=1 but {reason}")
+    if reason:
+        pytest.skip(reason)
+    root = Path(tempfile.mkdtemp(prefix="dflashctl-lxclab-"))
+    root.chmod(0o711)
+    instance = Lab.start(root, lxc_spec(), lxc=True)
+    try:
+        yield instance
+    finally:
+        instance.stop()
+        shutil.rmtree(root, ignore_errors=True)

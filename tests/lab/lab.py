@@ -29,7 +29,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.lab import netns, sshd
+from tests.lab import lxclab, netns, sshd
 from tests.lab.fake_nvidia_smi import DRIVER
 from tests.lab.procs import ProcInfo, container_processes
 
@@ -107,6 +107,7 @@ class HostSpec:
     containers: tuple[ContainerSpec, ...] = ()
     gpus: int | None = None         # the host's GPUs (default: as many as its biggest container has)
     driver: str | None = DRIVER     # its kernel module's version; None: no driver loaded
+    attach_env: str = "keep"        # real LXC hosts (lxclab.py): `pct exec` as lxc-attach --keep-env or --clear-env
 
 
 DEFAULT_SPEC: tuple[HostSpec, ...] = (
@@ -155,6 +156,7 @@ class Lab:
     client_key: Path
     known_hosts: Path
     prefix: str
+    lxc: bool = False               # hosts run real LXC containers (lxclab.py, pct_lxc.py), not the stand-in's
     stopped: bool = False
     _drop_device: str | None = field(default=None, repr=False)
     _links: list[netns.HostLink] = field(default_factory=list, repr=False)
@@ -163,7 +165,7 @@ class Lab:
     # ---- life cycle ------------------------------------------------------------------------------------
 
     @classmethod
-    def start(cls, root: Path, spec: tuple[HostSpec, ...] = DEFAULT_SPEC) -> Lab:
+    def start(cls, root: Path, spec: tuple[HostSpec, ...] = DEFAULT_SPEC, *, lxc: bool = False) -> Lab:
         reason = lab_unavailable_reason()
         if reason:
             raise netns.LabSetupError(reason)
@@ -171,7 +173,7 @@ class Lab:
         (root / "client").mkdir(parents=True, exist_ok=True)
         reap_stale_labs()
         lab = cls(root=root, hosts={}, client_key=root / "client" / "id_ed25519",
-                  known_hosts=root / "client" / "known_hosts",
+                  known_hosts=root / "client" / "known_hosts", lxc=lxc,
                   prefix=netns.device_prefix(os.getpid(), next(_lab_numbers)))
         atexit.register(lab.stop)
         try:
@@ -232,8 +234,11 @@ class Lab:
         (host_dir / "bin").mkdir(parents=True, exist_ok=True)
         (host_dir / "lxc").mkdir(exist_ok=True)
         pct = host_dir / "bin" / "pct"
-        shutil.copy(HERE / "pct_standin.py", pct)
-        pct.chmod(0o755)
+        if self.lxc:
+            lxclab.install_pct(host_dir, pct, spec.attach_env)
+        else:
+            shutil.copy(HERE / "pct_standin.py", pct)
+            pct.chmod(0o755)
         gpus = spec.gpus if spec.gpus is not None else max(
             [len(ct.gpu_states()) for ct in spec.containers] or [0])
         _create_host_driver(host_dir, gpus, spec.driver)
@@ -257,6 +262,8 @@ class Lab:
                                  gpu_state_file=ct_dir / "lab" / "gpus.json")
         container.workspace.mkdir(parents=True, exist_ok=True)
         (container.lab_dir / "bin").mkdir(parents=True, exist_ok=True)
+        if self.lxc:
+            lxclab.install_reaping_init(container.lab_dir)
         nvml = spec.nvml or (driver if gpus else None)
         if nvml:  # the user-space driver as NVIDIA's installer leaves it: the versioned file and its .so.1 link
             (ct_dir / "lib").mkdir(exist_ok=True)
@@ -280,6 +287,8 @@ class Lab:
     def remove_container(self, host: str, ctid: int) -> None:
         target = self.hosts[host]
         container = target.containers.pop(ctid)
+        if self.lxc:
+            lxclab.stop_containers(target.dir, target.pct_command, target.netns, [ctid])
         _kill_init(container)
         (target.dir / "lxc" / f"{ctid}.conf").unlink(missing_ok=True)
         shutil.rmtree(container.dir, ignore_errors=True)
@@ -299,6 +308,8 @@ class Lab:
         self.stopped = True
         atexit.unregister(self.stop)
         for host in self.hosts.values():
+            if self.lxc:
+                lxclab.stop_containers(host.dir, host.pct_command, host.netns, list(host.containers))
             for container in host.containers.values():
                 _kill_init(container)
             if host.sshd_proc is not None:
@@ -374,7 +385,7 @@ class Lab:
         assertions. Output is bytes unless text=True."""
         pid = self._running_init(host, ctid)
         return subprocess.run(
-            [shutil.which("nsenter") or "nsenter", "-t", str(pid), "-p", "-m", "-u", "-n", "--wd=/", "--", *argv],
+            self._nsenter(pid, argv),
             env=CONTAINER_ENV, capture_output=True, text=text, timeout=timeout, input=input,
             stdin=None if input is not None else subprocess.DEVNULL)
 
@@ -385,8 +396,14 @@ class Lab:
         pid = self._running_init(host, ctid)
         popen_kwargs.setdefault("stdin", subprocess.DEVNULL)
         return subprocess.Popen(
-            [shutil.which("nsenter") or "nsenter", "-t", str(pid), "-p", "-m", "-u", "-n", "--wd=/", "--", *argv],
+            self._nsenter(pid, argv),
             env={**CONTAINER_ENV, **(env or {})}, **popen_kwargs)
+
+    def _nsenter(self, pid: int, argv: list[str]) -> list[str]:
+        """Into the container's namespaces; a real LXC container's user namespace too, so that what a test
+        starts there belongs to the container's root, as what pct exec starts does."""
+        return [shutil.which("nsenter") or "nsenter", "-t", str(pid), "-p", "-m", "-u", "-n",
+                *(["-U"] if self.lxc else []), "--wd=/", "--", *argv]
 
     def ct_processes(self, host: str, ctid: int) -> list[ProcInfo]:
         return container_processes(self._running_init(host, ctid))
@@ -450,6 +467,7 @@ def _create_host_driver(host_dir: Path, gpus: int, driver: str | None) -> None:
                  if driver and gpus else []):
         if not (dev / node).exists():
             os.mknod(dev / node, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+            os.chmod(dev / node, 0o666)  # as the driver makes them, past the umask: an unprivileged CT opens them
 
 
 def _install_nvidia_smi(container: LabContainer) -> None:

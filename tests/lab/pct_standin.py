@@ -20,14 +20,16 @@ process of the container to N CPUs. The init's host pid and start time are kept 
         HOME=/root
         container=lxc
     (no TERM, no LANG, nothing of the caller's environment);
-  - CMD leads its own process group; when CMD returns, whatever is left in that group is SIGKILLed;
+  - CMD stays in pct's process group and session (outside the container, so it sees 0 for both); when CMD
+    returns, pct returns at once and nothing is killed: a background child survives, reparented to PID 1;
   - anything that still holds the inherited stdout/stderr keeps the caller's SSH session open;
-  - on SIGHUP, SIGTERM or SIGINT pct SIGKILLs CMD's process group and exits 128+signal.
+  - SIGHUP, SIGTERM or SIGINT to pct end pct alone (it dies of the signal); CMD goes on running.
+  As real lxc-attach does without a terminal (tests/on_lab/test_lab_lxc.py runs the same tests on it).
 A test knob: while <lab>/hosts/<host>/ct/<id>/exec-hangs exists, `pct exec` on that container hangs before it
 attaches, as lxc-attach does on a frozen container, until a signal ends it; only for commands with an argument
 equal to the file's first line when it has one (`ps`: only the agent's ps hangs).
 
-Exit codes: `exec` returns CMD's exit code, 128+N if CMD died of signal N, 127 if CMD was not found, 126 if
+Exit codes: `exec` returns CMD's exit code, 128+N if CMD died of signal N (pct itself dies of a signal it gets), 127 if CMD was not found, 126 if
 it could not be executed. Every error of pct itself exits 2: unknown CT (Proxmox's "Configuration file
 'nodes/<host>/lxc/<id>.conf' does not exist"), `CT <id> not running`, `CT <id> already running`, bad usage,
 a file push/pull could not copy.
@@ -140,10 +142,9 @@ def enter_namespaces(init_pid: int) -> None:
 
 
 def exec_child(argv: list[str]) -> None:
-    """In the forked child: become a process group leader and exec CMD; never returns."""
+    """In the forked child: exec CMD; never returns."""
     code = 126
     try:
-        os.setpgid(0, 0)
         for sig in (signal.SIGPIPE, signal.SIGXFSZ, *STOP_SIGNALS):
             signal.signal(sig, signal.SIG_DFL)  # Python ignores SIGPIPE; an exec'd CMD must not
         signal.pthread_sigmask(signal.SIG_SETMASK, [])
@@ -154,13 +155,6 @@ def exec_child(argv: list[str]) -> None:
         os.write(2, f'lxc-attach: Failed to exec "{argv[0]}": {exc.strerror}\n'.encode())
     finally:
         os._exit(code)
-
-
-def kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def hang_if_told(container: Container, argv: list[str]) -> None:
@@ -184,24 +178,12 @@ def cmd_exec(args: list[str]) -> int:
     hang_if_told(container, argv)
     enter_namespaces(container.running_pid())
     limit_cpus(container)
-    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)  # pct dies of them, as lxc-attach does; CMD is not told
     child = os.fork()
     if child == 0:
         exec_child(argv)
-    try:
-        os.setpgid(child, child)
-    except OSError:
-        pass  # the child already did it, or already exec'd
-
-    def on_stop_signal(signum: int, _frame: object) -> None:
-        kill_group(child)
-        os._exit(128 + signum)
-
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, on_stop_signal)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     _, status = os.waitpid(child, 0)
-    kill_group(child)
     return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
 
 
