@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from ..agent.pullplan import sha256_of
 from ..errors import CommandTimeout, OperationFailed, TransportError, Unreachable
 from ..transports.base import Transport
 
@@ -56,17 +57,9 @@ class Conflict(OperationFailed):
 
 
 def local_sha256(path: Path, size: int | None = None) -> str:
-    """sha256 of the first `size` bytes of a local file (all of it by default), read in chunks."""
-    digest = hashlib.sha256()
-    left = path.stat().st_size if size is None else size
-    with open(path, "rb") as source:
-        while left > 0:
-            chunk = source.read(min(HASH_CHUNK, left))
-            if not chunk:
-                break
-            digest.update(chunk)
-            left -= len(chunk)
-    return digest.hexdigest()
+    """sha256 of the first `size` bytes of a local file (all of it by default), read in chunks: the agent's own
+    hashing, so both sides of a transfer count the same bytes the same way."""
+    return sha256_of(str(path), path.stat().st_size if size is None else size)
 
 
 def decide(root: Path, file: RemoteFile, *, force: bool) -> Step | str:

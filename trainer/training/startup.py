@@ -46,8 +46,15 @@ def default_cuda_allocator(environ: dict | None = None) -> str:
 def dump_stacks_on_signal() -> None:
     """SIGUSR1 writes every thread's Python stack to stderr (the run's log) and the process goes on: what a
     supervisor that judged the run hung sends before it ends it, so the log shows where it was stuck."""
-    if hasattr(signal, "SIGUSR1"):
-        faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True, chain=False)
+    if not hasattr(signal, "SIGUSR1"):
+        return
+    for stream in (sys.stderr, sys.__stderr__):   # a captured stderr (a test's, an embedding app's) has no fd
+        try:
+            stream.fileno()
+        except (AttributeError, OSError, ValueError):   # io.UnsupportedOperation is an OSError and a ValueError
+            continue
+        faulthandler.register(signal.SIGUSR1, file=stream, all_threads=True, chain=False)
+        return
 
 
 def restarted_resume(environ: dict | None = None) -> str | None:
