@@ -73,6 +73,7 @@ USAGE_CODES = (BAD_USAGE, UNKNOWN_RUN, BAD_RUN_ID)
 FINGERPRINT_BYTES = 64
 MSG_RUNS, MSG_LOG, MSG_RESET, MSG_SYNCED, MSG_GPU, MSG_HEARTBEAT = "runs", "log", "reset", "synced", "gpu", "hb"
 MSG_DISK = "disk"  # free space of the filesystem that holds the runs directory
+MSG_METRICS = "metrics"  # new whole lines of a followed run's metrics.jsonl (agent/metricsfollow.py)
 
 # -- nvidia-smi -----------------------------------------------------------------------------------------------
 GPU_FIELDS = ("index", "uuid", "name", "memory.used", "memory.total", "utilization.gpu")

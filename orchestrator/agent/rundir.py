@@ -72,6 +72,7 @@ class RunPaths:
         self.run_json = os.path.join(self.dir, "run.json")
         self.state_json = os.path.join(self.dir, "state.json")
         self.log = os.path.join(self.dir, "train.log")
+        self.metrics = os.path.join(self.dir, "metrics.jsonl")
         self.supervisor_log = os.path.join(self.dir, "supervisor.log")
         self.kill_request = os.path.join(self.dir, "kill_request.json")
         self.lock = os.path.join(self.dir, ".lock")

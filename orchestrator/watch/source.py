@@ -15,7 +15,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from ..agent.cleanup import summary
-from ..agent.protocol import MSG_DISK, MSG_GPU, MSG_LOG, MSG_RESET, MSG_RUNS, MSG_SYNCED, TERMINAL_STATES
+from ..agent.protocol import MSG_DISK, MSG_GPU, MSG_LOG, MSG_METRICS, MSG_RESET, MSG_RUNS, MSG_SYNCED, TERMINAL_STATES
 from ..errors import DflashError, TargetNotFound
 from ..inventory.model import Inventory, Target
 from ..runs.client import RunClient
@@ -214,6 +214,8 @@ class LiveSource:
                 return self._on_runs(state, message.get("runs") or [], now)
             if kind == MSG_LOG:
                 self._on_log(state, message, now)
+            elif kind == MSG_METRICS:
+                self._on_metrics(state, message)
             elif kind == MSG_RESET:
                 tracker = state.runs.get(str(message.get("run")))
                 if tracker is not None:
@@ -285,6 +287,17 @@ class LiveSource:
             return
         self._add_alerts(state, tracker.feed(offset, message.get("ino"), data, now), backlog=tracker.backlog)
 
+    def _on_metrics(self, state: TargetState, message: dict) -> None:
+        tracker = state.runs.get(str(message.get("run")))
+        offset = message.get("offset")
+        if tracker is None or not isinstance(offset, int):
+            return
+        try:
+            data = base64.b64decode(message.get("data") or "", validate=True)
+        except (binascii.Error, ValueError):
+            return
+        tracker.feed_metrics(offset, data, restart=message.get("restart") is True)
+
     def _on_synced(self, state: TargetState, run_ids: list, now: float) -> None:
         for run_id in run_ids:
             tracker = state.runs.get(run_id)
@@ -354,5 +367,6 @@ class LiveSource:
 
 def _resume_point(tracker: RunTracker) -> object:
     if tracker.offset is None:
-        return -1
-    return {"offset": tracker.offset, "ino": tracker.ino, "fp": base64.b64encode(tracker.fingerprint).decode()}
+        return {"offset": -1, "metrics": tracker.metrics_offset}
+    return {"offset": tracker.offset, "ino": tracker.ino, "fp": base64.b64encode(tracker.fingerprint).decode(),
+            "metrics": tracker.metrics_offset}
