@@ -44,7 +44,7 @@ DEFINITIONS = {
     "remote command timeouts": (r"timeout=\d|^(DEFAULT_TIMEOUT|\w+_TIMEOUT_S)\s*=\s*[\d.]+",
                                 "orchestrator/transports/timeouts.py", NOT_REMOTE),
     "alert kind names": (r"""["'](gpu_idle|starvation|throughput|low_disk|log_reset)["']""",
-                         "orchestrator/watch/alertkinds.py", TRAINER),
+                         "orchestrator/alertkinds.py", TRAINER),
     "reads of the trainer config": (r"from trainer\.(config|errors) import|import trainer\.(config|errors)\b",
                                     "orchestrator/runs/trainerconfig.py", TRAINER),
     "what an exception line looks like": (r"Segmentation fault|most recent call last\)", TRACEBACKS),

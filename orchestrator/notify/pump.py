@@ -7,7 +7,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from ..watch.alertkinds import WARNING
+from ..alertkinds import WARNING
 from ..watch.model import AlertFeed, AlertView
 from ..watch.source import LiveSource
 from ..watch.trackers import iso

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 
 from ..errors import DflashError
-from ..watch.alertkinds import ERROR, RESTARTED, WARNING
+from ..alertkinds import ERROR, RESTARTED, WARNING
 from ..watch.model import AlertFeed, AlertView, RunStatus
 from ..watch.source import LiveSource
 from ..watch.trackers import iso

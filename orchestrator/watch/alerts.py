@@ -20,7 +20,7 @@ from ..agent.protocol import (FAILED, GPU_HELD_MIB, GPU_IDLE_UTIL_PCT, KILLED, L
 from ..agent.restart import attempt_end
 from ..display import format_bytes, format_duration, format_gib, format_rate
 from ..trainlog.parser import ExceptionEvent, PhaseEvent, StepEvent
-from .alertkinds import (ENDED, ERROR, EXCEPTION, GPU_IDLE, INFO, LOW_DISK, NAN, RESTARTED, STALL, STARVATION,
+from ..alertkinds import (ENDED, ERROR, EXCEPTION, GPU_IDLE, INFO, LOW_DISK, NAN, RESTARTED, STALL, STARVATION,
                          THROUGHPUT, WARNING)
 
 TERMINAL_SEVERITY = {SUCCEEDED: INFO, FAILED: ERROR, KILLED: WARNING, LOST: ERROR}

@@ -10,7 +10,7 @@ from ..agent.protocol import FINGERPRINT_BYTES, LOST, STARTING, TERMINAL_STATES
 from ..gpus import GpuInfo, parse_query_csv
 from ..trainlog.lines import STEP_FIELDS, TAU_FIELDS, parse_metrics_jsonl_line, parse_step_times_line
 from ..trainlog.parser import ExceptionEvent, LogLine, LogParser, PhaseEvent, StepEvent
-from .alertkinds import LOG_RESET, WARNING
+from ..alertkinds import LOG_RESET, WARNING
 from .alerts import Alert, AlertRules, GpuSample, RunHealth
 from .bottleneck import RunSignals, diagnose
 from .model import AlertView, GpuView, MetricPoint, RunStatus, RunView
