@@ -36,7 +36,7 @@ import sys
 import time
 
 from .protocol import (FINGERPRINT_BYTES, GPU_FIELDS, MSG_DISK, MSG_GPU, MSG_HEARTBEAT, MSG_LOG, MSG_RESET, MSG_RUNS,
-                       MSG_SYNCED, RUN_ID_PATTERN, TERMINAL_STATES, ascii_decimal, gpu_query_args)
+                       MSG_SYNCED, TERMINAL_STATES, ascii_decimal, gpu_query_args, is_run_id)
 from .metricsfollow import FollowedMetrics
 from .rundir import RunPaths, list_run_ids
 from .runstate import load_record, settle_or_note
@@ -120,7 +120,7 @@ class LogPump:
 
     def follow(self, wanted: dict) -> None:
         for run_id, where in wanted.items():
-            if not isinstance(run_id, str) or RUN_ID_PATTERN.fullmatch(run_id) is None:
+            if not is_run_id(run_id):
                 continue
             where = where if isinstance(where, dict) else {"offset": where}
             offset, ino = where.get("offset"), where.get("ino")

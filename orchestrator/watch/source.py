@@ -15,7 +15,8 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from ..agent.cleanup import summary
-from ..agent.protocol import MSG_DISK, MSG_GPU, MSG_LOG, MSG_METRICS, MSG_RESET, MSG_RUNS, MSG_SYNCED, TERMINAL_STATES
+from ..agent.protocol import (MSG_DISK, MSG_GPU, MSG_LOG, MSG_METRICS, MSG_RESET, MSG_RUNS, MSG_SYNCED, TERMINAL_STATES,
+                              iso_utc)
 from ..errors import DflashError, TargetNotFound
 from ..inventory.model import Inventory, Target
 from ..runs.client import RunClient
@@ -24,7 +25,7 @@ from .alerts import Alert, AlertRules, DiskHealth
 from .jobrows import fold_jobs
 from .model import ActionResult, AlertFeed, AlertView, HostView, RunView, Snapshot
 from .stream import ContainerStream, StreamOptions
-from .trackers import GpuTracker, RunTracker, alert_view, iso
+from .trackers import GpuTracker, RunTracker, alert_view
 
 MAX_ALERTS = 500
 LINE_COUNT_CACHE_S = 1.0
@@ -88,7 +89,7 @@ class LiveSource:
             runs, self._jobs = fold_jobs([(t.record, t.diagnosed_view(s.gpus.views()))
                                           for s in states for t in s.runs.values()])
             gpus = tuple(g for s in states for g in s.gpus.views())
-            return Snapshot(taken_at=iso(time.time()), runs=tuple(runs), gpus=gpus, hosts=self._host_views(),
+            return Snapshot(taken_at=iso_utc(timespec="seconds"), runs=tuple(runs), gpus=gpus, hosts=self._host_views(),
                             alerts=tuple(self._alerts))
 
     def wait_for_change(self, timeout: float) -> bool:

@@ -2,11 +2,10 @@
 bounded histories the dashboard draws. Pure state: no IO, no threads, no clock (callers pass `now`)."""
 from __future__ import annotations
 
-import datetime
 from collections import deque
 from dataclasses import replace
 
-from ..agent.protocol import FINGERPRINT_BYTES, LOST, STARTING, TERMINAL_STATES
+from ..agent.protocol import FINGERPRINT_BYTES, LOST, STARTING, TERMINAL_STATES, iso_utc
 from ..gpus import GpuInfo, parse_query_csv
 from ..trainlog.lines import STEP_FIELDS, TAU_FIELDS, parse_metrics_jsonl_line, parse_step_times_line
 from ..trainlog.parser import ExceptionEvent, LogLine, LogParser, PhaseEvent, StepEvent
@@ -34,11 +33,6 @@ STEP_VALUES = ("loss", "acc", "streak", "lr", "tok_per_s", "eta_s", "tgt_bps", "
                "tau_eval", "tau_tree_heldout")
 MAX_EXCEPTION_TEXTS = 20
 MAX_EXACT_STEPS = 64  # metrics.jsonl records kept for step lines not read yet (the two files race)
-
-
-def iso(seconds: float) -> str:
-    stamp = datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc)
-    return stamp.isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 class RunTracker:
@@ -278,5 +272,5 @@ def _seconds(value: object) -> float | None:
 
 
 def alert_view(alert: Alert, target: str) -> AlertView:
-    return AlertView(time=iso(alert.time), run_id=alert.run_id, target=target, kind=alert.kind,
+    return AlertView(time=iso_utc(alert.time, timespec="seconds"), run_id=alert.run_id, target=target, kind=alert.kind,
                      severity=alert.severity, message=alert.message)
