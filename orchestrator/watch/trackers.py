@@ -136,6 +136,8 @@ class RunTracker:
         if not events:
             return []
         self._view = None
+        # a step whose metrics.jsonl record came first is judged by its exact figures (a later record only redraws)
+        events = [self._exact(e) if isinstance(e, StepEvent) else e for e in events]
         for event in events:
             self._take(event)
         return self._keep(self.health.observe_events(events, now))
