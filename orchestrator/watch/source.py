@@ -278,26 +278,16 @@ class LiveSource:
         return follow
 
     def _on_log(self, state: TargetState, message: dict, now: float) -> None:
-        tracker = state.runs.get(str(message.get("run")))
-        offset = message.get("offset")
-        if tracker is None or not isinstance(offset, int):
-            return
-        try:
-            data = base64.b64decode(message.get("data") or "", validate=True)
-        except (binascii.Error, ValueError):
-            return
-        self._add_alerts(state, tracker.feed(offset, message.get("ino"), data, now), backlog=tracker.backlog)
+        found = _bytes_of(state, message)
+        if found is not None:
+            tracker, offset, data = found
+            self._add_alerts(state, tracker.feed(offset, message.get("ino"), data, now), backlog=tracker.backlog)
 
     def _on_metrics(self, state: TargetState, message: dict) -> None:
-        tracker = state.runs.get(str(message.get("run")))
-        offset = message.get("offset")
-        if tracker is None or not isinstance(offset, int):
-            return
-        try:
-            data = base64.b64decode(message.get("data") or "", validate=True)
-        except (binascii.Error, ValueError):
-            return
-        tracker.feed_metrics(offset, data, restart=message.get("restart") is True)
+        found = _bytes_of(state, message)
+        if found is not None:
+            tracker, offset, data = found
+            tracker.feed_metrics(offset, data, restart=message.get("restart") is True)
 
     def _on_synced(self, state: TargetState, run_ids: list, now: float) -> None:
         for run_id in run_ids:
@@ -364,6 +354,18 @@ class LiveSource:
         answer = self.client.log_lines(self._target_of(run_id), run_id, start, stop)
         self._line_counts[run_id] = (time.monotonic(), int(answer["total"]))
         return answer
+
+
+def _bytes_of(state: TargetState, message: dict) -> tuple[RunTracker, int, bytes] | None:
+    """The tracker, offset and decoded bytes of a log or metrics message; None for one of no run we track."""
+    tracker = state.runs.get(str(message.get("run")))
+    offset = message.get("offset")
+    if tracker is None or not isinstance(offset, int):
+        return None
+    try:
+        return tracker, offset, base64.b64decode(message.get("data") or "", validate=True)
+    except (binascii.Error, ValueError):
+        return None
 
 
 def _resume_point(tracker: RunTracker) -> object:

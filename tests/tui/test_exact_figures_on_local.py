@@ -8,19 +8,13 @@ import pytest
 
 from orchestrator.inventory.model import load_inventory
 from orchestrator.watch.source import LiveSource
-from tests.lab.workloads import run_cli, stop_keeper, write_local_inventory
+from tests.lab.workloads import run_cli
 from tests.orchestrator.cli.exact_run import launch_exact_run
 from tui.app import DashboardApp
 
 from .conftest import cell, wait_until
 
 pytestmark = pytest.mark.asyncio
-
-
-@pytest.fixture
-def inv(tmp_path: Path):
-    yield write_local_inventory(tmp_path / "inventory.yaml", tmp_path / "work")
-    stop_keeper(tmp_path / "work" / ".dflash" / "runs")
 
 
 async def test_the_runs_table_shows_350_tok_per_s_for_a_run_whose_metrics_say_350(inv, capsys):
