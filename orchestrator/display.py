@@ -6,7 +6,10 @@ duration one spelling everywhere. Pure functions of their arguments; the colours
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+
+from rich.cells import cell_len
+from rich.text import Text
 
 from .agent.protocol import FAILED, GIB, KILLED, LOST, MIB, RUNNING, STARTING, SUCCEEDED
 
@@ -92,6 +95,20 @@ def format_bytes(size: float | None) -> str:
             break
         value /= 1024
     return f"{value:.0f} {unit}" if unit in ("B", "KiB") or value >= 100 else f"{value:.1f} {unit}"
+
+
+def clip(text: str, limit: int) -> str:
+    """`text`, or its first `limit - 1` characters and `…` when it is longer than `limit`."""
+    return text if len(text) <= limit else text[:max(limit - 1, 0)] + "…"
+
+
+def widest_cells(headers: Mapping[str, str], rows: Iterable[Mapping[str, Text]]) -> dict[str, int]:
+    """Cells the widest value (or header) of each column takes on screen, by column key (the headers' columns)."""
+    widths = {key: cell_len(header) for key, header in headers.items()}
+    for row in rows:
+        for key in widths:
+            widths[key] = max(widths[key], row[key].cell_len)
+    return widths
 
 
 def fit_columns(widths: Mapping[str, int], *, width: int, gap: int,

@@ -44,10 +44,15 @@ DEFINITIONS = {
     "remote command timeouts": (r"timeout=\d|^(DEFAULT_TIMEOUT|\w+_TIMEOUT_S)\s*=\s*[\d.]+",
                                 "orchestrator/transports/timeouts.py", NOT_REMOTE),
     "alert kind names": (r"""["'](gpu_idle|starvation|throughput|low_disk|log_reset)["']""",
-                         "orchestrator/watch/alertkinds.py", TRAINER),
+                         "orchestrator/alertkinds.py", TRAINER),
     "reads of the trainer config": (r"from trainer\.(config|errors) import|import trainer\.(config|errors)\b",
                                     "orchestrator/runs/trainerconfig.py", TRAINER),
     "what an exception line looks like": (r"Segmentation fault|most recent call last\)", TRACEBACKS),
+    "ISO time stamps of records": (r"\.isoformat\(", PROTOCOL, TRAINER),
+    "whether a text names a run": (r"RUN_ID_PATTERN\.(fullmatch|match|search)\(", PROTOCOL),
+    "the .dflash folder of a workdir": (r"""f["'][^"'\n]*/\.dflash\b|^STATE_DIR\s*=""", PROTOCOL),
+    "a text cut short with an ellipsis": (r"""\+\s*["']…["']""", "orchestrator/display.py", TRAINER),
+    "a column's widest cell": (r"max\([^)\n]*cell_len", "orchestrator/display.py"),
 }
 
 

@@ -73,9 +73,16 @@ def parse_loss(value: Any) -> dict[str, float]:
     return weights
 
 
-def objective_text(loss: Any, slot_weights: str = "decay") -> str:
-    """One line for logs and model cards, e.g. `0.1*ce + 0.9*cap, decay slot weights`."""
-    terms = " + ".join(name if weight == 1.0 else f"{weight:g}*{name}" for name, weight in parse_loss(loss).items())
+# The objective's defaults: TrainConfig's fields, and the loss code's Objective when built without a config.
+DEFAULT_LOSS = "ce"
+DEFAULT_SLOT_WEIGHTS = "dpace"
+DEFAULT_DPACE_ALPHA = 0.5
+
+
+def objective_text(weights: dict[str, float], slot_weights: str) -> str:
+    """One line for logs and model cards from parsed weights (parse_loss), e.g. `0.1*ce + 0.9*cap, decay slot
+    weights`."""
+    terms = " + ".join(name if weight == 1.0 else f"{weight:g}*{name}" for name, weight in weights.items())
     return f"{terms}, {slot_weights} slot weights"
 
 
@@ -115,18 +122,18 @@ class TrainConfig(BaseModel):
     gamma: float | None = Field(None, gt=0, description="Decay slot weights: slot k weighs exp(-(k-1)/gamma). "
                                                          "Default 7 for B=16, 5 for B=10, 4 for B=8.")
     loss: str | dict[str, float] = Field(
-        "ce", description="Training objective: ce (cross-entropy on the data's tokens), cap (expected "
+        DEFAULT_LOSS, description="Training objective: ce (cross-entropy on the data's tokens), cap (expected "
                           "accepted prefix of each block under greedy verification, CE mixed in while acceptance is "
                           "low), or against the target's own distribution: kl (forward KL), tv (1 - acceptance "
                           "rate), nla (-log acceptance rate), lk_hybrid (KL and TV blended by acceptance). A mapping "
                           "weighs several, e.g. {ce: 0.1, cap: 0.9}; each term is logged apart (loss_ce, ...). "
                           "kl/tv/nla/lk_hybrid also run the target's layers past the last tap and its LM head.")
     slot_weights: Literal["decay", "dpace"] = Field(
-        "dpace", description="How the per-slot terms weigh a block's slots: dpace (D-PACE: each slot's share of the "
+        DEFAULT_SLOT_WEIGHTS, description="How the per-slot terms weigh a block's slots: dpace (D-PACE: each slot's share of the "
                              "block's expected accepted length, from the drafter's detached confidence in the "
                              "target's token; the default, chosen by bench/bench_objectives.py: +15-24 % decoded "
                              "chain τ over decay on two seeds) or decay (exp(-(k-1)/gamma), the first DFlash recipe).")
-    dpace_alpha: float = Field(0.5, ge=0, le=1, description="D-PACE's confidence smoothing: a slot's confidence "
+    dpace_alpha: float = Field(DEFAULT_DPACE_ALPHA, ge=0, le=1, description="D-PACE's confidence smoothing: a slot's confidence "
                                                             "q becomes (1 - alpha) q + alpha.")
     drafter_layers: int = Field(5, ge=1, description="Decoder layers of the drafter; also the number of "
                                                      "tapped target layers when target_layer_ids is unset.")
@@ -235,7 +242,8 @@ class TrainConfig(BaseModel):
         return next(iter(weights)) if len(weights) == 1 and next(iter(weights.values())) == 1.0 else weights
 
     def loss_weights(self) -> dict[str, float]:
-        return parse_loss(self.loss)
+        """{objective: weight}, from the `loss:` the validator already parsed (a name stands for weight 1)."""
+        return {self.loss: 1.0} if isinstance(self.loss, str) else dict(self.loss)
 
     def needs_target_distribution(self) -> bool:
         return any(name in DISTRIBUTION_OBJECTIVES for name in self.loss_weights())

@@ -14,7 +14,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainer.config import objective_text
+from trainer.config import objective_text, parse_loss
 from trainer.errors import TrainerError, about_path
 from trainer.spec.parity import ParityReport, check_parity, read_json
 
@@ -97,7 +97,7 @@ def objective_of(trained: dict) -> str | None:
     if not trained:
         return None
     try:
-        return objective_text(trained.get("loss", "ce"), trained.get("slot_weights", "decay"))
+        return objective_text(parse_loss(trained.get("loss", "ce")), trained.get("slot_weights", "decay"))
     except ValueError:
         return f"{trained.get('loss')!r} (unknown)"
 

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from rich.text import Text
 
 from orchestrator.agent.terminaltext import shown_text
+from orchestrator.display import clip
 from orchestrator.trainlog.tracebacks import looks_like_exception
 
 MAX_LINE_CHARS = 4096
@@ -21,9 +22,7 @@ def clean_line(raw: str) -> str:
     characters as '?', bounded length."""
     text = shown_text(raw.rstrip("\n")).replace("\t", "    ")
     text = _CONTROL.sub("?", text)
-    if len(text) > MAX_LINE_CHARS:
-        return text[:MAX_LINE_CHARS] + "…"
-    return text
+    return clip(text, MAX_LINE_CHARS + 1)  # the first MAX_LINE_CHARS characters whole, then `…`
 
 
 def exception_line_set(exception_texts: Iterable[str]) -> frozenset[str]:

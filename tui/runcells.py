@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from rich.text import Text
 
 from orchestrator.agent.protocol import TERMINAL_STATES
-from orchestrator.display import MISSING, format_duration, format_rate, state_style, state_text
+from orchestrator.display import MISSING, clip, format_duration, format_rate, state_style, state_text, widest_cells
 from orchestrator.watch.model import RunView
 
 # (column key, header); the keys are what RunsTable updates cells by.
@@ -42,13 +42,9 @@ def columns(*, narrow: bool = False, tau: bool = True) -> tuple[tuple[str, str],
     return COLUMNS if tau else tuple(column for column in COLUMNS if column[0] != "tau")
 
 
-def widest_cells(runs: Sequence[RunView]) -> dict[str, int]:
+def widest_run_cells(runs: Sequence[RunView]) -> dict[str, int]:
     """Cells the widest value (or header) of each full-table column takes, by column key."""
-    widths = {key: len(header) for key, header in COLUMNS}
-    for run in runs:
-        for key, text in run_cells(run).items():
-            widths[key] = max(widths[key], text.cell_len)
-    return widths
+    return widest_cells(dict(COLUMNS), (run_cells(run) for run in runs))
 
 
 def run_names(runs: Sequence[RunView], *, limit: int = MAX_NAME_CHARS) -> dict[str, str]:
@@ -60,14 +56,14 @@ def run_names(runs: Sequence[RunView], *, limit: int = MAX_NAME_CHARS) -> dict[s
     shown: dict[str, str] = {}
     for name, run_ids in by_name.items():
         if len(set(run_ids)) == 1:
-            shown[run_ids[0]] = _shorten(name, limit)
+            shown[run_ids[0]] = clip(name, limit)
             continue
         width = ID_SUFFIX_CHARS
         while len({run_id[-width:] for run_id in run_ids}) < len(set(run_ids)) and width < max(map(len, run_ids)):
             width += 1
         for run_id in run_ids:
             suffix = run_id[-width:]
-            shown[run_id] = f"{_shorten(name, max(limit - len(suffix) - 1, 1))}·{suffix}"
+            shown[run_id] = f"{clip(name, max(limit - len(suffix) - 1, 1))}·{suffix}"
     return shown
 
 
@@ -81,8 +77,8 @@ def run_cells(run: RunView, *, name: str | None = None, narrow: bool = False) ->
     """The table cells of one run, by column key; `name` is its run column when names repeat (run_names)."""
     limit = NARROW_NAME_CHARS if narrow else MAX_NAME_CHARS
     return {
-        "target": Text(_shorten(run.target, NARROW_TARGET_CHARS) if narrow else run.target),
-        "run": Text(name if name is not None else _shorten(run.name or run.run_id, limit)),
+        "target": Text(clip(run.target, NARROW_TARGET_CHARS) if narrow else run.target),
+        "run": Text(name if name is not None else clip(run.name or run.run_id, limit)),
         "state": Text(state_text(run.state, attempt=run.attempt, max_attempts=run.max_attempts,
                                  restarting=bool(run.restart_at)), style=state_style(run.state)),
         "phase": Text(run.phase or MISSING),
@@ -120,7 +116,3 @@ def _number(text: str, *, bad: bool = False) -> Text:
 
 def _finite(value: float | None) -> bool:
     return value is None or math.isfinite(value)
-
-
-def _shorten(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"

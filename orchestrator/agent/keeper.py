@@ -25,8 +25,8 @@ import time
 from . import identity, lineage, procfs
 from .childwatch import Wakeup, ignore_signal, reap_children, set_child_subreaper
 from .errors import AgentError
-from .protocol import AGENT_VERSION
-from .rundir import RunPaths, file_lock, list_run_ids, read_json, utc_now_iso, write_json_atomic
+from .protocol import AGENT_VERSION, iso_utc
+from .rundir import RunPaths, file_lock, list_run_ids, read_json, write_json_atomic
 from .runstate import is_live, read_run, read_state
 from .spawn import detach, exec_detached
 
@@ -123,7 +123,7 @@ class Keeper:
         set_child_subreaper()
         pid = os.getpid()
         write_json_atomic(self.paths.info, {"version": 1, "pid": pid, "start_time": procfs.start_time(pid),
-                                            "started_at": utc_now_iso(), "agent_version": AGENT_VERSION,
+                                            "started_at": iso_utc(), "agent_version": AGENT_VERSION,
                                             "idle_exit_s": self.idle_exit})
         idle_since = time.monotonic()
         while not (self.stopping and not self.children):
@@ -258,7 +258,7 @@ def _live(runs_dir: str, run_id: str) -> bool:
 
 def _log(message: str) -> None:
     try:
-        print("{} {}".format(utc_now_iso(), message), file=sys.stderr, flush=True)
+        print("{} {}".format(iso_utc(), message), file=sys.stderr, flush=True)
     except OSError:
         pass  # a full disk must not end the reaper of every run (its log is in the runs directory)
 

@@ -6,8 +6,8 @@ import time
 
 from . import keeper, lineage, procfs, terminate
 from .childwatch import signal_name
-from .protocol import DEFAULT_GRACE_S, KILLED, LOST, STARTING, TERMINAL_STATES
-from .rundir import RunPaths, existing_run, utc_now_iso, write_json_atomic
+from .protocol import DEFAULT_GRACE_S, KILLED, LOST, STARTING, TERMINAL_STATES, iso_utc
+from .rundir import RunPaths, existing_run, write_json_atomic
 from .runstate import (load_record, read_run, read_state, settle_liveness, supervisor_alive, supervisor_check,
                        update_state)
 
@@ -61,7 +61,7 @@ def wait_for_supervisor(paths: RunPaths, notes: list) -> dict:
 def request_grace(paths: RunPaths, grace: float, actions: list) -> bool:
     """Tell the supervisor this kill's grace (kill_request.json); False where the disk has no room for it."""
     try:
-        write_json_atomic(paths.kill_request, {"version": 1, "grace_s": grace, "requested_at": utc_now_iso()})
+        write_json_atomic(paths.kill_request, {"version": 1, "grace_s": grace, "requested_at": iso_utc()})
     except OSError as exc:
         actions.append("could not tell the supervisor the grace ({}): ending the run after {:g}s ourselves".format(
             exc.strerror or exc, grace))
@@ -103,7 +103,7 @@ def mark_killed(paths: RunPaths, sig: int | None, notes: list, **extra) -> dict:
 
     Where even the run's reserve is spent and the disk has no room, the processes are gone all the same:
     `notes` says the end is not on disk, and the state comes back as it would have been written."""
-    fields = dict(state=KILLED, signal=sig, signal_name=signal_name(sig), ended_at=utc_now_iso(), **extra)
+    fields = dict(state=KILLED, signal=sig, signal_name=signal_name(sig), ended_at=iso_utc(), **extra)
 
     def mutate(state: dict):
         if state.get("state") in TERMINAL_STATES and state.get("state") != LOST:

@@ -12,8 +12,8 @@ import time
 from . import keeper, procfs
 from .errors import BadInput, OperationFailed
 from .rundir import (RUN_DIR_FILES, RunPaths, file_lock, list_run_ids, make_reserve, parse_env_pairs, parse_gpus,
-                     tail_lines, utc_now_iso, validate_name, validate_target, write_json_atomic)
-from .protocol import LOST, RUNNING, STARTING, TERMINAL_STATES
+                     tail_lines, validate_name, validate_target, write_json_atomic)
+from .protocol import LOST, RUNNING, STARTING, TERMINAL_STATES, iso_utc
 from .runstate import finish, is_live, load_record, read_run, read_state, supervisor_alive, update_state
 from .spawn import agent_entry, entry_env
 from .supervisor import LEFTOVERS_LIMIT_S
@@ -61,7 +61,7 @@ class LaunchRequest:
         return {"version": 1, "run_id": self.paths.run_id, "name": self.name, "target": self.target,
                 "command": self.command, "cwd": self.cwd, "env": self.env, "pythonpath": self.pythonpath,
                 "gpus": self.gpus,
-                "grace_s": self.grace, "created_at": utc_now_iso(), "created_ts": time.time(),
+                "grace_s": self.grace, "created_at": iso_utc(), "created_ts": time.time(),
                 "supervisor_pid": None, "supervisor_start_time": None, **self.job, **self.restart}
 
 
@@ -152,7 +152,7 @@ def _fill_run_dir(req: LaunchRequest) -> None:
             handle.write(data)
     write_json_atomic(req.paths.run_json, req.run_json())
     write_json_atomic(req.paths.state_json, {"version": 1, "run_id": req.paths.run_id, "state": STARTING,
-                                             "updated_at": utc_now_iso()})
+                                             "updated_at": iso_utc()})
 
 
 def start_supervisor(req: LaunchRequest) -> None:
@@ -229,7 +229,7 @@ def _give_up(paths: RunPaths) -> str:
 def _lost_unless_claimed(state: dict) -> dict | None:
     if state.get("state") != STARTING or state.get("supervisor_pid"):
         return None
-    state.update(state=LOST, ended_at=utc_now_iso(), error="the supervisor did not start in time")
+    state.update(state=LOST, ended_at=iso_utc(), error="the supervisor did not start in time")
     return state
 
 

@@ -9,7 +9,9 @@ line is terminaltext.py's.
 """
 from __future__ import annotations
 
+import datetime
 import re
+import time
 
 AGENT_VERSION = "0.1.0"
 PROTOCOL_VERSION = 1  # every answer carries it as "version"; the controller refuses one it does not speak
@@ -24,6 +26,28 @@ RUN_STATES = LIVE_STATES + TERMINAL_STATES
 
 # -- names: run ids, run names, job ids -----------------------------------------------------------------------
 RUN_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def is_run_id(value: object) -> bool:
+    """Whether `value` may name a run, a job or a run's name (fullmatch, not match + $: `$` takes a newline)."""
+    return isinstance(value, str) and RUN_ID_PATTERN.fullmatch(value) is not None
+
+
+# -- where dflashctl keeps its files in a workdir: runs, the agent, packages, the compile cache -----------------
+STATE_DIR = ".dflash"
+
+
+def state_path(workdir: str, *parts: str) -> str:
+    """`{workdir}/.dflash/PART/...`, a path on the target (always `/`-separated)."""
+    return "/".join((workdir, STATE_DIR) + parts)
+
+
+# -- time stamps in records: ISO 8601 in UTC with a Z -----------------------------------------------------------
+def iso_utc(seconds: float | None = None, *, timespec: str = "milliseconds") -> str:
+    """`2026-05-01T12:00:00.123Z` for `seconds` since the epoch (now when None)."""
+    stamp = datetime.datetime.fromtimestamp(time.time() if seconds is None else seconds, datetime.timezone.utc)
+    return stamp.isoformat(timespec=timespec).replace("+00:00", "Z")
+
 ENV_KEY_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # what --env may set
 # what the agent sets for every run itself: --env may not
 RESERVED_ENV_KEYS = ("DFLASH_RUN_ID", "DFLASH_RUNS_DIR", "DFLASH_RUN_DIR", "CUDA_VISIBLE_DEVICES")
@@ -73,6 +97,7 @@ USAGE_CODES = (BAD_USAGE, UNKNOWN_RUN, BAD_RUN_ID)
 FINGERPRINT_BYTES = 64
 MSG_RUNS, MSG_LOG, MSG_RESET, MSG_SYNCED, MSG_GPU, MSG_HEARTBEAT = "runs", "log", "reset", "synced", "gpu", "hb"
 MSG_DISK = "disk"  # free space of the filesystem that holds the runs directory
+MSG_METRICS = "metrics"  # new whole lines of a followed run's metrics.jsonl (agent/metricsfollow.py)
 
 # -- nvidia-smi -----------------------------------------------------------------------------------------------
 GPU_FIELDS = ("index", "uuid", "name", "memory.used", "memory.total", "utilization.gpu")

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from .errors import BadInput, OperationFailed
 from .launch import LaunchRequest, launch
-from .protocol import LOST, NO_GPUS
+from .protocol import LOST, NO_GPUS, iso_utc
 from .restart import ON_FAILURE, max_attempts
-from .rundir import RunPaths, existing_run, utc_now_iso
+from .rundir import RunPaths, existing_run
 from .runstate import read_run, read_state, settle_liveness, update_state
 
 
@@ -43,7 +43,7 @@ def claim_loss(paths: RunPaths, new_run_id: str) -> tuple:
         if reason is not None:
             why.append(reason)
             return None
-        state.update(relaunched_as=new_run_id, relaunched_at=utc_now_iso())
+        state.update(relaunched_as=new_run_id, relaunched_at=iso_utc())
         attempts = state.get("attempts") or []
         if attempts and not attempts[-1].get("reason"):  # the attempt the reboot took
             attempts[-1].update(reason=LOST, ended_at=state.get("ended_at"))

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import contextlib
-import datetime
 import fcntl
 import json
 import os
@@ -10,16 +9,11 @@ import stat
 import tempfile
 
 from .errors import BadInput, OperationFailed
-from .protocol import MAX_GPU_INDEX, NO_GPUS, RUN_ID_PATTERN, ascii_decimal, env_pair
-
-
-def utc_now_iso() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+from .protocol import MAX_GPU_INDEX, NO_GPUS, ascii_decimal, env_pair, is_run_id
 
 
 def validate_name(value: str, *, what: str) -> str:
-    # fullmatch, not match + $: `$` would accept a trailing newline.
-    if not isinstance(value, str) or RUN_ID_PATTERN.fullmatch(value) is None:
+    if not is_run_id(value):
         raise BadInput(
             "invalid {}: {!r}{} (allowed: a letter or digit, then up to 63 of letters, digits, '.', '_', '-')".format(
                 what, value[:80] if isinstance(value, str) else value,
@@ -72,6 +66,7 @@ class RunPaths:
         self.run_json = os.path.join(self.dir, "run.json")
         self.state_json = os.path.join(self.dir, "state.json")
         self.log = os.path.join(self.dir, "train.log")
+        self.metrics = os.path.join(self.dir, "metrics.jsonl")
         self.supervisor_log = os.path.join(self.dir, "supervisor.log")
         self.kill_request = os.path.join(self.dir, "kill_request.json")
         self.lock = os.path.join(self.dir, ".lock")
@@ -92,7 +87,7 @@ def _is_run_dir(path: str) -> bool:
 
 def _run_names(runs_dir: str) -> list:
     try:
-        return sorted(n for n in os.listdir(runs_dir) if RUN_ID_PATTERN.fullmatch(n))
+        return sorted(n for n in os.listdir(runs_dir) if is_run_id(n))
     except FileNotFoundError:
         return []
 

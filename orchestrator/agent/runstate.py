@@ -5,8 +5,8 @@ import errno
 import time
 
 from . import identity, procfs
-from .protocol import LOST, STARTING, TERMINAL_STATES
-from .rundir import RunPaths, file_lock, read_json, release_reserve, utc_now_iso, write_json_atomic
+from .protocol import LOST, STARTING, TERMINAL_STATES, iso_utc
+from .rundir import RunPaths, file_lock, read_json, release_reserve, write_json_atomic
 
 # A run may sit in `starting` without a supervisor pid while the keeper spawns it; after this it is lost.
 SPAWN_DEADLINE_S = 60.0
@@ -36,7 +36,7 @@ def update_state(paths: RunPaths, mutate) -> dict:
             return current
         changed["version"] = 1
         changed["run_id"] = paths.run_id
-        changed["updated_at"] = utc_now_iso()
+        changed["updated_at"] = iso_utc()
         try:
             write_json_atomic(paths.state_json, changed)
         except OSError as exc:
@@ -67,7 +67,7 @@ def finish(paths: RunPaths, state_name: str, **fields) -> dict:
         state.update(fields)
         state["state"] = state_name
         state.setdefault("ended_at", None)
-        state["ended_at"] = state["ended_at"] or utc_now_iso()
+        state["ended_at"] = state["ended_at"] or iso_utc()
         return state
     return update_state(paths, mutate)
 
@@ -125,7 +125,7 @@ def settle_liveness(paths: RunPaths, *, dry_run: bool = False) -> tuple:
         stranger = supervisor_check(paths, current)[1]
         why = "its recorded supervisor is not its supervisor: " + stranger if stranger else \
             "supervisor gone without a terminal state"
-        current.update(state=LOST, ended_at=utc_now_iso(), error=current.get("error") or why)
+        current.update(state=LOST, ended_at=iso_utc(), error=current.get("error") or why)
         return current
     new_state = update_state(paths, mutate)
     return new_state, new_state.get("state") == LOST and state.get("state") != LOST

@@ -8,7 +8,6 @@ heals itself with no controller connected.
 """
 from __future__ import annotations
 
-import datetime
 import os
 import signal
 import subprocess
@@ -19,8 +18,8 @@ import traceback
 from . import procfs, terminate
 from .childwatch import Wakeup, decode_status, ignore_signal, reap_children, set_child_subreaper, signal_name
 from .errors import OperationFailed
-from .protocol import DEFAULT_GRACE_S, FAILED, KILLED, RUNNING, STARTING, SUCCEEDED
-from .rundir import RunPaths, disk_full, existing_run, read_json, utc_now_iso, write_json_atomic
+from .protocol import DEFAULT_GRACE_S, FAILED, KILLED, RUNNING, STARTING, SUCCEEDED, iso_utc
+from .rundir import RunPaths, disk_full, existing_run, read_json, write_json_atomic
 from .hangwatch import AttemptLog
 from .restart import (BACKOFF_BASE_S, attempt_end, CRASH_LOOP, CRASH_LOOP_ATTEMPTS, EXITED, FAILED_EXIT, HUNG, KILLED_BY_USER, backoff, crash_loop,
                       max_attempts, policy_text, should_restart)
@@ -110,7 +109,7 @@ class Supervisor:
         pid_start = procfs.start_time(proc.pid)
         self.workload_status = None
         self.attempt_log = AttemptLog(self.paths.log, offset)
-        self.attempts.append({"attempt": len(self.attempts) + 1, "started_at": utc_now_iso(), "ended_at": None,
+        self.attempts.append({"attempt": len(self.attempts) + 1, "started_at": iso_utc(), "ended_at": None,
                               "exit_code": None, "signal": None, "signal_name": None, "reason": None,
                               "last_step": None, "exception": None})
 
@@ -119,7 +118,7 @@ class Supervisor:
                          attempt=len(self.attempts), max_attempts=max_attempts(self.policy),
                          restart_policy=policy_text(self.policy), attempts=self.attempts)
             state.setdefault("started_at", None)
-            state["started_at"] = state["started_at"] or utc_now_iso()
+            state["started_at"] = state["started_at"] or iso_utc()
             return state
         update_state(self.paths, mutate)
 
@@ -262,7 +261,7 @@ class Supervisor:
         self.attempt_log.poll(time.monotonic())
         reason = why if why != EXITED else (EXITED if exit_code == 0 else FAILED_EXIT)
         attempt = self.attempts[-1]
-        attempt.update(ended_at=utc_now_iso(), exit_code=exit_code, signal=sig, signal_name=signal_name(sig),
+        attempt.update(ended_at=iso_utc(), exit_code=exit_code, signal=sig, signal_name=signal_name(sig),
                        reason=reason, last_step=self.attempt_log.last_step, exception=self.attempt_log.exception)
         update_state(self.paths, lambda state: dict(state, attempts=self.attempts))
         return attempt
@@ -278,8 +277,7 @@ class Supervisor:
 
         def mutate(state: dict):
             state.update(pid=None, pgid=None, pid_start_time=None,
-                         restart_at=datetime.datetime.fromtimestamp(until, datetime.timezone.utc)
-                         .isoformat(timespec="milliseconds").replace("+00:00", "Z"))
+                         restart_at=iso_utc(until))
             return state
         update_state(self.paths, mutate)
         deadline = time.monotonic() + delay

@@ -3,8 +3,9 @@
     agent watch --runs-dir D [--gpu-interval S] [--heartbeat S] [--idle-exit S]     (options parsed in cli.py)
 
 stdin (one JSON object a line, from the controller):
-    {"follow": {RUN_ID: OFFSET | {"offset": OFFSET, "ino": INODE, "fp": BASE64}}}   OFFSET -1: the last 256 KiB
-                                     (from a line start); fp: the last bytes (<= 64) the controller has before OFFSET
+    {"follow": {RUN_ID: OFFSET | {"offset": OFFSET, "ino": INODE, "fp": BASE64, "metrics": OFFSET}}}
+                                     OFFSET -1: the last 256 KiB (from a line start); fp: the last bytes (<= 64) the
+                                     controller has before OFFSET; metrics: where its copy of metrics.jsonl ends
     {"unfollow": [RUN_ID, ...]}      {"ping": 1}
 stdout (one JSON object a line, flushed):
     {"t": "runs", "runs": [RECORD...]}          at start and whenever a state.json or the set of runs changes
@@ -12,7 +13,9 @@ stdout (one JSON object a line, flushed):
     {"t": "reset", "run": ID, "size": N, "why": truncated|replaced|rewritten}   restart its parser: the bytes
                                                 before the offset are no longer what was sent (fp), so the new
                                                 content is sent from its start
-    {"t": "synced", "runs": [ID...]}            these followed logs have been sent up to their current end
+    {"t": "metrics", "run": ID, "offset": N, "data": BASE64}   new whole lines of the run's metrics.jsonl, the
+                                                trainer's exact figures (metricsfollow.py)
+    {"t": "synced", "runs": [ID...]}            these followed logs (and metrics) have been sent up to their end
     {"t": "gpu", "csv": TEXT} | {"t": "gpu", "error": TEXT}    one sample of one looping nvidia-smi
     {"t": "disk", "free_bytes": N, "total_bytes": N}   free space where the runs are written, at start and
                                                 every DISK_POLL_S while it changes
@@ -33,7 +36,8 @@ import sys
 import time
 
 from .protocol import (FINGERPRINT_BYTES, GPU_FIELDS, MSG_DISK, MSG_GPU, MSG_HEARTBEAT, MSG_LOG, MSG_RESET, MSG_RUNS,
-                       MSG_SYNCED, RUN_ID_PATTERN, TERMINAL_STATES, ascii_decimal, gpu_query_args)
+                       MSG_SYNCED, TERMINAL_STATES, ascii_decimal, gpu_query_args, is_run_id)
+from .metricsfollow import FollowedMetrics
 from .rundir import RunPaths, list_run_ids
 from .runstate import load_record, settle_or_note
 
@@ -60,8 +64,10 @@ class Output:
 class FollowedLog:
     """Where the controller's copy of one run's train.log ends."""
 
-    def __init__(self, path: str, offset: int, ino: int | None, fingerprint: bytes = b"") -> None:
+    def __init__(self, path: str, offset: int, ino: int | None, fingerprint: bytes = b"",
+                 metrics: FollowedMetrics | None = None) -> None:
         self.path = path
+        self.metrics = metrics  # the run's metrics.jsonl, sent beside the log
         self.offset = offset  # -1 until the file exists: then its last TAIL_BYTES
         self.ino = ino
         self.fingerprint = fingerprint  # the last bytes sent before `offset`
@@ -114,13 +120,15 @@ class LogPump:
 
     def follow(self, wanted: dict) -> None:
         for run_id, where in wanted.items():
-            if not isinstance(run_id, str) or RUN_ID_PATTERN.fullmatch(run_id) is None:
+            if not is_run_id(run_id):
                 continue
             where = where if isinstance(where, dict) else {"offset": where}
             offset, ino = where.get("offset"), where.get("ino")
             offset = offset if isinstance(offset, int) and not isinstance(offset, bool) else -1
-            self.followed[run_id] = FollowedLog(RunPaths(self.runs_dir, run_id).log, offset,
-                                                ino if isinstance(ino, int) else None, _fingerprint(where, offset))
+            paths = RunPaths(self.runs_dir, run_id)
+            self.followed[run_id] = FollowedLog(paths.log, offset, ino if isinstance(ino, int) else None,
+                                                _fingerprint(where, offset),
+                                                FollowedMetrics(paths.metrics, where.get("metrics")))
 
     def unfollow(self, run_ids: list) -> None:
         for run_id in run_ids if isinstance(run_ids, list) else []:
@@ -129,7 +137,9 @@ class LogPump:
     def poll(self) -> None:
         synced = []
         for run_id, log in list(self.followed.items()):
-            if self._pump(run_id, log) and not log.synced:
+            # the exact figures first: a snapshot taken once a log is synced has the records of its step lines
+            metrics_sent = log.metrics is None or log.metrics.pump(run_id, self.out.send)
+            if self._pump(run_id, log) and metrics_sent and not log.synced:
                 log.synced = True
                 synced.append(run_id)
         if synced:

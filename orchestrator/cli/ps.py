@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..agent.protocol import LIVE_STATES
-from ..display import MISSING, fit_columns, format_age, format_rate, record_state_text, state_style
+from ..display import MISSING, fit_columns, format_age, format_rate, record_state_text, state_style, widest_cells
 from ..runs.client import RunClient
 from ..runs.jobs import group_jobs
 from ..transports.fanout import fanout_exit_code
@@ -121,8 +121,8 @@ def _rows(runs: list[dict], jobs: list[dict], now: datetime.datetime) -> tuple[l
 def _table(rows: list[list[str]], *, width: int) -> Table:
     """The columns that fit `width` whole (DROP_ORDER says which go first); a number is never cut. Only a run
     id too long for even RUN and STATE is cut short, at its end."""
-    widths = {column: max(cell_len(cell) for cell in (column, *(row[i] for row in rows)))
-              for i, column in enumerate(COLUMNS)}
+    widths = widest_cells({column: column for column in COLUMNS},
+                          ({column: Text.from_markup(cell) for column, cell in zip(COLUMNS, row)} for row in rows))
     shown = fit_columns(widths, width=width, gap=CELL_PADDING, drop=DROP_ORDER) or ("RUN", "STATE")
     room = width - sum(widths[column] + CELL_PADDING for column in shown if column != "RUN") - CELL_PADDING
     table = Table(box=None, header_style="bold")
@@ -135,11 +135,6 @@ def _table(rows: list[list[str]], *, width: int) -> Table:
     for row in rows:
         table.add_row(*(row[i] for i in indexes))
     return table
-
-
-def cell_len(cell: str) -> int:
-    """The cells `cell` takes on screen, its markup (a state's colour) aside."""
-    return Text.from_markup(cell).cell_len
 
 
 def _job_rows(job: dict, now: datetime.datetime) -> list[list[str]]:

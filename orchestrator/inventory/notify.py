@@ -7,7 +7,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
-from ..notify.kinds import DEFAULT_KINDS, DEFAULT_REPEAT_S, check_kind
+from ..alertkinds import DEFAULT_KINDS, DEFAULT_REPEAT_S, check_kind
 
 
 class NotifySpec(BaseModel):

@@ -9,9 +9,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..alertkinds import DEFAULT_KINDS, DEFAULT_REPEAT_S
 from ..errors import UsageError, shorten
 from ..inventory.model import Inventory
-from .kinds import DEFAULT_KINDS, DEFAULT_REPEAT_S
 
 INSTALL_HINT = "pip install 'dflashctl[notify]' (or: pip install apprise)"
 

@@ -11,14 +11,13 @@ from __future__ import annotations
 import json
 import signal
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import asdict
 from typing import TextIO
 
 from ..watch.model import AlertFeed, HostView
 from ..watch.source import LiveSource
-from ..watch.trackers import iso
+from ..agent.protocol import iso_utc
 from .destinations import Destination
 from .pump import AlertPump
 from .relaunch import Relauncher
@@ -49,13 +48,13 @@ class JsonLines:
         self._hosts[host.name] = now
         if before == now or (before is None and not host.connected and not host.error):
             return  # unchanged, or not connected *yet*: only an answer or a failure is news
-        self.print_line({"type": "host", "time": iso(time.time()), "host": host.name, "connected": host.connected,
-                     "error": host.error})
+        self.print_line({"type": "host", "time": iso_utc(timespec="seconds"), "host": host.name,
+                         "connected": host.connected, "error": host.error})
 
     def unsent(self, unsent: Sequence[Unsent]) -> None:
         """One line per destination: how many notifications, of which kinds and runs, and why not."""
         for destination, left in by_destination(unsent).items():
-            self.print_line({"type": "unsent", "time": iso(time.time()), "destination": destination.shown,
+            self.print_line({"type": "unsent", "time": iso_utc(timespec="seconds"), "destination": destination.shown,
                          "count": len(left), "kinds": [u.message.kind for u in left],
                          "run_ids": [u.message.run_id for u in left],
                          "reasons": list(dict.fromkeys(u.reason for u in left))})

@@ -12,9 +12,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..agent.protocol import TERMINAL_STATES
+from ..alertkinds import GPU_IDLE_HELD
 from ..watch.model import AlertFeed, AlertView, RunStatus
 from .destinations import Destination
-from .kinds import CONDITIONS, GPU_IDLE_HELD, RECOVERED, notify_kind
+from .kinds import CONDITIONS, RECOVERED, notify_kind
 
 TITLE_PREFIX = "dflashctl"
 

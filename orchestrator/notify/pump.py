@@ -7,10 +7,10 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from ..watch.alertkinds import WARNING
+from ..alertkinds import WARNING
 from ..watch.model import AlertFeed, AlertView
 from ..watch.source import LiveSource
-from ..watch.trackers import iso
+from ..agent.protocol import iso_utc
 from .destinations import Destination
 from .policy import NotifyPolicy, Outgoing
 from .sender import Sender, Unsent
@@ -65,7 +65,7 @@ class AlertPump:
         return self.sender.close(flush_s) if self.sender is not None else []
 
     def _failed(self, message: Outgoing, error: str) -> None:
-        self.source.note(AlertView(time=iso(time.time()), run_id=message.run_id, target=message.target,
+        self.source.note(AlertView(time=iso_utc(timespec="seconds"), run_id=message.run_id, target=message.target,
                                    kind=NOTIFY_FAILED, severity=WARNING,
                                    message=f"{message.kind} notification to {message.destination.shown} not sent: "
                                            f"{error}"))

@@ -6,14 +6,13 @@ relaunch of the same loss, from this watcher or another). Each relaunch is said 
 """
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 from ..errors import DflashError
-from ..watch.alertkinds import ERROR, RESTARTED, WARNING
+from ..alertkinds import ERROR, RESTARTED, WARNING
 from ..watch.model import AlertFeed, AlertView, RunStatus
 from ..watch.source import LiveSource
-from ..watch.trackers import iso
+from ..agent.protocol import iso_utc
 
 
 class Relauncher:
@@ -41,7 +40,7 @@ class Relauncher:
                    f"newest checkpoint", new_run_id=new_id)
 
     def _tell(self, run: RunStatus, line_type: str, severity: str, message: str, **extra) -> None:
-        now = iso(time.time())
+        now = iso_utc(timespec="seconds")
         self.say({"type": line_type, "time": now, "run_id": run.run_id, "target": run.target, "name": run.name,
                   "message": message, **extra})
         self.source.note(AlertView(time=now, run_id=run.run_id, target=run.target, kind=RESTARTED,

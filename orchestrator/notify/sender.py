@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..watch.alertkinds import ERROR, WARNING
+from ..alertkinds import ERROR, WARNING
 from .destinations import Destination, load_apprise
 from .kinds import RECOVERED
 from .policy import Outgoing

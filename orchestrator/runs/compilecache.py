@@ -6,7 +6,7 @@ differs per user. `launch` points both at `{workdir}/.dflash/cache/` unless the 
 """
 from __future__ import annotations
 
-from ..agent.protocol import KIB, ascii_decimal
+from ..agent.protocol import KIB, ascii_decimal, state_path
 from ..inventory.model import Target
 
 CACHE_VARS = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton"}
@@ -15,7 +15,7 @@ SIZE_SCRIPT = 'if [ -d "$1" ]; then du -sk -- "$1" | cut -f1; else echo 0; fi'
 
 
 def cache_root(target: Target) -> str:
-    return f"{target.workdir}/.dflash/cache"
+    return state_path(target.workdir, "cache")
 
 
 def cache_env(target: Target) -> dict[str, str]:

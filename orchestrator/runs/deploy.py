@@ -15,7 +15,7 @@ from pathlib import Path
 
 import trainer
 
-from ..agent.protocol import UPLOAD_STALL_S
+from ..agent.protocol import UPLOAD_STALL_S, state_path
 from ..errors import TransportError
 from ..inventory.model import Target
 from ..transports.base import Transport
@@ -62,11 +62,11 @@ def trainer_bundle() -> Bundle:
 
 
 def agent_path_in(workdir: str) -> str:
-    return f"{workdir}/.dflash/agent/agent-{agent_bundle().digest}.pyz"
+    return state_path(workdir, "agent", f"agent-{agent_bundle().digest}.pyz")
 
 
 def pkg_dir_in(workdir: str) -> str:
-    return f"{workdir}/.dflash/pkg/{trainer_bundle().digest}"
+    return state_path(workdir, "pkg", trainer_bundle().digest)
 
 
 def present(transport: Transport, workdir: str) -> set[str]:

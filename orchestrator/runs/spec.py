@@ -10,7 +10,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from ..agent.protocol import DEFAULT_GRACE_S, RUN_ID_PATTERN
+from ..agent.protocol import DEFAULT_GRACE_S, is_run_id, state_path
 from ..errors import UsageError, shorten
 from ..inventory.model import Target
 from .compilecache import cache_env
@@ -19,7 +19,7 @@ NAME_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 def runs_dir(target: Target) -> str:
-    return f"{target.workdir}/.dflash/runs"
+    return state_path(target.workdir, "runs")
 
 
 def run_dir(target: Target, run_id: str) -> str:
@@ -44,14 +44,14 @@ def default_name(command: Sequence[str]) -> str:
 
 
 def check_run_id(run_id: str) -> str:
-    if not RUN_ID_PATTERN.fullmatch(run_id):
+    if not is_run_id(run_id):
         raise UsageError(f"invalid run id {shorten(run_id)!r}: run ids are letters, digits, '.', '_' and '-' "
                          f"(see `dflashctl ps`)")
     return run_id
 
 
 def check_name(name: str) -> str:
-    if not RUN_ID_PATTERN.fullmatch(name):
+    if not is_run_id(name):
         raise UsageError(f"invalid run name {shorten(name)!r}: use up to 64 letters, digits, '.', '_' or '-', "
                          f"starting with a letter or digit")
     return name

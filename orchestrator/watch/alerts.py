@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from ..agent.protocol import (FAILED, GPU_HELD_MIB, GPU_IDLE_UTIL_PCT, KILLED, LOST, LOW_FREE_BYTES, LOW_FREE_FRACTION,
                               SUCCEEDED, idle_and_held, low_free)
 from ..agent.restart import attempt_end
-from ..display import format_bytes, format_duration, format_gib, format_rate
+from ..display import clip, format_bytes, format_duration, format_gib, format_rate
 from ..trainlog.parser import ExceptionEvent, PhaseEvent, StepEvent
-from .alertkinds import (ENDED, ERROR, EXCEPTION, GPU_IDLE, INFO, LOW_DISK, NAN, RESTARTED, STALL, STARVATION,
+from ..alertkinds import (ENDED, ERROR, EXCEPTION, GPU_IDLE, INFO, LOW_DISK, NAN, RESTARTED, STALL, STARVATION,
                          THROUGHPUT, WARNING)
 
 TERMINAL_SEVERITY = {SUCCEEDED: INFO, FAILED: ERROR, KILLED: WARNING, LOST: ERROR}
@@ -337,8 +337,7 @@ class DiskHealth:
 
 
 def _shorten(text: str, limit: int = 300) -> str:
-    first_line = text.strip().splitlines()[0] if text.strip() else ""
-    return first_line if len(first_line) <= limit else first_line[:limit - 1] + "…"
+    return clip(text.strip().splitlines()[0] if text.strip() else "", limit)
 
 
 def _duration(seconds: float) -> str:

@@ -15,7 +15,8 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from ..agent.cleanup import summary
-from ..agent.protocol import MSG_DISK, MSG_GPU, MSG_LOG, MSG_RESET, MSG_RUNS, MSG_SYNCED, TERMINAL_STATES
+from ..agent.protocol import (MSG_DISK, MSG_GPU, MSG_LOG, MSG_METRICS, MSG_RESET, MSG_RUNS, MSG_SYNCED, TERMINAL_STATES,
+                              iso_utc)
 from ..errors import DflashError, TargetNotFound
 from ..inventory.model import Inventory, Target
 from ..runs.client import RunClient
@@ -24,7 +25,7 @@ from .alerts import Alert, AlertRules, DiskHealth
 from .jobrows import fold_jobs
 from .model import ActionResult, AlertFeed, AlertView, HostView, RunView, Snapshot
 from .stream import ContainerStream, StreamOptions
-from .trackers import GpuTracker, RunTracker, alert_view, iso
+from .trackers import GpuTracker, RunTracker, alert_view
 
 MAX_ALERTS = 500
 LINE_COUNT_CACHE_S = 1.0
@@ -88,7 +89,7 @@ class LiveSource:
             runs, self._jobs = fold_jobs([(t.record, t.diagnosed_view(s.gpus.views()))
                                           for s in states for t in s.runs.values()])
             gpus = tuple(g for s in states for g in s.gpus.views())
-            return Snapshot(taken_at=iso(time.time()), runs=tuple(runs), gpus=gpus, hosts=self._host_views(),
+            return Snapshot(taken_at=iso_utc(timespec="seconds"), runs=tuple(runs), gpus=gpus, hosts=self._host_views(),
                             alerts=tuple(self._alerts))
 
     def wait_for_change(self, timeout: float) -> bool:
@@ -214,6 +215,8 @@ class LiveSource:
                 return self._on_runs(state, message.get("runs") or [], now)
             if kind == MSG_LOG:
                 self._on_log(state, message, now)
+            elif kind == MSG_METRICS:
+                self._on_metrics(state, message)
             elif kind == MSG_RESET:
                 tracker = state.runs.get(str(message.get("run")))
                 if tracker is not None:
@@ -275,15 +278,16 @@ class LiveSource:
         return follow
 
     def _on_log(self, state: TargetState, message: dict, now: float) -> None:
-        tracker = state.runs.get(str(message.get("run")))
-        offset = message.get("offset")
-        if tracker is None or not isinstance(offset, int):
-            return
-        try:
-            data = base64.b64decode(message.get("data") or "", validate=True)
-        except (binascii.Error, ValueError):
-            return
-        self._add_alerts(state, tracker.feed(offset, message.get("ino"), data, now), backlog=tracker.backlog)
+        found = _bytes_of(state, message)
+        if found is not None:
+            tracker, offset, data = found
+            self._add_alerts(state, tracker.feed(offset, message.get("ino"), data, now), backlog=tracker.backlog)
+
+    def _on_metrics(self, state: TargetState, message: dict) -> None:
+        found = _bytes_of(state, message)
+        if found is not None:
+            tracker, offset, data = found
+            tracker.feed_metrics(offset, data, restart=message.get("restart") is True)
 
     def _on_synced(self, state: TargetState, run_ids: list, now: float) -> None:
         for run_id in run_ids:
@@ -352,7 +356,20 @@ class LiveSource:
         return answer
 
 
+def _bytes_of(state: TargetState, message: dict) -> tuple[RunTracker, int, bytes] | None:
+    """The tracker, offset and decoded bytes of a log or metrics message; None for one of no run we track."""
+    tracker = state.runs.get(str(message.get("run")))
+    offset = message.get("offset")
+    if tracker is None or not isinstance(offset, int):
+        return None
+    try:
+        return tracker, offset, base64.b64decode(message.get("data") or "", validate=True)
+    except (binascii.Error, ValueError):
+        return None
+
+
 def _resume_point(tracker: RunTracker) -> object:
     if tracker.offset is None:
-        return -1
-    return {"offset": tracker.offset, "ino": tracker.ino, "fp": base64.b64encode(tracker.fingerprint).decode()}
+        return {"offset": -1, "metrics": tracker.metrics_offset}
+    return {"offset": tracker.offset, "ino": tracker.ino, "fp": base64.b64encode(tracker.fingerprint).decode(),
+            "metrics": tracker.metrics_offset}

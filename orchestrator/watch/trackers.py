@@ -2,15 +2,14 @@
 bounded histories the dashboard draws. Pure state: no IO, no threads, no clock (callers pass `now`)."""
 from __future__ import annotations
 
-import datetime
 from collections import deque
 from dataclasses import replace
 
-from ..agent.protocol import FINGERPRINT_BYTES, LOST, STARTING, TERMINAL_STATES
+from ..agent.protocol import FINGERPRINT_BYTES, LOST, STARTING, TERMINAL_STATES, iso_utc
 from ..gpus import GpuInfo, parse_query_csv
-from ..trainlog.lines import parse_step_times_line
+from ..trainlog.lines import STEP_FIELDS, TAU_FIELDS, parse_metrics_jsonl_line, parse_step_times_line
 from ..trainlog.parser import ExceptionEvent, LogLine, LogParser, PhaseEvent, StepEvent
-from .alertkinds import LOG_RESET, WARNING
+from ..alertkinds import LOG_RESET, WARNING
 from .alerts import Alert, AlertRules, GpuSample, RunHealth
 from .bottleneck import RunSignals, diagnose
 from .model import AlertView, GpuView, MetricPoint, RunStatus, RunView
@@ -33,11 +32,7 @@ def shown_phase(event: PhaseEvent, current: str | None) -> str | None:
 STEP_VALUES = ("loss", "acc", "streak", "lr", "tok_per_s", "eta_s", "tgt_bps", "dft_bps", "tau_replay", "tau_heldout",
                "tau_eval", "tau_tree_heldout")
 MAX_EXCEPTION_TEXTS = 20
-
-
-def iso(seconds: float) -> str:
-    stamp = datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc)
-    return stamp.isoformat(timespec="seconds").replace("+00:00", "Z")
+MAX_EXACT_STEPS = 64  # metrics.jsonl records kept for step lines not read yet (the two files race)
 
 
 class RunTracker:
@@ -57,6 +52,9 @@ class RunTracker:
         self.ino: int | None = None
         self.fingerprint = b""  # the last bytes before `offset`: the agent checks the file still has them
         self.synced = False
+        self.metrics_offset = -1  # the next byte of metrics.jsonl we expect (-1: none read yet)
+        self.exact: dict[int, StepEvent] = {}  # step -> its metrics.jsonl record: the figures a step line rounds
+        self.last_step_event: StepEvent | None = None  # the step line as read, before its exact figures
         # until its log is first read to the end: alerts found now come from what the log held before the watch
         # began (shown, never notified); set by the source for the runs that were already there
         self.backlog = False
@@ -97,6 +95,24 @@ class RunTracker:
         self.fingerprint = (self.fingerprint + data[-FINGERPRINT_BYTES:])[-FINGERPRINT_BYTES:]
         return self._events(self.parser.feed(data), now)
 
+    def feed_metrics(self, offset: int, data: bytes, *, restart: bool = False) -> None:
+        """New whole lines of metrics.jsonl from `offset` (`restart`: the file shrank and is sent from its start).
+        A record's exact figures replace the rounded ones of its step line, whichever of the two came first."""
+        if not restart and 0 <= offset < self.metrics_offset:
+            data = data[self.metrics_offset - offset:]
+            offset = self.metrics_offset
+        self.metrics_offset = offset + len(data)
+        for line in data.splitlines():
+            record = parse_metrics_jsonl_line(line)
+            if record is None or record.step is None:
+                continue
+            self.exact[record.step] = record
+            while len(self.exact) > MAX_EXACT_STEPS:
+                del self.exact[next(iter(self.exact))]
+            if self.last_step_event is not None and record.step == self.last_step:
+                self._view = None
+                self._take_step(self.last_step_event, replace_last=True)
+
     def reset(self, why: str, now: float) -> list[Alert]:
         """The log was truncated, replaced or rewritten: say so in the tail and as an alert, then read the new
         content from its start (metrics history is kept; the lines before the mark are the old content's)."""
@@ -120,6 +136,8 @@ class RunTracker:
         if not events:
             return []
         self._view = None
+        # a step whose metrics.jsonl record came first is judged by its exact figures (a later record only redraws)
+        events = [self._exact(e) if isinstance(e, StepEvent) else e for e in events]
         for event in events:
             self._take(event)
         return self._keep(self.health.observe_events(events, now))
@@ -140,12 +158,16 @@ class RunTracker:
         if isinstance(event, (StepEvent, PhaseEvent, LogLine)):
             self.tail.append(event.text)
 
-    def _take_step(self, step: StepEvent) -> None:
+    def _take_step(self, line: StepEvent, *, replace_last: bool = False) -> None:
+        self.last_step_event = line
+        step = self._exact(line)
         self.last_step_line = step.text
         if self.phase != "finished":
             self.phase = "training" if step.total is None else "generating"
         if step.step is not None:
             self.last_step = step.step
+            if replace_last and self.history and self.history[-1].step == step.step:
+                self.history.pop()
             self.history.append(MetricPoint(step.step, step.loss, step.acc, step.streak, step.tok_per_s,
                                             step.tau_replay, step.tau_heldout, step.tau_eval,
                                             step.tau_tree_heldout or ()))
@@ -156,6 +178,14 @@ class RunTracker:
         self.q_pre = step.q_pre if step.q_pre is not None else self.q_pre
         self.q_hs = step.q_hs if step.q_hs is not None else self.q_hs
         self.queue_capacity = max((self.queue_capacity, *self.q_pre, *self.q_hs))
+
+    def _exact(self, line: StepEvent) -> StepEvent:
+        """The step line with the figures of its metrics.jsonl record, where one came (the line keeps its text)."""
+        record = self.exact.get(line.step) if line.step is not None and line.total is None else None
+        if record is None:
+            return line
+        return replace(line, **{name: getattr(record, name) for name in STEP_FIELDS + TAU_FIELDS
+                                if getattr(record, name) is not None})
 
     def _keep(self, alerts: list[Alert]) -> list[Alert]:
         return [] if self.quiet else alerts
@@ -244,5 +274,5 @@ def _seconds(value: object) -> float | None:
 
 
 def alert_view(alert: Alert, target: str) -> AlertView:
-    return AlertView(time=iso(alert.time), run_id=alert.run_id, target=target, kind=alert.kind,
+    return AlertView(time=iso_utc(alert.time, timespec="seconds"), run_id=alert.run_id, target=target, kind=alert.kind,
                      severity=alert.severity, message=alert.message)

@@ -151,7 +151,7 @@ def test_the_losses_give_the_selectors_candidates_from_their_own_chunks(objectiv
         if objective == {"ce": 1.0}:
             out = chunked_weighted_ce(hidden, head, labels, decay, chunk_rows=chunk_blocks * slots, top_k=k)
         else:
-            out = chunked_objective(hidden, head, labels, supervised, decay, Objective(objective), slots=slots,
+            out = chunked_objective(hidden, head, labels, supervised, decay, Objective(objective, "decay"), slots=slots,
                                     chunk_blocks=chunk_blocks, top_k=k)
         assert torch.equal(out.candidates[1], whole[1]) and torch.allclose(out.candidates[0], whole[0])
     assert chunked_weighted_ce(hidden, head, labels, decay).candidates is None

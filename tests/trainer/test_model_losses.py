@@ -28,7 +28,7 @@ def test_tv_is_one_minus_the_overlap_and_falls_as_q_meets_p() -> None:
     norms = Normalisers(slots=torch.tensor(1.0), blocks=torch.tensor(1.0))
     q_param = q.clone().requires_grad_()
     terms = chunk_terms(q_param, p, torch.tensor([0]), torch.tensor([True]), torch.tensor([1.0]),
-                        Objective({"tv": 1.0}), 1, norms)
+                        Objective({"tv": 1.0}, "decay"), 1, norms)
     assert terms["tv"].item() == pytest.approx(1 - 0.6)
     terms["tv"].backward()
     # the only token where q < p is token 0 and 1: raising their log-probability lowers the loss
@@ -52,7 +52,7 @@ def test_cap_is_the_expected_accepted_prefix_and_raising_q_y_lowers_the_loss() -
     logits = torch.tensor([[4.0, 0.0, 0.0], [3.0, 0.0, 0.0], [5.0, 0.0, 0.0]], requires_grad=True)
     norms = Normalisers(slots=torch.tensor(3.0), blocks=torch.tensor(1.0))
     terms = chunk_terms(torch.log_softmax(logits, -1), None, torch.tensor([0, 0, 0]), torch.ones(3, dtype=torch.bool),
-                        torch.ones(3), Objective({"cap": 1.0}), 3, norms)
+                        torch.ones(3), Objective({"cap": 1.0}, "decay"), 3, norms)
     q = torch.softmax(logits.detach(), -1)[:, 0]
     lam = math.exp(-3 * q.mean().item())
     ce = -q.log().mean().item()
@@ -114,7 +114,7 @@ def test_generic_ce_with_decay_weights_equals_the_fast_path() -> None:
     fast_loss = chunked_weighted_ce(fast, head, labels, decay * supervised, chunk_rows=3).loss
     fast_loss.backward()
     generic = hidden.clone().requires_grad_()
-    loss = chunked_objective(generic, head, labels, supervised, decay, Objective({"ce": 0.5, "tv": 0.0}),
+    loss = chunked_objective(generic, head, labels, supervised, decay, Objective({"ce": 0.5, "tv": 0.0}, "decay"),
                              slots=slots, target_hidden=hidden, chunk_blocks=2).loss
     (2 * loss).backward()
     assert (2 * loss).item() == pytest.approx(fast_loss.item(), rel=1e-5)
@@ -137,7 +137,7 @@ def test_a_drafter_step_against_the_target_distribution_trains_the_drafter_only(
     assert torch.allclose(target.lm_head(final), logits, atol=1e-4)   # the extra layers are the target's own
     out = dflash_step(drafter, features, input_ids, torch.ones_like(input_ids), num_anchors=4, block_size=4,
                       gamma=4.0, noise=0.0, generator=torch.Generator().manual_seed(1),
-                      objective=Objective({"kl": 0.5, "cap": 0.5}), target_hidden=final)
+                      objective=Objective({"kl": 0.5, "cap": 0.5}, "decay"), target_hidden=final)
     out.loss.backward()
     assert set(out.terms) == {"kl", "cap"}
     assert out.loss.item() == pytest.approx(0.5 * out.terms["kl"].item() + 0.5 * out.terms["cap"].item(), rel=1e-5)

@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from textual.pilot import Pilot
 
+from tests.lab.workloads import stop_keeper, write_local_inventory
 from tui.app import DashboardApp
 from tui.widgets.runs_table import RunsTable
 
@@ -64,3 +66,11 @@ async def select_run(pilot: Pilot, run_id: str) -> None:
     table.move_cursor(row=table.get_row_index(run_id), animate=False)
     await wait_until(pilot, lambda: table.selected_run_id == run_id, what=f"{run_id} selected")
     await pilot.pause()
+
+
+@pytest.fixture
+def inv(tmp_path: Path):
+    """An inventory of `local` working under tmp_path, for the dashboard on the real data path (LiveSource); the
+    keeper its launches started is stopped afterwards."""
+    yield write_local_inventory(tmp_path / "inventory.yaml", tmp_path / "work")
+    stop_keeper(tmp_path / "work" / ".dflash" / "runs")

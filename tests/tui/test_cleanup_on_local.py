@@ -9,7 +9,7 @@ from textual.widgets import Button, Label, Static
 
 from orchestrator.inventory.model import load_inventory
 from orchestrator.watch.source import LiveSource
-from tests.lab.workloads import run_cli, start_foreign_stuck_parent, stop_keeper, write_local_inventory
+from tests.lab.workloads import run_cli, start_foreign_stuck_parent
 from tui.app import DashboardApp
 from tui.screens.cleanup_confirm import CleanupConfirmScreen
 from tui.screens.main_screen import MainScreen
@@ -17,12 +17,6 @@ from tui.screens.main_screen import MainScreen
 from .conftest import select_run, wait_for_screen, wait_until
 
 pytestmark = pytest.mark.asyncio
-
-
-@pytest.fixture
-def inv(tmp_path: Path):
-    yield write_local_inventory(tmp_path / "inventory.yaml", tmp_path / "work")
-    stop_keeper(tmp_path / "work" / ".dflash" / "runs")
 
 
 async def test_the_cleanup_dialog_never_offers_to_end_a_process_no_run_owns(inv, capsys):

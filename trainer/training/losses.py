@@ -27,7 +27,8 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from trainer.config import DISTRIBUTION_OBJECTIVES, objective_text
+from trainer.config import (DEFAULT_DPACE_ALPHA, DEFAULT_LOSS, DEFAULT_SLOT_WEIGHTS, DISTRIBUTION_OBJECTIVES,
+                            objective_text)
 from trainer.training.selector_objective import chunk_candidates
 
 # fp32 [rows, vocab] tensors one chunk holds at once (its autograd graph keeps several): 256 MiB each. Not
@@ -62,11 +63,11 @@ def no_candidates(rows: int, top_k: int, device) -> tuple[torch.Tensor, torch.Te
 
 @dataclass(frozen=True)
 class Objective:
-    """What a training step optimises: {term: weight} and how slots are weighed."""
+    """What a training step optimises: {term: weight} and how slots are weighed; the defaults are the config's."""
 
-    weights: dict[str, float] = field(default_factory=lambda: {"ce": 1.0})
-    slot_weights: str = "decay"   # or "dpace"
-    dpace_alpha: float = 0.5
+    weights: dict[str, float] = field(default_factory=lambda: {DEFAULT_LOSS: 1.0})
+    slot_weights: str = DEFAULT_SLOT_WEIGHTS   # "dpace" or "decay"
+    dpace_alpha: float = DEFAULT_DPACE_ALPHA
 
     @classmethod
     def from_config(cls, cfg) -> "Objective":
@@ -84,6 +85,11 @@ class Objective:
 
     def describe(self) -> str:
         return objective_text(self.weights, self.slot_weights)
+
+
+# The first DFlash recipe (ce, decay slot weights): what the loss function computes when given no objective,
+# on the fast plain-CE path; a training run always passes the one its config names.
+PLAIN_CE = Objective({"ce": 1.0}, "decay")
 
 
 def dpace_weights(log_q_y: torch.Tensor, supervised: torch.Tensor, alpha: float) -> torch.Tensor:

@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from trainer.training.losses import ChunkedLoss, CountShare, Objective, chunked_objective, local_count, no_candidates
+from trainer.training.losses import (PLAIN_CE, ChunkedLoss, CountShare, Objective, chunked_objective, local_count,
+                                     no_candidates)
 from trainer.training.selector_objective import chunk_candidates, selector_loss
 
 IGNORE = -100
@@ -186,7 +187,7 @@ def dflash_step(drafter, features: torch.Tensor, input_ids: torch.Tensor, loss_m
     # make the shape depend on the data and wait for the GPU to know it
     decay = decay_weights(block_size, gamma, device=labels.device)
     slot_weights = decay * supervised
-    objective = objective or Objective()
+    objective = objective or PLAIN_CE
     rows = hidden.reshape(-1, hidden.shape[-1])
     top_k = getattr(inner, "selector_top_k", None) or 0   # DFlash2: its selector's candidates come with the loss
     if objective.is_plain_ce:

@@ -5,6 +5,7 @@ from collections.abc import Mapping
 
 from rich.text import Text
 
+from orchestrator.display import clip
 from orchestrator.watch.model import ActionResult
 
 from .confirm import ConfirmScreen
@@ -72,5 +73,4 @@ def describe(entry: object, *, name_field: str) -> str:
 def _short(value: object, limit: int = 60) -> str:
     if isinstance(value, (list, tuple)):
         value = ",".join(str(item) for item in value)
-    text = str(value)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    return clip(str(value), limit)

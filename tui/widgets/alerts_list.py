@@ -8,7 +8,7 @@ from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from orchestrator.watch.alertkinds import ERROR, INFO, WARNING
+from orchestrator.alertkinds import ERROR, INFO, WARNING
 from orchestrator.watch.model import AlertView
 
 from .host_status import clock_time

@@ -7,7 +7,7 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from orchestrator.display import format_bytes
+from orchestrator.display import clip, format_bytes
 from orchestrator.watch.model import HostView
 
 MAX_ERROR_CHARS = 60
@@ -50,7 +50,7 @@ def host_text(host: HostView) -> Text:
         return text
     text = Text.assemble(("✗ ", "bold red"), (host.name, "bold red"), " disconnected")
     if host.error:
-        error = host.error if len(host.error) <= MAX_ERROR_CHARS else host.error[: MAX_ERROR_CHARS - 1] + "…"
+        error = clip(host.error, MAX_ERROR_CHARS)
         text.append(f": {error}")
     if host.reconnecting:
         text.append(" (reconnecting...)", style="dim")

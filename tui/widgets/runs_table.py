@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rich.cells import cell_len
 from rich.text import Text
 from textual.binding import Binding
 from textual.coordinate import Coordinate
@@ -12,10 +11,10 @@ from textual.reactive import reactive
 from textual.strip import Strip
 from textual.widgets import DataTable
 
-from orchestrator.display import fit_columns
+from orchestrator.display import fit_columns, widest_cells
 from orchestrator.watch.model import RunView
 
-from ..runcells import MAX_NAME_CHARS, NARROW_NAME_CHARS, columns, newest_run, run_cells, run_names, widest_cells
+from ..runcells import MAX_NAME_CHARS, NARROW_NAME_CHARS, columns, newest_run, run_cells, run_names, widest_run_cells
 
 
 class RunsTable(DataTable):
@@ -83,7 +82,7 @@ class RunsTable(DataTable):
             return False  # not laid out yet: its first frame fits it
         self._fit_width = width
         cell = 2 * self.cell_padding
-        widths = {**widest_cells(self._runs), "run": NARROW_NAME_CHARS}  # names may be cut down to that
+        widths = {**widest_run_cells(self._runs), "run": NARROW_NAME_CHARS}  # names may be cut down to that
         if not any(run.tau is not None for run in self._runs):
             del widths["tau"]
         fitted = fit_columns(widths, width=width, gap=cell, drop=[("tau",)])
@@ -102,8 +101,7 @@ class RunsTable(DataTable):
 
     def _column_widths(self, cells: dict[str, dict[str, Text]]) -> dict[str, int]:
         """Each shown column's width: its widest cell or header."""
-        return {key: max((cell_len(header), *(row[key].cell_len for row in cells.values())))
-                for key, header in columns(narrow=self.narrow, tau=self._tau)}
+        return widest_cells(dict(columns(narrow=self.narrow, tau=self._tau)), cells.values())
 
     def _cells_of(self, run: RunView) -> dict[str, Text]:
         return run_cells(run, name=self._names.get(run.run_id), narrow=self.narrow)

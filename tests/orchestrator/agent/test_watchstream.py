@@ -281,3 +281,37 @@ def test_line_index_extends_incrementally(tmp_path: Path) -> None:
             log.write(b"b\n" * 600)
         index.extend(handle, 1, 6200)
     assert (index.lines, index.marks) == (3100, [0, 2000, 4000, 6000])
+
+
+def test_metrics_jsonl_is_sent_beside_the_log_in_whole_lines_and_resumes(runs: Path, tmp_path: Path) -> None:
+    run_dir = make_run(runs, "r1", log=b"step line\n")
+    (tmp_path / "out").mkdir()
+    target = tmp_path / "out" / "metrics.jsonl"  # the bundled trainer's file, linked from the run directory
+    target.write_bytes(b'{"event": "step", "step": 1}\n{"event": "step", "st')
+    (run_dir / "metrics.jsonl").symlink_to(target)
+
+    def metrics(agent: Agent) -> dict:
+        return agent.expect(lambda m: m.get("t") == "metrics" and m["run"] == "r1")
+
+    agent = Agent(runs, env=no_gpu_env(tmp_path))
+    try:
+        agent.send({"follow": {"r1": -1}})
+        first = metrics(agent)  # only the whole line: the second is still being written
+        assert (first["offset"], base64.b64decode(first["data"])) == (0, b'{"event": "step", "step": 1}\n')
+        agent.expect(lambda m: m.get("t") == "synced" and m["runs"] == ["r1"])
+        with target.open("ab") as handle:
+            handle.write(b'ep": 2}\n')
+        second = metrics(agent)
+        assert (second["offset"], base64.b64decode(second["data"])) == (29, b'{"event": "step", "step": 2}\n')
+    finally:
+        assert agent.close() == 0
+    resumed = Agent(runs, env=no_gpu_env(tmp_path))
+    try:
+        resumed.send({"follow": {"r1": {"offset": 10, "metrics": 29}}})
+        again = metrics(resumed)  # from where the controller's copy ends: nothing before it sent twice
+        assert (again["offset"], base64.b64decode(again["data"])) == (29, b'{"event": "step", "step": 2}\n')
+        target.write_bytes(b'{"event": "step", "step": 1}\n')  # rewritten shorter: sent again from its start
+        restarted = metrics(resumed)
+        assert (restarted["offset"], restarted.get("restart")) == (0, True)
+    finally:
+        assert resumed.close() == 0

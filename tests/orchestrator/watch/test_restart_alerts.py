@@ -2,8 +2,9 @@
 crash loop told once, in the run's ended alert."""
 from __future__ import annotations
 
-from orchestrator.notify.kinds import DEFAULT_KINDS, notify_kind
-from orchestrator.watch.alertkinds import ENDED, RESTARTED
+from orchestrator.alertkinds import DEFAULT_KINDS
+from orchestrator.notify.kinds import notify_kind
+from orchestrator.alertkinds import ENDED, RESTARTED
 from orchestrator.watch.alerts import RunHealth
 
 FIRST = {"attempt": 1, "exit_code": 3, "signal": None, "reason": "failed", "exception": "RuntimeError: CUDA error"}

@@ -133,3 +133,25 @@ def test_tree_tau_per_budget_reaches_the_view_and_the_history() -> None:
     # kept from the evaluation's line, as tau_heldout is, smallest budget first
     assert view.tau_tree_heldout == ((8, 2.41), (32, 2.93), (64, 3.02)) and view.tau_heldout == 1.8
     assert [p.tau_tree_heldout for p in view.history] == [(), ((8, 2.41), (32, 2.93), (64, 3.02)), ()]
+
+
+def test_a_steps_metrics_record_gives_its_exact_figures_whichever_comes_first() -> None:
+    from trainer import logformat
+
+    def metrics(step: int) -> logformat.StepMetrics:
+        return logformat.StepMetrics(elapsed_s=10.0 * step, step=step, loss=2.71828, acc=0.4, streak=2.0, lr=1e-4,
+                                     noise=0.0, tgt_batches_per_s=1.0, dft_batches_per_s=1.0, tok_per_s=350.0)
+
+    def record(step: int) -> bytes:
+        return (logformat.metrics_json(metrics(step)) + "\n").encode()
+
+    run = tracker()
+    line = (logformat.format_step_line(metrics(1)) + "\n").encode()
+    run.feed(0, 1, line, now=0.0)
+    assert run.view().tok_per_s == 300.0  # what `(0.3Ktok/s)` reads as
+    run.feed_metrics(0, record(1))  # the record after its line
+    assert (run.view().tok_per_s, run.view().loss, run.history[-1].tok_per_s) == (350.0, 2.71828, 350.0)
+    run.feed_metrics(0, record(1) + record(2))  # a resend of the first record is dropped; the second waits
+    run.feed(len(line), 1, (logformat.format_step_line(metrics(2)) + "\n").encode(), now=1.0)
+    assert [(p.step, p.tok_per_s) for p in run.history] == [(1, 350.0), (2, 350.0)]
+    assert run.metrics_offset == len(record(1) + record(2))
