@@ -37,8 +37,11 @@ class SessionSlots:
         with self._lock:
             self._channels.setdefault(transport, []).append(channel)
 
-    def refused(self, transport: paramiko.Transport, exc: paramiko.ChannelException) -> None:
-        """The server refused a channel on `transport`: learn its limit (raises when it refuses even one)."""
+    def refused(self, transport: paramiko.Transport, exc: paramiko.SSHException) -> None:
+        """Opening a channel on `transport` failed: when the server refused it, learn its limit (raises when it
+        refuses even one); anything else (a dropped connection) is raised again."""
+        if not refused(transport, exc):
+            raise exc
         with self._lock:
             open_now = self._open_on(transport)
             if open_now == 0:
@@ -60,3 +63,10 @@ class SessionSlots:
         self._channels = {t: [c for c in chans if not c.closed] for t, chans in self._channels.items()
                           if t.is_active()}  # a dropped connection's channels are gone with it
         return len(self._channels.get(transport, []))
+
+
+def refused(transport: paramiko.Transport, exc: paramiko.SSHException) -> bool:
+    """The server said no to a channel and the connection lives on. paramiko keeps a refusal's reason on the
+    connection, not the channel: of two refused at once, one may raise the bare "Unable to open channel"."""
+    return transport.is_active() and (isinstance(exc, paramiko.ChannelException)
+                                      or str(exc) == "Unable to open channel.")

@@ -111,8 +111,8 @@ class SSHHost:
             transport = self._transport_with_room()
             try:
                 channel = transport.open_session(timeout=self.host.connect_timeout)
-            except paramiko.ChannelException as exc:
-                self.slots.refused(transport, exc)
+            except paramiko.SSHException as exc:
+                self.slots.refused(transport, exc)  # raises it again unless the server refused this one alone
                 continue
             self.slots.opened(transport, channel)
             return channel

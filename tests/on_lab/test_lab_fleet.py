@@ -3,12 +3,17 @@ connection, a controller short of file descriptors, a kill that asks only where 
 `watch --once`."""
 from __future__ import annotations
 
+import json
+import resource
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from tests.lab.lab import ContainerSpec, HostSpec, Lab
 from tests.lab.workloads import run_cli as cli
+from tests.trainer.conftest import REPO_ROOT
 
 pytestmark = pytest.mark.lab
 MANY = tuple(range(400, 412))  # 12 containers on one host...
@@ -37,3 +42,34 @@ def test_more_containers_than_the_hosts_max_sessions_all_answer(fleet, capsys, c
     assert [(h["name"], h["connected"]) for h in snapshot["hosts"]] == [("many", True)]
     said = [r.getMessage() for r in caplog.records if "sessions per connection" in r.getMessage()]
     assert len(said) == 1 and "MaxSessions" in said[0]  # the limit it met is said, once
+
+
+def many_hosts_inventory(lab: Lab, path: Path, count: int) -> Path:
+    """An inventory of `count` hosts that are all the lab's `many` under other names, one container each: a
+    fleet's worth of connections from one controller."""
+    many = lab.hosts["many"]
+    lines = [f"defaults: {{user: root, port: 22, workdir: /workspace, python: {json.dumps(sys.executable)}}}",
+             "hosts:"]
+    for i in range(count):
+        lines += [f"  h{i:02d}:", f"    address: {many.address}", f"    identity_file: {json.dumps(str(lab.client_key))}",
+                  f"    known_hosts: {json.dumps(str(lab.known_hosts))}", f"    pct: {json.dumps(many.pct_command)}",
+                  f"    containers: {{{MANY[i % len(MANY)]}: {{gpus: 0}}}}"]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_ps_short_of_file_descriptors_names_each_target_it_could_not_read(fleet, tmp_path) -> None:
+    """With 64 file descriptors and 40 hosts, some connections cannot be made: those targets are named with the
+    reason, the others are listed, exit 3, and no traceback."""
+    lab, _ = fleet
+    inventory = many_hosts_inventory(lab, tmp_path / "inventory.yaml", 40)
+    proc = subprocess.run([sys.executable, "-m", "orchestrator", "--inventory", str(inventory), "ps", "--json"],
+                          capture_output=True, text=True, timeout=240, cwd=REPO_ROOT,
+                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64)))
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode == 3, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
+    listed = json.loads(proc.stdout)["targets"]
+    assert sorted(listed) == sorted([f"h{i:02d}/{MANY[i % len(MANY)]}" for i in range(40)] + ["local"])
+    unread = [name for name, read in listed.items() if not read["ok"]]
+    assert unread and all("Too many open files" in listed[name]["error"] for name in unread), listed
+    assert all(f"error: {name}: " in proc.stderr for name in unread)  # each one named on stderr too
