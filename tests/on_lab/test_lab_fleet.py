@@ -73,3 +73,44 @@ def test_ps_short_of_file_descriptors_names_each_target_it_could_not_read(fleet,
     unread = [name for name, read in listed.items() if not read["ok"]]
     assert unread and all("Too many open files" in listed[name]["error"] for name in unread), listed
     assert all(f"error: {name}: " in proc.stderr for name in unread)  # each one named on stderr too
+
+
+def sessions_accepted(lab: Lab, host: str) -> int:
+    """How many SSH logins the host's sshd has let in so far (its log says each)."""
+    return (lab.hosts[host].dir / "sshd.log").read_text(errors="replace").count("Accepted publickey")
+
+
+@pytest.fixture()
+def sleeper(fleet, tmp_path, monkeypatch, capsys):
+    """A live run on many/400, launched with a cache of where runs live of this test's own; killed at the end."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    _, inv = fleet
+    code, record, err = cli(inv, "launch", "many/400", "--json", "--name", "sleeper", "--", "sleep", "600",
+                            capsys=capsys)
+    assert code == 0, err
+    yield record
+    cli(inv, "kill", record["run_id"], "--grace", "1", capsys=capsys)
+
+
+def test_kill_of_a_run_by_its_id_asks_only_its_target(fleet, sleeper, capsys) -> None:
+    """launch remembered where the run lives: kill asks many/400 alone, never the other host."""
+    lab, inv = fleet
+    before = sessions_accepted(lab, "other")
+    code, report, err = cli(inv, "kill", sleeper["run_id"], "--grace", "1", "--json", capsys=capsys)
+    assert code == 0, err
+    assert list(report["targets"]) == ["many/400"] and report["targets"]["many/400"]["ok"]
+    assert sessions_accepted(lab, "other") == before  # not even connected to
+
+
+def test_kill_finds_a_run_the_cache_places_wrongly(fleet, sleeper, tmp_path, capsys) -> None:
+    """A cache entry is only a shortcut: one that sends kill to the wrong target ends in a search of every
+    target, and the run is stopped where it is."""
+    _, inv = fleet
+    cache = tmp_path / "state" / "dflashctl" / "whereabouts.json"
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps({sleeper["run_id"]: ["other/500"]}))
+    code, report, err = cli(inv, "kill", sleeper["run_id"], "--grace", "1", "--json", capsys=capsys)
+    assert code == 0, err
+    assert report["targets"]["many/400"]["ok"]
+    code, runs, err = cli(inv, "ps", "many/400", "--all", "--json", capsys=capsys)
+    assert [r["state"] for r in runs["runs"] if r["run_id"] == sleeper["run_id"]] == ["killed"]
