@@ -13,6 +13,7 @@ import pytest
 
 from tests.lab.lab import ContainerSpec, HostSpec, Lab
 from tests.lab.workloads import run_cli as cli
+from tests.polling import wait_for
 from tests.trainer.conftest import REPO_ROOT
 
 pytestmark = pytest.mark.lab
@@ -51,7 +52,8 @@ def many_hosts_inventory(lab: Lab, path: Path, count: int) -> Path:
     lines = [f"defaults: {{user: root, port: 22, workdir: /workspace, python: {json.dumps(sys.executable)}}}",
              "hosts:"]
     for i in range(count):
-        lines += [f"  h{i:02d}:", f"    address: {many.address}", f"    identity_file: {json.dumps(str(lab.client_key))}",
+        lines += [f"  h{i:02d}:", f"    address: {many.address}",
+                  f"    identity_file: {json.dumps(str(lab.client_key))}",
                   f"    known_hosts: {json.dumps(str(lab.known_hosts))}", f"    pct: {json.dumps(many.pct_command)}",
                   f"    containers: {{{MANY[i % len(MANY)]}: {{gpus: 0}}}}"]
     path.write_text("\n".join(lines) + "\n")
@@ -114,3 +116,39 @@ def test_kill_finds_a_run_the_cache_places_wrongly(fleet, sleeper, tmp_path, cap
     assert report["targets"]["many/400"]["ok"]
     code, runs, err = cli(inv, "ps", "many/400", "--all", "--json", capsys=capsys)
     assert [r["state"] for r in runs["runs"] if r["run_id"] == sleeper["run_id"]] == ["killed"]
+
+
+STEPS = "for n in range(1, 201): print('[%ds] step=%d loss=%.3f' % (n, n, 2.0 / n), flush=True)"
+
+
+def test_watch_once_summarises_ended_runs_unless_all(fleet, tmp_path, monkeypatch, capsys) -> None:
+    """An ended run prints as its record and last step, not its 200 steps and log tail; --all prints it whole."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    _, inv = fleet
+    code, record, err = cli(inv, "launch", "many/401", "--json", "--name", "stepper", "--", "python3", "-c", STEPS,
+                            capsys=capsys)
+    assert code == 0, err
+    run_id = record["run_id"]
+
+    def states() -> list[str]:
+        _, listed, _ = cli(inv, "ps", "many/401", "--all", "--json", capsys=capsys)
+        return [r["state"] for r in listed["runs"] if r["run_id"] == run_id]
+
+    assert wait_for(lambda: states() == ["succeeded"], 60), states()
+
+    code, summary, err = cli(inv, "watch", "many/401", "--once", "--json", capsys=capsys)
+    assert code == 0, err
+    run = next(r for r in summary["runs"] if r["run_id"] == run_id)
+    assert (run["state"], run["last_step"], run["history"], run["log_tail"]) == ("succeeded", 200, [], [])
+
+    code, whole, err = cli(inv, "watch", "many/401", "--once", "--json", "--all", capsys=capsys)
+    assert code == 0, err
+    run = next(r for r in whole["runs"] if r["run_id"] == run_id)
+    assert run["last_step"] == 200 and len(run["history"]) > 100 and "step=200" in run["log_tail"][-1]
+    assert len(json.dumps(summary)) * 5 < len(json.dumps(whole))
+
+
+def test_watch_all_needs_once(fleet, capsys) -> None:
+    _, inv = fleet
+    code, _, err = cli(inv, "watch", "--all", capsys=capsys)
+    assert code == 2 and "--all goes with --once" in err
