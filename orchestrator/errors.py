@@ -12,7 +12,7 @@ from .agent.protocol import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
 
 __all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_UNREACHABLE", "EXIT_USAGE", "DflashError", "OperationFailed",
            "UsageError", "InventoryError", "TargetNotFound", "TransportError", "CommandTimeout", "Unreachable",
-           "HostKeyError", "AuthError", "shorten", "worst_exit_code"]
+           "HostKeyError", "AuthError", "OutOfResources", "shorten", "worst_exit_code"]
 
 MAX_ECHO = 200  # characters of the user's input that a message repeats
 
@@ -76,3 +76,8 @@ class HostKeyError(Unreachable):
 
 class AuthError(Unreachable):
     """The host refused every credential we offered."""
+
+
+class OutOfResources(Unreachable):
+    """The controller ran short of file descriptors or threads while reaching a target: that target could not
+    be read (exit 3), the others are not held back."""

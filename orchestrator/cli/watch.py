@@ -18,7 +18,7 @@ from ..notify.destinations import Destination
 from ..notify.destinations import destinations as notify_destinations
 from ..notify.sender import Unsent, by_destination
 from ..watch.alerts import AlertRules
-from ..watch.model import Snapshot
+from ..watch.model import Snapshot, summarise_ended
 from ..watch.source import LiveSource
 from ..watch.stream import ONCE_WAIT_S
 from .args import number_in
@@ -37,6 +37,9 @@ ONCE_TIMEOUT = typer.Option(ONCE_WAIT_S, "--timeout", callback=number_in(0), met
                             help="With --once: the longest wait for every target to answer (a loaded container "
                             "may take most of a minute to start the agent).")
 
+ALL_RUNS = typer.Option(False, "--all", help="With --once: every run whole; by default an ended run is summarised "
+                        "(its record, last step and last exception, without its log tail and metrics history).")
+
 
 def watch(
     ctx: typer.Context,
@@ -47,6 +50,7 @@ def watch(
     interval: float = typer.Option(1.0, "--interval", callback=number_in(0.1), metavar="S",
                                    help="Seconds between GPU samples (nvidia-smi loops in the container)."),
     timeout: float = ONCE_TIMEOUT,
+    all_runs: bool = ALL_RUNS,
     headless: bool = typer.Option(False, "--headless", help="No screen: alerts as JSON lines on stdout, notifications "
                                   "sent, lost runs with a restart policy relaunched (once per loss), until SIGTERM. "
                                   "Detached: `dflashctl launch local -- dflashctl watch --headless`."),
@@ -84,27 +88,28 @@ def watch(
     --headless runs it without a screen, printing them as JSON lines. --serve runs the same dashboard once per
     browser tab at http://HOST:PORT/ (off loopback every request needs the token; the tabs notify nobody).
     """
-    _check_options(once=once, as_json=as_json, headless=headless, notify=notify, no_notify=no_notify, serve=serve,
-                   serving=(host, port, token), tuning=(stall, notify_repeat))
+    _check_options(once=once, as_json=as_json, all_runs=all_runs, headless=headless, notify=notify,
+                   no_notify=no_notify, serve=serve, serving=(host, port, token), tuning=(stall, notify_repeat))
     state: AppState = ctx.obj
     inventory = state.inventory()
     resolved = inventory.targets(targets)
     if serve:
         return serve_dashboard(state, [t.name for t in resolved] if targets else [], interval, once=once,
                                host=host, port=port, token=token)
-    rules = _rules(stall, min_free_gib, min_free_pct)
+    source = LiveSource(inventory, resolved, gpu_interval=interval, rules=_rules(stall, min_free_gib, min_free_pct))
     if not once:
         sinks = [] if no_notify else notify_destinations(inventory, notify or [], repeat_s=notify_repeat)
-        return _live(LiveSource(inventory, resolved, gpu_interval=interval, rules=rules), sinks, headless=headless)
-    return _once(LiveSource(inventory, resolved, gpu_interval=interval, rules=rules), timeout=timeout,
-                 as_json=as_json)
+        return _live(source, sinks, headless=headless)
+    return _once(source, timeout=timeout, as_json=as_json, all_runs=all_runs)
 
 
-def _check_options(*, once: bool, as_json: bool, headless: bool, notify: list[str] | None, no_notify: bool,
-                   serve: bool, serving: tuple, tuning: tuple) -> None:
+def _check_options(*, once: bool, as_json: bool, all_runs: bool, headless: bool, notify: list[str] | None,
+                   no_notify: bool, serve: bool, serving: tuple, tuning: tuple) -> None:
     """The combinations of options that cannot go together, each a usage error (exit 2)."""
     if as_json and not once:
         raise UsageError("--json needs --once (the dashboard itself is interactive)")
+    if all_runs and not once:
+        raise UsageError("--all goes with --once (the dashboard keeps every run's history already)")
     if not serve and serving != ("127.0.0.1", 8000, None):
         raise UsageError("--host, --port and --token go with --serve")
     if serve and (headless or notify or any(value is not None for value in tuning)):
@@ -126,14 +131,14 @@ def _has_screen() -> bool:
     return sys.stdout.isatty() or bool(os.environ.get("TEXTUAL_DRIVER"))
 
 
-def _once(source: LiveSource, *, timeout: float, as_json: bool) -> int:
+def _once(source: LiveSource, *, timeout: float, as_json: bool, all_runs: bool = False) -> int:
     """One snapshot once every target answered (or failed): 0, or 3 when a target is unreachable."""
     if not as_json:
         stderr().print(f"watching {len(source.targets)} target(s) once...")
     with source:
         source.wait_until_answered(timeout)
         source.settle()
-        snapshot = source.snapshot()
+        snapshot = source.snapshot() if all_runs else summarise_ended(source.snapshot())
         unreachable = source.unreachable(waited_s=timeout)
     if as_json:
         print_json({**json_safe(snapshot.as_dict()), "errors": unreachable})

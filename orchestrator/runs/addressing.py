@@ -4,14 +4,18 @@ People address runs as they address containers: `dflashctl logs ticker` (the new
 else the newest of that name) or `dflashctl kill ticker-2612` (the one run whose id begins so). In that order:
 an exact run id, an exact job id, a name, a prefix; a prefix that begins several ids is refused with the
 candidates listed. A multi-node job counts as one: its name and its id name all of its node runs.
+
+A full run or job id that the local cache (whereabouts) places is looked up on those targets alone; anything
+else, or a cache entry that proves wrong, sweeps every target of the inventory.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from ..agent.protocol import LIVE_STATES
-from ..errors import TargetNotFound, Unreachable, UsageError, shorten
+from ..errors import DflashError, TargetNotFound, Unreachable, UsageError, shorten
 from ..inventory.model import Target
+from . import whereabouts
 from .client import RunClient
 from .spec import check_run_id
 
@@ -52,6 +56,9 @@ def locate(client: RunClient, refs: list[str], *, one_live: bool = False) -> lis
     live runs carry is ambiguous too: the newest is a guess that must not stop the wrong run."""
     for ref in refs:
         check_run_id(ref)
+    known = _where_known(client, refs, one_live=one_live)
+    if known is not None:
+        return known
     outcomes = client.list_runs(client.inventory.all_targets())
     runs = [(o.target, record) for o in outcomes for record in o.value or []]
     matches, missing = [], []
@@ -64,6 +71,31 @@ def locate(client: RunClient, refs: list[str], *, one_live: bool = False) -> lis
     if missing:
         _raise_missing(missing, outcomes)
     return matches
+
+
+def _where_known(client: RunClient, refs: list[str], *, one_live: bool) -> list[Match] | None:
+    """The Matches when every ref is a full run or job id that the local cache places (whereabouts) and each is
+    found whole on the targets it names, asking only those; None sends the caller to sweep every target."""
+    places = whereabouts.places(refs)
+    if places is None:
+        return None
+    try:
+        targets = client.inventory.targets(sorted({name for names in places.values() for name in names}))
+    except DflashError:  # a target this inventory does not have: the cache came from another
+        return None
+    outcomes = client.list_runs(targets)
+    if not all(o.ok for o in outcomes):
+        return None
+    runs = [(o.target, record) for o in outcomes for record in o.value or []]
+    matches = [resolve(ref, runs, one_live=one_live) for ref in refs]
+    if all(m is not None and m.id == ref and _whole(m) for ref, m in zip(refs, matches)):
+        return matches  # type: ignore[return-value]
+    return None
+
+
+def _whole(match: Match) -> bool:
+    """Every node of a job was found (a job's nodes may have moved on since the cache saw them)."""
+    return match.kind != "job" or all(len(match.runs) == (r.get("nnodes") or len(match.runs)) for _, r in match.runs)
 
 
 def _raise_missing(missing: list[str], outcomes: list) -> None:

@@ -20,6 +20,7 @@ from ..transports.base import RemoteProcess, Transport
 from ..transports.fanout import Outcome, per_host
 from ..transports.pool import Connections
 from ..transports.timeouts import AGENT_TIMEOUT_S, CLEANUP_TIMEOUT_S, LAUNCH_TIMEOUT_S, PROBE_TIMEOUT_S
+from . import whereabouts
 from .agentcall import agent_answer, agent_argv
 from .command import CONFIG_INPUT, check_command, config_base_dir, retry_args
 from .deploy import Deployment, deploy
@@ -139,6 +140,7 @@ class RunClient:
         run = payload.get("run") or {}
         if not payload.get("ok") and run.get("state") != SUCCEEDED:  # finishing at once with 0 is no failure
             raise LaunchFailed(payload, spec.target.name)
+        whereabouts.remember([(spec.target.name, run)])
         return with_metrics(run or payload)
 
     def relaunch(self, target: Target, run_id: str, *, name: str) -> dict:
@@ -152,7 +154,9 @@ class RunClient:
         return with_metrics(payload.get("run") or {})
 
     def list_runs(self, targets: list[Target]) -> list[Outcome[list[dict]]]:
-        return per_host(targets, lambda target: self.runs_on(target, tail_bytes=PS_TAIL_BYTES))
+        outcomes = per_host(targets, lambda target: self.runs_on(target, tail_bytes=PS_TAIL_BYTES))
+        whereabouts.remember((o.target.name, record) for o in outcomes for record in o.value or [])
+        return outcomes
 
     def runs_on(self, target: Target, run_ids: Sequence[str] = (), *, tail_bytes: int = 0) -> list[dict]:
         """The records of the target's runs (or of the named ones), with last step and tok/s when a tail is read."""

@@ -1,19 +1,26 @@
 """Run one operation over many targets: hosts in parallel, the targets of one host in turn over its connection.
 
+A target the controller could not serve for want of file descriptors or threads gets an error of its own
+(OutOfResources, exit 3) naming it; a thread that cannot be started leaves its hosts to the threads that did.
+
 Like fabric's ThreadingGroup, every target gets a result and a failing host never stops the others.
 """
 from __future__ import annotations
 
+import errno
+import queue
+import threading
 from collections import defaultdict
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Generic, Sequence, TypeVar
 
-from ..errors import EXIT_FAILED, EXIT_OK, DflashError, worst_exit_code
+from ..errors import EXIT_FAILED, EXIT_OK, DflashError, OutOfResources, worst_exit_code
 from ..inventory.model import Target
 
 T = TypeVar("T")
 MAX_PARALLEL_HOSTS = 32
+SHORT_OF = {errno.EMFILE: "file descriptors (raise `ulimit -n`)", errno.ENFILE: "file descriptors (the system's)",
+            errno.ENOMEM: "memory", errno.EAGAIN: "processes or threads (`ulimit -u`)"}
 
 
 @dataclass(frozen=True)
@@ -35,11 +42,38 @@ def per_host(targets: Sequence[Target], operation: Callable[[Target], T]) -> lis
     if not by_host:
         return []
     results: dict[str, Outcome[T]] = {}
-    with ThreadPoolExecutor(max_workers=min(len(by_host), MAX_PARALLEL_HOSTS),
-                            thread_name_prefix="host") as pool:
-        for outcomes in pool.map(lambda group: [_attempt(t, operation) for t in group], by_host.values()):
-            results.update({o.target.name: o for o in outcomes})
+    failures: list[BaseException] = []
+    groups: queue.SimpleQueue[list[Target]] = queue.SimpleQueue()
+    for group in by_host.values():
+        groups.put(group)
+
+    def work() -> None:
+        try:
+            while True:
+                group = groups.get_nowait()
+                results.update({t.name: _attempt(t, operation) for t in group})
+        except queue.Empty:
+            return
+        except BaseException as exc:  # noqa: BLE001 - a bug: raised in the caller's thread below
+            failures.append(exc)
+
+    spare = min(len(by_host), MAX_PARALLEL_HOSTS) - 1
+    started = [thread for thread in (threading.Thread(target=work, name=f"host-{i}") for i in range(spare))
+               if _started(thread)]
+    work()  # this thread serves too: with no thread to spare (the threads limit), it serves them all
+    for thread in started:
+        thread.join()
+    if failures:
+        raise failures[0]
     return [results[t.name] for t in targets]
+
+
+def _started(thread: threading.Thread) -> bool:
+    try:
+        thread.start()
+    except RuntimeError:  # can't start new thread
+        return False
+    return True
 
 
 def _attempt(target: Target, operation: Callable[[Target], T]) -> Outcome[T]:
@@ -47,6 +81,20 @@ def _attempt(target: Target, operation: Callable[[Target], T]) -> Outcome[T]:
         return Outcome(target, value=operation(target))
     except DflashError as exc:
         return Outcome(target, error=exc)
+    except (OSError, RuntimeError) as exc:
+        short = resource_shortage(exc)
+        if short is None:
+            raise
+        return Outcome(target, error=OutOfResources(f"{target.name}: dflashctl ran out of {short}: {exc}"))
+
+
+def resource_shortage(exc: BaseException) -> str | None:
+    """What the controller ran short of, when `exc` says it did (too many open files, no new thread)."""
+    if isinstance(exc, OSError):
+        return SHORT_OF.get(exc.errno)
+    if isinstance(exc, RuntimeError) and "can't start new thread" in str(exc):
+        return SHORT_OF[errno.EAGAIN]
+    return None
 
 
 def fanout_exit_code(outcomes: Sequence[Outcome[T]], succeeded: Callable[[T], bool] = lambda value: True) -> int:

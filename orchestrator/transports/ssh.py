@@ -24,6 +24,7 @@ from ..errors import AuthError, CommandTimeout, HostKeyError, TransportError, Un
 from ..inventory.model import HostConfig
 from .base import DEFAULT_TIMEOUT, CommandResult, RemoteProcess, Transport
 from .remotegroup import RunningCommands, announced, announced_group, end_later, split_marker, wait_for_endings
+from .sessionslots import SessionSlots
 from .sshchannel import drain, send_input
 
 log = logging.getLogger("dflashctl.ssh")
@@ -80,6 +81,8 @@ class SSHHost:
         self.host = host
         self._lock = threading.Lock()
         self._conn: fabric.Connection | None = None
+        self._extra: list[fabric.Connection] = []  # more connections, once the first carries its server's limit
+        self.slots = SessionSlots(host.name)
         self.running = RunningCommands()
 
     @property
@@ -93,11 +96,35 @@ class SSHHost:
 
     def transport(self) -> paramiko.Transport:
         with self._lock:
-            if self._conn is not None and self._conn.transport is not None and self._conn.transport.is_active():
-                return self._conn.transport
-            self._close_locked()
-            self._conn = self._open()
+            return self._transport_locked()
+
+    def _transport_locked(self) -> paramiko.Transport:
+        if self._conn is not None and self._conn.transport is not None and self._conn.transport.is_active():
             return self._conn.transport
+        self._close_locked()
+        self._conn = self._open()
+        return self._conn.transport
+
+    def open_session(self) -> paramiko.Channel:
+        """A new channel to the host; one refused (sshd's MaxSessions) goes over another connection (sessionslots)."""
+        while True:
+            transport = self._transport_with_room()
+            try:
+                channel = transport.open_session(timeout=self.host.connect_timeout)
+            except paramiko.SSHException as exc:
+                self.slots.refused(transport, exc)  # raises it again unless the server refused this one alone
+                continue
+            self.slots.opened(transport, channel)
+            return channel
+
+    def _transport_with_room(self) -> paramiko.Transport:
+        with self._lock:
+            first = self._transport_locked()  # the extra connections that dropped are simply left out
+            self._extra = [c for c in self._extra if c.transport is not None and c.transport.is_active()]
+            room = self.slots.with_room([first, *(c.transport for c in self._extra)])
+            if room is None:
+                self._extra.append(self._open())
+            return room or self._extra[-1].transport
 
     def close(self, *, end_commands: bool = True) -> None:
         """Close the connection, first ending the commands still running on it (another thread's, given up on;
@@ -111,9 +138,10 @@ class SSHHost:
             self._close_locked()
 
     def _close_locked(self) -> None:
-        if self._conn is not None:
-            _close_quietly(self._conn)
-            self._conn = None
+        for conn in [c for c in (self._conn, *self._extra) if c is not None]:
+            _close_quietly(conn)
+        self._conn, self._extra = None, []
+        self.slots.forget_all()
 
     def _open(self) -> fabric.Connection:
         """Connect; a connection the server drops before its banner or key exchange is made again.
@@ -271,9 +299,8 @@ class SSHTransport(Transport):
         self.label = conn.label
 
     def _session(self) -> paramiko.Channel:
-        transport = self.conn.transport()
         try:
-            return transport.open_session(timeout=self.conn.host.connect_timeout)
+            return self.conn.open_session()
         except (paramiko.SSHException, OSError, EOFError) as exc:
             self.conn.close(end_commands=False)
             raise Unreachable(f"{self.label}: the connection dropped: {_reason(exc)}") from None

@@ -5,10 +5,10 @@ IO itself. `dflashctl watch --once --json` prints `Snapshot.as_dict()`.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Protocol
 
-from ..agent.protocol import idle_and_held
+from ..agent.protocol import TERMINAL_STATES, idle_and_held
 
 
 @dataclass(frozen=True)
@@ -144,6 +144,15 @@ class Snapshot:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def summarise_ended(snapshot: Snapshot) -> Snapshot:
+    """The snapshot with every ended run (and ended job) cut to its summary: its record, last step, metrics and
+    last exception, without its log tail and metrics history. What `watch --once` prints unless `--all`: a
+    fleet's hundreds of old runs would otherwise print every step of each."""
+    return replace(snapshot, runs=tuple(
+        replace(run, history=(), log_tail=(), exception_texts=run.exception_texts[-1:])
+        if run.state in TERMINAL_STATES else run for run in snapshot.runs))
 
 
 @dataclass(frozen=True)

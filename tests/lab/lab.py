@@ -108,6 +108,7 @@ class HostSpec:
     gpus: int | None = None         # the host's GPUs (default: as many as its biggest container has)
     driver: str | None = DRIVER     # its kernel module's version; None: no driver loaded
     attach_env: str = "keep"        # real LXC hosts (lxclab.py): `pct exec` as lxc-attach --keep-env or --clear-env
+    max_sessions: int = 100         # its sshd's MaxSessions (OpenSSH's default is 10): channels per connection
 
 
 DEFAULT_SPEC: tuple[HostSpec, ...] = (
@@ -245,7 +246,7 @@ class Lab:
         host_key = sshd.generate_key(host_dir / "ssh_host_ed25519_key", f"lab-{spec.name}")
         sshd.write_config(host_dir / "sshd_config", address=link.address, port=22, host_key=host_key,
                           authorized_keys=self.root / "client" / "authorized_keys",
-                          pid_file=host_dir / "sshd.pid",
+                          pid_file=host_dir / "sshd.pid", max_sessions=spec.max_sessions,
                           set_env={"LAB_ROOT": str(self.root), "LAB_HOST": spec.name})
         containers = {ct.ctid: self._create_container(host_dir, ct, spec.driver) for ct in spec.containers}
         return LabHost(name=spec.name, netns=link.netns, address=link.address, port=22,

@@ -34,7 +34,7 @@ def known_hosts_line(address: str, port: int, host_key_pub: Path) -> str:
 
 def write_config(
     path: Path, *, address: str, port: int, host_key: Path, authorized_keys: Path,
-    pid_file: Path, set_env: dict[str, str],
+    pid_file: Path, set_env: dict[str, str], max_sessions: int = 100,
 ) -> Path:
     # MaxStartups stays at OpenSSH's default (10:30:100), as on a Proxmox host: past 10 connections in set-up
     # sshd drops new ones at random, which parallel clients must ride out
@@ -56,7 +56,7 @@ UseDNS no
 PrintMotd no
 PrintLastLog no
 LogLevel VERBOSE
-MaxSessions 100
+MaxSessions {max_sessions}
 SetEnv {env}
 Subsystem sftp internal-sftp
 """

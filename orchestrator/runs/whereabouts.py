@@ -1,0 +1,76 @@
+"""Where runs live: a small local cache of run ids and job ids -> the targets they are on, so that a command
+naming a run by its full id (`dflashctl kill RUN`) asks only those targets instead of every target of the
+inventory.
+
+Run ids say nothing of their target (`<name>-<yymmdd>-<hhmmss>-<4 hex>`), so the cache is what knows: every
+listing of runs (`ps`, a RUN lookup's sweep) and every `launch` write it. It is only ever a shortcut: an entry
+whose target no longer has the run, is not in this inventory, or does not answer sends the lookup back to asking
+every target. Kept in $XDG_STATE_HOME/dflashctl/whereabouts.json (~/.local/state/dflashctl/ by default), the
+newest MAX_ENTRIES ids; written whole to a temporary file and renamed, so concurrent commands never leave it
+half written (one may lose the other's additions: a shortcut lost, nothing else).
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Iterable
+
+MAX_ENTRIES = 5000
+
+
+def cache_path() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(base) / "dflashctl" / "whereabouts.json"
+
+
+def remember(found: Iterable[tuple[str, dict]]) -> None:
+    """Record (target name, run record) pairs: the run's id, and its job's id with every target seen for it."""
+    found = list(found)
+    if not found:
+        return
+    entries = _load()
+    for target, record in found:
+        run_id, job_id = record.get("run_id"), record.get("job_id")
+        if isinstance(job_id, str) and job_id:
+            targets = entries.pop(job_id, [])  # popped and put back: the newest stay when it is trimmed
+            entries[job_id] = targets if target in targets else [*targets, target]
+        if isinstance(run_id, str) and run_id:
+            entries.pop(run_id, None)
+            entries[run_id] = [target]  # a run lives on one target
+    _save(dict(list(entries.items())[-MAX_ENTRIES:]))
+
+
+def places(refs: Iterable[str]) -> dict[str, list[str]] | None:
+    """The targets each of `refs` was last seen on, when every one of them is known; None otherwise."""
+    entries = _load()
+    found = {ref: entries.get(ref) for ref in refs}
+    return None if not found or not all(found.values()) else found  # type: ignore[return-value]
+
+
+def _load() -> dict[str, list[str]]:
+    try:
+        data = json.loads(cache_path().read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {k: [t for t in v if isinstance(t, str)] for k, v in data.items() if isinstance(v, list)}
+
+
+def _save(entries: dict[str, list[str]]) -> None:
+    path = cache_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".whereabouts-")
+    except OSError:  # a cache nobody can write is a shortcut not taken
+        return
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(entries, f)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)

@@ -1,0 +1,154 @@
+"""A fleet rather than a handful (issue 47): a host with more containers than its sshd allows sessions on one
+connection, a controller short of file descriptors, a kill that asks only where its run lives, and a bounded
+`watch --once`."""
+from __future__ import annotations
+
+import json
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.lab.lab import ContainerSpec, HostSpec, Lab
+from tests.lab.workloads import run_cli as cli
+from tests.polling import wait_for
+from tests.trainer.conftest import REPO_ROOT
+
+pytestmark = pytest.mark.lab
+MANY = tuple(range(400, 412))  # 12 containers on one host...
+MAX_SESSIONS = 10              # ...whose sshd allows OpenSSH's default of 10 sessions per connection
+
+
+@pytest.fixture(scope="module")
+def fleet(lab: Lab, tmp_path_factory: pytest.TempPathFactory):
+    """A lab of its own: `many` with 12 running containers and MaxSessions 10, `other` with one container.
+    (`lab` first: the session's lab is the one that reaps what a killed test session left behind.)"""
+    root = tmp_path_factory.mktemp("fleet")
+    spec = (HostSpec("many", tuple(ContainerSpec(ct) for ct in MANY), max_sessions=MAX_SESSIONS),
+            HostSpec("other", (ContainerSpec(500),)))
+    with Lab.start(root / "lab", spec) as instance:
+        yield instance, str(instance.write_inventory(root / "inventory.yaml"))
+
+
+def test_more_containers_than_the_hosts_max_sessions_all_answer(fleet, capsys, caplog) -> None:
+    """Each container's watch stream holds a channel; the 11th is refused by sshd (MaxSessions 10). That refusal
+    must cost no other stream its channel: every one of the 12 answers."""
+    _, inv = fleet
+    targets = [f"many/{ct}" for ct in MANY]
+    code, snapshot, err = cli(inv, "watch", *targets, "--once", "--json", "--timeout", "60", capsys=capsys)
+    assert isinstance(snapshot, dict), err
+    assert snapshot["errors"] == {} and code == 0, snapshot["errors"]
+    assert [(h["name"], h["connected"]) for h in snapshot["hosts"]] == [("many", True)]
+    said = [r.getMessage() for r in caplog.records if "sessions per connection" in r.getMessage()]
+    assert len(said) == 1 and "MaxSessions" in said[0]  # the limit it met is said, once
+
+
+def many_hosts_inventory(lab: Lab, path: Path, count: int) -> Path:
+    """An inventory of `count` hosts that are all the lab's `many` under other names, one container each: a
+    fleet's worth of connections from one controller."""
+    many = lab.hosts["many"]
+    lines = [f"defaults: {{user: root, port: 22, workdir: /workspace, python: {json.dumps(sys.executable)}}}",
+             "hosts:"]
+    for i in range(count):
+        lines += [f"  h{i:02d}:", f"    address: {many.address}",
+                  f"    identity_file: {json.dumps(str(lab.client_key))}",
+                  f"    known_hosts: {json.dumps(str(lab.known_hosts))}", f"    pct: {json.dumps(many.pct_command)}",
+                  f"    containers: {{{MANY[i % len(MANY)]}: {{gpus: 0}}}}"]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_ps_short_of_file_descriptors_names_each_target_it_could_not_read(fleet, tmp_path) -> None:
+    """With 64 file descriptors and 40 hosts, some connections cannot be made: those targets are named with the
+    reason, the others are listed, exit 3, and no traceback."""
+    lab, _ = fleet
+    inventory = many_hosts_inventory(lab, tmp_path / "inventory.yaml", 40)
+    proc = subprocess.run([sys.executable, "-m", "orchestrator", "--inventory", str(inventory), "ps", "--json"],
+                          capture_output=True, text=True, timeout=240, cwd=REPO_ROOT,
+                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64)))
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode == 3, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
+    listed = json.loads(proc.stdout)["targets"]
+    assert sorted(listed) == sorted([f"h{i:02d}/{MANY[i % len(MANY)]}" for i in range(40)] + ["local"])
+    unread = [name for name, read in listed.items() if not read["ok"]]
+    assert unread and all("Too many open files" in listed[name]["error"] for name in unread), listed
+    assert all(f"error: {name}: " in proc.stderr for name in unread)  # each one named on stderr too
+
+
+def sessions_accepted(lab: Lab, host: str) -> int:
+    """How many SSH logins the host's sshd has let in so far (its log says each)."""
+    return (lab.hosts[host].dir / "sshd.log").read_text(errors="replace").count("Accepted publickey")
+
+
+@pytest.fixture()
+def sleeper(fleet, tmp_path, monkeypatch, capsys):
+    """A live run on many/400, launched with a cache of where runs live of this test's own; killed at the end."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    _, inv = fleet
+    code, record, err = cli(inv, "launch", "many/400", "--json", "--name", "sleeper", "--", "sleep", "600",
+                            capsys=capsys)
+    assert code == 0, err
+    yield record
+    cli(inv, "kill", record["run_id"], "--grace", "1", capsys=capsys)
+
+
+def test_kill_of_a_run_by_its_id_asks_only_its_target(fleet, sleeper, capsys) -> None:
+    """launch remembered where the run lives: kill asks many/400 alone, never the other host."""
+    lab, inv = fleet
+    before = sessions_accepted(lab, "other")
+    code, report, err = cli(inv, "kill", sleeper["run_id"], "--grace", "1", "--json", capsys=capsys)
+    assert code == 0, err
+    assert list(report["targets"]) == ["many/400"] and report["targets"]["many/400"]["ok"]
+    assert sessions_accepted(lab, "other") == before  # not even connected to
+
+
+def test_kill_finds_a_run_the_cache_places_wrongly(fleet, sleeper, tmp_path, capsys) -> None:
+    """A cache entry is only a shortcut: one that sends kill to the wrong target ends in a search of every
+    target, and the run is stopped where it is."""
+    _, inv = fleet
+    cache = tmp_path / "state" / "dflashctl" / "whereabouts.json"
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps({sleeper["run_id"]: ["other/500"]}))
+    code, report, err = cli(inv, "kill", sleeper["run_id"], "--grace", "1", "--json", capsys=capsys)
+    assert code == 0, err
+    assert report["targets"]["many/400"]["ok"]
+    code, runs, err = cli(inv, "ps", "many/400", "--all", "--json", capsys=capsys)
+    assert [r["state"] for r in runs["runs"] if r["run_id"] == sleeper["run_id"]] == ["killed"]
+
+
+STEPS = "for n in range(1, 201): print('[%ds] step=%d loss=%.3f' % (n, n, 2.0 / n), flush=True)"
+
+
+def test_watch_once_summarises_ended_runs_unless_all(fleet, tmp_path, monkeypatch, capsys) -> None:
+    """An ended run prints as its record and last step, not its 200 steps and log tail; --all prints it whole."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    _, inv = fleet
+    code, record, err = cli(inv, "launch", "many/401", "--json", "--name", "stepper", "--", "python3", "-c", STEPS,
+                            capsys=capsys)
+    assert code == 0, err
+    run_id = record["run_id"]
+
+    def states() -> list[str]:
+        _, listed, _ = cli(inv, "ps", "many/401", "--all", "--json", capsys=capsys)
+        return [r["state"] for r in listed["runs"] if r["run_id"] == run_id]
+
+    assert wait_for(lambda: states() == ["succeeded"], 60), states()
+
+    code, summary, err = cli(inv, "watch", "many/401", "--once", "--json", capsys=capsys)
+    assert code == 0, err
+    run = next(r for r in summary["runs"] if r["run_id"] == run_id)
+    assert (run["state"], run["last_step"], run["history"], run["log_tail"]) == ("succeeded", 200, [], [])
+
+    code, whole, err = cli(inv, "watch", "many/401", "--once", "--json", "--all", capsys=capsys)
+    assert code == 0, err
+    run = next(r for r in whole["runs"] if r["run_id"] == run_id)
+    assert run["last_step"] == 200 and len(run["history"]) > 100 and "step=200" in run["log_tail"][-1]
+    assert len(json.dumps(summary)) * 5 < len(json.dumps(whole))
+
+
+def test_watch_all_needs_once(fleet, capsys) -> None:
+    _, inv = fleet
+    code, _, err = cli(inv, "watch", "--all", capsys=capsys)
+    assert code == 2 and "--all goes with --once" in err
