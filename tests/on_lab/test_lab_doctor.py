@@ -19,6 +19,13 @@ HEALTHY, DRIVER_DEVICES, STORAGE = 210, 211, 212
 OLD_DRIVER = "575.57.08"
 
 
+@pytest.fixture(autouse=True)
+def wide_tables(monkeypatch) -> None:
+    """Whole cells on one line: the tables are read as text, and a COLUMNS left by the environment (the CLI honours
+    it when stdout is not a terminal) would wrap a cell's text across lines."""
+    monkeypatch.setenv("COLUMNS", "200")
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> dict[str, Path]:
     return lab_configs.write_tiny(tmp_path_factory.mktemp("doctor-tiny"))
