@@ -120,8 +120,10 @@ def node_specs(client: RunClient, spec: JobSpec, job_id: str) -> tuple[str, list
     restarts = job_restarts(spec)
     specs, offset = [], 0
     for rank, (target, net, nproc) in enumerate(zip(spec.targets, nets, nprocs)):
+        # a store of the workers' own, fresh on every attempt: in torchrun's shared one a restarted worker can
+        # read an address the previous attempt's dead worker published (pytorch #135712)
         env = {"DFLASH_DIST_TIMEOUT_S": f"{spec.dist_timeout:g}", "DFLASH_RANK_OFFSET": str(offset),
-               "DFLASH_NODE_RANK": str(rank)}
+               "DFLASH_NODE_RANK": str(rank), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
         if net.value.get("interface"):
             # gloo and NCCL bind to what the hostname resolves to; a container's often resolves nowhere
             env.update(GLOO_SOCKET_IFNAME=net.value["interface"], NCCL_SOCKET_IFNAME=net.value["interface"])

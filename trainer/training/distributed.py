@@ -6,6 +6,12 @@ CPU; without torchrun everything runs in this one process and no group is create
 A collective that waits for a peer which died or became unreachable fails after DFLASH_DIST_TIMEOUT_S seconds
 (default 600) instead of hanging for torch's default of up to 30 minutes (gloo) or forever (NCCL without its
 watchdog): the rank exits non-zero, torchrun ends the node, and the job ends `failed` on every node.
+
+A multi-node job that restarts its workers (torchrun --max-restarts) runs torchrun with its own rendezvous
+store kept apart from the workers' (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1): in the shared store a restarted
+worker can read the address a dead worker of the previous attempt published and fail to connect (pytorch
+#135712). The workers' store then lives in the process torchrun numbered 0, on the node torchrun's MASTER_ADDR
+names, whatever global rank DFLASH_RANK_OFFSET gives that process; `worker_store` builds it so.
 """
 from __future__ import annotations
 
@@ -80,11 +86,23 @@ def job_rank(torchrun_rank: int, local_rank: int, world_size: int) -> int:
     return rank
 
 
+def worker_store(torchrun_rank: int, world_size: int, timeout: datetime.timedelta) -> dist.Store | None:
+    """The workers' own TCPStore when torchrun does not share its rendezvous store with them: hosted by the
+    process torchrun numbered 0 (MASTER_ADDR is its node), a client everywhere else. None when torchrun shares
+    its store (the default), and init_process_group's env:// finds it itself."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").strip().lower() != "false" or \
+            "MASTER_ADDR" not in os.environ:
+        return None
+    return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
+                         is_master=torchrun_rank == 0, timeout=timeout, multi_tenant=True)
+
+
 def compute_init(requested_device: str = "auto") -> DistributedContext:
     """Join the torchrun process group if there is one and pick this rank's device."""
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    rank = job_rank(int(os.environ.get("RANK", 0)), local_rank, world_size)
+    torchrun_rank = int(os.environ.get("RANK", 0))
+    rank = job_rank(torchrun_rank, local_rank, world_size)
     if "RANK" in os.environ:
         os.environ["RANK"] = str(rank)  # what init_process_group (env://) and anything else reading RANK see
     device = _pick_device(requested_device, local_rank)
@@ -96,8 +114,9 @@ def compute_init(requested_device: str = "auto") -> DistributedContext:
         if backend == "nccl":
             # the watchdog that turns a timed-out collective into an error (torch's default, made certain)
             os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
-        dist.init_process_group(backend=backend, timeout=timeout,
-                                device_id=device if device.type == "cuda" else None)
+        store = worker_store(torchrun_rank, world_size, timeout)
+        dist.init_process_group(backend=backend, timeout=timeout, device_id=device if device.type == "cuda" else None,
+                                **({"store": store, "rank": rank, "world_size": world_size} if store is not None else {}))
     return DistributedContext(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
 
 
