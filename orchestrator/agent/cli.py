@@ -13,8 +13,9 @@
              (CMD in a run's environment with stdin passed on; what launch --check does, on its own)
     ps       --runs-dir D [--run-id ID]... [--tail-bytes N]
     kill     --runs-dir D --run-id ID... [--grace S]
-    relaunch --runs-dir D --run-id LOST --new-run-id NEW [--verify-timeout S] [--settle S]
-             (a lost run with restarts left, once per loss: a new run of its command that resumes; see relaunch)
+    relaunch --runs-dir D --run-id LOST --new-run-id NEW [--job-id J] [--verify-timeout S] [--settle S]
+             (a lost run with restarts left, once per loss: a new run of its command that resumes; with --job-id,
+             a node of a job the controller relaunches as a whole, as node of job J; see relaunch)
     cleanup  --runs-dir D [--dry-run] [--grace S]
     netinfo  --toward ADDR [--free-port]
     packages --dir PKG_DIR --runs-dir D [--size N --sha256 H [--stall S]]
@@ -201,6 +202,7 @@ def _add_run_commands(sub) -> None:
     relaunch.add_argument("--runs-dir", required=True)
     relaunch.add_argument("--run-id", required=True)
     relaunch.add_argument("--new-run-id", required=True)
+    relaunch.add_argument("--job-id", help="relaunch a job's node as the same node of this new job")
     relaunch.add_argument("--verify-timeout", type=_seconds, default=10.0)
     relaunch.add_argument("--settle", type=_seconds, default=1.0)
     cleanup = sub.add_parser("cleanup", help="reap zombies, end orphans, mark dead runs lost, report the rest")
@@ -307,7 +309,7 @@ def dispatch(args: argparse.Namespace, command: list) -> dict:
 def _relaunch(args: argparse.Namespace) -> dict:
     from .relaunch import relaunch
     return relaunch(args.runs_dir, args.run_id, args.new_run_id, verify_timeout=args.verify_timeout,
-                    settle=args.settle)
+                    settle=args.settle, new_job_id=args.job_id)
 
 
 def _restart_fields(args: argparse.Namespace) -> dict:

@@ -6,40 +6,59 @@ The lost run keeps its terminal state (every run ends exactly once); it records 
 one, finds it and starts nothing). The new run works where the lost one worked (its cwd, so a relative output
 directory and its config are the same files), gets the restarts that were left, and, as any restarted attempt,
 the retry arguments from its first attempt on: the bundled trainer resumes from its newest complete checkpoint.
+
+A node of a multi-node job is never relaunched alone: the controller relaunches a job as a whole, every node
+under the new job id it names (`--job-id`), once its nodes have all ended and one of them was lost. The others
+then ended `failed` (their peer went away), so a node's relaunch takes `failed` as well as `lost`, never
+`killed` or `succeeded`, and only under the job's restart policy (torchrun's worker restarts). Node 0 is claimed
+first: its `relaunched_as` is the job's claim, and a second watcher stops there.
 """
 from __future__ import annotations
 
 from .errors import BadInput, OperationFailed
-from .launch import LaunchRequest, launch
-from .protocol import LOST, NO_GPUS, iso_utc
-from .restart import ON_FAILURE, max_attempts
+from .launch import LaunchRequest, job_fields, launch
+from .protocol import FAILED, LOST, NO_GPUS, iso_utc
+from .restart import NEVER, ON_FAILURE, max_attempts
 from .rundir import RunPaths, existing_run
 from .runstate import read_run, read_state, settle_liveness, update_state
 
 
-def refusal(run: dict, state: dict) -> str | None:
-    """Why this run is not relaunched, or None when it is to be."""
+def refusal(run: dict, state: dict, new_job_id: str | None = None) -> str | None:
+    """Why this run is not relaunched (as a node of job `new_job_id` when given), or None when it is to be."""
     policy = run.get("restart") or {}
-    if state.get("state") != LOST:
-        return "run is {}, not lost".format(state.get("state"))
     if state.get("relaunched_as"):
         return "already relaunched as {}".format(state["relaunched_as"])
+    if run.get("job_id"):
+        return _node_refusal(run, state, new_job_id)
+    if new_job_id is not None:
+        return "it is not a node of a multi-node job"
+    if state.get("state") != LOST:
+        return "run is {}, not lost".format(state.get("state"))
     if policy.get("policy") != ON_FAILURE:
         return "it has no restart policy"
-    if run.get("job_id"):
-        return "a node of job {} restarts with its job, not alone".format(run["job_id"])
     if len(state.get("attempts") or []) >= max_attempts(policy):
         return "its restarts are used up"
     return None
 
 
-def claim_loss(paths: RunPaths, new_run_id: str) -> tuple:
+def _node_refusal(run: dict, state: dict, new_job_id: str | None) -> str | None:
+    if new_job_id is None:
+        return "a node of job {} restarts with its job, not alone".format(run["job_id"])
+    if state.get("state") not in (LOST, FAILED):
+        return "node {} of job {} is {}: a job is relaunched after a loss, never after a kill or its end".format(
+            run.get("node_rank"), run["job_id"], state.get("state"))
+    if not run.get("worker_restarts"):
+        return "job {} has no restart policy".format(run["job_id"])
+    return None
+
+
+def claim_loss(paths: RunPaths, new_run_id: str, new_job_id: str | None = None) -> tuple:
     """(run, state) once this caller owns the relaunch of the loss; OperationFailed saying why not otherwise."""
     settle_liveness(paths)  # a run whose supervisor is gone becomes `lost` here first
     run, why = read_run(paths), []
 
     def mutate(state: dict):
-        reason = refusal(run, state)
+        reason = refusal(run, state, new_job_id)
         if reason is not None:
             why.append(reason)
             return None
@@ -54,25 +73,37 @@ def claim_loss(paths: RunPaths, new_run_id: str) -> tuple:
     return run, state
 
 
-def request_for(paths: RunPaths, run: dict, state: dict, new_run_id: str) -> LaunchRequest:
-    policy = run["restart"]
-    left = max(int(policy.get("max_restarts") or 0) - len(state.get("attempts") or []), 0)
+def request_for(paths: RunPaths, run: dict, state: dict, new_run_id: str,
+                new_job_id: str | None = None) -> LaunchRequest:
     gpus = run.get("gpus")
     gpus_text = None if gpus is None else (",".join(map(str, gpus)) or NO_GPUS)
-    restart = {"restart": {"policy": ON_FAILURE, "max_restarts": left},
-               "restart_backoff_s": run.get("restart_backoff_s"), "hang_timeout_s": run.get("hang_timeout_s"),
-               "retry_args": run.get("retry_args") or [], "relaunch_of": paths.run_id}
-    return LaunchRequest(runs_dir=paths.runs_dir, run_id=new_run_id, name=run.get("name") or paths.run_id,
+    restart = {"restart": _policy_left(run, state), "restart_backoff_s": run.get("restart_backoff_s"),
+               "hang_timeout_s": run.get("hang_timeout_s"), "retry_args": run.get("retry_args") or [],
+               "relaunch_of": paths.run_id, "worker_restarts": run.get("worker_restarts") or 0}
+    job = None if new_job_id is None else job_fields(new_job_id, run.get("node_rank"), run.get("nnodes"))
+    return LaunchRequest(job=job, runs_dir=paths.runs_dir, run_id=new_run_id, name=run.get("name") or paths.run_id,
                          target=run.get("target") or "?", command=run["command"], cwd=run.get("cwd"),
                          env_pairs=["{}={}".format(k, v) for k, v in sorted((run.get("env") or {}).items())],
                          gpus=gpus_text, force=False, grace=float(run.get("grace_s") or 0), restart=restart,
                          pythonpath=run.get("pythonpath") or [])
 
 
-def relaunch(runs_dir: str, run_id: str, new_run_id: str, *, verify_timeout: float, settle: float) -> dict:
+def _policy_left(run: dict, state: dict) -> dict:
+    """The new run's policy: the restarts its lost run had left; a job node's stays `never` (torchrun restarts
+    the job's workers, with the count its run record keeps)."""
+    policy = run.get("restart") or {}
+    if run.get("job_id"):
+        return {"policy": NEVER, "max_restarts": 0}
+    left = max(int(policy.get("max_restarts") or 0) - len(state.get("attempts") or []), 0)
+    return {"policy": ON_FAILURE, "max_restarts": left}
+
+
+def relaunch(runs_dir: str, run_id: str, new_run_id: str, *, verify_timeout: float, settle: float,
+             new_job_id: str | None = None) -> dict:
     paths = existing_run(runs_dir, run_id)
     if new_run_id == run_id:
         raise BadInput("the new run id must differ from the lost one", code="bad_usage")
-    run, state = claim_loss(paths, new_run_id)
-    answer = launch(request_for(paths, run, state, new_run_id), verify_timeout=verify_timeout, settle=settle)
+    run, state = claim_loss(paths, new_run_id, new_job_id)
+    answer = launch(request_for(paths, run, state, new_run_id, new_job_id), verify_timeout=verify_timeout,
+                    settle=settle)
     return {"ok": True, "relaunched_from": run_id, "lost": read_state(paths).get("state"), **answer}

@@ -1,8 +1,10 @@
 """`watch --headless` heals what a supervisor cannot: a run lost with its container (a reboot took the
 supervisor too) that has a restart policy with restarts left is started again, once per loss, as a new run of
 its command that resumes from its newest checkpoint (the agent's `relaunch`, which also refuses a second
-relaunch of the same loss, from this watcher or another). Each relaunch is said as a JSON line and as a
-`restarted` alert, which the notification destinations get like any other.
+relaunch of the same loss, from this watcher or another). A multi-node job with a restart policy is relaunched
+as a whole, never one node alone: once every node has ended and one of them was lost, all of them start again
+under a new job id and resume from node 0's newest checkpoint (jobs.relaunch_job). Each relaunch is said as a
+JSON line and as a `restarted` alert, which the notification destinations get like any other.
 """
 from __future__ import annotations
 
@@ -10,9 +12,10 @@ from collections.abc import Callable
 
 from ..errors import DflashError
 from ..alertkinds import ERROR, RESTARTED, WARNING
+from ..runs.jobs import relaunch_job
 from ..watch.model import AlertFeed, AlertView, RunStatus
 from ..watch.source import LiveSource
-from ..agent.protocol import iso_utc
+from ..agent.protocol import LOST, iso_utc
 
 
 class Relauncher:
@@ -26,6 +29,10 @@ class Relauncher:
             if run.relaunchable and (run.target, run.run_id) not in self._tried:
                 self._tried.add((run.target, run.run_id))
                 self.relaunch(run)
+        for job_id, nodes in lost_jobs(feed.runs.values()).items():
+            if ("job", job_id) not in self._tried:
+                self._tried.add(("job", job_id))
+                self.relaunch_job(job_id, nodes)
 
     def relaunch(self, run: RunStatus) -> None:
         try:
@@ -39,9 +46,33 @@ class Relauncher:
                    f"restarted: lost run {run.run_id} relaunched as {new_id} on {run.target}, resuming from its "
                    f"newest checkpoint", new_run_id=new_id)
 
+    def relaunch_job(self, job_id: str, nodes: list[RunStatus]) -> None:
+        head = min(nodes, key=lambda node: node.job.node_rank)
+        lost = ", ".join(f"node {n.job.node_rank} ({n.target})" for n in nodes if n.state == LOST)
+        try:
+            targets = [(self.source.inventory.target(n.target), n.run_id, n.job.node_rank) for n in nodes]
+            new_job, _ = relaunch_job(self.source.client, targets, head.name)
+        except DflashError as exc:
+            self._tell(head, "relaunch_failed", ERROR, f"lost job {job_id} not relaunched: {exc}", job_id=job_id)
+            return
+        self._tell(head, "relaunched", WARNING,
+                   f"restarted: job {job_id} lost {lost}; relaunched on every node as job {new_job}, resuming "
+                   f"from node 0's newest checkpoint", job_id=job_id, new_job_id=new_job)
+
     def _tell(self, run: RunStatus, line_type: str, severity: str, message: str, **extra) -> None:
         now = iso_utc(timespec="seconds")
         self.say({"type": line_type, "time": now, "run_id": run.run_id, "target": run.target, "name": run.name,
                   "message": message, **extra})
         self.source.note(AlertView(time=now, run_id=run.run_id, target=run.target, kind=RESTARTED,
                                    severity=severity, message=message))
+
+
+def lost_jobs(runs) -> dict[str, list[RunStatus]]:
+    """The jobs to relaunch, by job id: every node seen, every one ended and relaunchable, one of them lost."""
+    nodes: dict[str, list[RunStatus]] = {}
+    for run in runs:
+        if run.job is not None:
+            nodes.setdefault(run.job.job_id, []).append(run)
+    return {job_id: members for job_id, members in nodes.items()
+            if len({m.job.node_rank for m in members}) == members[0].job.nnodes
+            and all(m.job.relaunchable for m in members) and any(m.state == LOST for m in members)}

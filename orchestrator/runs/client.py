@@ -143,12 +143,14 @@ class RunClient:
         whereabouts.remember([(spec.target.name, run)])
         return with_metrics(run or payload)
 
-    def relaunch(self, target: Target, run_id: str, *, name: str) -> dict:
+    def relaunch(self, target: Target, run_id: str, *, name: str, new_id: str | None = None,
+                 job_id: str | None = None) -> dict:
         """Start a lost run with restarts left again as a new run (the agent refuses a second relaunch of the
-        same loss); the new run's record."""
-        new_id = new_run_id(name or run_id)
+        same loss), or a node of a job as run `new_id` of job `job_id` (jobs.relaunch_job); the new record."""
+        new_id = new_id or new_run_id(name or run_id)
         payload = self.agent(target, ["relaunch", "--runs-dir", runs_dir(target), "--run-id", run_id,
-                                      "--new-run-id", new_id], timeout=LAUNCH_TIMEOUT_S)
+                                      "--new-run-id", new_id, *(["--job-id", job_id] if job_id else [])],
+                             timeout=LAUNCH_TIMEOUT_S)
         if not payload.get("ok"):
             raise OperationFailed(f"{target.name}: {payload.get('error') or 'relaunch failed'}")
         return with_metrics(payload.get("run") or {})

@@ -173,6 +173,23 @@ def launch_job(client: RunClient, spec: JobSpec) -> dict:
             "state": summarize(nodes)["state"], "nodes": nodes}
 
 
+def relaunch_job(client: RunClient, nodes: list[tuple[Target, str, int]], name: str) -> tuple[str, list[dict]]:
+    """A job lost with one of its containers, started again as a whole under a new job id: every node, as
+    (target, run id, node rank), relaunched by its agent, node 0 first (its claim is the job's: a second
+    watcher is refused there and starts nothing). Each node runs its recorded command, the rendezvous at node
+    0 as before, and resumes from node 0's newest checkpoint. (new job id, the new node records)."""
+    job_id = new_run_id(name or "job")
+    started: list[Outcome] = []
+    for target, run_id, rank in sorted(nodes, key=lambda node: node[2]):
+        try:
+            record = client.relaunch(target, run_id, name=name, new_id=node_run_id(job_id, rank), job_id=job_id)
+        except DflashError as exc:
+            _abort(client, started)  # never part of a job: the nodes started so far would wait for the rest
+            raise OperationFailed(f"job relaunch {job_id}: node {rank} ({target.name}): {exc}") from exc
+        started.append(Outcome(target, value=record))
+    return job_id, [outcome.value for outcome in started]
+
+
 def _abort(client: RunClient, started: list[Outcome]) -> None:
     for outcome in started:
         try:
@@ -242,5 +259,5 @@ def group_jobs(records: list[dict]) -> tuple[list[dict], list[dict]]:
     return plain, jobs
 
 
-__all__ = ["JobSpec", "JobLaunchFailed", "launch_job", "group_jobs", "summarize", "failed_first",
+__all__ = ["JobSpec", "JobLaunchFailed", "launch_job", "relaunch_job", "group_jobs", "summarize", "failed_first",
            "job_state", "node_run_id", "nproc_for", "torchrun_command", "DEFAULT_DIST_TIMEOUT_S"]

@@ -166,6 +166,18 @@ class RunStatus:
     conditions: frozenset[str] = frozenset()  # alert conditions raised and not cleared (stall, nan, ...)
     last_step_line: str | None = None
     relaunchable: bool = False  # lost, with restarts left under its policy, not relaunched yet
+    job: JobNode | None = None  # the job it is a node of
+
+
+@dataclass(frozen=True)
+class JobNode:
+    """A run's place in a multi-node job, and whether the node may be relaunched with its job (ended `lost` or
+    `failed` under the job's restart policy, not relaunched yet)."""
+
+    job_id: str
+    node_rank: int
+    nnodes: int
+    relaunchable: bool = False
 
 
 @dataclass(frozen=True)

@@ -5,14 +5,14 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import replace
 
-from ..agent.protocol import FINGERPRINT_BYTES, LOST, STARTING, TERMINAL_STATES, iso_utc
+from ..agent.protocol import FAILED_STATES, FINGERPRINT_BYTES, LOST, STARTING, TERMINAL_STATES, iso_utc
 from ..gpus import GpuInfo, parse_query_csv
 from ..trainlog.lines import STEP_FIELDS, TAU_FIELDS, parse_metrics_jsonl_line, parse_step_times_line
 from ..trainlog.parser import ExceptionEvent, LogLine, LogParser, PhaseEvent, StepEvent
 from ..alertkinds import LOG_RESET, WARNING
 from .alerts import Alert, AlertRules, GpuSample, RunHealth
 from .bottleneck import RunSignals, diagnose
-from .model import AlertView, GpuView, MetricPoint, RunStatus, RunView
+from .model import AlertView, GpuView, JobNode, MetricPoint, RunStatus, RunView
 
 # The parser's fine-grained start-up phases, folded into the few the dashboard shows.
 PHASE_SHOWN = {"loading_dataset": "loading_dataset", "dataset_loaded": "loading_dataset",
@@ -196,8 +196,13 @@ class RunTracker:
         r = self.record
         relaunchable = (r.get("state") == LOST and not r.get("relaunched_as") and not r.get("job_id")
                         and len(r.get("attempts") or []) < (r.get("max_attempts") or 1))
+        job = None
+        if r.get("job_id"):
+            job = JobNode(r["job_id"], int(r.get("node_rank") or 0), int(r.get("nnodes") or 1),
+                          relaunchable=(r.get("state") in FAILED_STATES and not r.get("relaunched_as")
+                                        and bool(r.get("worker_restarts"))))
         return RunStatus(self.run_id, self.target, r.get("name") or "", r.get("state") or STARTING,
-                         self.health.conditions, self.last_step_line, relaunchable)
+                         self.health.conditions, self.last_step_line, relaunchable, job)
 
     def view(self) -> RunView:
         if self._view is None:

@@ -14,6 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.errors import OperationFailed
+from orchestrator.inventory.model import load_inventory
+from orchestrator.runs.client import RunClient
+from orchestrator.runs.jobs import relaunch_job
+from orchestrator.transports.pool import Connections
 from tests.lab.workloads import run_cli as cli
 from tests.on_lab import lab_configs
 from tests.on_lab.lab_configs import write_config
@@ -284,3 +289,51 @@ def test_a_job_with_a_restart_policy_restarts_every_node_together_and_resumes(la
     code, node0_log, _ = cli(inv, "logs", job["job_id"], "-n", "2000", capsys=capsys)
     assert code == 0 and re.search(r"Resumed from \S+/step_\d+ at step \d+", node0_log), node0_log[-3000:]
     assert "step=40 " in node0_log
+
+
+def test_a_job_lost_with_a_container_is_relaunched_as_a_whole_by_a_headless_watch(lab, tiny, inv, tmp_path,
+                                                                                  capsys) -> None:
+    """Node 1's container reboots mid-run: its node is lost and node 0 fails once its peer is gone. A headless
+    watch starts the job again on every node under a new job id, once; it resumes from node 0's checkpoint and
+    succeeds, and a second relaunch of the same loss is refused."""
+    config = write_config(tmp_path / "lost.yaml", tiny, max_steps=40, checkpoint_every=3, log_every=1)
+    job = launch_job(inv, capsys, config, "--nproc-per-node", "1", "--restart", "on-failure:1")
+
+    def past_a_checkpoint() -> bool:
+        code, out, _ = cli(inv, "logs", job["job_id"], "-n", "400", capsys=capsys)
+        return code == 0 and re.search(r"\] step=([5-9]|\d\d) ", str(out)) is not None
+    wait_for(past_a_checkpoint, 120, 0.5, what="job training past its first checkpoint")
+    lab.pct("pve2", "reboot", "300", check=True)
+    ended = wait_job(inv, capsys, job["job_id"], all_ended, timeout=120)
+    assert [n["state"] for n in ended["nodes"]] == ["failed", "lost"], ended
+
+    out = tmp_path / "headless.jsonl"
+    with out.open("w") as stdout:
+        watcher = subprocess.Popen([sys.executable, "-m", "orchestrator", "-i", inv, "watch", *TARGETS,
+                                    "--headless", "--no-notify"], stdout=stdout, stderr=subprocess.PIPE,
+                                   env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, text=True)
+        try:
+            said = wait_for(lambda: [line for line in map(json.loads, out.read_text().splitlines())
+                                     if line.get("type", "").startswith("relaunch")], 90, 0.3,
+                            what=lambda: out.read_text())
+        finally:
+            watcher.send_signal(signal.SIGTERM)
+            _, err = watcher.communicate(timeout=30)
+    assert watcher.returncode == 0 and "Traceback" not in err, err
+    [line] = said
+    assert line["type"] == "relaunched" and line["job_id"] == job["job_id"], line
+    assert "node 1 (pve2/300)" in line["message"], line
+    new_job = line["new_job_id"]
+
+    again = wait_job(inv, capsys, new_job, all_ended, timeout=240)
+    assert again["state"] == "succeeded" and [n["state"] for n in again["nodes"]] == ["succeeded"] * 2, again
+    old = job_of(inv, capsys, job["job_id"])
+    assert [n["relaunched_as"] for n in old["nodes"]] == [f"{new_job}-n0", f"{new_job}-n1"], old
+    code, node0_log, _ = cli(inv, "logs", new_job, "-n", "2000", capsys=capsys)
+    assert code == 0 and re.search(r"Resumed from \S+/step_\d+ at step \d+", node0_log), node0_log[-3000:]
+    assert "step=40 " in node0_log
+    with Connections() as conns:  # a second watcher's relaunch of the same loss starts nothing
+        client = RunClient(load_inventory(Path(inv)), conns)
+        nodes = [(client.inventory.target(n["target"]), n["run_id"], n["node_rank"]) for n in old["nodes"]]
+        with pytest.raises(OperationFailed, match="already relaunched as " + new_job):
+            relaunch_job(client, nodes, "again")

@@ -173,3 +173,43 @@ def test_a_lost_run_is_relaunched_once_per_loss_and_resumes(agent_pyz, container
     assert record(container, runs_dir, "plain")["state"] == "lost"
     assert not os.path.exists(os.path.join(runs_dir, "lost1-r2")) and not os.path.exists(os.path.join(runs_dir, "p2"))
     assert container.agent("kill", "--runs-dir", runs_dir, "--run-id", "lost1-r1", "--grace", "1")[0] == 0
+
+
+def test_a_jobs_node_is_relaunched_only_with_its_job_and_only_after_a_loss_or_failure(agent_pyz, container,
+                                                                                        runs_dir):
+    """A node of a job never restarts alone (no --job-id: refused); with its job it is relaunched as the same
+    node of the new job, once; a killed node, or one of a job without a restart policy, never."""
+    command = ["sh", "-c", 'echo "args: $*"; sleep 60', "sh"]
+    node = ("--job-id", "job1", "--node-rank", "1", "--nnodes", "2")
+    rebooted = Namespace(agent_pyz, reaps=True)
+    try:
+        assert launch(rebooted, runs_dir, "job1-n1", command, *node, "--worker-restarts", "1",
+                      "--retry-arg=--resume", "--retry-arg=auto")[0] == 0
+        assert launch(rebooted, runs_dir, "job2-n1", command, "--job-id", "job2", "--node-rank", "1",
+                      "--nnodes", "2")[0] == 0
+    finally:
+        rebooted.stop()
+    assert launch(container, runs_dir, "job3-n1", command, "--job-id", "job3", "--node-rank", "1", "--nnodes", "2",
+                  "--worker-restarts", "1")[0] == 0
+    assert container.agent("kill", "--runs-dir", runs_dir, "--run-id", "job3-n1", "--grace", "1")[0] == 0
+
+    def relaunch(run_id: str, new_id: str, *job: str) -> tuple:
+        return container.agent("relaunch", "--runs-dir", runs_dir, "--run-id", run_id, "--new-run-id", new_id,
+                               "--settle", "0.3", *job)
+
+    status, alone = relaunch("job1-n1", "alone")
+    assert (status, alone["code"]) == (1, "not_relaunched") and "restarts with its job, not alone" in alone["error"]
+    status, out = relaunch("job1-n1", "job9-n1", "--job-id", "job9")
+    assert status == 0, out
+    new = out["run"]
+    assert (new["job_id"], new["node_rank"], new["nnodes"], new["relaunch_of"], new["restart_policy"],
+            new["worker_restarts"]) == ("job9", 1, 2, "job1-n1", "never", 1)
+    assert wait_for(lambda: "args: --resume auto" in open(new["log_path"]).read(), 5)
+    assert record(container, runs_dir, "job1-n1")["relaunched_as"] == "job9-n1"
+    status, again = relaunch("job1-n1", "job10-n1", "--job-id", "job10")
+    assert (status, again["code"]) == (1, "not_relaunched") and "already relaunched as job9-n1" in again["error"]
+    status, plain = relaunch("job2-n1", "job11-n1", "--job-id", "job11")
+    assert (status, plain["code"]) == (1, "not_relaunched") and "job job2 has no restart policy" in plain["error"]
+    status, killed = relaunch("job3-n1", "job12-n1", "--job-id", "job12")
+    assert (status, killed["code"]) == (1, "not_relaunched") and "is killed" in killed["error"], killed
+    assert container.agent("kill", "--runs-dir", runs_dir, "--run-id", "job9-n1", "--grace", "1")[0] == 0
