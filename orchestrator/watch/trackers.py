@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import replace
 
+from dflash_records.step import STEP_FIELDS, TAU_FIELDS
+
 from ..agent.protocol import FINGERPRINT_BYTES, LOST, STARTING, TERMINAL_STATES, iso_utc
 from ..gpus import GpuInfo, parse_query_csv
-from ..trainlog.lines import STEP_FIELDS, TAU_FIELDS, parse_metrics_jsonl_line, parse_step_times_line
+from ..trainlog.lines import parse_metrics_jsonl_line, parse_step_times_line
 from ..trainlog.parser import ExceptionEvent, LogLine, LogParser, PhaseEvent, StepEvent
 from ..alertkinds import LOG_RESET, WARNING
 from .alerts import Alert, AlertRules, GpuSample, RunHealth
@@ -29,8 +31,8 @@ def shown_phase(event: PhaseEvent, current: str | None) -> str | None:
     return PHASE_SHOWN.get(event.phase, current)
 
 
-STEP_VALUES = ("loss", "acc", "streak", "lr", "tok_per_s", "eta_s", "tgt_bps", "dft_bps", "tau_replay", "tau_heldout",
-               "tau_eval", "tau_tree_heldout")
+STEP_VALUES = ("loss", "acc", "streak", "lr", "tok_per_s", "eta_s", "tgt_batches_per_s", "dft_batches_per_s",
+               "tau_replay", "tau_heldout", "tau_eval", "tau_tree_heldout")
 MAX_EXCEPTION_TEXTS = 20
 MAX_EXACT_STEPS = 64  # metrics.jsonl records kept for step lines not read yet (the two files race)
 
@@ -214,7 +216,8 @@ class RunTracker:
         return self._diagnosed[2]
 
     def signals(self) -> RunSignals:
-        return RunSignals(tgt_bps=self.values["tgt_bps"], dft_bps=self.values["dft_bps"], q_pre=self.q_pre,
+        v = self.values
+        return RunSignals(tgt_bps=v["tgt_batches_per_s"], dft_bps=v["dft_batches_per_s"], q_pre=self.q_pre,
                           q_hs=self.q_hs, queue_capacity=self.queue_capacity or None, step_times=self.step_times,
                           n_targets=self.n_targets, gpus=tuple(self.record.get("gpus") or ()))
 
