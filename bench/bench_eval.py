@@ -47,7 +47,7 @@ def untrained_drafter(target: Path, out: Path, *, layers: int, block_size: int) 
 
     from trainer.model.drafter import DFlashDrafter, DrafterConfig
     from trainer.model.drafter_files import save_drafter
-    from trainer.spec.taps import default_target_layer_ids
+    from trainer.planning.taps import default_target_layer_ids
 
     import torch
 

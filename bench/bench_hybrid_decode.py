@@ -28,7 +28,7 @@ def build(shape: str, device, dtype):
 
     from synthetic import SHAPES, causal_lm_class, target_config
     from trainer.model.drafter import DFlashDrafter, DrafterConfig
-    from trainer.spec.taps import default_target_layer_ids
+    from trainer.planning.taps import default_target_layer_ids
 
     config = target_config(SHAPES[shape], eos_token_id=1, pad_token_id=0)
     torch.manual_seed(0)

@@ -11,13 +11,12 @@ import time
 from collections import Counter
 
 from orchestrator.trainlog.parser import LogParser
+from dflash_records.step import StepRecord, format_step_line
 from trainer.logformat import (
-    StepMetrics,
     format_batches_line,
     format_bucket_table,
     format_dataset_lines,
     format_loading_targets,
-    format_step_line,
     format_target_on,
 )
 
@@ -54,7 +53,7 @@ def prefetch_depth(rng: random.Random, capacity: int = 50) -> int:
 
 
 def step_line(rng: random.Random, step: int) -> str:
-    return format_step_line(StepMetrics(
+    return format_step_line(StepRecord(
         elapsed_s=30.0 * step, step=step, loss=rng.uniform(2, 13), acc=rng.random(), streak=rng.uniform(0, 6),
         lr=4.52e-06, noise=0.0003, tgt_batches_per_s=rng.uniform(0.2, 0.4), dft_batches_per_s=0.29,
         tok_per_s=rng.uniform(9000, 14000), q_pre=[prefetch_depth(rng) for _ in range(5)],

@@ -219,7 +219,7 @@ def build_target(shape: dict, *, num_taps: int, device: torch.device, dtype: tor
     """A random target with only the layers up to its last tap (the feature pass never runs the rest), or
     `whole`, with all of them, as the trainer loads it."""
     from trainer.model.target import TargetModel
-    from trainer.spec.taps import default_target_layer_ids
+    from trainer.planning.taps import default_target_layer_ids
 
     taps = default_target_layer_ids(shape["num_hidden_layers"], num_taps)
     config = target_config(shape, num_layers=None if whole else taps[-1] + 1)
@@ -230,7 +230,7 @@ def build_target(shape: dict, *, num_taps: int, device: torch.device, dtype: tor
 
 def build_drafter(target, args, device: torch.device, architecture: str = "dflash"):
     from trainer.model.drafter import DFlashDrafter, DrafterConfig
-    from trainer.spec.dflash2 import Dflash2Sizes
+    from trainer.planning.dflash2 import Dflash2Sizes
 
     config = DrafterConfig.from_target(target.config, num_layers=args.drafter_layers, block_size=args.block_size,
                                        target_layer_ids=target.layer_ids, mask_token_id=target.mask_token_id,
@@ -335,7 +335,7 @@ def plain_packed_forward(target):
     the same per-sequence attention the packed feature pass uses: the baseline of "the same packed tokens"."""
     from trainer.model import packing
     from trainer.model.target import linear_attention_kernel
-    from trainer.spec.target_families import LINEAR
+    from trainer.planning.target_families import LINEAR
 
     @torch.no_grad()
     def forward(input_ids, attention_mask):
@@ -627,7 +627,7 @@ def planned_memory(args, target, drafter, objective, ctx, variant_name: str) -> 
     it (the plan's reserve stands for what the allocator's counters do not see: the CUDA context, NCCL,
     fragmentation)."""
     from trainer.model import kernels
-    from trainer.spec import memory_plan
+    from trainer.planning import memory_plan
 
     cfg = TrainConfig(target_path="(synthetic)", data_path="-", output_dir="-", token_budget=args.token_budget,
                       buckets=args.buckets, num_anchors=args.num_anchors, anchor_budget=args.anchor_budget,

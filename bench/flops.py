@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from trainer.spec.dflash2 import Dflash2Sizes
-from trainer.spec.target_families import FULL, LINEAR, SLIDING, target_spec
+from trainer.planning.dflash2 import Dflash2Sizes
+from trainer.planning.target_families import FULL, LINEAR, SLIDING, target_spec
 
 GDN_CHUNK = 64  # the chunk length of the chunked gated-delta-rule kernels (fla's and transformers')
 

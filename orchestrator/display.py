@@ -11,6 +11,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from rich.cells import cell_len
 from rich.text import Text
 
+from dflash_records.run import RunRecord
+
 from .agent.protocol import FAILED, GIB, KILLED, LOST, MIB, RUNNING, STARTING, SUCCEEDED
 
 MISSING = "-"
@@ -41,9 +43,9 @@ def state_text(state: str | None, *, attempt: int | None = None, max_attempts: i
     return f"{text} (attempt {attempt}/{max_attempts})" if attempt > 1 or state == RUNNING else text
 
 
-def record_state_text(record: dict) -> str:
-    return state_text(record.get("state"), attempt=record.get("attempt"), max_attempts=record.get("max_attempts"),
-                      restarting=bool(record.get("restart_at")))
+def record_state_text(record: RunRecord) -> str:
+    return state_text(record.state, attempt=record.attempt, max_attempts=record.max_attempts,
+                      restarting=bool(record.restart_at))
 
 
 def format_duration(seconds: float | None) -> str:

@@ -1,5 +1,6 @@
-"""The import graph of orchestrator/, tui/ and trainer/ has no circle and runs one way: tui -> orchestrator ->
-transports, the agent alone, the trainer beside the controller.
+"""The import graph of dflash_records/, orchestrator/, tui/ and trainer/ has no circle and runs one way: tui ->
+orchestrator -> transports, the agent alone, the trainer beside the controller, and dflash_records (the records
+both bundles carry) under all of them.
 
 Every import counts, a function-local one too: an import moved into a function to dodge a circle still makes
 the two modules depend on each other, and it is how the last circle (14 controller modules) stayed hidden.
@@ -13,13 +14,15 @@ import pytest
 
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("orchestrator", "tui", "trainer")
+PACKAGES = ("dflash_records", "orchestrator", "tui", "trainer")
+# the records every side shares: shipped in the agent's zipapp and the trainer's tar, so it imports nothing of ours
+RECORDS = "dflash_records"
 # what the transports may use of the rest of the controller: the error root, the inventory they connect to
 TRANSPORTS_MAY_IMPORT = ("orchestrator.errors", "orchestrator.inventory.", "orchestrator.agent.protocol")
 
 
 def module_files(root: Path = ROOT) -> dict[str, Path]:
-    """Dotted name -> file of every module of the three packages; a package under its own name."""
+    """Dotted name -> file of every module of the four packages; a package under its own name."""
     found = {}
     for package in PACKAGES:
         for path in sorted((root / package).rglob("*.py")):
@@ -154,13 +157,21 @@ def test_the_controller_never_imports_the_dashboard_except_to_open_it(graph: dic
     assert offenders == []
 
 
-def test_the_agent_imports_nothing_outside_itself(graph: dict[str, set[str]]) -> None:
-    # it is shipped alone as a zipapp: anything else of the project would be missing on the target
-    assert _offenders(graph, "orchestrator.agent", lambda t: t.startswith("orchestrator.agent")) == []
+def test_the_agent_imports_nothing_outside_itself_and_the_records(graph: dict[str, set[str]]) -> None:
+    # it is shipped as a zipapp with the records beside it: anything else of the project would be missing there
+    assert _offenders(graph, "orchestrator.agent", lambda t: t.startswith(("orchestrator.agent", RECORDS))) == []
 
 
 def test_the_trainer_imports_neither_the_controller_nor_the_dashboard(graph: dict[str, set[str]]) -> None:
-    assert _offenders(graph, "trainer", lambda t: t.startswith("trainer")) == []
+    # the records are shipped in its tar beside it
+    assert _offenders(graph, "trainer", lambda t: t.startswith(("trainer", RECORDS))) == []
+
+
+def test_the_records_import_nothing_of_the_project(graph: dict[str, set[str]]) -> None:
+    # the bottom of the graph: whatever imports them, alone on a target, has them whole
+    assert _offenders(graph, RECORDS, lambda t: t.startswith(RECORDS)) == []
+    assert any(target.startswith(RECORDS) for name, targets in graph.items() if name.startswith("orchestrator.agent")
+               for target in targets)
 
 
 def _reach(graph: dict[str, set[str]], start: str) -> set[str]:

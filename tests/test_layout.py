@@ -6,6 +6,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CONTROLLER = ("orchestrator", "tui")
+# the records every side shares (the trainer's and the agent's bundles carry it): held to the controller's sizes
+RECORDS = ("dflash_records",)
 MAX_ROOT_MODULES = 10
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60
@@ -13,7 +15,7 @@ MAX_FUNCTION_LINES = 60
 
 def modules() -> dict[str, ast.Module]:
     return {path.relative_to(ROOT).as_posix(): ast.parse(path.read_text(encoding="utf-8"))
-            for package in CONTROLLER for path in sorted((ROOT / package).rglob("*.py"))}
+            for package in CONTROLLER + RECORDS for path in sorted((ROOT / package).rglob("*.py"))}
 
 
 def imported(tree: ast.Module, name: str) -> set[str]:

@@ -1,6 +1,7 @@
 """Every shared concept is defined once: a second definition is found here before the two drift apart."""
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -131,3 +132,48 @@ def test_the_agent_the_parser_and_the_dashboard_show_a_line_alike(tmp_path: Path
     events = [e for raw, _ in SHOWN for byte in raw + b"\n" for e in byte_by_byte.feed(bytes([byte]))]
     assert [e.text for e in events if isinstance(e, LogLine)] == expected
     assert [clean_line(raw.decode()) for raw, _ in SHOWN] == expected
+
+
+# ------------------------------------------------------------------------------------------ the records
+# A record's fields are declared once, in dflash_records/: a class that declares (nearly) all of them, or a
+# literal list naming many of them, is a second definition. A view that holds some of a record's latest values
+# (RunView, MetricPoint, the bottleneck's signals) is not.
+
+RECORD_HOMES = {"step record": "dflash_records/step.py", "run record": "dflash_records/run.py"}
+SCANNED = ("dflash_records", "orchestrator", "tui", "trainer", "tests", "bench")
+MOST = 0.75   # of a record's fields, declared by one class
+MANY = 8      # of a record's field names, in one literal list
+
+
+def record_fields() -> dict[str, set[str]]:
+    from dflash_records.run import RECORD_KEYS
+    from dflash_records.step import RECORD_FIELDS
+    return {"step record": set(RECORD_FIELDS), "run record": set(RECORD_KEYS)}
+
+
+def declarations(tree: ast.Module, names: set[str]) -> list[str]:
+    """Where `tree` declares the record whose field names are `names`: classes and literal name lists."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            declared = {item.target.id for item in node.body
+                        if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)}
+            if len(declared & names) >= MOST * len(names):
+                found.append(f"class {node.name}")
+        elif isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            strings = {e.value for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)}
+            if len(strings) >= MANY and len(strings) == len(node.elts) and strings <= names:
+                found.append(f"a list of {len(strings)} of its names, line {node.lineno}")
+    return found
+
+
+def scanned_trees() -> dict[str, ast.Module]:
+    return {path.relative_to(ROOT).as_posix(): ast.parse(path.read_text(encoding="utf-8"))
+            for top in SCANNED for path in sorted((ROOT / top).rglob("*.py")) if "__pycache__" not in path.parts}
+
+
+@pytest.mark.parametrize("record", sorted(RECORD_HOMES))
+def test_each_records_fields_are_declared_once(record: str) -> None:
+    names = record_fields()[record]
+    holders = {name: found for name, tree in scanned_trees().items() if (found := declarations(tree, names))}
+    assert list(holders) == [RECORD_HOMES[record]], f"{record} declared in {holders}"

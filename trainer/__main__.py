@@ -38,8 +38,8 @@ def _plan(args) -> int:
 
     from trainer.config import load_config
     from trainer.model.kernels import on_a_gpu
-    from trainer.spec.memory_plan import GIB, config_plan, refusal
-    from trainer.spec.preflight import with_base_dir
+    from trainer.planning.memory_plan import GIB, config_plan, refusal
+    from trainer.planning.preflight import with_base_dir
 
     cfg = with_base_dir(load_config(args.config), args.base_dir)
     world_size = args.gpus or int(os.environ.get("WORLD_SIZE", 1))
@@ -67,7 +67,7 @@ def _check(args) -> int:
                            "(a drafter against the target it will be served with)")
     if args.config is None:
         return _check_parity(args)
-    from trainer.spec.preflight import check_config_file
+    from trainer.planning.preflight import check_config_file
 
     from_stdin = args.config == "-"
     found = check_config_file(args.config, text=sys.stdin.buffer.read() if from_stdin else None, base_dir=args.base_dir,
@@ -83,7 +83,7 @@ def _check(args) -> int:
 
 
 def _check_parity(args) -> int:
-    from trainer.spec.parity import check_parity
+    from trainer.planning.parity import check_parity
 
     report = check_parity(args.target, args.drafter)
     print(json.dumps(report.as_dict()) if args.json else "\n".join(report.lines()), flush=True)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from trainer.config import objective_text, parse_loss
 from trainer.errors import TrainerError, about_path
-from trainer.spec.parity import ParityReport, check_parity, read_json
+from trainer.planning.parity import ParityReport, check_parity, read_json
 
 README_FILE = "README.md"
 

@@ -1,121 +1,19 @@
-"""The trainer's log format: human lines as the seed trainer wrote them, and one JSON object per step line.
+"""The trainer's log lines beside its step lines, as the seed trainer wrote them (start-up, dataset, buckets,
+targets), its own additions (start-up stages, compiles, step times, `generate`'s progress), and the non-step
+records of metrics.jsonl.
 
-Torch-free on purpose: the controller's parser imports this module and is tested against it.
-
-Time formats (chosen so a reader sees the right unit at a glance, and a parser needs no lookahead):
-- elapsed, in brackets: under a minute `[42s]`, under an hour whole minutes `[6m]` (floored, as the seed
-  trainer printed them), from an hour on `[3h07m]`.
-- ETA: one decimal in the largest unit that keeps the number at least 1: seconds under a minute (`45.0s`),
-  minutes under an hour (`12.5m`), hours under a day (`5.2h`), days from then on (`12.0d`); `?` when unknown.
+The step line and its metrics.jsonl record are the step record's (dflash_records/step.py: StepRecord, its
+`to_line` and `to_json`), which the agent and the controller read with the same code. Torch-free on purpose:
+the controller's parser is tested against these writers.
 """
 from __future__ import annotations
 
 import json
-import math
-from dataclasses import asdict, dataclass, field
 from collections.abc import Sequence
 
-METRICS_SCHEMA_VERSION = 1
-
-
-@dataclass
-class StepMetrics:
-    elapsed_s: float
-    step: int
-    loss: float
-    acc: float
-    streak: float
-    lr: float
-    noise: float
-    tgt_batches_per_s: float
-    dft_batches_per_s: float
-    tok_per_s: float
-    q_pre: list[int] = field(default_factory=list)
-    q_hs: list[int] = field(default_factory=list)
-    epoch: float = 0.0
-    eta_s: float | None = None
-    # τ predicted from replayed decoding rounds (trainer/training/tau_replay.py), present only where measured: on the
-    # step's own batch, on the held-out split (eval_every), and from real speculative decoding of held-out prompts
-    tau_replay: float | None = None
-    tau_heldout: float | None = None
-    tau_eval: float | None = None
-    # DDTree rounds replayed on the held-out split, per node budget (trainer/training/tree_replay.py)
-    tau_tree_heldout: dict[int, float] | None = None
-
-
-TAU_FIELDS = ("tau_replay", "tau_heldout", "tau_eval", "tau_tree_heldout")
-
-
-def format_elapsed(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 300:
-        # the seed format's whole minutes hide most of the first minutes (`[1m]` from 60 to 119 s)
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-
-
-def format_eta(seconds: float | None) -> str:
-    if seconds is None or not math.isfinite(seconds) or seconds < 0:
-        return "?"
-    for unit, size, limit in (("s", 1, 60), ("m", 60, 3600), ("h", 3600, 86400)):
-        if seconds < limit:
-            return f"{seconds / size:.1f}{unit}"
-    return f"{seconds / 86400:.1f}d"
-
-
-def _format_queue(depths: Sequence[int]) -> str:
-    return "[" + ", ".join(str(int(d)) for d in depths) + "]"
-
-
-def format_step_line(m: StepMetrics) -> str:
-    """One step line, e.g. the seed's
-    `[6m] step=8 loss=12.5546 acc=0.025 streak=0.0 lr=4.52e-06 noise=0.0003 | tgt=0.34b/s dft=0.29b/s
-    (11.7Ktok/s) | q_pre=[50, 50] q_hs=[15] | epoch~0.01 ETA=12.0d` (on one line), then, an addition to the
-    seed format, the τ figures measured at this step: ` | tau_replay=1.84 tau_heldout=1.79 tau_eval=1.81
-    tau_tree_heldout=8:2.41,32:2.93,64:3.02` (tree τ per node budget, `budget:τ` joined by commas)."""
-    return _format_seed_step(m) + format_tau_suffix(m)
-
-
-def format_tau_suffix(m: StepMetrics) -> str:
-    """` | tau_replay=1.84 ...` with the τ fields that were measured, or nothing."""
-    shown = [f"{name}={_format_tau(getattr(m, name))}" for name in TAU_FIELDS if getattr(m, name) is not None]
-    return " | " + " ".join(shown) if shown else ""
-
-
-def _format_tau(value: float | dict[int, float]) -> str:
-    # three decimals always: a reader tells a whole value from one cut short by the log's end
-    if isinstance(value, dict):
-        return ",".join(f"{int(budget)}:{tau:.3f}" for budget, tau in sorted(value.items()))
-    return f"{value:.3f}"
-
-
-def _format_seed_step(m: StepMetrics) -> str:
-    return (
-        f"[{format_elapsed(m.elapsed_s)}] step={m.step} loss={m.loss:.4f} acc={m.acc:.3f} "
-        f"streak={m.streak:.1f} lr={m.lr:.2e} noise={m.noise:g} | "
-        f"tgt={m.tgt_batches_per_s:.2f}b/s dft={m.dft_batches_per_s:.2f}b/s "
-        f"({m.tok_per_s / 1000:.1f}Ktok/s) | "
-        f"q_pre={_format_queue(m.q_pre)} q_hs={_format_queue(m.q_hs)} | "
-        f"epoch~{m.epoch:.2f} ETA={format_eta(m.eta_s)}"
-    )
-
-
-def _finite_or_none(value):
-    if isinstance(value, float) and not math.isfinite(value):
-        return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    return value
-
-
-def metrics_json(m: StepMetrics) -> str:
-    """One line of metrics.jsonl: the StepMetrics fields plus `"event": "step"` (NaN becomes null: strict JSON)."""
-    record = {"event": "step", "v": METRICS_SCHEMA_VERSION}
-    record.update({key: _finite_or_none(value) for key, value in asdict(m).items()
-                   if key not in TAU_FIELDS or value is not None})
-    return json.dumps(record, separators=(", ", ": "))
+# the step line and its metrics.jsonl record are the step record's own (dflash_records/step.py), as are the
+# elapsed and ETA formats they share with the lines below
+from dflash_records.step import METRICS_SCHEMA_VERSION, format_elapsed, format_eta
 
 
 def event_json(event: str, **fields) -> str:

@@ -23,8 +23,8 @@ from trainer.config import TrainConfig, resolved_config_text
 from trainer.data.batches import BatchStream, batches_per_rank, layout_buckets, open_dataset
 from trainer.errors import TrainerError
 from trainer.model import kernels as kernel_lib
-from trainer.spec import memory_plan
-from trainer.spec.preflight import checked_config  # every problem of config, paths and data in one pass
+from trainer.planning import memory_plan
+from trainer.planning.preflight import checked_config  # every problem of config, paths and data in one pass
 from trainer.training import optim
 from trainer.training.checkpoint_space import DiskFull
 from trainer.training.checkpoints import (agree_on_resume, check_resumable, choose_resume_dir, gather_to_main,
@@ -148,7 +148,7 @@ def build_drafter(cfg: TrainConfig, ctx, log: MetricsLog, target, checkpoint: Pa
     family's recipe with the config's drafter_* keys over it."""
     from trainer.model.drafter import DFlashDrafter, DrafterConfig
     from trainer.model.drafter_files import load_drafter
-    from trainer.spec.target_families import drafter_shape
+    from trainer.planning.target_families import drafter_shape
     from trainer.training.distributed import broadcast_parameters
 
     torch.manual_seed(cfg.seed)  # same init on every rank; the broadcast below makes it certain
@@ -183,7 +183,7 @@ def build_drafter(cfg: TrainConfig, ctx, log: MetricsLog, target, checkpoint: Pa
 
 def dflash2_sizes(cfg: TrainConfig, target_config):
     """A dflash2 run's convolution and selector sizes (None for dflash); a TrainerError where they cannot fit."""
-    from trainer.spec.dflash2 import Dflash2Sizes
+    from trainer.planning.dflash2 import Dflash2Sizes
 
     if cfg.architecture != "dflash2":
         return None
@@ -236,9 +236,9 @@ def _save_or_refusal(cfg: TrainConfig, log: MetricsLog, output_dir: Path, step: 
 
 
 def check_served_parity(log: MetricsLog, cfg: TrainConfig, checkpoint: Path, step: int) -> None:
-    """The last checkpoint against its target, as a server will pair them (trainer/spec/parity.py): one line per
+    """The last checkpoint against its target, as a server will pair them (trainer/planning/parity.py): one line per
     check in the log, and a `parity` event."""
-    from trainer.spec.parity import check_parity
+    from trainer.planning.parity import check_parity
 
     try:
         report = check_parity(cfg.target_path, checkpoint)

@@ -4,6 +4,8 @@ from __future__ import annotations
 import errno
 import time
 
+from dflash_records.run import RUN_JSON_FIELDS, STATE_JSON_FIELDS
+
 from . import identity, procfs
 from .protocol import LOST, STARTING, TERMINAL_STATES, iso_utc
 from .rundir import RunPaths, file_lock, read_json, release_reserve, write_json_atomic
@@ -12,11 +14,6 @@ from .rundir import RunPaths, file_lock, read_json, release_reserve, write_json_
 SPAWN_DEADLINE_S = 60.0
 DISK_FULL = "disk full: no space left for the run's files (its log may end early)"
 
-RECORD_FROM_RUN = ("run_id", "target", "name", "gpus", "command", "cwd", "created_at", "grace_s", "job_id",
-                   "node_rank", "nnodes", "relaunch_of", "worker_restarts")
-RECORD_FROM_STATE = ("state", "pid", "pgid", "exit_code", "signal", "signal_name", "started_at", "ended_at",
-                     "supervisor_pid", "supervisor_start_time", "error", "attempt", "max_attempts",
-                     "restart_policy", "restart_at", "reason", "attempts", "relaunched_as")
 
 
 def read_run(paths: RunPaths) -> dict:
@@ -132,8 +129,9 @@ def settle_liveness(paths: RunPaths, *, dry_run: bool = False) -> tuple:
 
 
 def build_record(paths: RunPaths, run: dict, state: dict) -> dict:
-    record = {key: run.get(key) for key in RECORD_FROM_RUN}
-    record.update({key: state.get(key) for key in RECORD_FROM_STATE})
+    """The run record (dflash_records/run.py) as the wire carries it: a JSON object."""
+    record = {key: run.get(key) for key in RUN_JSON_FIELDS}
+    record.update({key: state.get(key) for key in STATE_JSON_FIELDS})
     record["run_id"] = paths.run_id
     record["state"] = state.get("state", STARTING)
     record["log_path"] = paths.log

@@ -10,17 +10,16 @@ that takes C1 controls reads as ESC [ too).
 What a workload wrote may also go to a terminal whole (`logs`): `for_terminal` and `TerminalStream` make it
 safe there, every escape sequence and control character gone (no clipboard writes, titles, status reports or
 screen clears), colours (SGR) kept only when asked (the terminal renders them).
-Standard library only, like the whole agent.
+Standard library only, like the whole agent (and dflash_records, which the agent's zipapp carries).
 """
 from __future__ import annotations
 
 import codecs
 import re
 
-# The start of a trainer's step line (`[6m] step=8 loss=...`): the elapsed time in brackets, then the step number.
-# The controller's log parser reads the whole line (orchestrator/trainlog/lines.py); the supervisor's hang watchdog
-# needs only to know that a step went by, and which.
-STEP_MARK = re.compile(r"\[(\d[\d.dhms]*)\] step=(\d+)")
+# the start of a trainer's step line: the hang watchdog needs only to know that a step went by, and which
+from dflash_records.step import STEP_MARK
+
 # torchrun's per-rank prefix, then a Python exception line: `[rank0]: torch.OutOfMemoryError: CUDA out of memory`
 FAILURE_LINE = re.compile(r"(?:\[(?:default)?rank\d+\]:\s*)?((?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Interrupt)"
                           r"\b(?::.*)?)")

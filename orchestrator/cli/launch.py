@@ -6,6 +6,8 @@ from typing import List, Optional
 
 import typer
 
+from dflash_records.run import RunRecord
+
 from ..agent.launch import how_it_ended
 from ..agent.protocol import DEFAULT_GRACE_S, LIVE_STATES, TERMINAL_STATES
 from ..agent.restart import parse_policy, policy_text
@@ -168,12 +170,13 @@ def _launch_run(state: AppState, spec: LaunchSpec, config: Path | None, *, as_js
     return EXIT_OK
 
 
-def _started_line(record: dict, where: str) -> str:
+def _started_line(run: dict, where: str) -> str:
     """What became of the run: running, or (a short command) already ended while the launch verified it."""
-    run_id = record["run_id"]
-    if record.get("state") in TERMINAL_STATES:
-        return f"{run_id} on {where} already ended: {how_it_ended(record)}; `dflashctl logs {run_id}` shows its output"
-    pid = f" (pid {record['pid']})" if record.get("pid") else ""
+    record = RunRecord.from_dict(run)
+    run_id = record.run_id
+    if record.state in TERMINAL_STATES:
+        return f"{run_id} on {where} already ended: {how_it_ended(run)}; `dflashctl logs {run_id}` shows its output"
+    pid = f" (pid {record.pid})" if record.pid else ""
     return (f"{run_id} is {record_state_text(record)} on {where}{pid}; "
             f"`dflashctl logs -f {run_id}` to follow it")
 

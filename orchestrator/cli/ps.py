@@ -8,6 +8,8 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
+from dflash_records.run import RunRecord
+
 from ..agent.protocol import LIVE_STATES
 from ..display import MISSING, fit_columns, format_age, format_rate, record_state_text, state_style, widest_cells
 from ..runs.client import RunClient
@@ -74,9 +76,10 @@ def _print_none(show_all: bool, *, read: list[str], unread: int) -> None:
 
 
 def _recent(run: dict, now: datetime.datetime) -> bool:
-    if run.get("state") in LIVE_STATES or not run.get("ended_at"):
+    record = RunRecord.from_dict(run)
+    if record.state in LIVE_STATES or not record.ended_at:
         return True
-    return now - _parse_time(run["ended_at"]) < RECENT
+    return now - _parse_time(record.ended_at) < RECENT
 
 
 def _parse_time(text: str) -> datetime.datetime:
@@ -149,12 +152,11 @@ def _job_rows(job: dict, now: datetime.datetime) -> list[list[str]]:
     return rows
 
 
-def _row(r: dict, now: datetime.datetime) -> list[str]:
-    exit_text = f"sig {r['signal']}" if r.get("signal") else ("-" if r.get("exit_code") is None
-                                                             else str(r["exit_code"]))
-    return [r["run_id"], r.get("target") or "-", r.get("name") or "-", _state(r.get("state"), record_state_text(r)),
-            str(r.get("pid") or "-"), age(r.get("created_at"), now), exit_text, _number(r.get("last_step")),
-            _tok(r)]
+def _row(run: dict, now: datetime.datetime) -> list[str]:
+    r = RunRecord.from_dict(run)
+    exit_text = f"sig {r.signal}" if r.signal else ("-" if r.exit_code is None else str(r.exit_code))
+    return [r.run_id, r.target or "-", r.name or "-", _state(r.state, record_state_text(r)), str(r.pid or "-"),
+            age(r.created_at, now), exit_text, _number(r.last_step), format_rate(r.tok_per_s)]
 
 
 def _state(state: str | None, text: str | None = None) -> str:
@@ -165,5 +167,5 @@ def _number(value: int | None) -> str:
     return "-" if value is None else str(value)
 
 
-def _tok(record: dict) -> str:
-    return format_rate(record.get("tok_per_s"))
+def _tok(job: dict) -> str:
+    return format_rate(job.get("tok_per_s"))

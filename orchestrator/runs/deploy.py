@@ -21,7 +21,7 @@ from ..inventory.model import Target
 from ..transports.base import Transport
 from ..transports.timeouts import DEPLOY_CHECK_TIMEOUT_S, UPLOAD_TIMEOUT_S
 from .agentcall import agent_answer, agent_argv
-from .bundle import build_tarball, build_zipapp, bundle_digest
+from .bundle import RECORDS_DIR, RECORDS_PACKAGE, build_tarball, build_zipapp, bundle_digest
 from .spec import runs_dir
 
 log = logging.getLogger("dflashctl.deploy")
@@ -56,8 +56,9 @@ def agent_bundle() -> Bundle:
 
 @functools.lru_cache(maxsize=1)
 def trainer_bundle() -> Bundle:
-    """The trainer as a tar.gz, named by the digest of the tar: what lands on disk, whatever zlib compressed it."""
-    tar, data = build_tarball(Path(trainer.__file__).resolve().parent, "trainer")
+    """The trainer and the records it writes as a tar.gz, named by the digest of the tar: what lands on disk,
+    whatever zlib compressed it."""
+    tar, data = build_tarball({"trainer": Path(trainer.__file__).resolve().parent, RECORDS_PACKAGE: RECORDS_DIR})
     return Bundle(data, bundle_digest(tar))
 
 

@@ -18,6 +18,8 @@ import tempfile
 from pathlib import Path
 from typing import Iterable
 
+from dflash_records.run import RunRecord
+
 MAX_ENTRIES = 5000
 
 
@@ -33,7 +35,8 @@ def remember(found: Iterable[tuple[str, dict]]) -> None:
         return
     entries = _load()
     for target, record in found:
-        run_id, job_id = record.get("run_id"), record.get("job_id")
+        run = RunRecord.from_dict(record)
+        run_id, job_id = run.run_id, run.job_id
         if isinstance(job_id, str) and job_id:
             targets = entries.pop(job_id, [])  # popped and put back: the newest stay when it is trimmed
             entries[job_id] = targets if target in targets else [*targets, target]

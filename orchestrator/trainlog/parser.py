@@ -9,19 +9,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from dflash_records.step import STEP_FIELDS, STEP_LINE, parse_duration
+
 from ..agent.terminaltext import last_shown, shown_text, without_escapes
 
 # The line parsers and the traceback reader are re-exported: callers import every name from here.
 from .lines import (
     PHASES,
-    STEP_FIELDS,
-    STEP_LINE,
     Event,
     ExceptionEvent,
     LogLine,
     PhaseEvent,
     StepEvent,
-    parse_duration,
     parse_generate_line,
     parse_metrics_jsonl_line,
     parse_metrics_jsonl_record,

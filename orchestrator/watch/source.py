@@ -306,7 +306,7 @@ class LiveSource:
             return
         samples = state.gpus.sample(str(message.get("csv") or ""), now)
         for tracker in state.runs.values():
-            if tracker.record.get("state") not in TERMINAL_STATES:
+            if tracker.run.state not in TERMINAL_STATES:
                 self._add_alerts(state, tracker.observe_gpus(samples, now))
 
     def _add_alerts(self, state: TargetState, alerts: list[Alert], *, backlog: bool = False) -> None:

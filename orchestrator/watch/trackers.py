@@ -5,9 +5,12 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import replace
 
+from dflash_records.run import RunRecord
+from dflash_records.step import QUEUE_FIELDS, RECORD_FIELDS, STEP_FIELDS, TAU_FIELDS
+
 from ..agent.protocol import FAILED_STATES, FINGERPRINT_BYTES, LOST, STARTING, TERMINAL_STATES, iso_utc
 from ..gpus import GpuInfo, parse_query_csv
-from ..trainlog.lines import STEP_FIELDS, TAU_FIELDS, parse_metrics_jsonl_line, parse_step_times_line
+from ..trainlog.lines import parse_metrics_jsonl_line, parse_step_times_line
 from ..trainlog.parser import ExceptionEvent, LogLine, LogParser, PhaseEvent, StepEvent
 from ..alertkinds import LOG_RESET, WARNING
 from .alerts import Alert, AlertRules, GpuSample, RunHealth
@@ -29,8 +32,9 @@ def shown_phase(event: PhaseEvent, current: str | None) -> str | None:
     return PHASE_SHOWN.get(event.phase, current)
 
 
-STEP_VALUES = ("loss", "acc", "streak", "lr", "tok_per_s", "eta_s", "tgt_bps", "dft_bps", "tau_replay", "tau_heldout",
-               "tau_eval", "tau_tree_heldout")
+# the step record's figures a run's view shows the latest of (the queues are kept apart, the step is last_step)
+STEP_VALUES = tuple(name for name in RECORD_FIELDS
+                    if name not in ("elapsed_s", "step", "noise", "epoch") + QUEUE_FIELDS)
 MAX_EXCEPTION_TEXTS = 20
 MAX_EXACT_STEPS = 64  # metrics.jsonl records kept for step lines not read yet (the two files race)
 
@@ -42,12 +46,13 @@ class RunTracker:
                  rules: AlertRules | None = None) -> None:
         self.target = target
         self.run_id: str = record["run_id"]
-        self.record = record
+        self.record = record  # as the agent sent it (jobs fold these), and typed:
+        self.run = RunRecord.from_dict(record)
         # a run that had ended before we looked raises no alerts: they would all be old news
-        self.quiet = record.get("state") in TERMINAL_STATES
+        self.quiet = self.run.state in TERMINAL_STATES
         self.parser = LogParser()
         # a run launched with --gpus none has [] here: no GPU of its own to watch
-        self.health = RunHealth(self.run_id, rules=rules, gpu_indices=record.get("gpus"))
+        self.health = RunHealth(self.run_id, rules=rules, gpu_indices=self.run.gpus)
         self.offset: int | None = None  # the next byte of train.log we expect: the resume point
         self.ino: int | None = None
         self.fingerprint = b""  # the last bytes before `offset`: the agent checks the file still has them
@@ -78,11 +83,11 @@ class RunTracker:
 
     def update_record(self, record: dict, now: float) -> list[Alert]:
         changed = record != self.record
-        self.record = record
+        self.record, self.run = record, RunRecord.from_dict(record)
         self._view = None if changed else self._view
-        return self._keep(self.health.observe_state(record.get("state") or STARTING, now,
-                                                    exit_code=record.get("exit_code"), signal=record.get("signal"),
-                                                    record=record))
+        run = self.run
+        return self._keep(self.health.observe_state(run.state or STARTING, now, exit_code=run.exit_code,
+                                                    signal=run.signal, record=record))
 
     def feed(self, offset: int, ino: int | None, data: bytes, now: float) -> list[Alert]:
         """New log bytes starting at `offset`; bytes we already have (a resend) are dropped."""
@@ -193,15 +198,14 @@ class RunTracker:
     # -- output
 
     def status(self) -> RunStatus:
-        r = self.record
-        relaunchable = (r.get("state") == LOST and not r.get("relaunched_as") and not r.get("job_id")
-                        and len(r.get("attempts") or []) < (r.get("max_attempts") or 1))
+        r = self.run
+        relaunchable = (r.state == LOST and not r.relaunched_as and not r.job_id
+                        and len(r.attempts or []) < (r.max_attempts or 1))
         job = None
-        if r.get("job_id"):
-            job = JobNode(r["job_id"], int(r.get("node_rank") or 0), int(r.get("nnodes") or 1),
-                          relaunchable=(r.get("state") in FAILED_STATES and not r.get("relaunched_as")
-                                        and bool(r.get("worker_restarts"))))
-        return RunStatus(self.run_id, self.target, r.get("name") or "", r.get("state") or STARTING,
+        if r.job_id:
+            job = JobNode(r.job_id, int(r.node_rank or 0), int(r.nnodes or 1),
+                          relaunchable=r.state in FAILED_STATES and not r.relaunched_as and bool(r.worker_restarts))
+        return RunStatus(self.run_id, self.target, r.name or "", r.state or STARTING,
                          self.health.conditions, self.last_step_line, relaunchable, job)
 
     def view(self) -> RunView:
@@ -219,19 +223,19 @@ class RunTracker:
         return self._diagnosed[2]
 
     def signals(self) -> RunSignals:
-        return RunSignals(tgt_bps=self.values["tgt_bps"], dft_bps=self.values["dft_bps"], q_pre=self.q_pre,
+        v = self.values
+        return RunSignals(tgt_bps=v["tgt_batches_per_s"], dft_bps=v["dft_batches_per_s"], q_pre=self.q_pre,
                           q_hs=self.q_hs, queue_capacity=self.queue_capacity or None, step_times=self.step_times,
-                          n_targets=self.n_targets, gpus=tuple(self.record.get("gpus") or ()))
+                          n_targets=self.n_targets, gpus=tuple(self.run.gpus or ()))
 
     def _build_view(self) -> RunView:
-        r, v = self.record, self.values
+        r, v = self.run, self.values
         return RunView(
-            run_id=self.run_id, target=self.target, name=r.get("name") or "", state=r.get("state") or STARTING,
-            phase=self.phase, pid=r.get("pid"), exit_code=r.get("exit_code"), signal=r.get("signal"),
-            created_at=r.get("created_at"), ended_at=r.get("ended_at"), log_path=r.get("log_path"),
-            gpus=tuple(r.get("gpus") or ()), grace_s=_seconds(r.get("grace_s")), last_step=self.last_step,
-            attempt=r.get("attempt"), max_attempts=r.get("max_attempts"), restart_at=r.get("restart_at"),
-            reason=r.get("reason"),
+            run_id=self.run_id, target=self.target, name=r.name or "", state=r.state or STARTING,
+            phase=self.phase, pid=r.pid, exit_code=r.exit_code, signal=r.signal,
+            created_at=r.created_at, ended_at=r.ended_at, log_path=r.log_path,
+            gpus=tuple(r.gpus or ()), grace_s=_seconds(r.grace_s), last_step=self.last_step,
+            attempt=r.attempt, max_attempts=r.max_attempts, restart_at=r.restart_at, reason=r.reason,
             loss=v["loss"], acc=v["acc"], streak=v["streak"], lr=v["lr"], tok_per_s=v["tok_per_s"],
             eta_s=v["eta_s"], q_pre=self.q_pre, q_hs=self.q_hs, exceptions=self.exception_count,
             history=tuple(self.history), log_tail=tuple(self.tail), exception_texts=tuple(self.exception_texts),

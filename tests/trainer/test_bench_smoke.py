@@ -38,7 +38,7 @@ def test_drafter_flops_match_a_hand_count():
 
 
 def test_dflash2_flops_add_the_kernel_projections_and_the_selector_by_hand():
-    from trainer.spec.dflash2 import Dflash2Sizes
+    from trainer.planning.dflash2 import Dflash2Sizes
 
     sizes = Dflash2Sizes(conv_kernel_size=2, conv_group_size=4, selector_rank=3, selector_top_k=2)
     plain = drafter_step_flops(SMALL, num_layers=1, num_taps=2, block_size=3, context_lengths=[6],

@@ -16,10 +16,10 @@ TRAINER = REPO_ROOT / "trainer"
 COMMANDS = ("__init__", "__main__", "train", "export")   # `python -m trainer ...` and what it runs
 # shared with the controller (yamlbound: how config reads YAML safely); every room may read them
 CONTRACTS = ("config", "errors", "logformat", "yamlbound")
-ROOMS = ("spec", "model", "data", "decoding", "training")  # lowest first: each imports only those before it
+ROOMS = ("planning", "model", "data", "decoding", "training")  # lowest first: each imports only those before it
 # what the controller imports of the trainer (DESIGN.md: the config adapter, `check`), in a fresh process each
 CONTROLLER_READS = [f"trainer.{name}" for name in CONTRACTS] + sorted(
-    f"trainer.spec.{path.stem}" for path in (TRAINER / "spec").glob("*.py") if path.stem != "__init__")
+    f"trainer.planning.{path.stem}" for path in (TRAINER / "planning").glob("*.py") if path.stem != "__init__")
 # packages of the [train] extra (and numpy, which they bring): a controller-only install has none of them
 TRAIN_EXTRA = ("torch", "transformers", "datasets", "pyarrow", "safetensors", "numpy")
 

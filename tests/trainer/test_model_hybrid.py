@@ -9,7 +9,7 @@ import torch
 
 from trainer.errors import TrainerError
 from trainer.model.target import TargetModel
-from trainer.spec.target_families import LINEAR, read_target_spec, target_spec
+from trainer.planning.target_families import LINEAR, read_target_spec, target_spec
 
 KINDS = [("qwen3.5", False), ("qwen3.5", True), ("qwen3.5-moe", False), ("qwen3.5-moe", True)]
 

@@ -175,7 +175,7 @@ def test_a_bad_objective_is_one_line_and_exit_2(base_config, tmp_path, loss, mes
 
 
 def test_the_memory_plan_assumes_the_chunks_the_losses_take() -> None:
-    from trainer.spec import memory_plan
+    from trainer.planning import memory_plan
     from trainer.training import losses, objective
 
     assert memory_plan.ROW_VOCAB_PER_CHUNK == losses.ROW_VOCAB_PER_CHUNK

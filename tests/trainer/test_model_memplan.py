@@ -13,10 +13,10 @@ import pytest
 
 from tests.trainer.conftest import REPO_ROOT, trainer_env, write_config
 from trainer.config import TrainConfig
-from trainer.spec import drafter_bytes
-from trainer.spec import memory_plan
-from trainer.spec.target_families import read_target_spec, target_spec
-from trainer.spec.target_size import target_params
+from trainer.planning import drafter_bytes
+from trainer.planning import memory_plan
+from trainer.planning.target_families import read_target_spec, target_spec
+from trainer.planning.target_size import target_params
 
 # Qwen3.6-27B's text config (the seed run's target) and the public drafter recipe for it
 QWEN36_27B = dict(model_type="qwen3_5_text", hidden_size=5120, num_hidden_layers=64, intermediate_size=17408,
@@ -72,7 +72,7 @@ def test_the_plan_counts_what_the_trainer_loads_and_builds(family, composite, tm
     from trainer.model.drafter import DFlashDrafter, DrafterConfig
     from trainer.model.target import TargetModel
     from trainer.model.tiny_target import write_tiny_target
-    from trainer.spec.target_families import drafter_shape
+    from trainer.planning.target_families import drafter_shape
 
     path = write_tiny_target(tmp_path / "target", family=family, composite=composite)
     target = TargetModel.load(path, layer_ids=None, num_taps=2)
@@ -97,7 +97,7 @@ def test_the_plan_counts_a_dflash2_drafter_as_train_builds_it(tmp_path):
     from trainer.model.drafter import DFlashDrafter, DrafterConfig
     from trainer.model.target import TargetModel
     from trainer.model.tiny_target import write_tiny_target
-    from trainer.spec.dflash2 import Dflash2Sizes
+    from trainer.planning.dflash2 import Dflash2Sizes
 
     path = write_tiny_target(tmp_path / "target")
     target = TargetModel.load(path, layer_ids=None, num_taps=2)
@@ -396,8 +396,8 @@ def test_a_plan_that_does_not_fit_exits_2_with_one_line_saying_what_to_change(tm
 def test_an_objective_against_the_target_distribution_plans_its_final_states_and_larger_chunks(tmp_path):
     """kl/tv/nla/lk_hybrid keep the target's final hidden states and a chunk holding p beside q: planned, still
     without torch; cap (on the data's labels) plans its own chunk and no target states."""
-    from trainer.spec.drafter_bytes import Precision
-    from trainer.spec.memory_plan import loss_chunk_bytes
+    from trainer.planning.drafter_bytes import Precision
+    from trainer.planning.memory_plan import loss_chunk_bytes
 
     def plan_of(loss, **values):
         result = run_plan(plan_config(tmp_path, loss=loss, token_budget=8192, **values), "--gpus", "8",

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import torch
 
-from trainer.spec.memory_plan import zero_partition
+from trainer.planning.memory_plan import zero_partition
 from trainer.training import optim
 
 SHAPES = [(6, 5), (7,), (4, 4), (3,), (9, 2)]

@@ -9,7 +9,7 @@ from tests.trainer.test_model_support import device, tiny_target, tiny_target_di
 from tests.trainer.test_model_target import _hf_tapped_states, _write_other_target
 from trainer.model import packing
 from trainer.model.target import TargetModel
-from trainer.spec.target_families import LINEAR
+from trainer.planning.target_families import LINEAR
 
 
 def _mixed_batch(vocab_size: int, lengths: list[int], seed: int = 0):

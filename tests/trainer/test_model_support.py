@@ -38,7 +38,7 @@ TINY_DFLASH2 = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 8
 def make_drafter(target, *, num_layers: int = 2, block_size: int = 8, sliding_window: int | None = None,
                  layer_types: list[str] | None = None, seed: int = 0, architecture: str = "dflash"):
     from trainer.model.drafter import DFlashDrafter, DrafterConfig
-    from trainer.spec.dflash2 import Dflash2Sizes
+    from trainer.planning.dflash2 import Dflash2Sizes
 
     config = DrafterConfig.from_target(
         target.config, num_layers=num_layers, block_size=block_size, target_layer_ids=target.layer_ids,

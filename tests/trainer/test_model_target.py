@@ -8,7 +8,7 @@ import torch
 from tests.trainer.test_model_support import device, tiny_target, tiny_target_dir  # noqa: F401  (fixtures)
 from trainer.errors import TrainerError
 from trainer.model.target import TargetModel
-from trainer.spec.taps import default_target_layer_ids
+from trainer.planning.taps import default_target_layer_ids
 
 
 @pytest.mark.parametrize("num_layers, num_taps, expected", [

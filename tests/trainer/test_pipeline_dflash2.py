@@ -10,7 +10,7 @@ import pytest
 from tests.trainer.conftest import run_trainer, write_config
 from tests.trainer.test_pipeline_parity import plant
 from trainer.__main__ import main
-from trainer.spec.parity import check_parity
+from trainer.planning.parity import check_parity
 
 
 @pytest.fixture(scope="module")

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from dflash_records.step import StepRecord, format_elapsed, format_eta, format_step_line, step_json
 from trainer.logformat import (
-    StepMetrics, format_batches_line, format_bucket_table, format_dataset_lines, format_elapsed, format_eta,
-    format_loading_targets, format_step_line, format_target_on, metrics_json,
+    format_batches_line, format_bucket_table, format_dataset_lines, format_loading_targets, format_target_on,
 )
 
 from tests.seed_logs import SEED_STARTUP, SEED_STEPS
@@ -18,8 +18,8 @@ SEED_BOUNDS = [0, 770, 1216, 1728, 2432, 3296, 8193]
 SEED_BUCKET_BATCHES = [2283, 4437, 6292, 9000, 9932, 27878]
 
 
-def _seed_step(loss: float, acc: float, q_hs: int, tgt: float, eta_days: float) -> StepMetrics:
-    return StepMetrics(
+def _seed_step(loss: float, acc: float, q_hs: int, tgt: float, eta_days: float) -> StepRecord:
+    return StepRecord(
         elapsed_s=6 * 60 + 31.5, step=8, loss=loss, acc=acc, streak=0.0, lr=4.52e-06, noise=0.0003,
         tgt_batches_per_s=tgt, dft_batches_per_s=0.29, tok_per_s=11_700.0, q_pre=[50, 50, 50, 49, 50],
         q_hs=[q_hs], epoch=0.01, eta_s=eta_days * 86400,
@@ -70,16 +70,16 @@ def test_eta_format(seconds, text):
 
 def test_metrics_json_has_every_field_of_the_step_line():
     metrics = _seed_step(12.5546, 0.025, 15, 0.34, 12.0)
-    record = json.loads(metrics_json(metrics))
+    record = json.loads(step_json(metrics))
     assert record["event"] == "step"
     assert record["step"] == 8 and record["loss"] == 12.5546 and record["q_pre"] == [50, 50, 50, 49, 50]
     assert record["eta_s"] == pytest.approx(12.0 * 86400)
-    assert "\n" not in metrics_json(metrics)
+    assert "\n" not in step_json(metrics)
 
 
 def test_metrics_json_is_strict_json_for_nan_loss():
     metrics = _seed_step(float("nan"), 0.0, 0, 0.3, 1.0)
-    line = metrics_json(metrics)
+    line = step_json(metrics)
     assert "NaN" not in line and json.loads(line)["loss"] is None
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from tests.trainer.conftest import run_trainer, write_config
 from trainer.__main__ import main
-from trainer.spec.parity import check_parity
+from trainer.planning.parity import check_parity
 
 TRAINING_ONLY = {"training_state.pt", "master_weights.safetensors", "trainer_config.json"}
 

@@ -9,7 +9,7 @@ import pytest
 
 from tests.trainer.conftest import REPO_ROOT, run_trainer, trainer_env, write_config
 from trainer.config import suggest_key
-from trainer.spec.preflight import check_config_file
+from trainer.planning.preflight import check_config_file
 
 
 def _check(tmp_path, config: dict, *args: str) -> subprocess.CompletedProcess:
@@ -123,9 +123,9 @@ def test_check_imports_neither_torch_nor_numpy_nor_pyarrow(tmp_path, base_config
 
 
 def test_a_python_without_what_train_imports_is_named(tmp_path, base_config, monkeypatch):
-    import trainer.spec.preflight
+    import trainer.planning.preflight
 
-    monkeypatch.setattr(trainer.spec.preflight, "TRAIN_MODULES", ("torch", "no_such_module_for_training"))
+    monkeypatch.setattr(trainer.planning.preflight, "TRAIN_MODULES", ("torch", "no_such_module_for_training"))
     found = check_config_file(write_config(tmp_path / "run.yaml", **base_config))
     assert [p.key for p in found.problems] == ["python"]
     assert f"python: {sys.executable} has no no_such_module_for_training" in found.problems[0].message

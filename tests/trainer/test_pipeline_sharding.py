@@ -92,7 +92,7 @@ def test_simulated_shards_keep_rank_0s_share_and_update_only_it(base_config, tin
     import torch
 
     from tests.trainer.test_pipeline_training import write_untrained_drafter
-    from trainer.spec.memory_plan import zero_partition
+    from trainer.planning.memory_plan import zero_partition
 
     config = {**base_config, "max_steps": 2, "simulate_shards": 3}
     result = run_trainer("train", "--config", write_config(tmp_path / "sim.yaml", **config))
@@ -132,7 +132,7 @@ def test_simulated_shards_are_refused_under_torchrun(base_config, tmp_path):
 
 @pytest.mark.parametrize("value", ["auto", True, False])
 def test_shard_optimizer_accepts_auto_true_false(value):
-    from trainer.spec.memory_plan import sharding_ways
+    from trainer.planning.memory_plan import sharding_ways
 
     ways = {w: sharding_ways(value, w) for w in (1, 4)}
     assert ways == {"auto": {1: 1, 4: 4}, True: {1: 1, 4: 4}, False: {1: 1, 4: 1}}[value]

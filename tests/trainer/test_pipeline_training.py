@@ -30,8 +30,8 @@ def write_untrained_drafter(target: Path, out_dir: Path, *, layers: int, block_s
     from tests.trainer.test_model_support import TINY_DFLASH2
     from trainer.model.drafter import DFlashDrafter, DrafterConfig
     from trainer.model.drafter_files import save_drafter
-    from trainer.spec.dflash2 import Dflash2Sizes
-    from trainer.spec.taps import default_target_layer_ids
+    from trainer.planning.dflash2 import Dflash2Sizes
+    from trainer.planning.taps import default_target_layer_ids
 
     model = AutoModelForCausalLM.from_pretrained(str(target))
     tokenizer = AutoTokenizer.from_pretrained(str(target))

@@ -15,7 +15,7 @@ def self_text_and_drafter(tiny_target, request):
     to accept long runs in some rounds and nothing in others, which is what the replay must get right. A DFlash2
     drafter's rounds follow its selector's path."""
     from tests.trainer.test_model_support import TINY_DFLASH2
-    from trainer.spec.dflash2 import Dflash2Sizes
+    from trainer.planning.dflash2 import Dflash2Sizes
     from trainer.model.drafter import DFlashDrafter, DrafterConfig
     from trainer.model.target import TargetModel
     from trainer.training.objective import dflash_step

@@ -10,7 +10,8 @@ from textual.strip import Strip
 
 from orchestrator.watch.model import HostView, RunView, Snapshot
 from orchestrator.watch.trackers import RunTracker
-from trainer.logformat import StepMetrics, format_startup_line, format_step_line
+from dflash_records.step import StepRecord, format_step_line
+from trainer.logformat import format_startup_line
 from tests.seed_logs import SEED_STARTUP
 from tui.app import DashboardApp
 from tui.runcells import run_cells
@@ -29,7 +30,7 @@ STARTUP = "".join(format_startup_line(elapsed, stage) + "\n" for elapsed, stage 
 
 def step_line(step: int, **values) -> str:
     """A step line as the trainer writes it, with wide values: lr 3.57e-05, 123.5K tok/s, an ETA of 1d02h (1.1d)."""
-    metrics = StepMetrics(elapsed_s=60.0 * step, step=step, loss=12.5546, acc=0.025, streak=0.0, lr=3.57e-05,
+    metrics = StepRecord(elapsed_s=60.0 * step, step=step, loss=12.5546, acc=0.025, streak=0.0, lr=3.57e-05,
                           noise=0.0003, tgt_batches_per_s=0.34, dft_batches_per_s=0.29, tok_per_s=123_456.0,
                           q_pre=[50, 50], q_hs=[15], epoch=0.01, eta_s=93_720.0)
     return format_step_line(dataclasses.replace(metrics, **values)) + "\n"

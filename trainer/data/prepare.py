@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from trainer.errors import TrainerError, about_path
-from trainer.spec.preflight import HELDOUT_DIR
+from trainer.planning.preflight import HELDOUT_DIR
 
 DATASET_MARKER = "dataset_info.json"  # what save_to_disk writes into every dataset directory
 

@@ -13,8 +13,8 @@ from trainer.model.masks import build_drafter_mask, choose_backend
 from trainer.model.modeling_dflash import (  # noqa: F401  (the layers are importable from here too)
     DFLASH2_KEYS, FULL_ATTENTION, SLIDING_ATTENTION, DFlashBlocks, DrafterLayer, DrafterMLP, RMSNorm,
     RotaryEmbedding, block_input_ids)
-from trainer.spec.dflash2 import ARCHITECTURE_NAMES, Dflash2Sizes
-from trainer.spec.target_families import DrafterShape, drafter_shape, target_spec
+from trainer.planning.dflash2 import ARCHITECTURE_NAMES, Dflash2Sizes
+from trainer.planning.target_families import DrafterShape, drafter_shape, target_spec
 
 
 @dataclass

@@ -17,7 +17,7 @@ from torch import nn
 
 from trainer.errors import TrainerError
 from trainer.model.drafter import DFlashDrafter, DrafterConfig, unwrap
-from trainer.spec.dflash2 import ARCHITECTURE_NAMES
+from trainer.planning.dflash2 import ARCHITECTURE_NAMES
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"

@@ -2,7 +2,7 @@
 
 Dense and MoE Qwen3, Llama-family and Qwen3.5/3.6 hybrid targets (Gated DeltaNet linear-attention layers between
 full-attention ones), text-only or the language model of a composite image-text checkpoint
-(trainer/spec/target_families.py).
+(trainer/planning/target_families.py).
 """
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from torch import nn
 from trainer.errors import TrainerError
 from trainer.model import packing as packing_lib
 from trainer.model.kernels import importable
-from trainer.spec.taps import default_target_layer_ids, validate_layer_ids
-from trainer.spec.target_families import (FULL, LINEAR, SLIDING, TargetSpec, family_mask_token_id, read_target_spec,
+from trainer.planning.taps import default_target_layer_ids, validate_layer_ids
+from trainer.planning.target_families import (FULL, LINEAR, SLIDING, TargetSpec, family_mask_token_id, read_target_spec,
                                           target_spec)
 
 MASK_TOKEN = "<|MASK|>"

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from dflash_records.step import TAU_FIELDS, StepRecord
 from trainer import logformat
 from trainer.config import TrainConfig
 from trainer.training.reporting import numbers_of
@@ -35,15 +36,14 @@ class MetricsLog:
             self.file.write(logformat.event_json(event, **fields) + "\n")
             self.file.flush()
 
-    def step(self, metrics: logformat.StepMetrics, **extra) -> None:
+    def step(self, metrics: StepRecord, **extra) -> None:
         if self.enabled:
-            print(logformat.format_step_line(metrics), flush=True)
-            record = json.loads(logformat.metrics_json(metrics))
-            record.update(extra)
-            self.file.write(json.dumps(record) + "\n")
+            print(metrics.to_line(), flush=True)
+            line = metrics.to_json(**extra)
+            self.file.write(line + "\n")
             self.file.flush()
             for reporter in self.reporters:
-                reporter.step(metrics.step, numbers_of(record))
+                reporter.step(metrics.step, numbers_of(json.loads(line)))
 
     def close(self) -> None:
         for reporter in self.reporters:
@@ -138,15 +138,15 @@ def log_step(log: MetricsLog, meter: Throughput, sums, ctx, cfg: TrainConfig, *,
     target_s, drafter_s, wall_s = meter.seconds()
     tokens = all_reduce_sum(float(meter.tokens), ctx)
     seconds_per_step = wall_s / steps
-    metrics = logformat.StepMetrics(
+    metrics = StepRecord(
         elapsed_s=elapsed, step=step, loss=loss, acc=acc, streak=streak, lr=lr, noise=cfg.noise,
         tgt_batches_per_s=steps / target_s if target_s > 0 else 0.0,
         dft_batches_per_s=steps / drafter_s if drafter_s > 0 else 0.0,
         tok_per_s=tokens / wall_s if wall_s > 0 else 0.0, q_pre=q_pre, q_hs=[], epoch=epoch,
         eta_s=(total_steps - step) * seconds_per_step,
-        **{name: (taus or {}).get(name) for name in logformat.TAU_FIELDS})
+        **{name: (taus or {}).get(name) for name in TAU_FIELDS})
     times, times_line = step_time_fields(phases, wall_s, steps) if phases is not None else ({}, None)
-    extra = {key: value for key, value in (taus or {}).items() if key not in logformat.TAU_FIELDS}
+    extra = {key: value for key, value in (taus or {}).items() if key not in TAU_FIELDS}
     extra.update({f"loss_{name}": value for name, value in zip(term_names, term_values)})
     log.step(metrics, data_position=[batch.epoch, batch.index], world_size=ctx.world_size, **times, **extra)
     if times_line is not None:

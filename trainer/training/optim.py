@@ -18,7 +18,7 @@ from itertools import chain
 import torch
 
 from trainer.errors import TrainerError
-from trainer.spec.memory_plan import sharding_ways, zero_partition
+from trainer.planning.memory_plan import sharding_ways, zero_partition
 
 BETAS = (0.9, 0.95)
 

@@ -6,7 +6,7 @@ lr, tok/s, the τ figures, the phase times) at its step, and the resolved config
 event files to {output_dir}/tensorboard; Weights & Biases runs offline (files under {output_dir}/wandb) unless
 the user configured it (WANDB_MODE, WANDB_API_KEY, or a `wandb login`); MLflow logs to MLFLOW_TRACKING_URI,
 else to {output_dir}/mlruns. Each is an optional package: a config that names a missing one is refused by the
-config check, in one line, before anything loads (trainer/spec/preflight.py).
+config check, in one line, before anything loads (trainer/planning/preflight.py).
 """
 from __future__ import annotations
 

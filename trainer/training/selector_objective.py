@@ -1,6 +1,6 @@
 """DFlash2's selector objective: a K-way cross-entropy over each drafted slot's unary top-K candidates.
 
-The public DFlash2 sources do not say what the selector is trained on; trainer/spec/dflash2.py keeps our choice
+The public DFlash2 sources do not say what the selector is trained on; trainer/planning/dflash2.py keeps our choice
 (and its weight) in one place. The previous token is teacher-forced (the anchor at slot 1, else the text's token
 before the slot), as the chain it scores at inference follows accepted tokens; a label outside the top K replaces
 the weakest candidate so that every supervised slot has a target. The unary logits and the hidden states enter
@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from trainer.spec.dflash2 import SELECTOR_LOSS_WEIGHT
+from trainer.planning.dflash2 import SELECTOR_LOSS_WEIGHT
 
 
 @torch.no_grad()

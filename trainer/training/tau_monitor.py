@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from trainer.errors import TrainerError
-from trainer.spec.preflight import heldout_dir, heldout_problem
+from trainer.planning.preflight import heldout_dir, heldout_problem
 from trainer.training.tau_replay import ReplayTally, anchor_pass, chain_tally, replay_batch
 from trainer.training.tree_replay import tree_tallies
 

@@ -13,7 +13,7 @@ import zipfile
 
 import pytest
 
-from orchestrator.runs.bundle import ARCHIVE_PACKAGE, build_zipapp, bundle_digest
+from orchestrator.runs.bundle import ARCHIVE_PACKAGE, RECORDS_PACKAGE, build_zipapp, bundle_digest
 from tests.orchestrator.agent.pidns import wait_state
 
 
@@ -30,6 +30,7 @@ def test_zipapp_bytes_and_digest_are_stable():
     assert bundle_digest(first + b"\n") != bundle_digest(first)
     names = zipfile.ZipFile(io.BytesIO(first)).namelist()
     assert names[0] == "__main__.py" and "{}/cli.py".format(ARCHIVE_PACKAGE) in names
+    assert "{}/step.py".format(RECORDS_PACKAGE) in names  # what the agent shares with the trainer and controller
     assert "{}/bundle.py".format(ARCHIVE_PACKAGE) not in names  # the packer is controller code (orchestrator/runs/)
     assert all(info.date_time == (1980, 1, 1, 0, 0, 0) for info in zipfile.ZipFile(io.BytesIO(first)).infolist())
 
@@ -47,7 +48,7 @@ def test_agent_modules_parse_as_python_38_and_import_only_the_stdlib():
                 tops = [node.module.split(".")[0]]
             else:
                 continue
-            assert all(top in stdlib or top in ("__future__", ARCHIVE_PACKAGE) for top in tops), (name, tops)
+            assert all(top in stdlib or top in ("__future__", ARCHIVE_PACKAGE, RECORDS_PACKAGE) for top in tops), (name, tops)
 
 
 def _agent(pyz: str, *args: str) -> tuple:

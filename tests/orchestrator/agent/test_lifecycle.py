@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+from dflash_records.run import RECORD_KEYS, RunRecord
 from tests.orchestrator.agent.pidns import AGENT_PYTHON, host_processes_with, launch, record, wait_for, wait_state
 
 SLEEPER = ["sh", "-c", "echo started; sleep 60"]
@@ -197,9 +198,10 @@ def test_ps_lists_every_run(container, runs_dir):
     status, out = container.agent("ps", "--runs-dir", runs_dir)
     assert status == 0
     assert {r["run_id"]: r["state"] for r in out["runs"]} == {"a": "succeeded", "b": "failed"}
-    keys = {"run_id", "target", "name", "state", "pid", "exit_code", "signal", "created_at", "ended_at",
-            "log_path", "gpus", "supervisor_pid"}
-    assert all(keys <= set(r) for r in out["runs"])
+    # every field of the run record but the two the controller reads from the log, and nothing it does not know
+    assert all(set(RECORD_KEYS) - set(r) == {"last_step", "tok_per_s"} for r in out["runs"])
+    records = [RunRecord.from_dict(r) for r in out["runs"]]
+    assert all(not r.extra and r.supervisor_pid and r.log_path and r.created_at for r in records)
 
 
 def _fabricate_run(runs_dir: str, run_id: str, *, created_ts: float, state: dict) -> None:

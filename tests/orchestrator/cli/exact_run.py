@@ -2,24 +2,22 @@
 writes both (shared by the CLI and dashboard tests of the exact figures)."""
 from __future__ import annotations
 
+from dflash_records.step import StepRecord
+
 from tests.lab.workloads import run_cli
 
 EXACT_TOK_PER_S = 350.0
 
 
-def step_metrics():
-    from trainer import logformat
-
-    return logformat.StepMetrics(elapsed_s=70.0, step=7, loss=2.71828, acc=0.4, streak=2.0, lr=1e-4, noise=0.0,
-                                 tgt_batches_per_s=1.0, dft_batches_per_s=1.0, tok_per_s=EXACT_TOK_PER_S, q_pre=[1],
-                                 eta_s=60.0)
+def step_metrics() -> StepRecord:
+    return StepRecord(elapsed_s=70.0, step=7, loss=2.71828, acc=0.4, streak=2.0, lr=1e-4, noise=0.0,
+                      tgt_batches_per_s=1.0, dft_batches_per_s=1.0, tok_per_s=EXACT_TOK_PER_S, q_pre=[1], q_hs=[],
+                      epoch=0.0, eta_s=60.0)
 
 
 def launch_exact_run(inv: str, capsys) -> dict:
     """The step line first, its JSON record half a second later (the two files race in a real trainer too)."""
-    from trainer import logformat
-
-    line, record = logformat.format_step_line(step_metrics()), logformat.metrics_json(step_metrics())
+    line, record = step_metrics().to_line(), step_metrics().to_json()
     assert "(0.3Ktok/s)" in line  # what the dashboard showed before it read metrics.jsonl: 300 tok/s
     script = 'printf "%s\\n" "$1"; sleep 0.5; printf "%s\\n" "$2" > "$DFLASH_RUN_DIR/metrics.jsonl"; sleep 60'
     code, run, err = run_cli(inv, "launch", "local", "--json", "--name", "exact", "--", "sh", "-c", script, "sh",

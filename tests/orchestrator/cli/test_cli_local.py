@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from dflash_records.step import StepRecord
 from tests.lab.workloads import run_cli, stop_keeper
 
 NO_GPU_PATH = "/usr/bin:/bin"  # no nvidia-smi there on a machine without GPUs: checked below
@@ -172,12 +173,11 @@ def test_version_never_imports_torch_in_the_controller(inv):
 
 
 def test_watch_once_json_shows_the_tree_tau_of_a_runs_step_lines(inv, capsys):
-    from trainer import logformat
-
     def line(step: int, **taus) -> str:
-        return logformat.format_step_line(logformat.StepMetrics(
+        return StepRecord(
             elapsed_s=60.0 * step, step=step, loss=3.0, acc=0.4, streak=2.0, lr=1e-4, noise=0.0,
-            tgt_batches_per_s=1.0, dft_batches_per_s=1.0, tok_per_s=1000.0, q_pre=[1], eta_s=60.0, **taus))
+            tgt_batches_per_s=1.0, dft_batches_per_s=1.0, tok_per_s=1000.0, q_pre=[1], q_hs=[], epoch=0.0, eta_s=60.0,
+            **taus).to_line()
 
     lines = [line(2, tau_replay=2.5), line(3, tau_heldout=1.8, tau_tree_heldout={8: 2.41, 32: 2.93, 64: 3.02}),
              line(4, tau_replay=2.6)]

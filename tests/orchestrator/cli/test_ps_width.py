@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from dflash_records.step import StepRecord
 from orchestrator.display import format_rate
 from tests.lab.workloads import run_cli
 
@@ -14,11 +15,10 @@ ALL = ("RUN", "TARGET", "NAME", "STATE", "PID", "AGE", "EXIT", "STEP", "TOK/S")
 
 
 def step_line(step: int) -> str:
-    from trainer import logformat
-
-    return logformat.format_step_line(logformat.StepMetrics(
+    return StepRecord(
         elapsed_s=60.0 * step, step=step, loss=3.0, acc=0.4, streak=2.0, lr=1e-4, noise=0.0,
-        tgt_batches_per_s=1.0, dft_batches_per_s=1.0, tok_per_s=11734.0, q_pre=[1], eta_s=60.0))
+        tgt_batches_per_s=1.0, dft_batches_per_s=1.0, tok_per_s=11734.0, q_pre=[1], q_hs=[], epoch=0.0,
+        eta_s=60.0).to_line()
 
 
 @pytest.fixture

@@ -25,6 +25,7 @@ from orchestrator.trainlog.parser import (
     parse_metrics_jsonl_line,
     parse_step_line,
 )
+from dflash_records.step import TAU_FIELDS, StepRecord, format_step_line, step_json
 from trainer import logformat
 
 from tests.seed_logs import SEED_STARTUP, SEED_STEPS
@@ -77,7 +78,7 @@ def test_seed_step_lines_and_the_cut_off_one():
     first, second, cut = parse_all(SEED_STEPS.encode())
     assert isinstance(first, StepEvent) and not first.partial
     assert (first.elapsed_s, first.step, first.loss, first.acc, first.streak) == (360.0, 8, 12.5546, 0.025, 0.0)
-    assert (first.lr, first.noise, first.tgt_bps, first.dft_bps) == (4.52e-06, 0.0003, 0.34, 0.29)
+    assert (first.lr, first.noise, first.tgt_batches_per_s, first.dft_batches_per_s) == (4.52e-06, 0.0003, 0.34, 0.29)
     assert first.tok_per_s == pytest.approx(11700.0)
     assert first.q_pre == (50, 50, 50, 49, 50) and first.q_hs == (15,)
     assert first.epoch == 0.01 and first.eta_s == pytest.approx(12.0 * 86400)
@@ -141,7 +142,7 @@ def test_nan_and_inf_loss_are_read():
 finite = st.floats(min_value=0.0, max_value=1e4, allow_nan=False, allow_infinity=False)
 depths = st.lists(st.integers(min_value=0, max_value=10_000), max_size=8)
 step_metrics = st.builds(
-    logformat.StepMetrics,
+    StepRecord,
     elapsed_s=st.floats(min_value=0, max_value=3e7), step=st.integers(min_value=0, max_value=10**9),
     loss=st.one_of(finite, st.just(math.nan), st.just(math.inf)), acc=st.floats(min_value=0, max_value=1),
     streak=st.floats(min_value=0, max_value=16), lr=st.floats(min_value=1e-9, max_value=1.0),
@@ -165,7 +166,7 @@ def same_number(parsed: float, written: float, *, abs_tol: float = 0.0, rel_tol:
 @settings(max_examples=300, deadline=None)
 @given(step_metrics)
 def test_writer_step_line_round_trip(metrics):
-    event = parse_step_line(logformat.format_step_line(metrics))
+    event = parse_step_line(format_step_line(metrics))
     assert event is not None and not event.partial
     assert event.step == metrics.step and event.q_pre == tuple(metrics.q_pre) and event.q_hs == tuple(metrics.q_hs)
     assert same_number(event.loss, metrics.loss, abs_tol=5.1e-5)
@@ -173,7 +174,7 @@ def test_writer_step_line_round_trip(metrics):
     assert same_number(event.streak, metrics.streak, abs_tol=0.051)
     assert same_number(event.lr, metrics.lr, rel_tol=0.01)
     assert same_number(event.noise, metrics.noise, rel_tol=1e-5, abs_tol=1e-300)
-    assert same_number(event.tgt_bps, metrics.tgt_batches_per_s, abs_tol=0.0051)
+    assert same_number(event.tgt_batches_per_s, metrics.tgt_batches_per_s, abs_tol=0.0051)
     assert same_number(event.tok_per_s, metrics.tok_per_s, abs_tol=51)
     assert same_number(event.epoch, metrics.epoch, abs_tol=0.0051)
     # elapsed is floored to the unit shown; the ETA keeps one decimal of its unit
@@ -182,13 +183,13 @@ def test_writer_step_line_round_trip(metrics):
         assert event.eta_s is None
     else:
         assert same_number(event.eta_s, metrics.eta_s, rel_tol=0.05, abs_tol=0.05)
-    for name in logformat.TAU_FIELDS:  # written with three decimals, only where measured
+    for name in TAU_FIELDS:  # written with three decimals, only where measured
         written, parsed = getattr(metrics, name), getattr(event, name)
         if written is None:
             assert parsed is None, name
-        elif isinstance(written, dict):  # tree τ per node budget: (budget, τ) pairs, smallest budget first
-            assert [budget for budget, _ in parsed] == sorted(written), name
-            assert all(same_number(tau, written[budget], abs_tol=5.1e-4) for budget, tau in parsed), name
+        elif name == "tau_tree_heldout":  # tree τ per node budget: (budget, τ) pairs, smallest budget first
+            assert [budget for budget, _ in parsed] == [budget for budget, _ in written], name
+            assert all(same_number(tau, dict(written)[budget], abs_tol=5.1e-4) for budget, tau in parsed), name
         else:
             assert same_number(parsed, written, abs_tol=5.1e-4), name
 
@@ -196,12 +197,9 @@ def test_writer_step_line_round_trip(metrics):
 @settings(max_examples=300, deadline=None)
 @given(step_metrics)
 def test_writer_metrics_json_round_trip(metrics):
-    event = parse_metrics_jsonl_line(logformat.metrics_json(metrics) + "\n")
+    event = parse_metrics_jsonl_line(step_json(metrics) + "\n")
     assert event is not None and not event.partial and event.line_no is None
-    written = dataclasses.asdict(metrics)
-    written |= {"tgt_bps": written.pop("tgt_batches_per_s"), "dft_bps": written.pop("dft_batches_per_s"),
-                "q_pre": tuple(metrics.q_pre), "q_hs": tuple(metrics.q_hs),
-                "tau_tree_heldout": tuple(sorted((metrics.tau_tree_heldout or {}).items())) or None}
+    written = dataclasses.asdict(metrics)  # the same fields, exact: lists and the tree's dict as tuples
     for name, value in written.items():
         parsed = getattr(event, name)
         assert parsed == value or (isinstance(value, float) and math.isnan(value) and math.isnan(parsed)), name
@@ -543,7 +541,7 @@ json_values = st.recursive(
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
     max_leaves=8)
 jsonl_keys = st.sampled_from(["event", "v", "step", "loss", "acc", "lr", "q_pre", "q_hs", "tok_per_s", "eta_s",
-                              "tgt_batches_per_s", "tgt_bps", "elapsed_s", "epoch", "extra"])
+                              "tgt_batches_per_s", "dft_batches_per_s", "elapsed_s", "epoch", "extra"])
 
 
 @settings(max_examples=300, deadline=None)

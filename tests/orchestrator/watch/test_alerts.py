@@ -24,7 +24,7 @@ from orchestrator.watch.alerts import (
 )
 from orchestrator.gpus import parse_query_csv
 from orchestrator.trainlog.parser import LogParser, PhaseEvent, parse_lines, parse_step_line
-from trainer.logformat import StepMetrics, format_step_line
+from dflash_records.step import StepRecord, format_step_line
 
 # nvidia-smi --query-gpu=index,memory.used,utilization.gpu --format=csv,noheader, verbatim from
 # shared/fixtures: the seed's 8-GPU host while its run was stalled, and one H200 running matrix products.
@@ -58,7 +58,7 @@ def samples(csv_text: str, ts: float) -> list[GpuSample]:
 
 
 def step(n: int, *, loss: float = 3.0, tok_per_s: float = 11_700.0, q_pre=(50, 50, 50, 49, 50), q_hs=(15,)):
-    line = format_step_line(StepMetrics(
+    line = format_step_line(StepRecord(
         elapsed_s=30.0 * n, step=n, loss=loss, acc=0.1, streak=1.0, lr=1e-4, noise=0.0003, tgt_batches_per_s=0.3,
         dft_batches_per_s=0.3, tok_per_s=tok_per_s, q_pre=list(q_pre), q_hs=list(q_hs), epoch=0.01, eta_s=3600))
     return parse_step_line(line, n)
@@ -257,7 +257,7 @@ def test_queue_starvation():
 
 
 def test_a_replayed_log_gives_the_same_alerts():
-    text = "".join(format_step_line(StepMetrics(
+    text = "".join(format_step_line(StepRecord(
         elapsed_s=30.0 * n, step=n, loss=math.nan if n == 40 else 2.0, acc=0.1, streak=1.0, lr=1e-4, noise=0.0,
         tgt_batches_per_s=0.3, dft_batches_per_s=0.3, tok_per_s=11_700.0 if n < 30 else 2_000.0, q_pre=[50],
         q_hs=[15], epoch=0.0, eta_s=None)) + "\n" for n in range(50)) + "ValueError: bad shard\n"

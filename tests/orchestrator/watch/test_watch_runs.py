@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from dflash_records.step import StepRecord
 from orchestrator.watch.trackers import GpuTracker, RunTracker
 
 STEP = ("[{i}s] step={i} loss=2.5 acc=0.1 streak=0.5 lr=1e-4 noise=0.0 | tgt=1.0b/s dft=1.0b/s (11.7Ktok/s) | "
@@ -96,12 +97,11 @@ def test_a_generate_progress_line_reads_like_a_step_line() -> None:
 
 
 def test_tau_figures_reach_the_view_and_the_history() -> None:
-    from trainer import logformat
-
     def line(step: int, **taus: float) -> str:
-        return logformat.format_step_line(logformat.StepMetrics(
+        return StepRecord(
             elapsed_s=60.0 * step, step=step, loss=3.0, acc=0.4, streak=2.0, lr=1e-4, noise=0.0,
-            tgt_batches_per_s=1.0, dft_batches_per_s=1.0, tok_per_s=1000.0, q_pre=[1], eta_s=60.0, **taus)) + "\n"
+            tgt_batches_per_s=1.0, dft_batches_per_s=1.0, tok_per_s=1000.0, q_pre=[1], q_hs=[], epoch=0.0, eta_s=60.0,
+            **taus).to_line() + "\n"
 
     run = tracker()
     log = line(10, tau_replay=2.1) + line(20, tau_replay=2.25, tau_heldout=1.8, tau_eval=1.75) + line(30)
@@ -119,12 +119,11 @@ def test_tau_figures_reach_the_view_and_the_history() -> None:
 
 
 def test_tree_tau_per_budget_reaches_the_view_and_the_history() -> None:
-    from trainer import logformat
-
     def line(step: int, **taus) -> str:
-        return logformat.format_step_line(logformat.StepMetrics(
+        return StepRecord(
             elapsed_s=60.0 * step, step=step, loss=3.0, acc=0.4, streak=2.0, lr=1e-4, noise=0.0,
-            tgt_batches_per_s=1.0, dft_batches_per_s=1.0, tok_per_s=1000.0, q_pre=[1], eta_s=60.0, **taus)) + "\n"
+            tgt_batches_per_s=1.0, dft_batches_per_s=1.0, tok_per_s=1000.0, q_pre=[1], q_hs=[], epoch=0.0, eta_s=60.0,
+            **taus).to_line() + "\n"
 
     run = tracker()
     trees = {64: 3.02, 8: 2.41, 32: 2.93}
@@ -136,22 +135,21 @@ def test_tree_tau_per_budget_reaches_the_view_and_the_history() -> None:
 
 
 def test_a_steps_metrics_record_gives_its_exact_figures_whichever_comes_first() -> None:
-    from trainer import logformat
-
-    def metrics(step: int) -> logformat.StepMetrics:
-        return logformat.StepMetrics(elapsed_s=10.0 * step, step=step, loss=2.71828, acc=0.4, streak=2.0, lr=1e-4,
-                                     noise=0.0, tgt_batches_per_s=1.0, dft_batches_per_s=1.0, tok_per_s=350.0)
+    def metrics(step: int) -> StepRecord:
+        return StepRecord(elapsed_s=10.0 * step, step=step, loss=2.71828, acc=0.4, streak=2.0, lr=1e-4,
+                          noise=0.0, tgt_batches_per_s=1.0, dft_batches_per_s=1.0, tok_per_s=350.0, q_pre=[],
+                          q_hs=[], epoch=0.0)
 
     def record(step: int) -> bytes:
-        return (logformat.metrics_json(metrics(step)) + "\n").encode()
+        return (metrics(step).to_json() + "\n").encode()
 
     run = tracker()
-    line = (logformat.format_step_line(metrics(1)) + "\n").encode()
+    line = (metrics(1).to_line() + "\n").encode()
     run.feed(0, 1, line, now=0.0)
     assert run.view().tok_per_s == 300.0  # what `(0.3Ktok/s)` reads as
     run.feed_metrics(0, record(1))  # the record after its line
     assert (run.view().tok_per_s, run.view().loss, run.history[-1].tok_per_s) == (350.0, 2.71828, 350.0)
     run.feed_metrics(0, record(1) + record(2))  # a resend of the first record is dropped; the second waits
-    run.feed(len(line), 1, (logformat.format_step_line(metrics(2)) + "\n").encode(), now=1.0)
+    run.feed(len(line), 1, (metrics(2).to_line() + "\n").encode(), now=1.0)
     assert [(p.step, p.tok_per_s) for p in run.history] == [(1, 350.0), (2, 350.0)]
     assert run.metrics_offset == len(record(1) + record(2))

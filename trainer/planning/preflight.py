@@ -20,9 +20,9 @@ from typing import Any
 
 from trainer.config import ConfigError, Problem, TrainConfig, read_config_data, validate_config
 from trainer.errors import TrainerError
-from trainer.spec.dflash2 import Dflash2Sizes
-from trainer.spec.taps import default_target_layer_ids, validate_layer_ids
-from trainer.spec.target_families import read_target_spec
+from trainer.planning.dflash2 import Dflash2Sizes
+from trainer.planning.taps import default_target_layer_ids, validate_layer_ids
+from trainer.planning.target_families import read_target_spec
 
 REQUIRED_COLUMNS = ("input_ids", "loss_mask")
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",

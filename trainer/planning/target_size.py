@@ -3,7 +3,7 @@ transformers builds them (hybrid Qwen3.5/3.6 layers by type: Gated DeltaNet or g
 with their router, experts and shared expert), and what one of its layers holds per token in the feature pass."""
 from __future__ import annotations
 
-from trainer.spec.target_families import LINEAR, layer_types_of
+from trainer.planning.target_families import LINEAR, layer_types_of
 
 FP32 = 4
 FLA_CHUNK = 64                   # tokens per chunk of the gated delta rule kernels (their per-chunk states)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from trainer.spec.dflash2 import ARCHITECTURE_NAMES, Dflash2Sizes
-from trainer.spec.target_families import TargetSpec, drafter_shape
+from trainer.planning.dflash2 import ARCHITECTURE_NAMES, Dflash2Sizes
+from trainer.planning.target_families import TargetSpec, drafter_shape
 
 FP32 = 4
 KERNELS = ("torch", "liger")     # what the drafter's RMSNorm and SwiGLU run (kernels.resolve's answers)

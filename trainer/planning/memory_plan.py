@@ -3,14 +3,14 @@ no weight is read, nothing is allocated), printed at start-up and refused before
 
 Bytes per rank, in the order the trainer allocates them:
 - target: every parameter of the language model (a composite checkpoint's vision tower is never loaded), in
-  the target dtype (trainer/spec/target_size.py counts them).
+  the target dtype (trainer/planning/target_size.py counts them).
 - drafter: fp32 master weights and their fp32 gradients, whole on every rank (DDP's buckets are the gradients).
 - optimizer: AdamW's two fp32 states, of the largest rank's share when they are sharded (ZeRO-1); of rank 0's,
   the share it holds, when one process simulates rank 0 of N.
 - activations at the token budget: the largest of three phases.
   target phase: the tapped features of the previous step, still held, plus the tapped list and its
   concatenation (3 x taps x hidden per token), plus one target layer's working set.
-  drafter phase: the tapped features, what autograd saves for backward (trainer/spec/drafter_bytes.py, per block
+  drafter phase: the tapped features, what autograd saves for backward (trainer/planning/drafter_bytes.py, per block
   token and per key/value token, with the kernels the run uses: the drafter's torch code or liger-kernel's; on
   the CPU it equals what saved-tensor hooks count in a real step, see the tests), the autocast's bf16 copies of
   the drafter's weights, and a working set (what the backward holds above the saved tensors,
@@ -30,9 +30,9 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from trainer.errors import TrainerError
-from trainer.spec.drafter_bytes import DrafterSizes, Precision, backward_working_bytes, drafter_saved_bytes
-from trainer.spec.target_families import TargetSpec, read_target_spec
-from trainer.spec.target_size import target_layer_working_bytes, target_params
+from trainer.planning.drafter_bytes import DrafterSizes, Precision, backward_working_bytes, drafter_saved_bytes
+from trainer.planning.target_families import TargetSpec, read_target_spec
+from trainer.planning.target_size import target_layer_working_bytes, target_params
 
 GIB = 2 ** 30
 RESERVE_BYTES = 4 * GIB          # CUDA context (~0.5 GiB), NCCL buffers, allocator fragmentation

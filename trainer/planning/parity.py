@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from trainer.errors import TrainerError
-from trainer.spec.dflash2 import ARCHITECTURE_NAMES, Dflash2Sizes
-from trainer.spec.target_families import FULL, SLIDING, TargetSpec, drafter_shape, read_target_spec
+from trainer.planning.dflash2 import ARCHITECTURE_NAMES, Dflash2Sizes
+from trainer.planning.target_families import FULL, SLIDING, TargetSpec, drafter_shape, read_target_spec
 
 RETRAIN = "train the drafter against this target"
 
