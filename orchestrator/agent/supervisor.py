@@ -15,7 +15,7 @@ import sys
 import time
 import traceback
 
-from . import procfs, terminate
+from . import procfs, terminate, workerrestarts
 from .childwatch import Wakeup, decode_status, ignore_signal, reap_children, set_child_subreaper, signal_name
 from .errors import OperationFailed
 from .protocol import DEFAULT_GRACE_S, FAILED, KILLED, RUNNING, STARTING, SUCCEEDED, iso_utc
@@ -55,6 +55,8 @@ class Supervisor:
         self.hang_setting = float(hang) if isinstance(hang, (int, float)) else None
         self.attempts = []
         self.attempt_log = None
+        self.worker_restarts_seen = 0  # a job node: torchrun's restarts of its workers counted so far
+        self.crash_line = None
 
     # -- start ---------------------------------------------------------------------------------------
     def claim(self) -> bool:
@@ -115,7 +117,8 @@ class Supervisor:
 
         def mutate(state: dict):
             state.update(state=RUNNING, pid=proc.pid, pgid=proc.pid, pid_start_time=pid_start, restart_at=None,
-                         attempt=len(self.attempts), max_attempts=max_attempts(self.policy),
+                         attempt=len(self.attempts),
+                         max_attempts=workerrestarts.max_attempts(self.run) or max_attempts(self.policy),
                          restart_policy=policy_text(self.policy), attempts=self.attempts)
             state.setdefault("started_at", None)
             state["started_at"] = state["started_at"] or iso_utc()
@@ -204,6 +207,8 @@ class Supervisor:
                 break
             now = time.monotonic()
             self.attempt_log.poll(now)
+            if self.run.get("worker_restarts") and self.follow_worker_restarts():
+                return CRASH_LOOP
             silent = self.attempt_log.hung(now, self.hang_setting)
             if silent is not None:
                 catching = self.dump_stacks(silent, wakeup)
@@ -212,6 +217,30 @@ class Supervisor:
                 self.end_workers(catching, wakeup)
             wakeup.wait(tick)
         return KILLED_BY_USER if self.term_signal is not None else EXITED
+
+    def follow_worker_restarts(self) -> bool:
+        """A job node: each restart of its workers by torchrun ends one attempt and begins the next
+        (workerrestarts); True once the restarts repeat one failure without progress (a crash loop)."""
+        count = workerrestarts.restart_count(pid for pid, _ in self.run_processes())
+        if count is None or count <= self.worker_restarts_seen:
+            return False
+        for _ in range(count - self.worker_restarts_seen):
+            self.attempt_log.poll(time.monotonic())
+            self.attempts[-1].update(ended_at=iso_utc(), reason=workerrestarts.WORKERS_RESTARTED,
+                                     last_step=self.attempt_log.last_step, exception=self.attempt_log.exception)
+            self.attempts.append({"attempt": len(self.attempts) + 1, "started_at": iso_utc(), "ended_at": None,
+                                  "exit_code": None, "signal": None, "signal_name": None, "reason": None,
+                                  "last_step": None, "exception": None})
+            self.attempt_log = AttemptLog(self.paths.log, os.path.getsize(self.paths.log))
+        self.worker_restarts_seen = count
+        self.say("torchrun restarted the job's workers: attempt {}/{}".format(
+            len(self.attempts), workerrestarts.max_attempts(self.run)))
+        update_state(self.paths, lambda state: dict(state, attempt=len(self.attempts), attempts=self.attempts))
+        self.crash_line = crash_loop(self.attempts[:-1])
+        if self.crash_line is not None:
+            self.say("crash loop: the job's workers failed the same way {} times in a row with no step progress: "
+                     "{}; no more restarts".format(CRASH_LOOP_ATTEMPTS, self.crash_line))
+        return self.crash_line is not None
 
     def end_workers(self, workers: list, wakeup: Wakeup) -> None:
         """A job node's hang: end its trainer processes only (TERM, the grace, KILL). torchrun, which stays,
@@ -309,9 +338,13 @@ class Supervisor:
             grace_s = self.grace() if why != EXITED else min(self.grace(), LEFTOVER_GRACE_S)
             self.end_everything(grace_s, wakeup)
             self.reap()
-            if self.workload_status is None and self.term_signal is None and why != HUNG:
+            if self.workload_status is None and self.term_signal is None and why not in (HUNG, CRASH_LOOP):
                 self.term_signal = signal.SIGTERM
             attempt = self.end_attempt(why)
+            if why == CRASH_LOOP and self.term_signal is None:  # a job node's workers (follow_worker_restarts)
+                return finish(self.paths, FAILED, exit_code=attempt["exit_code"], signal=attempt["signal"],
+                              signal_name=attempt["signal_name"], reason=CRASH_LOOP, restart_at=None,
+                              error="crash loop: " + self.crash_line)
             if self.term_signal is not None or attempt["reason"] == EXITED:
                 return self.conclude()
             looping = crash_loop(self.attempts)

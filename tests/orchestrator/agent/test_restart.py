@@ -213,3 +213,51 @@ def test_a_jobs_node_is_relaunched_only_with_its_job_and_only_after_a_loss_or_fa
     status, killed = relaunch("job3-n1", "job12-n1", "--job-id", "job12")
     assert (status, killed["code"]) == (1, "not_relaunched") and "is killed" in killed["error"], killed
     assert container.agent("kill", "--runs-dir", runs_dir, "--run-id", "job9-n1", "--grace", "1")[0] == 0
+
+
+def torchrun_like(tmp_path, *, restarts: int, worker: str) -> list:
+    """What torchrun does on one node with --max-restarts: the worker again and again while it fails, each start
+    numbered in its environment (TORCHELASTIC_RESTART_COUNT), then exit 1."""
+    (tmp_path / "worker.sh").write_text(worker)
+    (tmp_path / "torchrun.py").write_text(textwrap.dedent("""\
+        import os, subprocess, sys
+        for n in range({restarts} + 1):
+            env = dict(os.environ, TORCHELASTIC_RESTART_COUNT=str(n))
+            if subprocess.call(["sh", "{worker}", str(n)], env=env) == 0:
+                sys.exit(0)
+        sys.exit(1)
+        """).format(restarts=restarts, worker=tmp_path / "worker.sh"))
+    return [sys.executable, str(tmp_path / "torchrun.py")]
+
+
+def job_node(*extra: str) -> tuple:
+    return ("--job-id", "job1", "--node-rank", "0", "--nnodes", "1", *extra)
+
+
+def test_a_job_nodes_worker_restarts_are_its_attempts_and_a_repeated_failure_is_a_crash_loop(container, runs_dir,
+                                                                                            tmp_path):
+    """torchrun restarting the job's workers: each restart is an attempt of the node's run (ps: attempt k/N);
+    the same exception three times with no step stops them before torchrun spends its other restarts."""
+    command = torchrun_like(tmp_path, restarts=6, worker='sleep 1.5; echo "RuntimeError: NCCL timeout"; exit 1\n')
+    status, out = launch(container, runs_dir, "loop", command, *job_node("--worker-restarts", "6"))
+    assert status == 0, out
+    assert (out["run"]["max_attempts"], out["run"]["restart_policy"]) == (7, "never")
+    ended = wait_state(container, runs_dir, "loop", TERMINAL, timeout=30)
+    assert (ended["state"], ended["reason"]) == ("failed", "crash loop"), ended
+    assert "RuntimeError: NCCL timeout" in ended["error"]
+    reasons = [a["reason"] for a in ended["attempts"]]
+    assert reasons[:3] == ["workers restarted"] * 3 and len(reasons) == 4 and ended["attempt"] == 4, reasons
+    log = open(ended["log_path"]).read()
+    assert "torchrun restarted the job's workers: attempt 2/7" in log and "crash loop" in log
+
+
+def test_a_job_node_whose_restarts_make_progress_spends_them_all(container, runs_dir, tmp_path):
+    command = torchrun_like(tmp_path, restarts=2, worker=textwrap.dedent("""\
+        sleep 1.2; echo "[1s] step=$((10 * ($1 + 1))) loss=1.0"; echo "RuntimeError: NCCL timeout"; exit 1
+        """))
+    assert launch(container, runs_dir, "progress", command, *job_node("--worker-restarts", "2"))[0] == 0
+    ended = wait_state(container, runs_dir, "progress", TERMINAL, timeout=30)
+    assert (ended["state"], ended["attempt"], ended["max_attempts"]) == ("failed", 3, 3), ended
+    assert ended.get("reason") != "crash loop" and "crash loop" not in open(ended["log_path"]).read()
+    assert [a["last_step"] for a in ended["attempts"]] == [10, 20, 30]
+    assert [a["reason"] for a in ended["attempts"]] == ["workers restarted", "workers restarted", "failed"]
