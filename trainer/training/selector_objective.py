@@ -22,8 +22,10 @@ def chunk_candidates(logits: torch.Tensor, labels: torch.Tensor, top_k: int) -> 
     top_values, top_ids = logits.topk(top_k, dim=-1)
     label = labels[:, None]
     absent = ~(top_ids == label).any(dim=-1)
-    top_ids[absent, -1] = label[absent, 0]
-    top_values[absent, -1] = logits.gather(1, label)[absent, 0]
+    # torch.where, not a boolean-mask assignment: a mask index is a nonzero(), which waits for the GPU, and once a
+    # chunk (~50 a step at 8B) the loop's Python then ran with the device idle
+    top_ids[:, -1] = torch.where(absent, label[:, 0], top_ids[:, -1])
+    top_values[:, -1] = torch.where(absent, logits.gather(1, label)[:, 0], top_values[:, -1])
     return top_values.float(), top_ids
 
 
