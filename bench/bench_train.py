@@ -29,6 +29,7 @@ import json
 import os
 import resource
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -535,7 +536,29 @@ def profile_steps(parts: SimpleNamespace, stream, args, ctx, autocast) -> str:
     if ctx.is_main:
         prof.export_chrome_trace(args.profile)
     sort_by = "cuda_time_total" if ctx.device.type == "cuda" else "cpu_time_total"
-    return prof.key_averages().table(sort_by=sort_by, row_limit=25)
+    table = prof.key_averages().table(sort_by=sort_by, row_limit=25)
+    return table + ("\n" + host_waits(parts, stream, args, ctx, autocast) if ctx.device.type == "cuda" else "")
+
+
+def host_waits(parts: SimpleNamespace, stream, args, ctx, autocast) -> str:
+    """One more step with CUDA's sync debug mode on: each place that made the host wait for the device, by count.
+    A wait inside a loop of small kernels leaves the GPU idle while the loop's Python runs."""
+    import collections
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            train_step(parts, stream, args, ctx, autocast, None)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        synchronize(ctx.device)
+    places = collections.Counter(f"{Path(w.filename).name}:{w.lineno}" for w in caught
+                                 if "synchronizing" in str(w.message))
+    lines = [f"host waits in one step: {sum(places.values())}"]
+    lines += [f"  {count:5d}  {place}" for place, count in places.most_common(20)]
+    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------------------- report
