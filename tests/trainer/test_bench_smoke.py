@@ -272,3 +272,14 @@ def test_startup_benchmark_reports_stages_and_step_times_on_the_cpu(tmp_path):
     assert list(report["stages_s"]) == ["loading target", "building drafter", "first step"]
     assert 0 < report["target_loaded_to_first_step_s"] < report["first_step_line_s"]
     assert sorted(map(int, report["step_s"])) == [2, 3, 4, 5] and report["median_step_s"] > 0
+
+
+def test_dflash2_parts_benchmark_times_each_part_on_the_cpu():
+    """bench_dflash2_parts.py's smoke mode as a real process: one JSON row per part and way, each a positive time
+    (on a CPU only the eager convolution: the compiled ways are a GPU's)."""
+    result = subprocess.run([sys.executable, "bench/bench_dflash2_parts.py", "--tiny", "--device", "cpu"],
+                            capture_output=True, text=True, timeout=240, env=trainer_env(), cwd=REPO_ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [row["how"] for row in rows] == ["topk", "eager"]
+    assert all(row["ms"] > 0 for row in rows)

@@ -295,21 +295,3 @@ def test_a_run_resumes_only_with_the_architecture_and_sizes_it_was_trained_with(
     with pytest.raises(TrainerError, match="selector_top_k: 16 -> 8"):
         check_resumable(tmp_path, config_from_dict({**required, "architecture": "dflash2", "selector_top_k": 8},
                                                    source="x"))
-
-
-@pytest.mark.parametrize("width, group, k", [(10_000, 1024, 16), (4096, 1024, 16), (2047, 1024, 16), (300, 64, 64),
-                                              (151_936, 1024, 16), (5000, 8, 9)])
-def test_grouped_topk_gives_the_plain_topk(width, group, k):
-    """The two-stage top-k of the selector's candidates: the same values, in the same order, and the columns that
-    hold them, whether the width is a multiple of the group or not (a padded last group), or too short to split."""
-    from trainer.training.selector_objective import grouped_topk
-
-    torch.manual_seed(width)
-    logits = torch.randn(7, width)
-    values, ids = grouped_topk(logits, k, group)
-    expected_values, expected_ids = logits.topk(k, dim=-1)
-    assert torch.equal(values, expected_values) and torch.equal(ids, expected_ids)
-    assert torch.equal(logits.gather(1, ids), values)
-    half = logits.to(torch.bfloat16)   # ties: the values and where they are, not which of equal columns
-    values, ids = grouped_topk(half, k, group)
-    assert torch.equal(values, half.topk(k, dim=-1).values) and torch.equal(half.gather(1, ids), values)

@@ -13,32 +13,13 @@ import torch.nn.functional as F
 
 from trainer.planning.dflash2 import SELECTOR_LOSS_WEIGHT
 
-# columns per group of grouped_topk's first stage; a row shorter than two groups takes one plain topk
-TOPK_GROUP = 1024
-
-
-def grouped_topk(values: torch.Tensor, k: int, group: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """values.topk(k, dim=-1) for [rows, V] in two stages: each group of `group` columns' top k, then the top k of
-    those. The same values in the same order (ties may pick other columns); on an H100 a plain topk of 16 over a
-    152K vocabulary took 3.3 ms per loss chunk, 164 ms of an 8B step, one thread block walking each long row."""
-    rows, width = values.shape
-    group = group or TOPK_GROUP
-    if k > group or width < 2 * group:
-        return values.topk(k, dim=-1)
-    groups = -(-width // group)
-    padded = F.pad(values, (0, groups * group - width), value=float("-inf")) if groups * group != width else values
-    group_values, group_ids = padded.view(rows, groups, group).topk(k, dim=-1)           # [rows, groups, k]
-    offsets = torch.arange(0, groups * group, group, device=values.device)[:, None]
-    top_values, where = group_values.flatten(1).topk(k, dim=-1)
-    return top_values, (group_ids + offsets).flatten(1).gather(1, where)
-
 
 @torch.no_grad()
 def chunk_candidates(logits: torch.Tensor, labels: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(unary logits in fp32, token ids) [rows, K] of one chunk of LM-head logits [rows, V]: each row's top K, with
     the row's label in the last place where it is not among them. The training losses call it on the logits of
     each chunk they compute anyway, before they turn them into probabilities: no second pass over the head."""
-    top_values, top_ids = grouped_topk(logits, top_k)
+    top_values, top_ids = logits.topk(top_k, dim=-1)
     label = labels[:, None]
     absent = ~(top_ids == label).any(dim=-1)
     # torch.where, not a boolean-mask assignment: a mask index is a nonzero(), which waits for the GPU, and once a
