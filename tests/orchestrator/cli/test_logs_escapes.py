@@ -68,10 +68,11 @@ def test_logs_of_a_run_on_local_writes_no_escape_sequence(inv, tmp_path, capsysb
 
 
 def test_logs_follow_writes_no_escape_sequence(inv, tmp_path, capsysbinary):
-    # the lines come while -f follows (it returns once the run has ended)
+    # the lines come while -f follows (it returns once the run has ended): 5 s leave a loaded machine time to
+    # start following (with 2, a CI run under load began after the run had printed, and -n 0 showed nothing)
     (tmp_path / "hostile.log").write_bytes(LOG)
     code, record, err = run_cli(inv, "launch", "local", "--json", "--gpus", "none", "--", "sh", "-c",
-                                f"sleep 2; cat {tmp_path / 'hostile.log'}", capsys=capsysbinary)
+                                f"sleep 5; cat {tmp_path / 'hostile.log'}", capsys=capsysbinary)
     assert code == 0, err
     out = _logs_bytes(inv, record["run_id"], capsysbinary, "-f", "-n", "0")
     assert Path(record["log_path"]).read_bytes() == LOG

@@ -42,28 +42,33 @@ def test_a_bad_inventory_restart_names_the_line(tmp_path, capsys):
     assert "inventory.yaml:4" in err and "hosts.local.restart" in err and "bad restart count" in err
 
 
-def flaky_script(tmp_path: Path, failures: int) -> list[str]:
+def flaky_script(tmp_path: Path, failures: int, gate: Path | None = None) -> list[str]:
+    """Fails `failures` times, then succeeds; with `gate`, the succeeding attempt first waits (at most 60 s) for
+    that file, so a test sees it running however slowly the machine polls."""
     script = tmp_path / "flaky.sh"
+    wait = f"i=0; while [ ! -e {gate} ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done" if gate else ":"
     script.write_text(textwrap.dedent(f"""\
         n=$(cat {tmp_path}/count 2>/dev/null || echo 0); n=$((n+1)); echo $n > {tmp_path}/count
         echo "[${{n}}s] step=$n loss=1.0"
         sleep 1
-        [ $n -gt {failures} ] && exit 0
+        [ $n -gt {failures} ] && {{ {wait}; exit 0; }}
         echo "ValueError: attempt $n"; exit 4
         """))
     return ["sh", str(script)]
 
 
 def test_the_inventory_default_applies_and_ps_shows_the_attempt(tmp_path, inv_with_restart, capsys):
+    gate = tmp_path / "second-attempt-seen"
     code, record, err = run_cli(inv_with_restart, "launch", "local", "--json", "--restart-backoff", "0.2", "--",
-                                *flaky_script(tmp_path, failures=1), capsys=capsys)
+                                *flaky_script(tmp_path, failures=1, gate=gate), capsys=capsys)
     assert code == 0, err
     assert record["restart_policy"] == "on-failure:2" and record["max_attempts"] == 3
 
     def second_attempt():
         code, out, _ = run_cli(inv_with_restart, "ps", capsys=capsys)
         return out if "running (attempt 2/3)" in out else None
-    assert wait_for(second_attempt, 15, interval=0.2)
+    assert wait_for(second_attempt, 30, interval=0.2)
+    gate.touch()
     run_dir = Path(record["log_path"]).parent
     assert wait_for(lambda: json.loads((run_dir / "state.json").read_text())["state"] == "succeeded", 15)
     code, listing, _ = run_cli(inv_with_restart, "ps", "--all", "--json", capsys=capsys)
