@@ -96,7 +96,7 @@ def launch(
         targets = _job_targets(state, [target, *command])
         spec = job_spec(targets, config, name=name, gpus=parse_gpus(gpus), env=parse_env(env), force=force,
                         grace=grace, nproc_per_node=nproc_per_node, dist_timeout=dist_timeout)
-        spec.restart, spec.hang_timeout = healing["restart"], healing["hang_timeout"]
+        spec.restart, spec.restart_backoff, spec.hang_timeout = healing.values()
         return _launch_job(state, spec, config, as_json=as_json)
     spec = launch_spec(state.inventory().target(target), command or [], name=name, config=config,
                        gpus=parse_gpus(gpus), env=parse_env(env), force=force, grace=grace)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..agent.protocol import DEFAULT_GRACE_S, FAILED, FAILED_STATES, KILLED, LIVE_STATES, RUNNING, SUCCEEDED
-from ..agent.restart import NEVER, ON_FAILURE, parse_policy
+from ..agent.restart import BACKOFF_BASE_S, NEVER, ON_FAILURE, parse_policy
 from ..errors import DflashError, OperationFailed, UsageError
 from ..inventory.model import Target
 from ..transports.timeouts import DEFAULT_DIST_TIMEOUT_S
@@ -44,6 +44,7 @@ class JobSpec:
     dist_timeout: float = DEFAULT_DIST_TIMEOUT_S
     restart: str | None = None            # never|on-failure[:N]; None: the first target's inventory default
     hang_timeout: float | None = None     # the hang watchdog's bound on node 0 (where the step lines are)
+    restart_backoff: float | None = None  # seconds before the workers' first restart (agent default, doubling)
 
 
 class JobLaunchFailed(OperationFailed):
@@ -124,6 +125,9 @@ def node_specs(client: RunClient, spec: JobSpec, job_id: str) -> tuple[str, list
         # read an address the previous attempt's dead worker published (pytorch #135712)
         env = {"DFLASH_DIST_TIMEOUT_S": f"{spec.dist_timeout:g}", "DFLASH_RANK_OFFSET": str(offset),
                "DFLASH_NODE_RANK": str(rank), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+        if restarts:   # torchrun restarts at once: the workers wait the policy's backoff themselves
+            backoff = BACKOFF_BASE_S if spec.restart_backoff is None else spec.restart_backoff
+            env["DFLASH_RESTART_BACKOFF_S"] = f"{backoff:g}"
         if net.value.get("interface"):
             # gloo and NCCL bind to what the hostname resolves to; a container's often resolves nowhere
             env.update(GLOO_SOCKET_IFNAME=net.value["interface"], NCCL_SOCKET_IFNAME=net.value["interface"])

@@ -270,7 +270,8 @@ def test_a_job_with_a_restart_policy_restarts_every_node_together_and_resumes(la
     (no controller; neither supervisor restarts its node alone), they resume from node 0's newest checkpoint, and
     the job ends succeeded."""
     config = write_config(tmp_path / "restart.yaml", tiny, max_steps=40, checkpoint_every=3, log_every=1)
-    job = launch_job(inv, capsys, config, "--nproc-per-node", "1", "--restart", "on-failure:1")
+    job = launch_job(inv, capsys, config, "--nproc-per-node", "1", "--restart", "on-failure:1",
+                     "--restart-backoff", "1.5")
     nodes = job["nodes"]
     assert [n["restart_policy"] for n in nodes] == ["never", "never"]  # no node restarts alone
     assert [n["worker_restarts"] for n in nodes] == [1, 1]
@@ -293,6 +294,9 @@ def test_a_job_with_a_restart_policy_restarts_every_node_together_and_resumes(la
     code, node0_log, _ = cli(inv, "logs", job["job_id"], "-n", "2000", capsys=capsys)
     assert code == 0 and re.search(r"Resumed from \S+/step_\d+ at step \d+", node0_log), node0_log[-3000:]
     assert "step=40 " in node0_log
+    # torchrun restarts at once; the workers of the node whose worker died waited the policy's backoff first
+    code, node1_log, _ = cli(inv, "logs", nodes[1]["run_id"], "-n", "2000", capsys=capsys)
+    assert code == 0 and "restart 1 of the job's workers: waiting 1.5 s before they start again" in node1_log
 
 
 def test_a_job_lost_with_a_container_is_relaunched_as_a_whole_by_a_headless_watch(lab, tiny, inv, tmp_path,

@@ -30,3 +30,19 @@ def test_collective_timeout_comes_from_the_environment(monkeypatch) -> None:
         monkeypatch.setenv("DFLASH_DIST_TIMEOUT_S", bad)
         with pytest.raises(TrainerError):
             collective_timeout()
+
+
+def test_a_restarted_worker_waits_the_jobs_backoff_doubling_up_to_a_cap(monkeypatch) -> None:
+    from trainer.training.distributed import restart_backoff_s
+
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    monkeypatch.setenv("DFLASH_RESTART_BACKOFF_S", "10")
+    assert restart_backoff_s() == 0   # the first start waits for nothing
+    for count, expected in (("0", 0), ("1", 10), ("2", 20), ("3", 40), ("9", 300)):
+        monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", count)
+        assert restart_backoff_s() == expected
+    monkeypatch.delenv("DFLASH_RESTART_BACKOFF_S")
+    assert restart_backoff_s() == 0   # a job without a restart policy gets no backoff
+    monkeypatch.setenv("DFLASH_RESTART_BACKOFF_S", "soon")
+    with pytest.raises(TrainerError):
+        restart_backoff_s()

@@ -18,6 +18,8 @@ from __future__ import annotations
 import datetime
 import hashlib
 import os
+import sys
+import time
 from dataclasses import dataclass
 
 import torch
@@ -69,6 +71,24 @@ def collective_timeout() -> datetime.timedelta:
     return datetime.timedelta(seconds=seconds)
 
 
+BACKOFF_ENV = "DFLASH_RESTART_BACKOFF_S"
+BACKOFF_MAX_S = 300.0   # as the supervisor's restarts of a single run
+
+
+def restart_backoff_s() -> float:
+    """Seconds this worker waits before joining its job again after torchrun restarted the workers: none on the
+    first start; on restart n (TORCHELASTIC_RESTART_COUNT) the job's base DFLASH_RESTART_BACKOFF_S times 2^(n-1),
+    capped. Every worker of every node waits the same, so they still meet; torchrun itself restarts at once."""
+    restarts, base = (os.environ.get(name, "").strip() for name in ("TORCHELASTIC_RESTART_COUNT", BACKOFF_ENV))
+    try:
+        count, seconds = int(restarts or 0), float(base or 0)
+    except ValueError:
+        raise TrainerError(f"{BACKOFF_ENV}={base!r} or TORCHELASTIC_RESTART_COUNT={restarts!r}: expected numbers")
+    if count < 1 or not seconds > 0:
+        return 0.0
+    return min(seconds * 2 ** (count - 1), max(BACKOFF_MAX_S, seconds))
+
+
 def job_rank(torchrun_rank: int, local_rank: int, world_size: int) -> int:
     """This process's global rank. torchrun's c10d rendezvous orders nodes by address; a multi-node job
     launched by dflashctl fixes the order instead (DFLASH_RANK_OFFSET: the processes of the nodes before
@@ -110,6 +130,11 @@ def compute_init(requested_device: str = "auto") -> DistributedContext:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if world_size > 1 and not dist.is_initialized():
+        delay = restart_backoff_s()
+        if delay and local_rank == 0:   # each node's log says it (a node restarted for another's loss counts none)
+            print(f"restart {os.environ['TORCHELASTIC_RESTART_COUNT']} of the job's workers: waiting {delay:g} s "
+                  "before they start again", file=sys.stderr, flush=True)
+        time.sleep(delay)
         backend = "nccl" if device.type == "cuda" else "gloo"
         if backend == "nccl":
             # the watchdog that turns a timed-out collective into an error (torch's default, made certain)
