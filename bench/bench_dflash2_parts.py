@@ -12,10 +12,10 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
+from devicetime import timings
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -23,18 +23,8 @@ from trainer.model.modeling_dflash import block_conv  # noqa: E402
 
 
 def timed_ms(fn, device: torch.device, repeat: int) -> float:
-    """The median wall time of fn() in ms, the device drained before and after each call."""
-    fn()
-    times = []
-    for _ in range(repeat):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append((time.perf_counter() - start) * 1000)
-    return statistics.median(times)
+    """The median wall time of fn() in ms."""
+    return statistics.median(timings(fn, device, repeat)) * 1000
 
 
 def topk_rows(args, device: torch.device) -> list[dict]:

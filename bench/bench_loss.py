@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
 import torch
+from devicetime import timings
 
 from trainer.training.objective import LOGITS_PER_CHUNK, chunked_weighted_ce
 
@@ -73,17 +73,7 @@ def library_losses(hidden, weight, labels, weights) -> dict:
 
 
 def best_seconds(fn, device: torch.device, repeat: int) -> float:
-    fn()  # warm-up
-    best = float("inf")
-    for _ in range(repeat):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        began = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        best = min(best, time.perf_counter() - began)
-    return best
+    return min(timings(fn, device, repeat))
 
 
 def main(argv=None) -> int:
