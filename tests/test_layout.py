@@ -119,14 +119,39 @@ def suite_modules() -> dict[str, ast.Module]:
             for path in sorted(TESTS.rglob("*.py")) if "__pycache__" not in path.parts}
 
 
+def unmirrored_folders(unit: Path, package: str) -> list[str]:
+    """Each folder of tests/<package>/ that is no package of <package>/, or no package itself (without an __init__.py
+    two folders' test_x.py would collide)."""
+    folders = [folder for folder in sorted(unit.rglob("*")) if folder.is_dir() and folder.name != "__pycache__"]
+    return ([f"{folder.relative_to(ROOT)}: no {package}/{folder.relative_to(unit).as_posix()} package"
+             for folder in folders if not (ROOT / package / folder.relative_to(unit) / "__init__.py").is_file()]
+            + [f"{folder.relative_to(ROOT)}: no __init__.py" for folder in folders
+               if not (folder / "__init__.py").is_file()])
+
+
 def test_the_controllers_tests_mirror_its_packages() -> None:
     unit = TESTS / "orchestrator"
-    strays = [f"{folder.relative_to(ROOT)}: no orchestrator/{folder.relative_to(unit)} package"
-              for folder in sorted(unit.rglob("*")) if folder.is_dir() and folder.name != "__pycache__"
-              and not (ROOT / "orchestrator" / folder.relative_to(unit) / "__init__.py").is_file()]
+    strays = unmirrored_folders(unit, "orchestrator")
     root_modules = {path.stem for path in (ROOT / "orchestrator").glob("*.py")}
     strays += [f"{path.relative_to(ROOT)}: tests no root module of orchestrator/; its package's folder is the home"
                for path in sorted(unit.glob("test_*.py")) if path.stem.removeprefix("test_") not in root_modules]
+    assert strays == []
+
+
+# the trainer's own whole-tree check (its root, the order of its rooms) sits at the top of its tests
+TRAINER_WHOLE_TREE = ("test_layout.py",)
+
+
+def test_the_trainers_tests_mirror_its_rooms() -> None:
+    """A room's tests live in tests/trainer/<room>/; directly in tests/trainer/ only a root module's tests, named
+    test_<module>.py or test_<module>_<aspect>.py (__main__'s test_main_...), and the whole-tree check."""
+    unit = TESTS / "trainer"
+    strays = unmirrored_folders(unit, "trainer")
+    root_modules = {path.stem.strip("_") for path in (ROOT / "trainer").glob("*.py")} - {"init"}
+    strays += [f"{path.relative_to(ROOT)}: tests no root module of trainer/; its room's folder is the home"
+               for path in sorted(unit.glob("test_*.py")) if path.name not in TRAINER_WHOLE_TREE
+               and not any(path.stem == f"test_{module}" or path.stem.startswith(f"test_{module}_")
+                           for module in root_modules)]
     assert strays == []
 
 

@@ -177,3 +177,34 @@ def test_each_records_fields_are_declared_once(record: str) -> None:
     names = record_fields()[record]
     holders = {name: found for name, tree in scanned_trees().items() if (found := declarations(tree, names))}
     assert list(holders) == [RECORD_HOMES[record]], f"{record} declared in {holders}"
+
+
+# The controller reads the agent's run record typed (RunRecord.from_dict), not as the wire's dict by key: a
+# field renamed or retyped in dflash_records/run.py is then found by every reader at once.
+READ_TYPED = ("orchestrator/cli/logs.py", "orchestrator/cli/demo.py", "orchestrator/runs/pull.py",
+              "orchestrator/runs/jobs.py", "orchestrator/watch/alerts.py", "orchestrator/watch/jobrows.py",
+              "orchestrator/notify/relaunch.py")
+# what these files read by a key that a run record field shares, of another record: a job's summary
+# (jobs.summarize: ps's job object), its first failure, one attempt's own record, the agent's reply
+OTHER_RECORDS = ("job", "first", "entry", "payload")
+
+
+def keyed_reads(tree: ast.Module) -> list[tuple[str, str, int]]:
+    """(what is read, the key, the line) of each `x["key"]` read and `x.get("key")` in `tree`."""
+    reads = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load)
+                and isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str)):
+            reads.append((ast.unparse(node.value), node.slice.value, node.lineno))
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+              and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            reads.append((ast.unparse(node.func.value), node.args[0].value, node.lineno))
+    return reads
+
+
+def test_the_run_record_is_read_typed() -> None:
+    fields = record_fields()["run record"]
+    by_key = [f"{name}:{line} {what}[{key!r}]"
+              for name in READ_TYPED for what, key, line in keyed_reads(ast.parse((ROOT / name).read_text()))
+              if key in fields and what not in OTHER_RECORDS]
+    assert by_key == []

@@ -7,6 +7,8 @@ from typing import Optional
 
 import typer
 
+from dflash_records.run import RunRecord
+
 from ..agent.protocol import TERMINAL_STATES
 from ..agent.terminaltext import TerminalStream
 from ..errors import EXIT_OK, CommandTimeout, DflashError, OperationFailed, TargetNotFound, UsageError
@@ -50,10 +52,9 @@ def logs(
         match = locate(client, [run_id])[0]
         if match.note:
             stderr().print(match.note, markup=False)
-        target, record = _pick(match, node)
-        run_id = record["run_id"]
+        target, run = _pick(match, node)
+        run_id, log_path = run.run_id, run.log_path
         transport = conns.for_target(target)
-        log_path = record["log_path"]
         if not follow:
             result = transport.run(["tail", "-n", str(lines), "--", log_path], timeout=LOG_READ_TIMEOUT_S)
             _write(_terminal_stream().feed(result.stdout, final=True))
@@ -66,10 +67,11 @@ def logs(
 
 
 def _pick(match: Match, node: int | None) -> tuple:
-    """The one run to show: the run itself, or the chosen node of a job."""
+    """The one run to show, (target, its RunRecord): the run itself, or the chosen node of a job."""
+    runs = [(target, RunRecord.from_dict(record)) for target, record in match.runs]
     if match.kind == "run":
-        return match.runs[0]
-    nodes = {rec.get("node_rank"): (target, rec) for target, rec in match.runs}
+        return runs[0]
+    nodes = {run.node_rank: (target, run) for target, run in runs}
     rank = 0 if node is None else node
     if rank not in nodes:
         raise TargetNotFound(f"job {match.id} has no node {rank} (nodes: {', '.join(map(str, sorted(nodes)))})")
@@ -142,7 +144,8 @@ class _Follower:
             proc.close()
 
     def _ended(self) -> bool:
-        return any(r.get("state") in TERMINAL_STATES for r in self.client.runs_on(self.target, [self.run_id]))
+        return any(RunRecord.from_dict(record).state in TERMINAL_STATES
+                   for record in self.client.runs_on(self.target, [self.run_id]))
 
 
 def _terminal_stream() -> TerminalStream:

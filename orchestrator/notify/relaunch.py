@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from dflash_records.run import RunRecord
+
 from ..errors import DflashError
 from ..alertkinds import ERROR, RESTARTED, WARNING
 from ..runs.jobs import relaunch_job
@@ -41,7 +43,7 @@ class Relauncher:
         except DflashError as exc:
             self._tell(run, "relaunch_failed", ERROR, f"lost run {run.run_id} not relaunched: {exc}")
             return
-        new_id = record.get("run_id")
+        new_id = RunRecord.from_dict(record).run_id or None  # an agent that sent no record: said as null
         self._tell(run, "relaunched", WARNING,
                    f"restarted: lost run {run.run_id} relaunched as {new_id} on {run.target}, resuming from its "
                    f"newest checkpoint", new_run_id=new_id)

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from dflash_records.run import RunRecord
+
 from ..agent.protocol import DEFAULT_GRACE_S, FAILED, FAILED_STATES, KILLED, LIVE_STATES, RUNNING, SUCCEEDED
 from ..agent.restart import BACKOFF_BASE_S, NEVER, ON_FAILURE, parse_policy
 from ..errors import DflashError, OperationFailed, UsageError
@@ -174,7 +176,7 @@ def launch_job(client: RunClient, spec: JobSpec) -> dict:
                               exit_code=fanout_exit_code(failed))
     nodes = [o.value for o in outcomes]
     return {"job_id": job_id, "name": spec.name, "rendezvous": endpoint,
-            "state": summarize(nodes)["state"], "nodes": nodes}
+            "state": job_state(nodes), "nodes": nodes}
 
 
 def relaunch_job(client: RunClient, nodes: list[tuple[Target, str, int]], name: str) -> tuple[str, list[dict]]:
@@ -197,15 +199,17 @@ def relaunch_job(client: RunClient, nodes: list[tuple[Target, str, int]], name: 
 def _abort(client: RunClient, started: list[Outcome]) -> None:
     for outcome in started:
         try:
-            client.kill(outcome.target, [outcome.value["run_id"]], grace=ABORT_GRACE_S)
+            client.kill(outcome.target, [RunRecord.from_dict(outcome.value).run_id], grace=ABORT_GRACE_S)
         except DflashError:
             pass  # the launch error is what the user needs; ps shows what is left
 
 
 # ---- a job from its node records ------------------------------------------------------------------------
+# The node records come and go as the agent sent them (ps --json lists them under their job); what is read of
+# them is read typed.
 
 def job_state(nodes: list[dict]) -> str:
-    states = [n.get("state") for n in nodes]
+    states = [RunRecord.from_dict(node).state for node in nodes]
     if any(s in LIVE_STATES for s in states):
         return RUNNING
     if any(s in FAILED_STATES for s in states):
@@ -217,49 +221,50 @@ def job_state(nodes: list[dict]) -> str:
 
 def failed_first(nodes: list[dict]) -> dict | None:
     """The node that failed first (earliest end among failed or lost nodes), and why."""
-    failed = [n for n in nodes if n.get("state") in FAILED_STATES]
+    failed = [run for run in map(RunRecord.from_dict, nodes) if run.state in FAILED_STATES]
     if not failed:
         return None
-    node = min(failed, key=lambda n: (n.get("ended_at") or "~", n.get("node_rank") or 0))
-    if node.get("signal"):
-        why = f"signal {node.get('signal_name') or node['signal']}"
-    elif node.get("exit_code") is not None:
-        why = f"exit code {node['exit_code']}"
+    run = min(failed, key=lambda r: (r.ended_at or "~", r.node_rank or 0))
+    if run.signal:
+        why = f"signal {run.signal_name or run.signal}"
+    elif run.exit_code is not None:
+        why = f"exit code {run.exit_code}"
     else:
-        why = node.get("error") or node.get("state")
-    return {"node_rank": node.get("node_rank"), "target": node.get("target"), "run_id": node.get("run_id"),
-            "state": node.get("state"), "exit_code": node.get("exit_code"), "signal": node.get("signal"),
-            "ended_at": node.get("ended_at"), "reason": f"node {node.get('node_rank')} ({node.get('target')}) "
-                                                        f"{node.get('state')}: {why}"}
+        why = run.error or run.state
+    return {"node_rank": run.node_rank, "target": run.target, "run_id": run.run_id, "state": run.state,
+            "exit_code": run.exit_code, "signal": run.signal, "ended_at": run.ended_at,
+            "reason": f"node {run.node_rank} ({run.target}) {run.state}: {why}"}
 
 
 def summarize(nodes: list[dict]) -> dict:
-    nodes = sorted(nodes, key=lambda n: n.get("node_rank") or 0)
-    head = nodes[0]
-    first = failed_first(nodes)
-    return {"job_id": head.get("job_id"), "name": head.get("name"), "state": job_state(nodes),
-            "nnodes": head.get("nnodes") or len(nodes), "targets": [n.get("target") for n in nodes],
-            "created_at": min(n.get("created_at") or "" for n in nodes),
-            "ended_at": None if any(n.get("state") in LIVE_STATES for n in nodes) else max(n.get("ended_at") or ""
-                                                                                      for n in nodes) or None,
-            "last_step": head.get("last_step") if head.get("node_rank") == 0 else None,
-            "tok_per_s": head.get("tok_per_s") if head.get("node_rank") == 0 else None,
-            "failed_first": first, "nodes": nodes}
+    """The job of these node records (ps's job object), which it lists sorted by node rank."""
+    nodes = sorted(nodes, key=lambda node: RunRecord.from_dict(node).node_rank or 0)
+    runs = [RunRecord.from_dict(node) for node in nodes]
+    head = runs[0]
+    ended = None if any(r.state in LIVE_STATES for r in runs) else max(r.ended_at or "" for r in runs) or None
+    return {"job_id": head.job_id, "name": head.name, "state": job_state(nodes),
+            "nnodes": head.nnodes or len(runs), "targets": [r.target for r in runs],
+            "created_at": min(r.created_at or "" for r in runs), "ended_at": ended,
+            "last_step": head.last_step if head.node_rank == 0 else None,
+            "tok_per_s": head.tok_per_s if head.node_rank == 0 else None,
+            "failed_first": failed_first(nodes), "nodes": nodes}
 
 
 def group_jobs(records: list[dict]) -> tuple[list[dict], list[dict]]:
     """(plain runs, jobs): the node records of each job folded into one summary, annotated with it."""
     plain, by_job = [], {}
     for record in records:
-        if record.get("job_id"):
-            by_job.setdefault(record["job_id"], []).append(record)
+        job_id = RunRecord.from_dict(record).job_id
+        if job_id:
+            by_job.setdefault(job_id, []).append(record)
         else:
             plain.append(record)
     jobs = [summarize(nodes) for nodes in by_job.values()]
     for job in jobs:
+        first = job["failed_first"] or {}
         for node in job["nodes"]:
             node["job_state"] = job["state"]
-            node["job_failed_first"] = (job["failed_first"] or {}).get("node_rank")
+            node["job_failed_first"] = first.get("node_rank")
     return plain, jobs
 
 

@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dflash_records.run import RunRecord
+
 from ..agent.protocol import ascii_decimal
 from ..errors import OperationFailed, TargetNotFound, UsageError
 from ..inventory.model import Target
@@ -69,27 +71,28 @@ def check_checkpoint(value: str) -> str:
     raise UsageError(f"--checkpoint {value!r}: give {CHECKPOINT_CHOICES}")
 
 
-def node_zero(match: Match) -> tuple[Target, dict]:
+def node_zero(match: Match) -> tuple[Target, RunRecord]:
     """The run to pull: the run itself, or rank 0's node of a job (rank 0 writes the checkpoints)."""
+    runs = [(target, RunRecord.from_dict(record)) for target, record in match.runs]
     if match.kind == "run":
-        return match.runs[0]
-    for target, record in match.runs:
-        if (record.get("node_rank") or 0) == 0:
-            return target, record
+        return runs[0]
+    for target, run in runs:
+        if (run.node_rank or 0) == 0:
+            return target, run
     raise TargetNotFound(f"job {match.id} has no node 0 to pull from")
 
 
-def default_destination(record: dict) -> Path:
-    return Path.cwd() / (record.get("name") or record["run_id"])
+def default_destination(run: RunRecord) -> Path:
+    return Path.cwd() / (run.name or run.run_id)
 
 
-def pull(client: RunClient, target: Target, record: dict, request: PullRequest, progress: Progress) -> PullResult:
+def pull(client: RunClient, target: Target, run: RunRecord, request: PullRequest, progress: Progress) -> PullResult:
     if request.export and request.checkpoint == "all":
         raise UsageError("--export makes one serving copy: give --checkpoint latest or step_N, not all")
-    root = (request.to or default_destination(record)).resolve()
+    root = (request.to or default_destination(run)).resolve()
     if root.exists() and not root.is_dir():
         raise UsageError(f"--to {root}: not a directory")
-    run_id = record["run_id"]
+    run_id = run.run_id
     plan = _plan(client, target, run_id, request, root)
     if request.export and not plan.get("export_ready"):
         _export(client, target, plan)

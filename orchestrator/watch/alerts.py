@@ -15,6 +15,8 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from dflash_records.run import RunRecord
+
 from ..agent.protocol import (FAILED, GPU_HELD_MIB, GPU_IDLE_UTIL_PCT, KILLED, LOST, LOW_FREE_BYTES, LOW_FREE_FRACTION,
                               SUCCEEDED, idle_and_held, low_free)
 from ..agent.restart import attempt_end
@@ -129,23 +131,24 @@ class RunHealth:
     def observe_state(self, state: str, now: float, *, exit_code: int | None = None,
                       signal: int | None = None, record: dict | None = None) -> list[Alert]:
         """A run state from the run directory: starting, running, or a terminal one; `record` (the run's whole
-        record) tells of its attempts and why it ended."""
+        record, as the agent sent it) tells of its attempts and why it ended."""
         if self.ended:
             return []  # a run ends exactly once; a late or repeated report changes nothing
         self.state = state
-        alerts = self._observe_attempt(record or {}, now)
+        run = RunRecord.from_dict(record)
+        alerts = self._observe_attempt(run, now)
         if not self.ended:
             return alerts
         self._clear(STALL, GPU_IDLE, THROUGHPUT, STARVATION, NAN)
         detail = f" (exit code {exit_code})" if exit_code is not None else ""
         detail += f" (signal {signal})" if signal is not None else ""
-        detail += f": {record['error']}" if (record or {}).get("reason") and record.get("error") else ""
+        detail += f": {run.error}" if run.reason and run.error else ""
         return alerts + [self._alert(now, ENDED, TERMINAL_SEVERITY[state], f"run {state}{detail}")]
 
-    def _observe_attempt(self, record: dict, now: float) -> list[Alert]:
+    def _observe_attempt(self, run: RunRecord, now: float) -> list[Alert]:
         """One `restarted` alert per new attempt the supervisor started (none for the attempt a watch first
         finds: it began before the watch did)."""
-        attempt, seen = record.get("attempt"), self._attempt
+        attempt, seen = run.attempt, self._attempt
         if not isinstance(attempt, int):
             return []
         self._attempt = attempt if seen is None else max(seen, attempt)
@@ -153,9 +156,10 @@ class RunHealth:
             return []
         self._clear(STALL, GPU_IDLE, THROUGHPUT, STARVATION, NAN)  # a new process: its conditions start over
         self._last_step_at = None
-        before = [a for a in record.get("attempts") or [] if a.get("attempt") == attempt - 1]
+        # each of `attempts` is an attempt's own record (docs/design.md), not the run's
+        before = [entry for entry in run.attempts or [] if entry.get("attempt") == attempt - 1]
         why = f" after attempt {attempt - 1} {attempt_end(before[0])}" if before else ""
-        total = record.get("max_attempts")
+        total = run.max_attempts
         return [self._alert(now, RESTARTED, WARNING,
                             f"restarted: attempt {attempt}{f'/{total}' if total else ''}{why}")]
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from dflash_records.run import RunRecord
+
 from ..runs.jobs import summarize
 from .model import NodeView, RunView
 
@@ -11,26 +13,26 @@ from .model import NodeView, RunView
 def fold_jobs(runs: list[tuple[dict, RunView]]) -> tuple[list[RunView], dict[str, list[RunView]]]:
     """(rows, members): plain runs as they are plus one row per job, and each job's node views by job id."""
     rows: list[RunView] = []
-    members: dict[str, list[tuple[dict, RunView]]] = {}
+    members: dict[str, list[tuple[dict, RunRecord, RunView]]] = {}
     for record, view in runs:
-        job_id = record.get("job_id")
-        if job_id:
-            members.setdefault(job_id, []).append((record, view))
+        run = RunRecord.from_dict(record)
+        if run.job_id:
+            members.setdefault(run.job_id, []).append((record, run, view))
         else:
             rows.append(view)
     for job_id, nodes in members.items():
-        nodes.sort(key=lambda pair: pair[0].get("node_rank") or 0)
+        nodes.sort(key=lambda node: node[1].node_rank or 0)
         rows.append(_job_row(job_id, nodes))
     rows.sort(key=lambda v: (v.created_at or "", v.run_id))
-    return rows, {job_id: [view for _, view in nodes] for job_id, nodes in members.items()}
+    return rows, {job_id: [view for _, _, view in nodes] for job_id, nodes in members.items()}
 
 
-def _job_row(job_id: str, nodes: list[tuple[dict, RunView]]) -> RunView:
-    job = summarize([record for record, _ in nodes])
-    head = nodes[0][1]
+def _job_row(job_id: str, nodes: list[tuple[dict, RunRecord, RunView]]) -> RunView:
+    job = summarize([record for record, _, _ in nodes])
+    head = nodes[0][2]
     first = job["failed_first"] or {}
-    failed_node = next((v for r, v in nodes if r.get("run_id") == first.get("run_id")), None)
-    views = [view for _, view in nodes]
+    failed_node = next((v for _, r, v in nodes if r.run_id == first.get("run_id")), None)
+    views = [view for _, _, view in nodes]
     return dataclasses.replace(
         head,
         run_id=job_id,
@@ -42,6 +44,6 @@ def _job_row(job_id: str, nodes: list[tuple[dict, RunView]]) -> RunView:
         ended_at=None if any(v.ended_at is None for v in views) else max(v.ended_at or "" for v in views),
         exceptions=sum(v.exceptions for v in views),
         exception_texts=tuple(t for v in views for t in v.exception_texts),
-        nodes=tuple(NodeView(run_id=v.run_id, target=v.target, node_rank=r.get("node_rank") or 0, state=v.state,
-                             pid=v.pid, exit_code=v.exit_code, signal=v.signal) for r, v in nodes),
+        nodes=tuple(NodeView(run_id=v.run_id, target=v.target, node_rank=r.node_rank or 0, state=v.state,
+                             pid=v.pid, exit_code=v.exit_code, signal=v.signal) for _, r, v in nodes),
     )

@@ -24,7 +24,7 @@ def write_config(path: Path, tiny: dict[str, Path], **overrides) -> Path:
 
 def write_tiny(root: Path) -> dict[str, Path]:
     """The tiny target and a small dataset in its format under `root`, where every lab container can read them."""
-    from tests.trainer.test_pipeline_data import write_dataset
+    from tests.trainer.data.test_dataset import write_dataset
     from trainer.model.tiny_target import write_tiny_target
 
     return {"target": write_tiny_target(root / "target", seed=0),

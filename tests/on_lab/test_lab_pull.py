@@ -165,7 +165,7 @@ print(json.dumps({"class": type(model).__name__, "dtype": str(model.fc.weight.dt
 def test_a_pulled_export_loads_in_automodel(lab, inv, tmp_path, capsys):
     import torch
 
-    from tests.trainer.test_model_serving import trained_like
+    from tests.trainer.model.test_serving import trained_like
     from trainer.model.target import TargetModel
     from trainer.model.tiny_target import write_tiny_target
     from trainer.training.checkpoints import save_checkpoint

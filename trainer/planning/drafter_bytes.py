@@ -2,7 +2,7 @@
 byte sizes of the run, and what autograd saves for backward per block token and per key/value token, with the
 drafter's own torch code or with liger-kernel's fused RMSNorm and SwiGLU (trainer/model/kernels.py swaps them in).
 
-On the CPU each figure equals what saved-tensor hooks count in a real step (tests/trainer/test_model_memplan.py;
+On the CPU each figure equals what saved-tensor hooks count in a real step (tests/trainer/planning/test_memory_plan.py;
 the liger path with stand-in Functions that save what liger-kernel 0.8.5's save)."""
 from __future__ import annotations
 

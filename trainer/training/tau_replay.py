@@ -6,7 +6,7 @@ hard ones in many one-token rounds, and τ sits well below streak + 1. The repla
 would on the same text: the first anchor is the answer's first (supervised) token, a round at anchor a accepts
 the drafter's correct prefix (streak(a) tokens) plus the target's own next token (the bonus), and the next
 round starts at a + streak(a) + 1. On a text that is the target's own greedy output, this is exactly the τ of
-real speculative decoding (tests/trainer/test_replay.py); on other text it is the prediction.
+real speculative decoding (tests/trainer/training/test_tau_replay.py); on other text it is the prediction.
 
 The drafter's streak is computed at every anchor of the replayed sequences in a few no-grad forwards over the
 features the step already has (no extra target forward), the rounds are then walked on the host. The same

@@ -5,7 +5,7 @@ A round at anchor a builds the tree `trainer eval --tree-budget N` would build t
 builder, trainer/decoding/draft_tree.py, from the same per-slot log-probabilities of one block), accepts the
 longest tree path that matches the text's continuation plus the target's own next token (the bonus), and the
 next round starts after it. On a text that is the target's own greedy output this is exactly the τ the eval
-measures (tests/trainer/test_tree_replay.py); on other text it is the prediction.
+measures (tests/trainer/training/test_tree_replay.py); on other text it is the prediction.
 
 The slot distributions of every anchor come from the chain replay's drafter pass (one pass serves both); trees
 are built on the host only at the anchors the rounds visit, about one in τ, so a budget costs a few hundred
