@@ -21,9 +21,9 @@ from ..transports.fanout import Outcome, per_host
 from ..transports.pool import Connections
 from ..transports.timeouts import AGENT_TIMEOUT_S, CLEANUP_TIMEOUT_S, LAUNCH_TIMEOUT_S, PROBE_TIMEOUT_S
 from . import whereabouts
-from .agentcall import agent_answer, agent_argv
+from .agentcall import agent_answer, agent_argv, checked_agent_argv, needs_deploy
 from .command import CONFIG_INPUT, check_command, config_base_dir, retry_args
-from .deploy import Deployment, deploy
+from .deploy import Deployment, agent_bundle, agent_path_in, deploy
 from .spec import LaunchSpec, new_run_id, run_dir, runs_dir
 from .trainerconfig import judge
 
@@ -55,19 +55,42 @@ class RunClient:
     def agent(self, target: Target, args: list[str], *, timeout: float | None = None, stdin: bytes | None = None,
               with_trainer: bool = False) -> dict:
         """Run one agent subcommand on the target and return its JSON answer (ok true or false); the timeout is
-        AGENT_TIMEOUT_S unless given, and a command past it is ended on the target (CommandTimeout, exit 3)."""
+        AGENT_TIMEOUT_S unless given, and a command past it is ended on the target (CommandTimeout, exit 3).
+        One remote command when this version of the agent is there (the call checks it, agentcall.py); the
+        agent is sent and the call made again only when it is not."""
         transport = self.conns.for_target(target)
-        deployment = self._deployment(target, transport, with_trainer=with_trainer)
-        result = transport.run(agent_argv(target, deployment.agent_path, *args), stdin=stdin,
-                               timeout=AGENT_TIMEOUT_S if timeout is None else timeout)
-        return agent_answer(target, result)
+        limit = AGENT_TIMEOUT_S if timeout is None else timeout
+        if with_trainer:  # the trainer's lease is a command of its own (deploy.py), and with it the agent's check
+            deployment = self._deployment(target, transport, with_trainer=True)
+            result = transport.run(agent_argv(target, deployment.agent_path, *args), stdin=stdin, timeout=limit)
+            return agent_answer(target, result)
+        for _ in range(2):
+            payload = agent_answer(target, transport.run(self._checked_argv(target, args), stdin=stdin,
+                                                         timeout=limit))
+            if not needs_deploy(payload):
+                return payload
+            self._redeploy(target, transport)
+        raise TransportError(f"{target.name}: the agent is still not there ({payload.get('agent')}) right after "
+                             f"it was sent")
 
     def start_agent(self, target: Target, args: list[str]) -> RemoteProcess:
-        """Start a streaming agent subcommand (`watch`); deployed afresh, as a reconnect may find a new container."""
+        """Start a streaming agent subcommand (`watch`), checked as `agent` checks it: its first line may be the
+        NEEDS_DEPLOY answer (agentcall.needs_deploy), after which the caller has it sent (`redeploy`) and
+        starts it again."""
+        return self.conns.for_target(target).start(self._checked_argv(target, args))
+
+    def redeploy(self, target: Target) -> Deployment:
+        """Send the agent now, whatever this invocation sent before (a container may have been replaced)."""
+        return self._redeploy(target, self.conns.for_target(target))
+
+    def _redeploy(self, target: Target, transport: Transport) -> Deployment:
         self._deployed.pop((target.name, False), None)
-        transport = self.conns.for_target(target)
-        deployment = self._deployment(target, transport)
-        return transport.start(agent_argv(target, deployment.agent_path, *args))
+        return self._deployment(target, transport)
+
+    @staticmethod
+    def _checked_argv(target: Target, args: list[str]) -> list[str]:
+        agent = agent_bundle()
+        return checked_agent_argv(target, agent_path_in(target.workdir), len(agent.data), agent.sha256, *args)
 
     # -- operations -----------------------------------------------------------------------------------------
 

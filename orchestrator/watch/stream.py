@@ -9,8 +9,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ..errors import CommandTimeout, DflashError, Unreachable
+from ..errors import CommandTimeout, DflashError, TransportError, Unreachable
 from ..inventory.model import Target
+from ..runs.agentcall import needs_deploy
 from ..runs.client import RunClient
 from ..runs.spec import runs_dir
 from ..transports.base import RemoteProcess, Transport
@@ -133,15 +134,28 @@ class ContainerStream:
 
     def _session(self) -> str:
         transport = self.conns.for_target(self.target)
-        self._proc = proc = self.client.start_agent(self.target, [
-            "watch", "--runs-dir", runs_dir(self.target), "--gpu-interval", f"{self.options.gpu_interval:g}",
-            "--heartbeat", f"{self.options.heartbeat_s:g}", "--idle-exit", f"{AGENT_IDLE_EXIT_S:g}"])
+        for _ in range(2):  # a second time only after sending the agent the first start found missing
+            self._proc = proc = self.client.start_agent(self.target, [
+                "watch", "--runs-dir", runs_dir(self.target), "--gpu-interval", f"{self.options.gpu_interval:g}",
+                "--heartbeat", f"{self.options.heartbeat_s:g}", "--idle-exit", f"{AGENT_IDLE_EXIT_S:g}"])
+            try:
+                self._follow(proc)
+                return self._pump(proc, transport)
+            except _NeedsDeploy:
+                pass
+            finally:
+                self._proc = None
+                proc.close()
+            self.client.redeploy(self.target)
+        return "the watch agent is still not there right after it was sent"
+
+    def _follow(self, proc: RemoteProcess) -> None:
+        """The offsets to resume from; a start that already answered NEEDS_DEPLOY may have stopped listening,
+        which its answer (read next) says better than a failed send."""
         try:
             self._send(proc, {"follow": self.sink.connected(self.target)})
-            return self._pump(proc, transport)
-        finally:
-            self._proc = None
-            proc.close()
+        except TransportError:
+            pass
 
     def _pump(self, proc: RemoteProcess, transport: Transport) -> str:
         buffer = b""
@@ -189,6 +203,8 @@ class ContainerStream:
                 continue  # e.g. a warning the container's Python printed; the stream goes on
             if not isinstance(message, dict):
                 continue
+            if needs_deploy(message):
+                raise _NeedsDeploy()
             follow = self.sink.message(self.target, message)
             if follow:
                 self._send(proc, {"follow": follow})
@@ -196,6 +212,10 @@ class ContainerStream:
     @staticmethod
     def _send(proc: RemoteProcess, command: dict) -> None:
         proc.write((json.dumps(command) + "\n").encode())
+
+
+class _NeedsDeploy(TransportError):
+    """The stream's start found this version of the agent missing (agentcall.needs_deploy)."""
 
 
 def reason_only(error: str, *names: str) -> str:

@@ -82,6 +82,38 @@ def sessions_accepted(lab: Lab, host: str) -> int:
     return (lab.hosts[host].dir / "sshd.log").read_text(errors="replace").count("Accepted publickey")
 
 
+def sessions_started(lab: Lab, host: str) -> int:
+    """How many sessions (commands) the host's sshd has started so far, over all its connections."""
+    return (lab.hosts[host].dir / "sshd.log").read_text(errors="replace").count("Starting session:")
+
+
+def execs(lab: Lab, host: str, ct: int) -> list[list[str]]:
+    """Every `pct exec` into the container so far, as the pct stand-in noted it (arguments cut short)."""
+    log = lab.hosts[host].containers[ct].dir / "exec.log"
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def test_ps_and_watch_once_cost_one_session_per_deployed_target(fleet, tmp_path, capsys) -> None:
+    """The deploy check rides in the agent call: where this version's agent is, `ps` and `watch --once` are one
+    SSH session and one `pct exec` on the target; where it is not, the call says so and deploy runs first."""
+    lab, inv = fleet
+    agent_dir = lab.hosts["other"].containers[500].workspace / ".dflash" / "agent"
+    for old in agent_dir.glob("agent-*.pyz"):
+        old.unlink()  # the first command below must deploy
+    before = len(execs(lab, "other", 500))
+    code, _, err = cli(inv, "ps", "other/500", "--json", capsys=capsys)
+    assert code == 0, err
+    assert list(agent_dir.glob("agent-*.pyz"))  # sent...
+    assert len(execs(lab, "other", 500)) - before > 1  # ...after the call said it was missing
+    for command in (["ps", "other/500", "--json"], ["watch", "other/500", "--once", "--json"]):
+        before, sessions = len(execs(lab, "other", 500)), sessions_started(lab, "other")
+        code, _, err = cli(inv, *command, capsys=capsys)
+        assert code == 0, err
+        calls = execs(lab, "other", 500)[before:]
+        assert len(calls) == 1 and calls[0][0] == "sh", (command, calls)
+        assert sessions_started(lab, "other") - sessions == 1, command
+
+
 @pytest.fixture()
 def sleeper(fleet, tmp_path, monkeypatch, capsys):
     """A live run on many/400, launched with a cache of where runs live of this test's own; killed at the end."""
