@@ -132,7 +132,7 @@ def _preflight(client: RunClient, targets: list[Target], config: Path | None, *,
 def _warn_same_name(client: RunClient, targets: list[Target], name: str) -> None:
     """Say so when a live run on these targets already has the name: `kill NAME` will then refuse to guess
     between them (give the id). Only the launch's own targets are asked; one that cannot be read is left to
-    the launch to report."""
+    the launch to report. (A single run's launch has its agent say it instead: `_say_namesakes`.)"""
     same = []
     for target in targets:
         try:
@@ -140,6 +140,10 @@ def _warn_same_name(client: RunClient, targets: list[Target], name: str) -> None
                      if r.get("name") == name and r.get("state") in LIVE_STATES]
         except DflashError:
             continue
+    _say_namesakes(same, name)
+
+
+def _say_namesakes(same: list[str], name: str) -> None:
     if same:
         stderr().print(f"warning: a live run is already named {name!r}: {', '.join(same)}; `dflashctl kill "
                        f"{name}` will ask which one (give the id, or launch with another --name)", markup=False)
@@ -156,12 +160,12 @@ def _launch_run(state: AppState, spec: LaunchSpec, config: Path | None, *, as_js
     with Connections() as conns:
         client = RunClient(state.inventory(), conns)
         _preflight(client, [spec.target], config, force=spec.force)
-        _warn_same_name(client, [spec.target], spec.name)
         try:
             record = client.launch(spec)
         except LaunchFailed as failed:
             _report_failure(failed)
             raise
+        _say_namesakes(client.namesakes.get(record["run_id"], []), spec.name)
     if as_json:
         print_json({"run": record, **record})
     else:

@@ -39,6 +39,8 @@ class RunClient:
         self._deployed: dict[tuple[str, bool], Deployment] = {}
         # target name -> run directories its agent skipped (symbolic links, never followed), as ps last read them
         self.skipped: dict[str, list[dict]] = {}
+        # run id -> the live runs of the same name on its target when it was launched (the agent's answer)
+        self.namesakes: dict[str, list[str]] = {}
 
     # -- agent plumbing -------------------------------------------------------------------------------------
 
@@ -164,6 +166,7 @@ class RunClient:
         if not payload.get("ok") and run.get("state") != SUCCEEDED:  # finishing at once with 0 is no failure
             raise LaunchFailed(payload, spec.target.name)
         whereabouts.remember([(spec.target.name, run)])
+        self.namesakes[run.get("run_id") or run_id] = list(payload.get("namesakes") or [])
         return with_metrics(run or payload)
 
     def relaunch(self, target: Target, run_id: str, *, name: str, new_id: str | None = None,

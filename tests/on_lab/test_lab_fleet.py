@@ -93,9 +93,12 @@ def execs(lab: Lab, host: str, ct: int) -> list[list[str]]:
     return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
 
 
-def test_ps_and_watch_once_cost_one_session_per_deployed_target(fleet, tmp_path, capsys) -> None:
-    """The deploy check rides in the agent call: where this version's agent is, `ps` and `watch --once` are one
-    SSH session and one `pct exec` on the target; where it is not, the call says so and deploy runs first."""
+def test_ps_watch_once_and_launch_cost_one_session_per_deployed_target(fleet, tmp_path, monkeypatch,
+                                                                        capsys) -> None:
+    """The deploy check rides in the agent call: where this version's agent is, `ps`, `watch --once` and a
+    launch are one SSH session and one `pct exec` on the target; where it is not, the call says so and deploy
+    runs first."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     lab, inv = fleet
     agent_dir = lab.hosts["other"].containers[500].workspace / ".dflash" / "agent"
     for old in agent_dir.glob("agent-*.pyz"):
@@ -105,7 +108,8 @@ def test_ps_and_watch_once_cost_one_session_per_deployed_target(fleet, tmp_path,
     assert code == 0, err
     assert list(agent_dir.glob("agent-*.pyz"))  # sent...
     assert len(execs(lab, "other", 500)) - before > 1  # ...after the call said it was missing
-    for command in (["ps", "other/500", "--json"], ["watch", "other/500", "--once", "--json"]):
+    for command in (["ps", "other/500", "--json"], ["watch", "other/500", "--once", "--json"],
+                    ["launch", "other/500", "--json", "--name", "brief", "--", "true"]):
         before, sessions = len(execs(lab, "other", 500)), sessions_started(lab, "other")
         code, _, err = cli(inv, *command, capsys=capsys)
         assert code == 0, err
