@@ -40,10 +40,11 @@ BASELINE = "/workspace/bench-ssh"
 PS_READ = f"cat {RUNS}/*/state.json {RUNS}/*/run.json 2>/dev/null; true"
 WATCH_READ = (f"cat {RUNS}/*/state.json {RUNS}/*/run.json 2>/dev/null; "
               f"for f in {RUNS}/*/train.log; do tail -c 8192 \"$f\"; done 2>/dev/null; true")
-SSH_LAUNCH = (f'mkdir -p {BASELINE}/$1 && cd {BASELINE}/$1 && setsid sleep 3600 </dev/null >log 2>&1 & '
+SSH_LAUNCH = (f'mkdir -p {BASELINE}/$1 && cd {BASELINE}/$1 || exit 1; setsid sleep 3600 </dev/null >log 2>&1 & '
               f'echo $! > {BASELINE}/$1/pid; sleep 0.05; kill -0 "$(cat {BASELINE}/$1/pid)"')
-SSH_KILL = (f'p=$(cat {BASELINE}/$1/pid); kill "$p"; i=0; while kill -0 "$p" 2>/dev/null; do sleep 0.05; '
-            f'i=$((i+1)); [ $i -gt 100 ] && exit 1; done; true')
+# gone = no such process, or a zombie (the containers' PID 1 never reaps)
+SSH_KILL = (f'p=$(cat {BASELINE}/$1/pid); kill "$p"; i=0; while s=$(cut -d" " -f3 /proc/$p/stat 2>/dev/null) '
+            f'&& [ "$s" != Z ]; do sleep 0.05; i=$((i+1)); [ $i -gt 100 ] && exit 1; done; true')
 
 
 def fleet_spec(hosts: int) -> tuple[HostSpec, ...]:
