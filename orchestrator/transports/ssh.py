@@ -84,17 +84,22 @@ class SSHHost:
             except paramiko.SSHException as exc:
                 self.slots.refused(transport, exc)  # raises it again unless the server refused this one alone
                 continue
+            except BaseException:
+                self.slots.abandoned(transport)
+                raise
             self.slots.opened(transport, channel)
             return channel
 
     def _transport_with_room(self) -> paramiko.Transport:
+        """A connection with room for one more channel, that room claimed (sessionslots)."""
         with self._lock:
             first = self._transport_locked()  # the extra connections that dropped are simply left out
             self._extra = [c for c in self._extra if c.transport is not None and c.transport.is_active()]
-            room = self.slots.with_room([first, *(c.transport for c in self._extra)])
+            room = self.slots.claim([first, *(c.transport for c in self._extra)])
             if room is None:
                 self._extra.append(self._open())
-            return room or self._extra[-1].transport
+                room = self.slots.claim([self._extra[-1].transport])
+            return room
 
     def close(self, *, end_commands: bool = True) -> None:
         """Close the connection, first ending the commands still running on it (another thread's, given up on;
