@@ -17,7 +17,7 @@ from ..gpus import parse_query_csv, query_argv
 from ..inventory.model import Inventory, Target
 from ..trainlog.parser import LogParser, StepEvent
 from ..transports.base import RemoteProcess, Transport
-from ..transports.fanout import Outcome, per_host
+from ..transports.fanout import Outcome, per_target
 from ..transports.pool import Connections
 from ..transports.timeouts import AGENT_TIMEOUT_S, CLEANUP_TIMEOUT_S, LAUNCH_TIMEOUT_S, PROBE_TIMEOUT_S
 from . import whereabouts
@@ -182,7 +182,7 @@ class RunClient:
         return with_metrics(payload.get("run") or {})
 
     def list_runs(self, targets: list[Target]) -> list[Outcome[list[dict]]]:
-        outcomes = per_host(targets, lambda target: self.runs_on(target, tail_bytes=PS_TAIL_BYTES))
+        outcomes = per_target(targets, lambda target: self.runs_on(target, tail_bytes=PS_TAIL_BYTES))
         whereabouts.remember((o.target.name, record) for o in outcomes for record in o.value or [])
         return outcomes
 
