@@ -23,6 +23,7 @@ from ..runs.spec import LaunchSpec, check_name, default_name
 from ..runs.trainerconfig import config_file, read_config
 from ..transports.pool import Connections
 from .args import number_in, parse_env, parse_gpus
+from .launcheach import launch_each, split_targets
 from .output import print_json, stderr
 from .state import AppState
 
@@ -72,6 +73,8 @@ def launch(
     restart: Optional[str] = RESTART_OPTION,
     restart_backoff: Optional[float] = RESTART_BACKOFF_OPTION,
     hang_timeout: Optional[float] = HANG_TIMEOUT_OPTION,
+    each: bool = typer.Option(False, "--each", help="One run on each TARGET (the leading arguments that name "
+                              "targets; CMD after them), all launched at once by this process."),
     as_json: bool = typer.Option(False, "--json", help="Print the run record (a job: job_id and one per node)."),
 ) -> int:
     """Start a run detached under a supervisor so it survives the SSH session, pct and this command.
@@ -92,16 +95,29 @@ def launch(
     """
     state: AppState = ctx.obj
     healing = {"restart": check_restart(restart), "restart_backoff": restart_backoff, "hang_timeout": hang_timeout}
+    options = dict(name=name, config=config, gpus=parse_gpus(gpus), env=parse_env(env), force=force, grace=grace)
+    if each:
+        return _launch_each(state, [target, *(command or [])], options, healing, as_json=as_json)
     if config is not None and command:
-        targets = _job_targets(state, [target, *command])
-        spec = job_spec(targets, config, name=name, gpus=parse_gpus(gpus), env=parse_env(env), force=force,
+        spec = job_spec(_job_targets(state, [target, *command]), config, name=name, gpus=options["gpus"], env=options["env"], force=force,
                         grace=grace, nproc_per_node=nproc_per_node, dist_timeout=dist_timeout)
         spec.restart, spec.hang_timeout = healing["restart"], healing["hang_timeout"]
         return _launch_job(state, spec, config, as_json=as_json)
-    spec = launch_spec(state.inventory().target(target), command or [], name=name, config=config,
-                       gpus=parse_gpus(gpus), env=parse_env(env), force=force, grace=grace)
-    spec.restart, spec.restart_backoff, spec.hang_timeout = healing.values()
+    spec = _healed(launch_spec(state.inventory().target(target), command or [], **options), healing)
     return _launch_run(state, spec, config, as_json=as_json)
+
+
+def _healed(spec: LaunchSpec, healing: dict) -> LaunchSpec:
+    spec.restart, spec.restart_backoff, spec.hang_timeout = healing.values()
+    return spec
+
+
+def _launch_each(state: AppState, words: list[str], options: dict, healing: dict, *, as_json: bool) -> int:
+    """--each: one run on each of the leading words that name targets, CMD the words after them."""
+    targets, argv = split_targets(state, words)
+    specs = [_healed(launch_spec(target, argv, **options), healing) for target in targets]
+    return launch_each(state, specs, as_json=as_json, preflight=lambda client, chosen: _preflight(
+        client, chosen, options["config"], force=options["force"]))
 
 
 def check_restart(text: str | None) -> str | None:

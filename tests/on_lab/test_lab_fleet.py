@@ -7,6 +7,7 @@ import json
 import resource
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -188,3 +189,50 @@ def test_watch_all_needs_once(fleet, capsys) -> None:
     _, inv = fleet
     code, _, err = cli(inv, "watch", "--all", capsys=capsys)
     assert code == 2 and "--all goes with --once" in err
+
+
+def test_launch_each_starts_one_run_per_target_in_one_process(fleet, tmp_path, monkeypatch, capsys) -> None:
+    """`launch T... --each`: every target gets its run from one process, one command each, and the verify waits
+    overlap (10 runs with a 1 s settle each take about one settle, not ten); kill finds them all by id."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    lab, inv = fleet
+    targets = [f"many/{ct}" for ct in MANY[:9]] + ["other/500"]
+    assert cli(inv, "ps", *targets, capsys=capsys)[0] == 0  # the agent is there (deploys are not counted below)
+    before = {t: len(execs(lab, t.split("/")[0], int(t.split("/")[1]))) for t in targets}
+    started = time.monotonic()
+    code, report, err = cli(inv, "launch", *targets, "--each", "--json", "--name", "each", "--", "sleep", "600",
+                            capsys=capsys)
+    took = time.monotonic() - started
+    try:
+        assert code == 0, err
+        assert sorted(report["targets"]) == sorted(targets) and all(t["ok"] for t in report["targets"].values())
+        assert sorted(r["target"] for r in report["runs"]) == sorted(targets)
+        assert {r["state"] for r in report["runs"]} == {"running"}
+        assert len({r["run_id"] for r in report["runs"]}) == len(targets)
+        for target in targets:
+            host, ct = target.split("/")
+            assert len(execs(lab, host, int(ct))) - before[target] == 1, target
+        assert took < 0.6 * len(targets), took  # one settle of 1 s each, in turn, would take 10 s and more
+    finally:
+        ids = [r["run_id"] for r in report["runs"]] if isinstance(report, dict) else []
+        code, killed, err = cli(inv, "kill", *ids, "--grace", "1", "--json", capsys=capsys)
+    assert code == 0 and sorted(killed["targets"]) == sorted(targets), err
+
+
+def test_launch_each_names_the_target_it_could_not_launch_on_and_starts_the_others(fleet, tmp_path, monkeypatch,
+                                                                                   capsys) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    lab, inv = fleet
+    lab.pct("other", "stop", "500", check=True)
+    try:
+        code, report, err = cli(inv, "launch", "many/402", "other/500", "--each", "--json", "--", "sleep", "600",
+                                capsys=capsys)
+    finally:
+        lab.pct("other", "start", "500", check=True)
+    try:
+        assert code == 1, err
+        assert report["targets"]["many/402"]["ok"] and not report["targets"]["other/500"]["ok"]
+        assert "CT 500 not running" in report["targets"]["other/500"]["error"], report
+        assert [r["target"] for r in report["runs"]] == ["many/402"]
+    finally:
+        cli(inv, "kill", *[r["run_id"] for r in report["runs"]], "--grace", "1", capsys=capsys)
