@@ -9,7 +9,8 @@ container 1-4 runs: one long-lived (`sleep`), the others ended at once. The Open
 with one `ssh HOST pct exec CT -- sh -c 'cat ...'` per target, all targets in parallel (up to 64 at a time, the
 best a shell loop with `xargs -P` does): the runs' state.json and run.json for `ps`, the same plus each log's last
 8 KiB for `watch --once`. Its `launch` starts a detached `sleep` with its pid in a file and reads that back, its
-`kill` signals that pid and checks it is gone. dflashctl and OpenSSH take turns (`--rounds` each, medians kept),
+`kill` signals that pid and checks it is gone; dflashctl's are one `launch T... --each` and one `kill RUN...`
+for the whole fleet. dflashctl and OpenSSH take turns (`--rounds` each, medians kept),
 so both meet the same load. `unreachable` counts targets dflashctl could not read in any round: every target
 is up, so each one is false.
 """
@@ -21,6 +22,7 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -96,31 +98,30 @@ def unread(done: subprocess.CompletedProcess, key: str) -> set[str]:
     return {name for name, t in (payload.get("targets") or {}).items() if not t.get("ok", True)}
 
 
-def launch_runs(fleet: Fleet, names: list[tuple[str, str, list[str]]], parallel: int) -> tuple[float, list[dict]]:
-    """dflashctl launch of each (target, name, command), `parallel` processes at a time: wall time, records."""
-    def one(item):
-        target, name, command = item
-        done = fleet.dflashctl("launch", target, "--json", "--name", name, "--", *command)
-        assert done.returncode == 0, done.stderr[-500:]
-        return json.loads(done.stdout)
-
-    with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
-        return timed(lambda: list(pool.map(one, names)))
+def launch_each(fleet: Fleet, targets: list[str], name: str, command: list[str]) -> tuple[float, list[dict]]:
+    """One `dflashctl launch T... --each` (one process for them all): wall time and the run records."""
+    took, done = timed(lambda: fleet.dflashctl("launch", *targets, "--each", "--json", "--name", name, "--",
+                                               *command))
+    assert done.returncode == 0, done.stderr[-2000:]
+    return took, json.loads(done.stdout)["runs"]
 
 
-def measure(hosts: int, *, cost: float, rounds: int, launch_parallel: int) -> dict:
+def measure(hosts: int, *, cost: float, rounds: int) -> dict:
     root = Path(tempfile.mkdtemp(prefix="bench-fleet-"))
     started = time.perf_counter()
     with Lab.start(root / "lab", fleet_spec(hosts), session_cost=cost) as lab:
         fleet = Fleet(lab, root)
         built = time.perf_counter() - started
+        print(f"  {hosts} hosts built in {built:.0f}s; seeding runs", file=sys.stderr, flush=True)
         fleet.dflashctl("ps", *fleet.targets)  # the first deploy is not what is measured
-        extra = [(t, f"done{i}-{k}", ["true"]) for i, t in enumerate(fleet.targets) for k in range(i % 4)]
-        launch_runs(fleet, extra, launch_parallel)
-        row: dict = {"hosts": hosts, "targets": len(fleet.targets), "runs": len(fleet.targets) + len(extra),
+        extra = 0
+        for k in range(1, 4):  # the i-th target gets i % 4 runs that ended at once, besides its live one
+            chosen = [t for i, t in enumerate(fleet.targets) if i % 4 >= k]
+            if chosen:
+                extra += len(launch_each(fleet, chosen, f"done{k}", ["true"])[1])
+        row: dict = {"hosts": hosts, "targets": len(fleet.targets), "runs": len(fleet.targets) + extra,
                      "lab_build_s": built, "unreachable": set()}
-        live = [(t, f"live{i}", ["sleep", "3600"]) for i, t in enumerate(fleet.targets)]
-        row["launch"], records = launch_runs(fleet, live, launch_parallel)
+        row["launch"], records = launch_each(fleet, fleet.targets, "live", ["sleep", "3600"])
         row["ssh_launch"] = fleet.ssh_all(SSH_LAUNCH, per_target=lambda t: (t.replace("/", "-"),))
         for name, args, key, script in (("ps", ("ps", "--json"), "targets", PS_READ),
                                         ("watch", ("watch", "--once", "--json"), "errors", WATCH_READ)):
@@ -136,6 +137,7 @@ def measure(hosts: int, *, cost: float, rounds: int, launch_parallel: int) -> di
         assert done.returncode == 0, done.stderr[-2000:]
         row["kill"] = took
         row["ssh_kill"] = fleet.ssh_all(SSH_KILL, per_target=lambda t: (t.replace("/", "-"),))
+    shutil.rmtree(root, ignore_errors=True)
     return row
 
 
@@ -152,15 +154,13 @@ def main() -> int:
     parser.add_argument("--per-session-cost", type=float, default=0.0, metavar="S",
                         help="seconds of CPU work each SSH session's login shell does on the hosts")
     parser.add_argument("--rounds", type=int, default=3, help="turns of ps and watch --once each, medians kept")
-    parser.add_argument("--launch-parallel", type=int, default=8,
-                        help="dflashctl launch processes at a time (one target each)")
     args = parser.parse_args()
     print(f"{os.cpu_count()} cores, Python {platform.python_version()}, "
           f"per-session cost {args.per_session_cost:g}s, {args.rounds} rounds", flush=True)
     print("hosts targets  runs     ps (s)  ssh  ratio   watch  ssh  ratio    kill  ssh  ratio  "
           "launch  ssh  ratio  unreachable", flush=True)
     for hosts in (int(n) for n in args.hosts.split(",")):
-        row = measure(hosts, cost=args.per_session_cost, rounds=args.rounds, launch_parallel=args.launch_parallel)
+        row = measure(hosts, cost=args.per_session_cost, rounds=args.rounds)
         print(show(row), flush=True)
         for name in sorted(row["unreachable"]):
             print(f"    unreachable: {name}", flush=True)
