@@ -66,12 +66,13 @@ class RunClient:
             deployment = self._deployment(target, transport, with_trainer=True)
             result = transport.run(agent_argv(target, deployment.agent_path, *args), stdin=stdin, timeout=limit)
             return agent_answer(target, result)
-        for _ in range(2):
+        for attempt in range(2):  # a second time only after sending the agent the first call found missing
+            if attempt:
+                self._redeploy(target, transport)
             payload = agent_answer(target, transport.run(self._checked_argv(target, args), stdin=stdin,
                                                          timeout=limit))
             if not needs_deploy(payload):
                 return payload
-            self._redeploy(target, transport)
         raise TransportError(f"{target.name}: the agent is still not there ({payload.get('agent')}) right after "
                              f"it was sent")
 
