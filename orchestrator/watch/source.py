@@ -29,6 +29,7 @@ from .trackers import GpuTracker, RunTracker, alert_view
 
 MAX_ALERTS = 500
 LINE_COUNT_CACHE_S = 1.0
+CLOSE_WAIT_S = 5.0  # how long closing waits for the streams' threads to end their commands
 COUNTDOWN_TICK_S = 1.0  # how often a retry countdown the dashboard shows moves on
 
 
@@ -203,8 +204,9 @@ class LiveSource:
     def close(self) -> None:
         for stream in self._streams.values():
             stream.stop()
+        deadline = time.monotonic() + CLOSE_WAIT_S  # one wait for them all: they end in parallel
         for stream in self._streams.values():
-            stream.join(5.0)
+            stream.join(max(0.0, deadline - time.monotonic()))
         if self._own_conns:
             self.conns.close()
 

@@ -114,12 +114,14 @@ class ContainerStream:
         self._thread.start()
 
     def stop(self) -> None:
+        """Ask the stream to end without waiting for it: the agent's stdin is closed (it ends at end of input)
+        and the stream's own thread closes the command, so a fleet's streams all end at once (join waits)."""
         self._stop.set()
         proc = self._proc
         if proc is not None:
             try:
-                proc.close()
-            except DflashError:
+                proc.close_stdin()
+            except (DflashError, OSError, EOFError):
                 pass
 
     def join(self, timeout: float) -> None:
@@ -169,7 +171,9 @@ class ContainerStream:
 
     def _attempts(self) -> str:
         transport = self.conns.for_target(self.target)
-        for _ in range(2):  # a second time only after sending the agent the first start found missing
+        for attempt in range(2):  # a second time only after sending the agent the first start found missing
+            if attempt:
+                self.client.redeploy(self.target)
             self._proc = proc = self.client.start_agent(self.target, [
                 "watch", "--runs-dir", runs_dir(self.target), "--gpu-interval", f"{self.options.gpu_interval:g}",
                 "--heartbeat", f"{self.options.heartbeat_s:g}", "--idle-exit", f"{AGENT_IDLE_EXIT_S:g}"])
@@ -181,7 +185,6 @@ class ContainerStream:
             finally:
                 self._proc = None
                 proc.close()
-            self.client.redeploy(self.target)
         return "the watch agent is still not there right after it was sent"
 
     def _follow(self, proc: RemoteProcess) -> None:
