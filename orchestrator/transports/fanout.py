@@ -19,7 +19,7 @@ from ..errors import EXIT_FAILED, EXIT_OK, DflashError, OutOfResources, worst_ex
 from ..inventory.model import Target
 
 T = TypeVar("T")
-MAX_PARALLEL_HOSTS = 32
+MAX_PARALLEL_HOSTS = 64  # threads; most of a target's time is waiting (set-ups take turns: handshakes.py)
 SHORT_OF = {errno.EMFILE: "file descriptors (raise `ulimit -n`)", errno.ENFILE: "file descriptors (the system's)",
             errno.ENOMEM: "memory", errno.EAGAIN: "processes or threads (`ulimit -u`)"}
 

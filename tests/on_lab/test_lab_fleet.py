@@ -4,6 +4,7 @@ connection, a controller short of file descriptors, a kill that asks only where 
 from __future__ import annotations
 
 import json
+import re
 import resource
 import subprocess
 import sys
@@ -44,6 +45,22 @@ def test_more_containers_than_the_hosts_max_sessions_all_answer(fleet, capsys, c
     assert [(h["name"], h["connected"]) for h in snapshot["hosts"]] == [("many", True)]
     said = [r.getMessage() for r in caplog.records if "sessions per connection" in r.getMessage()]
     assert len(said) == 1 and "MaxSessions" in said[0]  # the limit it met is said, once
+
+
+def test_ps_asks_more_containers_than_the_hosts_max_sessions_at_once_and_all_answer(fleet, capsys,
+                                                                                     caplog) -> None:
+    """ps asks a host's containers in parallel: 12 channels opened at once on a MaxSessions 10 host. The ones
+    refused go over a second connection, and the limit learned is the server's, not the handful of channels
+    that had finished opening when the refusal came."""
+    _, inv = fleet
+    code, listing, err = cli(inv, "ps", *[f"many/{ct}" for ct in MANY], "--json", capsys=capsys)
+    assert code == 0, err
+    assert all(t["ok"] for t in listing["targets"].values()) and len(listing["targets"]) == len(MANY)
+    learned = [r.getMessage() for r in caplog.records if "sessions per connection from now on" in r.getMessage()]
+    # near the server's 10 (a channel it has not yet freed, or one refused too that was still opening, may count
+    # either way), never the 1 or 2 that had finished opening
+    limits = [int(re.search(r"at most (\d+) sessions", said).group(1)) for said in learned]
+    assert all(MAX_SESSIONS - 2 <= limit <= MAX_SESSIONS + 2 for limit in limits), learned
 
 
 def many_hosts_inventory(lab: Lab, path: Path, count: int) -> Path:
