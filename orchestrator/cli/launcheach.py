@@ -50,14 +50,14 @@ def launch_each(state: AppState, specs: list[LaunchSpec], *, preflight, as_json:
     runs = [o.value for o in outcomes if o.ok]
     report = {o.target.name: ({"ok": True, "run_id": o.value["run_id"]} if o.ok else
                               {"ok": False, "error": str(o.error), **_ended(o.error)}) for o in outcomes}
+    for outcome in outcomes:  # on stderr with --json too, as ps names a target it could not read
+        if not outcome.ok:
+            say(err, "dflashctl: error: " + about(outcome.target.name, str(outcome.error)))
     if as_json:
         print_json({"runs": runs, "targets": report})
     else:
-        for outcome in outcomes:
-            if outcome.ok:
-                stdout().print(outcome.value["run_id"], markup=False)
-            else:
-                say(err, "error: " + about(outcome.target.name, str(outcome.error)))
+        for run in runs:
+            stdout().print(run["run_id"], markup=False)
     return fanout_exit_code(outcomes)
 
 

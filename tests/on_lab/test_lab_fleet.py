@@ -250,6 +250,7 @@ def test_launch_each_names_the_target_it_could_not_launch_on_and_starts_the_othe
         assert code == 1, err
         assert report["targets"]["many/402"]["ok"] and not report["targets"]["other/500"]["ok"]
         assert "CT 500 not running" in report["targets"]["other/500"]["error"], report
+        assert "dflashctl: error: other/500: " in err and "CT 500 not running" in err, err
         assert [r["target"] for r in report["runs"]] == ["many/402"]
     finally:
         cli(inv, "kill", *[r["run_id"] for r in report["runs"]], "--grace", "1", capsys=capsys)
