@@ -119,6 +119,17 @@ def busy_gpus(runs_dir: str, gpus: list | None, *, exclude: str) -> dict:
     return clashes
 
 
+def live_namesakes(runs_dir: str, name: str, *, exclude: str) -> list:
+    """The live runs of this runs directory that carry `name` too (`kill NAME` would have to ask which)."""
+    same = []
+    for run_id in list_run_ids(runs_dir):
+        paths = RunPaths(runs_dir, run_id)
+        run = read_run(paths) if run_id != exclude else {}
+        if run.get("name") == name and is_live(paths, run, read_state(paths)):
+            same.append(run_id)
+    return same
+
+
 def create_run(req: LaunchRequest) -> None:
     runs_dir = req.paths.runs_dir
     os.makedirs(runs_dir, mode=0o700, exist_ok=True)
@@ -248,10 +259,12 @@ def how_it_ended(record: dict) -> str:
 def launch(req: LaunchRequest, *, verify_timeout: float, settle: float) -> dict:
     create_run(req)
     start_supervisor(req)
+    # said with the answer, so that the warning costs the controller no listing of its own
+    namesakes = live_namesakes(req.paths.runs_dir, req.name, exclude=req.paths.run_id)
     outcome = wait_verified(req.paths, timeout=verify_timeout, settle=settle)
     record = load_record(req.paths)
     if outcome == "verified":
-        return {"run": record}
+        return {"run": record, "namesakes": namesakes}
     details = {"run": record, "exit_code": record.get("exit_code"), "signal": record.get("signal"),
                "log_tail": tail_lines(req.paths.log, LOG_TAIL_LINES),
                # why a supervisor never started or died is in these, not in the workload's log

@@ -11,7 +11,7 @@ from ..agent.protocol import TERMINAL_STATES
 from ..inventory.model import Target
 from ..runs.addressing import Match, locate
 from ..runs.client import RunClient
-from ..transports.fanout import fanout_exit_code, per_host
+from ..transports.fanout import fanout_exit_code, per_target
 from ..transports.pool import Connections
 from .args import number_in
 from .output import about, print_json, say, stderr, stdout
@@ -46,7 +46,7 @@ def kill(
         if live:  # an ended run is only reported as such below: nothing is stopped
             err.print(f"stopping {live} run{'s' if live != 1 else ''} (TERM, KILL after "
                       f"{'the run grace' if grace is None else f'{grace:g}s'})...")
-        outcomes = per_host(list(targets.values()), lambda t: client.kill(t, by_target[t.name], grace=grace))
+        outcomes = per_target(list(targets.values()), lambda t: client.kill(t, by_target[t.name], grace=grace))
     report = {o.target.name: (o.value if o.ok else {"ok": False, "error": str(o.error)}) for o in outcomes}
     if as_json:
         print_json({"targets": report})

@@ -23,6 +23,7 @@ from ..runs.spec import LaunchSpec, check_name, default_name
 from ..runs.trainerconfig import config_file, read_config
 from ..transports.pool import Connections
 from .args import number_in, parse_env, parse_gpus
+from .launcheach import launch_each, split_targets
 from .output import print_json, stderr
 from .state import AppState
 
@@ -72,6 +73,8 @@ def launch(
     restart: Optional[str] = RESTART_OPTION,
     restart_backoff: Optional[float] = RESTART_BACKOFF_OPTION,
     hang_timeout: Optional[float] = HANG_TIMEOUT_OPTION,
+    each: bool = typer.Option(False, "--each", help="One run on each TARGET (the leading arguments that name "
+                              "targets; CMD after them), all launched at once by this process."),
     as_json: bool = typer.Option(False, "--json", help="Print the run record (a job: job_id and one per node)."),
 ) -> int:
     """Start a run detached under a supervisor so it survives the SSH session, pct and this command.
@@ -92,16 +95,29 @@ def launch(
     """
     state: AppState = ctx.obj
     healing = {"restart": check_restart(restart), "restart_backoff": restart_backoff, "hang_timeout": hang_timeout}
+    options = dict(name=name, config=config, gpus=parse_gpus(gpus), env=parse_env(env), force=force, grace=grace)
+    if each:
+        return _launch_each(state, [target, *(command or [])], options, healing, as_json=as_json)
     if config is not None and command:
-        targets = _job_targets(state, [target, *command])
-        spec = job_spec(targets, config, name=name, gpus=parse_gpus(gpus), env=parse_env(env), force=force,
+        spec = job_spec(_job_targets(state, [target, *command]), config, name=name, gpus=options["gpus"], env=options["env"], force=force,
                         grace=grace, nproc_per_node=nproc_per_node, dist_timeout=dist_timeout)
         spec.restart, spec.restart_backoff, spec.hang_timeout = healing.values()
         return _launch_job(state, spec, config, as_json=as_json)
-    spec = launch_spec(state.inventory().target(target), command or [], name=name, config=config,
-                       gpus=parse_gpus(gpus), env=parse_env(env), force=force, grace=grace)
-    spec.restart, spec.restart_backoff, spec.hang_timeout = healing.values()
+    spec = _healed(launch_spec(state.inventory().target(target), command or [], **options), healing)
     return _launch_run(state, spec, config, as_json=as_json)
+
+
+def _healed(spec: LaunchSpec, healing: dict) -> LaunchSpec:
+    spec.restart, spec.restart_backoff, spec.hang_timeout = healing.values()
+    return spec
+
+
+def _launch_each(state: AppState, words: list[str], options: dict, healing: dict, *, as_json: bool) -> int:
+    """--each: one run on each of the leading words that name targets, CMD the words after them."""
+    targets, argv = split_targets(state, words)
+    specs = [_healed(launch_spec(target, argv, **options), healing) for target in targets]
+    return launch_each(state, specs, as_json=as_json, preflight=lambda client, chosen: _preflight(
+        client, chosen, options["config"], force=options["force"]))
 
 
 def check_restart(text: str | None) -> str | None:
@@ -132,7 +148,7 @@ def _preflight(client: RunClient, targets: list[Target], config: Path | None, *,
 def _warn_same_name(client: RunClient, targets: list[Target], name: str) -> None:
     """Say so when a live run on these targets already has the name: `kill NAME` will then refuse to guess
     between them (give the id). Only the launch's own targets are asked; one that cannot be read is left to
-    the launch to report."""
+    the launch to report. (A single run's launch has its agent say it instead: `_say_namesakes`.)"""
     same = []
     for target in targets:
         try:
@@ -140,6 +156,10 @@ def _warn_same_name(client: RunClient, targets: list[Target], name: str) -> None
                      if r.get("name") == name and r.get("state") in LIVE_STATES]
         except DflashError:
             continue
+    _say_namesakes(same, name)
+
+
+def _say_namesakes(same: list[str], name: str) -> None:
     if same:
         stderr().print(f"warning: a live run is already named {name!r}: {', '.join(same)}; `dflashctl kill "
                        f"{name}` will ask which one (give the id, or launch with another --name)", markup=False)
@@ -156,12 +176,12 @@ def _launch_run(state: AppState, spec: LaunchSpec, config: Path | None, *, as_js
     with Connections() as conns:
         client = RunClient(state.inventory(), conns)
         _preflight(client, [spec.target], config, force=spec.force)
-        _warn_same_name(client, [spec.target], spec.name)
         try:
             record = client.launch(spec)
         except LaunchFailed as failed:
             _report_failure(failed)
             raise
+        _say_namesakes(client.namesakes.get(record["run_id"], []), spec.name)
     if as_json:
         print_json({"run": record, **record})
     else:

@@ -5,6 +5,7 @@ import dataclasses
 import math
 import os
 import sys
+import time
 from collections import Counter
 from typing import List, Optional
 
@@ -20,7 +21,7 @@ from ..notify.sender import Unsent, by_destination
 from ..watch.alerts import AlertRules
 from ..watch.model import Snapshot, summarise_ended
 from ..watch.source import LiveSource
-from ..watch.stream import ONCE_WAIT_S
+from ..watch.stream import ONCE_CAP_FACTOR, ONCE_WAIT_S
 from .args import number_in
 from .output import print_json, stderr, stdout
 from .state import AppState
@@ -34,8 +35,9 @@ MIN_FREE_PCT = typer.Option(LOW_FREE_FRACTION * 100, "--min-free-pct", callback=
                             metavar="PCT", help="...or less than this share of it.")
 # a stream waits FIRST_WORD_S for its agent's first word: --once must not give up on a target before that
 ONCE_TIMEOUT = typer.Option(ONCE_WAIT_S, "--timeout", callback=number_in(0), metavar="S",
-                            help="With --once: the longest wait for every target to answer (a loaded container "
-                            "may take most of a minute to start the agent).")
+                            help="With --once: how long to wait while no target answers (a loaded container may "
+                            "take most of a minute to start the agent; a slow fleet that keeps answering is "
+                            f"waited for, up to {ONCE_CAP_FACTOR} times this in all).")
 
 ALL_RUNS = typer.Option(False, "--all", help="With --once: every run whole; by default an ended run is summarised "
                         "(its record, last step and last exception, without its log tail and metrics history).")
@@ -135,11 +137,12 @@ def _once(source: LiveSource, *, timeout: float, as_json: bool, all_runs: bool =
     """One snapshot once every target answered (or failed): 0, or 3 when a target is unreachable."""
     if not as_json:
         stderr().print(f"watching {len(source.targets)} target(s) once...")
+    started = time.monotonic()
     with source:
-        source.wait_until_answered(timeout)
+        source.wait_while_answering(timeout, cap_s=ONCE_CAP_FACTOR * timeout)
         source.settle()
         snapshot = source.snapshot() if all_runs else summarise_ended(source.snapshot())
-        unreachable = source.unreachable(waited_s=timeout)
+        unreachable = source.unreachable(waited_s=time.monotonic() - started)
     if as_json:
         print_json({**json_safe(snapshot.as_dict()), "errors": unreachable})
     else:

@@ -1,13 +1,28 @@
 """How the controller calls the agent: the command line of a subcommand on a target, and its one JSON answer
-(checked for the protocol version, with bad input raised as the usage error it is)."""
+(checked for the protocol version, with bad input raised as the usage error it is).
+
+A call carries what the deployed agent must be (its path, size and sha256) and is checked on the target in the
+same command, so a command costs one session per target: a short shell looks at the file and, when it is this
+version's whole agent, becomes the agent (exec); otherwise it answers NEEDS_DEPLOY and the caller deploys and
+asks again. Only a target without this version pays for a second command.
+"""
 from __future__ import annotations
 
 import json
 
-from ..agent.protocol import EXIT_USAGE, PROTOCOL_VERSION, UNKNOWN_RUN, USAGE_CODES
+from ..agent.protocol import EXIT_USAGE, NEEDS_DEPLOY, PROTOCOL_VERSION, UNKNOWN_RUN, USAGE_CODES
 from ..errors import TargetNotFound, TransportError, UsageError
 from ..inventory.model import Target
 from ..transports.base import CommandResult
+
+# $1 agent path, $2 its size, $3 its sha256, $4 python, then the agent's arguments. Without sha256sum the size
+# must do. The refusal reads its stdin to the end, so a caller that sends input finds someone taking it.
+CHECKED_CALL = (
+    'a=$1 n=$2 h=$3 p=$4; shift 4; w=absent; if [ -f "$a" ]; then w=damaged; '
+    'if [ $(($(wc -c < "$a"))) -eq "$n" ]; then command -v sha256sum >/dev/null 2>&1 || exec "$p" "$a" "$@"; '
+    's=$(sha256sum < "$a"); [ "${s%%%% *}" = "$h" ] && exec "$p" "$a" "$@"; fi; fi; '
+    'printf \'{"version": %d, "ok": false, "code": "%s", "agent": "%%s"}\\n\' "$w"; cat >/dev/null'
+    % (PROTOCOL_VERSION, NEEDS_DEPLOY))
 
 
 def agent_argv(target: Target, agent_path: str, *args: str) -> list[str]:
@@ -15,11 +30,21 @@ def agent_argv(target: Target, agent_path: str, *args: str) -> list[str]:
     return [target.python, agent_path, *args]
 
 
+def checked_agent_argv(target: Target, agent_path: str, size: int, sha256: str, *args: str) -> list[str]:
+    """An agent subcommand that runs only if the agent at `agent_path` is the one of this size and hash, and
+    answers NEEDS_DEPLOY (with `agent`: absent or damaged) otherwise; one remote command either way."""
+    return ["sh", "-c", CHECKED_CALL, "sh", agent_path, str(size), sha256, target.python, *args]
+
+
+def needs_deploy(payload: dict) -> bool:
+    return payload.get("code") == NEEDS_DEPLOY
+
+
 def agent_answer(target: Target, result: CommandResult) -> dict:
     """The agent's one JSON answer, checked for the protocol version; bad input raised as the usage error it is."""
     payload = _agent_json(result.out)
     if payload is None:
-        raise TransportError(f"{target.name}: the agent gave no answer ({result.describe()})")
+        raise TransportError(f"{target.name}: the agent gave no answer ({_describe(result)})")
     if payload.get("version") != PROTOCOL_VERSION:
         raise TransportError(f"{target.name}: the agent speaks protocol {payload.get('version')!r}, this dflashctl "
                              f"{PROTOCOL_VERSION}")
@@ -27,6 +52,14 @@ def agent_answer(target: Target, result: CommandResult) -> dict:
         raise (TargetNotFound if payload.get("code") == UNKNOWN_RUN else UsageError)(
             f"{target.name}: {payload.get('error', 'bad input')}")
     return payload
+
+
+def _describe(result: CommandResult) -> str:
+    """The exit code and the last line said; a checked call's script is not worth repeating."""
+    if result.argv[:3] != ("sh", "-c", CHECKED_CALL):
+        return result.describe()
+    tail = result.err.strip().splitlines()[-1:] or result.out.strip().splitlines()[-1:]
+    return f"exit {result.exit_code}" + (f": {tail[0]}" if tail else "")
 
 
 def _agent_json(stdout: str) -> dict | None:
@@ -40,4 +73,4 @@ def _agent_json(stdout: str) -> dict | None:
     return None
 
 
-__all__ = ["agent_argv", "agent_answer"]
+__all__ = ["agent_argv", "agent_answer", "checked_agent_argv", "needs_deploy"]

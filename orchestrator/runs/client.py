@@ -17,13 +17,13 @@ from ..gpus import parse_query_csv, query_argv
 from ..inventory.model import Inventory, Target
 from ..trainlog.parser import LogParser, StepEvent
 from ..transports.base import RemoteProcess, Transport
-from ..transports.fanout import Outcome, per_host
+from ..transports.fanout import Outcome, per_target
 from ..transports.pool import Connections
 from ..transports.timeouts import AGENT_TIMEOUT_S, CLEANUP_TIMEOUT_S, LAUNCH_TIMEOUT_S, PROBE_TIMEOUT_S
 from . import whereabouts
-from .agentcall import agent_answer, agent_argv
+from .agentcall import agent_answer, agent_argv, checked_agent_argv, needs_deploy
 from .command import CONFIG_INPUT, check_command, config_base_dir, retry_args
-from .deploy import Deployment, deploy
+from .deploy import Deployment, agent_bundle, agent_path_in, deploy
 from .spec import LaunchSpec, new_run_id, run_dir, runs_dir
 from .trainerconfig import judge
 
@@ -39,6 +39,8 @@ class RunClient:
         self._deployed: dict[tuple[str, bool], Deployment] = {}
         # target name -> run directories its agent skipped (symbolic links, never followed), as ps last read them
         self.skipped: dict[str, list[dict]] = {}
+        # run id -> the live runs of the same name on its target when it was launched (the agent's answer)
+        self.namesakes: dict[str, list[str]] = {}
 
     # -- agent plumbing -------------------------------------------------------------------------------------
 
@@ -55,19 +57,43 @@ class RunClient:
     def agent(self, target: Target, args: list[str], *, timeout: float | None = None, stdin: bytes | None = None,
               with_trainer: bool = False) -> dict:
         """Run one agent subcommand on the target and return its JSON answer (ok true or false); the timeout is
-        AGENT_TIMEOUT_S unless given, and a command past it is ended on the target (CommandTimeout, exit 3)."""
+        AGENT_TIMEOUT_S unless given, and a command past it is ended on the target (CommandTimeout, exit 3).
+        One remote command when this version of the agent is there (the call checks it, agentcall.py); the
+        agent is sent and the call made again only when it is not."""
         transport = self.conns.for_target(target)
-        deployment = self._deployment(target, transport, with_trainer=with_trainer)
-        result = transport.run(agent_argv(target, deployment.agent_path, *args), stdin=stdin,
-                               timeout=AGENT_TIMEOUT_S if timeout is None else timeout)
-        return agent_answer(target, result)
+        limit = AGENT_TIMEOUT_S if timeout is None else timeout
+        if with_trainer:  # the trainer's lease is a command of its own (deploy.py), and with it the agent's check
+            deployment = self._deployment(target, transport, with_trainer=True)
+            result = transport.run(agent_argv(target, deployment.agent_path, *args), stdin=stdin, timeout=limit)
+            return agent_answer(target, result)
+        for attempt in range(2):  # a second time only after sending the agent the first call found missing
+            if attempt:
+                self._redeploy(target, transport)
+            payload = agent_answer(target, transport.run(self._checked_argv(target, args), stdin=stdin,
+                                                         timeout=limit))
+            if not needs_deploy(payload):
+                return payload
+        raise TransportError(f"{target.name}: the agent is still not there ({payload.get('agent')}) right after "
+                             f"it was sent")
 
     def start_agent(self, target: Target, args: list[str]) -> RemoteProcess:
-        """Start a streaming agent subcommand (`watch`); deployed afresh, as a reconnect may find a new container."""
+        """Start a streaming agent subcommand (`watch`), checked as `agent` checks it: its first line may be the
+        NEEDS_DEPLOY answer (agentcall.needs_deploy), after which the caller has it sent (`redeploy`) and
+        starts it again."""
+        return self.conns.for_target(target).start(self._checked_argv(target, args))
+
+    def redeploy(self, target: Target) -> Deployment:
+        """Send the agent now, whatever this invocation sent before (a container may have been replaced)."""
+        return self._redeploy(target, self.conns.for_target(target))
+
+    def _redeploy(self, target: Target, transport: Transport) -> Deployment:
         self._deployed.pop((target.name, False), None)
-        transport = self.conns.for_target(target)
-        deployment = self._deployment(target, transport)
-        return transport.start(agent_argv(target, deployment.agent_path, *args))
+        return self._deployment(target, transport)
+
+    @staticmethod
+    def _checked_argv(target: Target, args: list[str]) -> list[str]:
+        agent = agent_bundle()
+        return checked_agent_argv(target, agent_path_in(target.workdir), len(agent.data), agent.sha256, *args)
 
     # -- operations -----------------------------------------------------------------------------------------
 
@@ -141,6 +167,7 @@ class RunClient:
         if not payload.get("ok") and run.get("state") != SUCCEEDED:  # finishing at once with 0 is no failure
             raise LaunchFailed(payload, spec.target.name)
         whereabouts.remember([(spec.target.name, run)])
+        self.namesakes[run.get("run_id") or run_id] = list(payload.get("namesakes") or [])
         return with_metrics(run or payload)
 
     def relaunch(self, target: Target, run_id: str, *, name: str, new_id: str | None = None,
@@ -156,7 +183,7 @@ class RunClient:
         return with_metrics(payload.get("run") or {})
 
     def list_runs(self, targets: list[Target]) -> list[Outcome[list[dict]]]:
-        outcomes = per_host(targets, lambda target: self.runs_on(target, tail_bytes=PS_TAIL_BYTES))
+        outcomes = per_target(targets, lambda target: self.runs_on(target, tail_bytes=PS_TAIL_BYTES))
         whereabouts.remember((o.target.name, record) for o in outcomes for record in o.value or [])
         return outcomes
 

@@ -1,9 +1,12 @@
 """Ship the in-container agent and the bundled trainer to a target, once per version.
 
 Both are content-addressed: the agent as `{workdir}/.dflash/agent/agent-<digest>.pyz`, the trainer unpacked in
-`{workdir}/.dflash/pkg/<digest>/`. A version already there is not sent again, so a launch costs one round trip
-when nothing changed (two with the trainer: the agent's `packages` also removes the versions beside it that no
-live run uses). Archives are built deterministically (bundle.py) so the digest changes only with the code.
+`{workdir}/.dflash/pkg/<digest>/`. A version already there is not sent again. Agent calls do not ask first:
+each carries the agent's size and hash and is checked on the target in the same command (agentcall.py), so a
+command costs one session per target and deploy() runs only after a call answered that the agent is missing or
+damaged. A trainer launch still asks here first (the agent's `packages` also leases the trainer to the launch
+and removes the versions beside it that no live run uses). Archives are built deterministically (bundle.py)
+so the digest changes only with the code.
 """
 from __future__ import annotations
 
@@ -40,6 +43,10 @@ class Bundle:
     data: bytes
     digest: str
 
+    @functools.cached_property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.data).hexdigest()
+
 
 @dataclass(frozen=True)
 class Deployment:
@@ -74,7 +81,7 @@ def present(transport: Transport, workdir: str) -> set[str]:
     """What of this version is on the target: "agent" (whole, as its hash says), "agent-damaged", "pkg"."""
     agent = agent_bundle()
     result = transport.run(["sh", "-c", PRESENT, "sh", agent_path_in(workdir), pkg_dir_in(workdir),
-                            str(len(agent.data)), hashlib.sha256(agent.data).hexdigest()],
+                            str(len(agent.data)), agent.sha256],
                            timeout=DEPLOY_CHECK_TIMEOUT_S)
     if not result.ok:  # the script always exits 0 once it runs: the target itself refused (e.g. CT stopped)
         reason = (result.err or result.out).strip().splitlines()[-1:] or [f"exit {result.exit_code}"]

@@ -1,4 +1,5 @@
-"""Run one operation over many targets: hosts in parallel, the targets of one host in turn over its connection.
+"""Run one operation over many targets: hosts in parallel, the targets of one host in turn over its connection
+(per_host) or in parallel too (per_target).
 
 A target the controller could not serve for want of file descriptors or threads gets an error of its own
 (OutOfResources, exit 3) naming it; a thread that cannot be started leaves its hosts to the threads that did.
@@ -18,7 +19,7 @@ from ..errors import EXIT_FAILED, EXIT_OK, DflashError, OutOfResources, worst_ex
 from ..inventory.model import Target
 
 T = TypeVar("T")
-MAX_PARALLEL_HOSTS = 32
+MAX_PARALLEL_HOSTS = 64  # threads; most of a target's time is waiting (set-ups take turns: handshakes.py)
 SHORT_OF = {errno.EMFILE: "file descriptors (raise `ulimit -n`)", errno.ENFILE: "file descriptors (the system's)",
             errno.ENOMEM: "memory", errno.EAGAIN: "processes or threads (`ulimit -u`)"}
 
@@ -36,9 +37,20 @@ class Outcome(Generic[T]):
 
 def per_host(targets: Sequence[Target], operation: Callable[[Target], T]) -> list[Outcome[T]]:
     """`operation(target)` for every target, in the order given; errors are collected, not raised."""
+    return _fanout(targets, operation, lambda target: target.host.name)
+
+
+def per_target(targets: Sequence[Target], operation: Callable[[Target], T]) -> list[Outcome[T]]:
+    """As per_host, with a host's targets in parallel too: over its one connection, as many channels at once as
+    its server allows (sessionslots.py sends the rest over another connection)."""
+    return _fanout(targets, operation, lambda target: target.name)
+
+
+def _fanout(targets: Sequence[Target], operation: Callable[[Target], T],
+            group_of: Callable[[Target], str]) -> list[Outcome[T]]:
     by_host: dict[str, list[Target]] = defaultdict(list)
     for target in targets:
-        by_host[target.host.name].append(target)
+        by_host[group_of(target)].append(target)
     if not by_host:
         return []
     results: dict[str, Outcome[T]] = {}

@@ -6,8 +6,9 @@ import select
 import subprocess
 from typing import Sequence
 
-from ..errors import CommandTimeout, TransportError
+from ..errors import CommandTimeout, OutOfResources, TransportError
 from .base import DEFAULT_TIMEOUT, CommandResult, RemoteProcess, Transport
+from .fanout import resource_shortage
 
 
 class LocalTransport(Transport):
@@ -26,7 +27,7 @@ class LocalTransport(Transport):
         except subprocess.TimeoutExpired as exc:
             raise CommandTimeout(f"{self.label}: `{' '.join(argv)[:120]}` did not finish in {timeout:g}s") from exc
         except OSError as exc:
-            raise TransportError(f"{self.label}: cannot run {argv[0]}: {exc.strerror or exc}") from exc
+            raise _cannot_run(self.label, argv[0], exc) from exc
         return CommandResult(argv, _exit_code(done.returncode), done.stdout, done.stderr)
 
     def start(self, argv: Sequence[str]) -> RemoteProcess:
@@ -34,8 +35,17 @@ class LocalTransport(Transport):
             proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                     stderr=subprocess.DEVNULL)
         except OSError as exc:
-            raise TransportError(f"{self.label}: cannot run {argv[0]}: {exc.strerror or exc}") from exc
+            raise _cannot_run(self.label, argv[0], exc) from exc
         return LocalProcess(proc, self.label)
+
+
+def _cannot_run(label: str, program: str, exc: OSError) -> TransportError:
+    """A program that could not be started; for want of file descriptors or processes, that target alone could
+    not be read (OutOfResources, exit 3), as with an SSH target."""
+    short = resource_shortage(exc)
+    if short is not None:
+        return OutOfResources(f"{label}: dflashctl ran out of {short}: cannot run {program}: {exc.strerror or exc}")
+    return TransportError(f"{label}: cannot run {program}: {exc.strerror or exc}")
 
 
 class LocalProcess(RemoteProcess):

@@ -1,14 +1,14 @@
 """SSH to a host: one persistent connection per host, shared by every operation on it.
 
 fabric builds the connection (it reads ~/.ssh/config: HostName, Port, User, IdentityFile, ProxyJump, and uses
-ssh-agent); paramiko channels run the commands. Host keys are checked against known_hosts with a policy object:
-an unknown key is refused with instructions unless the inventory opts into `accept-new` for that host. Every
-paramiko and socket error is converted here into an orchestrator error.
+ssh-agent); paramiko channels run the commands. Host keys are checked against known_hosts with a policy object
+(hostkeys.py): an unknown key is refused with instructions unless the inventory opts into `accept-new` for that
+host. Connections are set up a few at a time (handshakes.py). Every paramiko and socket error is converted here
+into an orchestrator error.
 """
 from __future__ import annotations
 
 import logging
-import os
 import random
 import select
 import shlex
@@ -23,6 +23,8 @@ import paramiko
 from ..errors import AuthError, CommandTimeout, HostKeyError, TransportError, Unreachable
 from ..inventory.model import HostConfig
 from .base import DEFAULT_TIMEOUT, CommandResult, RemoteProcess, Transport
+from .handshakes import handshake_turn
+from .hostkeys import UnknownHostKey, install_host_key_checks, known_hosts_path, unknown_key_message
 from .remotegroup import RunningCommands, announced, announced_group, end_later, split_marker, wait_for_endings
 from .sessionslots import SessionSlots
 from .sshchannel import drain, send_input
@@ -40,38 +42,6 @@ STDERR_KEPT = 4096    # of a streamed command's stderr (nobody reads it), what i
 # them, from warnings up: paramiko's INFO chatter (ciphers, auth steps) is no remote operation of ours.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 logging.getLogger("paramiko").setLevel(logging.WARNING)
-
-
-class UnknownHostKey(paramiko.SSHException):
-    def __init__(self, hostname: str, key: paramiko.PKey) -> None:
-        super().__init__(f"{hostname} not found in known_hosts")
-        self.hostname = hostname
-        self.key = key
-
-
-class RejectUnknownHostKey(paramiko.MissingHostKeyPolicy):
-    """OpenSSH's StrictHostKeyChecking=yes, keeping the offered key so the error can show its fingerprint."""
-
-    def missing_host_key(self, client, hostname, key):  # noqa: D401 - paramiko's signature
-        raise UnknownHostKey(hostname, key)
-
-
-class AcceptNewHostKey(paramiko.MissingHostKeyPolicy):
-    """OpenSSH's StrictHostKeyChecking=accept-new: trust a new host once and remember it; a changed key still fails."""
-
-    def __init__(self, known_hosts: str) -> None:
-        self.known_hosts = known_hosts
-
-    def missing_host_key(self, client, hostname, key):
-        client.get_host_keys().add(hostname, key.get_name(), key)
-        os.makedirs(os.path.dirname(self.known_hosts) or ".", exist_ok=True)
-        with open(self.known_hosts, "a", encoding="ascii") as f:
-            f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
-        log.warning("added the host key of %s to %s", hostname, self.known_hosts)
-
-
-def _policy_for(host: HostConfig, known_hosts: str) -> paramiko.MissingHostKeyPolicy:
-    return AcceptNewHostKey(known_hosts) if host.host_key_policy == "accept-new" else RejectUnknownHostKey()
 
 
 class SSHHost:
@@ -114,17 +84,22 @@ class SSHHost:
             except paramiko.SSHException as exc:
                 self.slots.refused(transport, exc)  # raises it again unless the server refused this one alone
                 continue
+            except BaseException:
+                self.slots.abandoned(transport)
+                raise
             self.slots.opened(transport, channel)
             return channel
 
     def _transport_with_room(self) -> paramiko.Transport:
+        """A connection with room for one more channel, that room claimed (sessionslots)."""
         with self._lock:
             first = self._transport_locked()  # the extra connections that dropped are simply left out
             self._extra = [c for c in self._extra if c.transport is not None and c.transport.is_active()]
-            room = self.slots.with_room([first, *(c.transport for c in self._extra)])
+            room = self.slots.claim([first, *(c.transport for c in self._extra)])
             if room is None:
                 self._extra.append(self._open())
-            return room or self._extra[-1].transport
+                room = self.slots.claim([self._extra[-1].transport])
+            return room
 
     def close(self, *, end_commands: bool = True) -> None:
         """Close the connection, first ending the commands still running on it (another thread's, given up on;
@@ -148,22 +123,29 @@ class SSHHost:
 
         sshd drops connections at random once more than 10 are being set up (MaxStartups 10:30:100 by default):
         parallel clients, or one watching many targets, meet that as a reset before anything was said. Such an
-        attempt is repeated after a random, growing wait until the connect timeout has passed since the first
-        (the last one at that moment); anything else (refused, silent, a host key or login problem) fails at once.
+        attempt is repeated after a random, growing wait until the connect timeout has been spent on attempts and
+        waits (the last one at that moment; the waits for a set-up turn do not count); anything else (refused,
+        silent, a host key or login problem) fails at once.
         """
         h = self.host
-        started, attempt = time.monotonic(), 0
+        started, attempt, spent = time.monotonic(), 0, 0.0  # spent: in set-up turns, not waiting for one
         while True:
             attempt += 1
             try:
-                conn = self._connect()
+                with handshake_turn():  # the connect timeout counts within the turn (handshakes.py)
+                    began = time.monotonic()
+                    try:
+                        conn = self._connect()
+                    finally:
+                        spent += time.monotonic() - began
             except _Dropped as exc:
-                left = h.connect_timeout - (time.monotonic() - started)
+                left = h.connect_timeout - spent
                 if left <= 0:
                     raise Unreachable(f"{exc}, {attempt} time(s) in {time.monotonic() - started:.1f}s (is it "
                                       f"refusing new connections while too many are being set up? sshd's "
                                       f"MaxStartups)") from None
                 wait = min(left, random.uniform(0, min(RETRY_CAP_S, RETRY_FIRST_S * 2 ** (attempt - 1))))
+                spent += wait
                 log.info("%s; retrying in %.2fs", exc, wait)
                 time.sleep(wait)
                 continue
@@ -179,11 +161,11 @@ class SSHHost:
                                  port=h.port, connect_timeout=h.connect_timeout,
                                  connect_kwargs={**kwargs, "banner_timeout": h.connect_timeout,
                                                  "auth_timeout": h.connect_timeout})
-        _install_host_key_checks(conn, h)
+        install_host_key_checks(conn, h)
         try:
             conn.open()
         except UnknownHostKey as exc:
-            raise HostKeyError(_unknown_key_message(h, conn, exc)) from None
+            raise HostKeyError(unknown_key_message(h, conn, exc)) from None
         except paramiko.BadHostKeyException as exc:
             known_hosts = known_hosts_path(conn, h)
             raise HostKeyError(
@@ -243,38 +225,6 @@ def _close_quietly(conn: fabric.Connection) -> None:
 def _ssh_config_user(address: str) -> str | None:
     """The User that ~/.ssh/config (or /etc/ssh/ssh_config) gives this host, if any."""
     return fabric.Config().base_ssh_config.lookup(address).get("user")
-
-
-def known_hosts_path(conn: fabric.Connection, host: HostConfig) -> str:
-    """The known_hosts file checked for this host: the inventory's, else ~/.ssh/config's, else the default."""
-    known_hosts = host.known_hosts or conn.ssh_config.get("userknownhostsfile", "").split(" ")[0] \
-        or "~/.ssh/known_hosts"
-    return os.path.expanduser(known_hosts)
-
-
-def _install_host_key_checks(conn: fabric.Connection, host: HostConfig) -> None:
-    """fabric trusts every host key by default; put known_hosts and a strict policy in place (gateways too)."""
-    known_hosts = known_hosts_path(conn, host)
-    client = paramiko.SSHClient()
-    if os.path.exists(known_hosts):
-        try:
-            client.load_host_keys(known_hosts)
-        except (OSError, paramiko.SSHException) as exc:
-            raise HostKeyError(f"{host.name}: cannot read known_hosts {known_hosts}: {exc}") from None
-    client.set_missing_host_key_policy(_policy_for(host, known_hosts))
-    conn.client = client
-    if isinstance(conn.gateway, fabric.Connection):
-        _install_host_key_checks(conn.gateway, host)
-
-
-def _unknown_key_message(host: HostConfig, conn: fabric.Connection, exc: UnknownHostKey) -> str:
-    key = exc.key
-    address = shlex.quote(conn.host)
-    target = f"-p {conn.port} {address}" if conn.port and conn.port != 22 else address
-    where = shlex.quote(known_hosts_path(conn, host))
-    return (f"{host.name}: unknown host key for {exc.hostname} ({key.get_name()} {key.fingerprint}); refusing to "
-            f"connect. If that fingerprint is right, accept it with `ssh-keyscan {target} >> {where}` (or connect "
-            f"once with ssh), or set `host_key_policy: accept-new` for this host in the inventory.")
 
 
 def _closed_during_auth(conn: fabric.Connection) -> bool:

@@ -29,6 +29,7 @@ from .trackers import GpuTracker, RunTracker, alert_view
 
 MAX_ALERTS = 500
 LINE_COUNT_CACHE_S = 1.0
+CLOSE_WAIT_S = 5.0  # how long closing waits for the streams' threads to end their commands
 COUNTDOWN_TICK_S = 1.0  # how often a retry countdown the dashboard shows moves on
 
 
@@ -131,6 +132,25 @@ class LiveSource:
         with self._lock:
             return self._lock.wait_for(lambda: all(s.answered for s in self._targets.values()), timeout)
 
+    def wait_while_answering(self, quiet_s: float, *, cap_s: float) -> bool:
+        """Block until every target has answered once or failed, as long as targets keep answering: False once
+        `quiet_s` passed with no target answering (since the start or the last one that did), or `cap_s` in
+        all. A slow fleet that keeps answering is waited for; a silent target alone is given up on."""
+        started = last = time.monotonic()
+        done = 0
+        with self._lock:
+            while True:
+                answered = sum(s.answered for s in self._targets.values())
+                if answered == len(self._targets):
+                    return True
+                now = time.monotonic()
+                if answered > done:
+                    done, last = answered, now
+                left = min(last + quiet_s, started + cap_s) - now
+                if left <= 0:
+                    return False
+                self._lock.wait(min(left, 1.0))
+
     def settle(self) -> None:
         """Have every parser emit what it holds for a quiet stream (a traceback that ends the log), as the live
         loop's ticks do: a one-shot snapshot taken before the first tick must show it too."""
@@ -139,7 +159,7 @@ class LiveSource:
 
     def unreachable(self, *, waited_s: float | None = None) -> dict[str, str]:
         """Targets not connected now, with the reason (one that never answered: how long it was waited for)."""
-        silent = "not connected" if waited_s is None else f"no answer within {waited_s:g}s"
+        silent = "not connected" if waited_s is None else f"no answer within {waited_s:.0f}s"
         with self._lock:
             return {name: s.error or silent for name, s in self._targets.items() if not s.connected}
 
@@ -184,8 +204,9 @@ class LiveSource:
     def close(self) -> None:
         for stream in self._streams.values():
             stream.stop()
+        deadline = time.monotonic() + CLOSE_WAIT_S  # one wait for them all: they end in parallel
         for stream in self._streams.values():
-            stream.join(5.0)
+            stream.join(max(0.0, deadline - time.monotonic()))
         if self._own_conns:
             self.conns.close()
 

@@ -9,8 +9,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ..errors import CommandTimeout, DflashError, Unreachable
+from ..errors import CommandTimeout, DflashError, TransportError, Unreachable
 from ..inventory.model import Target
+from ..runs.agentcall import needs_deploy
 from ..runs.client import RunClient
 from ..runs.spec import runs_dir
 from ..transports.base import RemoteProcess, Transport
@@ -26,8 +27,13 @@ PING_EVERY_S = 10.0
 AGENT_IDLE_EXIT_S = 60.0  # the agent's own limit: a controller behind a dead link never closes its stdin
 STEADY_S = 30.0  # a session that lasted this long starts the next backoff from the beginning
 SILENCE_CAP_S = AGENT_IDLE_EXIT_S  # past this the agent has given up on us anyway
-FIRST_WORD_S = 45.0  # an agent's first message may wait for a deploy and a Python start on a loaded machine
+# an agent's first message may wait for a deploy and a Python start on a loaded machine; counted from the later of
+# the stream's start and the last first word any stream of the source heard: a fleet that is still coming up
+# (the controller's 2 cores starting 128 agents) is slow, not gone
+FIRST_WORD_S = 45.0
+STARTS_AT_ONCE = 16  # streams between their start and their first word at one time (see ContainerStream._session)
 ONCE_WAIT_S = FIRST_WORD_S + 15.0  # `watch --once` waits no shorter than a stream for the first word, plus a connect
+ONCE_CAP_FACTOR = 5  # ...while targets keep answering, up to this many times its wait in all
 
 
 class StreamSink(Protocol):
@@ -53,11 +59,20 @@ class HostActivity:
 
     def __init__(self) -> None:
         self._heard: dict[str, float] = {}
+        self._first_word = float("-inf")  # the last time any stream heard its agent's first word
         self._lock = threading.Lock()
 
-    def heard(self, host: str, now: float) -> None:
+    def heard(self, host: str, now: float, *, first: bool = False) -> None:
         with self._lock:
             self._heard[host] = now
+            if first:
+                self._first_word = now
+
+    def first_word_overdue(self, started: float, now: float) -> bool:
+        """A stream started at `started` has waited too long for its first word: FIRST_WORD_S since it started
+        and since any stream last heard a first word (progress of the fleet, not the wall clock)."""
+        with self._lock:
+            return now - max(started, self._first_word) > FIRST_WORD_S
 
     def silent_for(self, host: str, now: float) -> float:
         with self._lock:
@@ -69,6 +84,8 @@ class StreamOptions:
     gpu_interval: float = 1.0
     heartbeat_s: float = 5.0
     activity: HostActivity = field(default_factory=HostActivity)  # shared by the streams of one source
+    # shared too: how many streams may be between their start and their first word at once
+    starting: threading.BoundedSemaphore = field(default_factory=lambda: threading.BoundedSemaphore(STARTS_AT_ONCE))
 
     @property
     def silence_limit_s(self) -> float:
@@ -90,18 +107,21 @@ class ContainerStream:
         self.options = options
         self._stop = threading.Event()
         self._proc: RemoteProcess | None = None
+        self._starting = False  # holds one of options.starting
         self._thread = threading.Thread(target=self._run, name=f"watch {target.name}", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
     def stop(self) -> None:
+        """Ask the stream to end without waiting for it: the agent's stdin is closed (it ends at end of input)
+        and the stream's own thread closes the command, so a fleet's streams all end at once (join waits)."""
         self._stop.set()
         proc = self._proc
         if proc is not None:
             try:
-                proc.close()
-            except DflashError:
+                proc.close_stdin()
+            except (DflashError, OSError, EOFError):
                 pass
 
     def join(self, timeout: float) -> None:
@@ -132,20 +152,52 @@ class ContainerStream:
                 self.sink.reconnecting(self.target)
 
     def _session(self) -> str:
+        """One connection of the stream. Starts take turns (STARTS_AT_ONCE): a fleet's agents all starting at
+        once on a small controller starve each other past any first-word limit, while a few at a time each
+        answer in their own time and the fleet's progress shows; a turn lasts until the first word."""
+        while not self.options.starting.acquire(timeout=READ_TICK_S):
+            if self._stop.is_set():
+                return "stopped"
+        self._starting = True
+        try:
+            return self._attempts()
+        finally:
+            self._started()
+
+    def _started(self) -> None:
+        if self._starting:
+            self._starting = False
+            self.options.starting.release()
+
+    def _attempts(self) -> str:
         transport = self.conns.for_target(self.target)
-        self._proc = proc = self.client.start_agent(self.target, [
-            "watch", "--runs-dir", runs_dir(self.target), "--gpu-interval", f"{self.options.gpu_interval:g}",
-            "--heartbeat", f"{self.options.heartbeat_s:g}", "--idle-exit", f"{AGENT_IDLE_EXIT_S:g}"])
+        for attempt in range(2):  # a second time only after sending the agent the first start found missing
+            if attempt:
+                self.client.redeploy(self.target)
+            self._proc = proc = self.client.start_agent(self.target, [
+                "watch", "--runs-dir", runs_dir(self.target), "--gpu-interval", f"{self.options.gpu_interval:g}",
+                "--heartbeat", f"{self.options.heartbeat_s:g}", "--idle-exit", f"{AGENT_IDLE_EXIT_S:g}"])
+            try:
+                self._follow(proc)
+                return self._pump(proc, transport)
+            except _NeedsDeploy:
+                pass
+            finally:
+                self._proc = None
+                proc.close()
+        return "the watch agent is still not there right after it was sent"
+
+    def _follow(self, proc: RemoteProcess) -> None:
+        """The offsets to resume from; a start that already answered NEEDS_DEPLOY may have stopped listening,
+        which its answer (read next) says better than a failed send."""
         try:
             self._send(proc, {"follow": self.sink.connected(self.target)})
-            return self._pump(proc, transport)
-        finally:
-            self._proc = None
-            proc.close()
+        except TransportError:
+            pass
 
     def _pump(self, proc: RemoteProcess, transport: Transport) -> str:
         buffer = b""
-        last_data = last_tick = last_ping = time.monotonic()
+        last_data = last_tick = last_ping = started = time.monotonic()
         worst_gap, heard = 0.0, False
         host, activity = self.target.host.name, self.options.activity
         while not self._stop.is_set():
@@ -158,11 +210,13 @@ class ContainerStream:
                 return "the watch agent ended" + _exit_note(proc)
             if chunk:
                 worst_gap = max(worst_gap, now - last_data) if heard else worst_gap
+                activity.heard(host, now, first=not heard)
                 last_data, heard = now, True
-                activity.heard(host, now)
+                self._started()
                 *lines, buffer = (buffer + chunk).split(b"\n")
                 self._dispatch(proc, lines)
-            elif now - last_data > (silence_limit(self.options, worst_gap) if heard else FIRST_WORD_S):
+            elif (now - last_data > silence_limit(self.options, worst_gap) if heard
+                  else activity.first_word_overdue(started, now)):
                 self._silent(transport, now - last_data, activity.silent_for(host, now))
             if now - last_tick >= READ_TICK_S:
                 last_tick = now
@@ -189,6 +243,8 @@ class ContainerStream:
                 continue  # e.g. a warning the container's Python printed; the stream goes on
             if not isinstance(message, dict):
                 continue
+            if needs_deploy(message):
+                raise _NeedsDeploy()
             follow = self.sink.message(self.target, message)
             if follow:
                 self._send(proc, {"follow": follow})
@@ -196,6 +252,10 @@ class ContainerStream:
     @staticmethod
     def _send(proc: RemoteProcess, command: dict) -> None:
         proc.write((json.dumps(command) + "\n").encode())
+
+
+class _NeedsDeploy(TransportError):
+    """The stream's start found this version of the agent missing (agentcall.needs_deploy)."""
 
 
 def reason_only(error: str, *names: str) -> str:

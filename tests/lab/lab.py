@@ -158,6 +158,7 @@ class Lab:
     known_hosts: Path
     prefix: str
     lxc: bool = False               # hosts run real LXC containers (lxclab.py, pct_lxc.py), not the stand-in's
+    session_cost: float = 0.0       # seconds of CPU work each SSH session's shell does before its command
     stopped: bool = False
     _drop_device: str | None = field(default=None, repr=False)
     _links: list[netns.HostLink] = field(default_factory=list, repr=False)
@@ -166,7 +167,8 @@ class Lab:
     # ---- life cycle ------------------------------------------------------------------------------------
 
     @classmethod
-    def start(cls, root: Path, spec: tuple[HostSpec, ...] = DEFAULT_SPEC, *, lxc: bool = False) -> Lab:
+    def start(cls, root: Path, spec: tuple[HostSpec, ...] = DEFAULT_SPEC, *, lxc: bool = False,
+              session_cost: float = 0.0) -> Lab:
         reason = lab_unavailable_reason()
         if reason:
             raise netns.LabSetupError(reason)
@@ -174,7 +176,7 @@ class Lab:
         (root / "client").mkdir(parents=True, exist_ok=True)
         reap_stale_labs()
         lab = cls(root=root, hosts={}, client_key=root / "client" / "id_ed25519",
-                  known_hosts=root / "client" / "known_hosts", lxc=lxc,
+                  known_hosts=root / "client" / "known_hosts", lxc=lxc, session_cost=session_cost,
                   prefix=netns.device_prefix(os.getpid(), next(_lab_numbers)))
         atexit.register(lab.stop)
         try:
@@ -193,10 +195,13 @@ class Lab:
         if not rc.is_file():
             return ()
         replacement = self.root / "session-bashrc"
-        replacement.write_text(f"export PATH={shlex.quote(os.environ.get('PATH', '/usr/bin:/bin'))}\n")
+        replacement.write_text(f"export PATH={shlex.quote(os.environ.get('PATH', '/usr/bin:/bin'))}\n"
+                               + (busy_loop(self.session_cost) if self.session_cost else ""))
         return ((replacement, str(rc)),)
 
     def _build(self, spec: tuple[HostSpec, ...]) -> None:
+        if self.session_cost and not (Path.home() / ".bashrc").is_file():
+            raise netns.LabSetupError("a per-session cost needs the login user's ~/.bashrc to stand in for")
         sshd.generate_key(self.client_key, "dflashctl-lab-client")
         shutil.copy(self.client_key.with_suffix(".pub"), self.root / "client" / "authorized_keys")
         links = self._create_links(spec)
@@ -491,6 +496,21 @@ def _write_json_atomically(path: Path, data: object) -> None:
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
     tmp.write_text(json.dumps(data))
     os.replace(tmp, path)
+
+
+def busy_loop(seconds: float) -> str:
+    """A shell rc line that keeps a CPU busy for about `seconds` on an idle machine (a Proxmox host's login
+    shell doing its rc's work: a fixed amount of work, so it takes longer on a loaded machine, as real work
+    does): a count calibrated here against bash itself."""
+    probe = 200_000
+    took = min(_timed(["bash", "-c", f"i=0; while [ $i -lt {probe} ]; do i=$((i+1)); done"]) for _ in range(3))
+    return f"i=0; while [ $i -lt {max(1, int(probe * seconds / took))} ]; do i=$((i+1)); done\n"
+
+
+def _timed(argv: list[str]) -> float:
+    started = time.monotonic()
+    subprocess.run(argv, check=True)
+    return time.monotonic() - started
 
 
 def _kill_init(container: LabContainer) -> None:

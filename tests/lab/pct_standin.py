@@ -25,6 +25,7 @@ process of the container to N CPUs. The init's host pid and start time are kept 
   - anything that still holds the inherited stdout/stderr keeps the caller's SSH session open;
   - SIGHUP, SIGTERM or SIGINT to pct end pct alone (it dies of the signal); CMD goes on running.
   As real lxc-attach does without a terminal (tests/on_lab/test_lab_lxc.py runs the same tests on it).
+Each `pct exec` adds a line to <lab>/hosts/<host>/ct/<id>/exec.log (its arguments, cut short), before it attaches.
 A test knob: while <lab>/hosts/<host>/ct/<id>/exec-hangs exists, `pct exec` on that container hangs before it
 attaches, as lxc-attach does on a frozen container, until a signal ends it; only for commands with an argument
 equal to the file's first line when it has one (`ps`: only the agent's ps hangs).
@@ -168,6 +169,13 @@ def hang_if_told(container: Container, argv: list[str]) -> None:
             signal.pause()
 
 
+def note_exec(container: Container, argv: list[str]) -> None:
+    """One line per `pct exec` in the container's exec.log (its arguments, each cut to 40 characters): what
+    tests count commands per target by."""
+    with open(container.dir / "exec.log", "a", encoding="utf-8") as log:
+        log.write(json.dumps([arg[:40] for arg in argv]) + "\n")
+
+
 def cmd_exec(args: list[str]) -> int:
     if not args:
         raise PctError("400 not enough arguments\n" + USAGE)
@@ -175,6 +183,7 @@ def cmd_exec(args: list[str]) -> int:
     argv = args[2:] if args[1:2] == ["--"] else args[1:]
     if not argv:
         raise PctError("missing command")
+    note_exec(container, argv)
     hang_if_told(container, argv)
     enter_namespaces(container.running_pid())
     limit_cpus(container)

@@ -4,9 +4,11 @@ connection, a controller short of file descriptors, a kill that asks only where 
 from __future__ import annotations
 
 import json
+import re
 import resource
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -45,6 +47,22 @@ def test_more_containers_than_the_hosts_max_sessions_all_answer(fleet, capsys, c
     assert len(said) == 1 and "MaxSessions" in said[0]  # the limit it met is said, once
 
 
+def test_ps_asks_more_containers_than_the_hosts_max_sessions_at_once_and_all_answer(fleet, capsys,
+                                                                                     caplog) -> None:
+    """ps asks a host's containers in parallel: 12 channels opened at once on a MaxSessions 10 host. The ones
+    refused go over a second connection, and the limit learned is the server's, not the handful of channels
+    that had finished opening when the refusal came."""
+    _, inv = fleet
+    code, listing, err = cli(inv, "ps", *[f"many/{ct}" for ct in MANY], "--json", capsys=capsys)
+    assert code == 0, err
+    assert all(t["ok"] for t in listing["targets"].values()) and len(listing["targets"]) == len(MANY)
+    learned = [r.getMessage() for r in caplog.records if "sessions per connection from now on" in r.getMessage()]
+    # near the server's 10 (a channel it has not yet freed, or one refused too that was still opening, may count
+    # either way), never the 1 or 2 that had finished opening
+    limits = [int(re.search(r"at most (\d+) sessions", said).group(1)) for said in learned]
+    assert all(MAX_SESSIONS - 2 <= limit <= MAX_SESSIONS + 2 for limit in limits), learned
+
+
 def many_hosts_inventory(lab: Lab, path: Path, count: int) -> Path:
     """An inventory of `count` hosts that are all the lab's `many` under other names, one container each: a
     fleet's worth of connections from one controller."""
@@ -80,6 +98,42 @@ def test_ps_short_of_file_descriptors_names_each_target_it_could_not_read(fleet,
 def sessions_accepted(lab: Lab, host: str) -> int:
     """How many SSH logins the host's sshd has let in so far (its log says each)."""
     return (lab.hosts[host].dir / "sshd.log").read_text(errors="replace").count("Accepted publickey")
+
+
+def sessions_started(lab: Lab, host: str) -> int:
+    """How many sessions (commands) the host's sshd has started so far, over all its connections."""
+    return (lab.hosts[host].dir / "sshd.log").read_text(errors="replace").count("Starting session:")
+
+
+def execs(lab: Lab, host: str, ct: int) -> list[list[str]]:
+    """Every `pct exec` into the container so far, as the pct stand-in noted it (arguments cut short)."""
+    log = lab.hosts[host].containers[ct].dir / "exec.log"
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def test_ps_watch_once_and_launch_cost_one_session_per_deployed_target(fleet, tmp_path, monkeypatch,
+                                                                        capsys) -> None:
+    """The deploy check rides in the agent call: where this version's agent is, `ps`, `watch --once` and a
+    launch are one SSH session and one `pct exec` on the target; where it is not, the call says so and deploy
+    runs first."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    lab, inv = fleet
+    agent_dir = lab.hosts["other"].containers[500].workspace / ".dflash" / "agent"
+    for old in agent_dir.glob("agent-*.pyz"):
+        old.unlink()  # the first command below must deploy
+    before = len(execs(lab, "other", 500))
+    code, _, err = cli(inv, "ps", "other/500", "--json", capsys=capsys)
+    assert code == 0, err
+    assert list(agent_dir.glob("agent-*.pyz"))  # sent...
+    assert len(execs(lab, "other", 500)) - before > 1  # ...after the call said it was missing
+    for command in (["ps", "other/500", "--json"], ["watch", "other/500", "--once", "--json"],
+                    ["launch", "other/500", "--json", "--name", "brief", "--", "true"]):
+        before, sessions = len(execs(lab, "other", 500)), sessions_started(lab, "other")
+        code, _, err = cli(inv, *command, capsys=capsys)
+        assert code == 0, err
+        calls = execs(lab, "other", 500)[before:]
+        assert len(calls) == 1 and calls[0][0] == "sh", (command, calls)
+        assert sessions_started(lab, "other") - sessions == 1, command
 
 
 @pytest.fixture()
@@ -152,3 +206,51 @@ def test_watch_all_needs_once(fleet, capsys) -> None:
     _, inv = fleet
     code, _, err = cli(inv, "watch", "--all", capsys=capsys)
     assert code == 2 and "--all goes with --once" in err
+
+
+def test_launch_each_starts_one_run_per_target_in_one_process(fleet, tmp_path, monkeypatch, capsys) -> None:
+    """`launch T... --each`: every target gets its run from one process, one command each, and the verify waits
+    overlap (10 runs with a 1 s settle each take about one settle, not ten); kill finds them all by id."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    lab, inv = fleet
+    targets = [f"many/{ct}" for ct in MANY[:9]] + ["other/500"]
+    assert cli(inv, "ps", *targets, capsys=capsys)[0] == 0  # the agent is there (deploys are not counted below)
+    before = {t: len(execs(lab, t.split("/")[0], int(t.split("/")[1]))) for t in targets}
+    started = time.monotonic()
+    code, report, err = cli(inv, "launch", *targets, "--each", "--json", "--name", "each", "--", "sleep", "600",
+                            capsys=capsys)
+    took = time.monotonic() - started
+    try:
+        assert code == 0, err
+        assert sorted(report["targets"]) == sorted(targets) and all(t["ok"] for t in report["targets"].values())
+        assert sorted(r["target"] for r in report["runs"]) == sorted(targets)
+        assert {r["state"] for r in report["runs"]} == {"running"}
+        assert len({r["run_id"] for r in report["runs"]}) == len(targets)
+        for target in targets:
+            host, ct = target.split("/")
+            assert len(execs(lab, host, int(ct))) - before[target] == 1, target
+        assert took < 0.6 * len(targets), took  # one settle of 1 s each, in turn, would take 10 s and more
+    finally:
+        ids = [r["run_id"] for r in report["runs"]] if isinstance(report, dict) else []
+        code, killed, err = cli(inv, "kill", *ids, "--grace", "1", "--json", capsys=capsys)
+    assert code == 0 and sorted(killed["targets"]) == sorted(targets), err
+
+
+def test_launch_each_names_the_target_it_could_not_launch_on_and_starts_the_others(fleet, tmp_path, monkeypatch,
+                                                                                   capsys) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    lab, inv = fleet
+    lab.pct("other", "stop", "500", check=True)
+    try:
+        code, report, err = cli(inv, "launch", "many/402", "other/500", "--each", "--json", "--", "sleep", "600",
+                                capsys=capsys)
+    finally:
+        lab.pct("other", "start", "500", check=True)
+    try:
+        assert code == 1, err
+        assert report["targets"]["many/402"]["ok"] and not report["targets"]["other/500"]["ok"]
+        assert "CT 500 not running" in report["targets"]["other/500"]["error"], report
+        assert "dflashctl: error: other/500: " in err and "CT 500 not running" in err, err
+        assert [r["target"] for r in report["runs"]] == ["many/402"]
+    finally:
+        cli(inv, "kill", *[r["run_id"] for r in report["runs"]], "--grace", "1", capsys=capsys)
