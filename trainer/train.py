@@ -392,4 +392,7 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
              else "no checkpoint of the last step (no room on the disk: see above)")
     log.say(f"Finished: {step} steps in {time.perf_counter() - started:.1f}s; {saved}")
     log.close()
+    # the ranks leave together: a rank that tore its process group down while rank 0 still checked parity died
+    # of SIGABRT at exit once in a CI run (a restarted job's worker, gloo), and the job was failed for it
+    barrier(ctx)
     return 0
