@@ -64,6 +64,16 @@ MISTAKES = {
 }
 
 
+@pytest.mark.parametrize("args, words", [(["launch", "local", "--each"], "nothing to run"),
+                                         (["launch", "nosuch", "--each", "--", "true"], "unknown host 'nosuch'")])
+def test_launch_each_refuses_a_bad_fleet_in_one_line(tmp_path, args, words):
+    """launch --each's own checks (after parsing): exit 2, one line that says what is wrong, nothing started."""
+    done = dflashctl(tmp_path, *args)
+    assert done.returncode == 2 and done.stdout == "", done.stderr
+    assert done.stderr.splitlines() == [done.stderr.strip()] and done.stderr.startswith("dflashctl: error: ")
+    assert words in done.stderr and "Traceback" not in done.stderr
+
+
 @pytest.mark.parametrize("case", sorted(MISTAKES))
 def test_each_usage_mistake_is_exit_2_with_a_message_and_the_usage(tmp_path, case):
     args, words = MISTAKES[case]

@@ -40,7 +40,7 @@ def launch_each(state: AppState, specs: list[LaunchSpec], *, preflight, as_json:
     """Launch every spec (one per target) at once; `preflight(client, targets)` first refuses what doctor's
     checks of a config fail. Prints {"runs": [...], "targets": {T: {"ok", "run_id" | "error"}}} with --json."""
     err = stderr()
-    err.print(f"launching {specs[0].name} on {len(specs)} targets...", markup=False)
+    err.print(f"launching {specs[0].name} on {len(specs)} target{'' if len(specs) == 1 else 's'}...", markup=False)
     by_target = {spec.target.name: spec for spec in specs}
     _distinct_ids(specs)
     with Connections() as conns:
