@@ -32,6 +32,7 @@ import yaml
 from tests.lab import lxclab, netns, sshd
 from tests.lab.fake_nvidia_smi import DRIVER
 from tests.lab.procs import ProcInfo, container_processes
+from tests.polling import wait_for
 
 HERE = Path(__file__).resolve().parent
 FIXTURES = HERE / "fixtures"
@@ -413,6 +414,17 @@ class Lab:
 
     def ct_processes(self, host: str, ctid: int) -> list[ProcInfo]:
         return container_processes(self._running_init(host, ctid))
+
+    def zombies(self, host: str, ctid: int) -> set[int]:
+        return {p.pid for p in self.ct_processes(host, ctid) if p.state == "Z"}
+
+    def lasting_zombies(self, host: str, ctid: int, *, besides: set[int] = frozenset(),
+                        settle: float = 5.0) -> set[int]:
+        """The container's zombies, `besides` aside, still there once their parents had `settle` seconds to reap
+        them. One seen once may be a child whose parent (pct on the host, a supervisor) reaps it a moment later;
+        under a PID 1 that never reaps, a leaked one stays."""
+        wait_for(lambda: not self.zombies(host, ctid) - besides, settle, 0.1)
+        return self.zombies(host, ctid) - besides
 
     def pct(self, host: str, *args: str, timeout: float = 30, check: bool = False,
             ) -> subprocess.CompletedProcess[str]:

@@ -66,10 +66,6 @@ def upload_steady(lab, pkg_root: Path, steady_s: float = 2.0):
     return steady
 
 
-def zombies(lab) -> set[int]:
-    return {p.pid for p in lab.ct_processes("pve2", 300) if p.state == "Z"}
-
-
 def test_four_launches_of_one_trainer_leave_one_package_directory(lab, config, tmp_path) -> None:
     inv = tmp_path / "inventory.yaml"
     pkg_root = fresh_workdir(lab, inv, "pkg") / ".dflash" / "pkg"
@@ -87,12 +83,12 @@ def cut_upload(lab, tmp_path):
     inv = tmp_path / "inventory.yaml"
     pkg_root = fresh_workdir(lab, inv, "cutpkg") / ".dflash" / "pkg"
     assert subprocess.run(dflashctl(inv, "ps", TARGET), capture_output=True, timeout=120).returncode == 0
-    before = zombies(lab)
+    before = lab.zombies("pve2", 300)
     yield inv, pkg_root
     assert wait_for(lambda: not receivers(lab, pkg_root), 30), receivers(lab, pkg_root)  # nobody still waits
     deploy_trainer(inv)
     assert sorted(os.listdir(pkg_root)) == [deploy.trainer_bundle().digest]  # no temp dir beside it
-    assert zombies(lab) - before == set()
+    assert lab.lasting_zombies("pve2", 300, besides=before) == set()
 
 
 def test_an_upload_cut_by_killing_the_controller_leaves_nothing_behind(lab, config, cut_upload) -> None:
