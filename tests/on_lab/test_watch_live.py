@@ -153,10 +153,7 @@ def test_closing_the_source_ends_every_agent_and_nvidia_smi(lab, inventory, laun
         return [p for p in lab.ct_processes("pve1", 200)
                 if is_watch_agent(p.cmdline) or "nvidia-smi" in " ".join(p.cmdline)]
 
-    def zombies() -> int:
-        return sum(1 for p in lab.ct_processes("pve1", 200) if p.state == "Z")
-
-    zombies_before = zombies()
+    zombies_before = lab.zombies("pve1", 200)
     with LiveSource(inventory, [inventory.target("pve1/200")], heartbeat_s=1.0) as live:
         assert live.wait_until_answered(30)
         assert leftovers(), "the agent and its nvidia-smi should run while watching"
@@ -164,4 +161,4 @@ def test_closing_the_source_ends_every_agent_and_nvidia_smi(lab, inventory, laun
     while leftovers() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert leftovers() == []
-    assert zombies() <= zombies_before  # none left by the watch (an earlier test's may since be reaped)
+    assert lab.lasting_zombies("pve1", 200, besides=zombies_before) == set()  # none left by the watch
