@@ -41,8 +41,8 @@ def kill(
             if match.note:
                 err.print(match.note, markup=False)
         targets, by_target = _by_target(matches)
-        live = len({record["run_id"] for match in matches for _, record in match.runs
-                    if record.get("state") not in TERMINAL_STATES})
+        live = len({record.run_id for match in matches for _, record in match.runs
+                    if record.state not in TERMINAL_STATES})
         if live:  # an ended run is only reported as such below: nothing is stopped
             err.print(f"stopping {live} run{'s' if live != 1 else ''} (TERM, KILL after "
                       f"{'the run grace' if grace is None else f'{grace:g}s'})...")
@@ -62,8 +62,8 @@ def _by_target(matches: list[Match]) -> tuple[dict[str, Target], dict[str, list[
     for match in matches:
         for target, record in match.runs:
             targets[target.name] = target
-            if record["run_id"] not in by_target[target.name]:
-                by_target[target.name].append(record["run_id"])
+            if record.run_id not in by_target[target.name]:
+                by_target[target.name].append(record.run_id)
     return targets, by_target
 
 
@@ -72,17 +72,17 @@ def _print(report: dict) -> None:
     for target, result in report.items():
         if result.get("error") and not result.get("runs"):
             say(out, about(target, result["error"]))
-        for run in result.get("runs", []):
-            record = {**(run.get("run") or {}), **run}
+        for entry in result.get("runs", []):  # the agent's answer for one run, its record under "run"
+            record = {**(entry.get("run") or {}), **entry}
             ended = how_it_ended(record)
-            line = f"{run.get('run_id')} on {target}: " + (f"had already ended: {ended}; nothing to stop"
-                                                           if run.get("already_ended") else ended)
-            if run.get("state_error"):
-                line += f"; {run['state_error']}"
-            for refused in run.get("refused") or []:
+            line = f"{entry.get('run_id')} on {target}: " + (f"had already ended: {ended}; nothing to stop"
+                                                             if entry.get("already_ended") else ended)
+            if entry.get("state_error"):
+                line += f"; {entry['state_error']}"
+            for refused in entry.get("refused") or []:
                 line += f"; NOT SIGNALLED: pid {refused.get('pid')}: {refused.get('reason')}"
-            survivors = run.get("survivors") or []
+            survivors = entry.get("survivors") or []
             if survivors:
-                line += "; STILL ALIVE: " + ", ".join(f"{p.get('pid')} {p.get('cmdline', '')[:60]}"
-                                                     for p in survivors)
+                line += "; STILL ALIVE: " + ", ".join(f"{survivor.get('pid')} {survivor.get('cmdline', '')[:60]}"
+                                                     for survivor in survivors)
             say(out, line)

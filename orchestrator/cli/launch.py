@@ -152,8 +152,8 @@ def _warn_same_name(client: RunClient, targets: list[Target], name: str) -> None
     same = []
     for target in targets:
         try:
-            same += [r["run_id"] for r in client.runs_on(target)
-                     if r.get("name") == name and r.get("state") in LIVE_STATES]
+            same += [r.run_id for r in map(RunRecord.from_dict, client.runs_on(target))
+                     if r.name == name and r.state in LIVE_STATES]
         except DflashError:
             continue
     _say_namesakes(same, name)
@@ -181,12 +181,13 @@ def _launch_run(state: AppState, spec: LaunchSpec, config: Path | None, *, as_js
         except LaunchFailed as failed:
             _report_failure(failed)
             raise
-        _say_namesakes(client.namesakes.get(record["run_id"], []), spec.name)
+        run_id = RunRecord.from_dict(record).run_id
+        _say_namesakes(client.namesakes.get(run_id, []), spec.name)
     if as_json:
         print_json({"run": record, **record})
     else:
         err.print(_started_line(record, where), markup=False)
-        typer.echo(record["run_id"])
+        typer.echo(run_id)
     return EXIT_OK
 
 
@@ -228,9 +229,9 @@ def _launch_job(state: AppState, spec: JobSpec, config: Path, *, as_json: bool) 
     if as_json:
         print_json(job)
         return EXIT_OK
-    for node in job["nodes"]:
-        err.print(f"  node {node['node_rank']}: {node['run_id']} {node.get('state')} on {node['target']} "
-                  f"(pid {node.get('pid')})", markup=False)
+    for node in map(RunRecord.from_dict, job["nodes"]):
+        err.print(f"  node {node.node_rank}: {node.run_id} {node.state} on {node.target} (pid {node.pid})",
+                  markup=False)
     err.print(f"job {job['job_id']}: rendezvous at {job['rendezvous']}; `dflashctl logs -f {job['job_id']}` "
               f"follows node 0", markup=False)
     typer.echo(job["job_id"])
@@ -284,13 +285,13 @@ def _trainer_spec(target: Target, config: Path, *, name: str | None, gpus: list[
 
 def _report_failure(failed: LaunchFailed) -> None:
     payload = failed.payload
-    run = payload.get("run") or {}
-    if not run:  # refused before anything started (e.g. GPUs busy): the error says it all
+    if not payload.get("run"):  # refused before anything started (e.g. GPUs busy): the error says it all
         return
+    run = RunRecord.from_dict(payload["run"])
     # how it ended is the error line printed after this; here only what the error cannot hold
     err = stderr()
     lines = payload.get("log_tail") or []
     if lines:
-        err.print(f"last lines of the log of {run.get('run_id', '?')}:", markup=False)
+        err.print(f"last lines of the log of {run.run_id or '?'}:", markup=False)
         for line in lines[-40:]:  # the workload's text only, never its escape sequences
             err.print(f"  {for_terminal(line)}", markup=False)

@@ -68,10 +68,9 @@ def logs(
 
 def _pick(match: Match, node: int | None) -> tuple:
     """The one run to show, (target, its RunRecord): the run itself, or the chosen node of a job."""
-    runs = [(target, RunRecord.from_dict(record)) for target, record in match.runs]
     if match.kind == "run":
-        return runs[0]
-    nodes = {run.node_rank: (target, run) for target, run in runs}
+        return match.runs[0]
+    nodes = {run.node_rank: (target, run) for target, run in match.runs}
     rank = 0 if node is None else node
     if rank not in nodes:
         raise TargetNotFound(f"job {match.id} has no node {rank} (nodes: {', '.join(map(str, sorted(nodes)))})")

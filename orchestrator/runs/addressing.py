@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from dflash_records.run import RunRecord
+
 from ..agent.protocol import LIVE_STATES
 from ..errors import DflashError, TargetNotFound, Unreachable, UsageError, shorten
 from ..inventory.model import Target
@@ -29,24 +31,24 @@ class Match:
     ref: str
     kind: str
     id: str
-    runs: list[tuple[Target, dict]] = field(default_factory=list)
+    runs: list[tuple[Target, RunRecord]] = field(default_factory=list)
     note: str | None = None   # which of several same-named runs was taken, for the user to read
 
     @property
     def live(self) -> bool:
-        return any(record.get("state") in LIVE_STATES for _, record in self.runs)
+        return any(record.state in LIVE_STATES for _, record in self.runs)
 
     @property
     def created_at(self) -> str:
-        return min((record.get("created_at") or "" for _, record in self.runs), default="")
+        return min((record.created_at or "" for _, record in self.runs), default="")
 
     @property
     def name(self) -> str | None:
-        return self.runs[0][1].get("name") if self.runs else None
+        return self.runs[0][1].name if self.runs else None
 
     def describe(self) -> str:
         targets = sorted({target.name for target, _ in self.runs})
-        state = "live" if self.live else (self.runs[0][1].get("state") if len(self.runs) == 1 else "ended")
+        state = "live" if self.live else (self.runs[0][1].state if len(self.runs) == 1 else "ended")
         return f"{self.id} ({'job ' if self.kind == 'job' else ''}{state} on {', '.join(targets)})"
 
 
@@ -60,7 +62,7 @@ def locate(client: RunClient, refs: list[str], *, one_live: bool = False) -> lis
     if known is not None:
         return known
     outcomes = client.list_runs(client.inventory.all_targets())
-    runs = [(o.target, record) for o in outcomes for record in o.value or []]
+    runs = typed(outcomes)
     matches, missing = [], []
     for ref in refs:
         match = resolve(ref, runs, one_live=one_live)
@@ -86,16 +88,21 @@ def _where_known(client: RunClient, refs: list[str], *, one_live: bool) -> list[
     outcomes = client.list_runs(targets)
     if not all(o.ok for o in outcomes):
         return None
-    runs = [(o.target, record) for o in outcomes for record in o.value or []]
+    runs = typed(outcomes)
     matches = [resolve(ref, runs, one_live=one_live) for ref in refs]
     if all(m is not None and m.id == ref and _whole(m) for ref, m in zip(refs, matches)):
         return matches  # type: ignore[return-value]
     return None
 
 
+def typed(outcomes: list) -> list[tuple[Target, RunRecord]]:
+    """(target, run record) of every run the targets that answered listed."""
+    return [(o.target, RunRecord.from_dict(record)) for o in outcomes for record in o.value or []]
+
+
 def _whole(match: Match) -> bool:
     """Every node of a job was found (a job's nodes may have moved on since the cache saw them)."""
-    return match.kind != "job" or all(len(match.runs) == (r.get("nnodes") or len(match.runs)) for _, r in match.runs)
+    return match.kind != "job" or all(len(match.runs) == (r.nnodes or len(match.runs)) for _, r in match.runs)
 
 
 def _raise_missing(missing: list[str], outcomes: list) -> None:
@@ -111,10 +118,10 @@ def _raise_missing(missing: list[str], outcomes: list) -> None:
                          f"given at launch; see `dflashctl ps`){hint}")
 
 
-def resolve(ref: str, runs: list[tuple[Target, dict]], *, one_live: bool = False) -> Match | None:
+def resolve(ref: str, runs: list[tuple[Target, RunRecord]], *, one_live: bool = False) -> Match | None:
     """The Match for `ref` among every known run, None when nothing matches; UsageError when ambiguous (with
     `one_live`, also a name of several live runs)."""
-    exact = [(t, r) for t, r in runs if r.get("run_id") == ref]
+    exact = [(t, r) for t, r in runs if r.run_id == ref]
     if exact:
         return Match(ref, "run", ref, exact[:1])
     units = _units(runs)
@@ -129,18 +136,17 @@ def resolve(ref: str, runs: list[tuple[Target, dict]], *, one_live: bool = False
     return _by_prefix(ref, runs, units)
 
 
-def _units(runs: list[tuple[Target, dict]]) -> dict[str, dict[str, Match]]:
+def _units(runs: list[tuple[Target, RunRecord]]) -> dict[str, dict[str, Match]]:
     """Plain runs by run id and jobs (all their nodes) by job id: what a name or a prefix can name."""
     plain: dict[str, Match] = {}
     jobs: dict[str, Match] = {}
     for target, record in runs:
-        job_id = record.get("job_id")
-        if job_id:
-            jobs.setdefault(job_id, Match(job_id, "job", job_id)).runs.append((target, record))
+        if record.job_id:
+            jobs.setdefault(record.job_id, Match(record.job_id, "job", record.job_id)).runs.append((target, record))
         else:
-            plain.setdefault(record["run_id"], Match(record["run_id"], "run", record["run_id"], [(target, record)]))
+            plain.setdefault(record.run_id, Match(record.run_id, "run", record.run_id, [(target, record)]))
     for job in jobs.values():
-        job.runs.sort(key=lambda tr: tr[1].get("node_rank") or 0)
+        job.runs.sort(key=lambda tr: tr[1].node_rank or 0)
     return {"run": plain, "job": jobs}
 
 
@@ -156,12 +162,12 @@ def _newest(ref: str, named: list[Match]) -> Match:
     return chosen
 
 
-def _by_prefix(ref: str, runs: list[tuple[Target, dict]], units: dict[str, dict[str, Match]]) -> Match | None:
+def _by_prefix(ref: str, runs: list[tuple[Target, RunRecord]], units: dict[str, dict[str, Match]]) -> Match | None:
     found = [m for m in [*units["run"].values(), *units["job"].values()] if m.id.startswith(ref)]
     covered = {m.id for m in found if m.kind == "job"}
     # a prefix longer than its job's id may name one node run of the job (`JOB-n1`)
-    found += [Match(r["run_id"], "run", r["run_id"], [(t, r)]) for t, r in runs
-              if r.get("job_id") and r["run_id"].startswith(ref) and r["job_id"] not in covered]
+    found += [Match(r.run_id, "run", r.run_id, [(t, r)]) for t, r in runs
+              if r.job_id and r.run_id.startswith(ref) and r.job_id not in covered]
     if not found:
         return None
     if len(found) == 1:

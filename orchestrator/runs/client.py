@@ -11,6 +11,8 @@ import base64
 import json
 from typing import Sequence
 
+from dflash_records.run import RunRecord
+
 from ..agent.protocol import CHECK_FAILED, DEFAULT_GRACE_S, NO_GPUS, SUCCEEDED
 from ..errors import OperationFailed, TransportError, UsageError
 from ..gpus import parse_query_csv, query_argv
@@ -164,10 +166,11 @@ class RunClient:
         if payload.get("code") == CHECK_FAILED:
             judge(spec.target, spec.check_config or CONFIG_INPUT, payload.get("check") or {})
         run = payload.get("run") or {}
-        if not payload.get("ok") and run.get("state") != SUCCEEDED:  # finishing at once with 0 is no failure
+        record = RunRecord.from_dict(run)
+        if not payload.get("ok") and record.state != SUCCEEDED:  # finishing at once with 0 is no failure
             raise LaunchFailed(payload, spec.target.name)
         whereabouts.remember([(spec.target.name, run)])
-        self.namesakes[run.get("run_id") or run_id] = list(payload.get("namesakes") or [])
+        self.namesakes[record.run_id or run_id] = list(payload.get("namesakes") or [])
         return with_metrics(run or payload)
 
     def relaunch(self, target: Target, run_id: str, *, name: str, new_id: str | None = None,

@@ -73,10 +73,9 @@ def check_checkpoint(value: str) -> str:
 
 def node_zero(match: Match) -> tuple[Target, RunRecord]:
     """The run to pull: the run itself, or rank 0's node of a job (rank 0 writes the checkpoints)."""
-    runs = [(target, RunRecord.from_dict(record)) for target, record in match.runs]
     if match.kind == "run":
-        return runs[0]
-    for target, run in runs:
+        return match.runs[0]
+    for target, run in match.runs:
         if (run.node_rank or 0) == 0:
             return target, run
     raise TargetNotFound(f"job {match.id} has no node 0 to pull from")

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from dflash_records.run import RunRecord
 from orchestrator.errors import UsageError
 from orchestrator.inventory.model import parse_inventory
 from orchestrator.runs.addressing import resolve
@@ -15,8 +16,8 @@ CT, LOCAL = INV.target("pve1/200"), INV.target("local")
 
 
 def run(run_id: str, name: str, state: str, created: str, target=LOCAL, **extra) -> tuple:
-    return target, {"run_id": run_id, "name": name, "state": state, "created_at": created, "job_id": None,
-                    **extra}
+    return target, RunRecord.from_dict({"run_id": run_id, "name": name, "state": state, "created_at": created,
+                                        "job_id": None, **extra})
 
 
 def node(job_id: str, rank: int, state: str, created: str, target=CT) -> tuple:
@@ -34,7 +35,7 @@ RUNS = [
 
 
 def ids(match) -> list[str]:
-    return [record["run_id"] for _, record in match.runs]
+    return [record.run_id for _, record in match.runs]
 
 
 def test_a_name_means_its_newest_live_run_and_says_so():
@@ -44,7 +45,7 @@ def test_a_name_means_its_newest_live_run_and_says_so():
 
 
 def test_a_name_with_no_live_run_means_its_newest_and_one_run_needs_no_note():
-    ended = [r for r in RUNS if r[1]["state"] != "running"]
+    ended = [r for r in RUNS if r[1].state != "running"]
     match = resolve("ticker", ended)
     assert match.id == "ticker-261201-120000-cccc" and "none is live" in match.note
     solo = resolve("solo", RUNS)
@@ -73,6 +74,6 @@ def test_an_ambiguous_prefix_lists_the_candidates():
         resolve("ticker-2612", RUNS)
     message = str(info.value)
     assert "begins 3 run ids" in message
-    assert all(r[1]["run_id"] in message for r in RUNS[:3]) and "local" in message and "pve1/200" in message
+    assert all(r[1].run_id in message for r in RUNS[:3]) and "local" in message and "pve1/200" in message
     with pytest.raises(UsageError, match="begins 2 run ids"):
         resolve("big-261201-080000-eeee-n", RUNS)
