@@ -47,7 +47,7 @@ def ps(
         outcomes = client.list_runs(resolved)
     now = datetime.datetime.now(datetime.timezone.utc)
     runs = [r for o in outcomes for r in (o.value or []) if show_all or _recent(r, now)]
-    runs.sort(key=lambda r: r.get("created_at") or "")
+    runs.sort(key=lambda r: RunRecord.from_dict(r).created_at or "")
     _, jobs = group_jobs(runs)
     failures = {o.target.name: str(o.error) for o in outcomes if not o.ok}
     if as_json:  # "errors" as before; "targets" says of each target whether its runs were read
@@ -110,14 +110,16 @@ def _rows(runs: list[dict], jobs: list[dict], now: datetime.datetime) -> tuple[l
     rows: list[list[str]] = []
     failures: list[tuple[str, str]] = []
     jobs_by_id = {job["job_id"]: job for job in jobs}
-    for r in runs:
-        if not r.get("job_id"):
-            rows.append(_row(r, now))
-        elif r["job_id"] in jobs_by_id:
-            job = jobs_by_id.pop(r["job_id"])
+    for run in runs:
+        job_id = RunRecord.from_dict(run).job_id
+        if not job_id:
+            rows.append(_row(run, now))
+        elif job_id in jobs_by_id:
+            job = jobs_by_id.pop(job_id)
             rows += _job_rows(job, now)
-            if job.get("failed_first"):
-                failures.append((job["job_id"], job["failed_first"]["reason"]))
+            first = job.get("failed_first")
+            if first:
+                failures.append((job["job_id"], first["reason"]))
     return rows, failures
 
 
@@ -147,7 +149,8 @@ def _job_rows(job: dict, now: datetime.datetime) -> list[list[str]]:
              age(job.get("created_at"), now), exit_text, _number(job.get("last_step")), _tok(job)]]
     for node in job["nodes"]:
         cells = _row(node, now)
-        cells[0] = f"  node {node.get('node_rank')}: {node['run_id']}"
+        record = RunRecord.from_dict(node)
+        cells[0] = f"  node {record.node_rank}: {record.run_id}"
         rows.append(cells)
     return rows
 
