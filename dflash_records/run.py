@@ -27,6 +27,7 @@ class RunRecord:
     nnodes: int | None = None
     relaunch_of: str | None = None       # the lost run this one relaunched
     worker_restarts: int | None = None
+    job_relaunches: int | None = None    # a job node: how often its job was relaunched as a whole before this
     # -- state.json: kept current by the supervisor
     state: str | None = None             # None: no state written yet, which is starting (agent/protocol.py)
     pid: int | None = None

@@ -58,9 +58,9 @@ Errors: {"ok": false, "error": MESSAGE, "code": CODE, ...details}. Answers (keys
              "gpus": [{"index", "memory_used_mib", "utilization_pct"}], "error"}, "live_runs": [run ids]}
 RECORD: run_id, target, name, state, pid, pgid, exit_code, signal, signal_name, created_at, started_at, ended_at,
 log_path, run_dir, gpus, command, cwd, grace_s, supervisor_pid, supervisor_start_time, error, and for a node of a
-multi-node job job_id, node_rank, nnodes (null otherwise); attempt, max_attempts, restart_policy, restart_at,
-reason, attempts (the supervisor's record of each attempt); relaunch_of (the lost run a relaunch continues) and
-relaunched_as (the run that continues a lost one).
+multi-node job job_id, node_rank, nnodes, worker_restarts, job_relaunches (null otherwise); attempt, max_attempts,
+restart_policy, restart_at, reason, attempts (the supervisor's record of each attempt); relaunch_of (the lost run a
+relaunch continues) and relaunched_as (the run that continues a lost one).
 """
 from __future__ import annotations
 

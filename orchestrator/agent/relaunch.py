@@ -8,17 +8,18 @@ directory and its config are the same files), gets the restarts that were left, 
 the retry arguments from its first attempt on: the bundled trainer resumes from its newest complete checkpoint.
 
 A node of a multi-node job is never relaunched alone: the controller relaunches a job as a whole, every node
-under the new job id it names (`--job-id`), once its nodes have all ended and one of them was lost. The others
-then ended `failed` (their peer went away), so a node's relaunch takes `failed` as well as `lost`, never
-`killed` or `succeeded`, and only under the job's restart policy (torchrun's worker restarts). Node 0 is claimed
-first: its `relaunched_as` is the job's claim, and a second watcher stops there.
+under the new job id it names (`--job-id`), once its nodes have all ended and one of them was lost or its
+torchrun died. So a node's relaunch takes `failed` as well as `lost`, never `killed` or `succeeded`, never a crash
+loop, and only under the job's restart policy (torchrun's worker restarts), each relaunch spending one of them
+(`job_relaunches`). Node 0 is claimed first: its `relaunched_as` is the job's claim, and a second watcher stops
+there.
 """
 from __future__ import annotations
 
 from .errors import BadInput, OperationFailed
 from .launch import LaunchRequest, job_fields, launch
 from .protocol import FAILED, LOST, NO_GPUS, iso_utc
-from .restart import NEVER, ON_FAILURE, max_attempts
+from .restart import CRASH_LOOP, NEVER, ON_FAILURE, job_relaunches_left, max_attempts
 from .rundir import RunPaths, existing_run
 from .runstate import read_run, read_state, settle_liveness, update_state
 
@@ -45,10 +46,16 @@ def _node_refusal(run: dict, state: dict, new_job_id: str | None) -> str | None:
     if new_job_id is None:
         return "a node of job {} restarts with its job, not alone".format(run["job_id"])
     if state.get("state") not in (LOST, FAILED):
-        return "node {} of job {} is {}: a job is relaunched after a loss, never after a kill or its end".format(
-            run.get("node_rank"), run["job_id"], state.get("state"))
+        return "node {} of job {} is {}: a job is relaunched after a loss or a failure, never after a kill or " \
+               "its end".format(run.get("node_rank"), run["job_id"], state.get("state"))
     if not run.get("worker_restarts"):
         return "job {} has no restart policy".format(run["job_id"])
+    if state.get("reason") == CRASH_LOOP:
+        return "node {} of job {} ended in a crash loop: {}".format(run.get("node_rank"), run["job_id"],
+                                                                    state.get("error") or "the same failure")
+    if job_relaunches_left(run.get("worker_restarts"), run.get("job_relaunches")) < 1:
+        return "job {}'s relaunches are used up ({} of {})".format(run["job_id"], run.get("job_relaunches"),
+                                                                  run["worker_restarts"])
     return None
 
 
@@ -80,7 +87,10 @@ def request_for(paths: RunPaths, run: dict, state: dict, new_run_id: str,
     restart = {"restart": _policy_left(run, state), "restart_backoff_s": run.get("restart_backoff_s"),
                "hang_timeout_s": run.get("hang_timeout_s"), "retry_args": run.get("retry_args") or [],
                "relaunch_of": paths.run_id, "worker_restarts": run.get("worker_restarts") or 0}
-    job = None if new_job_id is None else job_fields(new_job_id, run.get("node_rank"), run.get("nnodes"))
+    job = None
+    if new_job_id is not None:
+        job = job_fields(new_job_id, run.get("node_rank"), run.get("nnodes"))
+        restart["job_relaunches"] = int(run.get("job_relaunches") or 0) + 1
     return LaunchRequest(job=job, runs_dir=paths.runs_dir, run_id=new_run_id, name=run.get("name") or paths.run_id,
                          target=run.get("target") or "?", command=run["command"], cwd=run.get("cwd"),
                          env_pairs=["{}={}".format(k, v) for k, v in sorted((run.get("env") or {}).items())],

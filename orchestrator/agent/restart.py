@@ -48,6 +48,12 @@ def backoff(restart_number: int, *, base: float = BACKOFF_BASE_S, cap: float = B
     return min(base * (2 ** max(restart_number - 1, 0)), max(cap, base))
 
 
+def job_relaunches_left(worker_restarts, job_relaunches) -> int:
+    """How often a multi-node job may still be relaunched as a whole: each relaunch spends one of its restart
+    policy's restarts (the torchrun `--max-restarts` of each incarnation stays as launched)."""
+    return int(worker_restarts or 0) - int(job_relaunches or 0)
+
+
 def max_attempts(policy: dict) -> int:
     return 1 + (int(policy.get("max_restarts") or 0) if policy.get("policy") == ON_FAILURE else 0)
 

@@ -171,13 +171,15 @@ class RunStatus:
 
 @dataclass(frozen=True)
 class JobNode:
-    """A run's place in a multi-node job, and whether the node may be relaunched with its job (ended `lost` or
-    `failed` under the job's restart policy, not relaunched yet)."""
+    """A run's place in a multi-node job, whether the node may be relaunched with its job (ended `lost` or
+    `failed`, not in a crash loop, with relaunches left under the job's restart policy, not relaunched yet), and
+    whether it ended with torchrun's worker restarts unspent (agent/workerrestarts.restarts_unspent)."""
 
     job_id: str
     node_rank: int
     nnodes: int
     relaunchable: bool = False
+    restarts_unspent: bool = False
 
 
 @dataclass(frozen=True)

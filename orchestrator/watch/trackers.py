@@ -8,6 +8,8 @@ from dataclasses import replace
 from dflash_records.run import RunRecord
 from dflash_records.step import QUEUE_FIELDS, RECORD_FIELDS, STEP_FIELDS, TAU_FIELDS
 
+from ..agent.restart import CRASH_LOOP, job_relaunches_left
+from ..agent.workerrestarts import restarts_unspent
 from ..agent.protocol import FAILED_STATES, FINGERPRINT_BYTES, LOST, STARTING, TERMINAL_STATES, iso_utc
 from ..gpus import GpuInfo, parse_query_csv
 from ..trainlog.lines import parse_metrics_jsonl_line, parse_step_times_line
@@ -202,9 +204,11 @@ class RunTracker:
         relaunchable = (r.state == LOST and not r.relaunched_as and not r.job_id
                         and len(r.attempts or []) < (r.max_attempts or 1))
         job = None
-        if r.job_id:
+        if r.job_id:  # relaunched with its job only (notify/relaunch.jobs_to_relaunch)
             job = JobNode(r.job_id, int(r.node_rank or 0), int(r.nnodes or 1),
-                          relaunchable=r.state in FAILED_STATES and not r.relaunched_as and bool(r.worker_restarts))
+                          relaunchable=(r.state in FAILED_STATES and not r.relaunched_as and r.reason != CRASH_LOOP
+                                        and job_relaunches_left(r.worker_restarts, r.job_relaunches) > 0),
+                          restarts_unspent=restarts_unspent(r.worker_restarts, r.attempts))
         return RunStatus(self.run_id, self.target, r.name or "", r.state or STARTING,
                          self.health.conditions, self.last_step_line, relaunchable, job)
 

@@ -345,3 +345,44 @@ def test_a_job_lost_with_a_container_is_relaunched_as_a_whole_by_a_headless_watc
         nodes = [(client.inventory.target(n["target"]), n["run_id"], n["node_rank"]) for n in old["nodes"]]
         with pytest.raises(OperationFailed, match="already relaunched as " + new_job):
             relaunch_job(client, nodes, "again")
+
+
+def test_a_job_whose_torchrun_died_is_relaunched_as_a_whole_by_a_headless_watch(lab, tiny, inv, tmp_path,
+                                                                                  capsys) -> None:
+    """Node 1's torchrun is SIGKILLed (as the OOM killer would): its workers go with it, node 0 gives up on its
+    peer, and torchrun's own restarts cannot heal that. A headless watch, already running, relaunches the job on
+    every node, which spends one of its restarts; it resumes from node 0's checkpoint and succeeds."""
+    config = write_config(tmp_path / "died.yaml", tiny, max_steps=40, checkpoint_every=3, log_every=1)
+    job = launch_job(inv, capsys, config, "--nproc-per-node", "1", "--restart", "on-failure:1",
+                     "--restart-backoff", "0.5")
+    out = tmp_path / "headless.jsonl"
+    with out.open("w") as stdout:
+        watcher = subprocess.Popen([sys.executable, "-m", "orchestrator", "-i", inv, "watch", *TARGETS,
+                                    "--headless", "--no-notify"], stdout=stdout, stderr=subprocess.PIPE,
+                                   env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, text=True)
+        try:
+            def past_a_checkpoint() -> bool:
+                code, log, _ = cli(inv, "logs", job["job_id"], "-n", "400", capsys=capsys)
+                return code == 0 and re.search(r"\] step=([5-9]|\d\d) ", str(log)) is not None
+            wait_for(past_a_checkpoint, 120, 0.5, what="job training past its first checkpoint")
+            torchrun = next(p for p in lab.ct_processes("pve2", 300) if p.pid == job["nodes"][1]["pid"])
+            os.kill(torchrun.host_pid, signal.SIGKILL)
+            said = wait_for(lambda: [line for line in map(json.loads, out.read_text().splitlines())
+                                     if line.get("type", "").startswith("relaunch")], DIST_TIMEOUT_S + 120, 0.3,
+                            what=lambda: out.read_text())
+        finally:
+            watcher.send_signal(signal.SIGTERM)
+            _, err = watcher.communicate(timeout=30)
+    assert watcher.returncode == 0 and "Traceback" not in err, err
+    [line] = said
+    assert line["type"] == "relaunched" and line["job_id"] == job["job_id"], line
+    assert "node 1 (pve2/300)" in line["message"] and "ended with worker restarts left" in line["message"], line
+    old = job_of(inv, capsys, job["job_id"])
+    assert [n["state"] for n in old["nodes"]] == ["failed", "failed"], old
+    assert old["nodes"][1]["signal"] == signal.SIGKILL, old
+
+    again = wait_job(inv, capsys, line["new_job_id"], all_ended, timeout=240)
+    assert again["state"] == "succeeded" and [n["state"] for n in again["nodes"]] == ["succeeded"] * 2, again
+    assert [n["job_relaunches"] for n in again["nodes"]] == [1, 1]  # the relaunch spent the job's one restart
+    code, node0_log, _ = cli(inv, "logs", line["new_job_id"], "-n", "2000", capsys=capsys)
+    assert code == 0 and re.search(r"Resumed from \S+/step_\d+ at step \d+", node0_log), node0_log[-3000:]

@@ -203,7 +203,7 @@ def test_a_jobs_node_is_relaunched_only_with_its_job_and_only_after_a_loss_or_fa
     assert status == 0, out
     new = out["run"]
     assert (new["job_id"], new["node_rank"], new["nnodes"], new["relaunch_of"], new["restart_policy"],
-            new["worker_restarts"]) == ("job9", 1, 2, "job1-n1", "never", 1)
+            new["worker_restarts"], new["job_relaunches"]) == ("job9", 1, 2, "job1-n1", "never", 1, 1)
     assert wait_for(lambda: "args: --resume auto" in open(new["log_path"]).read(), 5)
     assert record(container, runs_dir, "job1-n1")["relaunched_as"] == "job9-n1"
     status, again = relaunch("job1-n1", "job10-n1", "--job-id", "job10")
@@ -213,6 +213,19 @@ def test_a_jobs_node_is_relaunched_only_with_its_job_and_only_after_a_loss_or_fa
     status, killed = relaunch("job3-n1", "job12-n1", "--job-id", "job12")
     assert (status, killed["code"]) == (1, "not_relaunched") and "is killed" in killed["error"], killed
     assert container.agent("kill", "--runs-dir", runs_dir, "--run-id", "job9-n1", "--grace", "1")[0] == 0
+
+
+def test_a_job_is_relaunched_after_a_failure_only_with_relaunches_left_and_never_out_of_a_crash_loop():
+    from orchestrator.agent.relaunch import refusal
+
+    node = {"job_id": "job1", "node_rank": 0, "nnodes": 2, "worker_restarts": 2}
+    assert refusal(node, {"state": "failed"}, "job2") is None
+    assert refusal(node, {"state": "lost"}, "job2") is None
+    assert refusal({**node, "job_relaunches": 1}, {"state": "failed"}, "job3") is None
+    assert "relaunches are used up (2 of 2)" in refusal({**node, "job_relaunches": 2}, {"state": "lost"}, "job4")
+    looped = refusal(node, {"state": "failed", "reason": "crash loop", "error": "RuntimeError: boom"}, "job2")
+    assert "ended in a crash loop: RuntimeError: boom" in looped
+    assert "is succeeded" in refusal(node, {"state": "succeeded"}, "job2")
 
 
 def torchrun_like(tmp_path, *, restarts: int, worker: str) -> list:
