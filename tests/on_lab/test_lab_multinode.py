@@ -1,6 +1,8 @@
 """One training job across two lab hosts: the real trainer under torchrun (c10d rendezvous, gloo on the CPU,
-the tiny target), by hand and through `dflashctl launch pve1/200 pve2/300`, and how such a job ends when
-it is killed, when one node's workload is SIGKILLed, and when one host's link is cut."""
+the tiny target), by hand and through `dflashctl launch pve1/200 pve2/300`; how such a job ends when it is
+killed, when one node's workload is SIGKILLed and when one host's link is cut; and how a job with a restart
+policy heals: torchrun restarting its workers, a headless watch relaunching a job lost with a container or
+whose torchrun died."""
 from __future__ import annotations
 
 import json
@@ -108,6 +110,34 @@ def wait_training(inv: str, capsys, job_id: str, timeout: float = 90) -> None:
         return code == 0 and "step=" in str(out)
 
     wait_for(training, timeout, 0.5, what=f"job {job_id} training")
+
+
+def wait_past_a_checkpoint(inv: str, capsys, job_id: str) -> None:
+    """Until node 0's log shows step 5 or later: past the first checkpoint of a config saving every 3 steps."""
+    def past() -> bool:
+        code, out, _ = cli(inv, "logs", job_id, "-n", "400", capsys=capsys)
+        return code == 0 and re.search(r"\] step=([5-9]|\d\d) ", str(out)) is not None
+    wait_for(past, 120, 0.5, what=f"job {job_id} training past its first checkpoint")
+
+
+def relaunches_said(inv: str, tmp_path: Path, *, timeout: float, meanwhile=lambda: None) -> list[dict]:
+    """The relaunch lines of a `watch --headless` on both targets: started, `meanwhile()` called, then the lines
+    waited for up to `timeout` seconds; the watcher is then stopped and must have ended cleanly."""
+    out = tmp_path / "headless.jsonl"
+    with out.open("w") as stdout:
+        watcher = subprocess.Popen([sys.executable, "-m", "orchestrator", "-i", inv, "watch", *TARGETS,
+                                    "--headless", "--no-notify"], stdout=stdout, stderr=subprocess.PIPE,
+                                   env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, text=True)
+        try:
+            meanwhile()
+            said = wait_for(lambda: [line for line in map(json.loads, out.read_text().splitlines())
+                                     if line.get("type", "").startswith("relaunch")], timeout, 0.3,
+                            what=lambda: out.read_text())
+        finally:
+            watcher.send_signal(signal.SIGTERM)
+            _, err = watcher.communicate(timeout=30)
+    assert watcher.returncode == 0 and "Traceback" not in err, err
+    return said
 
 
 # ---- by hand ---------------------------------------------------------------------------------------------
@@ -276,10 +306,7 @@ def test_a_job_with_a_restart_policy_restarts_every_node_together_and_resumes(la
     assert [n["restart_policy"] for n in nodes] == ["never", "never"]  # no node restarts alone
     assert [n["worker_restarts"] for n in nodes] == [1, 1]
 
-    def past_a_checkpoint() -> bool:
-        code, out, _ = cli(inv, "logs", job["job_id"], "-n", "400", capsys=capsys)
-        return code == 0 and re.search(r"\] step=([5-9]|\d\d) ", str(out)) is not None
-    wait_for(past_a_checkpoint, 120, 0.5, what="job training past its first checkpoint")
+    wait_past_a_checkpoint(inv, capsys, job["job_id"])
     workers = [p for p in lab.ct_processes("pve2", 300) if p.environ.get("DFLASH_RUN_ID") == nodes[1]["run_id"]
                and "trainer" in p.cmdline and "torch.distributed.run" not in p.cmdline and p.state != "Z"]
     assert len(workers) == 1, workers
@@ -307,28 +334,12 @@ def test_a_job_lost_with_a_container_is_relaunched_as_a_whole_by_a_headless_watc
     config = write_config(tmp_path / "lost.yaml", tiny, max_steps=40, checkpoint_every=3, log_every=1)
     job = launch_job(inv, capsys, config, "--nproc-per-node", "1", "--restart", "on-failure:1")
 
-    def past_a_checkpoint() -> bool:
-        code, out, _ = cli(inv, "logs", job["job_id"], "-n", "400", capsys=capsys)
-        return code == 0 and re.search(r"\] step=([5-9]|\d\d) ", str(out)) is not None
-    wait_for(past_a_checkpoint, 120, 0.5, what="job training past its first checkpoint")
+    wait_past_a_checkpoint(inv, capsys, job["job_id"])
     lab.pct("pve2", "reboot", "300", check=True)
     ended = wait_job(inv, capsys, job["job_id"], all_ended, timeout=120)
     assert [n["state"] for n in ended["nodes"]] == ["failed", "lost"], ended
 
-    out = tmp_path / "headless.jsonl"
-    with out.open("w") as stdout:
-        watcher = subprocess.Popen([sys.executable, "-m", "orchestrator", "-i", inv, "watch", *TARGETS,
-                                    "--headless", "--no-notify"], stdout=stdout, stderr=subprocess.PIPE,
-                                   env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, text=True)
-        try:
-            said = wait_for(lambda: [line for line in map(json.loads, out.read_text().splitlines())
-                                     if line.get("type", "").startswith("relaunch")], 90, 0.3,
-                            what=lambda: out.read_text())
-        finally:
-            watcher.send_signal(signal.SIGTERM)
-            _, err = watcher.communicate(timeout=30)
-    assert watcher.returncode == 0 and "Traceback" not in err, err
-    [line] = said
+    [line] = relaunches_said(inv, tmp_path, timeout=90)
     assert line["type"] == "relaunched" and line["job_id"] == job["job_id"], line
     assert "node 1 (pve2/300)" in line["message"], line
     new_job = line["new_job_id"]
@@ -355,26 +366,12 @@ def test_a_job_whose_torchrun_died_is_relaunched_as_a_whole_by_a_headless_watch(
     config = write_config(tmp_path / "died.yaml", tiny, max_steps=40, checkpoint_every=3, log_every=1)
     job = launch_job(inv, capsys, config, "--nproc-per-node", "1", "--restart", "on-failure:1",
                      "--restart-backoff", "0.5")
-    out = tmp_path / "headless.jsonl"
-    with out.open("w") as stdout:
-        watcher = subprocess.Popen([sys.executable, "-m", "orchestrator", "-i", inv, "watch", *TARGETS,
-                                    "--headless", "--no-notify"], stdout=stdout, stderr=subprocess.PIPE,
-                                   env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, text=True)
-        try:
-            def past_a_checkpoint() -> bool:
-                code, log, _ = cli(inv, "logs", job["job_id"], "-n", "400", capsys=capsys)
-                return code == 0 and re.search(r"\] step=([5-9]|\d\d) ", str(log)) is not None
-            wait_for(past_a_checkpoint, 120, 0.5, what="job training past its first checkpoint")
-            torchrun = next(p for p in lab.ct_processes("pve2", 300) if p.pid == job["nodes"][1]["pid"])
-            os.kill(torchrun.host_pid, signal.SIGKILL)
-            said = wait_for(lambda: [line for line in map(json.loads, out.read_text().splitlines())
-                                     if line.get("type", "").startswith("relaunch")], DIST_TIMEOUT_S + 120, 0.3,
-                            what=lambda: out.read_text())
-        finally:
-            watcher.send_signal(signal.SIGTERM)
-            _, err = watcher.communicate(timeout=30)
-    assert watcher.returncode == 0 and "Traceback" not in err, err
-    [line] = said
+
+    def kill_node1s_torchrun() -> None:
+        wait_past_a_checkpoint(inv, capsys, job["job_id"])
+        torchrun = next(p for p in lab.ct_processes("pve2", 300) if p.pid == job["nodes"][1]["pid"])
+        os.kill(torchrun.host_pid, signal.SIGKILL)
+    [line] = relaunches_said(inv, tmp_path, timeout=DIST_TIMEOUT_S + 120, meanwhile=kill_node1s_torchrun)
     assert line["type"] == "relaunched" and line["job_id"] == job["job_id"], line
     assert "node 1 (pve2/300)" in line["message"] and "ended with worker restarts left" in line["message"], line
     old = job_of(inv, capsys, job["job_id"])
