@@ -184,7 +184,8 @@ def test_each_records_fields_are_declared_once(record: str) -> None:
 READ_TYPED = ("orchestrator/cli/logs.py", "orchestrator/cli/demo.py", "orchestrator/runs/pull.py",
               "orchestrator/runs/jobs.py", "orchestrator/watch/alerts.py", "orchestrator/watch/jobrows.py",
               "orchestrator/notify/relaunch.py", "orchestrator/runs/addressing.py", "orchestrator/runs/client.py",
-              "orchestrator/cli/launch.py", "orchestrator/cli/kill.py", "orchestrator/cli/ps.py")
+              "orchestrator/cli/launch.py", "orchestrator/cli/kill.py", "orchestrator/cli/ps.py",
+              "orchestrator/cli/launcheach.py")
 # what these files read by a key that a run record field shares, of another record: a job's summary
 # (jobs.summarize: ps's job object), its first failure, one attempt's own record or the agent's answer for one
 # run, the agent's reply, a target's result, a launch's job fields, the options of a launch, a process the

@@ -7,6 +7,8 @@ same (like kill and ps, never all-or-nothing), and the exit code is the worst of
 """
 from __future__ import annotations
 
+from dflash_records.run import RunRecord
+
 from ..errors import UsageError
 from ..inventory.model import Target
 from ..runs.client import LaunchFailed, RunClient
@@ -48,7 +50,7 @@ def launch_each(state: AppState, specs: list[LaunchSpec], *, preflight, as_json:
         preflight(client, [spec.target for spec in specs])
         outcomes = per_target([spec.target for spec in specs], lambda t: client.launch(by_target[t.name]))
     runs = [o.value for o in outcomes if o.ok]
-    report = {o.target.name: ({"ok": True, "run_id": o.value["run_id"]} if o.ok else
+    report = {o.target.name: ({"ok": True, "run_id": RunRecord.from_dict(o.value).run_id} if o.ok else
                               {"ok": False, "error": str(o.error), **_ended(o.error)}) for o in outcomes}
     for outcome in outcomes:  # on stderr with --json too, as ps names a target it could not read
         if not outcome.ok:
@@ -56,8 +58,8 @@ def launch_each(state: AppState, specs: list[LaunchSpec], *, preflight, as_json:
     if as_json:
         print_json({"runs": runs, "targets": report})
     else:
-        for run in runs:
-            stdout().print(run["run_id"], markup=False)
+        for run in map(RunRecord.from_dict, runs):
+            stdout().print(run.run_id, markup=False)
     return fanout_exit_code(outcomes)
 
 
