@@ -98,29 +98,34 @@ def age(created_at: str | None, now: datetime.datetime) -> str:
 def _print_table(runs: list[dict], jobs: list[dict], now: datetime.datetime) -> None:
     """The runs as a table of the columns that fit the terminal whole, then why each failed job failed."""
     out = stdout()
-    rows, failures = _rows(runs, jobs, now)
+    rows, notes = _rows(runs, jobs, now)
     out.print(_table(rows, width=out.width))
-    for job_id, reason in failures:
-        out.print(f"{job_id}: failed first: {reason}", markup=False)
+    for note in notes:
+        out.print(note, markup=False)
 
 
-def _rows(runs: list[dict], jobs: list[dict], now: datetime.datetime) -> tuple[list[list[str]], list[tuple]]:
-    """The table's rows (a job's row with its nodes below it, where its first node sorts), and each failed
-    job's (id, why it failed first)."""
+def _rows(runs: list[dict], jobs: list[dict], now: datetime.datetime) -> tuple[list[list[str]], list[str]]:
+    """The table's rows (a job's row with its nodes below it, where its first node sorts), and the notes printed
+    under it: why each failed job failed first, and which run or job a relaunch started in place of an ended
+    one."""
     rows: list[list[str]] = []
-    failures: list[tuple[str, str]] = []
+    notes: list[str] = []
     jobs_by_id = {job["job_id"]: job for job in jobs}
     for run in runs:
-        job_id = RunRecord.from_dict(run).job_id
-        if not job_id:
+        record = RunRecord.from_dict(run)
+        if not record.job_id:
             rows.append(_row(run, now))
-        elif job_id in jobs_by_id:
-            job = jobs_by_id.pop(job_id)
+            if record.relaunched_as:
+                notes.append(f"{record.run_id}: {record.state}; relaunched as {record.relaunched_as}")
+        elif record.job_id in jobs_by_id:
+            job = jobs_by_id.pop(record.job_id)
             rows += _job_rows(job, now)
-            first = job.get("failed_first")
-            if first:
-                failures.append((job["job_id"], first["reason"]))
-    return rows, failures
+            first, after = job.get("failed_first"), job.get("relaunched_as")
+            said = ([f"failed first: {first['reason']}"] if first else []) + \
+                ([f"relaunched as {after}"] if after else [])
+            if said:
+                notes.append(f"{job['job_id']}: {'; '.join(said)}")
+    return rows, notes
 
 
 def _table(rows: list[list[str]], *, width: int) -> Table:

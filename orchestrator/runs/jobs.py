@@ -247,7 +247,14 @@ def summarize(nodes: list[dict]) -> dict:
             "created_at": min(r.created_at or "" for r in runs), "ended_at": ended,
             "last_step": head.last_step if head.node_rank == 0 else None,
             "tok_per_s": head.tok_per_s if head.node_rank == 0 else None,
-            "failed_first": failed_first(nodes), "nodes": nodes}
+            "failed_first": failed_first(nodes), "relaunched_as": successor_job(head), "nodes": nodes}
+
+
+def successor_job(node0: RunRecord) -> str | None:
+    """The job that a relaunch started in place of this one: node 0's successor names it (node_run_id)."""
+    suffix = f"-n{node0.node_rank or 0}"
+    after = node0.relaunched_as
+    return after[:-len(suffix)] if after and after.endswith(suffix) else after
 
 
 def group_jobs(records: list[dict]) -> tuple[list[dict], list[dict]]:

@@ -1,6 +1,7 @@
 """A multi-node job from its node records (state, which node failed first), and what each node starts."""
 from __future__ import annotations
 
+import datetime
 from pathlib import Path
 
 import pytest
@@ -43,6 +44,20 @@ def test_group_jobs_folds_nodes_and_keeps_plain_runs() -> None:
     assert job["state"] == "running" and job["failed_first"]["node_rank"] == 1
     assert all(n["job_state"] == "running" and n["job_failed_first"] == 1 for n in job["nodes"])
     assert job["targets"] == ["pve1/200", "pve2/201"] and job["ended_at"] is None
+
+
+def test_a_relaunched_job_names_the_job_that_took_over_and_ps_says_so_under_its_table() -> None:
+    from orchestrator.cli.ps import _rows
+
+    nodes = [node(0, "failed", "2026-01-01T00:00:09Z", exit_code=1, relaunched_as="job-2-n0"),
+             node(1, "failed", "2026-01-01T00:00:08Z", signal=9, signal_name="SIGKILL", relaunched_as="job-2-n1")]
+    lost = {"run_id": "solo", "state": "lost", "relaunched_as": "solo-2", "created_at": "2026-01-01T00:00:00Z"}
+    runs, jobs = group_jobs([lost, *nodes])
+    assert jobs[0]["relaunched_as"] == "job-2"
+    assert group_jobs([node(0, "running"), node(1, "running")])[1][0]["relaunched_as"] is None
+    _, notes = _rows([lost, *nodes], jobs, datetime.datetime(2026, 1, 2, tzinfo=datetime.timezone.utc))
+    assert notes == ["solo: lost; relaunched as solo-2",
+                     "job-1: failed first: node 1 (pve2/201) failed: signal SIGKILL; relaunched as job-2"]
 
 
 @pytest.fixture()
