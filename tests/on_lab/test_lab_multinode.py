@@ -376,7 +376,7 @@ def test_a_job_whose_torchrun_died_is_relaunched_as_a_whole_by_a_headless_watch(
     assert "node 1 (pve2/300)" in line["message"] and "ended with worker restarts left" in line["message"], line
     old = job_of(inv, capsys, job["job_id"])
     assert [n["state"] for n in old["nodes"]] == ["failed", "failed"], old
-    assert old["nodes"][1]["signal"] == signal.SIGKILL, old
+    assert old["nodes"][1]["signal"] == signal.SIGKILL and old["relaunched_as"] == line["new_job_id"], old
 
     again = wait_job(inv, capsys, line["new_job_id"], all_ended, timeout=240)
     assert again["state"] == "succeeded" and [n["state"] for n in again["nodes"]] == ["succeeded"] * 2, again
