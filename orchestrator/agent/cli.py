@@ -5,12 +5,14 @@
              [--job-id J --node-rank R --nnodes N] [--keeper-idle S]
              [--restart never|on-failure[:N]] [--restart-backoff S] [--hang-timeout S] [--retry-arg ARG]...
              [--worker-restarts N]
-             [--check JSON_ARGV --check-input NAME] -- CMD...
+             [--check JSON_ARGV --check-input NAME] [--lease-pkg PKG_DIR] -- CMD...
              (with --input, stdin is one JSON object {NAME: base64 content}; each file lands in the run dir;
              with --check, that command runs first in the run's environment with input NAME on its stdin,
              and unless it exits 0 nothing is created)
-    check    [--env K=V]... [--pythonpath DIR]... [--gpus 0,1] -- CMD...
-             (CMD in a run's environment with stdin passed on; what launch --check does, on its own)
+    check    [--env K=V]... [--pythonpath DIR]... [--gpus 0,1] [--lease-pkg PKG_DIR] -- CMD...
+             (CMD in a run's environment with stdin passed on; what launch --check does, on its own;
+             --lease-pkg, on launch and check: the trainer package is leased in the same command, or, where it is
+             not there, the answer is {"code": "needs_deploy", "pkg": "absent"} and nothing is done)
     ps       --runs-dir D [--run-id ID]... [--tail-bytes N]
     kill     --runs-dir D --run-id ID... [--grace S]
     relaunch --runs-dir D --run-id LOST --new-run-id NEW [--job-id J] [--verify-timeout S] [--settle S]
@@ -72,7 +74,7 @@ import traceback
 
 from .errors import AgentError, BadInput
 from .protocol import (AGENT_VERSION, BAD_USAGE, DEFAULT_GRACE_S, EXIT_FAILED, EXIT_OK, INTERNAL_ERROR, NO_COMMAND,
-                       PROTOCOL_VERSION, UPLOAD_STALL_S, ascii_decimal)
+                       NEEDS_DEPLOY, PROTOCOL_VERSION, UPLOAD_STALL_S, ascii_decimal)
 
 
 class _HelpShown(Exception):
@@ -119,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--env", action="append", default=[], metavar="K=V")
     check.add_argument("--pythonpath", action="append", default=[], metavar="DIR")
     check.add_argument("--gpus")
+    check.add_argument("--lease-pkg", metavar="PKG_DIR", help=LEASE_HELP)
     _add_run_commands(sub)
     node_watch = sub.add_parser("node-watch", help="run a job node's torchrun; end it if it outlives its workers")
     node_watch.add_argument("--stall", type=_seconds, required=True)
@@ -187,6 +190,11 @@ def _add_launch(launch: argparse.ArgumentParser) -> None:
                         help="run this command first (a JSON list) in the run's environment; create nothing "
                              "unless it exits 0")
     launch.add_argument("--check-input", metavar="NAME", help="the --input the check gets on its stdin")
+    launch.add_argument("--lease-pkg", metavar="PKG_DIR", help=LEASE_HELP)
+
+
+LEASE_HELP = ("the trainer package the workload uses: answer needs_deploy (pkg absent) and do nothing when it is not "
+              "there; otherwise lease it and prune the versions nothing uses, as `packages` does")
 
 
 def _add_run_commands(sub) -> None:
@@ -247,6 +255,11 @@ def split_command(argv: list) -> tuple:
 
 def dispatch(args: argparse.Namespace, command: list) -> dict:
     # Imported here so that `keeper` and `supervise` load only what they need.
+    if getattr(args, "lease_pkg", None) is not None:
+        from .packages import lease
+        if not lease(args.lease_pkg, getattr(args, "runs_dir", None)):
+            sys.stdin.buffer.read()  # what was sent for the run, taken so that the sender is not refused
+            return {"ok": False, "code": NEEDS_DEPLOY, "pkg": "absent"}
     if args.command == "launch":
         from .launch import LaunchRequest, job_fields, launch, read_inputs
         inputs = read_inputs(args.input, sys.stdin.buffer.read()) if args.input else {}

@@ -20,6 +20,7 @@ import os
 import re
 import select
 import shutil
+import sys
 import tarfile
 import time
 
@@ -42,11 +43,28 @@ def packages(pkg_dir: str, runs_dir: str, *, size: int | None, sha256: str | Non
     if size is not None:
         data = receive(0, size, sha256, stall=stall)
         installed = install(pkg_dir, data)
+    return {"ok": True, "installed": installed, "removed": _lease(pkg_dir, runs_dir)}
+
+
+def lease(pkg_dir: str, runs_dir: str | None) -> bool:
+    """A launch's or a check's `--lease-pkg`: whether the trainer package is there; if so it is leased (and, with
+    the runs directory, the versions beside it that nothing uses are pruned) in the same command, so that a
+    trainer launch needs no `packages` of its own where its package already is."""
+    pkg_dir = os.path.abspath(pkg_dir)
+    if not os.path.isdir(os.path.join(pkg_dir, "trainer")):
+        return False
+    removed = _lease(pkg_dir, runs_dir)
+    if removed:
+        print("removed trainer versions no run uses: {}".format(", ".join(removed)), file=sys.stderr)
+    return True
+
+
+def _lease(pkg_dir: str, runs_dir: str | None) -> list:
     try:
         os.utime(pkg_dir)  # the lease: asked for now, by a launch that is about to use it
     except OSError:
         pass  # not there (nothing was sent), or not ours to touch: keeping old versions longer is harmless
-    return {"ok": True, "installed": installed, "removed": prune(os.path.dirname(pkg_dir), runs_dir)}
+    return prune(os.path.dirname(pkg_dir), runs_dir) if runs_dir else []
 
 
 def receive(fd: int, size: int, sha256: str | None, *, stall: float) -> bytes:

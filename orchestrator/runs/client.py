@@ -23,9 +23,9 @@ from ..transports.fanout import Outcome, per_target
 from ..transports.pool import Connections
 from ..transports.timeouts import AGENT_TIMEOUT_S, CLEANUP_TIMEOUT_S, LAUNCH_TIMEOUT_S, PROBE_TIMEOUT_S
 from . import whereabouts
-from .agentcall import agent_answer, agent_argv, checked_agent_argv, needs_deploy
+from .agentcall import agent_answer, checked_agent_argv, needs_deploy
 from .command import CONFIG_INPUT, check_command, config_base_dir, retry_args
-from .deploy import Deployment, agent_bundle, agent_path_in, deploy
+from .deploy import Deployment, agent_bundle, agent_path_in, deploy, pkg_dir_in, send_trainer
 from .spec import LaunchSpec, new_run_id, run_dir, runs_dir
 from .trainerconfig import judge
 
@@ -64,19 +64,23 @@ class RunClient:
         agent is sent and the call made again only when it is not."""
         transport = self.conns.for_target(target)
         limit = AGENT_TIMEOUT_S if timeout is None else timeout
-        if with_trainer:  # the trainer's lease is a command of its own (deploy.py), and with it the agent's check
-            deployment = self._deployment(target, transport, with_trainer=True)
-            result = transport.run(agent_argv(target, deployment.agent_path, *args), stdin=stdin, timeout=limit)
-            return agent_answer(target, result)
-        for attempt in range(2):  # a second time only after sending the agent the first call found missing
-            if attempt:
-                self._redeploy(target, transport)
+        if with_trainer:  # the trainer's package is checked and leased in the same call (deploy.py)
+            args = [args[0], "--lease-pkg", pkg_dir_in(target.workdir), *args[1:]]
+        sent: set[str] = set()
+        while True:
             payload = agent_answer(target, transport.run(self._checked_argv(target, args), stdin=stdin,
                                                          timeout=limit))
             if not needs_deploy(payload):
                 return payload
-        raise TransportError(f"{target.name}: the agent is still not there ({payload.get('agent')}) right after "
-                             f"it was sent")
+            missing = "pkg" if payload.get("pkg") else "agent"
+            if missing in sent:
+                raise TransportError(f"{target.name}: the {'trainer' if missing == 'pkg' else 'agent'} is still "
+                                     f"not there ({payload.get(missing)}) right after it was sent")
+            sent.add(missing)
+            if missing == "agent":
+                self._redeploy(target, transport)
+            else:
+                send_trainer(transport, target)
 
     def start_agent(self, target: Target, args: list[str]) -> RemoteProcess:
         """Start a streaming agent subcommand (`watch`), checked as `agent` checks it: its first line may be the
@@ -122,9 +126,7 @@ class RunClient:
         """The bundled trainer's own check of the config on the target, on its own, in the environment `env` a
         run would get (a job checks every node before it starts any); ConfigRejected when it refuses the config.
         `source` is the config file's path here, which places its relative paths (command.config_base_dir)."""
-        transport = self.conns.for_target(target)
-        pkg_dir = self._deployment(target, transport, with_trainer=True).pkg_dir
-        args = ["check", "--pythonpath", pkg_dir]
+        args = ["check", "--pythonpath", pkg_dir_in(target.workdir)]
         for key, value in env.items():
             args += ["--env", f"{key}={value}"]
         argv = check_command(target, base_dir=config_base_dir(target, source), source=source)
@@ -139,9 +141,7 @@ class RunClient:
         args = ["launch", "--runs-dir", runs_dir(spec.target), "--run-id", run_id, "--name", spec.name,
                 "--target", spec.target.name, "--grace", f"{spec.grace:g}"]
         if spec.uses_trainer:
-            transport = self.conns.for_target(spec.target)
-            pkg_dir = self._deployment(spec.target, transport, with_trainer=True).pkg_dir
-            args += ["--pythonpath", pkg_dir]
+            args += ["--pythonpath", pkg_dir_in(spec.target.workdir)]
         for key, value in spec.run_env().items():
             args += ["--env", f"{key}={value}"]
         if spec.gpus is not None:

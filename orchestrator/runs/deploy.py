@@ -4,9 +4,11 @@ Both are content-addressed: the agent as `{workdir}/.dflash/agent/agent-<digest>
 `{workdir}/.dflash/pkg/<digest>/`. A version already there is not sent again. Agent calls do not ask first:
 each carries the agent's size and hash and is checked on the target in the same command (agentcall.py), so a
 command costs one session per target and deploy() runs only after a call answered that the agent is missing or
-damaged. A trainer launch still asks here first (the agent's `packages` also leases the trainer to the launch
-and removes the versions beside it that no live run uses). Archives are built deterministically (bundle.py)
-so the digest changes only with the code.
+damaged. A trainer launch or check does not ask either: its call leases the trainer package in the same command
+(`--lease-pkg`) or answers that it is absent, and only then is the trainer sent (send_trainer: the agent's
+`packages`, which also leases it and removes the versions beside it that no live run uses). A job deploys on
+every node before it starts any, so that no node waits at the rendezvous for another's upload. Archives are
+built deterministically (bundle.py) so the digest changes only with the code.
 """
 from __future__ import annotations
 
@@ -109,6 +111,12 @@ def deploy(transport: Transport, target: Target, *, with_trainer: bool) -> Deplo
     if sent:
         log.info("%s: deployed %s", transport.label, ", ".join(sent))
     return Deployment(agent_path=agent_path, pkg_dir=pkg_dir, sent=tuple(sent))
+
+
+def send_trainer(transport: Transport, target: Target) -> None:
+    """Send and install this version's trainer (a call answered that it is absent; the agent is there)."""
+    _packages(transport, target, agent_path_in(target.workdir), pkg_dir_in(target.workdir), send=True)
+    log.info("%s: deployed pkg", transport.label)
 
 
 def _packages(transport: Transport, target: Target, agent_path: str, pkg_dir: str, *, send: bool) -> None:

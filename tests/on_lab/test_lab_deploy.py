@@ -4,6 +4,7 @@ once the next deploy ran: no temp dir, no receiver still waiting, no zombie unde
 never reaps)."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -74,6 +75,15 @@ def test_four_launches_of_one_trainer_leave_one_package_directory(lab, config, t
                                         f"pkg{i}"), capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr
     assert sorted(os.listdir(pkg_root)) == [deploy.trainer_bundle().digest]
+    # where the agent and the trainer are, a trainer launch is the preflight's probe and the launch itself: the
+    # trainer's check and lease ride in the launch's one `pct exec`
+    log = lab.hosts["pve2"].containers[300].dir / "exec.log"
+    before = len(log.read_text().splitlines())
+    done = subprocess.run(dflashctl(inv, "launch", TARGET, "--config", str(config), "--gpus", "none", "--name",
+                                    "pkg4"), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    calls = [json.loads(line) for line in log.read_text().splitlines()[before:]]
+    assert len(calls) == 2 and all(call[0] == "sh" for call in calls), calls
 
 
 @pytest.fixture()

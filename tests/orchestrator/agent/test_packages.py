@@ -87,3 +87,25 @@ def test_only_versions_no_live_run_uses_and_none_asked_for_lately_are_removed(co
         assert out["removed"] == [names["used"]]
     finally:
         container.run(["kill", live])
+
+
+def test_a_launch_that_leases_its_package_does_nothing_where_it_is_absent_and_prunes_where_it_is(container,
+                                                                                                  tmp_path):
+    """`launch --lease-pkg`: the trainer package checked and leased in the launch's own command. Absent, the
+    answer says so (needs_deploy, pkg absent), its input is taken and nothing is created; present, the run starts,
+    the package's lease is renewed and a version nothing uses is pruned, as `packages` would."""
+    root, runs = tmp_path / "pkg", str(tmp_path / "runs")
+    pkg, old = root / ("a" * 16), root / ("b" * 16)
+    status, out = launch(container, runs, "early", ["sleep", "60"], "--lease-pkg", str(pkg))
+    assert (out["ok"], out["code"], out["pkg"]) == (False, "needs_deploy", "absent"), out
+    assert not os.path.exists(runs) or os.listdir(runs) == []
+    for version in (pkg, old):
+        (version / "trainer").mkdir(parents=True)
+        os.utime(version, (time.time() - 7200, time.time() - 7200))  # both past the lease
+    status, out = launch(container, runs, "leased", ["sleep", "60"], "--lease-pkg", str(pkg),
+                         "--pythonpath", str(pkg))
+    try:
+        assert status == 0 and out["run"]["state"] == "running", out
+        assert time.time() - os.stat(pkg).st_mtime < 60 and os.listdir(root) == [pkg.name]
+    finally:
+        container.agent("kill", "--runs-dir", runs, "--run-id", "leased", "--grace", "1")
