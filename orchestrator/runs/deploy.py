@@ -6,9 +6,10 @@ each carries the agent's size and hash and is checked on the target in the same 
 command costs one session per target and deploy() runs only after a call answered that the agent is missing or
 damaged. A trainer launch or check does not ask either: its call leases the trainer package in the same command
 (`--lease-pkg`) or answers that it is absent, and only then is the trainer sent (send_trainer: the agent's
-`packages`, which also leases it and removes the versions beside it that no live run uses). A job deploys on
-every node before it starts any, so that no node waits at the rendezvous for another's upload. Archives are
-built deterministically (bundle.py) so the digest changes only with the code.
+`packages`, which also leases it and removes the versions beside it that no live run uses). A job checks its
+config on every node before it starts any (jobs.py), and so deploys there first: no node waits at the
+rendezvous for another's upload. Archives are built deterministically (bundle.py) so the digest changes only
+with the code.
 """
 from __future__ import annotations
 

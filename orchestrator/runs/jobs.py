@@ -156,12 +156,12 @@ def job_restarts(spec: JobSpec) -> int:
 
 
 def launch_job(client: RunClient, spec: JobSpec) -> dict:
-    """Deploy on every node, then start every node; returns the job with one record per node."""
+    """Check the config on every node (which deploys what is missing there, so that no node waits at the
+    rendezvous for another's upload), then start every node; returns the job with one record per node."""
     names = [t.name for t in spec.targets]
     if len(set(names)) != len(names):
         raise UsageError(f"a target appears twice: {' '.join(names)}")
     job_id = new_run_id(spec.name)
-    _raise_first_error(per_host(spec.targets, lambda t: client.deploy(t, with_trainer=True)), "deploying")
     check_every_node(client, spec)
     endpoint, node_launches = node_specs(client, spec, job_id)
     specs = {s.target.name: s for s in node_launches}
