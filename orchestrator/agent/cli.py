@@ -10,9 +10,8 @@
              with --check, that command runs first in the run's environment with input NAME on its stdin,
              and unless it exits 0 nothing is created)
     check    [--env K=V]... [--pythonpath DIR]... [--gpus 0,1] [--lease-pkg PKG_DIR] -- CMD...
-             (CMD in a run's environment with stdin passed on; what launch --check does, on its own;
-             --lease-pkg, on launch and check: the trainer package is leased in the same command, or, where it is
-             not there, the answer is {"code": "needs_deploy", "pkg": "absent"} and nothing is done)
+             (CMD in a run's environment with stdin passed on; what launch --check does, on its own)
+             --lease-pkg (launch, check): the trainer package leased, or else code needs_deploy, "pkg": "absent"
     ps       --runs-dir D [--run-id ID]... [--tail-bytes N]
     kill     --runs-dir D --run-id ID... [--grace S]
     relaunch --runs-dir D --run-id LOST --new-run-id NEW [--job-id J] [--verify-timeout S] [--settle S]
@@ -74,7 +73,7 @@ import traceback
 
 from .errors import AgentError, BadInput
 from .protocol import (AGENT_VERSION, BAD_USAGE, DEFAULT_GRACE_S, EXIT_FAILED, EXIT_OK, INTERNAL_ERROR, NO_COMMAND,
-                       NEEDS_DEPLOY, PROTOCOL_VERSION, UPLOAD_STALL_S, ascii_decimal)
+                       PROTOCOL_VERSION, UPLOAD_STALL_S, ascii_decimal)
 
 
 class _HelpShown(Exception):
@@ -111,6 +110,9 @@ def _count(text: str) -> int:
     if value is None:
         raise argparse.ArgumentTypeError("not a count (digits 0-9): {!r}".format(text))
     return value
+
+
+LEASE_HELP = "the trainer package the workload uses: leased, or the answer says it is absent (needs_deploy)"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -193,9 +195,6 @@ def _add_launch(launch: argparse.ArgumentParser) -> None:
     launch.add_argument("--lease-pkg", metavar="PKG_DIR", help=LEASE_HELP)
 
 
-LEASE_HELP = ("the trainer package the workload uses: answer needs_deploy (pkg absent) and do nothing when it is not "
-              "there; otherwise lease it and prune the versions nothing uses, as `packages` does")
-
 
 def _add_run_commands(sub) -> None:
     ps = sub.add_parser("ps", help="every run's record")
@@ -255,22 +254,13 @@ def split_command(argv: list) -> tuple:
 
 def dispatch(args: argparse.Namespace, command: list) -> dict:
     # Imported here so that `keeper` and `supervise` load only what they need.
-    if getattr(args, "lease_pkg", None) is not None:
+    if getattr(args, "lease_pkg", None) is not None:  # launch and check of a trainer run
         from .packages import lease
-        if not lease(args.lease_pkg, getattr(args, "runs_dir", None)):
-            sys.stdin.buffer.read()  # what was sent for the run, taken so that the sender is not refused
-            return {"ok": False, "code": NEEDS_DEPLOY, "pkg": "absent"}
+        absent = lease(args.lease_pkg, getattr(args, "runs_dir", None))
+        if absent is not None:
+            return absent
     if args.command == "launch":
-        from .launch import LaunchRequest, job_fields, launch, read_inputs
-        inputs = read_inputs(args.input, sys.stdin.buffer.read()) if args.input else {}
-        req = LaunchRequest(runs_dir=args.runs_dir, run_id=args.run_id, name=args.name, target=args.target,
-                            command=command, cwd=args.cwd, env_pairs=args.env, gpus=args.gpus, force=args.force,
-                            grace=args.grace, inputs=inputs,
-                            job=job_fields(args.job_id, args.node_rank, args.nnodes), pythonpath=args.pythonpath,
-                            keeper_idle=args.keeper_idle, restart=_restart_fields(args))
-        if args.check is not None:
-            _check_before_launch(req, args.check, args.check_input)
-        return dict(ok=True, **launch(req, verify_timeout=args.verify_timeout, settle=args.settle))
+        return _launch(args, command)
     if args.command == "check":
         from .precheck import check_environment, run_check
         from .rundir import parse_env_pairs, parse_gpus
@@ -317,6 +307,19 @@ def dispatch(args: argparse.Namespace, command: list) -> dict:
     if args.command == "version":
         return {"ok": True, "agent_version": AGENT_VERSION, "python": sys.version.split()[0]}
     raise BadInput("no subcommand given (launch, ps, kill, cleanup, version)", code=BAD_USAGE)
+
+
+def _launch(args: argparse.Namespace, command: list) -> dict:
+    from .launch import LaunchRequest, job_fields, launch, read_inputs
+    inputs = read_inputs(args.input, sys.stdin.buffer.read()) if args.input else {}
+    req = LaunchRequest(runs_dir=args.runs_dir, run_id=args.run_id, name=args.name, target=args.target,
+                        command=command, cwd=args.cwd, env_pairs=args.env, gpus=args.gpus, force=args.force,
+                        grace=args.grace, inputs=inputs,
+                        job=job_fields(args.job_id, args.node_rank, args.nnodes), pythonpath=args.pythonpath,
+                        keeper_idle=args.keeper_idle, restart=_restart_fields(args))
+    if args.check is not None:
+        _check_before_launch(req, args.check, args.check_input)
+    return dict(ok=True, **launch(req, verify_timeout=args.verify_timeout, settle=args.settle))
 
 
 def _relaunch(args: argparse.Namespace) -> dict:

@@ -26,7 +26,7 @@ import time
 
 from . import procfs
 from .errors import OperationFailed
-from .protocol import ascii_decimal
+from .protocol import NEEDS_DEPLOY, ascii_decimal
 from .rundir import RunPaths, list_run_ids
 from .runstate import is_live, read_run, read_state
 
@@ -46,17 +46,19 @@ def packages(pkg_dir: str, runs_dir: str, *, size: int | None, sha256: str | Non
     return {"ok": True, "installed": installed, "removed": _lease(pkg_dir, runs_dir)}
 
 
-def lease(pkg_dir: str, runs_dir: str | None) -> bool:
-    """A launch's or a check's `--lease-pkg`: whether the trainer package is there; if so it is leased (and, with
-    the runs directory, the versions beside it that nothing uses are pruned) in the same command, so that a
-    trainer launch needs no `packages` of its own where its package already is."""
+def lease(pkg_dir: str, runs_dir: str | None) -> dict | None:
+    """A launch's or a check's `--lease-pkg`: None once the trainer package is leased (and, with the runs
+    directory, the versions beside it that nothing uses pruned) in the same command, so that a trainer launch
+    needs no `packages` of its own where its package already is; where it is not, the answer that says so (the
+    command's stdin taken, so that the sender is not refused) and nothing is done."""
     pkg_dir = os.path.abspath(pkg_dir)
     if not os.path.isdir(os.path.join(pkg_dir, "trainer")):
-        return False
+        sys.stdin.buffer.read()
+        return {"ok": False, "code": NEEDS_DEPLOY, "pkg": "absent"}
     removed = _lease(pkg_dir, runs_dir)
     if removed:
         print("removed trainer versions no run uses: {}".format(", ".join(removed)), file=sys.stderr)
-    return True
+    return None
 
 
 def _lease(pkg_dir: str, runs_dir: str | None) -> list:
