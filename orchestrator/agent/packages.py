@@ -26,7 +26,8 @@ import time
 
 from . import procfs
 from .errors import OperationFailed
-from .protocol import NEEDS_DEPLOY, ascii_decimal
+from .protocol import KILLED, NEEDS_DEPLOY, SUCCEEDED, ascii_decimal
+from .restart import ON_FAILURE
 from .rundir import RunPaths, list_run_ids
 from .runstate import is_live, read_run, read_state
 
@@ -157,11 +158,20 @@ def _removable(name: str, path: str, used: set) -> bool:
 
 
 def in_use(runs_dir: str) -> set:
-    """Every directory on the pythonpath of a live run of `runs_dir`."""
+    """Every directory on the pythonpath of a run of `runs_dir` that is live, or that a relaunch may start again
+    (relaunch.py runs a lost run's command with its pythonpath)."""
     used = set()
     for run_id in list_run_ids(runs_dir):
         paths = RunPaths(runs_dir, run_id)
-        run = read_run(paths)
-        if is_live(paths, run, read_state(paths)):
+        run, state = read_run(paths), read_state(paths)
+        if is_live(paths, run, state) or _may_relaunch(run, state):
             used.update(os.path.abspath(entry) for entry in run.get("pythonpath") or [])
     return used
+
+
+def _may_relaunch(run: dict, state: dict) -> bool:
+    """Under a restart policy (its own, or its job's), not relaunched yet, and neither killed nor succeeded: lost
+    or failed, or not live any more with its end not yet written (a reboot took its supervisor)."""
+    policy = (run.get("restart") or {}).get("policy")
+    return (state.get("state") not in (KILLED, SUCCEEDED) and not state.get("relaunched_as")
+            and (policy == ON_FAILURE or bool(run.get("worker_restarts"))))

@@ -9,7 +9,7 @@ import subprocess
 import time
 
 from orchestrator.runs.deploy import trainer_bundle
-from tests.orchestrator.agent.pidns import AGENT_PYTHON, launch
+from tests.orchestrator.agent.pidns import AGENT_PYTHON, Namespace, launch
 
 
 def packages(ns, pkg_dir: str, runs_dir: str, *, send: bytes | None = None, size: int | None = None,
@@ -109,3 +109,30 @@ def test_a_launch_that_leases_its_package_does_nothing_where_it_is_absent_and_pr
         assert time.time() - os.stat(pkg).st_mtime < 60 and os.listdir(root) == [pkg.name]
     finally:
         container.agent("kill", "--runs-dir", runs, "--run-id", "leased", "--grace", "1")
+
+
+def test_a_lost_runs_package_is_kept_until_it_is_relaunched(agent_pyz, container, tmp_path):
+    """A run lost with its container under a restart policy may be started again by a relaunch, with the
+    pythonpath it had: its package is in use until then, however old; a lost run without a policy keeps nothing."""
+    root, runs = tmp_path / "pkg", str(tmp_path / "runs")
+    kept, gone, fresh = root / ("a" * 16), root / ("b" * 16), root / ("c" * 16)
+    for version in (kept, gone, fresh):
+        (version / "trainer").mkdir(parents=True)
+    rebooted = Namespace(agent_pyz, reaps=True)
+    try:
+        assert launch(rebooted, runs, "policy", ["sleep", "60"], "--restart", "on-failure:1",
+                      "--pythonpath", str(kept))[0] == 0
+        assert launch(rebooted, runs, "plain", ["sleep", "60"], "--pythonpath", str(gone))[0] == 0
+    finally:
+        rebooted.stop()  # every process of the namespace killed at once: both runs lost
+    for version in (kept, gone):
+        os.utime(version, (time.time() - 7200, time.time() - 7200))  # past the lease
+    status, out = packages(container, str(fresh), runs)
+    assert (status, out["removed"], sorted(os.listdir(root))) == (0, [gone.name], [kept.name, fresh.name]), out
+    status, out = container.agent("relaunch", "--runs-dir", runs, "--run-id", "policy", "--new-run-id", "policy-r1",
+                                  "--settle", "0.3")
+    assert status == 0, out
+    container.agent("kill", "--runs-dir", runs, "--run-id", "policy-r1", "--grace", "1")
+    os.utime(kept, (time.time() - 7200, time.time() - 7200))
+    status, out = packages(container, str(fresh), runs)  # relaunched, and that run ended: nothing holds it now
+    assert out["removed"] == [kept.name], out
