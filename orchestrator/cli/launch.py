@@ -99,8 +99,8 @@ def launch(
     if each:
         return _launch_each(state, [target, *(command or [])], options, healing, as_json=as_json)
     if config is not None and command:
-        spec = job_spec(_job_targets(state, [target, *command]), config, name=name, gpus=options["gpus"], env=options["env"], force=force,
-                        grace=grace, nproc_per_node=nproc_per_node, dist_timeout=dist_timeout)
+        spec = job_spec(_job_targets(state, [target, *command]), **options, nproc_per_node=nproc_per_node,
+                        dist_timeout=dist_timeout)
         spec.restart, spec.restart_backoff, spec.hang_timeout = healing.values()
         return _launch_job(state, spec, config, as_json=as_json)
     spec = _healed(launch_spec(state.inventory().target(target), command or [], **options), healing)

@@ -25,6 +25,7 @@ from ..transports.fanout import Outcome, fanout_exit_code, per_host
 from .agentcall import agent_argv
 from .client import LaunchFailed, RunClient
 from .command import CONFIG_INPUT, config_base_dir, node_train_command
+from .deploy import agent_path_in
 from .spec import LaunchSpec, new_run_id, run_environment
 from .trainerconfig import ConfigRejected
 
@@ -134,8 +135,9 @@ def node_specs(client: RunClient, spec: JobSpec, job_id: str) -> tuple[str, list
             # gloo and NCCL bind to what the hostname resolves to; a container's often resolves nowhere
             env.update(GLOO_SOCKET_IFNAME=net.value["interface"], NCCL_SOCKET_IFNAME=net.value["interface"])
         env.update(spec.env)
-        agent_path = client.deploy(target, with_trainer=True).agent_path
-        command = torchrun_command(target, agent_path=agent_path, nnodes=len(spec.targets), nproc=nproc,
+        # the config check of every node (check_every_node) put this version's agent and trainer there
+        command = torchrun_command(target, agent_path=agent_path_in(target.workdir), nnodes=len(spec.targets),
+                                   nproc=nproc,
                                    endpoint=f"{host}:{port}", job_id=job_id, is_host=rank == 0,
                                    local_addr=net.value["address"], timeout=spec.dist_timeout,
                                    base_dir=config_base_dir(target, spec.config_source), max_restarts=restarts)

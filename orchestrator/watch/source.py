@@ -129,8 +129,7 @@ class LiveSource:
 
     def wait_until_answered(self, timeout: float) -> bool:
         """Block until every target has answered once or failed; False if the timeout came first."""
-        with self._lock:
-            return self._lock.wait_for(lambda: all(s.answered for s in self._targets.values()), timeout)
+        return self.wait_while_answering(timeout, cap_s=timeout)
 
     def wait_while_answering(self, quiet_s: float, *, cap_s: float) -> bool:
         """Block until every target has answered once or failed, as long as targets keep answering: False once

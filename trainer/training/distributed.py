@@ -72,7 +72,8 @@ def collective_timeout() -> datetime.timedelta:
 
 
 BACKOFF_ENV = "DFLASH_RESTART_BACKOFF_S"
-BACKOFF_MAX_S = 300.0   # as the supervisor's restarts of a single run (orchestrator/agent/restart.py; tests/test_one_home.py ties them)
+# as the supervisor's restarts of a single run (orchestrator/agent/restart.py; tests/test_one_home.py ties them)
+BACKOFF_MAX_S = 300.0
 
 
 def restart_backoff_s() -> float:
