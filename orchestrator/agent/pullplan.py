@@ -25,6 +25,7 @@ from .errors import BadInput
 from .protocol import BAD_USAGE, ascii_decimal
 from .rundir import existing_run, read_json
 from .runstate import is_live, read_run, read_state
+from .terminaltext import for_terminal
 
 MANIFEST = "manifest.json"
 SAVED_FILES = ("config.json", "model.safetensors", "training_state.pt", "trainer_config.json")
@@ -85,7 +86,9 @@ def _skipped(path: str, dest: str) -> dict:
 
 
 def _no_checkpoint(paths, output_dir: str | None) -> str:
-    """Why there is nothing to pull: a live run that has not saved yet, or an ended one that never did."""
+    """Why there is nothing to pull: a live run that has not saved yet, or an ended one that never did (the
+    output_dir, which the workload chose, as terminal text: the message reaches one)."""
+    output_dir = for_terminal(output_dir) if output_dir else None
     if is_live(paths, read_run(paths), read_state(paths)):
         where = " (its output_dir {})".format(output_dir) if output_dir else ""
         return "run {} has no checkpoint yet{}: it is still running; pull once it has saved one".format(

@@ -170,6 +170,18 @@ def test_file_names_reach_the_terminal_as_text(inv, run_with_outputs, tmp_path, 
     assert "\x1b" not in err and "\x07" not in err
 
 
+def test_an_output_dir_name_reaches_the_terminal_as_text(inv, tmp_path, capsys):
+    out = tmp_path / HOSTILE  # the run chose where its outputs go, and saved nothing there
+    out.mkdir()
+    (out / "metrics.jsonl").write_text("{}\n")
+    code, record, err = run_cli(inv, "launch", "local", "--name", "nosave", "--gpus", "none", "--json", "--",
+                                *link_outputs_argv(str(out)), capsys=capsys)
+    assert code == 0, err
+    code, out, err = run_cli(inv, "pull", "nosave", "--to", str(tmp_path / "x"), capsys=capsys)
+    assert code == 2 and one_clean_line(err) and "has no complete checkpoint in" in err and "evil[blink].bin" in err
+    assert "\x1b" not in err and "\x07" not in err
+
+
 def test_symbolic_links_are_not_followed_and_said(inv, run_with_outputs, tmp_path, capsys):
     secret = tmp_path / "shadow"
     secret.write_bytes(b"root:$6$secret")
