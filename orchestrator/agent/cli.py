@@ -47,8 +47,9 @@ Errors: {"ok": false, "error": MESSAGE, "code": CODE, ...details}. Answers (keys
     ps       {"runs": [RECORD (+ "log_tail": str with --tail-bytes)], "skipped": [{"run_id", "path", "points_to",
              "reason"}] (run directories that are symbolic links: never read or written through)}
     pull-plan {"output_dir", "steps", "checkpoints", "export_dir", "export_ready", "files": [{"source", "dest",
-             "size", "sha256", "growing" (+ "prefix_size", "prefix_sha256" for a --have)}]}; no such checkpoint:
-             code bad_usage
+             "size", "sha256", "growing", "manifest" (+ "prefix_size", "prefix_sha256" for a --have)}],
+             "skipped": [{"path", "dest", "points_to", "reason"}] (symbolic links: never followed)}; no such
+             checkpoint: code bad_usage
     kill     {"runs": [{"run_id", "ok", "state", "signal", "exit_code", "already_ended", "survivors":
              [{"pid", "cmdline", "state"}], "actions": [str], "refused": [{"pid", "role", "reason", "process"}]
              (a pid state.json names that is not the run's: never signalled), "run": RECORD (+ "state_error":

@@ -10,47 +10,91 @@ one (then only the rest is fetched).
 The bundled trainer's output_dir is where the run's metrics.jsonl link points (the trainer makes that link in
 the run directory). Checkpoint files named here are the trainer's (trainer/training/checkpoints.py); the agent
 cannot import the trainer, so a step_N/ counts as complete when it has a manifest or every file a save writes.
+
+A symbolic link is never followed, as a linked run directory is not: a link in a checkpoint (or a linked step_N/,
+config, log or metrics.jsonl) would hand over whatever it points to, anywhere on the target. It is left out and
+listed in `skipped`, so the controller says so.
 """
 from __future__ import annotations
 
 import hashlib
-import json
 import os
+import stat
 
 from .errors import BadInput
 from .protocol import BAD_USAGE, ascii_decimal
-from .rundir import existing_run
+from .rundir import existing_run, read_json
+from .runstate import is_live, read_run, read_state
+from .terminaltext import for_terminal
 
 MANIFEST = "manifest.json"
 SAVED_FILES = ("config.json", "model.safetensors", "training_state.pt", "trainer_config.json")
 EXPORT_PREFIX = "export-"  # {output_dir}/export-step_N/: `python -m trainer export` of that checkpoint
 HASH_CHUNK = 1024 * 1024
+LINK_REASON = "a symbolic link: not followed"
 
 
 def pull_plan(runs_dir: str, run_id: str, *, checkpoint: str, export: bool, have: list) -> dict:
     paths = existing_run(runs_dir, run_id)
     output_dir = _output_dir(paths.dir)
-    steps = _complete_steps(output_dir) if output_dir else []
-    chosen = _choose(steps, checkpoint, run_id, output_dir)
+    skipped = []
+    steps = _complete_steps(output_dir, skipped) if output_dir else []
+    if not steps:
+        raise BadInput(_no_checkpoint(paths, output_dir), code=BAD_USAGE)
+    chosen = _choose(steps, checkpoint, run_id)
     known = _parse_have(have)
     files = []
     export_dir = None
     if export:
         export_dir = os.path.join(output_dir, EXPORT_PREFIX + os.path.basename(chosen[0]))
         if os.path.isfile(os.path.join(export_dir, "README.md")):
-            files += _dir_files(export_dir, "")
+            files += _dir_files(export_dir, "", skipped)
     else:
         for step_dir in chosen:
-            files += _dir_files(step_dir, os.path.basename(step_dir) + "/")
+            files += _dir_files(step_dir, os.path.basename(step_dir) + "/", skipped)
     run_files = [("config.yaml", os.path.join(paths.dir, "config.yaml")), ("train.log", paths.log),
-                 ("metrics.jsonl", os.path.join(output_dir, "metrics.jsonl") if output_dir else "")]
+                 ("metrics.jsonl", os.path.join(output_dir, "metrics.jsonl"))]
     for name, source in run_files:
-        if source and os.path.isfile(source):
+        kind = _kind(source)
+        if kind == "link":
+            skipped.append(_skipped(source, name))
+        elif kind == "file":
             files.append(_growing(source, name, known.get(name)))
     return {"ok": True, "output_dir": output_dir, "checkpoints": [os.path.basename(p) for p in chosen],
             "steps": [os.path.basename(p) for p in steps], "export_dir": export_dir,
             "export_ready": bool(export_dir) and os.path.isfile(os.path.join(export_dir, "README.md")),
-            "files": files}
+            "files": files, "skipped": skipped}
+
+
+def _kind(path: str) -> str | None:
+    """"file", "dir" or "link" for what `path` itself is (a link is not followed); None for anything else."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return None
+    if stat.S_ISLNK(mode):
+        return "link"
+    return "file" if stat.S_ISREG(mode) else "dir" if stat.S_ISDIR(mode) else None
+
+
+def _skipped(path: str, dest: str) -> dict:
+    try:
+        points_to = os.readlink(path)
+    except OSError:
+        points_to = "?"
+    return {"path": path, "dest": dest, "points_to": points_to, "reason": LINK_REASON}
+
+
+def _no_checkpoint(paths, output_dir: str | None) -> str:
+    """Why there is nothing to pull: a live run that has not saved yet, or an ended one that never did (the
+    output_dir, which the workload chose, as terminal text: the message reaches one)."""
+    output_dir = for_terminal(output_dir) if output_dir else None
+    if is_live(paths, read_run(paths), read_state(paths)):
+        where = " (its output_dir {})".format(output_dir) if output_dir else ""
+        return "run {} has no checkpoint yet{}: it is still running; pull once it has saved one".format(
+            paths.run_id, where)
+    where = "in {}".format(output_dir) if output_dir else "(it wrote no metrics.jsonl: not the bundled trainer?)"
+    return "run {} has no complete checkpoint {}".format(paths.run_id, where)
 
 
 def _output_dir(run_dir: str) -> str | None:
@@ -60,8 +104,9 @@ def _output_dir(run_dir: str) -> str | None:
     return os.path.dirname(os.path.realpath(link))
 
 
-def _complete_steps(output_dir: str) -> list:
-    """step_N/ directories that a save completed, oldest first (temp dirs are never named step_N)."""
+def _complete_steps(output_dir: str, skipped: list) -> list:
+    """step_N/ directories that a save completed, oldest first (temp dirs are never named step_N); a linked
+    step_N/ is listed in `skipped` instead."""
     found = []
     try:
         names = os.listdir(output_dir)
@@ -70,17 +115,16 @@ def _complete_steps(output_dir: str) -> list:
     for name in names:
         path = os.path.join(output_dir, name)
         step = ascii_decimal(name[len("step_"):]) if name.startswith("step_") else None
-        if step is not None and os.path.isdir(path) and (
-                os.path.isfile(os.path.join(path, MANIFEST))
-                or all(os.path.isfile(os.path.join(path, f)) for f in SAVED_FILES)):
+        kind = _kind(path) if step is not None else None
+        if kind == "link":
+            skipped.append(_skipped(path, name + "/"))
+        elif kind == "dir" and (_kind(os.path.join(path, MANIFEST)) == "file"
+                                or all(_kind(os.path.join(path, f)) == "file" for f in SAVED_FILES)):
             found.append((step, path))
     return [path for _, path in sorted(found)]
 
 
-def _choose(steps: list, checkpoint: str, run_id: str, output_dir: str | None) -> list:
-    if not steps:
-        where = "in {}".format(output_dir) if output_dir else "(it wrote no metrics.jsonl: not the bundled trainer?)"
-        raise BadInput("run {} has no complete checkpoint {}".format(run_id, where), code=BAD_USAGE)
+def _choose(steps: list, checkpoint: str, run_id: str) -> list:
     if checkpoint == "latest":
         return steps[-1:]
     if checkpoint == "all":
@@ -93,23 +137,23 @@ def _choose(steps: list, checkpoint: str, run_id: str, output_dir: str | None) -
     return named
 
 
-def _dir_files(directory: str, prefix: str) -> list:
-    """Every file of a checkpoint or export directory, with the manifest's size and hash where it has them."""
-    manifest = {}
-    try:
-        with open(os.path.join(directory, MANIFEST)) as handle:
-            manifest = json.load(handle).get("files") or {}
-    except (OSError, ValueError, AttributeError):
-        manifest = {}
+def _dir_files(directory: str, prefix: str, skipped: list) -> list:
+    """Every file of a checkpoint or export directory, with the manifest's size and hash where it has them
+    (`manifest`: true; those the controller reports as the checkpoint changed since its save when they differ).
+    Links go to `skipped`; subdirectories are not the trainer's and are left out."""
+    manifest = (read_json(os.path.join(directory, MANIFEST)) or {}).get("files")
     files = []
     for name in sorted(os.listdir(directory)):
         path = os.path.join(directory, name)
-        if not os.path.isfile(path):
+        kind = _kind(path)
+        if kind == "link":
+            skipped.append(_skipped(path, prefix + name))
+        if kind != "file":
             continue
         size = os.path.getsize(path)
         entry = manifest.get(name) if isinstance(manifest, dict) else None
         listed = isinstance(entry, dict) and entry.get("size") == size and isinstance(entry.get("sha256"), str)
-        files.append({"source": path, "dest": prefix + name, "size": size,
+        files.append({"source": path, "dest": prefix + name, "size": size, "manifest": listed,
                       "sha256": entry["sha256"] if listed else sha256_of(path, size), "growing": False})
     return files
 

@@ -11,11 +11,11 @@ from ..errors import EXIT_OK
 from ..runs import pull as pulling
 from ..runs.addressing import locate
 from ..runs.client import RunClient
-from ..runs.fetch import Step
+from ..runs.fetch import Step, shown
 from ..transports.pool import Connections
 from ..transports.timeouts import PULL_STALL_S
 from .args import number_in
-from .output import print_json, stderr, stdout
+from .output import print_json, say, stderr, stdout
 from .state import AppState
 
 
@@ -45,8 +45,11 @@ def pull(
     Files already here whole are skipped; a pull that was cut resumes where it stopped (run it again); a
     local file that differs is never replaced without --force. Progress goes to stderr.
 
-    Exit codes: 0 pulled, 1 a copy did not verify or a different file is in the way, 2 no such run or
-    checkpoint, 3 the target is unreachable or the link was cut (the next pull resumes).
+    Symbolic links on the target are not followed: a link in a checkpoint is left out, and said.
+
+    Exit codes: 0 pulled, 1 a copy did not verify, a different file is in the way or a file cannot be written
+    here (its .part is kept), 2 no such run or checkpoint, or a --to that cannot be a directory, 3 the target
+    is unreachable or the link was cut (the next pull resumes).
     """
     state: AppState = ctx.obj
     request = pulling.PullRequest(checkpoint=pulling.check_checkpoint(checkpoint), export=export, to=to,
@@ -62,29 +65,40 @@ def pull(
         print_json(result.as_dict())
     else:
         fetched = sum(1 for f in result.files if f["action"] != "skip")
-        stdout().print(f"{result.run_id} ({', '.join(result.checkpoints)}{', export' if export else ''}) -> "
-                       f"{result.to}: {fetched} file(s) fetched, {len(result.files) - fetched} already here, "
-                       f"{result.transferred / 1e6:.1f} MB transferred, all verified (sha256)", markup=False)
+        links = f", {len(result.skipped)} link(s) not followed" if result.skipped else ""
+        say(stdout(), f"{result.run_id} ({', '.join(result.checkpoints)}{', export' if export else ''}) -> "
+                      f"{result.to}: {fetched} file(s) fetched, {len(result.files) - fetched} already here{links}, "
+                      f"{result.transferred / 1e6:.1f} MB transferred, all verified (sha256)")
     return EXIT_OK
 
 
 class BarProgress(pulling.Progress):
-    """A rich progress bar of all the bytes on stderr, naming the file in flight."""
+    """A rich progress bar on stderr of the bytes that travel, naming the file in flight (as terminal text: the
+    workload chose the name, and a name is never read as rich markup)."""
 
     def __init__(self) -> None:
-        self._bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+        self._bar = Progress(TextColumn("{task.description}", markup=False), BarColumn(), DownloadColumn(),
                              TransferSpeedColumn(), TimeRemainingColumn(), console=stderr(), transient=False)
         self._task = None
 
+    def note(self, text: str) -> None:
+        say(stderr(), text)
+
+    def warning(self, text: str) -> None:
+        say(stderr(), f"dflashctl: warning: {text}")
+
     def start(self, total: int, files: int) -> None:
+        if not files:  # everything is here already: nothing travels, no bar (and no rate) to show
+            return
         self._bar.start()
         self._task = self._bar.add_task(f"{files} file(s)", total=total)
 
     def file(self, step: Step) -> None:
-        self._bar.update(self._task, description=f"{step.file.dest} ({step.action})")
+        self._bar.update(self._task, description=f"{shown(step.file.dest)} ({step.action})")
 
     def advance(self, count: int) -> None:
         self._bar.advance(self._task, count)
 
     def done(self) -> None:
-        self._bar.stop()
+        if self._task is not None:
+            self._bar.stop()

@@ -5,6 +5,8 @@ a cut leaves the `.part`, and the next pull asks only for the bytes after it (`t
 target). What is already here is never trusted blindly: a complete file is skipped only when its size and
 sha256 match, and a shorter copy of a growing file (a live run's log) is extended only when it is the start of
 the remote one. Bytes go from the channel to the file in chunks: memory stays bounded whatever the file's size.
+A file that cannot be written here (a full disk, a file size limit, a path that cannot be a directory) ends the
+pull with its `.part` kept, as a cut does. Names are the workload's: a message shows them as terminal text.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..agent.pullplan import sha256_of
+from ..agent.terminaltext import for_terminal
 from ..errors import CommandTimeout, OperationFailed, TransportError, Unreachable
 from ..transports.base import Transport
 
@@ -34,12 +37,13 @@ class RemoteFile:
     growing: bool = False
     prefix_size: int | None = None
     prefix_sha256: str | None = None
+    manifest: bool = False  # the sha256 is the one the checkpoint's manifest.json recorded at its save
 
     @classmethod
     def from_plan(cls, entry: dict) -> "RemoteFile":
         return cls(source=entry["source"], dest=entry["dest"], size=int(entry["size"]), sha256=entry["sha256"],
                    growing=bool(entry.get("growing")), prefix_size=entry.get("prefix_size"),
-                   prefix_sha256=entry.get("prefix_sha256"))
+                   prefix_sha256=entry.get("prefix_sha256"), manifest=bool(entry.get("manifest")))
 
 
 @dataclass(frozen=True)
@@ -73,10 +77,10 @@ def decide(root: Path, file: RemoteFile, *, force: bool) -> Step | str:
         if file.growing and file.prefix_size == size and local_sha256(path) == file.prefix_sha256:
             return Step(file, path, "extend", size)
         if not force:
-            return f"{path} differs from {file.source} ({size} bytes here, {file.size} there)"
+            return f"{shown(path)} differs from {shown(file.source)} ({size} bytes here, {file.size} there)"
         return Step(file, path, "replace")
     if path.exists():
-        return f"{path} is in the way and is not a file"
+        return f"{shown(path)} is in the way and is not a file"
     if part.is_file() and part.stat().st_size <= file.size:
         return Step(file, path, "resume", part.stat().st_size)
     return Step(file, path, "fetch")
@@ -95,9 +99,18 @@ def plan_steps(root: Path, files: list[RemoteFile], *, force: bool) -> list[Step
 
 def fetch(transport: Transport, step: Step, *, stall: float, on_bytes: Callable[[int], None]) -> int:
     """Bring one file here as the step says; the bytes transferred. Unreachable when the stream is cut (the
-    .part stays for the next pull), OperationFailed when what arrived is not what the target hashed."""
+    .part stays for the next pull), OperationFailed when what arrived is not what the target hashed or when it
+    cannot be written here (the .part stays too)."""
     file, path = step.file, step.path
     part = path.with_name(path.name + PART_SUFFIX)
+    try:
+        return _fetch(transport, step, part, stall=stall, on_bytes=on_bytes)
+    except OSError as exc:
+        raise OperationFailed(_unwritable(file, part, exc)) from exc
+
+
+def _fetch(transport: Transport, step: Step, part: Path, *, stall: float, on_bytes: Callable[[int], None]) -> int:
+    file, path = step.file, step.path
     path.parent.mkdir(parents=True, exist_ok=True)
     if step.action == "extend":
         os.replace(path, part)
@@ -105,16 +118,38 @@ def fetch(transport: Transport, step: Step, *, stall: float, on_bytes: Callable[
         part.unlink(missing_ok=True)
     offset = step.offset
     digest = _digest_of_start(part, offset)
-    on_bytes(offset)
     got = _stream(transport, file, part, offset, digest, stall=stall, on_bytes=on_bytes) if offset < file.size else 0
     if digest.hexdigest() != file.sha256:
         part.unlink(missing_ok=True)
         if offset:  # the bytes kept from before were not the start of this file: once more, from byte 0
-            return got + fetch(transport, Step(file, path, "fetch"), stall=stall, on_bytes=on_bytes)
-        raise OperationFailed(f"{file.source}: the copy's sha256 {digest.hexdigest()[:16]}... is not the target's "
-                              f"{file.sha256[:16]}... (changed while it was read, or damaged); removed, pull again")
+            return got + _fetch(transport, Step(file, path, "fetch"), part, stall=stall, on_bytes=on_bytes)
+        raise OperationFailed(_mismatch(file, digest.hexdigest()))
     os.replace(part, path)
     return got
+
+
+def _mismatch(file: RemoteFile, got: str) -> str:
+    if file.manifest:  # the target's bytes are not the ones its save recorded: pulling again brings the same
+        return (f"{shown(file.source)} is not what its checkpoint's manifest.json recorded (sha256 {got[:16]}..., "
+                f"the manifest's {file.sha256[:16]}...): the checkpoint changed on the target after it was saved, "
+                f"or its disk damaged it; the copy was removed (another pull brings the same bytes)")
+    return (f"{shown(file.source)}: the copy's sha256 {got[:16]}... is not the target's {file.sha256[:16]}... "
+            f"(changed while it was read, or damaged); removed, pull again")
+
+
+def _unwritable(file: RemoteFile, part: Path, exc: OSError) -> str:
+    try:
+        kept = part.stat().st_size
+    except OSError:
+        kept = 0
+    what = f"{kept} of its {file.size} bytes are kept there: the same pull resumes from them once this " \
+           f"machine can write the rest" if kept else "nothing of it was written"
+    return f"{shown(file.dest)}: cannot write {shown(exc.filename or part)}: {exc.strerror or exc}; {what}"
+
+
+def shown(name: object) -> str:
+    """A file name or path as a message shows it: the workload chose it, so only as terminal text."""
+    return for_terminal(str(name))
 
 
 def _digest_of_start(part: Path, offset: int):
@@ -156,7 +191,7 @@ def _stream(transport: Transport, file: RemoteFile, part: Path, offset: int, dig
 
 
 def _cut(file: RemoteFile, at: int, why: str) -> str:
-    return (f"{file.source}: cut at byte {at} of {file.size} ({why}); the same pull again resumes from there")
+    return (f"{shown(file.source)}: cut at byte {at} of {file.size} ({why}); the same pull again resumes from there")
 
 
-__all__ = ["RemoteFile", "Step", "Conflict", "decide", "plan_steps", "fetch", "local_sha256"]
+__all__ = ["RemoteFile", "Step", "Conflict", "decide", "plan_steps", "fetch", "local_sha256", "shown"]

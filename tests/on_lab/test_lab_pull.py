@@ -181,6 +181,7 @@ def test_a_pulled_export_loads_in_automodel(lab, inv, tmp_path, capsys):
     dest = tmp_path / "drafter"
     code, result, err = cli(inv, "pull", record["run_id"], "--export", "--to", str(dest), "--json", capsys=capsys)
     assert code == 0, err
+    assert f"{TARGET}: exporting step_5 for serving" in err and f"{TARGET}: exported step_5 in " in err  # not silent
     assert result["export"] and result["checkpoints"] == ["step_5"]
     assert {"config.json", "model.safetensors", "dflash.py", "README.md"} <= {f["path"] for f in result["files"]}
     assert not (dest / "training_state.pt").exists() and "# DFlash drafter" in (dest / "README.md").read_text()

@@ -1,10 +1,16 @@
 """`dflashctl pull` on the `local` target: what it brings, what it skips, what it refuses, and bad input."""
 from __future__ import annotations
 
+import os
+import resource
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from orchestrator.cli.pull import BarProgress
+from orchestrator.runs.fetch import RemoteFile, Step
 from tests.lab.workloads import link_outputs_argv, run_cli, write_checkpoint_dir
 
 STATE = bytes(range(256)) * 4096  # 1 MiB
@@ -124,5 +130,146 @@ def test_a_file_that_is_not_what_its_manifest_says_is_refused_after_transfer(inv
     dest = tmp_path / "pulled"
     code, out, err = run_cli(inv, "pull", "drafter", "--to", str(dest), capsys=capsys)
     assert code == 1 and "sha256" in err and "training_state.pt" in err and len(err.strip().splitlines()) <= 2
+    # pulling again brings the same bytes: the message says the checkpoint changed, not "pull again"
+    assert "not what its checkpoint's manifest.json recorded" in err and "changed on the target" in err
+    assert "pull again" not in err
     assert not (dest / "step_20" / "training_state.pt").exists()
     assert not (dest / "step_20" / "training_state.pt.part").exists()
+
+
+# an OSC 52 clipboard write, an OSC 0 title, and what rich would read as a markup tag, in one file name
+HOSTILE = "ev\x1b]52;c;aGk=\x07il\x1b]0;PWNED\x07[blink].bin"
+
+
+def one_clean_line(err: str) -> bool:
+    return len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def ends_in_one_error_line(err: str) -> bool:
+    """The progress bar, as far as it got, then one line that says why the pull stopped."""
+    lines = err.strip().splitlines()
+    return lines[-1].startswith("dflashctl: error: ") and "Traceback" not in err and \
+        sum(line.startswith("dflashctl: ") for line in lines) == 1
+
+
+def test_file_names_reach_the_terminal_as_text(inv, run_with_outputs, tmp_path, capsys):
+    bar = BarProgress()  # the bar names the file in flight: a name is neither an escape nor markup there
+    bar.start(10, 1)
+    bar.file(Step(RemoteFile(source="/x/" + HOSTILE, dest="step_20/" + HOSTILE, size=10, sha256="0"),
+                  tmp_path / "y", "fetch"))
+    bar.advance(10)
+    bar.done()
+    err = capsys.readouterr().err
+    assert "step_20/evil[blink].bin (fetch)" in err and "\x1b" not in err and "\x07" not in err
+    write_checkpoint_dir(tmp_path / "out" / "step_20", {HOSTILE: b"theirs"})
+    mine = tmp_path / "pulled" / "step_20" / HOSTILE
+    mine.parent.mkdir(parents=True)
+    mine.write_bytes(b"mine")  # in the way: the refusal names the file
+    code, out, err = run_cli(inv, "pull", "drafter", "--to", str(tmp_path / "pulled"), capsys=capsys)
+    assert code == 1 and one_clean_line(err) and "step_20/evil[blink].bin differs" in err
+    assert "\x1b" not in err and "\x07" not in err
+
+
+def test_an_output_dir_name_reaches_the_terminal_as_text(inv, tmp_path, capsys):
+    out = tmp_path / HOSTILE  # the run chose where its outputs go, and saved nothing there
+    out.mkdir()
+    (out / "metrics.jsonl").write_text("{}\n")
+    code, record, err = run_cli(inv, "launch", "local", "--name", "nosave", "--gpus", "none", "--json", "--",
+                                *link_outputs_argv(str(out)), capsys=capsys)
+    assert code == 0, err
+    code, out, err = run_cli(inv, "pull", "nosave", "--to", str(tmp_path / "x"), capsys=capsys)
+    assert code == 2 and one_clean_line(err) and "has no complete checkpoint in" in err and "evil[blink].bin" in err
+    assert "\x1b" not in err and "\x07" not in err
+
+
+def test_symbolic_links_are_not_followed_and_said(inv, run_with_outputs, tmp_path, capsys):
+    secret = tmp_path / "shadow"
+    secret.write_bytes(b"root:$6$secret")
+    out = tmp_path / "out"
+    os.symlink(secret, out / "step_20" / "shadow")  # a link in the checkpoint
+    write_checkpoint_dir(tmp_path / "elsewhere", {"model.safetensors": b"not this run's"})
+    os.symlink(tmp_path / "elsewhere", out / "step_30")  # a linked, newer checkpoint
+    os.symlink(secret, Path(run_with_outputs["log_path"]).parent / "config.yaml")  # a linked run file
+    dest = tmp_path / "pulled"
+    code, result, err = run_cli(inv, "pull", "drafter", "--to", str(dest), "--json", capsys=capsys)
+    assert code == 0, err
+    assert result["checkpoints"] == ["step_20"]
+    assert sorted(s["dest"] for s in result["skipped"]) == ["config.yaml", "step_20/shadow", "step_30/"]
+    assert all(s["reason"] == "a symbolic link: not followed" for s in result["skipped"])
+    assert err.count("dflashctl: warning: local:") == 3 and f"{out}/step_20/shadow skipped" in err
+    assert f"it points to {secret}" in err
+    pulled = [p for p in dest.rglob("*") if p.is_file()]
+    assert pulled and not [p for p in pulled if b"secret" in p.read_bytes() or b"this run's" in p.read_bytes()]
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    """A real tmpfs of 256 KiB: a pull of the 1 MiB training state fills it."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    disk = tmp_path / "small"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)], check=True)
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_a_full_disk_ends_the_pull_in_one_line_and_the_next_resumes(inv, run_with_outputs, small_disk, capsys):
+    part = small_disk / "step_20" / "training_state.pt.part"
+    code, out, err = run_cli(inv, "pull", "drafter", "--to", str(small_disk), capsys=capsys)
+    assert code == 1 and ends_in_one_error_line(err) and "No space left on device" in err, err
+    kept = part.stat().st_size
+    assert 0 < kept < len(STATE) and f"{part}: No space left on device; {kept} of its {len(STATE)} bytes are kept" \
+        in err
+    subprocess.run(["mount", "-o", "remount,size=4m", str(small_disk)], check=True)  # room made
+    code, result, err = run_cli(inv, "pull", "drafter", "--to", str(small_disk), "--json", capsys=capsys)
+    assert code == 0, err
+    state = next(f for f in result["files"] if f["path"] == "step_20/training_state.pt")
+    assert state["action"] == "resume" and state["resumed_from"] == kept
+    assert (small_disk / "step_20" / "training_state.pt").read_bytes() == STATE and not part.exists()
+
+
+def test_a_file_size_limit_ends_the_pull_in_one_line(inv, run_with_outputs, tmp_path):
+    limit = 300_000
+
+    def under_ulimit_f() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+    dest = tmp_path / "pulled"
+    repo = Path(__file__).resolve().parents[3]
+    done = subprocess.run([sys.executable, "-m", "orchestrator", "--inventory", inv, "pull", "drafter", "--to",
+                           str(dest)], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(repo)},
+                          preexec_fn=under_ulimit_f, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and ends_in_one_error_line(done.stderr) and "File too large" in done.stderr, \
+        done.stderr
+    assert (dest / "step_20" / "training_state.pt.part").stat().st_size == limit
+
+
+@pytest.mark.parametrize("where, why", [("afile/sub", "Not a directory"), ("/proc/nope", "No such file")])
+def test_a_destination_that_cannot_be_a_directory_exits_2(inv, run_with_outputs, tmp_path, capsys, where, why):
+    (tmp_path / "afile").write_text("a file")
+    code, out, err = run_cli(inv, "pull", "drafter", "--to", where if where.startswith("/") else
+                             str(tmp_path / where), capsys=capsys)
+    assert code == 2 and one_clean_line(err) and "cannot make this directory" in err and why in err, err
+
+
+def test_a_run_still_starting_has_no_checkpoint_yet(inv, tmp_path, capsys):
+    code, record, err = run_cli(inv, "launch", "local", "--name", "early", "--gpus", "none", "--json", "--",
+                                "sleep", "60", capsys=capsys)
+    assert code == 0, err
+    try:
+        code, out, err = run_cli(inv, "pull", "early", "--to", str(tmp_path / "x"), capsys=capsys)
+        assert code == 2 and one_clean_line(err) and "has no checkpoint yet" in err and "still running" in err
+        assert "not the bundled trainer" not in err
+    finally:
+        assert run_cli(inv, "kill", record["run_id"], "--grace", "1", capsys=capsys)[0] == 0
+
+
+def test_files_already_here_show_no_rate(inv, run_with_outputs, tmp_path, capsys):
+    dest = tmp_path / "pulled"
+    assert run_cli(inv, "pull", "drafter", "--to", str(dest), capsys=capsys)[0] == 0
+    code, out, err = run_cli(inv, "pull", "drafter", "--to", str(dest), capsys=capsys)
+    assert code == 0 and "0 file(s) fetched, 5 already here" in out
+    assert "/s" not in err and "(skip)" not in err
