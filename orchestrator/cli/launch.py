@@ -81,8 +81,8 @@ def launch(
     """Start a run detached under a supervisor so it survives the SSH session, pct and this command.
 
     Without CMD, deploys the bundled DFlash trainer (once per version) and runs it with --config (under torchrun
-    when the run has several GPUs). Returns once the run is verified running and prints its run id; if it ends
-    during verification, exits 1 with its exit code and the last lines of its log.
+    when the run has several GPUs). Returns once the run is verified running and prints its run id; one that ends
+    meanwhile: exit 1, its exit code and log's last lines; one not seen running in time is left running, exit 3.
 
     With --config and several TARGETs, starts one job across them: torchrun (c10d rendezvous on the first
     target, at its inventory address) under a supervisor on every target, node 0 holding rank 0; every
@@ -96,16 +96,14 @@ def launch(
     """
     state: AppState = ctx.obj
     words = [target, *(command or [])]
-    cut = _command_start(words, words_after_dashes(ctx, words), each=each, config=config)
+    cut = _command_start(words, words_after_dashes(ctx, words), each=each, config=config)  # checks it early
     healing = {"restart": check_restart(restart), "restart_backoff": restart_backoff, "hang_timeout": hang_timeout}
     options = dict(name=name, config=config, gpus=parse_gpus(gpus), env=parse_env(env), force=force, grace=grace)
     if each:
         return _launch_each(state, words, cut, options, healing, as_json=as_json)
     if config is not None and command:
-        spec = job_spec(_job_targets(state, words), **options, nproc_per_node=nproc_per_node,
-                        dist_timeout=dist_timeout)
-        spec.restart, spec.restart_backoff, spec.hang_timeout = healing.values()
-        return _launch_job(state, spec, config, as_json=as_json)
+        spec = job_spec(_job_targets(state, words), **options, nproc_per_node=nproc_per_node, dist_timeout=dist_timeout)
+        return _launch_job(state, _healed(spec, healing), config, as_json=as_json)
     spec = _healed(launch_spec(state.inventory().target(target), command or [], **options), healing)
     return _launch_run(state, spec, config, as_json=as_json)
 
@@ -123,7 +121,8 @@ def _command_start(words: list[str], after: int | None, *, each: bool, config: P
     return after
 
 
-def _healed(spec: LaunchSpec, healing: dict) -> LaunchSpec:
+def _healed(spec, healing: dict):
+    """The spec (a run's or a job's) with the restart policy, its backoff and the hang watchdog's bound."""
     spec.restart, spec.restart_backoff, spec.hang_timeout = healing.values()
     return spec
 

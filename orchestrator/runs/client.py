@@ -262,8 +262,8 @@ class LaunchUnverified(DflashError):
         self.payload = payload
         self.run = payload.get("run") or {}
         self.run_id = RunRecord.from_dict(self.run).run_id
-        said = payload.get("error") or f"run {self.run_id} could not be verified running"
-        super().__init__(f"{target}: {said}, but it was started and is left running ({_not_yet(self.run)}): "
+        self.said = str(payload.get("error") or f"run {self.run_id} could not be verified running")  # the agent's
+        super().__init__(f"{target}: {self.said}, but it was started and is left running ({_not_yet(self.run)}): "
                          f"`dflashctl ps {target}` shows what became of it, `dflashctl kill {self.run_id}` stops it "
                          f"(launching it again would start a second copy)")
 

@@ -175,7 +175,7 @@ def launch_job(client: RunClient, spec: JobSpec) -> dict:
         first = failed[0]
         payload = first.error.payload if isinstance(first.error, LaunchFailed) else {}
         # an unverified node's own error says it is left running: here it was stopped with the others
-        why = first.error.payload.get("error") if isinstance(first.error, LaunchUnverified) else first.error
+        why = first.error.said if isinstance(first.error, LaunchUnverified) else first.error
         raise JobLaunchFailed(f"job {job_id}: node {names.index(first.target.name)} ({first.target.name}) did "
                               f"not start: {why}; the other nodes were stopped", node_payload=payload,
                               exit_code=fanout_exit_code(failed))
