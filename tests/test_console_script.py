@@ -65,7 +65,10 @@ MISTAKES = {
 
 
 @pytest.mark.parametrize("args, words", [(["launch", "local", "--each"], "nothing to run"),
-                                         (["launch", "nosuch", "--each", "--", "true"], "unknown host 'nosuch'")])
+                                         (["launch", "nosuch", "--each", "--", "true"], "unknown host 'nosuch'"),
+                                         # `sleep` is no target: the command, not the first of the targets
+                                         (["launch", "--each", "--", "sleep", "300"], "no TARGET before `--`"),
+                                         (["launch", "local", "local", "--", "true"], "2 TARGETs before `--`")])
 def test_launch_each_refuses_a_bad_fleet_in_one_line(tmp_path, args, words):
     """launch --each's own checks (after parsing): exit 2, one line that says what is wrong, nothing started."""
     done = dflashctl(tmp_path, *args)

@@ -13,7 +13,7 @@ from . import keeper, procfs
 from .errors import BadInput, OperationFailed
 from .rundir import (RUN_DIR_FILES, RunPaths, file_lock, list_run_ids, make_reserve, parse_env_pairs, parse_gpus,
                      tail_lines, validate_name, validate_target, write_json_atomic)
-from .protocol import LOST, RUNNING, STARTING, TERMINAL_STATES, iso_utc
+from .protocol import LOST, NOT_VERIFIED, RUNNING, STARTING, TERMINAL_STATES, iso_utc
 from .runstate import finish, is_live, load_record, read_run, read_state, supervisor_alive, update_state
 from .spawn import agent_entry, entry_env
 from .supervisor import LEFTOVERS_LIMIT_S
@@ -274,4 +274,4 @@ def launch(req: LaunchRequest, *, verify_timeout: float, settle: float) -> dict:
         raise OperationFailed("run {} ended during launch: {}".format(req.paths.run_id, how_it_ended(record)),
                               code="run_ended", details=details)
     raise OperationFailed("run {} could not be verified running within {} s".format(req.paths.run_id, verify_timeout),
-                          code="not_verified", details=details)
+                          code=NOT_VERIFIED, details=details)

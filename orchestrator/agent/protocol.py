@@ -88,6 +88,8 @@ EXIT_UNREACHABLE = 3    # a target could not be reached (the controller's only: 
 # the agent's error codes
 BAD_USAGE, UNKNOWN_RUN, BAD_RUN_ID, NO_COMMAND = "bad_usage", "unknown_run", "bad_run_id", "no_command"
 CHECK_FAILED, INTERNAL_ERROR = "check_failed", "internal_error"
+# a launch whose run was started but not seen running within the verify bound: it is left running
+NOT_VERIFIED = "not_verified"
 # the answer of the controller's checked call (runs/agentcall.py) when this version's agent is not on the target
 # whole (said by the shell in front of the agent, with "agent"), or a trainer run's package is not (said by the
 # agent's --lease-pkg, with "pkg")

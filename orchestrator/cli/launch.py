@@ -11,11 +11,10 @@ from dflash_records.run import RunRecord
 from ..agent.launch import how_it_ended
 from ..agent.protocol import DEFAULT_GRACE_S, LIVE_STATES, TERMINAL_STATES
 from ..agent.restart import parse_policy, policy_text
-from ..agent.terminaltext import for_terminal
 from ..display import record_state_text
 from ..errors import EXIT_OK, DflashError, UsageError, shorten
 from ..inventory.model import Target
-from ..runs.client import LaunchFailed, RunClient
+from ..runs.client import LaunchFailed, LaunchUnverified, RunClient
 from ..runs.command import CONFIG_INPUT, config_base_dir, runs_bundled_trainer, train_command
 from ..runs.doctor import OK, WARN, preflight, read_needs, refuse_failed
 from ..runs.jobs import DEFAULT_DIST_TIMEOUT_S, JobLaunchFailed, JobSpec, launch_job, processes_per_node
@@ -24,8 +23,10 @@ from ..runs.trainerconfig import config_file, read_config
 from ..transports.pool import Connections
 from .args import number_in, parse_env, parse_gpus
 from .launcheach import launch_each, split_targets
+from .launchreport import interrupted, report_failure
 from .output import print_json, stderr
 from .state import AppState
+from .usage import words_after_dashes
 
 CHECKED_SETTLE_S = 0.5   # a trainer run whose config passed the trainer's check must stay up this long
 
@@ -80,8 +81,8 @@ def launch(
     """Start a run detached under a supervisor so it survives the SSH session, pct and this command.
 
     Without CMD, deploys the bundled DFlash trainer (once per version) and runs it with --config (under torchrun
-    when the run has several GPUs). Returns once the run is verified running and prints its run id; if it ends
-    during verification, exits 1 with its exit code and the last lines of its log.
+    when the run has several GPUs). Returns once the run is verified running and prints its run id; one that ends
+    meanwhile: exit 1, its exit code and log's last lines; one not seen running in time is left running, exit 3.
 
     With --config and several TARGETs, starts one job across them: torchrun (c10d rendezvous on the first
     target, at its inventory address) under a supervisor on every target, node 0 holding rank 0; every
@@ -94,27 +95,43 @@ def launch(
         dflashctl launch local --name sweep1 -- python train.py --lr 3e-4
     """
     state: AppState = ctx.obj
+    words = [target, *(command or [])]
+    cut = _command_start(words, words_after_dashes(ctx, words), each=each, config=config)  # checks it early
     healing = {"restart": check_restart(restart), "restart_backoff": restart_backoff, "hang_timeout": hang_timeout}
     options = dict(name=name, config=config, gpus=parse_gpus(gpus), env=parse_env(env), force=force, grace=grace)
     if each:
-        return _launch_each(state, [target, *(command or [])], options, healing, as_json=as_json)
+        return _launch_each(state, words, cut, options, healing, as_json=as_json)
     if config is not None and command:
-        spec = job_spec(_job_targets(state, [target, *command]), **options, nproc_per_node=nproc_per_node,
-                        dist_timeout=dist_timeout)
-        spec.restart, spec.restart_backoff, spec.hang_timeout = healing.values()
-        return _launch_job(state, spec, config, as_json=as_json)
+        spec = job_spec(_job_targets(state, words), **options, nproc_per_node=nproc_per_node, dist_timeout=dist_timeout)
+        return _launch_job(state, _healed(spec, healing), config, as_json=as_json)
     spec = _healed(launch_spec(state.inventory().target(target), command or [], **options), healing)
     return _launch_run(state, spec, config, as_json=as_json)
 
 
-def _healed(spec: LaunchSpec, healing: dict) -> LaunchSpec:
+def _command_start(words: list[str], after: int | None, *, each: bool, config: Path | None) -> int | None:
+    """Where CMD begins among TARGET and the words after it: at `--` when it was given (everything after it is
+    the command, even a word that names a host), None without it. Checked before anything is contacted."""
+    if after is None:
+        return None
+    if after == 0:
+        raise UsageError("no TARGET before `--`: dflashctl launch TARGET [TARGET... --each] -- CMD...")
+    if after > 1 and not each and config is None:
+        raise UsageError(f"{after} TARGETs before `--` ({shorten(' '.join(words[:after]), 80)}): a command runs "
+                         f"on one TARGET; --each starts it on each of them")
+    return after
+
+
+def _healed(spec, healing: dict):
+    """The spec (a run's or a job's) with the restart policy, its backoff and the hang watchdog's bound."""
     spec.restart, spec.restart_backoff, spec.hang_timeout = healing.values()
     return spec
 
 
-def _launch_each(state: AppState, words: list[str], options: dict, healing: dict, *, as_json: bool) -> int:
-    """--each: one run on each of the leading words that name targets, CMD the words after them."""
-    targets, argv = split_targets(state, words)
+def _launch_each(state: AppState, words: list[str], cut: int | None, options: dict, healing: dict, *,
+                 as_json: bool) -> int:
+    """--each: one run on each of the leading words that name targets (every word before `--`), CMD the words
+    after them."""
+    targets, argv = split_targets(state, words, cut)
     specs = [_healed(launch_spec(target, argv, **options), healing) for target in targets]
     return launch_each(state, specs, as_json=as_json, preflight=lambda client, chosen: _preflight(
         client, chosen, options["config"], force=options["force"]))
@@ -173,22 +190,38 @@ def _launch_run(state: AppState, spec: LaunchSpec, config: Path | None, *, as_js
         err.print(f"no --gpus: the run sees all {spec.target.gpus} GPUs of {where} and holds them all "
                   f"(a launch there that names GPUs is refused while it lives, unless --force; "
                   f"--gpus none for a run that uses no GPU)", markup=False)
-    with Connections() as conns:
-        client = RunClient(state.inventory(), conns)
-        _preflight(client, [spec.target], config, force=spec.force)
-        try:
-            record = client.launch(spec)
-        except LaunchFailed as failed:
-            _report_failure(failed)
-            raise
-        run_id = RunRecord.from_dict(record).run_id
-        _say_namesakes(client.namesakes.get(run_id, []), spec.name)
+    client = None
+    try:
+        with Connections() as conns:
+            client = RunClient(state.inventory(), conns)
+            _preflight(client, [spec.target], config, force=spec.force)
+            record = _launched(client, spec, as_json=as_json)
+            run_id = RunRecord.from_dict(record).run_id
+            _say_namesakes(client.namesakes.get(run_id, []), spec.name)
+    except KeyboardInterrupt:
+        interrupted(client)
     if as_json:
         print_json({"run": record, **record})
     else:
         err.print(_started_line(record, where), markup=False)
         typer.echo(run_id)
     return EXIT_OK
+
+
+def _launched(client: RunClient, spec: LaunchSpec, *, as_json: bool) -> dict:
+    """The run's record; a run that ended during its launch shows its log's end, one started but not seen
+    running in time is printed as a started one is (its id on stdout) before its error (exit 3)."""
+    try:
+        return client.launch(spec)
+    except LaunchFailed as failed:
+        report_failure(failed)
+        raise
+    except LaunchUnverified as unverified:
+        if as_json:
+            print_json({"run": unverified.run, **unverified.run, "verified": False})
+        else:
+            typer.echo(unverified.run_id)
+        raise
 
 
 def _started_line(run: dict, where: str) -> str:
@@ -216,16 +249,20 @@ def _job_targets(state: AppState, names: list[str]) -> list[Target]:
 def _launch_job(state: AppState, spec: JobSpec, config: Path, *, as_json: bool) -> int:
     err = stderr()
     err.print(f"launching job {spec.name} on {', '.join(t.name for t in spec.targets)}...", markup=False)
-    with Connections() as conns:
-        client = RunClient(state.inventory(), conns)
-        _preflight(client, spec.targets, config, force=spec.force)
-        _warn_same_name(client, spec.targets, spec.name)
-        try:
-            job = launch_job(client, spec)
-        except JobLaunchFailed as failed:
-            if failed.payload:
-                _report_failure(LaunchFailed(failed.payload, "node"))
-            raise
+    client = None
+    try:
+        with Connections() as conns:
+            client = RunClient(state.inventory(), conns)
+            _preflight(client, spec.targets, config, force=spec.force)
+            _warn_same_name(client, spec.targets, spec.name)
+            try:
+                job = launch_job(client, spec)
+            except JobLaunchFailed as failed:
+                if failed.payload:
+                    report_failure(LaunchFailed(failed.payload, "node"))
+                raise
+    except KeyboardInterrupt:
+        interrupted(client)
     if as_json:
         print_json(job)
         return EXIT_OK
@@ -281,17 +318,3 @@ def _trainer_spec(target: Target, config: Path, *, name: str | None, gpus: list[
     return LaunchSpec(target=target, command=command, name=check_name(name or config.stem.replace(" ", "-")),
                       env=env, gpus=gpus, force=force, grace=grace, inputs={CONFIG_INPUT: text},
                       uses_trainer=True, check_config=str(config), config_base=base_dir, settle=CHECKED_SETTLE_S)
-
-
-def _report_failure(failed: LaunchFailed) -> None:
-    payload = failed.payload
-    if not payload.get("run"):  # refused before anything started (e.g. GPUs busy): the error says it all
-        return
-    run = RunRecord.from_dict(payload["run"])
-    # how it ended is the error line printed after this; here only what the error cannot hold
-    err = stderr()
-    lines = payload.get("log_tail") or []
-    if lines:
-        err.print(f"last lines of the log of {run.run_id or '?'}:", markup=False)
-        for line in lines[-40:]:  # the workload's text only, never its escape sequences
-            err.print(f"  {for_terminal(line)}", markup=False)

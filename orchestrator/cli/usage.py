@@ -111,8 +111,27 @@ class _PlainHelp:
         return option
 
 
+RAW_ARGS = "dflashctl.raw_args"  # the command's own words as typed, kept in its context for words_after_dashes
+
+
+def words_after_dashes(ctx, words: list[str]) -> int | None:
+    """Where, in `words` (the command's positional values in order), those typed after `--` begin; None when
+    there was no `--`. The parser drops the `--` itself: the words after it are the tail of the values, and
+    the first `--` whose tail they are is the one it took (an earlier one may be an option's value)."""
+    typed = ctx.meta.get(RAW_ARGS) or []
+    for index, word in enumerate(typed):
+        tail = typed[index + 1:]
+        if word == "--" and len(tail) <= len(words) and words[len(words) - len(tail):] == tail:
+            return len(words) - len(tail)
+    return None
+
+
 class Command(_PlainHelp, TyperCommand):
     """Every command: plain help and a usage line of plain names, from every typer version alike."""
+
+    def parse_args(self, ctx, args):
+        ctx.meta[RAW_ARGS] = list(args)
+        return super().parse_args(ctx, args)
 
     def collect_usage_pieces(self, ctx) -> list[str]:
         pieces = [self.options_metavar] if self.options_metavar else []

@@ -6,7 +6,9 @@ an exact run id, an exact job id, a name, a prefix; a prefix that begins several
 candidates listed. A multi-node job counts as one: its name and its id name all of its node runs.
 
 A full run or job id that the local cache (whereabouts) places is looked up on those targets alone; anything
-else, or a cache entry that proves wrong, sweeps every target of the inventory.
+else, or a cache entry that proves wrong (its target answers without the run, or is not in this inventory),
+sweeps every target of the inventory. A placed target that does not answer is reported as such: a run lives
+on one target, and asking a fleet's every other one only to find it nowhere took 11-23 s.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from dataclasses import dataclass, field
 from dflash_records.run import RunRecord
 
 from ..agent.protocol import LIVE_STATES
-from ..errors import DflashError, TargetNotFound, Unreachable, UsageError, shorten
+from ..errors import DflashError, OperationFailed, TargetNotFound, Unreachable, UsageError, shorten
 from ..inventory.model import Target
 from . import whereabouts
 from .client import RunClient
@@ -77,7 +79,8 @@ def locate(client: RunClient, refs: list[str], *, one_live: bool = False) -> lis
 
 def _where_known(client: RunClient, refs: list[str], *, one_live: bool) -> list[Match] | None:
     """The Matches when every ref is a full run or job id that the local cache places (whereabouts) and each is
-    found whole on the targets it names, asking only those; None sends the caller to sweep every target."""
+    found whole on the targets it names, asking only those; None sends the caller to sweep every target; an
+    error when one of those targets does not answer."""
     places = whereabouts.places(refs)
     if places is None:
         return None
@@ -86,13 +89,24 @@ def _where_known(client: RunClient, refs: list[str], *, one_live: bool) -> list[
     except DflashError:  # a target this inventory does not have: the cache came from another
         return None
     outcomes = client.list_runs(targets)
-    if not all(o.ok for o in outcomes):
-        return None
+    failed = [o for o in outcomes if not o.ok]
+    if failed:
+        _raise_unanswered(refs, failed)
     runs = typed(outcomes)
     matches = [resolve(ref, runs, one_live=one_live) for ref in refs]
     if all(m is not None and m.id == ref and _whole(m) for ref, m in zip(refs, matches)):
         return matches  # type: ignore[return-value]
     return None
+
+
+def _raise_unanswered(refs: list[str], failed: list) -> None:
+    """The target(s) the cache places the runs on did not answer: say so, with their errors (exit 3 for an
+    unreachable one)."""
+    why = "; ".join(str(o.error) if str(o.error).startswith(o.target.name) else f"{o.target.name}: {o.error}"
+                    for o in failed)
+    kind = Unreachable if any(isinstance(o.error, Unreachable) for o in failed) else OperationFailed
+    raise kind(f"cannot look up {', '.join(map(repr, refs))} on {', '.join(o.target.name for o in failed)}, "
+               f"where it was last seen: {why}")
 
 
 def typed(outcomes: list) -> list[tuple[Target, RunRecord]]:

@@ -13,8 +13,8 @@ from typing import Sequence
 
 from dflash_records.run import RunRecord
 
-from ..agent.protocol import CHECK_FAILED, DEFAULT_GRACE_S, NO_GPUS, SUCCEEDED
-from ..errors import OperationFailed, TransportError, UsageError
+from ..agent.protocol import CHECK_FAILED, DEFAULT_GRACE_S, NO_GPUS, NOT_VERIFIED, SUCCEEDED, TERMINAL_STATES
+from ..errors import EXIT_UNREACHABLE, DflashError, OperationFailed, TransportError, UsageError
 from ..gpus import parse_query_csv, query_argv
 from ..inventory.model import Inventory, Target
 from ..trainlog.parser import LogParser, StepEvent
@@ -43,6 +43,9 @@ class RunClient:
         self.skipped: dict[str, list[dict]] = {}
         # run id -> the live runs of the same name on its target when it was launched (the agent's answer)
         self.namesakes: dict[str, list[str]] = {}
+        # run id -> target of every run this client asked to start that may be running now: started, left
+        # unverified, or asked for when the answer never came (an interrupted launch says these)
+        self.started: dict[str, str] = {}
 
     # -- agent plumbing -------------------------------------------------------------------------------------
 
@@ -160,18 +163,28 @@ class RunClient:
             argv = check_command(spec.target, base_dir=spec.config_base or run_dir(spec.target, run_id),
                                  source=spec.check_config)
             args += ["--check", json.dumps(argv), "--check-input", CONFIG_INPUT]
+        self.started[run_id] = spec.target.name
         payload = self.agent(spec.target, [*args, "--", *spec.command], timeout=LAUNCH_TIMEOUT_S,
                              stdin=_pack_inputs(spec.inputs) if spec.inputs else None,
                              with_trainer=spec.uses_trainer)
-        if payload.get("code") == CHECK_FAILED:
-            judge(spec.target, spec.check_config or CONFIG_INPUT, payload.get("check") or {})
+        return self._launched(spec, run_id, payload)
+
+    def _launched(self, spec: LaunchSpec, run_id: str, payload: dict) -> dict:
+        """The record of a run the agent answered for; LaunchUnverified for one it started but could not see
+        running in time (left running), LaunchFailed for one that ended or never started."""
         run = payload.get("run") or {}
         record = RunRecord.from_dict(run)
-        if not payload.get("ok") and record.state != SUCCEEDED:  # finishing at once with 0 is no failure
-            raise LaunchFailed(payload, spec.target.name)
-        whereabouts.remember([(spec.target.name, run)])
-        self.namesakes[record.run_id or run_id] = list(payload.get("namesakes") or [])
-        return with_metrics(run or payload)
+        if payload.get("ok") or record.state == SUCCEEDED:  # finishing at once with 0 is no failure
+            whereabouts.remember([(spec.target.name, run)])
+            self.namesakes[record.run_id or run_id] = list(payload.get("namesakes") or [])
+            return with_metrics(run or payload)
+        if payload.get("code") == NOT_VERIFIED and record.run_id and record.state not in TERMINAL_STATES:
+            whereabouts.remember([(spec.target.name, run)])  # a kill of it then asks its own target
+            raise LaunchUnverified(payload, spec.target.name)
+        self.started.pop(run_id, None)
+        if payload.get("code") == CHECK_FAILED:
+            judge(spec.target, spec.check_config or CONFIG_INPUT, payload.get("check") or {})
+        raise LaunchFailed(payload, spec.target.name)
 
     def relaunch(self, target: Target, run_id: str, *, name: str, new_id: str | None = None,
                  job_id: str | None = None) -> dict:
@@ -237,6 +250,32 @@ class LaunchFailed(OperationFailed):
         super().__init__(f"{target}: {payload.get('error') or 'the run did not start'}")
 
 
+class LaunchUnverified(DflashError):
+    """The run was started but not seen running within the agent's verify bound (a loaded target answers
+    slowly): it is left running, not stopped, and a launch says so with its id (exit 3: what became of it is
+    not known, as of a target that did not answer), never that it failed: a user who launched a "failed" run
+    again would have two."""
+
+    exit_code = EXIT_UNREACHABLE
+
+    def __init__(self, payload: dict, target: str) -> None:
+        self.payload = payload
+        self.run = payload.get("run") or {}
+        self.run_id = RunRecord.from_dict(self.run).run_id
+        self.said = str(payload.get("error") or f"run {self.run_id} could not be verified running")  # the agent's
+        super().__init__(f"{target}: {self.said}, but it was started and is left running ({_not_yet(self.run)}): "
+                         f"`dflashctl ps {target}` shows what became of it, `dflashctl kill {self.run_id}` stops it "
+                         f"(launching it again would start a second copy)")
+
+
+def _not_yet(run: dict) -> str:
+    """How far the run had got when the agent gave up waiting."""
+    record = RunRecord.from_dict(run)
+    if record.pid:
+        return f"{record.state}, pid {record.pid}"
+    return f"{record.state or 'starting'}, its workload not yet started"
+
+
 def restart_args(spec: LaunchSpec) -> list[str]:
     """The agent's options for the run's restart policy, its backoff, its hang watchdog and what a restarted
     attempt appends to the command (`--retry-arg=--resume`: an argument that starts with `--` needs the `=`)."""
@@ -269,4 +308,4 @@ def with_metrics(record: dict) -> dict:
     return record
 
 
-__all__ = ["RunClient", "LaunchFailed", "with_metrics"]
+__all__ = ["RunClient", "LaunchFailed", "LaunchUnverified", "with_metrics"]

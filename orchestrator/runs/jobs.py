@@ -23,7 +23,7 @@ from ..inventory.model import Target
 from ..transports.timeouts import DEFAULT_DIST_TIMEOUT_S
 from ..transports.fanout import Outcome, fanout_exit_code, per_host
 from .agentcall import agent_argv
-from .client import LaunchFailed, RunClient
+from .client import LaunchFailed, LaunchUnverified, RunClient
 from .command import CONFIG_INPUT, config_base_dir, node_train_command
 from .deploy import agent_path_in
 from .spec import LaunchSpec, new_run_id, run_environment
@@ -169,12 +169,15 @@ def launch_job(client: RunClient, spec: JobSpec) -> dict:
     specs = {s.target.name: s for s in node_launches}
     outcomes = per_host(spec.targets, lambda t: client.launch(specs[t.name]))
     failed = [o for o in outcomes if not o.ok]
-    if failed:
-        _abort(client, [o for o in outcomes if o.ok])
+    if failed:  # a node started but not seen running is stopped too: a job does not run without all its nodes
+        _abort(client, [o for o in outcomes if o.ok] + [Outcome(o.target, value=o.error.run) for o in failed
+                                                          if isinstance(o.error, LaunchUnverified)])
         first = failed[0]
         payload = first.error.payload if isinstance(first.error, LaunchFailed) else {}
+        # an unverified node's own error says it is left running: here it was stopped with the others
+        why = first.error.said if isinstance(first.error, LaunchUnverified) else first.error
         raise JobLaunchFailed(f"job {job_id}: node {names.index(first.target.name)} ({first.target.name}) did "
-                              f"not start: {first.error}; the other nodes were stopped", node_payload=payload,
+                              f"not start: {why}; the other nodes were stopped", node_payload=payload,
                               exit_code=fanout_exit_code(failed))
     nodes = [o.value for o in outcomes]
     return {"job_id": job_id, "name": spec.name, "rendezvous": endpoint,

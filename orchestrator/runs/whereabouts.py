@@ -6,8 +6,10 @@ Run ids say nothing of their target (`<name>-<yymmdd>-<hhmmss>-<4 hex>`), so the
 listing of runs (`ps`, a RUN lookup's sweep) and every `launch` write it. It is only ever a shortcut: an entry
 whose target no longer has the run, is not in this inventory, or does not answer sends the lookup back to asking
 every target. Kept in $XDG_STATE_HOME/dflashctl/whereabouts.json (~/.local/state/dflashctl/ by default), the
-newest MAX_ENTRIES ids; written whole to a temporary file and renamed, so concurrent commands never leave it
-half written (one may lose the other's additions: a shortcut lost, nothing else).
+newest MAX_ENTRIES ids; written whole to a temporary file and renamed, so a reader never sees it half written.
+Each update (read, add, write) holds a lock, between the threads of one command and between commands: without
+it, the threads of `launch --each` that finished together each wrote back the file they had read, without the
+others' runs (at 8 threads, most runs were lost), and a later `kill` of such a run asked every target.
 """
 from __future__ import annotations
 
@@ -15,12 +17,21 @@ import contextlib
 import json
 import os
 import tempfile
+import threading
+import time
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
+
+try:
+    import fcntl
+except ImportError:  # no flock here: the threads of one command still take turns
+    fcntl = None  # type: ignore[assignment]
 
 from dflash_records.run import RunRecord
 
 MAX_ENTRIES = 5000
+LOCK_WAIT_S = 5.0  # an update takes milliseconds; past this the holder is stuck and the update goes ahead
+_UPDATES = threading.Lock()
 
 
 def cache_path() -> Path:
@@ -33,6 +44,11 @@ def remember(found: Iterable[tuple[str, dict]]) -> None:
     found = list(found)
     if not found:
         return
+    with _update_lock():
+        _add(found)
+
+
+def _add(found: list[tuple[str, dict]]) -> None:
     entries = _load()
     for target, record in found:
         run = RunRecord.from_dict(record)
@@ -51,6 +67,39 @@ def places(refs: Iterable[str]) -> dict[str, list[str]] | None:
     entries = _load()
     found = {ref: entries.get(ref) for ref in refs}
     return None if not found or not all(found.values()) else found  # type: ignore[return-value]
+
+
+@contextlib.contextmanager
+def _update_lock() -> Iterator[None]:
+    """This process's threads in turn, and other dflashctl commands in turn through an flock on a file beside
+    the cache (never the cache itself, which each update replaces)."""
+    with _UPDATES:
+        path = cache_path()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path.with_name(".whereabouts.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError:  # a cache nobody can write: _save finds that out on its own
+            yield
+            return
+        try:
+            _flock(fd)
+            yield
+        finally:
+            os.close(fd)  # releases the flock
+
+
+def _flock(fd: int) -> None:
+    deadline = time.monotonic() + LOCK_WAIT_S
+    while fcntl is not None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.005)
+        except OSError:  # a file system without locks
+            return
 
 
 def _load() -> dict[str, list[str]]:
