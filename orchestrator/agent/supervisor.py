@@ -273,11 +273,6 @@ class Supervisor(AttemptWatch):
                           error="crash loop: " + self.crash_line)
         if self.term_signal is not None or attempt["reason"] == EXITED:
             return self.conclude()
-        if len(self.attempts) == 1 and lasted < self.settle_s:
-            # died while its launch still waited for it to settle (a typo): failed as without a policy
-            self.say("attempt 1 {} within {:g}s of its start, before its launch saw it settle: not restarted".format(
-                attempt_end(attempt), self.settle_s))
-            return self.conclude(why)
         looping = crash_loop(self.attempts)
         if looping is not None:
             self.say("crash loop: the same failure {} attempts in a row with no step progress: {}; no more "
@@ -286,6 +281,11 @@ class Supervisor(AttemptWatch):
             return finish(self.paths, FAILED, exit_code=exit_code, signal=sig, signal_name=signal_name(sig),
                           reason=CRASH_LOOP, restart_at=None, error="crash loop: " + looping)
         if not should_restart(self.policy, self.attempts):
+            return self.conclude(why)
+        if len(self.attempts) == 1 and lasted < self.settle_s:
+            # died while its launch still waited for it to settle (a typo): failed as without a policy
+            self.say("attempt 1 {} {:.1f}s after its start, before its launch saw it settle: not restarted".format(
+                attempt_end(attempt), lasted))
             return self.conclude(why)
         return None
 
