@@ -2,8 +2,8 @@
 ends every process of the run (TERM, grace, KILL) before it writes the terminal state.
 
 Under a restart policy (restart.py) it starts the workload again after a failed or hung attempt, after a
-backoff, and records every attempt in state.json; its hang watchdog (hangwatch.py) ends an attempt that went
-silent, once the Python stacks of its processes are in the log. All of it here, inside the container: a run
+backoff, and records every attempt in state.json; its hang watchdog (hangwatch.py, attemptwatch.py) ends an
+attempt that went silent, once the Python stacks of its processes are in the log. All of it here, inside the container: a run
 heals itself with no controller connected.
 """
 from __future__ import annotations
