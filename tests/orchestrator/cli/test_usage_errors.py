@@ -46,7 +46,7 @@ LONG_NUMBERS = [
 
 
 @pytest.mark.parametrize("args, words", UNICODE_DIGITS + LONG_NUMBERS)
-def test_unicode_digits_are_one_usage_line(args, words, tmp_path, capsys):
+def test_unicode_digits_and_overlong_numbers_are_one_usage_line(args, words, tmp_path, capsys):
     (tmp_path / "inventory.yaml").write_text(INVENTORY)
     assert main(["--inventory", str(tmp_path / "inventory.yaml"), *args]) == 2
     captured = capsys.readouterr()
