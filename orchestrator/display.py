@@ -14,6 +14,7 @@ from rich.text import Text
 from dflash_records.run import RunRecord
 
 from .agent.protocol import FAILED, GIB, KILLED, LOST, MIB, RUNNING, STARTING, SUCCEEDED
+from .agent.restart import BACKOFF_KILLED, CRASH_LOOP, HUNG
 
 MISSING = "-"
 STATE_STYLES = {
@@ -25,6 +26,8 @@ STATE_STYLES = {
     LOST: "yellow",
 }
 UNKNOWN_STATE_STYLE = "white"
+# why the supervisor ended a run (the record's `reason`), shown beside its state; any other value is not shown
+SHOWN_REASONS = (HUNG, CRASH_LOOP, BACKOFF_KILLED)
 
 
 def state_style(state: str | None) -> str:
@@ -32,20 +35,27 @@ def state_style(state: str | None) -> str:
 
 
 def state_text(state: str | None, *, attempt: int | None = None, max_attempts: int | None = None,
-               restarting: bool = False) -> str:
+               restarting: bool = False, reason: str | None = None) -> str:
     """A run's state as ps and the dashboard show it: `running (attempt 3/5)` under a restart policy,
-    `running (restarting: attempt 2/5 next)` in the backoff between two attempts."""
-    text = state or MISSING
-    if not isinstance(attempt, int) or not isinstance(max_attempts, int) or max_attempts <= 1:
-        return text
-    if restarting and state == RUNNING:
-        return f"{text} (restarting: attempt {attempt + 1}/{max_attempts} next)"
-    return f"{text} (attempt {attempt}/{max_attempts})" if attempt > 1 or state == RUNNING else text
+    `running (restarting: attempt 2/5 next)` in the backoff between two attempts; why the supervisor ended it,
+    where it says: `failed (hung)`, `failed (crash loop, attempt 3/5)`, `killed during the backoff`."""
+    text, notes = state or MISSING, []
+    if reason in SHOWN_REASONS and state in (FAILED, KILLED):
+        if reason.startswith(f"{text} "):
+            text = reason
+        else:
+            notes.append(reason)
+    if isinstance(attempt, int) and isinstance(max_attempts, int) and max_attempts > 1:
+        if restarting and state == RUNNING:
+            return f"{text} (restarting: attempt {attempt + 1}/{max_attempts} next)"
+        if attempt > 1 or state == RUNNING:
+            notes.append(f"attempt {attempt}/{max_attempts}")
+    return f"{text} ({', '.join(notes)})" if notes else text
 
 
 def record_state_text(record: RunRecord) -> str:
     return state_text(record.state, attempt=record.attempt, max_attempts=record.max_attempts,
-                      restarting=bool(record.restart_at))
+                      restarting=bool(record.restart_at), reason=record.reason)
 
 
 def format_duration(seconds: float | None) -> str:

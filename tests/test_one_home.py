@@ -215,13 +215,14 @@ def test_the_run_record_is_read_typed() -> None:
 
 
 # The one formula written twice: the trainer may not import the orchestrator, so a job's workers (torchrun restarts
-# them) compute the supervisor's backoff themselves. Both must wait the same for the same restart and base.
-@pytest.mark.parametrize("base", [0.5, 10.0, 400.0])
+# them) compute the supervisor's backoff themselves. Both must wait the same for the same restart and base, and
+# neither more than the cap, whatever the base (a record's or an environment's).
+@pytest.mark.parametrize("base", [0.5, 10.0, 400.0, 1e308])
 def test_a_jobs_workers_back_off_as_the_supervisor_does(monkeypatch, base: float) -> None:
-    from orchestrator.agent.restart import backoff
+    from orchestrator.agent.restart import BACKOFF_MAX_S, backoff
     from trainer.training.distributed import BACKOFF_ENV, restart_backoff_s
 
     monkeypatch.setenv(BACKOFF_ENV, f"{base:g}")
-    for restart in range(1, 10):
+    for restart in (*range(1, 10), 5000):
         monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", str(restart))
-        assert restart_backoff_s() == backoff(restart, base=base), restart
+        assert restart_backoff_s() == backoff(restart, base=base) <= BACKOFF_MAX_S, restart

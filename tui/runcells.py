@@ -80,7 +80,7 @@ def run_cells(run: RunView, *, name: str | None = None, narrow: bool = False) ->
         "target": Text(clip(run.target, NARROW_TARGET_CHARS) if narrow else run.target),
         "run": Text(name if name is not None else clip(run.name or run.run_id, limit)),
         "state": Text(state_text(run.state, attempt=run.attempt, max_attempts=run.max_attempts,
-                                 restarting=bool(run.restart_at)), style=state_style(run.state)),
+                                 restarting=bool(run.restart_at), reason=run.reason), style=state_style(run.state)),
         "phase": Text(run.phase or MISSING),
         "step": _number(MISSING if run.last_step is None else str(run.last_step)),
         "loss": _number(format_float(run.loss, 4), bad=not _finite(run.loss)),

@@ -106,6 +106,14 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _backoff(text: str) -> float:
+    from .restart import check_backoff
+    try:
+        return check_backoff(_seconds(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError("{}: {!r}".format(exc, text))
+
+
 def _count(text: str) -> int:
     value = ascii_decimal(text)
     if value is None:
@@ -179,7 +187,7 @@ def _add_launch(launch: argparse.ArgumentParser) -> None:
                         help="a keeper this launch starts exits after this long with nothing to do (default 600)")
     launch.add_argument("--restart", default="never", metavar="never|on-failure[:N]",
                         help="start the workload again after a failed or hung attempt, at most N times")
-    launch.add_argument("--restart-backoff", type=_seconds, metavar="S",
+    launch.add_argument("--restart-backoff", type=_backoff, metavar="S",
                         help="seconds before the first restart, doubling after each (default 10, capped at 300)")
     launch.add_argument("--hang-timeout", type=_seconds, metavar="S",
                         help="end an attempt that printed steps and then none for S s (0: never; default: 20x its "
@@ -337,7 +345,7 @@ def _restart_fields(args: argparse.Namespace) -> dict:
     except ValueError as exc:
         raise BadInput("--restart: {}".format(exc), code=BAD_USAGE)
     return {"restart": policy, "restart_backoff_s": args.restart_backoff, "hang_timeout_s": args.hang_timeout,
-            "retry_args": list(args.retry_arg), "worker_restarts": args.worker_restarts}
+            "retry_args": list(args.retry_arg), "worker_restarts": args.worker_restarts, "settle_s": args.settle}
 
 
 def _check_before_launch(req, check: str, input_name: str | None) -> None:

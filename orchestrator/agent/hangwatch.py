@@ -3,18 +3,27 @@ came, the last step) and its last exception line. An attempt that printed steps 
 its bound is hung: HANG_MULTIPLE times its median step interval, at least HANG_FLOOR_S, unless the run sets
 its own bound (--hang-timeout; 0 turns the watchdog off). Before a step line nothing is judged: start-up
 (loading models, compiling) has no interval to compare with.
+
+Silence is judged by what the log holds now: each look reads to the log's end (in READ_CHUNK pieces, for at
+most READ_BUDGET_S), and while a burst of output is still unread nothing is judged. A look that read a fixed
+amount fell behind a 100 MB burst and ended a run stepping every second as hung.
 """
 from __future__ import annotations
 
 import collections
 import os
+import time
 
 from .terminaltext import failure_text, shown_text, step_number
 
 HANG_MULTIPLE = 20.0
 HANG_FLOOR_S = 600.0
-READ_CHUNK = 1024 * 1024   # at most this much of the log per look: a flood must not stall the supervisor
+READ_CHUNK = 1024 * 1024   # one read of the log
+READ_BUDGET_S = 1.0        # the longest one look reads: a flood must not stall the supervisor (its kill)
 MAX_LINE = 64 * 1024       # a longer line is judged by its first MAX_LINE bytes
+# What a step line or an exception line holds, as written or with an escape sequence inside (ESC, or a C1 control
+# in UTF-8): a piece of log without any of them has neither, and is passed over without being split into lines.
+LINE_CLUES = (b"step=", b"Error", b"Exception", b"Interrupt", b"\x1b", b"\xc2")
 INTERVALS_KEPT = 64
 
 
@@ -26,19 +35,32 @@ class AttemptLog:
         self.step_times = collections.deque(maxlen=INTERVALS_KEPT + 1)
         self.last_step = None
         self.exception = None
+        self.behind = False  # the last look left part of the log unread (its budget ran out)
 
     def poll(self, now: float) -> None:
-        """Read what the log gained since the last look."""
+        """Read what the log gained since the last look, to its end unless that takes over READ_BUDGET_S."""
+        started = time.monotonic()
         try:
             with open(self.path, "rb") as handle:
                 if os.fstat(handle.fileno()).st_size < self.offset:  # truncated under us: start over at its end
                     self.offset = 0
                 handle.seek(self.offset)
-                data = handle.read(READ_CHUNK)
+                while True:
+                    data = handle.read(READ_CHUNK)
+                    self._take(data, now)
+                    if len(data) < READ_CHUNK or time.monotonic() - started >= READ_BUDGET_S:
+                        break
+                self.behind = os.fstat(handle.fileno()).st_size > self.offset
         except OSError:
             return
+
+    def _take(self, data: bytes, now: float) -> None:
         self.offset += len(data)
-        lines = (self.partial + data).split(b"\n")
+        data = self.partial + data
+        if not any(clue in data for clue in LINE_CLUES):
+            self.partial = data[data.rfind(b"\n") + 1:][:MAX_LINE]
+            return
+        lines = data.split(b"\n")
         self.partial = lines.pop()[:MAX_LINE]
         for line in lines:
             self._line(shown_text(line[:MAX_LINE]), now)
@@ -68,9 +90,10 @@ class AttemptLog:
         return max(HANG_FLOOR_S, HANG_MULTIPLE * median) if median is not None else HANG_FLOOR_S
 
     def hung(self, now: float, setting: float | None) -> float | None:
-        """How long it has been silent, once that is past its bound; None otherwise."""
+        """How long it has been silent, once that is past its bound; None otherwise, and while part of the log is
+        still unread (a step line may be in it)."""
         bound = self.bound(setting)
-        if bound is None:
+        if bound is None or self.behind:
             return None
         silent = now - self.step_times[-1]
         return silent if silent > bound else None

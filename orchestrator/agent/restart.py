@@ -1,8 +1,8 @@
 """When a run that ended by itself starts again: the restart policy, the backoff, the crash-loop guard.
 
 `never` (the default) or `on-failure[:N]`: after a failed or hung attempt the supervisor starts the workload
-again, at most N times (DEFAULT_RESTARTS without N), waiting BACKOFF_BASE_S, then twice that, up to
-BACKOFF_MAX_S. A kill is never a failure. Pure functions of the run's records; the supervisor does the IO.
+again, at most N times (DEFAULT_RESTARTS without N), waiting BACKOFF_BASE_S (`--restart-backoff`, at most
+BACKOFF_MAX_S), then twice that, never more than BACKOFF_MAX_S. A kill is never a failure. Pure functions of the run's records; the supervisor does the IO.
 Standard library only, like the whole agent; the controller checks `--restart` with the same parse.
 """
 from __future__ import annotations
@@ -20,6 +20,7 @@ CRASH_LOOP_ATTEMPTS = 3
 # why an attempt ended (state.json's attempts[].reason) and why a run ended without another (state.json's reason)
 EXITED, FAILED_EXIT, HUNG, CRASH_LOOP = "exited", "failed", "hung", "crash loop"
 KILLED_BY_USER = KILLED
+BACKOFF_KILLED = "killed during the backoff"  # a kill that came between two attempts, with no workload to end
 
 
 def parse_policy(text: str) -> dict:
@@ -44,8 +45,17 @@ def policy_text(policy: dict) -> str:
 
 
 def backoff(restart_number: int, *, base: float = BACKOFF_BASE_S, cap: float = BACKOFF_MAX_S) -> float:
-    """Seconds to wait before restart number `restart_number` (1 = the first restart): base, 2*base, ... cap."""
-    return min(base * (2 ** max(restart_number - 1, 0)), max(cap, base))
+    """Seconds to wait before restart number `restart_number` (1 = the first restart): base, 2*base, ... never
+    more than cap, whatever the base (a record's may be anything). trainer/training/distributed.py has a copy."""
+    doubled = base * 2.0 ** min(max(restart_number - 1, 0), 1000)  # 2.0**1024 overflows; any base is capped first
+    return min(doubled, cap) if doubled >= 0 else 0.0
+
+
+def check_backoff(seconds: float) -> float:
+    """A `--restart-backoff` as given; ValueError unless it lies from 0 to BACKOFF_MAX_S (nan, inf, -1, 1e308)."""
+    if not 0 <= seconds <= BACKOFF_MAX_S:
+        raise ValueError("expected a number of seconds from 0 to {:g}, got {:g}".format(BACKOFF_MAX_S, seconds))
+    return seconds
 
 
 def job_relaunches_left(worker_restarts, job_relaunches) -> int:

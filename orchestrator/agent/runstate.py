@@ -61,6 +61,7 @@ def finish(paths: RunPaths, state_name: str, **fields) -> dict:
     def mutate(state: dict):
         if state.get("state") in TERMINAL_STATES:
             return None
+        state["restart_at"] = None  # an ended run waits for no restart, whoever ends it
         state.update(fields)
         state["state"] = state_name
         state.setdefault("ended_at", None)
@@ -122,7 +123,8 @@ def settle_liveness(paths: RunPaths, *, dry_run: bool = False) -> tuple:
         stranger = supervisor_check(paths, current)[1]
         why = "its recorded supervisor is not its supervisor: " + stranger if stranger else \
             "supervisor gone without a terminal state"
-        current.update(state=LOST, ended_at=iso_utc(), error=current.get("error") or why)
+        # restart_at=None: a supervisor that died in a backoff starts nothing at that time
+        current.update(state=LOST, ended_at=iso_utc(), error=current.get("error") or why, restart_at=None)
         return current
     new_state = update_state(paths, mutate)
     return new_state, new_state.get("state") == LOST and state.get("state") != LOST

@@ -2,8 +2,8 @@
 ends every process of the run (TERM, grace, KILL) before it writes the terminal state.
 
 Under a restart policy (restart.py) it starts the workload again after a failed or hung attempt, after a
-backoff, and records every attempt in state.json; its hang watchdog (hangwatch.py) ends an attempt that went
-silent, once the Python stacks of its processes are in the log. All of it here, inside the container: a run
+backoff, and records every attempt in state.json; its hang watchdog (hangwatch.py, attemptwatch.py) ends an
+attempt that went silent, once the Python stacks of its processes are in the log. All of it here, inside the container: a run
 heals itself with no controller connected.
 """
 from __future__ import annotations
@@ -15,14 +15,14 @@ import sys
 import time
 import traceback
 
-from . import procfs, terminate, workerrestarts
+from . import procfs, workerrestarts
+from .attemptwatch import AttemptWatch, new_attempt
 from .childwatch import Wakeup, decode_status, ignore_signal, reap_children, set_child_subreaper, signal_name
 from .errors import OperationFailed
 from .protocol import DEFAULT_GRACE_S, FAILED, KILLED, RUNNING, STARTING, SUCCEEDED, iso_utc
 from .rundir import RunPaths, disk_full, existing_run, read_json, write_json_atomic
-from .hangwatch import AttemptLog
-from .restart import (BACKOFF_BASE_S, attempt_end, CRASH_LOOP, CRASH_LOOP_ATTEMPTS, EXITED, FAILED_EXIT, HUNG, KILLED_BY_USER, backoff, crash_loop,
-                      max_attempts, policy_text, should_restart)
+from .restart import (BACKOFF_BASE_S, BACKOFF_KILLED, CRASH_LOOP, CRASH_LOOP_ATTEMPTS, EXITED, FAILED_EXIT, HUNG,
+                      KILLED_BY_USER, attempt_end, backoff, crash_loop, max_attempts, policy_text, should_restart)
 from .runstate import DISK_FULL, finish, read_run, update_state
 
 LEFTOVER_GRACE_S = 5.0
@@ -33,13 +33,9 @@ KILL_PAUSE_S = 0.05
 # grace, then every KILL round) before it records how the run ended; a launch waits that long for the record.
 LEFTOVERS_LIMIT_S = LEFTOVER_GRACE_S + KILL_ROUNDS * KILL_PAUSE_S
 WATCH_TICK_S = 1.0
-# How long the workload's stack dump (SIGUSR1 to the processes that handle it) may take before the hung
-# attempt is ended: the log stops growing sooner.
-STACK_DUMP_WAIT_S = 5.0
-STACK_DUMP_QUIET_S = 0.5
 
 
-class Supervisor:
+class Supervisor(AttemptWatch):
     def __init__(self, paths: RunPaths, *, grace: float | None) -> None:
         self.paths = paths
         self.grace_override = grace
@@ -54,9 +50,10 @@ class Supervisor:
         hang = self.run.get("hang_timeout_s")
         self.hang_setting = float(hang) if isinstance(hang, (int, float)) else None
         self.attempts = []
-        self.attempt_log = None
-        self.worker_restarts_seen = 0  # a job node: torchrun's restarts of its workers counted so far
-        self.crash_line = None
+        settle = self.run.get("settle_s")
+        # a first attempt that ends sooner did not start: no restart (the launch reports it failed)
+        self.settle_s = float(settle) if isinstance(settle, (int, float)) else 0.0
+        self.started_at = None  # time.monotonic() of the attempt's start
 
     # -- start ---------------------------------------------------------------------------------------
     def claim(self) -> bool:
@@ -96,11 +93,15 @@ class Supervisor:
         extra = self.run.get("retry_args") or [] if resumes else []
         return list(self.run["command"]) + list(extra)
 
-    def start_workload(self) -> None:
+    def start_workload(self) -> bool:
+        """Start the next attempt; False when a kill came first (checked last thing before the start)."""
+        command, env = self.command(), self.workload_env()
         log_fd = os.open(self.paths.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
             offset = os.fstat(log_fd).st_size
-            proc = subprocess.Popen(self.command(), cwd=self.run.get("cwd") or "/", env=self.workload_env(),
+            if self.term_signal is not None:
+                return False
+            proc = subprocess.Popen(command, cwd=self.run.get("cwd") or "/", env=env,
                                     stdin=subprocess.DEVNULL, stdout=log_fd, stderr=subprocess.STDOUT,
                                     start_new_session=True, close_fds=True, restore_signals=True)
         finally:
@@ -110,10 +111,9 @@ class Supervisor:
         self._popen = proc  # keep it referenced; we reap it ourselves with waitpid(-1)
         pid_start = procfs.start_time(proc.pid)
         self.workload_status = None
-        self.attempt_log = AttemptLog(self.paths.log, offset)
-        self.attempts.append({"attempt": len(self.attempts) + 1, "started_at": iso_utc(), "ended_at": None,
-                              "exit_code": None, "signal": None, "signal_name": None, "reason": None,
-                              "last_step": None, "exception": None})
+        self.started_at = time.monotonic()
+        self.watch_from(offset)
+        self.attempts.append(new_attempt(len(self.attempts) + 1))
 
         def mutate(state: dict):
             state.update(state=RUNNING, pid=proc.pid, pgid=proc.pid, pid_start_time=pid_start, restart_at=None,
@@ -124,6 +124,7 @@ class Supervisor:
             state["started_at"] = state["started_at"] or iso_utc()
             return state
         update_state(self.paths, mutate)
+        return True
 
     def fail_to_start(self, exc: Exception) -> dict:
         program = (self.run.get("command") or ["?"])[0]
@@ -205,89 +206,16 @@ class Supervisor:
             self.reap()
             if self.workload_status is not None or self.term_signal is not None:
                 break
-            now = time.monotonic()
-            self.attempt_log.poll(now)
-            if self.run.get("worker_restarts") and self.follow_worker_restarts():
-                return CRASH_LOOP
-            silent = self.attempt_log.hung(now, self.hang_setting)
-            if silent is not None:
-                catching = self.dump_stacks(silent, wakeup)
-                if not self.run.get("worker_restarts") or not catching:
-                    return HUNG
-                self.end_workers(catching, wakeup)
+            verdict = self.look(wakeup)
+            if verdict is not None:
+                return verdict
             wakeup.wait(tick)
         return KILLED_BY_USER if self.term_signal is not None else EXITED
-
-    def follow_worker_restarts(self) -> bool:
-        """A job node: each restart of its workers by torchrun ends one attempt and begins the next
-        (workerrestarts); True once the restarts repeat one failure without progress (a crash loop)."""
-        count = workerrestarts.restart_count(pid for pid, _ in self.run_processes())
-        if count is None or count <= self.worker_restarts_seen:
-            return False
-        for _ in range(count - self.worker_restarts_seen):
-            self.attempt_log.poll(time.monotonic())
-            self.attempts[-1].update(ended_at=iso_utc(), reason=workerrestarts.WORKERS_RESTARTED,
-                                     last_step=self.attempt_log.last_step, exception=self.attempt_log.exception)
-            self.attempts.append({"attempt": len(self.attempts) + 1, "started_at": iso_utc(), "ended_at": None,
-                                  "exit_code": None, "signal": None, "signal_name": None, "reason": None,
-                                  "last_step": None, "exception": None})
-            self.attempt_log = AttemptLog(self.paths.log, os.path.getsize(self.paths.log))
-        self.worker_restarts_seen = count
-        self.say("torchrun restarted the job's workers: attempt {}/{}".format(
-            len(self.attempts), workerrestarts.max_attempts(self.run)))
-        update_state(self.paths, lambda state: dict(state, attempt=len(self.attempts), attempts=self.attempts))
-        self.crash_line = crash_loop(self.attempts[:-1])
-        if self.crash_line is not None:
-            self.say("crash loop: the job's workers failed the same way {} times in a row with no step progress: "
-                     "{}; no more restarts".format(CRASH_LOOP_ATTEMPTS, self.crash_line))
-        return self.crash_line is not None
-
-    def end_workers(self, workers: list, wakeup: Wakeup) -> None:
-        """A job node's hang: end its trainer processes only (TERM, the grace, KILL). torchrun, which stays,
-        sees its workers fail and restarts the workers of every node of the job together."""
-        self.say("ending the hung workers {}; torchrun restarts the job's workers on every node".format(
-            ", ".join(str(pid) for pid, _ in workers)))
-        terminate.end_processes(workers, grace=self.grace(), tick=self.reap)
-        self.attempt_log = AttemptLog(self.paths.log, os.path.getsize(self.paths.log))
-
-    def say(self, text: str) -> None:
-        """A line of the supervisor's own in the run's log, where its reader looks for why."""
-        try:
-            with open(self.paths.log, "a") as log:
-                log.write("dflash: {}\n".format(text))
-        except OSError:
-            pass
-
-    def dump_stacks(self, silent: float, wakeup: Wakeup) -> list:
-        """SIGUSR1 to every process of the run that handles it (the bundled trainer's faulthandler writes every
-        thread's stack to the log); a process without a handler would die of it and is left alone. Those that
-        handle it, as (pid, start time)."""
-        catching = [(pid, start) for pid, start in self.run_processes()
-                    if procfs.catches_signal(pid, signal.SIGUSR1)]
-        self.say("no step for {:.0f}s (bound {:.0f}s): judged hung; {}".format(
-            silent, self.attempt_log.bound(self.hang_setting),
-            "Python stacks of pid {} follow".format(", ".join(str(pid) for pid, _ in catching)) if catching
-            else "no process of the run dumps its stacks on SIGUSR1"))
-        for pid, start in catching:
-            terminate.send(pid, start, signal.SIGUSR1)
-        if catching:
-            self.wait_log_quiet(wakeup)
-        return catching
-
-    def wait_log_quiet(self, wakeup: Wakeup) -> None:
-        deadline, size, quiet_since = time.monotonic() + STACK_DUMP_WAIT_S, -1, time.monotonic()
-        while time.monotonic() < deadline and self.term_signal is None:
-            now_size = os.path.getsize(self.paths.log) if os.path.exists(self.paths.log) else 0
-            if now_size != size:
-                size, quiet_since = now_size, time.monotonic()
-            elif time.monotonic() - quiet_since >= STACK_DUMP_QUIET_S:
-                return
-            wakeup.wait(0.1)
 
     def end_attempt(self, why: str) -> dict:
         """Record how the attempt ended (state.json's attempts[]) and return that record."""
         exit_code, sig = decode_status(self.workload_status) if self.workload_status is not None else (None, None)
-        self.attempt_log.poll(time.monotonic())
+        self.read_log()
         reason = why if why != EXITED else (EXITED if exit_code == 0 else FAILED_EXIT)
         attempt = self.attempts[-1]
         attempt.update(ended_at=iso_utc(), exit_code=exit_code, signal=sig, signal_name=signal_name(sig),
@@ -326,41 +254,60 @@ class Supervisor:
         if self.term_signal is not None:
             sig = sig if sig is not None else signal.SIGTERM
             return finish(self.paths, KILLED, exit_code=exit_code, signal=sig, signal_name=signal_name(sig), **fields)
-        if exit_code == 0:
+        if exit_code == 0 and why != HUNG:  # a hung workload may well exit 0 on the watchdog's SIGTERM
             return finish(self.paths, SUCCEEDED, exit_code=0, signal=None, **fields)
         return finish(self.paths, FAILED, exit_code=exit_code, signal=sig, signal_name=signal_name(sig), **fields)
+
+    def killed_in_backoff(self) -> dict:
+        """A kill between two attempts: no workload to end, no signal to record; the log says it."""
+        why = "{} (attempt {}/{} was next)".format(BACKOFF_KILLED, len(self.attempts) + 1, max_attempts(self.policy))
+        self.say(why)
+        return finish(self.paths, KILLED, exit_code=None, signal=None, signal_name=None, reason=BACKOFF_KILLED,
+                      error=why, restart_at=None)
+
+    def last_attempt(self, why: str, attempt: dict, lasted: float) -> dict | None:
+        """The run's terminal state when the attempt that just ended is its last; None when another starts."""
+        if why == CRASH_LOOP and self.term_signal is None:  # a job node's workers (follow_worker_restarts)
+            return finish(self.paths, FAILED, exit_code=attempt["exit_code"], signal=attempt["signal"],
+                          signal_name=attempt["signal_name"], reason=CRASH_LOOP, restart_at=None,
+                          error="crash loop: " + self.crash_line)
+        if self.term_signal is not None or attempt["reason"] == EXITED:
+            return self.conclude()
+        looping = crash_loop(self.attempts)
+        if looping is not None:
+            self.say("crash loop: the same failure {} attempts in a row with no step progress: {}; no more "
+                     "restarts".format(CRASH_LOOP_ATTEMPTS, looping))
+            exit_code, sig = attempt["exit_code"], attempt["signal"]
+            return finish(self.paths, FAILED, exit_code=exit_code, signal=sig, signal_name=signal_name(sig),
+                          reason=CRASH_LOOP, restart_at=None, error="crash loop: " + looping)
+        if not should_restart(self.policy, self.attempts):
+            return self.conclude(why)
+        if len(self.attempts) == 1 and lasted < self.settle_s:
+            # died while its launch still waited for it to settle (a typo): failed as without a policy
+            self.say("attempt 1 {} {:.1f}s after its start, before its launch saw it settle: not restarted".format(
+                attempt_end(attempt), lasted))
+            return self.conclude(why)
+        return None
 
     def run_attempts(self, wakeup: Wakeup) -> dict:
         """Attempt after attempt under the restart policy, until one succeeds, a kill comes, the restarts are
         used up or the same failure repeats (a crash loop); the run's terminal state."""
         while True:
             why = self.loop(wakeup)
+            lasted = time.monotonic() - self.started_at
             grace_s = self.grace() if why != EXITED else min(self.grace(), LEFTOVER_GRACE_S)
             self.end_everything(grace_s, wakeup)
             self.reap()
             if self.workload_status is None and self.term_signal is None and why not in (HUNG, CRASH_LOOP):
                 self.term_signal = signal.SIGTERM
-            attempt = self.end_attempt(why)
-            if why == CRASH_LOOP and self.term_signal is None:  # a job node's workers (follow_worker_restarts)
-                return finish(self.paths, FAILED, exit_code=attempt["exit_code"], signal=attempt["signal"],
-                              signal_name=attempt["signal_name"], reason=CRASH_LOOP, restart_at=None,
-                              error="crash loop: " + self.crash_line)
-            if self.term_signal is not None or attempt["reason"] == EXITED:
-                return self.conclude()
-            looping = crash_loop(self.attempts)
-            if looping is not None:
-                self.say("crash loop: the same failure {} attempts in a row with no step progress: {}; no more "
-                         "restarts".format(CRASH_LOOP_ATTEMPTS, looping))
-                exit_code, sig = attempt["exit_code"], attempt["signal"]
-                return finish(self.paths, FAILED, exit_code=exit_code, signal=sig, signal_name=signal_name(sig),
-                              reason=CRASH_LOOP, restart_at=None, error="crash loop: " + looping)
-            if not should_restart(self.policy, self.attempts):
-                return self.conclude(why)
+            ended = self.last_attempt(why, self.end_attempt(why), lasted)
+            if ended is not None:
+                return ended
             if not self.back_off(wakeup):
-                self.workload_status = None
-                return self.conclude()
+                return self.killed_in_backoff()
             try:
-                self.start_workload()
+                if not self.start_workload():
+                    return self.killed_in_backoff()
             except (OSError, ValueError, subprocess.SubprocessError) as exc:
                 return self.fail_to_start(exc)
 
@@ -376,7 +323,8 @@ def supervise(runs_dir: str, run_id: str, *, grace: float | None = None) -> dict
     if sup.term_signal is not None:  # killed between the keeper's fork and now: never start the workload
         return finish(paths, KILLED, signal=sup.term_signal, signal_name=signal_name(sup.term_signal))
     try:
-        sup.start_workload()
+        if not sup.start_workload():  # killed between the check above and the start
+            return finish(paths, KILLED, signal=sup.term_signal, signal_name=signal_name(sup.term_signal))
     except (OSError, ValueError, subprocess.SubprocessError) as exc:
         sup.fail_to_start(exc)
         raise OperationFailed(str(exc), code="exec_failed")

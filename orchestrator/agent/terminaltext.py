@@ -20,15 +20,18 @@ import re
 # the start of a trainer's step line: the hang watchdog needs only to know that a step went by, and which
 from dflash_records.step import STEP_MARK
 
+from .protocol import ascii_decimal
+
 # torchrun's per-rank prefix, then a Python exception line: `[rank0]: torch.OutOfMemoryError: CUDA out of memory`
 FAILURE_LINE = re.compile(r"(?:\[(?:default)?rank\d+\]:\s*)?((?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Interrupt)"
                           r"\b(?::.*)?)")
 
 
 def step_number(text: str) -> int | None:
-    """The step a shown line reports, when it is a step line; None otherwise."""
+    """The step a shown line reports, when it is a step line; None otherwise (and for a step number of more
+    digits than any counter holds: whatever a workload prints, reading it must not raise)."""
     match = STEP_MARK.search(text)
-    return int(match.group(2)) if match is not None else None
+    return ascii_decimal(match.group(2)) if match is not None else None
 
 
 def failure_text(text: str) -> str | None:

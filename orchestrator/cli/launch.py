@@ -10,7 +10,7 @@ from dflash_records.run import RunRecord
 
 from ..agent.launch import how_it_ended
 from ..agent.protocol import DEFAULT_GRACE_S, LIVE_STATES, TERMINAL_STATES
-from ..agent.restart import parse_policy, policy_text
+from ..agent.restart import BACKOFF_MAX_S, parse_policy, policy_text
 from ..display import record_state_text
 from ..errors import EXIT_OK, DflashError, UsageError, shorten
 from ..inventory.model import Target
@@ -37,8 +37,8 @@ RESTART_OPTION = typer.Option(
          "The supervisor does it inside the container, with no dflashctl running. Default: the inventory's "
          "`restart:` of the container, host or defaults, else never.")
 RESTART_BACKOFF_OPTION = typer.Option(
-    None, "--restart-backoff", callback=number_in(0), metavar="S",
-    help="Seconds before the first restart, doubling after each (default 10).")
+    None, "--restart-backoff", callback=number_in(0, BACKOFF_MAX_S), metavar="S",
+    help=f"Seconds before the first restart, doubling after each, at most {BACKOFF_MAX_S:g} (default 10).")
 HANG_TIMEOUT_OPTION = typer.Option(
     None, "--hang-timeout", callback=number_in(0), metavar="S",
     help="An attempt that printed step lines and then none for S seconds is hung: its Python stacks go to "

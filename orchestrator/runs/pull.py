@@ -19,7 +19,7 @@ from pathlib import Path
 from dflash_records.run import RunRecord
 
 from ..agent.protocol import ascii_decimal
-from ..errors import OperationFailed, TargetNotFound, UsageError
+from ..errors import OperationFailed, TargetNotFound, UsageError, shorten
 from ..inventory.model import Target
 from ..transports.timeouts import EXPORT_TIMEOUT_S, PULL_PLAN_TIMEOUT_S, PULL_STALL_S
 from .addressing import Match
@@ -79,7 +79,7 @@ class Progress:
 def check_checkpoint(value: str) -> str:
     if value in ("latest", "all") or (value.startswith("step_") and ascii_decimal(value[5:]) is not None):
         return value
-    raise UsageError(f"--checkpoint {value!r}: give {CHECKPOINT_CHOICES}")
+    raise UsageError(f"--checkpoint {shorten(value, 60)!r}: give {CHECKPOINT_CHOICES}")
 
 
 def node_zero(match: Match) -> tuple[Target, RunRecord]:

@@ -45,6 +45,12 @@ def test_newest_run_prefers_a_live_one() -> None:
      "running (restarting: attempt 3/5 next)"),
     ({"state": "succeeded", "attempt": 3, "max_attempts": 5}, "succeeded (attempt 3/5)"),
     ({"state": "running", "attempt": 1, "max_attempts": 1}, "running"),  # no restart policy: as before
+    # why the supervisor ended it: the watchdog, the crash-loop guard, a kill between two attempts
+    ({"state": "failed", "reason": "hung"}, "failed (hung)"),
+    ({"state": "failed", "reason": "crash loop", "attempt": 3, "max_attempts": 5}, "failed (crash loop, attempt 3/5)"),
+    ({"state": "killed", "reason": "killed during the backoff", "attempt": 1, "max_attempts": 4},
+     "killed during the backoff"),
+    ({"state": "failed", "reason": "[red]anything else"}, "failed"),
 ])
 def test_the_state_cell_tells_the_attempt_of_a_run_under_a_restart_policy(fields: dict, shown: str) -> None:
     cells = run_cells(RunView(run_id="r1", target="pve1/200", name="r1", **fields))

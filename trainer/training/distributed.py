@@ -79,7 +79,8 @@ BACKOFF_MAX_S = 300.0
 def restart_backoff_s() -> float:
     """Seconds this worker waits before joining its job again after torchrun restarted the workers: none on the
     first start; on restart n (TORCHELASTIC_RESTART_COUNT) the job's base DFLASH_RESTART_BACKOFF_S times 2^(n-1),
-    capped. Every worker of every node waits the same, so they still meet; torchrun itself restarts at once."""
+    never more than BACKOFF_MAX_S. Every worker of every node waits the same, so they still meet; torchrun itself
+    restarts at once."""
     restarts, base = (os.environ.get(name, "").strip() for name in ("TORCHELASTIC_RESTART_COUNT", BACKOFF_ENV))
     try:
         count, seconds = int(restarts or 0), float(base or 0)
@@ -87,7 +88,7 @@ def restart_backoff_s() -> float:
         raise TrainerError(f"{BACKOFF_ENV}={base!r} or TORCHELASTIC_RESTART_COUNT={restarts!r}: expected numbers")
     if count < 1 or not seconds > 0:
         return 0.0
-    return min(seconds * 2 ** (count - 1), max(BACKOFF_MAX_S, seconds))
+    return min(seconds * 2.0 ** min(count - 1, 1000), BACKOFF_MAX_S)  # capped whatever the base
 
 
 def job_rank(torchrun_rank: int, local_rank: int, world_size: int) -> int:

@@ -65,3 +65,29 @@ def test_the_hang_bound_waits_for_steps_then_scales_with_the_interval(tmp_path):
         handle.write(b"[rank1]: torch.distributed.DistBackendError: NCCL error\npartial")
     watch.poll(301.0)
     assert watch.exception == "torch.distributed.DistBackendError: NCCL error"
+
+
+def test_a_step_number_longer_than_any_counter_is_no_step_and_raises_nothing():
+    from orchestrator.agent.terminaltext import step_number
+
+    assert step_number("[3s] step=12 loss=1.0") == 12
+    assert step_number("[3s] step=" + "7" * 5000) is None
+
+
+def test_nothing_is_judged_hung_while_part_of_the_log_is_unread(tmp_path, monkeypatch):
+    from orchestrator.agent import hangwatch
+
+    log = tmp_path / "train.log"
+    log.write_bytes(b"[1s] step=1 loss=2.0\n")
+    watch = AttemptLog(str(log), 0)
+    watch.poll(0.0)
+    with open(log, "ab") as handle:
+        handle.write(b"x" * 99 + b"\n" * 1 + (b"y" * 99 + b"\n") * 30_000 + b"[9s] step=9 loss=2.0\n")
+    monkeypatch.setattr(hangwatch, "READ_CHUNK", 64 * 1024)
+    monkeypatch.setattr(hangwatch, "READ_BUDGET_S", 0.0)  # one chunk a look: the look ends behind
+    watch.poll(100.0)
+    assert watch.behind and watch.last_step == 1 and watch.hung(100.0, 5.0) is None
+    monkeypatch.setattr(hangwatch, "READ_BUDGET_S", 60.0)
+    watch.poll(101.0)  # to the end: the step after the burst is seen
+    assert not watch.behind and watch.last_step == 9 and watch.hung(101.0, 5.0) is None
+    assert watch.hung(107.0, 5.0) is not None

@@ -34,6 +34,18 @@ def test_a_bad_restart_value_is_one_usage_line(value, words, tmp_path, capsys):
     assert not (tmp_path / "work" / ".dflash" / "runs").exists()  # refused before anything was contacted
 
 
+# the backoff's base: at most its cap (1e308 crashed the supervisor, 400 waited 400 s), never negative or nan
+@pytest.mark.parametrize("value, shown", [("1e308", "1e+308"), ("400", "400"), ("-1", "-1"), ("nan", "nan")])
+def test_a_restart_backoff_out_of_range_is_a_usage_error(value, shown, tmp_path, capsys):
+    inv = write_local_inventory(tmp_path / "inventory.yaml", tmp_path / "work")
+    assert main(["--inventory", inv, "launch", "local", "--restart", "on-failure", "--restart-backoff", value,
+                 "--", "true"]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[0] == ("dflashctl: error: Invalid value for '--restart-backoff': expected a number from "
+                                   f"0 to 300, got {shown}") and "Traceback" not in err
+    assert not (tmp_path / "work" / ".dflash" / "runs").exists()
+
+
 def test_a_bad_inventory_restart_names_the_line(tmp_path, capsys):
     path = tmp_path / "inventory.yaml"
     path.write_text("hosts:\n  local:\n    transport: local\n    restart: on-failure:x\n")

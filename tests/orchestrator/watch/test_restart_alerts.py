@@ -38,3 +38,11 @@ def test_a_crash_loop_is_one_ended_alert_that_names_it():
         3, "failed", reason="crash loop", error="crash loop: RuntimeError: CUDA error"))
     assert [(a.kind, a.message) for a in alerts] == [
         (ENDED, "run failed (exit code 3): crash loop: RuntimeError: CUDA error")]
+
+
+def test_a_kill_during_the_backoff_is_named_in_the_ended_alert():
+    health = RunHealth("r1")
+    health.observe_state("running", 0, record=record(1, restart_at="2026-12-07T05:00:00Z"))
+    why = "killed during the backoff (attempt 2/5 was next)"
+    alerts = health.observe_state("killed", 1, record=record(1, "killed", reason="killed during the backoff", error=why))
+    assert [(a.kind, a.message) for a in alerts] == [(ENDED, f"run killed: {why}")]
