@@ -157,9 +157,18 @@ def test_a_lost_run_is_relaunched_once_per_loss_and_resumes(agent_pyz, container
         assert launch(rebooted, runs_dir, "plain", command)[0] == 0
     finally:
         rebooted.stop()
+    # the bundled trainer links its metrics.jsonl into the run directory; beside it, its checkpoints
+    output = tmp_path / "out"
+    for step in ("step_3", "step_12", "step_20.tmp"):
+        (output / step).mkdir(parents=True)
+    (output / "step_3" / "manifest.json").write_text("{}")
+    (output / "step_12" / "manifest.json").write_text("{}")
+    (output / "metrics.jsonl").write_text("")
+    os.symlink(str(output / "metrics.jsonl"), os.path.join(runs_dir, "lost1", "metrics.jsonl"))
     relaunch = ("relaunch", "--runs-dir", runs_dir, "--run-id", "lost1", "--new-run-id", "lost1-r1", "--settle", "0.3")
     status, out = container.agent(*relaunch)
     assert status == 0, out
+    assert (out["resume_args"], out["resumes_from"], out["survivors_ended"]) == (["--resume", "auto"], "step_12", [])
     new = out["run"]
     assert (new["state"], new["relaunch_of"], new["restart_policy"], new["max_attempts"]) == (
         "running", "lost1", "on-failure:1", 2)
