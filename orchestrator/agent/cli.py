@@ -35,7 +35,9 @@
 Every answer (but watch's stream and node-watch's workload) is one line of JSON with "version" (PROTOCOL_VERSION)
 and "ok"; exit 0 ok, 1 operation failed, 2 bad input.
 Errors: {"ok": false, "error": MESSAGE, "code": CODE, ...details}. Answers (keys may be added, never renamed):
-    relaunch {"run": RECORD of the new run, "relaunched_from": LOST}; failure: code not_relaunched (why), or launch's
+    relaunch {"run": RECORD of the new run, "relaunched_from": LOST, "survivors_ended": [pids of LOST ended first],
+             "resume_args", "resumes_from": step_N or null}; failure: code not_relaunched (why) | already_relaunched
+             ("relaunched_as") | survivors_left ("survivors": [pids]), or launch's
     launch   {"run": RECORD}; failure: code run_ended | not_verified | gpus_busy (+ "busy": {run: [gpus]}),
              with "run", "exit_code", "signal", "log_tail" (last 40 lines), "supervisor_log_tail", "keeper_log_tail";
              or code check_failed with "check": {"exit_code", "stdout", "stderr"}

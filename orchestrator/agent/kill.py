@@ -33,6 +33,17 @@ def run_processes(paths: RunPaths, state: dict) -> list:
     return [(pid, table[pid].start_time) for pid in sorted(pids) if pid in table]
 
 
+def end_run_processes(paths: RunPaths, state: dict, grace: float) -> tuple:
+    """TERM every live process of the run, KILL what is left after `grace`: (the pids it found, the pids that
+    survived even SIGKILL, whether SIGKILL was needed). What `kill` does with what its supervisor left, and what
+    a relaunch does with what a lost run left (its supervisor died alone and its workload lives on)."""
+    left = run_processes(paths, state)
+    if not left:
+        return [], [], False
+    survived, escalated = terminate.end_processes(left, grace=grace)
+    return [pid for pid, _ in left], survived, escalated
+
+
 def refuse_stranger(paths: RunPaths, state: dict, refused: list, actions: list) -> None:
     """A supervisor pid in state.json that names a live process which is not this run's supervisor: say so,
     and never signal it (run_processes and ask_supervisor only take a proven supervisor)."""
@@ -136,13 +147,11 @@ def kill_one(paths: RunPaths, grace: float | None) -> dict:
     if not already_ended and supervisor_alive(paths, state):
         state = ask_supervisor(paths, state, grace, actions)
         supervisor_did_it = state.get("state") in TERMINAL_STATES and not supervisor_alive(paths, state)
-    left = run_processes(paths, state)
+    # Processes of a lost run never had their grace; after the supervisor's (or a normal end) it is spent.
+    had_grace = supervisor_did_it or (already_ended and state.get("state") != LOST)
+    left, _, escalated = end_run_processes(paths, state, STUCK_SUPERVISOR_GRACE_S if had_grace else grace)
     if left:
-        actions.append("ending {} leftover process(es): {}".format(len(left), [pid for pid, _ in left]))
-        # Processes of a lost run never had their grace; after the supervisor's (or a normal end) it is spent.
-        had_grace = supervisor_did_it or (already_ended and state.get("state") != LOST)
-        wait = STUCK_SUPERVISOR_GRACE_S if had_grace else grace
-        _, escalated = terminate.end_processes(left, grace=wait)
+        actions.append("ended {} leftover process(es): {}".format(len(left), left))
         if state.get("state") not in TERMINAL_STATES or state.get("state") == LOST:
             state = mark_killed(paths, signal.SIGKILL if escalated else signal.SIGTERM, notes)
     elif state.get("state") not in TERMINAL_STATES and refused:

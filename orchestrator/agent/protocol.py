@@ -95,6 +95,9 @@ BAD_USAGE, UNKNOWN_RUN, BAD_RUN_ID, NO_COMMAND = "bad_usage", "unknown_run", "ba
 CHECK_FAILED, INTERNAL_ERROR = "check_failed", "internal_error"
 # a launch whose run was started but not seen running within the verify bound: it is left running
 NOT_VERIFIED = "not_verified"
+# a relaunch refused (why), the loss found already relaunched (by another watcher: a note, not an error), and
+# processes of the lost run that survived SIGKILL (nothing started: the caller tries again later)
+NOT_RELAUNCHED, ALREADY_RELAUNCHED, SURVIVORS_LEFT = "not_relaunched", "already_relaunched", "survivors_left"
 # the answer of the controller's checked call (runs/agentcall.py) when this version's agent is not on the target
 # whole (said by the shell in front of the agent, with "agent"), or a trainer run's package is not (said by the
 # agent's --lease-pkg, with "pkg")
@@ -109,6 +112,10 @@ FINGERPRINT_BYTES = 64
 MSG_RUNS, MSG_LOG, MSG_RESET, MSG_SYNCED, MSG_GPU, MSG_HEARTBEAT = "runs", "log", "reset", "synced", "gpu", "hb"
 MSG_DISK = "disk"  # free space of the filesystem that holds the runs directory
 MSG_METRICS = "metrics"  # new whole lines of a followed run's metrics.jsonl (agent/metricsfollow.py)
+
+# -- a run's log: the supervisor's own lines (a restart and why, a hang, a command that could not start) begin
+# with this (supervisor.py's `say`); they are never the workload's output, whatever exception they quote
+SUPERVISOR_LINE_PREFIX = "dflash: "
 
 # -- nvidia-smi -----------------------------------------------------------------------------------------------
 GPU_FIELDS = ("index", "uuid", "name", "memory.used", "memory.total", "utilization.gpu")

@@ -104,6 +104,13 @@ def _output_dir(run_dir: str) -> str | None:
     return os.path.dirname(os.path.realpath(link))
 
 
+def newest_checkpoint(run_dir: str) -> str | None:
+    """The name of the newest complete checkpoint of the bundled trainer's run in `run_dir` (step_N), if any."""
+    output_dir = _output_dir(run_dir)
+    steps = _complete_steps(output_dir, []) if output_dir else []
+    return os.path.basename(steps[-1]) if steps else None
+
+
 def _complete_steps(output_dir: str, skipped: list) -> list:
     """step_N/ directories that a save completed, oldest first (temp dirs are never named step_N); a linked
     step_N/ is listed in `skipped` instead."""

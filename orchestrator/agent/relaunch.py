@@ -7,6 +7,13 @@ one, finds it and starts nothing). The new run works where the lost one worked (
 directory and its config are the same files), gets the restarts that were left, and, as any restarted attempt,
 the retry arguments from its first attempt on: the bundled trainer resumes from its newest complete checkpoint.
 
+Nothing of the lost run may still run when its successor starts: on `local`, on a plain SSH host, or under an OOM
+kill or a stray `kill -9`, the supervisor can die alone while its workload lives on under the keeper, still
+writing into the same output directory (and holding the same GPUs). So before the claim, what is left of it is
+ended as `kill` ends leftovers (TERM, the run's grace, KILL); the answer names them (`survivors_ended`), and one
+that even SIGKILL does not end means nothing is claimed or started (code survivors_left: the caller tries again
+later). A refused loss is left alone, processes and all.
+
 A node of a multi-node job is never relaunched alone: the controller relaunches a job as a whole, every node
 under the new job id it names (`--job-id`), once its nodes have all ended and one of them was lost or its
 torchrun died. So a node's relaunch takes `failed` as well as `lost`, never `killed` or `succeeded`, never a crash
@@ -16,9 +23,11 @@ there.
 """
 from __future__ import annotations
 
+from . import kill, pullplan
 from .errors import BadInput, OperationFailed
 from .launch import LaunchRequest, job_fields, launch
-from .protocol import FAILED, LOST, NO_GPUS, iso_utc
+from .protocol import (ALREADY_RELAUNCHED, DEFAULT_GRACE_S, FAILED, LOST, NO_GPUS, NOT_RELAUNCHED, SURVIVORS_LEFT,
+                       iso_utc)
 from .restart import CRASH_LOOP, NEVER, ON_FAILURE, job_relaunches_left, max_attempts
 from .rundir import RunPaths, existing_run
 from .runstate import read_run, read_state, settle_liveness, update_state
@@ -59,24 +68,50 @@ def _node_refusal(run: dict, state: dict, new_job_id: str | None) -> str | None:
     return None
 
 
-def claim_loss(paths: RunPaths, new_run_id: str, new_job_id: str | None = None) -> tuple:
-    """(run, state) once this caller owns the relaunch of the loss; OperationFailed saying why not otherwise."""
+def refuse(paths: RunPaths, run: dict, state: dict, new_job_id: str | None) -> None:
+    """OperationFailed saying why, when this loss is not to be relaunched: code already_relaunched where it was
+    (another watcher's, or an earlier try's, relaunch took it), not_relaunched otherwise."""
+    reason = refusal(run, state, new_job_id)
+    if reason is not None:
+        raise OperationFailed("{} not relaunched: {}".format(paths.run_id, reason),
+                              code=ALREADY_RELAUNCHED if state.get("relaunched_as") else NOT_RELAUNCHED,
+                              details={"relaunched_as": state.get("relaunched_as")})
+
+
+def end_survivors(paths: RunPaths, new_job_id: str | None = None) -> list:
+    """End what is still running of a loss to be relaunched (see the module's docstring): the pids ended."""
+    state, _ = settle_liveness(paths)  # a run whose supervisor is gone becomes `lost` here first
+    run = read_run(paths)
+    refuse(paths, run, state, new_job_id)
+    grace = float(run.get("grace_s", DEFAULT_GRACE_S))
+    ended, survived, _ = kill.end_run_processes(paths, state, grace)
+    if survived:
+        raise OperationFailed("{} not relaunched yet: process(es) {} of it survived SIGKILL".format(
+            paths.run_id, ", ".join(map(str, survived))), code=SURVIVORS_LEFT, details={"survivors": survived})
+    return ended
+
+
+def claim_loss(paths: RunPaths, new_run_id: str, new_job_id: str | None = None, *, ended: list = ()) -> tuple:
+    """(run, state) once this caller owns the relaunch of the loss; OperationFailed saying why not otherwise.
+    `ended`: the pids of the run a relaunch ended first, which its record then mentions."""
     settle_liveness(paths)  # a run whose supervisor is gone becomes `lost` here first
-    run, why = read_run(paths), []
+    run, refused = read_run(paths), []
 
     def mutate(state: dict):
-        reason = refusal(run, state, new_job_id)
-        if reason is not None:
-            why.append(reason)
+        if refusal(run, state, new_job_id) is not None:
+            refused.append(dict(state))
             return None
         state.update(relaunched_as=new_run_id, relaunched_at=iso_utc())
+        if ended:
+            state["error"] = "{}; process(es) {} of it still ran and were ended before its relaunch".format(
+                state.get("error") or "supervisor gone", ", ".join(map(str, ended)))
         attempts = state.get("attempts") or []
         if attempts and not attempts[-1].get("reason"):  # the attempt the reboot took
             attempts[-1].update(reason=LOST, ended_at=state.get("ended_at"))
         return state
     state = update_state(paths, mutate)
-    if why:
-        raise OperationFailed("{} not relaunched: {}".format(paths.run_id, why[0]), code="not_relaunched")
+    if refused:
+        refuse(paths, run, refused[0], new_job_id)
     return run, state
 
 
@@ -113,7 +148,12 @@ def relaunch(runs_dir: str, run_id: str, new_run_id: str, *, verify_timeout: flo
     paths = existing_run(runs_dir, run_id)
     if new_run_id == run_id:
         raise BadInput("the new run id must differ from the lost one", code="bad_usage")
-    run, state = claim_loss(paths, new_run_id, new_job_id)
+    ended = end_survivors(paths, new_job_id)
+    run, state = claim_loss(paths, new_run_id, new_job_id, ended=ended)
+    # after the survivors ended: a trainer saves a checkpoint on SIGTERM
+    resumes_from = pullplan.newest_checkpoint(paths.dir) if run.get("retry_args") else None
     answer = launch(request_for(paths, run, state, new_run_id, new_job_id), verify_timeout=verify_timeout,
                     settle=settle)
-    return {"ok": True, "relaunched_from": run_id, "lost": read_state(paths).get("state"), **answer}
+    return {"ok": True, "relaunched_from": run_id, "lost": read_state(paths).get("state"),
+            "survivors_ended": ended, "resume_args": run.get("retry_args") or [], "resumes_from": resumes_from,
+            **answer}

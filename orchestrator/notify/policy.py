@@ -83,7 +83,9 @@ class NotifyPolicy:
 
 
 def _message(destination: Destination, kind: str, alert: AlertView, run: RunStatus | None, held: int) -> Outgoing:
-    lines = [f"{kind}: {alert.message}"]
+    # a message may begin with its kind already (`restarted: attempt 2/5 ...`, as the dashboard shows it)
+    said = alert.message if alert.message.startswith(f"{kind}: ") else f"{kind}: {alert.message}"
+    lines = [said]
     if held:
         lines.append(f"({held} more {kind} alert{'s' if held > 1 else ''} of this run since the last "
                      "notification were collapsed)")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+from dataclasses import dataclass
 from typing import Sequence
 
 from dflash_records.run import RunRecord
@@ -187,16 +188,19 @@ class RunClient:
         raise LaunchFailed(payload, spec.target.name)
 
     def relaunch(self, target: Target, run_id: str, *, name: str, new_id: str | None = None,
-                 job_id: str | None = None) -> dict:
+                 job_id: str | None = None, grace: float | None = None) -> Relaunched:
         """Start a lost run with restarts left again as a new run (the agent refuses a second relaunch of the
-        same loss), or a node of a job as run `new_id` of job `job_id` (jobs.relaunch_job); the new record."""
+        same loss, and first ends what still runs of the lost one, within its `grace`), or a node of a job as
+        run `new_id` of job `job_id` (jobs.relaunch_job). RelaunchFailed says why not, with the agent's code."""
         new_id = new_id or new_run_id(name or run_id)
         payload = self.agent(target, ["relaunch", "--runs-dir", runs_dir(target), "--run-id", run_id,
                                       "--new-run-id", new_id, *(["--job-id", job_id] if job_id else [])],
-                             timeout=LAUNCH_TIMEOUT_S)
+                             timeout=LAUNCH_TIMEOUT_S + (DEFAULT_GRACE_S if grace is None else grace))
         if not payload.get("ok"):
-            raise OperationFailed(f"{target.name}: {payload.get('error') or 'relaunch failed'}")
-        return with_metrics(payload.get("run") or {})
+            raise RelaunchFailed(f"{target.name}: {payload.get('error') or 'relaunch failed'}",
+                                 code=payload.get("code"))
+        return Relaunched(with_metrics(payload.get("run") or {}), payload.get("resumes_from"),
+                          bool(payload.get("resume_args")), tuple(payload.get("survivors_ended") or ()))
 
     def list_runs(self, targets: list[Target]) -> list[Outcome[list[dict]]]:
         outcomes = per_target(targets, lambda target: self.runs_on(target, tail_bytes=PS_TAIL_BYTES))
@@ -276,6 +280,31 @@ def _not_yet(run: dict) -> str:
     return f"{record.state or 'starting'}, its workload not yet started"
 
 
+class RelaunchFailed(OperationFailed):
+    """A relaunch that did not start, with the agent's code: ALREADY_RELAUNCHED (another watcher healed the
+    loss), SURVIVORS_LEFT (nothing started: worth another try), NOT_RELAUNCHED (refused), or a launch's."""
+
+    def __init__(self, message: str, *, code: str | None) -> None:
+        self.code = code
+        super().__init__(message)
+
+
+@dataclass(frozen=True)
+class Relaunched:
+    """What a relaunch started: the new run's record, the checkpoint it resumes from (the lost run's newest; None
+    without one), whether it resumes at all (the bundled trainer's `--resume auto`; a plain command is run again
+    as it was), and the lost run's processes that still ran and were ended first."""
+
+    record: dict
+    resumes_from: str | None
+    resumes: bool
+    survivors_ended: tuple[int, ...] = ()
+
+    @property
+    def run_id(self) -> str | None:
+        return RunRecord.from_dict(self.record).run_id or None
+
+
 def restart_args(spec: LaunchSpec) -> list[str]:
     """The agent's options for the run's restart policy, its backoff, its hang watchdog and what a restarted
     attempt appends to the command (`--retry-arg=--resume`: an argument that starts with `--` needs the `=`)."""
@@ -308,4 +337,4 @@ def with_metrics(record: dict) -> dict:
     return record
 
 
-__all__ = ["RunClient", "LaunchFailed", "LaunchUnverified", "with_metrics"]
+__all__ = ["RunClient", "LaunchFailed", "LaunchUnverified", "RelaunchFailed", "Relaunched", "with_metrics"]

@@ -23,7 +23,7 @@ from ..inventory.model import Target
 from ..transports.timeouts import DEFAULT_DIST_TIMEOUT_S
 from ..transports.fanout import Outcome, fanout_exit_code, per_host
 from .agentcall import agent_argv
-from .client import LaunchFailed, LaunchUnverified, RunClient
+from .client import LaunchFailed, LaunchUnverified, Relaunched, RunClient
 from .command import CONFIG_INPUT, config_base_dir, node_train_command
 from .deploy import agent_path_in
 from .spec import LaunchSpec, new_run_id, run_environment
@@ -184,21 +184,29 @@ def launch_job(client: RunClient, spec: JobSpec) -> dict:
             "state": job_state(nodes), "nodes": nodes}
 
 
-def relaunch_job(client: RunClient, nodes: list[tuple[Target, str, int]], name: str) -> tuple[str, list[dict]]:
+def relaunch_job(client: RunClient, nodes: list[tuple[Target, str, int]], name: str, *,
+                 grace: float | None = None) -> tuple[str, list[Relaunched]]:
     """A job lost with one of its containers, started again as a whole under a new job id: every node, as
     (target, run id, node rank), relaunched by its agent, node 0 first (its claim is the job's: a second
     watcher is refused there and starts nothing). Each node runs its recorded command, the rendezvous at node
-    0 as before, and resumes from node 0's newest checkpoint. (new job id, the new node records)."""
+    0 as before, and resumes from node 0's newest checkpoint. (new job id, what started on each node).
+    An error of node 0 comes as it was, with the agent's code (the caller tells a loss another watcher healed,
+    and one that may be tried again, from the rest); a later node's is this job relaunch's failure."""
     job_id = new_run_id(name or "job")
     started: list[Outcome] = []
+    done: list[Relaunched] = []
     for target, run_id, rank in sorted(nodes, key=lambda node: node[2]):
         try:
-            record = client.relaunch(target, run_id, name=name, new_id=node_run_id(job_id, rank), job_id=job_id)
+            node = client.relaunch(target, run_id, name=name, new_id=node_run_id(job_id, rank), job_id=job_id,
+                                   grace=grace)
         except DflashError as exc:
+            if not started:
+                raise
             _abort(client, started)  # never part of a job: the nodes started so far would wait for the rest
             raise OperationFailed(f"job relaunch {job_id}: node {rank} ({target.name}): {exc}") from exc
-        started.append(Outcome(target, value=record))
-    return job_id, [outcome.value for outcome in started]
+        started.append(Outcome(target, value=node.record))
+        done.append(node)
+    return job_id, done
 
 
 def _abort(client: RunClient, started: list[Outcome]) -> None:

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 
 from dflash_records.step import STEP_FIELDS, STEP_LINE, parse_duration
 
+from ..agent.protocol import SUPERVISOR_LINE_PREFIX
 from ..agent.terminaltext import last_shown, shown_text, without_escapes
 
 # The line parsers and the traceback reader are re-exported: callers import every name from here.
@@ -176,6 +177,12 @@ class LogParser:
 
     def _take(self, text: str, truncated: bool, out: list[Event]) -> None:
         line_no = self.line_count
+        if text.startswith(SUPERVISOR_LINE_PREFIX):
+            # the supervisor's own line (`attempt 1/5 failed ... (RuntimeError: ...); restarting`): never the
+            # workload's exception, though it quotes one; what the workload wrote before it is over
+            self._close_exception(out)
+            out.append(LogLine(line_no, text, truncated))
+            return
         if self._traceback is None and self._header is None:
             self._classify(text, line_no, truncated, out)
         elif self._header is not None:

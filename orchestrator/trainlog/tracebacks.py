@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections import deque
 
+from ..agent.protocol import SUPERVISOR_LINE_PREFIX
 from .lines import ExceptionEvent
 
 # A traceback longer than this keeps its head and its tail: the cause is at the end, the entry point at the top.
@@ -30,7 +31,8 @@ TOOK, FOREIGN, CLOSED = "took", "foreign", "closed"
 
 
 def looks_like_exception(line: str) -> bool:
-    return EXCEPTION_LINE.search(line) is not None
+    """A line that reads as part of an error report; never the supervisor's own, which may quote one."""
+    return EXCEPTION_LINE.search(line) is not None and not line.startswith(SUPERVISOR_LINE_PREFIX)
 
 
 def standalone_exception(text: str, line_no: int) -> ExceptionEvent:

@@ -167,6 +167,7 @@ class RunStatus:
     last_step_line: str | None = None
     relaunchable: bool = False  # lost, with restarts left under its policy, not relaunched yet
     job: JobNode | None = None  # the job it is a node of
+    grace_s: float | None = None  # its kill grace: what a relaunch gives whatever still runs of it to end
 
 
 @dataclass(frozen=True)

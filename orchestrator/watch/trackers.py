@@ -210,7 +210,7 @@ class RunTracker:
                                         and job_relaunches_left(r.worker_restarts, r.job_relaunches) > 0),
                           restarts_unspent=restarts_unspent(r.worker_restarts, r.attempts))
         return RunStatus(self.run_id, self.target, r.name or "", r.state or STARTING,
-                         self.health.conditions, self.last_step_line, relaunchable, job)
+                         self.health.conditions, self.last_step_line, relaunchable, job, _seconds(r.grace_s))
 
     def view(self) -> RunView:
         if self._view is None:

@@ -28,7 +28,9 @@ process of the container to N CPUs. The init's host pid and start time are kept 
 Each `pct exec` adds a line to <lab>/hosts/<host>/ct/<id>/exec.log (its arguments, cut short), before it attaches.
 A test knob: while <lab>/hosts/<host>/ct/<id>/exec-hangs exists, `pct exec` on that container hangs before it
 attaches, as lxc-attach does on a frozen container, until a signal ends it; only for commands with an argument
-equal to the file's first line when it has one (`ps`: only the agent's ps hangs).
+equal to the file's first line when it has one (`ps`: only the agent's ps hangs). Another: a file exec-fails
+there makes the next `pct exec` (with an argument equal to its first line, when it has one) fail once, as an
+attach that failed: it removes the file, says why on stderr and exits 1 without running anything.
 
 Exit codes: `exec` returns CMD's exit code, 128+N if CMD died of signal N (pct itself dies of a signal it gets), 127 if CMD was not found, 126 if
 it could not be executed. Every error of pct itself exits 2: unknown CT (Proxmox's "Configuration file
@@ -169,6 +171,23 @@ def hang_if_told(container: Container, argv: list[str]) -> None:
             signal.pause()
 
 
+def fail_once_if_told(container: Container, argv: list[str]) -> None:
+    """The exec-fails knob (see the module docstring): the first matching `pct exec` fails and removes it."""
+    knob = container.dir / "exec-fails"
+    try:
+        only = knob.read_text().strip()
+    except FileNotFoundError:
+        return
+    if only and only not in argv:
+        return
+    try:
+        knob.unlink()
+    except FileNotFoundError:
+        return  # another pct exec took this failure
+    sys.stderr.write("lxc-attach: failed to attach to the container (exec-fails)\n")
+    sys.exit(1)
+
+
 def note_exec(container: Container, argv: list[str]) -> None:
     """One line per `pct exec` in the container's exec.log (its arguments, each cut to 40 characters): what
     tests count commands per target by."""
@@ -184,6 +203,7 @@ def cmd_exec(args: list[str]) -> int:
     if not argv:
         raise PctError("missing command")
     note_exec(container, argv)
+    fail_once_if_told(container, argv)
     hang_if_told(container, argv)
     enter_namespaces(container.running_pid())
     limit_cpus(container)

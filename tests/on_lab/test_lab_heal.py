@@ -7,13 +7,14 @@ import os
 import signal
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from orchestrator.errors import OperationFailed
 from orchestrator.inventory.model import load_inventory
-from orchestrator.runs.client import RunClient
+from orchestrator.runs.client import RelaunchFailed, RunClient
 from orchestrator.transports.pool import Connections
 from tests.lab.workloads import fresh_workdir, run_cli
 from tests.polling import wait_for
@@ -29,6 +30,32 @@ RESUMABLE = ["python3", "-c", "import sys, time; print('args:', sys.argv[1:], fl
 
 def headless_lines(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.startswith("{")] if path.exists() else []
+
+
+@contextmanager
+def headless_watch(inv: str, out: Path):
+    """`watch TARGET --headless` on its own, its JSON lines into `out`; stopped with SIGTERM, it exits 0."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    with out.open("w") as stdout:
+        watcher = subprocess.Popen([sys.executable, "-m", "orchestrator", "-i", inv, "watch", TARGET, "--headless",
+                                    "--no-notify"], stdout=stdout, stderr=subprocess.PIPE, env=env, text=True)
+        try:
+            yield watcher
+        finally:
+            watcher.send_signal(signal.SIGTERM)
+            _, err = watcher.communicate(timeout=30)
+    assert watcher.returncode == 0 and "Traceback" not in err, err
+
+
+def lines_of(out: Path, line_type: str, timeout: float) -> list[dict]:
+    return wait_for(lambda: [line for line in headless_lines(out) if line["type"] == line_type], timeout,
+                    interval=0.3, what=lambda: out.read_text())
+
+
+def kill_supervisor(lab, record: dict, *also: int) -> None:
+    """SIGKILL the run's supervisor alone (an OOM kill, a stray kill -9), and the pids in `also`."""
+    pids = [str(pid) for pid in (record["supervisor_pid"], *also)]
+    assert lab.ct_run("pve2", 300, ["kill", "-KILL", *pids]).returncode == 0
 
 
 def test_a_lost_run_with_a_restart_policy_is_relaunched_once_by_a_headless_watch(lab, tmp_path, capsys):
@@ -56,7 +83,9 @@ def test_a_lost_run_with_a_restart_policy_is_relaunched_once_by_a_headless_watch
             _, err = watcher.communicate(timeout=30)
     assert watcher.returncode == 0 and "Traceback" not in err, err
     [line] = said
-    assert line["run_id"] == record["run_id"] and "resuming from its newest checkpoint" in line["message"]
+    # the trainer's command gets `--resume auto`, but this one wrote no checkpoint: nothing is said to be resumed
+    assert line["run_id"] == record["run_id"] and "starting over: no checkpoint to resume from yet" in line["message"]
+    assert "resuming" not in line["message"]
     new_id = line["new_run_id"]
     # once per loss: the watcher tried no run twice, and the run without a policy stays lost
     assert [x["run_id"] for x in headless_lines(out) if x["type"].startswith("relaunch")] == [record["run_id"]]
@@ -70,8 +99,9 @@ def test_a_lost_run_with_a_restart_policy_is_relaunched_once_by_a_headless_watch
     # a second relaunch of the same loss (another watcher) starts nothing
     with Connections() as conns:
         client = RunClient(load_inventory(Path(inv)), conns)
-        with pytest.raises(OperationFailed, match="already relaunched as " + new_id):
+        with pytest.raises(OperationFailed, match="already relaunched as " + new_id) as refused:
             client.relaunch(client.inventory.target(TARGET), record["run_id"], name="healing")
+        assert isinstance(refused.value, RelaunchFailed) and refused.value.code == "already_relaunched"
         client.kill(client.inventory.target(TARGET), [new_id], grace=1)
 
 
@@ -90,3 +120,73 @@ def test_a_failing_run_restarts_inside_the_container_until_it_succeeds(lab, tmp_
     state = json.loads(state_path.read_text())
     assert [(a["exit_code"], a["exception"], a["last_step"]) for a in state["attempts"]] == [
         (1, "RuntimeError: attempt 1", 1), (1, "RuntimeError: attempt 2", 2), (0, None, 3)]
+
+
+# holds a lock directory while it runs (a second copy finds it taken, says so and fails) and lets it go on SIGTERM
+LOCK_HOLDER = """
+import os, signal, sys, time
+lock = sys.argv[1]
+try:
+    os.mkdir(lock)
+except FileExistsError:
+    open(lock + ".double", "w").write("a second copy started while the first ran")
+    sys.exit(3)
+def leave(*_):
+    os.rmdir(lock)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, leave)
+print("holding", lock, flush=True)
+while True:
+    time.sleep(0.1)
+"""
+
+
+def test_a_lost_runs_workload_that_outlived_its_supervisor_is_ended_before_the_relaunch(lab, tmp_path, capsys):
+    """SIGKILL the supervisor alone: the run is `lost` while its workload runs on under the keeper, in the same
+    output directory. The headless watch relaunches it only once that workload has ended (TERM first), and says
+    so; a plain command is not said to resume from a checkpoint."""
+    workdir = fresh_workdir(lab, tmp_path / "inventory.yaml", "survivor")
+    inv, lock = str(tmp_path / "inventory.yaml"), f"/workspace/{workdir.name}/lock"
+    code, record, err = run_cli(inv, "launch", TARGET, "--json", "--restart", "on-failure:2", "--grace", "5",
+                                "--name", "survivor", "--", "python3", "-c", LOCK_HOLDER, lock, capsys=capsys)
+    assert code == 0, err
+    kill_supervisor(lab, record)
+    with headless_watch(inv, tmp_path / "headless.jsonl"):
+        [line] = lines_of(tmp_path / "headless.jsonl", "relaunched", 60)
+    new_log = workdir / ".dflash" / "runs" / line["new_run_id"] / "train.log"
+    assert wait_for(lambda: "holding" in new_log.read_text() or (workdir / "lock.double").exists(), 15)
+    assert not (workdir / "lock.double").exists(), new_log.read_text()  # never two copies at once
+    assert line["run_id"] == record["run_id"], line
+    assert f"process(es) {record['pid']} of it still ran: ended first" in line["message"], line
+    assert "running its command again as it was" in line["message"] and "resum" not in line["message"], line
+    code, _, err = run_cli(inv, "kill", line["new_run_id"], "--grace", "1", capsys=capsys)
+    assert code == 0, err
+
+
+def test_a_relaunch_that_failed_is_tried_again_while_the_loss_is_unclaimed(lab, tmp_path, capsys):
+    """The first relaunch's `pct exec` fails (an attach that failed, once): the watch says so, tries again a
+    few seconds later, and that try relaunches the run."""
+    fresh_workdir(lab, tmp_path / "inventory.yaml", "retry")
+    inv = str(tmp_path / "inventory.yaml")
+    code, record, err = run_cli(inv, "launch", TARGET, "--json", "--restart", "on-failure:2", "--name", "retry",
+                                "--", "sleep", "600", capsys=capsys)
+    assert code == 0, err
+    kill_supervisor(lab, record, record["pid"])
+    knob = lab.hosts["pve2"].containers[300].dir / "exec-fails"
+    knob.write_text("relaunch\n")
+    out = tmp_path / "headless.jsonl"
+    try:
+        with headless_watch(inv, out):
+            [done] = lines_of(out, "relaunched", 60)
+    finally:
+        knob.unlink(missing_ok=True)
+    failed = [line for line in headless_lines(out) if line["type"] == "relaunch_failed"]
+    assert len(failed) == 1 and "trying again in 5s" in failed[0]["message"], failed
+    assert done["run_id"] == record["run_id"] and "(try 2)" in done["message"], done
+    assert done["time"] >= failed[0]["time"]
+    code, listing, _ = run_cli(inv, "ps", "--all", "--json", capsys=capsys)
+    runs = {r["run_id"]: r for r in listing["runs"]}
+    assert runs[record["run_id"]]["relaunched_as"] == done["new_run_id"]
+    assert runs[done["new_run_id"]]["state"] == "running"
+    code, _, err = run_cli(inv, "kill", done["new_run_id"], "--grace", "1", capsys=capsys)
+    assert code == 0, err

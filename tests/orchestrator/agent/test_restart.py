@@ -157,9 +157,18 @@ def test_a_lost_run_is_relaunched_once_per_loss_and_resumes(agent_pyz, container
         assert launch(rebooted, runs_dir, "plain", command)[0] == 0
     finally:
         rebooted.stop()
+    # the bundled trainer links its metrics.jsonl into the run directory; beside it, its checkpoints
+    output = tmp_path / "out"
+    for step in ("step_3", "step_12", "step_20.tmp"):
+        (output / step).mkdir(parents=True)
+    (output / "step_3" / "manifest.json").write_text("{}")
+    (output / "step_12" / "manifest.json").write_text("{}")
+    (output / "metrics.jsonl").write_text("")
+    os.symlink(str(output / "metrics.jsonl"), os.path.join(runs_dir, "lost1", "metrics.jsonl"))
     relaunch = ("relaunch", "--runs-dir", runs_dir, "--run-id", "lost1", "--new-run-id", "lost1-r1", "--settle", "0.3")
     status, out = container.agent(*relaunch)
     assert status == 0, out
+    assert (out["resume_args"], out["resumes_from"], out["survivors_ended"]) == (["--resume", "auto"], "step_12", [])
     new = out["run"]
     assert (new["state"], new["relaunch_of"], new["restart_policy"], new["max_attempts"]) == (
         "running", "lost1", "on-failure:1", 2)
@@ -167,12 +176,58 @@ def test_a_lost_run_is_relaunched_once_per_loss_and_resumes(agent_pyz, container
     old = record(container, runs_dir, "lost1")
     assert (old["state"], old["relaunched_as"], old["attempts"][0]["reason"]) == ("lost", "lost1-r1", "lost")
     status, again = container.agent(*relaunch[:-4], "--new-run-id", "lost1-r2")
-    assert (status, again["code"]) == (1, "not_relaunched") and "already relaunched as lost1-r1" in again["error"]
+    assert (status, again["code"]) == (1, "already_relaunched") and "already relaunched as lost1-r1" in again["error"]
     status, plain = container.agent("relaunch", "--runs-dir", runs_dir, "--run-id", "plain", "--new-run-id", "p2")
     assert (status, plain["code"]) == (1, "not_relaunched") and "no restart policy" in plain["error"]
     assert record(container, runs_dir, "plain")["state"] == "lost"
     assert not os.path.exists(os.path.join(runs_dir, "lost1-r2")) and not os.path.exists(os.path.join(runs_dir, "p2"))
     assert container.agent("kill", "--runs-dir", runs_dir, "--run-id", "lost1-r1", "--grace", "1")[0] == 0
+
+
+# holds a lock directory for as long as it runs (a second copy finds it taken, says so and fails) and lets it go
+# on SIGTERM: two copies of one run training into the same output directory at once show
+LOCK_HOLDER = """
+import os, signal, sys, time
+lock = sys.argv[1]
+try:
+    os.mkdir(lock)
+except FileExistsError:
+    open(lock + ".double", "w").write("a second copy started while the first ran")
+    sys.exit(3)
+def leave(*_):
+    os.rmdir(lock)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, leave)
+print("holding", lock, sys.argv[2:], flush=True)
+while True:
+    time.sleep(0.1)
+"""
+
+
+def test_a_lost_runs_workload_that_outlived_its_supervisor_is_ended_before_the_relaunch(container, runs_dir,
+                                                                                       tmp_path):
+    """Only the supervisor is SIGKILLed (an OOM kill, a stray kill -9): the run is `lost` while its workload
+    runs on under the keeper. The relaunch ends it (TERM first) before the new run starts, and says so."""
+    script, lock = tmp_path / "hold.py", str(tmp_path / "lock")
+    script.write_text(LOCK_HOLDER)
+    status, out = launch(container, runs_dir, "alive", [sys.executable, str(script), lock], "--restart",
+                         "on-failure:2", "--grace", "5")
+    assert status == 0, out
+    old = out["run"]
+    assert container.run(["kill", "-KILL", str(old["supervisor_pid"])]).returncode == 0
+    lost = wait_state(container, runs_dir, "alive", ("lost",))
+    assert os.path.isdir(lock) and lost["relaunched_as"] is None  # its workload still runs
+    status, out = container.agent("relaunch", "--runs-dir", runs_dir, "--run-id", "alive", "--new-run-id",
+                                  "alive-r1", "--settle", "0.3")
+    assert status == 0, out
+    log = out["run"]["log_path"]
+    assert wait_for(lambda: "holding" in open(log).read() or os.path.exists(lock + ".double"), 10)
+    assert not os.path.exists(lock + ".double"), open(log).read()  # one copy at a time
+    assert out["survivors_ended"] == [old["pid"]] and out["run"]["state"] == "running"
+    again = record(container, runs_dir, "alive")
+    assert (again["state"], again["relaunched_as"]) == ("lost", "alive-r1")
+    assert "process(es) {} of it still ran and were ended before its relaunch".format(old["pid"]) in again["error"]
+    assert container.agent("kill", "--runs-dir", runs_dir, "--run-id", "alive-r1", "--grace", "1")[0] == 0
 
 
 def test_a_jobs_node_is_relaunched_only_with_its_job_and_only_after_a_loss_or_failure(agent_pyz, container,
@@ -207,7 +262,7 @@ def test_a_jobs_node_is_relaunched_only_with_its_job_and_only_after_a_loss_or_fa
     assert wait_for(lambda: "args: --resume auto" in open(new["log_path"]).read(), 5)
     assert record(container, runs_dir, "job1-n1")["relaunched_as"] == "job9-n1"
     status, again = relaunch("job1-n1", "job10-n1", "--job-id", "job10")
-    assert (status, again["code"]) == (1, "not_relaunched") and "already relaunched as job9-n1" in again["error"]
+    assert (status, again["code"]) == (1, "already_relaunched") and "already relaunched as job9-n1" in again["error"]
     status, plain = relaunch("job2-n1", "job11-n1", "--job-id", "job11")
     assert (status, plain["code"]) == (1, "not_relaunched") and "job job2 has no restart policy" in plain["error"]
     status, killed = relaunch("job3-n1", "job12-n1", "--job-id", "job12")

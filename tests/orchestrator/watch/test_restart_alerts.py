@@ -3,9 +3,13 @@ crash loop told once, in the run's ended alert."""
 from __future__ import annotations
 
 from orchestrator.alertkinds import DEFAULT_KINDS
+from orchestrator.notify.destinations import Destination
 from orchestrator.notify.kinds import notify_kind
-from orchestrator.alertkinds import ENDED, RESTARTED
+from orchestrator.notify.policy import NotifyPolicy
+from orchestrator.alertkinds import ENDED, EXCEPTION, RESTARTED
 from orchestrator.watch.alerts import RunHealth
+from orchestrator.watch.model import AlertFeed
+from orchestrator.watch.trackers import RunTracker, alert_view
 
 FIRST = {"attempt": 1, "exit_code": 3, "signal": None, "reason": "failed", "exception": "RuntimeError: CUDA error"}
 
@@ -46,3 +50,28 @@ def test_a_kill_during_the_backoff_is_named_in_the_ended_alert():
     why = "killed during the backoff (attempt 2/5 was next)"
     alerts = health.observe_state("killed", 1, record=record(1, "killed", reason="killed during the backoff", error=why))
     assert [(a.kind, a.message) for a in alerts] == [(ENDED, f"run killed: {why}")]
+
+
+# a failed attempt as its log holds it: the workload's traceback, then the supervisor's own line about it (the one
+# tests/orchestrator/agent/test_restart.py sees a real supervisor write)
+FAILED_ATTEMPT = (b"[1s] step=1 loss=2.0\n"
+                  b"Traceback (most recent call last):\n  File \"train.py\", line 3, in <module>\n    step()\n"
+                  b"RuntimeError: CUDA error\n"
+                  b"dflash: attempt 1/5 failed with exit code 3 (RuntimeError: CUDA error); restarting in 0.2s\n")
+
+
+def test_the_supervisors_restart_line_is_not_the_workloads_exception():
+    tracker = RunTracker("pve1/200", {"run_id": "r1", **record(1)}, history=10, tail=10)
+    alerts = tracker.update_record({"run_id": "r1", **record(1)}, 0)
+    alerts += tracker.feed(0, 1, FAILED_ATTEMPT, 1) + tracker.settle(2)
+    alerts += tracker.update_record({"run_id": "r1", **record(2)}, 3)
+    assert [a.kind for a in alerts] == [EXCEPTION, RESTARTED], [a.message for a in alerts]
+    view = tracker.view()
+    assert view.exceptions == 1 and [text.splitlines()[-1] for text in view.exception_texts] == [
+        "RuntimeError: CUDA error"]
+    destination = Destination("json://localhost", frozenset(DEFAULT_KINDS), 600.0, plugin=None)
+    feed = AlertFeed(cursor=2, version=1, alerts=tuple(alert_view(a, "pve1/200") for a in alerts),
+                     runs={"r1": tracker.status()})
+    bodies = {message.kind: message.body.splitlines()[0] for message in NotifyPolicy([destination]).observe(feed, 4)}
+    assert bodies[RESTARTED] == ("restarted: attempt 2/5 after attempt 1 failed with exit code 3 "
+                                 "(RuntimeError: CUDA error)")
