@@ -25,7 +25,8 @@ from ..inventory.model import HostConfig
 from .base import DEFAULT_TIMEOUT, CommandResult, RemoteProcess, Transport
 from .handshakes import handshake_turn
 from .hostkeys import UnknownHostKey, install_host_key_checks, known_hosts_path, unknown_key_message
-from .remotegroup import RunningCommands, announced, announced_group, end_later, split_marker, wait_for_endings
+from .remotegroup import (RunningCommands, announced, announced_group, bounded, end_later, ended_by_bound,
+                          split_marker, wait_for_endings)
 from .sessionslots import SessionSlots
 from .sshchannel import drain, send_input
 
@@ -263,11 +264,14 @@ class SSHTransport(Transport):
         out, err = bytearray(), bytearray()
         self.conn.running.add(id(chan), err)
         try:
-            chan.exec_command(announced(command_line(argv)))
+            chan.exec_command(announced(bounded(command_line(argv), timeout)))
             if stdin:
                 send_input(chan, stdin, timeout, self.label, argv)
             chan.shutdown_write()
             code = drain(chan, timeout, self.label, argv, out, err)
+            if ended_by_bound(code, time.monotonic() - started, timeout):
+                raise CommandTimeout(f"{self.label}: unresponsive: `{' '.join(argv)[:120]}` did not finish in "
+                                     f"{timeout:g}s (ended on the host by its bound)")
         except CommandTimeout:
             self.conn.running.done(id(chan))
             self._end(chan, err)  # what we started must not stay behind on the host
