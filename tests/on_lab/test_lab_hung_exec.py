@@ -157,3 +157,15 @@ def test_a_result_that_comes_after_the_timeout_is_a_timeout(lab, inv: str, hang,
             conns.for_target(inventory.target(TARGET)).run(["true"], timeout=1)
     assert str(caught.value).startswith(f"{TARGET}: unresponsive: ") and "1s" in str(caught.value)
     assert_none_left(lab)
+
+
+def test_a_host_with_a_container_that_answers_is_connected(lab, inv: str, capsys) -> None:
+    """pve1/201 is stopped and cannot answer; pve1/200 answers: the host is connected, the stopped container is
+    the one named unreachable."""
+    code, snapshot, err = cli(inv, "watch", "pve1/200", "pve1/201", "--once", "--json", "--timeout", "20",
+                              capsys=capsys)
+    assert code == 3 and isinstance(snapshot, dict), (code, snapshot, err)
+    assert list(snapshot["errors"]) == ["pve1/201"], snapshot["errors"]
+    hosts = {host["name"]: host for host in snapshot["hosts"]}
+    assert hosts["pve1"]["connected"] is True, hosts
+    assert hosts["pve1"]["unreachable"] == ["pve1/201"], hosts
