@@ -1,6 +1,7 @@
 """A `pct exec` that hangs forever (a frozen container, a stuck lxc-attach), made by the pct stand-in's
 exec-hangs knob: every command returns in its time, ends the `pct exec` it started on the host, and calls the
-target unreachable (exit 3, one line naming it and the timeout), never "no run"."""
+target unreachable (exit 3, one line naming it and the timeout), never "no run"; and the host ends it by the
+command line's own bound when the controller cannot."""
 from __future__ import annotations
 
 import os
