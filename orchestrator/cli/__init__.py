@@ -6,6 +6,7 @@ import sys
 import typer
 
 from ..errors import EXIT_USAGE, DflashError
+from ..transports.shortage import raise_open_file_limit
 from . import cleanup, demo, doctor, kill, launch, logs, ps, pull, version, watch
 from .state import AppState
 from .usage import Command, CommandGroup, is_parse_error, show_parse_error
@@ -50,6 +51,7 @@ app.command("version", cls=Command)(version.version)
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; return the exit code (the console script exits with it)."""
     args = list(sys.argv[1:] if argv is None else argv)
+    raise_open_file_limit()  # a fleet's connections: the hard limit's room, not a shell's low soft default
     command = typer.main.get_command(app)
     if not args:  # the help, then the mistake: the same on every typer version (click's own differ)
         command.main(args=["--help"], prog_name="dflashctl", standalone_mode=False)

@@ -2,26 +2,25 @@
 (per_host) or in parallel too (per_target).
 
 A target the controller could not serve for want of file descriptors or threads gets an error of its own
-(OutOfResources, exit 3) naming it; a thread that cannot be started leaves its hosts to the threads that did.
+(OutOfResources, exit 3; shortage.py) naming it; a thread that cannot be started leaves its hosts to the threads
+that did.
 
 Like fabric's ThreadingGroup, every target gets a result and a failing host never stops the others.
 """
 from __future__ import annotations
 
-import errno
 import queue
 import threading
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable, Generic, Sequence, TypeVar
 
-from ..errors import EXIT_FAILED, EXIT_OK, DflashError, OutOfResources, worst_exit_code
+from ..errors import EXIT_FAILED, EXIT_OK, DflashError, worst_exit_code
 from ..inventory.model import Target
+from .shortage import out_of_resources
 
 T = TypeVar("T")
 MAX_PARALLEL_HOSTS = 64  # threads; most of a target's time is waiting (set-ups take turns: handshakes.py)
-SHORT_OF = {errno.EMFILE: "file descriptors (raise `ulimit -n`)", errno.ENFILE: "file descriptors (the system's)",
-            errno.ENOMEM: "memory", errno.EAGAIN: "processes or threads (`ulimit -u`)"}
 
 
 @dataclass(frozen=True)
@@ -94,19 +93,10 @@ def _attempt(target: Target, operation: Callable[[Target], T]) -> Outcome[T]:
     except DflashError as exc:
         return Outcome(target, error=exc)
     except (OSError, RuntimeError) as exc:
-        short = resource_shortage(exc)
-        if short is None:
+        error = out_of_resources(target.name, exc)
+        if error is None:
             raise
-        return Outcome(target, error=OutOfResources(f"{target.name}: dflashctl ran out of {short}: {exc}"))
-
-
-def resource_shortage(exc: BaseException) -> str | None:
-    """What the controller ran short of, when `exc` says it did (too many open files, no new thread)."""
-    if isinstance(exc, OSError):
-        return SHORT_OF.get(exc.errno)
-    if isinstance(exc, RuntimeError) and "can't start new thread" in str(exc):
-        return SHORT_OF[errno.EAGAIN]
-    return None
+        return Outcome(target, error=error)
 
 
 def fanout_exit_code(outcomes: Sequence[Outcome[T]], succeeded: Callable[[T], bool] = lambda value: True) -> int:

@@ -11,6 +11,7 @@ import paramiko
 
 from ..errors import HostKeyError
 from ..inventory.model import HostConfig
+from .shortage import out_of_resources
 
 log = logging.getLogger("dflashctl.ssh")
 
@@ -62,7 +63,8 @@ def install_host_key_checks(conn: fabric.Connection, host: HostConfig) -> None:
         try:
             client.load_host_keys(known_hosts)
         except (OSError, paramiko.SSHException) as exc:
-            raise HostKeyError(f"{host.name}: cannot read known_hosts {known_hosts}: {exc}") from None
+            raise out_of_resources(host.name, exc, f"reading {known_hosts}") or \
+                HostKeyError(f"{host.name}: cannot read known_hosts {known_hosts}: {exc}") from None
     client.set_missing_host_key_policy(policy_for(host, known_hosts))
     conn.client = client
     if isinstance(conn.gateway, fabric.Connection):

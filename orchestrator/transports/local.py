@@ -6,9 +6,9 @@ import select
 import subprocess
 from typing import Sequence
 
-from ..errors import CommandTimeout, OutOfResources, TransportError
+from ..errors import CommandTimeout, TransportError
 from .base import DEFAULT_TIMEOUT, CommandResult, RemoteProcess, Transport
-from .fanout import resource_shortage
+from .shortage import out_of_resources
 
 
 class LocalTransport(Transport):
@@ -42,9 +42,9 @@ class LocalTransport(Transport):
 def _cannot_run(label: str, program: str, exc: OSError) -> TransportError:
     """A program that could not be started; for want of file descriptors or processes, that target alone could
     not be read (OutOfResources, exit 3), as with an SSH target."""
-    short = resource_shortage(exc)
+    short = out_of_resources(label, exc, f"and cannot run {program}")
     if short is not None:
-        return OutOfResources(f"{label}: dflashctl ran out of {short}: cannot run {program}: {exc.strerror or exc}")
+        return short
     return TransportError(f"{label}: cannot run {program}: {exc.strerror or exc}")
 
 

@@ -7,17 +7,23 @@ The SSH "signal" request would reach that group, but OpenSSH refuses it for root
 hosts are used. So each command line first says its shell's pid on stderr (taken out of what the caller sees),
 and ending a command is `kill` on that process group from a second channel: TERM (which `pct exec` passes on
 to what it runs in the container), then KILL if it is still there after a grace.
+
+That second channel is a second round trip, which a controller that was killed, or one too loaded to get it
+through in time, never makes. So a command with a timeout also carries its own bound on the host: its line runs
+under coreutils' `timeout`, which ends the whole group (TERM, then KILL) a margin after the controller's timeout,
+whatever becomes of the controller.
 """
 from __future__ import annotations
 
 import logging
+import math
 import re
 import threading
 import time
 
 from ..errors import DflashError
 from .base import Transport
-from .timeouts import END_COMMAND_TIMEOUT_S
+from .timeouts import END_COMMAND_TIMEOUT_S, HOST_BOUND_GRACE_S, HOST_BOUND_MARGIN_S
 
 log = logging.getLogger("dflashctl.ssh")
 
@@ -35,6 +41,23 @@ def announced(line: bytes) -> bytes:
     """A command line that first writes its shell's pid (its process group: sshd made it a session leader)
     to stderr, then runs `line` in that shell."""
     return b'echo "' + MARKER + b'$$" >&2; ' + line
+
+
+def bounded(line: bytes, timeout: float | None) -> bytes:
+    """`line` (a command line that starts with a program, never a shell builtin) ended by the host itself a
+    margin after `timeout`: the shell becomes `timeout`, which keeps the group sshd gave it (a session leader
+    cannot make a group of its own) and signals that whole group, TERM, then KILL after the grace. Where the host
+    has no `timeout`, the line runs as it is."""
+    if timeout is None:
+        return line
+    bound = f"timeout -k {math.ceil(HOST_BOUND_GRACE_S)} {math.ceil(timeout + HOST_BOUND_MARGIN_S)}".encode()
+    return b'b=; command -v timeout >/dev/null 2>&1 && b="' + bound + b'"; exec $b ' + line
+
+
+def ended_by_bound(code: int, elapsed: float, timeout: float | None) -> bool:
+    """A result read only after the controller's timeout had passed, that is the host's bound ending the
+    command (timeout's 124, 128+KILL, or the shell itself killed: no exit status), not the command's own exit."""
+    return timeout is not None and elapsed >= timeout and code in (124, 137, -1)
 
 
 def split_marker(err: bytes) -> tuple[int | None, bytes]:

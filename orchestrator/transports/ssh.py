@@ -25,8 +25,10 @@ from ..inventory.model import HostConfig
 from .base import DEFAULT_TIMEOUT, CommandResult, RemoteProcess, Transport
 from .handshakes import handshake_turn
 from .hostkeys import UnknownHostKey, install_host_key_checks, known_hosts_path, unknown_key_message
-from .remotegroup import RunningCommands, announced, announced_group, end_later, split_marker, wait_for_endings
+from .remotegroup import (RunningCommands, announced, announced_group, bounded, end_later, ended_by_bound,
+                          split_marker, wait_for_endings)
 from .sessionslots import SessionSlots
+from .shortage import out_of_resources
 from .sshchannel import drain, send_input
 
 log = logging.getLogger("dflashctl.ssh")
@@ -138,6 +140,8 @@ class SSHHost:
                         conn = self._connect()
                     finally:
                         spent += time.monotonic() - began
+            except OSError as exc:  # reading fabric's and ssh's config files, before any connection was made
+                raise out_of_resources(h.name, exc, "while connecting") or exc
             except _Dropped as exc:
                 left = h.connect_timeout - spent
                 if left <= 0:
@@ -191,6 +195,9 @@ class SSHHost:
 
 
 def _setup_error(h: HostConfig, conn: fabric.Connection, exc: BaseException) -> Unreachable:
+    short = out_of_resources(h.name, exc, f"while connecting to {conn.host}:{conn.port}")
+    if short is not None:
+        return short
     if _closed_during_auth(conn):
         return AuthError(
             f"{h.name}: {conn.host}:{conn.port} closed the connection while {conn.user} was "
@@ -252,8 +259,7 @@ class SSHTransport(Transport):
         try:
             return self.conn.open_session()
         except (paramiko.SSHException, OSError, EOFError) as exc:
-            self.conn.close(end_commands=False)
-            raise Unreachable(f"{self.label}: the connection dropped: {_reason(exc)}") from None
+            raise self._failed(exc, "opening a channel") from None
 
     def run(self, argv: Sequence[str], *, stdin: bytes | None = None,
             timeout: float | None = DEFAULT_TIMEOUT) -> CommandResult:
@@ -263,19 +269,20 @@ class SSHTransport(Transport):
         out, err = bytearray(), bytearray()
         self.conn.running.add(id(chan), err)
         try:
-            chan.exec_command(announced(command_line(argv)))
+            chan.exec_command(announced(bounded(command_line(argv), timeout)))
             if stdin:
                 send_input(chan, stdin, timeout, self.label, argv)
             chan.shutdown_write()
             code = drain(chan, timeout, self.label, argv, out, err)
+            if ended_by_bound(code, time.monotonic() - started, timeout):
+                raise CommandTimeout(f"{self.label}: unresponsive: `{' '.join(argv)[:120]}` did not finish in "
+                                     f"{timeout:g}s (ended on the host by its bound)")
         except CommandTimeout:
             self.conn.running.done(id(chan))
             self._end(chan, err)  # what we started must not stay behind on the host
             raise
         except (paramiko.SSHException, OSError, EOFError) as exc:
-            self.conn.close(end_commands=False)
-            raise Unreachable(f"{self.label}: the connection dropped while running {argv[0]}: {_reason(exc)}") \
-                from None
+            raise self._failed(exc, f"running {argv[0]}") from None
         finally:
             self.conn.running.done(id(chan))
             chan.close()
@@ -287,9 +294,18 @@ class SSHTransport(Transport):
         try:
             chan.exec_command(announced(command_line(argv)))
         except (paramiko.SSHException, OSError, EOFError) as exc:
-            self.conn.close(end_commands=False)
-            raise Unreachable(f"{self.label}: the connection dropped: {_reason(exc)}") from None
+            raise self._failed(exc, f"starting {argv[0]}") from None
         return SSHProcess(chan, self)
+
+    def _failed(self, exc: BaseException, doing: str) -> Unreachable:
+        """The error for a failure while `doing`: dflashctl short of file descriptors (the connection is fine and
+        stays open, for the other commands on it: shortage.py), else the connection dropped (closed; the next
+        command makes it again)."""
+        short = out_of_resources(self.label, exc, f"while {doing}")
+        if short is not None:
+            return short
+        self.conn.close(end_commands=False)
+        return Unreachable(f"{self.label}: the connection dropped while {doing}: {_reason(exc)}")
 
     def _end(self, chan: paramiko.Channel, err: bytearray) -> None:
         """End a command we gave up on: its process group, as it announced it, on a second channel."""
@@ -326,7 +342,8 @@ class SSHProcess(RemoteProcess):
                 select.select([self._chan], [], [], left)
             return self._chan.recv(65536)
         except (paramiko.SSHException, OSError, EOFError) as exc:
-            raise Unreachable(f"{self._label}: the connection dropped: {_reason(exc)}") from None
+            raise out_of_resources(self._label, exc, "while reading") or \
+                Unreachable(f"{self._label}: the connection dropped: {_reason(exc)}") from None
 
     def write(self, data: bytes) -> None:
         try:

@@ -15,6 +15,12 @@ PROBE_TIMEOUT_S = 30.0
 AGENT_TIMEOUT_S = 60.0
 # ending, on the host, a command that timed out (kill on its process group: TERM, KILL 2 s later if need be)
 END_COMMAND_TIMEOUT_S = 10.0
+# a command with a timeout also carries a bound of its own on the host (remotegroup.bounded): the host ends it
+# (TERM, then KILL after the grace) this long after the controller's timeout, even when the controller never gets
+# to end it itself (killed, out of file descriptors, or so loaded that its ending timed out too); the margin is
+# the controller's, to notice its timeout and end the command first
+HOST_BOUND_MARGIN_S = 5.0
+HOST_BOUND_GRACE_S = 2.0
 # reading the end of a log (`logs`): tail over one stream, a minute even for a slow disk
 LOG_READ_TIMEOUT_S = 60.0
 # measuring the compile cache (du over many small files on possibly slow storage): only a warning past it

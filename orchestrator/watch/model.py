@@ -115,13 +115,14 @@ class GpuView:
 @dataclass(frozen=True)
 class HostView:
     name: str
-    connected: bool
+    connected: bool                 # some watched container of it answers (the others: unreachable, error)
     error: str | None = None
     retry_in_s: float | None = None
     reconnecting: bool = False  # a connect attempt is under way (the countdown has run out)
     free_bytes: int | None = None   # free space where runs are written, of its watched container nearest to full
     total_bytes: int | None = None
     low_disk: bool = False          # some watched container of it is below the low_disk alert's mark
+    unreachable: tuple[str, ...] = ()  # its watched containers that do not answer now
 
 
 @dataclass(frozen=True)

@@ -351,7 +351,9 @@ class LiveSource:
             retry = [s.retry_at for s in down if s.retry_at is not None]
             disks = [s.disk for s in states if s.disk.free_bytes is not None]
             least = min(disks, key=lambda d: d.free_bytes) if disks else None  # the container nearest to full
-            views.append(HostView(name=name, connected=not down, error=next((s.error for s in down if s.error), None),
+            views.append(HostView(name=name, connected=len(down) < len(states),  # while any container answers
+                                  unreachable=tuple(s.target.name for s in down),
+                                  error=next((s.error for s in down if s.error), None),
                                   retry_in_s=max(0.0, min(retry) - now) if retry else None,
                                   reconnecting=any(s.reconnecting for s in down),
                                   free_bytes=least.free_bytes if least else None,

@@ -63,36 +63,58 @@ def test_ps_asks_more_containers_than_the_hosts_max_sessions_at_once_and_all_ans
     assert all(MAX_SESSIONS - 2 <= limit <= MAX_SESSIONS + 2 for limit in limits), learned
 
 
-def many_hosts_inventory(lab: Lab, path: Path, count: int) -> Path:
-    """An inventory of `count` hosts that are all the lab's `many` under other names, one container each: a
-    fleet's worth of connections from one controller."""
+def many_hosts_inventory(lab: Lab, path: Path, count: int, per_host: int = 2) -> Path:
+    """An inventory of `count` hosts that are all the lab's `many` under other names, `per_host` containers each
+    (sharing their host's connection): a fleet's worth of connections from one controller."""
     many = lab.hosts["many"]
     lines = [f"defaults: {{user: root, port: 22, workdir: /workspace, python: {json.dumps(sys.executable)}}}",
              "hosts:"]
     for i in range(count):
+        containers = ", ".join(f"{MANY[(i * per_host + j) % len(MANY)]}: {{gpus: 0}}" for j in range(per_host))
         lines += [f"  h{i:02d}:", f"    address: {many.address}",
                   f"    identity_file: {json.dumps(str(lab.client_key))}",
                   f"    known_hosts: {json.dumps(str(lab.known_hosts))}", f"    pct: {json.dumps(many.pct_command)}",
-                  f"    containers: {{{MANY[i % len(MANY)]}: {{gpus: 0}}}}"]
+                  f"    containers: {{{containers}}}"]
     path.write_text("\n".join(lines) + "\n")
     return path
 
 
-def test_ps_short_of_file_descriptors_names_each_target_it_could_not_read(fleet, tmp_path) -> None:
-    """With 64 file descriptors and 40 hosts, some connections cannot be made: those targets are named with the
-    reason, the others are listed, exit 3, and no traceback."""
-    lab, _ = fleet
-    inventory = many_hosts_inventory(lab, tmp_path / "inventory.yaml", 40)
-    proc = subprocess.run([sys.executable, "-m", "orchestrator", "--inventory", str(inventory), "ps", "--json"],
+def ps_under(inventory: Path, soft: int, hard: int) -> subprocess.CompletedProcess:
+    """A real `dflashctl ps --json` over the inventory, started with this RLIMIT_NOFILE."""
+    return subprocess.run([sys.executable, "-m", "orchestrator", "--inventory", str(inventory), "ps", "--json"],
                           capture_output=True, text=True, timeout=240, cwd=REPO_ROOT,
-                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64)))
+                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard)))
+
+
+@pytest.mark.parametrize("hosts,limit", [(8, 24), (40, 64)])
+def test_ps_short_of_file_descriptors_names_each_target_it_could_not_read(fleet, tmp_path, hosts: int,
+                                                                         limit: int) -> None:
+    """Short of file descriptors (the hard limit too, so it cannot be raised), some channels and connections
+    cannot be made: each target it hit is named with that cause and the limit, never "the connection dropped"
+    (a sibling's command on the same connection cut short with it), the others are listed, exit 3, no traceback."""
+    lab, _ = fleet
+    inventory = many_hosts_inventory(lab, tmp_path / "inventory.yaml", hosts)
+    proc = ps_under(inventory, limit, limit)
     assert "Traceback" not in proc.stderr, proc.stderr
     assert proc.returncode == 3, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
     listed = json.loads(proc.stdout)["targets"]
-    assert sorted(listed) == sorted([f"h{i:02d}/{MANY[i % len(MANY)]}" for i in range(40)] + ["local"])
-    unread = [name for name, read in listed.items() if not read["ok"]]
-    assert unread and all("Too many open files" in listed[name]["error"] for name in unread), listed
+    assert sorted(listed) == sorted([f"h{i:02d}/{MANY[(2 * i + j) % len(MANY)]}" for i in range(hosts)
+                                     for j in range(2)] + ["local"])
+    unread = {name: read["error"] for name, read in listed.items() if not read["ok"]}
+    assert unread and len(unread) < len(listed), unread
+    said = f"dflashctl ran out of file descriptors (ulimit -n {limit})"
+    assert all(said in error and "dropped" not in error for error in unread.values()), unread
     assert all(f"error: {name}: " in proc.stderr for name in unread)  # each one named on stderr too
+
+
+def test_ps_raises_a_low_soft_file_limit_toward_the_hard_one(fleet, tmp_path) -> None:
+    """`ulimit -Sn 24` in the shell, the hard limit well above: dflashctl raises its soft limit at start and
+    reads every target that the limit of 24 left unread."""
+    lab, _ = fleet
+    proc = ps_under(many_hosts_inventory(lab, tmp_path / "inventory.yaml", 8), 24, 4096)
+    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-2000:])
+    listed = json.loads(proc.stdout)["targets"]
+    assert len(listed) == 17 and all(read["ok"] for read in listed.values()), listed
 
 
 def sessions_accepted(lab: Lab, host: str) -> int:

@@ -14,3 +14,9 @@ def test_a_host_shows_its_free_space_and_marks_it_when_low() -> None:
     assert low.plain == "● pve2 512 KiB free"
     assert any("red" in str(span.style) for span in low.spans)
     assert not any("red" in str(span.style) for span in roomy.spans)
+
+
+def test_a_host_that_answers_names_its_containers_that_do_not() -> None:
+    partly = host_text(HostView(name="pve1", connected=True, unreachable=("pve1/201", "pve1/202"),
+                                error="the watch agent ended (exit code 2)"))
+    assert partly.plain == "● pve1 (201, 202 not answering)"

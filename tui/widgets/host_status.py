@@ -47,6 +47,9 @@ def host_text(host: HostView) -> Text:
         text = Text.assemble(("● ", "green"), host.name)
         if host.free_bytes is not None:  # the room its runs' logs and checkpoints have left
             text.append(f" {format_bytes(host.free_bytes)} free", style="bold red" if host.low_disk else "dim")
+        if host.unreachable:  # the host answers, these containers of it do not
+            names = ", ".join(name.rsplit("/", 1)[-1] for name in host.unreachable)
+            text.append(f" ({names} not answering)", style="bold yellow")
         return text
     text = Text.assemble(("✗ ", "bold red"), (host.name, "bold red"), " disconnected")
     if host.error:
