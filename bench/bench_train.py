@@ -63,8 +63,10 @@ VARIANTS = {
     "packed+liger-drafter": dict(pack=True, kernels="liger", target_kernels="torch", legacy=False),
     "packed+liger": dict(pack=True, kernels="liger", target_kernels="liger", legacy=False),
     "auto": dict(pack="auto", kernels="auto", target_kernels="auto", legacy=False),
-    # DFlash2's block convolution as eager torch code instead of the trainer's compiled one
-    "auto+eager-conv": dict(pack="auto", kernels="auto", target_kernels="auto", legacy=False, eager_conv=True),
+    # DFlash2's block convolution as eager torch code, or compiled with dynamic shapes (the trainer's way until
+    # it compiled one static graph per bucket shape, which "auto" does)
+    "auto+eager-conv": dict(pack="auto", kernels="auto", target_kernels="auto", legacy=False, conv="eager"),
+    "auto+dynamic-conv": dict(pack="auto", kernels="auto", target_kernels="auto", legacy=False, conv="dynamic"),
 }
 
 
@@ -474,7 +476,7 @@ def warm_pass(parts: SimpleNamespace, dataset, args, ctx, autocast, objective, n
     parts.objective = objective
     stream, warming = batch_stream(dataset, args, ctx), batch_stream(dataset, args, ctx)
     try:
-        with variant(name, parts, ctx):
+        with variant(name, parts, args, ctx):
             warm_target_shapes(parts.target, warming, args, ctx, autocast)
             measure_training(parts, stream, args, ctx, autocast)
     finally:
@@ -504,8 +506,28 @@ def legacy_elementwise():
         RMSNorm.forward, DFlashDrafter.project_context = saved
 
 
+def conv_shapes(args) -> list[tuple[int, int]]:
+    """The block convolutions' input shapes the trainer compiles for these buckets (one per bucket)."""
+    from trainer.training.compile_warmup import conv_shapes as trainer_conv_shapes
+
+    sizes = [max(1, args.token_budget // max(1, hi - 1)) for hi in args.buckets[1:]]
+    return trainer_conv_shapes(sizes, lambda size: anchors_per_sequence(args, size), args.block_size)
+
+
+def bind_block_convs(parts: SimpleNamespace, args, ctx, way: str) -> None:
+    """DFlash2's block convolutions as the variant says: "per-shape" (the trainer's: one static graph per bucket
+    shape, compiled here before the clock starts, as the trainer's start-up does), "dynamic" or "eager"."""
+    from trainer.model import kernels
+    from trainer.training.compile_warmup import compile_block_conv_shapes
+
+    shapes = conv_shapes(args) if way == "per-shape" else None
+    if kernels.compile_block_convs(parts.drafter, ctx.device, on=way != "eager", shapes=shapes) and shapes:
+        compile_block_conv_shapes(parts.drafter, shapes, feature_dtype=torch.bfloat16,
+                                  autocast=torch.autocast("cuda", dtype=torch.bfloat16), say=lambda line: None)
+
+
 @contextlib.contextmanager
-def variant(name: str, parts: SimpleNamespace, ctx):
+def variant(name: str, parts: SimpleNamespace, args, ctx):
     """The target's packing and the drafter's kernels (and the legacy code) of one variant, restored after."""
     from trainer.model import kernels
 
@@ -513,7 +535,7 @@ def variant(name: str, parts: SimpleNamespace, ctx):
     parts.target.packing = spec["pack"]
     kernels.install(parts.drafter, kernels.resolve(spec["kernels"], ctx.device))
     kernels.install_target(parts.target.hf_model, kernels.resolve(spec["target_kernels"], ctx.device))
-    kernels.compile_block_convs(parts.drafter, ctx.device, on=not spec.get("eager_conv", False))
+    bind_block_convs(parts, args, ctx, spec.get("conv", "per-shape"))
     try:
         with legacy_elementwise() if spec["legacy"] else contextlib.nullcontext():
             yield
@@ -797,7 +819,7 @@ def main(argv=None) -> int:
                     stream = batch_stream(dataset, args, ctx)   # a fresh stream of the same seed: the same batches
                     warming = batch_stream(dataset, args, ctx)
                     try:
-                        with variant(name, parts, ctx):
+                        with variant(name, parts, args, ctx):
                             warm_target_shapes(parts.target, warming, args, ctx, autocast)
                             training = measure_training(parts, stream, args, ctx, autocast)
                             peak_gib = peak_memory_gib(ctx.device)[0]
