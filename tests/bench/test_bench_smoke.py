@@ -259,6 +259,18 @@ def test_loss_benchmark_compares_with_the_previous_loss_and_its_floor():
     assert figures["loss_difference"] < 1e-5 and figures["grad_relative_difference"] < 1e-5
 
 
+def test_objective_loss_benchmark_times_each_objective_beside_the_previous_chunk_loop():
+    result = subprocess.run([sys.executable, "bench/bench_objective_loss.py", "--blocks", "16", "--hidden", "16",
+                             "--vocab", "500", "--device", "cpu", "--repeat", "1"],
+                            capture_output=True, text=True, timeout=240, env=trainer_env(), cwd=REPO_ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    figures = json.loads(result.stdout)["objectives"]
+    assert set(figures) == {"ce", "ce+dpace", "kl", "lk_hybrid"} and all(row["ms"] > 0 for row in figures.values())
+    for name in ("kl", "lk_hybrid"):   # the one-pass chunks compute what the previous loop did
+        assert figures[name]["previous_ms"] > 0 and figures[name]["loss_difference"] < 1e-5
+        assert figures[name]["grad_relative_difference"] < 1e-3
+
+
 @pytest.mark.slow
 def test_startup_benchmark_reports_stages_and_step_times_on_the_cpu(tmp_path):
     """bench_startup as a real process on the tiny shape: the trainer's start-up stages, the time from the loaded
