@@ -276,7 +276,7 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
     kernels = kernel_lib.resolve(cfg.kernels, ctx.device)
     target = TargetModel.load(cfg.target_path, layer_ids=cfg.target_layer_ids, num_taps=len(cfg.target_layer_ids),
                               device=ctx.device, dtype=dtype, mask_token_id=cfg.mask_token_id,
-                              packing=cfg.pack_target)
+                              packing=cfg.pack_target, precision=cfg.target_precision)
     log.say(target.describe())
     one_thread_for_a_small_model(target.hidden_size, ctx.device, log.say, command="train")
     log.say(stage_line("building drafter"))

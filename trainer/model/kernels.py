@@ -101,7 +101,9 @@ def _is_swiglu(module: nn.Module, silu: bool) -> bool:
     """An MLP of gate, up and down projections whose activation is SiLU (`silu`: the model's config says so)."""
     from torch import nn
 
+    # an FP8 target's projections (trainer/model/fp8.py) are linear layers too
     return silu and all(isinstance(getattr(module, name, None), nn.Linear)
+                        or type(getattr(module, name, None)).__name__ == "Fp8Linear"
                         for name in ("gate_proj", "up_proj", "down_proj"))
 
 
