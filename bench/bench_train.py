@@ -117,8 +117,20 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="measure the first architecture and objective once, untimed and discarded, before the "
                              "measured rows, so the first row is not charged the cold caches and allocator growth the "
                              "later rows do not pay (default: on when several rows are measured)")
+    parser.add_argument("--target-precision", default=None,
+                        help="instead of the training step: the target's feature pass (the step's target phase) "
+                             "timed in each of these precisions on the same batches, e.g. bf16,fp8 (the config's "
+                             "target_precision), and the tapped states' relative error against the first; one "
+                             "JSON object")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = parser.parse_args(argv)
+    if args.target_precision is not None:
+        from target_precision import parse_precisions
+
+        try:
+            args.target_precisions = parse_precisions(args.target_precision)
+        except ValueError as exc:
+            parser.error(str(exc))
     try:
         args.loss_weights = parse_loss(json.loads(args.loss) if args.loss.lstrip().startswith("{") else args.loss)
     except ValueError as exc:
@@ -755,6 +767,26 @@ def build_parts(target, args, ctx, architecture: str, objective) -> SimpleNamesp
         anchor_rng=torch.Generator().manual_seed(args.seed * 1009 + ctx.rank))
 
 
+def compare_target_precisions(target, args, ctx, dtype, progress) -> int:
+    """--target-precision: the target phase in each precision (bench/target_precision.py), one JSON object."""
+    import target_precision
+
+    from trainer.model import kernels
+
+    kernels.install_target(target.hf_model, kernels.resolve("auto", ctx.device))
+    dataset = synthetic_dataset(args, vocab_size=target.config.vocab_size, batches_needed=args.steps + 2)
+    autocast = torch.autocast(device_type=ctx.device.type, dtype=dtype, enabled=ctx.device.type == "cuda")
+    stream = batch_stream(dataset, args, ctx)
+    try:
+        rows = target_precision.compare(target, stream, args, ctx.device, autocast, args.target_precisions,
+                                        progress)
+    finally:
+        stream.close()
+    print(json.dumps({"device_name": device_name(ctx.device), "model": args.model, "taps": target.layer_ids,
+                      "target_precision": rows}), flush=True)
+    return 0
+
+
 def main(argv=None) -> int:
     import sys
 
@@ -780,6 +812,8 @@ def main(argv=None) -> int:
     target, taps = build_target(MODELS[args.model], num_taps=args.drafter_layers, device=ctx.device, dtype=dtype,
                                 whole=whole)
     progress(target.describe())
+    if args.target_precision is not None:
+        return compare_target_precisions(target, args, ctx, dtype, progress)
     parts = build_parts(target, args, ctx, args.architectures[0], objectives[0][1])
     dataset = synthetic_dataset(args, vocab_size=target.config.vocab_size,
                                 batches_needed=(args.warmup + args.steps + 2) * ctx.world_size)

@@ -122,6 +122,16 @@ def test_tiny_cpu_benchmark_reports_every_figure():
     assert result["compiled_frames_after_warmup"] == 0        # eager: nothing compiles at all
 
 
+def test_the_target_phase_is_timed_in_each_precision_on_the_same_batches():
+    """--target-precision bf16,fp8 (fp8 emulated off a GPU): each row's time, the second's speed-up and the tapped
+    states' relative error against the first, per tap."""
+    rows = run_bench("--tiny", "--device", "cpu", "--steps", "2", "--target-precision", "bf16,fp8")["target_precision"]
+    assert [row["precision"] for row in rows] == ["bf16", "fp8 (emulated)"]
+    assert all(row["target_ms_per_batch"] > 0 and row["tokens"] == rows[0]["tokens"] for row in rows)
+    assert rows[1]["speedup_vs_first"] > 0 and 0 < rows[1]["features_relative_error"] < 0.25
+    assert len(rows[1]["per_tap_relative_error"]) == 5
+
+
 def test_dflash2_is_measured_against_dflash_on_the_same_batches():
     result = run_bench("--tiny", "--device", "cpu", "--steps", "1", "--warmup", "0", "--skip-baselines",
                        "--block-size", "8", "--architecture", "dflash,dflash2", "--json")
