@@ -1,6 +1,6 @@
 """What DFlash2 adds to a step, part by part, at a real shape: the selector's top-K over one loss chunk's logits
-and one block convolution forward and backward (eager against torch.compile, dynamic shapes or not). Each figure is
-the median of `--repeat` timings after a warm-up. Random logits: a real step's top-K took 3.5 times as long on the
+and one block convolution forward and backward (eager, compiled with dynamic shapes as the trainer did, compiled
+per bucket shape as it does now). Each figure is the median of `--repeat` timings after a warm-up. Random logits: a real step's top-K took 3.5 times as long on the
 same card (bench/RESULTS.md), so the top-K row is a floor.
 
     python3 bench/bench_dflash2_parts.py                    # the 8B shapes on a GPU
@@ -19,7 +19,8 @@ from devicetime import timings
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer.model.modeling_dflash import block_conv  # noqa: E402
+from trainer.model.kernels import compile_block_convs  # noqa: E402
+from trainer.model.modeling_dflash import BlockConv  # noqa: E402
 
 
 def timed_ms(fn, device: torch.device, repeat: int) -> float:
@@ -34,23 +35,27 @@ def topk_rows(args, device: torch.device) -> list[dict]:
 
 
 def conv_rows(args, device: torch.device) -> list[dict]:
-    tokens, hidden, taps, groups = args.blocks * args.block_size, args.hidden, 2, args.hidden // 16
+    """One BlockConv side forward and backward, as the trainer binds it (kernels.compile_block_convs): eager, one
+    graph with dynamic shapes (the trainer's way before), one static graph per bucket shape (its way now)."""
+    tokens, hidden = args.blocks * args.block_size, args.hidden
+    conv = BlockConv(hidden, kernel_size=2, group_size=16, block_size=args.block_size).to(device)
     y = torch.randn(1, tokens, hidden, device=device, dtype=torch.bfloat16, requires_grad=True)
-    kernels = torch.randn(1, args.blocks, args.block_size, 2, taps, groups, device=device, dtype=torch.bfloat16,
+    kernels = torch.randn(1, args.blocks, args.block_size, 2, 2, conv.groups, device=device, dtype=torch.bfloat16,
                           requires_grad=True)
-    base = torch.randn(2, taps, hidden, device=device, requires_grad=True)
     grad = torch.randn(1, tokens, hidden, device=device, dtype=torch.bfloat16)
-    ways = {"eager": block_conv}
+    ways = {"eager": dict(on=False)}
     if device.type == "cuda":
-        ways["compiled, dynamic"] = torch.compile(block_conv, dynamic=True)
-        ways["compiled, static"] = torch.compile(block_conv, dynamic=False)
+        ways["compiled, dynamic shapes (before)"] = dict(on=True, shapes=None)
+        ways["compiled per bucket shape (now)"] = dict(on=True, shapes=[(1, tokens)])
     rows = []
-    for how, conv in ways.items():
+    for how, binding in ways.items():
+        compile_block_convs(conv, device, **binding)
+
         def forward_backward():
-            out = conv(y, kernels, base, side=1, block_size=args.block_size)
-            torch.autograd.backward(out, grad)
+            torch.autograd.backward(conv(y, kernels, 1), grad)
         rows.append({"part": "block conv fwd+bwd", "how": how,
                      "ms": timed_ms(forward_backward, device, args.repeat)})
+        compile_block_convs(conv, device, on=False)
     return rows
 
 

@@ -14,6 +14,7 @@ DDTree node budget (the trainer's default eval_tree_budgets) the replayed `tau_t
 
     python bench/bench_tau.py --device cuda        # one H200: about 6 minutes
     python bench/bench_tau.py --tiny               # a CPU smoke run of every stage (about a minute)
+    python bench/bench_tau.py --device cuda --target-precision fp8   # also a drafter on FP8 target features
 """
 from __future__ import annotations
 
@@ -121,9 +122,10 @@ def trainer_process(*args: str, log: Path) -> None:
         raise SystemExit(f"trainer {args[0]} failed ({done.returncode}):\n" + "\n".join(tail))
 
 
-def drafter_config(work: Path, args) -> dict:
+def drafter_config(work: Path, args, name: str = "drafter", precision: str = "bf16") -> dict:
     return {
-        "target_path": str(work / "target"), "data_path": str(work / "dataset"), "output_dir": str(work / "drafter"),
+        "target_path": str(work / "target"), "data_path": str(work / "dataset"), "output_dir": str(work / name),
+        "target_precision": precision,
         "max_steps": args.drafter_steps, "block_size": args.block_size, "drafter_layers": args.drafter_layers,
         "token_budget": args.token_budget, "buckets": [0, 256, 512, 1024], "lr": args.drafter_lr,
         "log_every": max(1, args.drafter_steps // 20), "checkpoint_every": 0, "seed": 0, "device": args.device,
@@ -182,6 +184,10 @@ def parse_args(argv=None):
     parser.add_argument("--drafter-steps", type=int, default=700)
     parser.add_argument("--eval-prompts", type=int, default=48, help="held-out prompts `trainer eval` decodes")
     parser.add_argument("--eval-dtype", default="float32", help="trainer eval's dtype (float32: exact greedy)")
+    parser.add_argument("--target-precision", choices=("bf16", "fp8"), default="bf16",
+                        help="fp8: also train a drafter on FP8 target features (target_precision: fp8, a GPU with "
+                             "FP8), the same steps and seed, and decode it as the first (against the unquantized "
+                             "target, as it would be served): its held-out chain τ against the bf16 one's")
     args = parser.parse_args(argv)
     args.size = "tiny" if args.tiny else "gpu"
     args.prompt_lines, args.lm_lr, args.drafter_lr, args.block_size, args.drafter_layers = 4, 2e-3, 6e-4, 16, 3
@@ -195,6 +201,8 @@ def parse_args(argv=None):
         import torch
 
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.target_precision == "fp8" and args.device != "cuda":
+        parser.error("--target-precision fp8 needs a GPU with FP8 (--device cuda)")
     return args
 
 
@@ -220,10 +228,6 @@ def prepare_data(work: Path, snippets: list[str], args) -> dict:
 
 def run(work: Path, args) -> dict:
     import torch
-    import yaml
-
-    from trainer.config import DEFAULT_TREE_BUDGETS
-    from trainer.decoding.evaluation import evaluate
 
     began = time.perf_counter()
     snippets = code_snippets(max_bytes=int(args.corpus_mb * 1e6), lines_per_snippet=16)
@@ -234,18 +238,7 @@ def run(work: Path, args) -> dict:
     say(f"target: {target}")
     data = prepare_data(work, snippets[cut:], args)
     say(f"data: {data}")
-    config = work / "drafter.yaml"
-    config.write_text(yaml.safe_dump(drafter_config(work, args), sort_keys=False))
-    trained = time.perf_counter()
-    trainer_process("train", "--config", str(config), log=work / "train.log")
-    training = training_figures(work) | {"seconds": round(time.perf_counter() - trained, 1)}
-    say(f"drafter: {training}")
-    count = heldout_prompts(work / "chats.jsonl", work / "heldout_prompts.jsonl", share=args.heldout,
-                            count=args.eval_prompts)
-    evaluated = time.perf_counter()
-    report = evaluate(target=work / "target", drafter_dir=work / "drafter" / f"step_{training['steps']}",
-                      prompts=work / "heldout_prompts.jsonl", max_new_tokens=args.max_new_tokens,
-                      device=args.device, dtype=args.eval_dtype, baseline=False, tree_budgets=DEFAULT_TREE_BUDGETS)
+    training, report, count, eval_seconds = train_and_decode(work, args)
     eval_tau = report.tau
     heldout_tau = training["tau_heldout"]
     replayed_trees = training["tau_tree_heldout"] or {}
@@ -255,13 +248,21 @@ def run(work: Path, args) -> dict:
                            "replay_over_eval": round(replayed_trees[str(tree.budget)] / tree.tau, 4)
                            if str(tree.budget) in replayed_trees and tree.tau else None}
              for tree in report.trees}
+    precision = None
+    if args.target_precision == "fp8":
+        fp8_training, fp8_report, _, _ = train_and_decode(work, args, name="drafter-fp8", precision="fp8")
+        precision = {"bf16": {"eval_tau": round(eval_tau, 4), "tau_heldout": heldout_tau},
+                     "fp8": {"eval_tau": round(fp8_report.tau, 4), "tau_heldout": fp8_training["tau_heldout"],
+                             "identical_to_greedy": fp8_report.identical_to_greedy, "steps": fp8_training["steps"],
+                             "seconds": fp8_training["seconds"]},
+                     "eval_tau_fp8_over_bf16": round(fp8_report.tau / eval_tau, 4) if eval_tau else None}
     return {
         "device": args.device, "size": args.size, "target": target, "data": data, "drafter": training,
         "eval": {"prompts": count, "tau": round(eval_tau, 4), "rounds": report.rounds,
                  "identical_to_greedy": report.identical_to_greedy, "dtype": args.eval_dtype,
                  "speculative_tok_per_s": round(report.speculative_tok_per_s, 1),
                  "greedy_tok_per_s": round(report.greedy_tok_per_s, 1),
-                 "seconds": round(time.perf_counter() - evaluated, 1)},
+                 "seconds": eval_seconds},
         "tau": {"eval_heldout_prompts": round(eval_tau, 4),
                 "replay_heldout": None if heldout_tau is None else round(heldout_tau, 4),
                 "replay_train_batches": training["tau_replay_train_last_logs"],
@@ -269,8 +270,32 @@ def run(work: Path, args) -> dict:
                 "replay_over_eval": None if heldout_tau is None or not eval_tau else round(heldout_tau / eval_tau, 4),
                 "streak_plus_1_over_eval": round(training["streak_plus_1_last_logs"] / eval_tau, 4) if eval_tau else None},
         "tree_tau": trees,
+        **({"target_precision": precision} if precision else {}),
         "seconds": round(time.perf_counter() - began, 1),
     }
+
+
+def train_and_decode(work: Path, args, name: str = "drafter", precision: str = "bf16"):
+    """One drafter run (`trainer train`, output `work/name`) and `trainer eval` of its last checkpoint on the
+    held-out prompts: (training figures, eval report, prompts decoded, eval seconds)."""
+    import yaml
+
+    from trainer.config import DEFAULT_TREE_BUDGETS
+    from trainer.decoding.evaluation import evaluate
+
+    config = work / f"{name}.yaml"
+    config.write_text(yaml.safe_dump(drafter_config(work, args, name, precision), sort_keys=False))
+    trained = time.perf_counter()
+    trainer_process("train", "--config", str(config), log=work / f"train-{name}.log")
+    training = training_figures(work, name) | {"seconds": round(time.perf_counter() - trained, 1)}
+    say(f"{name} (target {precision}): {training}")
+    count = heldout_prompts(work / "chats.jsonl", work / "heldout_prompts.jsonl", share=args.heldout,
+                            count=args.eval_prompts)
+    evaluated = time.perf_counter()
+    report = evaluate(target=work / "target", drafter_dir=work / name / f"step_{training['steps']}",
+                      prompts=work / "heldout_prompts.jsonl", max_new_tokens=args.max_new_tokens,
+                      device=args.device, dtype=args.eval_dtype, baseline=False, tree_budgets=DEFAULT_TREE_BUDGETS)
+    return training, report, count, round(time.perf_counter() - evaluated, 1)
 
 
 def in_workdir(workdir: str | None, prefix: str, body):

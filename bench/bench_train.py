@@ -63,8 +63,10 @@ VARIANTS = {
     "packed+liger-drafter": dict(pack=True, kernels="liger", target_kernels="torch", legacy=False),
     "packed+liger": dict(pack=True, kernels="liger", target_kernels="liger", legacy=False),
     "auto": dict(pack="auto", kernels="auto", target_kernels="auto", legacy=False),
-    # DFlash2's block convolution as eager torch code instead of the trainer's compiled one
-    "auto+eager-conv": dict(pack="auto", kernels="auto", target_kernels="auto", legacy=False, eager_conv=True),
+    # DFlash2's block convolution as eager torch code, or compiled with dynamic shapes (the trainer's way until
+    # it compiled one static graph per bucket shape, which "auto" does)
+    "auto+eager-conv": dict(pack="auto", kernels="auto", target_kernels="auto", legacy=False, conv="eager"),
+    "auto+dynamic-conv": dict(pack="auto", kernels="auto", target_kernels="auto", legacy=False, conv="dynamic"),
 }
 
 
@@ -115,8 +117,20 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="measure the first architecture and objective once, untimed and discarded, before the "
                              "measured rows, so the first row is not charged the cold caches and allocator growth the "
                              "later rows do not pay (default: on when several rows are measured)")
+    parser.add_argument("--target-precision", default=None,
+                        help="instead of the training step: the target's feature pass (the step's target phase) "
+                             "timed in each of these precisions on the same batches, e.g. bf16,fp8 (the config's "
+                             "target_precision), and the tapped states' relative error against the first; one "
+                             "JSON object")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = parser.parse_args(argv)
+    if args.target_precision is not None:
+        from target_precision import parse_precisions
+
+        try:
+            args.target_precisions = parse_precisions(args.target_precision)
+        except ValueError as exc:
+            parser.error(str(exc))
     try:
         args.loss_weights = parse_loss(json.loads(args.loss) if args.loss.lstrip().startswith("{") else args.loss)
     except ValueError as exc:
@@ -474,7 +488,7 @@ def warm_pass(parts: SimpleNamespace, dataset, args, ctx, autocast, objective, n
     parts.objective = objective
     stream, warming = batch_stream(dataset, args, ctx), batch_stream(dataset, args, ctx)
     try:
-        with variant(name, parts, ctx):
+        with variant(name, parts, args, ctx):
             warm_target_shapes(parts.target, warming, args, ctx, autocast)
             measure_training(parts, stream, args, ctx, autocast)
     finally:
@@ -504,8 +518,28 @@ def legacy_elementwise():
         RMSNorm.forward, DFlashDrafter.project_context = saved
 
 
+def conv_shapes(args) -> list[tuple[int, int]]:
+    """The block convolutions' input shapes the trainer compiles for these buckets (one per bucket)."""
+    from trainer.training.compile_warmup import conv_shapes as trainer_conv_shapes
+
+    sizes = [max(1, args.token_budget // max(1, hi - 1)) for hi in args.buckets[1:]]
+    return trainer_conv_shapes(sizes, lambda size: anchors_per_sequence(args, size), args.block_size)
+
+
+def bind_block_convs(parts: SimpleNamespace, args, ctx, way: str) -> None:
+    """DFlash2's block convolutions as the variant says: "per-shape" (the trainer's: one static graph per bucket
+    shape, compiled here before the clock starts, as the trainer's start-up does), "dynamic" or "eager"."""
+    from trainer.model import kernels
+    from trainer.training.compile_warmup import compile_block_conv_shapes
+
+    shapes = conv_shapes(args) if way == "per-shape" else None
+    if kernels.compile_block_convs(parts.drafter, ctx.device, on=way != "eager", shapes=shapes) and shapes:
+        compile_block_conv_shapes(parts.drafter, shapes, feature_dtype=torch.bfloat16,
+                                  autocast=torch.autocast("cuda", dtype=torch.bfloat16), say=lambda line: None)
+
+
 @contextlib.contextmanager
-def variant(name: str, parts: SimpleNamespace, ctx):
+def variant(name: str, parts: SimpleNamespace, args, ctx):
     """The target's packing and the drafter's kernels (and the legacy code) of one variant, restored after."""
     from trainer.model import kernels
 
@@ -513,7 +547,7 @@ def variant(name: str, parts: SimpleNamespace, ctx):
     parts.target.packing = spec["pack"]
     kernels.install(parts.drafter, kernels.resolve(spec["kernels"], ctx.device))
     kernels.install_target(parts.target.hf_model, kernels.resolve(spec["target_kernels"], ctx.device))
-    kernels.compile_block_convs(parts.drafter, ctx.device, on=not spec.get("eager_conv", False))
+    bind_block_convs(parts, args, ctx, spec.get("conv", "per-shape"))
     try:
         with legacy_elementwise() if spec["legacy"] else contextlib.nullcontext():
             yield
@@ -733,6 +767,26 @@ def build_parts(target, args, ctx, architecture: str, objective) -> SimpleNamesp
         anchor_rng=torch.Generator().manual_seed(args.seed * 1009 + ctx.rank))
 
 
+def compare_target_precisions(target, args, ctx, dtype, progress) -> int:
+    """--target-precision: the target phase in each precision (bench/target_precision.py), one JSON object."""
+    import target_precision
+
+    from trainer.model import kernels
+
+    kernels.install_target(target.hf_model, kernels.resolve("auto", ctx.device))
+    dataset = synthetic_dataset(args, vocab_size=target.config.vocab_size, batches_needed=args.steps + 2)
+    autocast = torch.autocast(device_type=ctx.device.type, dtype=dtype, enabled=ctx.device.type == "cuda")
+    stream = batch_stream(dataset, args, ctx)
+    try:
+        rows = target_precision.compare(target, stream, args, ctx.device, autocast, args.target_precisions,
+                                        progress)
+    finally:
+        stream.close()
+    print(json.dumps({"device_name": device_name(ctx.device), "model": args.model, "taps": target.layer_ids,
+                      "target_precision": rows}), flush=True)
+    return 0
+
+
 def main(argv=None) -> int:
     import sys
 
@@ -758,6 +812,8 @@ def main(argv=None) -> int:
     target, taps = build_target(MODELS[args.model], num_taps=args.drafter_layers, device=ctx.device, dtype=dtype,
                                 whole=whole)
     progress(target.describe())
+    if args.target_precision is not None:
+        return compare_target_precisions(target, args, ctx, dtype, progress)
     parts = build_parts(target, args, ctx, args.architectures[0], objectives[0][1])
     dataset = synthetic_dataset(args, vocab_size=target.config.vocab_size,
                                 batches_needed=(args.warmup + args.steps + 2) * ctx.world_size)
@@ -797,7 +853,7 @@ def main(argv=None) -> int:
                     stream = batch_stream(dataset, args, ctx)   # a fresh stream of the same seed: the same batches
                     warming = batch_stream(dataset, args, ctx)
                     try:
-                        with variant(name, parts, ctx):
+                        with variant(name, parts, args, ctx):
                             warm_target_shapes(parts.target, warming, args, ctx, autocast)
                             training = measure_training(parts, stream, args, ctx, autocast)
                             peak_gib = peak_memory_gib(ctx.device)[0]

@@ -34,20 +34,19 @@ LABEL_OBJECTIVES = ("ce", "cap")
 DISTRIBUTION_OBJECTIVES = ("kl", "tv", "nla", "lk_hybrid")
 OBJECTIVES = LABEL_OBJECTIVES + DISTRIBUTION_OBJECTIVES
 # Names other trainers use for our keys, where the closest spelling would point elsewhere (or nowhere).
-KEY_ALIASES = {
-    "learning_rate": "lr", "batch_size": "token_budget", "max_tokens": "token_budget", "tokens_per_batch":
-    "token_budget", "model": "target_path", "model_path": "target_path", "target": "target_path",
-    "model_name_or_path": "target_path", "data": "data_path", "dataset_path": "data_path", "train_data": "data_path",
-    "output_path": "output_dir", "out_dir": "output_dir", "save_dir": "output_dir", "num_train_epochs": "epochs",
-    "steps": "max_steps", "num_steps": "max_steps", "train_steps": "max_steps", "warmup_steps": "warmup_ratio",
-    "max_grad_norm": "grad_clip", "clip_grad_norm": "grad_clip", "max_seq_len": "max_length",
-    "max_seq_length": "max_length", "seq_len": "max_length", "num_layers": "drafter_layers",
-    "save_steps": "checkpoint_every", "save_every": "checkpoint_every", "logging_steps": "log_every",
-    "resume_from_checkpoint": "resume", "torch_compile": "compile", "wd": "weight_decay",
-    "loss_fn": "loss", "objective": "loss", "loss_type": "loss", "loss_weights": "slot_weights",
-    "per_position_loss_weight": "slot_weights", "num_attention_heads": "drafter_heads", "num_key_value_heads": "drafter_kv_heads", "head_dim": "drafter_head_dim",
-    "intermediate_size": "drafter_intermediate_size", "rope_theta": "drafter_rope_theta",
-}
+KEY_ALIASES = {alias: key for key, names in {
+    "lr": "learning_rate", "token_budget": "batch_size max_tokens tokens_per_batch",
+    "target_path": "model model_path target model_name_or_path", "data_path": "data dataset_path train_data",
+    "output_dir": "output_path out_dir save_dir", "epochs": "num_train_epochs",
+    "max_steps": "steps num_steps train_steps", "warmup_ratio": "warmup_steps",
+    "grad_clip": "max_grad_norm clip_grad_norm", "max_length": "max_seq_len max_seq_length seq_len",
+    "drafter_layers": "num_layers", "checkpoint_every": "save_steps save_every", "log_every": "logging_steps",
+    "resume": "resume_from_checkpoint", "compile": "torch_compile", "weight_decay": "wd",
+    "loss": "loss_fn objective loss_type", "slot_weights": "loss_weights per_position_loss_weight",
+    "drafter_heads": "num_attention_heads", "drafter_kv_heads": "num_key_value_heads",
+    "drafter_head_dim": "head_dim", "drafter_intermediate_size": "intermediate_size",
+    "drafter_rope_theta": "rope_theta"
+}.items() for alias in names.split()}
 
 
 def parse_loss(value: Any) -> dict[str, float]:
@@ -144,13 +143,11 @@ class TrainConfig(BaseModel):
                                                        "floor(token_budget / (hi - 1)) samples.")
     buckets: list[int] = Field(default_factory=lambda: list(SEED_BUCKETS),
                                description="Length bucket boundaries, ascending; the last one is exclusive.")
-    max_length: int | None = Field(None, ge=2, description="Longest sample in tokens; default: the last "
-                                                           "bucket boundary - 1.")
+    max_length: int | None = Field(None, ge=2, description="Longest sample in tokens; default: the last bucket - 1.")
     overlong: Literal["truncate", "drop"] = Field("truncate", description="What to do with samples longer "
                                                                           "than max_length.")
     lr: float = Field(6e-4, gt=0, description="Peak learning rate (AdamW).")
-    warmup_ratio: float = Field(0.04, ge=0, le=1, description="Share of steps with linear warmup; cosine "
-                                                              "decay to 0 after.")
+    warmup_ratio: float = Field(0.04, ge=0, le=1, description="Share of steps with linear warmup; cosine decay to 0.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     grad_clip: float = Field(1.0, ge=0, description="Max global gradient norm; 0 disables clipping.")
     noise: float = Field(0.0, ge=0, description="Std of Gaussian noise added to target features (0 = off).")
@@ -189,6 +186,9 @@ class TrainConfig(BaseModel):
                             "delta-rule state restarted per sequence). auto = where flash attention's varlen kernel "
                             "runs (a GPU), for a hybrid only with flash-linear-attention's kernels; true = also "
                             "elsewhere (the CPU: a dense document mask); false = never.")
+    target_precision: Literal["bf16", "fp8"] = Field("bf16", description="The frozen target's linear layers: bf16, "
+        "or fp8 (E4M3 weights scaled per output channel, activations per token, torch._scaled_mm; the rest bf16); "
+        "fp8 needs a GPU of compute capability 8.9 or above (Ada, Hopper).")
     num_workers: int = Field(2, ge=1, description="CPU threads that build batches (never GPU work).")
     prefetch: int = Field(8, ge=1, description="Batches built ahead of the training step.")
     device: str = Field("auto", description="auto (cuda:LOCAL_RANK if CUDA is available, else cpu), cpu or cuda.")

@@ -29,7 +29,7 @@ from trainer.training import optim
 from trainer.training.checkpoint_space import DiskFull
 from trainer.training.checkpoints import (agree_on_resume, check_resumable, choose_resume_dir, gather_to_main,
                                           restore_rng, resume_state, rng_state, save_checkpoint)
-from trainer.training.compile_warmup import compile_attention
+from trainer.training.compile_warmup import compile_attention, compile_block_conv_shapes, conv_shapes
 from trainer.training.metrics import MetricsLog, PhaseMeter, Throughput, compiled_graphs, log_step
 from trainer.training.reporting import open_reporters, run_name
 from trainer.training.startup import default_compile_caches, stage_line
@@ -276,13 +276,14 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
     kernels = kernel_lib.resolve(cfg.kernels, ctx.device)
     target = TargetModel.load(cfg.target_path, layer_ids=cfg.target_layer_ids, num_taps=len(cfg.target_layer_ids),
                               device=ctx.device, dtype=dtype, mask_token_id=cfg.mask_token_id,
-                              packing=cfg.pack_target)
+                              packing=cfg.pack_target, precision=cfg.target_precision)
     log.say(target.describe())
     one_thread_for_a_small_model(target.hidden_size, ctx.device, log.say, command="train")
     log.say(stage_line("building drafter"))
     resume_dir, local_resume = agree_on_resume(resume_dir, ctx)
     drafter = build_drafter(cfg, ctx, log, target, resume_dir if local_resume else None)
-    conv = kernel_lib.compile_block_convs(drafter, ctx.device)
+    shapes = conv_shapes(layout.batch_sizes, functools.partial(anchors_per_sequence, cfg), cfg.block_size)
+    conv = kernel_lib.compile_block_convs(drafter, ctx.device, shapes=shapes)   # DFlash2: per bucket shape
     log.say(f"Kernels: {target.packing_line()}; {kernel_lib.install_target(target.hf_model, kernels)}; "
             f"{kernel_lib.install(drafter, kernels)}; {conv + '; ' if conv else ''}loss: {objective_line(objective)}")
     model = DraftDDP(drafter, device_ids=[ctx.device] if on_gpu else None) if ctx.is_distributed else drafter
@@ -302,6 +303,7 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
     if on_gpu and not cfg.compile:  # compile: true traces flex_attention inside the drafter's own graph
         compile_attention(drafter, feature_dtype=dtype, autocast=autocast, say=log.say,
                           single_sequence_batches=min_size == 1)
+        compile_block_conv_shapes(drafter, shapes, feature_dtype=dtype, autocast=autocast, say=log.say)
     from trainer.training.tau_monitor import TauMonitor
 
     monitor = TauMonitor(cfg, ctx, target, drafter, autocast=autocast,

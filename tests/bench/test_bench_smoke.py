@@ -122,6 +122,16 @@ def test_tiny_cpu_benchmark_reports_every_figure():
     assert result["compiled_frames_after_warmup"] == 0        # eager: nothing compiles at all
 
 
+def test_the_target_phase_is_timed_in_each_precision_on_the_same_batches():
+    """--target-precision bf16,fp8 (fp8 emulated off a GPU): each row's time, the second's speed-up and the tapped
+    states' relative error against the first, per tap."""
+    rows = run_bench("--tiny", "--device", "cpu", "--steps", "2", "--target-precision", "bf16,fp8")["target_precision"]
+    assert [row["precision"] for row in rows] == ["bf16", "fp8 (emulated)"]
+    assert all(row["target_ms_per_batch"] > 0 and row["tokens"] == rows[0]["tokens"] for row in rows)
+    assert rows[1]["speedup_vs_first"] > 0 and 0 < rows[1]["features_relative_error"] < 0.25
+    assert len(rows[1]["per_tap_relative_error"]) == 5
+
+
 def test_dflash2_is_measured_against_dflash_on_the_same_batches():
     result = run_bench("--tiny", "--device", "cpu", "--steps", "1", "--warmup", "0", "--skip-baselines",
                        "--block-size", "8", "--architecture", "dflash,dflash2", "--json")
@@ -257,6 +267,18 @@ def test_loss_benchmark_compares_with_the_previous_loss_and_its_floor():
     assert figures["loss_over_floor"] == pytest.approx(figures["loss_ms"] / figures["floor_ms"])
     # fp32 on the CPU: the two versions of the loss compute the same numbers
     assert figures["loss_difference"] < 1e-5 and figures["grad_relative_difference"] < 1e-5
+
+
+def test_objective_loss_benchmark_times_each_objective_beside_the_previous_chunk_loop():
+    result = subprocess.run([sys.executable, "bench/bench_objective_loss.py", "--blocks", "16", "--hidden", "16",
+                             "--vocab", "500", "--device", "cpu", "--repeat", "1"],
+                            capture_output=True, text=True, timeout=240, env=trainer_env(), cwd=REPO_ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    figures = json.loads(result.stdout)["objectives"]
+    assert set(figures) == {"ce", "ce+dpace", "kl", "lk_hybrid"} and all(row["ms"] > 0 for row in figures.values())
+    for name in ("kl", "lk_hybrid"):   # the one-pass chunks compute what the previous loop did
+        assert figures[name]["previous_ms"] > 0 and figures[name]["loss_difference"] < 1e-5
+        assert figures[name]["grad_relative_difference"] < 1e-3
 
 
 @pytest.mark.slow

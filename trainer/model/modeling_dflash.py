@@ -217,15 +217,21 @@ class BlockConv(nn.Module):
 
 def block_conv(y: torch.Tensor, kernels: torch.Tensor, base_kernel: torch.Tensor, *, side: int,
                block_size: int) -> torch.Tensor:
-    """BlockConv's arithmetic as a pure function (the trainer compiles it on a GPU: trainer/model/kernels.py): y
-    [B, Q, H], the dynamic corrections `kernels` [B, A, Bs, 2, taps, groups], `base_kernel` [2, taps, H]."""
+    """BlockConv's arithmetic as a pure function: y [B, Q, H], the dynamic corrections `kernels` [B, A, Bs, 2,
+    taps, groups], `base_kernel` [2, taps, H]; side 0 or 1 (side_conv does the work)."""
+    return side_conv(y, kernels[:, :, :, side], base_kernel[side], block_size=block_size)
+
+
+def side_conv(y: torch.Tensor, kernels: torch.Tensor, base: torch.Tensor, *, block_size: int) -> torch.Tensor:
+    """One side of a BlockConv (the trainer compiles it on a GPU, one graph for both sides: trainer/model/
+    kernels.py): y [B, Q, H], that side's corrections `kernels` [B, A, Bs, taps, groups] and kernel `base` [taps, H]."""
     batch, q_len, hidden = y.shape
     taps, groups = kernels.shape[-2:]
     blocks = y.view(batch, q_len // block_size, block_size, groups, hidden // groups)
-    base = base_kernel[side].view(taps, groups, hidden // groups)
+    base = base.view(taps, groups, hidden // groups)
     out = None
     for tap in range(taps):
-        coefficient = (kernels[:, :, :, side, tap, :, None] + base[tap]).to(y.dtype)
+        coefficient = (kernels[:, :, :, tap, :, None] + base[tap]).to(y.dtype)
         # slot t reads slot t - tap of its own block: a shift along the slot axis, zeros in front
         shifted = F.pad(blocks[:, :, :block_size - tap], (0, 0, 0, 0, tap, 0)) if tap else blocks
         term = coefficient * shifted

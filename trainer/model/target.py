@@ -85,6 +85,18 @@ def refuse_fla_off_gpu(spec: TargetSpec, device: torch.device) -> None:
                            f"or an environment without the fla extra")
 
 
+def refuse_fp8(device: torch.device) -> None:
+    """fp8 on the CPU or on a GPU without FP8 matrix cores: one line, before any weight is read."""
+    from trainer.planning.precision import fp8_refusal
+
+    gpu = None
+    if device.type == "cuda":
+        gpu = torch.cuda.get_device_name(device), tuple(torch.cuda.get_device_capability(device))
+    refusal = fp8_refusal(gpu)
+    if refusal is not None:
+        raise TrainerError(refusal)
+
+
 class TargetModel:
     """A frozen HF causal LM. `features` runs only the embedding and the layers up to the last tap."""
 
@@ -104,14 +116,17 @@ class TargetModel:
         self.embed_tokens: nn.Embedding = self.decoder.embed_tokens
         self.lm_head: nn.Linear = hf_model.get_output_embeddings()
         self.packing = packing   # "auto": pack where flash attention's varlen kernel runs; True/False: always/never
+        self.precision = "bf16"  # or what to_fp8 says of the linear layers it swapped
 
     @classmethod
     def load(cls, path: str | Path, *, layer_ids: list[int] | None, num_taps: int,
              device: torch.device | str = "cpu", dtype: torch.dtype | None = None,
-             mask_token_id: int | None = None, packing: bool | str = "auto") -> "TargetModel":
+             mask_token_id: int | None = None, packing: bool | str = "auto",
+             precision: str = "bf16") -> "TargetModel":
         """Load a local HF model directory (of a composite checkpoint, its language model only: transformers maps
         a qwen3_5 image-text checkpoint to Qwen3_5ForCausalLM and skips the vision tower's weights); dtype
-        defaults to bf16 on GPU and fp32 on CPU. The model and the taps are checked before any weight is read."""
+        defaults to bf16 on GPU and fp32 on CPU; precision "fp8" puts the decoder's linear layers in FP8 (to_fp8).
+        The model, the taps and the precision are checked before any weight is read."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         path = Path(path)
@@ -121,6 +136,8 @@ class TargetModel:
         layer_ids = validate_layer_ids(layer_ids, spec.num_layers)
         device = torch.device(device)
         refuse_fla_off_gpu(spec, device)
+        if precision == "fp8":
+            refuse_fp8(device)
         if dtype is None:
             dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         tokenizer = AutoTokenizer.from_pretrained(path)
@@ -130,8 +147,22 @@ class TargetModel:
             mask_token_id = resolve_mask_token_id(tokenizer, rows, family_default=family_mask_token_id(spec))
         elif not 0 <= mask_token_id < rows:
             raise TrainerError(f"mask_token_id={mask_token_id} is outside the target's embedding (0..{rows - 1})")
-        return cls(hf_model.to(device), layer_ids=layer_ids, mask_token_id=mask_token_id, tokenizer=tokenizer,
-                   packing=packing)
+        target = cls(hf_model.to(device), layer_ids=layer_ids, mask_token_id=mask_token_id, tokenizer=tokenizer,
+                     packing=packing)
+        if precision == "fp8":
+            target.to_fp8()
+        return target
+
+    def to_fp8(self, *, emulate: bool = False) -> None:
+        """The decoder layers' linear layers in FP8, in place (trainer/model/fp8.py; `emulate`: multiplied in fp32,
+        on any device); the embedding, the norms, attention and the LM head stay as they are."""
+        from trainer.model import fp8
+
+        if not emulate:
+            fp8.probe(self.device)
+        swapped, left = fp8.quantize_linears(self.decoder.layers, emulate=emulate)
+        self.precision = f"fp8 linear layers ({swapped}" + (f"; {left} left in {self.config.dtype}" if left else "") \
+            + ")"
 
     def kernels(self) -> dict[str, str]:
         """The kernel each layer type runs on."""
@@ -141,14 +172,16 @@ class TargetModel:
     def describe(self) -> str:
         """One start-up line: family, size, each layer type with its kernel, taps, e.g. `Target: qwen3_5 26.9B,
         48 linear-attention layers (fla), 16 full-attention (sdpa), taps [1, 16, 31, 46, 61]`."""
-        params = sum(p.numel() for p in self.hf_model.parameters())
+        params = sum(p.numel() for p in self.hf_model.parameters()) + sum(
+            m.weight.numel() for m in self.hf_model.modules() if type(m).__name__ == "Fp8Linear")
         size = f"{params / 1e9:.1f}B" if params >= 1e9 else f"{params / 1e6:.1f}M"
         kernels = self.kernels()
         kinds = [kind for kind in (LINEAR, FULL, SLIDING) if self.spec.count(kind)]
         parts = [f"{self.spec.count(kind)} {LAYER_NAMES[kind]}" + (" layers" if i == 0 else "") + f" ({kernels[kind]})"
                  for i, kind in enumerate(kinds)]
         model_type = self.spec.model_type.removesuffix("_text")
-        return f"Target: {model_type} {size}, {', '.join(parts)}, taps {self.layer_ids}"
+        precision = "" if self.precision == "bf16" else f", {self.precision}"
+        return f"Target: {model_type} {size}, {', '.join(parts)}, taps {self.layer_ids}{precision}"
 
     def can_pack(self) -> bool:
         """Whether this target's feature pass runs packed here: with "auto" where the varlen flash kernel runs (a

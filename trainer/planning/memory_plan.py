@@ -40,8 +40,8 @@ FP32 = 4
 LOGITS_PER_CHUNK = 2 ** 27       # objective.LOGITS_PER_CHUNK: rows of logits per chunk of the loss
 ROW_VOCAB_PER_CHUNK = 2 ** 26    # losses.ROW_VOCAB_PER_CHUNK: the other objectives' chunk
 # [rows, vocab] tensors a chunk of those objectives holds at its peak: logits (activation dtype) and fp32
-# log-probabilities, their gradients and the softmax; against the target's distribution also its logits, log p,
-# p and the overlap terms
+# log-probabilities, the softmax and the logits' gradient; against the target's distribution its rows stacked
+# under the drafter's (logits, log p, p) and the KL or overlap terms
 LABEL_CHUNK_TENSORS = (1, 4)         # (activation dtype, fp32)
 DISTRIBUTION_CHUNK_TENSORS = (2, 8)
 

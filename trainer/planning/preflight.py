@@ -76,6 +76,8 @@ def check_config_file(path: str | Path, *, text: str | bytes | None = None, base
     if problem is not None and ("data_path" in present or report.config.heldout_path):
         found.problems.append(problem)
     _check_modules(found.problems)
+    if report.config.target_precision == "fp8" and not {"target_precision", "device"} & report.unusable:
+        _check_fp8(report.config.device, found.problems)
     if "report_to" not in report.unusable:
         _check_reporters(report.config.report_to, found.problems)
     return found
@@ -104,6 +106,17 @@ def _check_modules(problems: list[Problem]) -> None:
     if missing:
         problems.append(Problem("python", f"python: {sys.executable} has no {', '.join(missing)}: install the "
                                           f"trainer's dependencies there (pip install 'dflashctl[train]')"))
+
+
+def _check_fp8(device: str, problems: list[Problem]) -> None:
+    """fp8 on the CPU or on a GPU without FP8 is refused before anything loads (planning/precision.py)."""
+    from trainer.planning.precision import fp8_refusal, local_gpu
+
+    if importlib.util.find_spec("torch") is None:   # _check_modules says so already
+        return
+    refusal = fp8_refusal(local_gpu(device))
+    if refusal is not None:
+        problems.append(Problem("target_precision", refusal))
 
 
 def _check_reporters(report_to: list[str], problems: list[Problem]) -> None:

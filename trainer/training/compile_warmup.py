@@ -57,3 +57,37 @@ def compile_attention(drafter, *, feature_dtype, autocast, say, single_sequence_
             + ", ".join(f"{s:.1f}s" for s in seconds[1:]))
     drafter.zero_grad(set_to_none=True)
     return len(first_of_type)
+
+
+def conv_shapes(batch_sizes, anchors_per_sequence, block_size: int) -> list[tuple[int, int]]:
+    """The (batch, block tokens) of the drafter's block convolutions for each bucket's full batches
+    (`anchors_per_sequence(batch size)`: the anchors a batch of that size draws per sequence)."""
+    return sorted({(size, anchors_per_sequence(size) * block_size) for size in batch_sizes})
+
+
+def compile_block_conv_shapes(drafter, shapes, *, feature_dtype, autocast, say) -> int:
+    """Run one BlockConv forward and backward at each of `shapes` (kernels.compile_block_convs's), both sides, so
+    every bucket's static graph is compiled before the first step; returns how many shapes were warmed (0 for a
+    drafter without convolutions). Leaves no gradient behind."""
+    import torch
+
+    convs = [module for module in drafter.modules() if type(module).__name__ == "BlockConv"]
+    if not convs or not shapes:
+        return 0
+    conv, hidden = convs[0], drafter.config.hidden_size
+    device = conv.base_kernel.device
+    say(stage_line(f"compiling the block convolution for {len(shapes)} bucket shapes"))
+    began = time.perf_counter()
+    for batch, tokens in shapes:
+        for side in (0, 1):
+            y = torch.zeros(batch, tokens, hidden, device=device, dtype=feature_dtype, requires_grad=True)
+            kernels = torch.zeros(batch, tokens // conv.block_size, conv.block_size, 2, conv.kernel_size,
+                                  conv.groups, device=device, dtype=feature_dtype, requires_grad=True)
+            with autocast:
+                out = conv(y, kernels, side)
+            out.backward(torch.ones_like(out))
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    drafter.zero_grad(set_to_none=True)
+    say(f"  compiled {len(shapes)} shapes in {time.perf_counter() - began:.1f}s")
+    return len(shapes)

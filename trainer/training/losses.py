@@ -15,8 +15,11 @@ decay weights (as the plain CE is) or, for D-PACE, by the number of supervised s
 normalised: a block the drafter gets right weighs more); cap by the number of blocks.
 
 Chunks hold whole blocks, so every term, the D-PACE weights and cap's per-block products are computed inside one
-chunk: the [blocks * (B-1), vocab] logits never exist whole. Each chunk runs its own small autograd graph in the
-forward pass and keeps only the gradient with respect to the drafter's hidden states. No fused kernel fits here:
+chunk: the [blocks * (B-1), vocab] logits never exist whole. Every term reads three numbers per row (log q(y),
+KL, alpha: RowStats), so a chunk passes over its [rows, vocab] tensors a few times without autograd (p comes
+from the same product and log-softmax as q, the target's rows stacked under the drafter's), runs autograd over
+[rows] tensors only, composes the logits' gradient in closed form and keeps only the gradient with respect to the
+drafter's hidden states. No fused kernel fits here:
 liger-kernel's and cut-cross-entropy's fused linear cross-entropy take no per-row weights, and none computes TV,
 the acceptance prefix or D-PACE; the default `ce` keeps its own fused-by-hand path (objective.py).
 """
@@ -129,12 +132,36 @@ class Normalisers:
     blocks: torch.Tensor
 
 
-def chunk_terms(log_q: torch.Tensor, log_p: torch.Tensor | None, labels: torch.Tensor, supervised: torch.Tensor,
-                decay: torch.Tensor, objective: Objective, slots: int, norms: Normalisers) -> dict[str, torch.Tensor]:
-    """Each objective term's share of the batch from one chunk of whole blocks (differentiable in log_q):
-    log_q and log_p [rows, vocab] fp32 log-probabilities, labels/supervised/decay [rows], rows = blocks * slots."""
-    log_q_y = log_q.gather(1, labels[:, None]).squeeze(1) * supervised
-    blocks = labels.shape[0] // slots
+class RowStats(NamedTuple):
+    """What the terms read of one chunk's [rows, vocab] distributions, per row: log q(y), KL(p || q) and
+    alpha = sum_v min(p_v, q_v) (None where no term asks for it)."""
+
+    log_q_y: torch.Tensor
+    kl: torch.Tensor | None = None
+    alpha: torch.Tensor | None = None
+
+
+def needs(objective: Objective) -> tuple[bool, bool]:
+    """Whether the objective's terms read KL and alpha."""
+    names = objective.weights
+    return "kl" in names or "lk_hybrid" in names, any(name in names for name in ("tv", "nla", "lk_hybrid"))
+
+
+def row_stats(log_q: torch.Tensor, log_p: torch.Tensor | None, labels: torch.Tensor,
+              objective: Objective) -> RowStats:
+    """RowStats from [rows, vocab] log-probabilities, differentiable in log_q (the definition the chunk loop's
+    gradient is held to)."""
+    need_kl, need_alpha = needs(objective) if log_p is not None else (False, False)
+    return RowStats(log_q.gather(1, labels[:, None]).squeeze(1), forward_kl(log_p, log_q) if need_kl else None,
+                    acceptance_rate(log_p, log_q) if need_alpha else None)
+
+
+def chunk_terms(stats: RowStats, supervised: torch.Tensor, decay: torch.Tensor, objective: Objective, slots: int,
+                norms: Normalisers) -> dict[str, torch.Tensor]:
+    """Each objective term's share of the batch from one chunk of whole blocks (differentiable in the row
+    statistics): supervised/decay [rows], rows = blocks * slots."""
+    log_q_y = stats.log_q_y * supervised
+    blocks = supervised.shape[0] // slots
     by_block = (blocks, slots)
     if objective.slot_weights == "dpace":
         weight = dpace_weights(log_q_y.detach().view(by_block), supervised.view(by_block),
@@ -145,22 +172,19 @@ def chunk_terms(log_q: torch.Tensor, log_p: torch.Tensor | None, labels: torch.T
     names = objective.weights
     if "ce" in names:
         terms["ce"] = -(weight * log_q_y).sum() / norms.slots
-    if log_p is not None:
-        alpha = acceptance_rate(log_p, log_q)
-        per_slot = {}
-        if "kl" in names or "lk_hybrid" in names:
-            kl = forward_kl(log_p, log_q)
-            per_slot["kl"] = kl
-        if "tv" in names:
-            per_slot["tv"] = 1 - alpha
-        if "nla" in names:
-            per_slot["nla"] = -torch.log(alpha.clamp(min=torch.finfo(alpha.dtype).tiny))
-        if "lk_hybrid" in names:
+    per_slot = {}
+    if stats.kl is not None:
+        per_slot["kl"] = stats.kl
+    if stats.alpha is not None:
+        alpha = stats.alpha
+        per_slot["tv"] = 1 - alpha
+        per_slot["nla"] = -torch.log(alpha.clamp(min=torch.finfo(alpha.dtype).tiny))
+        if stats.kl is not None:
             lam = torch.exp(-LAMBDA_RATE * alpha).detach()
-            per_slot["lk_hybrid"] = lam * kl + (1 - lam) * (1 - alpha)
-        for name, value in per_slot.items():
-            if name in names:
-                terms[name] = (weight * value).sum() / norms.slots
+            per_slot["lk_hybrid"] = lam * stats.kl + (1 - lam) * (1 - alpha)
+    for name, value in per_slot.items():
+        if name in names:
+            terms[name] = (weight * value).sum() / norms.slots
     if "cap" in names:
         terms["cap"] = cap_blocks(log_q_y.view(by_block), supervised.view(by_block), weight.view(by_block),
                                   slots).sum() / norms.blocks
@@ -183,8 +207,11 @@ class ChunkedObjective(torch.autograd.Function):
     """sum_t weight_t * term_t over chunks of whole blocks; also each term's value and per-row top-1 correctness.
 
     `target_hidden` [rows, H] (the target's final-normed hidden state at each slot's position, or None) goes
-    through the same frozen LM head as the drafter's: p is computed chunk by chunk too. The gradient with
-    respect to `hidden` is taken per chunk in the forward pass; the head and the target get none."""
+    through the same frozen LM head as the drafter's, in the same product and the same log-softmax (its rows
+    stacked under the drafter's): p costs no pass of its own. Every term is a function of per-row statistics
+    (RowStats), so autograd runs over [rows] tensors only: the gradient of the chunk's logits is composed from
+    the statistics' gradients in closed form (chunk_logit_gradient), and with respect to `hidden` it is taken per
+    chunk in the forward pass; the head and the target get none."""
 
     @staticmethod
     def forward(ctx, hidden, head, target_hidden, labels, supervised, decay, objective: Objective, slots: int,
@@ -197,23 +224,27 @@ class ChunkedObjective(torch.autograd.Function):
         grad_hidden = torch.zeros_like(hidden) if need_grad else None
         for start in range(0, hidden.shape[0], chunk_rows):
             rows = slice(start, start + chunk_rows)
-            piece = hidden[rows].detach().requires_grad_(need_grad)
+            piece = hidden[rows]
+            stacked = piece if target_hidden is None else torch.cat([piece, target_hidden[rows].to(piece.dtype)])
+            logits = stacked.to(head.dtype) @ head.t()
+            log_probs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
+            drafted = logits[:piece.shape[0]]
+            correct[rows] = drafted.argmax(dim=-1) == labels[rows]
+            if top_k:
+                unary[rows], ids[rows] = chunk_candidates(drafted, labels[rows], top_k)
+            stats, probs, shared = chunk_statistics(log_probs, piece.shape[0], labels[rows], objective)
+            del logits, drafted
+            leaves = RowStats(*(None if t is None else t.detach().requires_grad_(need_grad) for t in stats))
             with torch.enable_grad():
-                logits = piece.to(head.dtype) @ head.t()
-                log_q = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
-                log_p = None
-                if target_hidden is not None:
-                    with torch.no_grad():
-                        log_p = torch.log_softmax(target_hidden[rows].to(head.dtype) @ head.t(), dim=-1,
-                                                  dtype=torch.float32)
-                terms = chunk_terms(log_q, log_p, labels[rows], supervised[rows], decay[rows], objective, slots,
-                                    norms)
+                terms = chunk_terms(leaves, supervised[rows], decay[rows], objective, slots, norms)
                 total = sum(objective.weights[name] * terms[name] for name in names)
                 if need_grad:
-                    (grad_hidden[rows],) = torch.autograd.grad(total, piece)
-            correct[rows] = logits.detach().argmax(dim=-1) == labels[rows]
-            if top_k:
-                unary[rows], ids[rows] = chunk_candidates(logits.detach(), labels[rows], top_k)
+                    present = [t for t in leaves if t is not None]
+                    found = iter(torch.autograd.grad(total, present, allow_unused=True))
+                    coefficients = RowStats(*(None if t is None else next(found) for t in leaves))
+            if need_grad:
+                grad_logits = chunk_logit_gradient(probs, shared, coefficients, labels[rows])
+                grad_hidden[rows] = (grad_logits.to(head.dtype) @ head).to(hidden.dtype)
             values += torch.stack([terms[name].detach() for name in names])
         ctx.save_for_backward(grad_hidden)
         ctx.mark_non_differentiable(values, correct, unary, ids)
@@ -225,6 +256,46 @@ class ChunkedObjective(torch.autograd.Function):
         (grad_hidden,) = ctx.saved_tensors
         return (grad_hidden * grad_total.to(grad_hidden.dtype), None, None, None, None, None, None, None, None,
                 None, None)
+
+
+def chunk_statistics(log_probs: torch.Tensor, rows: int, labels: torch.Tensor, objective: Objective):
+    """(RowStats, probs, shared) of one chunk: log_probs [rows (+ rows of the target), vocab] fp32, the drafter's
+    rows first; probs = exp(log_probs) (q, then p), which the gradient needs; where alpha is asked, shared
+    [rows, vocab] = q where q < p, else 0: d alpha / d log q = shared (a tie, which two different products'
+    fp32 log-probabilities almost never give, counts as q >= p where autograd through torch.minimum gave half).
+    The same values as row_stats, in fewer passes over [rows, vocab]."""
+    log_q = log_probs[:rows]
+    log_q_y = log_q.gather(1, labels[:, None]).squeeze(1)
+    need_kl, need_alpha = needs(objective) if log_probs.shape[0] > rows else (False, False)
+    probs = log_probs.exp()
+    kl = alpha = shared = None
+    if need_kl:
+        kl = (log_probs[rows:] - log_q).mul_(probs[rows:]).sum(-1)
+    if need_alpha:
+        p, q = probs[rows:], probs[:rows]
+        alpha = torch.minimum(p, q).sum(-1)
+        shared = torch.where(log_q < log_probs[rows:], q, 0.0)
+    return RowStats(log_q_y, kl, alpha), probs, shared
+
+
+def chunk_logit_gradient(probs: torch.Tensor, shared: torch.Tensor | None, coefficients: RowStats,
+                         labels: torch.Tensor) -> torch.Tensor:
+    """dL/dz [rows, vocab] for z the drafter's logits, from dL/d(each row statistic) (Y for log q(y), K for KL,
+    A for alpha): with G = dL/d log q = Y onehot(y) - K p + A shared, dz = G - q sum(G), and sum(G) =
+    Y - K + A sum(shared)."""
+    rows = labels.shape[0]
+    q = probs[:rows]
+    zero = torch.zeros(rows, dtype=torch.float32, device=probs.device)
+    y_coef, k_coef, a_coef = (zero if c is None else c.float() for c in coefficients)
+    shift = k_coef - y_coef
+    if shared is not None:
+        shift = shift - a_coef * shared.sum(-1)
+    grad = q * shift[:, None]
+    if shared is not None:
+        grad.addcmul_(shared, a_coef[:, None])
+    if coefficients.kl is not None:
+        grad.addcmul_(probs[rows:], k_coef[:, None], value=-1)
+    return grad.scatter_add_(1, labels[:, None], y_coef[:, None])
 
 
 def chunked_objective(hidden: torch.Tensor, head: torch.Tensor, labels: torch.Tensor, supervised: torch.Tensor,

@@ -105,15 +105,18 @@ def test_compiled_drafter_matches_eager(cuda_target):
     assert all(torch.isfinite(p.grad).all() for p in drafter.parameters())
 
 
-def test_compiled_block_convolution_matches_eager(cuda_target):
-    """DFlash2's BlockConv compiled (kernels.compile_block_convs, as the trainer runs it on a GPU) gives the eager
-    code's loss and gradients, every parameter's."""
+@pytest.mark.parametrize("per_shape", [False, True])
+def test_compiled_block_convolution_matches_eager(cuda_target, per_shape):
+    """DFlash2's BlockConv compiled (kernels.compile_block_convs, as the trainer runs it on a GPU: one static graph
+    per bucket shape, or the dynamic graph of before) gives the eager code's loss and gradients, every
+    parameter's."""
     from trainer.model.kernels import compile_block_convs
     from trainer.training.objective import dflash_step
 
     input_ids = random_ids(cuda_target, (2, 64), seed=11)
     loss_mask = torch.ones_like(input_ids)
     features = cuda_target.features(input_ids)
+    shapes = [(2, 6 * 8)] if per_shape else None   # 2 sequences, 6 anchors of 8 slots
     results = {}
     for compiled in (False, True):
         drafter = make_drafter(cuda_target, block_size=8, seed=7, architecture="dflash2")
@@ -121,8 +124,8 @@ def test_compiled_block_convolution_matches_eager(cuda_target):
             for name, param in drafter.named_parameters():
                 if "conv" in name:
                     param.add_(0.05 * torch.randn_like(param))
-        assert compile_block_convs(drafter, torch.device("cuda"), on=compiled) == (
-            "block convolution: torch.compile" if compiled else None)
+        line = compile_block_convs(drafter, torch.device("cuda"), on=compiled, shapes=shapes)
+        assert (line is not None) == compiled and (not compiled or ("per bucket shape" in line) == per_shape)
         out = dflash_step(drafter, features, input_ids, loss_mask, num_anchors=6, block_size=8, gamma=4.0,
                           noise=0.0, generator=torch.Generator().manual_seed(0))
         out.loss.backward()
@@ -133,6 +136,36 @@ def test_compiled_block_convolution_matches_eager(cuda_target):
     assert any("base_kernel" in name for name in results[True][1])
     for name, grad in results[False][1].items():
         torch.testing.assert_close(results[True][1][name], grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_bucket_shapes_compiled_at_start_up_leave_nothing_to_compile(cuda_target):
+    """compile_block_conv_shapes warms every declared shape under the training autocast: steps of those shapes,
+    and of a shape no bucket gives (eager), compile nothing more."""
+    import contextlib
+
+    from trainer.model.kernels import compile_block_convs
+    from trainer.training.compile_warmup import compile_attention, compile_block_conv_shapes
+    from trainer.training.metrics import compiled_graphs
+    from trainer.training.objective import dflash_step
+
+    drafter = make_drafter(cuda_target, num_layers=2, block_size=8, seed=9, architecture="dflash2")
+    batches = [(2, 300, 20), (3, 410, 33), (5, 257, 40)]   # (sequences, length, anchors)
+    shapes = [(batch, anchors * 8) for batch, _, anchors in batches]
+    compile_block_convs(drafter, torch.device("cuda"), shapes=shapes)
+    lines: list[str] = []
+    compile_attention(drafter, feature_dtype=torch.float32, autocast=contextlib.nullcontext(), say=lines.append)
+    assert compile_block_conv_shapes(drafter, shapes, feature_dtype=torch.float32, autocast=contextlib.nullcontext(),
+                                     say=lines.append) == len(shapes)
+    assert all(p.grad is None for p in drafter.parameters())
+    before = compiled_graphs()
+    generator = torch.Generator().manual_seed(0)
+    for i, (batch, seq, anchors) in enumerate(batches + [(4, 333, 27)]):
+        input_ids = random_ids(cuda_target, (batch, seq), seed=30 + i)
+        out = dflash_step(drafter, cuda_target.features(input_ids), input_ids, torch.ones_like(input_ids),
+                          num_anchors=anchors, block_size=8, gamma=4.0, noise=0.0, generator=generator)
+        out.loss.backward()
+    torch.cuda.synchronize()
+    assert compiled_graphs() == before, lines
 
 
 def test_new_batch_shapes_do_not_recompile_every_step(cuda_target, capsys):

@@ -133,3 +133,48 @@ def test_target_kernels_swap_every_norm_and_swiglu_and_nothing_else(tmp_path, fa
     kernels.install_target(target.hf_model, "torch")
     kernels.install_target(target.hf_model, "liger")
     assert {type(m).__name__ for m in target.hf_model.modules() if "forward" in m.__dict__} == {norm}
+
+
+def test_block_convolution_compiles_only_the_declared_bucket_shapes_and_runs_the_rest_eager():
+    """kernels.StaticShapeConv: the trainer's bucket shapes go to the compiled convolution (a stand-in for
+    torch.compile here), any other shape and every call without autograd run the eager code; both give the
+    module's own output and gradients, and the shapes come one per bucket from the layout's batch sizes."""
+    from trainer.model.modeling_dflash import BlockConv, side_conv
+    from trainer.training.compile_warmup import conv_shapes
+
+    torch.manual_seed(0)
+    conv = BlockConv(32, kernel_size=2, group_size=16, block_size=4)
+    with torch.no_grad():
+        conv.base_kernel.normal_()
+        conv.kernel_projection.weight.normal_()
+    compiled_calls = []
+
+    def fake_compile(fn):
+        assert fn is side_conv
+        def run(*args, **kwargs):
+            compiled_calls.append(tuple(args[0].shape[:2]))
+            return fn(*args, **kwargs)
+        return run
+
+    shapes = conv_shapes([2, 3, 3], lambda batch: 12 // batch, 4)
+    assert shapes == [(2, 24), (3, 16)]   # one per bucket batch size: 6 and 4 anchors of 4 slots
+    static = kernels.StaticShapeConv(shapes, compile_fn=fake_compile)
+    for batch, tokens, grad, compiled in [(2, 24, True, True), (3, 16, True, True), (1, 8, True, False),
+                                          (2, 24, False, False)]:
+        y = torch.randn(batch, tokens, 32, requires_grad=grad)
+        normed = torch.randn(batch, tokens, 32)
+        expected_calls = len(compiled_calls) + compiled
+        for side in (0, 1):
+            with torch.set_grad_enabled(grad):
+                reference = conv(y, conv.kernels(normed), side)
+                out = static.forward(conv, y, conv.kernels(normed), side)
+            torch.testing.assert_close(out, reference)
+            if grad:
+                (g_ref,) = torch.autograd.grad(reference.square().sum(), y)
+                (g_out,) = torch.autograd.grad(out.square().sum(), y)
+                torch.testing.assert_close(g_out, g_ref)
+        assert len(compiled_calls) == expected_calls + compiled   # both sides, or neither
+    assert set(compiled_calls) == set(shapes)
+    # off a GPU nothing is bound: the modules run their own code
+    assert kernels.compile_block_convs(conv, torch.device("cpu"), shapes=shapes) is None
+    assert "forward" not in conv.__dict__

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from tests.trainer.conftest import run_trainer, write_config
-from trainer.training.losses import (Normalisers, Objective, acceptance_rate, chunk_terms, chunked_objective,
-                                     dpace_weights, expected_accepted_prefix, forward_kl)
+from trainer.training.losses import (LAMBDA_RATE, Normalisers, Objective, acceptance_rate, chunk_terms,
+                                     chunked_objective, dpace_weights, expected_accepted_prefix, forward_kl, row_stats)
 
 ALL = ("ce", "cap", "kl", "tv", "nla", "lk_hybrid")
 
@@ -27,8 +27,9 @@ def test_tv_is_one_minus_the_overlap_and_falls_as_q_meets_p() -> None:
     assert alpha.item() == pytest.approx(0.2 + 0.2 + 0.2)
     norms = Normalisers(slots=torch.tensor(1.0), blocks=torch.tensor(1.0))
     q_param = q.clone().requires_grad_()
-    terms = chunk_terms(q_param, p, torch.tensor([0]), torch.tensor([True]), torch.tensor([1.0]),
-                        Objective({"tv": 1.0}, "decay"), 1, norms)
+    tv = Objective({"tv": 1.0}, "decay")
+    terms = chunk_terms(row_stats(q_param, p, torch.tensor([0]), tv), torch.tensor([True]), torch.tensor([1.0]), tv,
+                        1, norms)
     assert terms["tv"].item() == pytest.approx(1 - 0.6)
     terms["tv"].backward()
     # the only token where q < p is token 0 and 1: raising their log-probability lowers the loss
@@ -51,8 +52,9 @@ def test_cap_is_the_expected_accepted_prefix_and_raising_q_y_lowers_the_loss() -
     # a confident block: cap's cold-start CE share exp(-3 * mean q) is small, and raising any q(y) lowers cap
     logits = torch.tensor([[4.0, 0.0, 0.0], [3.0, 0.0, 0.0], [5.0, 0.0, 0.0]], requires_grad=True)
     norms = Normalisers(slots=torch.tensor(3.0), blocks=torch.tensor(1.0))
-    terms = chunk_terms(torch.log_softmax(logits, -1), None, torch.tensor([0, 0, 0]), torch.ones(3, dtype=torch.bool),
-                        torch.ones(3), Objective({"cap": 1.0}, "decay"), 3, norms)
+    cap = Objective({"cap": 1.0}, "decay")
+    terms = chunk_terms(row_stats(torch.log_softmax(logits, -1), None, torch.tensor([0, 0, 0]), cap),
+                        torch.ones(3, dtype=torch.bool), torch.ones(3), cap, 3, norms)
     q = torch.softmax(logits.detach(), -1)[:, 0]
     lam = math.exp(-3 * q.mean().item())
     ce = -q.log().mean().item()
@@ -102,6 +104,48 @@ def test_chunked_and_unchunked_agree_and_only_the_drafter_gets_a_gradient(name, 
         assert torch.allclose(grad, results[0][1], atol=1e-6)
     # the frozen LM head and the target's states are inputs, not parameters: no gradient reaches them
     assert head.grad is None
+
+
+def reference_objective(hidden, head, target, labels, supervised, decay, objective, slots):
+    """The objectives as written before the one-pass chunk loop: whole [rows, vocab] log-softmaxes of the drafter
+    and of the target, every term by autograd through them (one chunk)."""
+    log_q = torch.log_softmax(hidden @ head.t(), -1)
+    log_p = torch.log_softmax(target @ head.t(), -1)
+    log_q_y = log_q.gather(1, labels[:, None]).squeeze(1) * supervised
+    by_block = (-1, slots)
+    if objective.slot_weights == "dpace":
+        weight = dpace_weights(log_q_y.detach().view(by_block), supervised.view(by_block), 0.5).flatten()
+        norm = supervised.sum().float()
+    else:
+        weight = decay * supervised
+        norm = weight.sum()
+    alpha = acceptance_rate(log_p, log_q)
+    kl = forward_kl(log_p, log_q)
+    lam = torch.exp(-LAMBDA_RATE * alpha).detach()
+    per_slot = {"ce": -log_q_y, "kl": kl, "tv": 1 - alpha, "nla": -torch.log(alpha),
+                "lk_hybrid": lam * kl + (1 - lam) * (1 - alpha)}
+    return sum(w * (weight * per_slot[name]).sum() / norm for name, w in objective.weights.items())
+
+
+@pytest.mark.parametrize("weights", [{"kl": 1.0}, {"lk_hybrid": 1.0}, {"ce": 0.3, "kl": 0.3, "tv": 0.2, "nla": 0.2}])
+@pytest.mark.parametrize("slot_weights", ["decay", "dpace"])
+def test_the_one_pass_chunks_give_the_whole_softmax_values_and_gradients(weights, slot_weights) -> None:
+    """kl and lk_hybrid take p from the drafter's own product and log-softmax (the target's rows stacked under
+    it) and compose the logits' gradient in closed form: the values and gradients of the whole-softmax autograd
+    reference (fp32 log-probabilities in both) to float rounding, with several chunks."""
+    slots = 3
+    hidden, head, target, labels, supervised = batch(5 * slots, 40, 6, seed=7)
+    target = 0.7 * hidden + 0.3 * target        # p near q: alpha well inside (0, 1), ties absent
+    decay = torch.exp(-torch.arange(slots, dtype=torch.float32) / 2).repeat(5)
+    objective = Objective(weights, slot_weights, dpace_alpha=0.5)
+    ours, theirs = hidden.clone().requires_grad_(), hidden.clone().requires_grad_()
+    out = chunked_objective(ours, head, labels, supervised, decay, objective, slots=slots, target_hidden=target,
+                            chunk_blocks=2)
+    out.loss.backward()
+    expected = reference_objective(theirs, head, target, labels, supervised, decay, objective, slots)
+    expected.backward()
+    assert out.loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    torch.testing.assert_close(ours.grad, theirs.grad, rtol=1e-4, atol=1e-6)
 
 
 def test_generic_ce_with_decay_weights_equals_the_fast_path() -> None:

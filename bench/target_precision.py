@@ -1,0 +1,68 @@
+"""bench_train --target-precision bf16,fp8: the target's feature pass (the step's target phase) timed in each
+precision on the same batches in one process, and the tapped hidden states' relative error against the first
+precision's. fp8 converts the target in place (trainer/model/fp8.py), so bf16 is measured first."""
+from __future__ import annotations
+
+import time
+
+import torch
+
+PRECISIONS = ("bf16", "fp8")
+
+
+def parse_precisions(text: str) -> list[str]:
+    """The --target-precision list; a ValueError naming what is wrong."""
+    names = [name for name in text.split(",") if name]
+    if not names or any(name not in PRECISIONS for name in names) or len(set(names)) != len(names):
+        raise ValueError(f"--target-precision: a list of distinct {', '.join(PRECISIONS)}, got {text!r}")
+    if names == ["fp8", "bf16"]:
+        raise ValueError("--target-precision: bf16 comes before fp8 (fp8 converts the target in place)")
+    return names
+
+
+def _features_pass(target, batches, autocast, device) -> float:
+    """Seconds of one feature pass over every batch (already on the device)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    began = time.perf_counter()
+    with torch.no_grad(), autocast:
+        for input_ids, attention_mask in batches:
+            target.features(input_ids, attention_mask)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - began
+
+
+def compare(target, stream, args, device, autocast, precisions: list[str], say) -> list[dict]:
+    """One row per precision: ms per batch of the feature pass (after an untimed pass over the same batches: Triton
+    kernels and the fp8 quantizer compile per shape on first sight), tok/s, speed-up against the first row, and
+    the relative error of the first batch's tapped states (each tap apart, and all together) against it."""
+    batches, tokens = [], 0
+    for _ in range(args.steps):
+        batch = next(stream)
+        batches.append((batch.input_ids.to(device), batch.attention_mask))
+        tokens += int(batch.attention_mask.sum())
+    hidden = target.config.hidden_size
+    rows, reference = [], None
+    for precision in precisions:
+        if precision == "fp8":   # off a GPU the products are emulated in fp32: a smoke run of this script only
+            target.to_fp8(emulate=device.type != "cuda")
+        say(f"target phase in {precision}: {target.describe()}")
+        _features_pass(target, batches, autocast, device)
+        seconds = min(_features_pass(target, batches, autocast, device) for _ in range(2))
+        with torch.no_grad(), autocast:
+            first = target.features(*batches[0]).float()
+        row = {"precision": precision + (" (emulated)" if precision == "fp8" and device.type != "cuda" else ""),
+               "target_ms_per_batch": 1000 * seconds / len(batches),
+               "tok_per_s": tokens / seconds, "batches": len(batches), "tokens": tokens}
+        if reference is None:
+            reference = first
+        else:
+            row["speedup_vs_first"] = rows[0]["target_ms_per_batch"] / row["target_ms_per_batch"]
+            row["features_relative_error"] = float((first - reference).norm() / reference.norm())
+            row["per_tap_relative_error"] = [
+                float((first[..., i * hidden:(i + 1) * hidden] - reference[..., i * hidden:(i + 1) * hidden]).norm()
+                      / reference[..., i * hidden:(i + 1) * hidden].norm()) for i in range(len(target.layer_ids))]
+        del first
+        rows.append(row)
+    return rows
