@@ -74,61 +74,18 @@ import os
 import sys
 import traceback
 
+from .argtypes import HelpShown, Parser, backoff_seconds, count, seconds
 from .errors import AgentError, BadInput
 from .protocol import (AGENT_VERSION, BAD_USAGE, DEFAULT_GRACE_S, EXIT_FAILED, EXIT_OK, INTERNAL_ERROR, NO_COMMAND,
-                       PROTOCOL_VERSION, UPLOAD_STALL_S, ascii_decimal)
-
-
-class _HelpShown(Exception):
-    """--help was asked for: the text went to stderr, stdout still gets its one JSON object."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):
-        raise BadInput("{}: {}".format(self.prog, message), code=BAD_USAGE)
-
-    def print_help(self, file=None) -> None:
-        super().print_help(sys.stderr)
-
-    def exit(self, status: int = 0, message: str | None = None):
-        if message:
-            sys.stderr.write(message)
-        if status == 0:
-            raise _HelpShown()
-        raise BadInput(message or "bad usage", code=BAD_USAGE)
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError("not a number of seconds: {!r}".format(text))
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError("seconds must be a finite number >= 0: {!r}".format(text))
-    return value
-
-
-def _backoff(text: str) -> float:
-    from .restart import check_backoff
-    try:
-        return check_backoff(_seconds(text))
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError("{}: {!r}".format(exc, text))
-
-
-def _count(text: str) -> int:
-    value = ascii_decimal(text)
-    if value is None:
-        raise argparse.ArgumentTypeError("not a count (digits 0-9): {!r}".format(text))
-    return value
+                       PROTOCOL_VERSION, UPLOAD_STALL_S)
 
 
 LEASE_HELP = "the trainer package the workload uses: leased, or the answer says it is absent (needs_deploy)"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="agent", description="dflashctl's in-container agent (one JSON object on stdout)")
-    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+    parser = Parser(prog="agent", description="dflashctl's in-container agent (one JSON object on stdout)")
+    sub = parser.add_subparsers(dest="command", parser_class=Parser)
     _add_launch(sub.add_parser("launch", help="start a supervised run and return once it is verified running"))
     check = sub.add_parser("check", help="run a workload's check in a run's environment; stdin passed on")
     check.add_argument("--env", action="append", default=[], metavar="K=V")
@@ -137,16 +94,16 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--lease-pkg", metavar="PKG_DIR", help=LEASE_HELP)
     _add_run_commands(sub)
     node_watch = sub.add_parser("node-watch", help="run a job node's torchrun; end it if it outlives its workers")
-    node_watch.add_argument("--stall", type=_seconds, required=True)
+    node_watch.add_argument("--stall", type=seconds, required=True)
     netinfo = sub.add_parser("netinfo", help="local address and interface toward an address; a free port")
     netinfo.add_argument("--toward", required=True)
     netinfo.add_argument("--free-port", action="store_true")
     pkgs = sub.add_parser("packages", help="install the trainer package on stdin; remove versions nothing uses")
     pkgs.add_argument("--dir", required=True, help="the package's directory, {workdir}/.dflash/pkg/<digest>")
     pkgs.add_argument("--runs-dir", required=True, help="whose live runs keep the versions they use")
-    pkgs.add_argument("--size", type=_count, help="install: stdin holds this many bytes of tar.gz")
+    pkgs.add_argument("--size", type=count, help="install: stdin holds this many bytes of tar.gz")
     pkgs.add_argument("--sha256", help="install: their sha256")
-    pkgs.add_argument("--stall", type=_seconds, default=UPLOAD_STALL_S,
+    pkgs.add_argument("--stall", type=seconds, default=UPLOAD_STALL_S,
                       help="install: give up after this long without a byte")
     probe = sub.add_parser("probe", help="facts doctor judges: device nodes, driver library, filesystems, limits")
     probe.add_argument("--workdir", required=True)
@@ -158,10 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
     supervise = sub.add_parser("supervise", help=argparse.SUPPRESS)
     supervise.add_argument("--runs-dir", required=True)
     supervise.add_argument("--run-id", required=True)
-    supervise.add_argument("--grace", type=_seconds)
+    supervise.add_argument("--grace", type=seconds)
     keeper = sub.add_parser("keeper", help=argparse.SUPPRESS)
     keeper.add_argument("--runs-dir", required=True)
-    keeper.add_argument("--idle-exit", type=_seconds, default=None)
+    keeper.add_argument("--idle-exit", type=seconds, default=None)
     _add_watch_commands(sub)
     return parser
 
@@ -177,24 +134,24 @@ def _add_launch(launch: argparse.ArgumentParser) -> None:
                         help="put DIR first on the PYTHONPATH the run inherits (repeat)")
     launch.add_argument("--gpus")
     launch.add_argument("--force", action="store_true", help="start even if a live run holds the GPUs")
-    launch.add_argument("--grace", type=_seconds, default=DEFAULT_GRACE_S, help="default grace of a kill (s)")
-    launch.add_argument("--verify-timeout", type=_seconds, default=10.0)
-    launch.add_argument("--settle", type=_seconds, default=1.0, help="how long the workload must stay up (s)")
+    launch.add_argument("--grace", type=seconds, default=DEFAULT_GRACE_S, help="default grace of a kill (s)")
+    launch.add_argument("--verify-timeout", type=seconds, default=10.0)
+    launch.add_argument("--settle", type=seconds, default=1.0, help="how long the workload must stay up (s)")
     launch.add_argument("--input", action="append", default=[], metavar="NAME",
                         help="a file put into the run directory; stdin is a JSON object NAME -> base64 content")
     launch.add_argument("--job-id", help="the multi-node job this run is one node of")
     launch.add_argument("--node-rank", type=int, help="this node's rank in the job (0 = rendezvous host)")
     launch.add_argument("--nnodes", type=int, help="how many nodes the job has")
-    launch.add_argument("--keeper-idle", type=_seconds,
+    launch.add_argument("--keeper-idle", type=seconds,
                         help="a keeper this launch starts exits after this long with nothing to do (default 600)")
     launch.add_argument("--restart", default="never", metavar="never|on-failure[:N]",
                         help="start the workload again after a failed or hung attempt, at most N times")
-    launch.add_argument("--restart-backoff", type=_backoff, metavar="S",
+    launch.add_argument("--restart-backoff", type=backoff_seconds, metavar="S",
                         help="seconds before the first restart, doubling after each (default 10, capped at 300)")
-    launch.add_argument("--hang-timeout", type=_seconds, metavar="S",
+    launch.add_argument("--hang-timeout", type=seconds, metavar="S",
                         help="end an attempt that printed steps and then none for S s (0: never; default: 20x its "
                              "median step interval, at least 600 s)")
-    launch.add_argument("--worker-restarts", type=_count, default=0, metavar="N",
+    launch.add_argument("--worker-restarts", type=count, default=0, metavar="N",
                         help="the workload restarts its own workers up to N times (a job node's torchrun): a hung "
                              "attempt has its workers ended, not the workload")
     launch.add_argument("--retry-arg", action="append", default=[], metavar="ARG",
@@ -215,18 +172,18 @@ def _add_run_commands(sub) -> None:
     kill = sub.add_parser("kill", help="end runs completely and verify nothing is left")
     kill.add_argument("--runs-dir", required=True)
     kill.add_argument("--run-id", nargs="+", action="extend", required=True)
-    kill.add_argument("--grace", type=_seconds)
+    kill.add_argument("--grace", type=seconds)
     relaunch = sub.add_parser("relaunch", help="start a lost run with restarts left again, once per loss")
     relaunch.add_argument("--runs-dir", required=True)
     relaunch.add_argument("--run-id", required=True)
     relaunch.add_argument("--new-run-id", required=True)
     relaunch.add_argument("--job-id", help="relaunch a job's node as the same node of this new job")
-    relaunch.add_argument("--verify-timeout", type=_seconds, default=10.0)
-    relaunch.add_argument("--settle", type=_seconds, default=1.0)
+    relaunch.add_argument("--verify-timeout", type=seconds, default=10.0)
+    relaunch.add_argument("--settle", type=seconds, default=1.0)
     cleanup = sub.add_parser("cleanup", help="reap zombies, end orphans, mark dead runs lost, report the rest")
     cleanup.add_argument("--runs-dir", required=True)
     cleanup.add_argument("--dry-run", action="store_true")
-    cleanup.add_argument("--grace", type=_seconds, default=3.0)
+    cleanup.add_argument("--grace", type=seconds, default=3.0)
     pull = sub.add_parser("pull-plan", help="the files `dflashctl pull` fetches, with size and sha256")
     pull.add_argument("--runs-dir", required=True)
     pull.add_argument("--run-id", required=True)
@@ -240,9 +197,9 @@ def _add_watch_commands(sub) -> None:
     from .watchstream import HEARTBEAT_S
     watch = sub.add_parser("watch", help="stream run records, log bytes and GPU samples as JSON lines")
     watch.add_argument("--runs-dir", required=True)
-    watch.add_argument("--gpu-interval", type=_seconds, default=1.0, help="seconds between nvidia-smi samples")
-    watch.add_argument("--heartbeat", type=_seconds, default=HEARTBEAT_S, help="seconds between heartbeats")
-    watch.add_argument("--idle-exit", type=_seconds, default=0.0,
+    watch.add_argument("--gpu-interval", type=seconds, default=1.0, help="seconds between nvidia-smi samples")
+    watch.add_argument("--heartbeat", type=seconds, default=HEARTBEAT_S, help="seconds between heartbeats")
+    watch.add_argument("--idle-exit", type=seconds, default=0.0,
                        help="exit when no command came for this long (0 = only when stdin closes)")
     lines = sub.add_parser("lines", help="lines [start, stop) of a run's train.log (sparse index)")
     lines.add_argument("--runs-dir", required=True)
@@ -387,7 +344,7 @@ def main(argv: list | None = None) -> int:
         if args.command in STREAMS:  # not a request: no answer object, the exit status says how it ended
             return run_stream(args, command)
         result = dispatch(args, command)
-    except _HelpShown:
+    except HelpShown:
         emit({"ok": True, "help": "shown on stderr"})
         return EXIT_OK
     except AgentError as exc:
