@@ -220,3 +220,38 @@ def test_a_missing_extra_is_one_line_with_its_install_hint(tmp_path):
         checked += 1
     if not checked:
         pytest.skip("this install has both the serve and the notify extras")
+
+
+def in_shell(tmp_path, shell: str, script: str) -> subprocess.CompletedProcess:
+    """`script` run by `shell` (so that it is the shell dflashctl finds among its parents), with HOME in tmp_path
+    and `dflashctl` on PATH naming the script under test."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    if not (bin_dir / "dflashctl").exists():
+        (bin_dir / "dflashctl").symlink_to(SCRIPT)
+    env = {k: v for k, v in os.environ.items() if k not in ("DFLASHCTL_INVENTORY", "_DFLASHCTL_COMPLETE")}
+    env.update(HOME=str(tmp_path), PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}", SHELL=f"/bin/{shell}")
+    # `; :` after the command keeps the shell from exec-ing it: the shell stays its parent
+    return subprocess.run([shell, "-c", f"{script}; :"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_install_completion_writes_a_bash_script_that_completes_commands_and_options(tmp_path):
+    done = in_shell(tmp_path, "bash", "dflashctl --install-completion && echo rc=$?")
+    assert "rc=0" in done.stdout and "Traceback" not in done.stderr, done.stdout + done.stderr
+    installed = tmp_path / ".bash_completions" / "dflashctl.sh"
+    assert installed.is_file() and str(installed) in (tmp_path / ".bashrc").read_text()
+    # what bash does on TAB: the script's function, asking dflashctl with the words typed so far
+    complete = f"source {installed}; COMP_WORDS=(dflashctl {{words}}); COMP_CWORD={{n}}; " \
+               "_dflashctl_completion dflashctl; printf '%s\\n' \"${{COMPREPLY[@]}}\""
+    done = in_shell(tmp_path, "bash", complete.format(words="la", n=1))
+    assert done.stdout.split() == ["launch"], done.stdout + done.stderr
+    done = in_shell(tmp_path, "bash", complete.format(words="launch --restart", n=2))
+    assert done.stdout.split() == ["--restart", "--restart-backoff"], done.stdout + done.stderr
+
+
+def test_completion_in_a_shell_it_cannot_serve_is_a_usage_error_naming_it(tmp_path):
+    done = in_shell(tmp_path, "sh", "dflashctl --show-completion; echo rc=$?")
+    assert done.stdout == "rc=2\n" and "Traceback" not in done.stderr, done.stdout + done.stderr
+    assert done.stderr.startswith("dflashctl: error: ") and "'sh'" in done.stderr.splitlines()[0], done.stderr
+    assert "bash, zsh, fish and PowerShell" in done.stderr and "Usage: dflashctl" in done.stderr

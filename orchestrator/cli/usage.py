@@ -70,7 +70,7 @@ def _named_types() -> tuple[type, ...]:
 _NAMED_TYPES = _named_types()
 
 
-def _plain(params) -> None:
+def plain_help(params) -> None:
     """Help that shows the metavars the commands give, not the type names typer >= 0.26 adds beside each one
     (`<str>`, `<bool>`, `<list[str]>`), nor those older ones show (TEXT, BOOLEAN): a flag shows nothing, an
     argument only its name."""
@@ -99,15 +99,15 @@ def _usage_piece(argument) -> str:
 
 
 class _PlainHelp:
-    """Plain help (see _plain) for every parameter and the --help option, mixed into a click command class."""
+    """Plain help (see plain_help) for every parameter and the --help option, mixed into a click command class."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        _plain(self.params)
+        plain_help(self.params)
 
     def get_help_option(self, ctx):
         option = super().get_help_option(ctx)
-        _plain([option] if option is not None else [])
+        plain_help([option] if option is not None else [])
         return option
 
 
