@@ -51,7 +51,13 @@ MISTAKES = {
     "unknown command": (["lanch", "local"], ["no such command 'lanch'", "did you mean 'launch'"]),
     "unknown option": (["ps", "--jsn"], ["No such option: --jsn", "did you mean --json?"]),
     "missing argument": (["logs"], ["Missing argument 'RUN'"]),
-    "not a number": (["logs", "x", "-n", "abc"], ["'--lines'"]),
+    # the same words from every typer (typer >= 0.26 said pydantic's "Input should be a valid integer, ...")
+    "not a number": (["logs", "x", "-n", "abc"], ["'--lines'", "expected a whole number, got 'abc'"]),
+    "not a number of seconds": (["kill", "--grace", "soon", "x"], ["'--grace'", "expected a number, got 'soon'"]),
+    "bad restart count": (["launch", "local", "--restart", "on-failure:x", "--", "true"],
+                          ["'--restart'", "bad restart count in 'on-failure:x'"]),
+    "unknown restart policy": (["launch", "local", "--restart", "always", "--", "true"],
+                               ["'--restart'", "unknown restart policy 'always'"]),
     # nan, inf and a negative number in one wording (typer's range check and ours said them differently)
     "nan seconds": (["kill", "--grace", "nan", "x"], ["'--grace'", "expected a number of at least 0, got nan"]),
     "infinite seconds": (["kill", "--grace", "inf", "x"], ["'--grace'", "expected a number of at least 0, got inf"]),
@@ -85,6 +91,14 @@ def test_each_usage_mistake_is_exit_2_with_a_message_and_the_usage(tmp_path, cas
     for word in words:
         assert word in first, done.stderr
     assert "Usage: dflashctl" in done.stderr and "--help' for help" in done.stderr
+    bad_value = args[-1] if args[-2:-1] != ["--"] else args[-4]  # each value is named once, not twice
+    assert first.count(bad_value) <= 1, first
+
+
+def test_a_target_typed_wrong_gets_the_close_inventory_name(tmp_path):
+    done = dflashctl(tmp_path, "launch", "lcoal", "--", "true")
+    assert done.returncode == 2 and done.stdout == "" and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.startswith("dflashctl: error: unknown host 'lcoal' (did you mean 'local'?)"), done.stderr
 
 
 def test_a_gpus_value_that_is_neither_indices_nor_none_is_exit_2_naming_both(tmp_path):
