@@ -51,7 +51,13 @@ MISTAKES = {
     "unknown command": (["lanch", "local"], ["no such command 'lanch'", "did you mean 'launch'"]),
     "unknown option": (["ps", "--jsn"], ["No such option: --jsn", "did you mean --json?"]),
     "missing argument": (["logs"], ["Missing argument 'RUN'"]),
-    "not a number": (["logs", "x", "-n", "abc"], ["'--lines'"]),
+    # the same words from every typer (typer >= 0.26 said pydantic's "Input should be a valid integer, ...")
+    "not a number": (["logs", "x", "-n", "abc"], ["'--lines'", "expected a whole number, got 'abc'"]),
+    "not a number of seconds": (["kill", "--grace", "soon", "x"], ["'--grace'", "expected a number, got 'soon'"]),
+    "bad restart count": (["launch", "local", "--restart", "on-failure:x", "--", "true"],
+                          ["'--restart'", "bad restart count in 'on-failure:x'"]),
+    "unknown restart policy": (["launch", "local", "--restart", "always", "--", "true"],
+                               ["'--restart'", "unknown restart policy 'always'"]),
     # nan, inf and a negative number in one wording (typer's range check and ours said them differently)
     "nan seconds": (["kill", "--grace", "nan", "x"], ["'--grace'", "expected a number of at least 0, got nan"]),
     "infinite seconds": (["kill", "--grace", "inf", "x"], ["'--grace'", "expected a number of at least 0, got inf"]),
@@ -88,6 +94,14 @@ def test_each_usage_mistake_is_exit_2_with_a_message_and_the_usage(tmp_path, cas
     for word in words:
         assert word in first, done.stderr
     assert "Usage: dflashctl" in done.stderr and "--help' for help" in done.stderr
+    bad_value = args[-1] if args[-2:-1] != ["--"] else args[-4]  # each value is named once, not twice
+    assert first.count(bad_value) <= 1, first
+
+
+def test_a_target_typed_wrong_gets_the_close_inventory_name(tmp_path):
+    done = dflashctl(tmp_path, "launch", "lcoal", "--", "true")
+    assert done.returncode == 2 and done.stdout == "" and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.startswith("dflashctl: error: unknown host 'lcoal' (did you mean 'local'?)"), done.stderr
 
 
 def test_a_gpus_value_that_is_neither_indices_nor_none_is_exit_2_naming_both(tmp_path):
@@ -223,3 +237,38 @@ def test_a_missing_extra_is_one_line_with_its_install_hint(tmp_path):
         checked += 1
     if not checked:
         pytest.skip("this install has both the serve and the notify extras")
+
+
+def in_shell(tmp_path, shell: str, script: str) -> subprocess.CompletedProcess:
+    """`script` run by `shell` (so that it is the shell dflashctl finds among its parents), with HOME in tmp_path
+    and `dflashctl` on PATH naming the script under test."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    if not (bin_dir / "dflashctl").exists():
+        (bin_dir / "dflashctl").symlink_to(SCRIPT)
+    env = {k: v for k, v in os.environ.items() if k not in ("DFLASHCTL_INVENTORY", "_DFLASHCTL_COMPLETE")}
+    env.update(HOME=str(tmp_path), PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}", SHELL=f"/bin/{shell}")
+    # `; :` after the command keeps the shell from exec-ing it: the shell stays its parent
+    return subprocess.run([shell, "-c", f"{script}; :"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_install_completion_writes_a_bash_script_that_completes_commands_and_options(tmp_path):
+    done = in_shell(tmp_path, "bash", "dflashctl --install-completion && echo rc=$?")
+    assert "rc=0" in done.stdout and "Traceback" not in done.stderr, done.stdout + done.stderr
+    installed = tmp_path / ".bash_completions" / "dflashctl.sh"
+    assert installed.is_file() and str(installed) in (tmp_path / ".bashrc").read_text()
+    # what bash does on TAB: the script's function, asking dflashctl with the words typed so far
+    complete = f"source {installed}; COMP_WORDS=(dflashctl {{words}}); COMP_CWORD={{n}}; " \
+               "_dflashctl_completion dflashctl; printf '%s\\n' \"${{COMPREPLY[@]}}\""
+    done = in_shell(tmp_path, "bash", complete.format(words="la", n=1))
+    assert done.stdout.split() == ["launch"], done.stdout + done.stderr
+    done = in_shell(tmp_path, "bash", complete.format(words="launch --restart", n=2))
+    assert done.stdout.split() == ["--restart", "--restart-backoff"], done.stdout + done.stderr
+
+
+def test_completion_in_a_shell_it_cannot_serve_is_a_usage_error_naming_it(tmp_path):
+    done = in_shell(tmp_path, "sh", "dflashctl --show-completion; echo rc=$?")
+    assert done.stdout == "rc=2\n" and "Traceback" not in done.stderr, done.stdout + done.stderr
+    assert done.stderr.startswith("dflashctl: error: ") and "'sh'" in done.stderr.splitlines()[0], done.stderr
+    assert "bash, zsh, fish and PowerShell" in done.stderr and "Usage: dflashctl" in done.stderr

@@ -36,7 +36,7 @@ def read_yaml(path: Path, text: str | bytes | None, what: str) -> Any:
     except YamlTooLarge as exc:
         raise TrainerError(f"{path}: {exc}") from None
     except OSError as exc:
-        raise TrainerError(f"cannot read config {path}: {exc.strerror}") from None
+        raise TrainerError(f"{path}: cannot read {what}: {exc.strerror or exc}") from None  # named once, first
     except UnicodeDecodeError as exc:
         raise TrainerError(f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}): "
                            "save the config as UTF-8") from None

@@ -7,7 +7,7 @@ import typer
 
 from ..errors import EXIT_USAGE, DflashError
 from ..transports.shortage import raise_open_file_limit
-from . import cleanup, demo, doctor, kill, launch, logs, ps, pull, version, watch
+from . import cleanup, completion, demo, doctor, kill, launch, logs, ps, pull, version, watch
 from .state import AppState
 from .usage import Command, CommandGroup, is_parse_error, show_parse_error
 
@@ -20,7 +20,7 @@ HELP = (
     "Exit codes: 0 success, 1 the operation failed, 2 bad usage or bad inventory/config, 3 a target unreachable."
 )
 
-app = typer.Typer(name="dflashctl", help=HELP, cls=CommandGroup, add_completion=False, rich_markup_mode="markdown",
+app = typer.Typer(name="dflashctl", help=HELP, cls=CommandGroup, add_completion=True, rich_markup_mode="markdown",
                   pretty_exceptions_enable=False, context_settings={"help_option_names": ["-h", "--help"]})
 
 
@@ -53,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     raise_open_file_limit()  # a fleet's connections: the hard limit's room, not a shell's low soft default
     command = typer.main.get_command(app)
-    if not args:  # the help, then the mistake: the same on every typer version (click's own differ)
+    completion.wire(command)
+    if not args and not completion.completing():  # the help, then the mistake: the same on every typer version (click's own differ)
         command.main(args=["--help"], prog_name="dflashctl", standalone_mode=False)
         print("dflashctl: error: no command given (one of the commands above)", file=sys.stderr)
         return EXIT_USAGE

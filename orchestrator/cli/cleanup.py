@@ -33,16 +33,19 @@ def cleanup(
         print_json({"targets": report})
     else:
         _print(report, dry_run)
+    for name, result in report.items():  # not looked at (unreachable, refused): an error, never "nothing to clean"
+        if result.get("error") and "actions" not in result:
+            say(stderr(), "dflashctl: error: " + about(name, result["error"]))
     return fanout_exit_code(outcomes, lambda result: bool(result.get("ok")))
 
 
 def _print(report: dict, dry_run: bool) -> None:
     out = stdout()
     for target, result in report.items():
+        if result.get("error") and "actions" not in result:
+            continue  # an error line on stderr (cleanup)
         if result.get("error") and not result.get("ok"):
             say(out, about(target, result["error"]))
-            if "actions" not in result:  # not looked at (unreachable, refused): never "nothing to clean"
-                continue
         actions = result.get("actions") or []
         say(out, summary(target, actions, dry_run=dry_run))
         for action in actions:

@@ -129,15 +129,18 @@ def write_prompts(path: Path, corpus: list[str]) -> None:
 
 
 def write_demo_config(base: Path, target_dir: Path, dataset: Path, *, steps: int) -> Path:
-    output = base / f"out-{time.strftime('%Y%m%d-%H%M%S')}"
+    """`base/demo.yaml`, the config docs/trainer.md shows ("A small CPU run"; a test holds them the same): its
+    paths relative to base (a launch on `local` takes them from the config's directory), so the directory can be
+    copied whole; a new output_dir per demo, so a second demo trains afresh instead of resuming the first."""
     config = {
-        "target_path": str(target_dir), "data_path": str(dataset), "output_dir": str(output),
+        "target_path": os.path.relpath(target_dir, base), "data_path": os.path.relpath(dataset, base),
+        "output_dir": f"out-{time.strftime('%Y%m%d-%H%M%S')}", "device": "cpu",
         "max_steps": steps, "block_size": 8, "num_anchors": 16, "drafter_layers": 1, "token_budget": 2048,
         "buckets": [0, 128, 256, 512], "lr": 3e-3, "warmup_ratio": 0.1, "log_every": 5, "checkpoint_every": 0,
-        "seed": 0, "device": "cpu", "num_workers": 1, "prefetch": 2,
+        "seed": 0, "num_workers": 1, "prefetch": 2,
     }
     path = base / "demo.yaml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    path.write_text(yaml.safe_dump(config, sort_keys=False, default_flow_style=None))
     return path
 
 

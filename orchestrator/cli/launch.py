@@ -30,8 +30,20 @@ from .usage import words_after_dashes
 
 CHECKED_SETTLE_S = 0.5   # a trainer run whose config passed the trainer's check must stay up this long
 
+
+def restart_policy(text: str | None) -> str | None:
+    """--restart, checked as it is parsed (a usage error with the usage line; the value named once, by the
+    policy's own message)."""
+    if text is None:
+        return None
+    try:
+        return policy_text(parse_policy(shorten(text, 40)))
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
 RESTART_OPTION = typer.Option(
-    None, "--restart", metavar="never|on-failure[:N]",
+    None, "--restart", callback=restart_policy, metavar="never|on-failure[:N]",
     help="After a failed or hung attempt, start the run again (at most N times; 3 without N), after 10 s, "
          "then 20 s, ... up to 5 min; the bundled trainer resumes from its newest complete checkpoint. "
          "The supervisor does it inside the container, with no dflashctl running. Default: the inventory's "
@@ -49,10 +61,9 @@ HANG_TIMEOUT_OPTION = typer.Option(
 def launch(
     ctx: typer.Context,
     target: str = typer.Argument(..., metavar="TARGET", help="HOST/CTID, HOST or local."),
-    command: Optional[List[str]] = typer.Argument(
-        None, metavar="[TARGET...] | [-- CMD...]",
-        help="With --config: more targets, one job across all of them. Without: run this command instead "
-             "of the bundled trainer."),
+    command: Optional[List[str]] = typer.Argument(None, metavar="[TARGET...] | [-- CMD...]", help=(
+        "With --config: more targets, one job across all of them. Without: run this command instead "
+        "of the bundled trainer.")),
     name: Optional[str] = typer.Option(None, "--name", "-n", metavar="NAME", help="Run name (default: from the command)."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", metavar="FILE",
                                           help="Trainer config (YAML) for the bundled trainer."),
@@ -88,16 +99,17 @@ def launch(
     target, at its inventory address) under a supervisor on every target, node 0 holding rank 0; every
     target is deployed before any starts. A node that dies takes the job to `failed` on every node.
 
-    Examples:
+    Examples (demo.yaml: what `dflashctl demo` writes; qwen36.yaml: docs/trainer.md's Qwen3.6-27B recipe):
 
-        dflashctl launch pve1/200 --config qwen3-8b.yaml --gpus 0-7
-        dflashctl launch pve1/200 pve2/300 --config qwen3-8b.yaml --gpus 0-7
+        dflashctl launch local --config ~/.local/share/dflashctl/demo/demo.yaml
+        dflashctl launch pve1/200 --config qwen36.yaml --gpus 0-7
+        dflashctl launch pve1/200 pve2/300 --config qwen36.yaml --gpus 0-7
         dflashctl launch local --name sweep1 -- python train.py --lr 3e-4
     """
     state: AppState = ctx.obj
     words = [target, *(command or [])]
     cut = _command_start(words, words_after_dashes(ctx, words), each=each, config=config)  # checks it early
-    healing = {"restart": check_restart(restart), "restart_backoff": restart_backoff, "hang_timeout": hang_timeout}
+    healing = {"restart": restart, "restart_backoff": restart_backoff, "hang_timeout": hang_timeout}
     options = dict(name=name, config=config, gpus=parse_gpus(gpus), env=parse_env(env), force=force, grace=grace)
     if each:
         return _launch_each(state, words, cut, options, healing, as_json=as_json)
@@ -135,16 +147,6 @@ def _launch_each(state: AppState, words: list[str], cut: int | None, options: di
     specs = [_healed(launch_spec(target, argv, **options), healing) for target in targets]
     return launch_each(state, specs, as_json=as_json, preflight=lambda client, chosen: _preflight(
         client, chosen, options["config"], force=options["force"]))
-
-
-def check_restart(text: str | None) -> str | None:
-    """--restart as given, checked before anything is contacted."""
-    if text is None:
-        return None
-    try:
-        return policy_text(parse_policy(text))
-    except ValueError as exc:
-        raise UsageError(f"bad --restart {shorten(text, 40)!r}: {exc}") from None
 
 
 def _preflight(client: RunClient, targets: list[Target], config: Path | None, *, force: bool) -> None:

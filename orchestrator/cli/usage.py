@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import re
 import sys
 
 import typer
@@ -46,7 +47,30 @@ def describe(exc: BaseException) -> str:
     message = getattr(exc, "message", None)
     if possibilities and isinstance(message, str):  # click words these differently from version to version
         return f"{message} (did you mean {' or '.join(sorted(possibilities))}?)"
+    not_a_number = _not_a_number(exc)
+    if not_a_number:
+        exc.message = not_a_number
     return exc.format_message()
+
+
+# what typer >= 0.26 (pydantic's error types) and click (its message) say of a value that is not a number
+_NUMBER_ERRORS = {"int_parsing": "a whole number", "int_from_float": "a whole number", "float_parsing": "a number"}
+_CLICK_NUMBER = re.compile(r"(.+) is not a valid (integer|float)( range)?\.$", re.DOTALL)
+
+
+def _not_a_number(exc: BaseException) -> str | None:
+    """`expected a whole number, got 'abc'`, for a number option given text, in one wording on every typer
+    (typer >= 0.26 says pydantic's "Input should be a valid integer, unable to parse string as an integer")."""
+    errors = getattr(exc.__cause__, "errors", None)
+    if callable(errors):
+        first = (errors() or [{}])[0]
+        kind = _NUMBER_ERRORS.get(first.get("type"))
+        return f"expected {kind}, got {shorten(str(first.get('input')), 40)!r}" if kind else None
+    found = _CLICK_NUMBER.match(str(getattr(exc, "message", "")))
+    if found:
+        return f"expected {'a whole number' if found.group(2) == 'integer' else 'a number'}, got " \
+               f"{shorten(found.group(1), 42)}"
+    return None
 
 
 def show_parse_error(exc: BaseException) -> int:
@@ -70,7 +94,7 @@ def _named_types() -> tuple[type, ...]:
 _NAMED_TYPES = _named_types()
 
 
-def _plain(params) -> None:
+def plain_help(params) -> None:
     """Help that shows the metavars the commands give, not the type names typer >= 0.26 adds beside each one
     (`<str>`, `<bool>`, `<list[str]>`), nor those older ones show (TEXT, BOOLEAN): a flag shows nothing, an
     argument only its name."""
@@ -99,15 +123,15 @@ def _usage_piece(argument) -> str:
 
 
 class _PlainHelp:
-    """Plain help (see _plain) for every parameter and the --help option, mixed into a click command class."""
+    """Plain help (see plain_help) for every parameter and the --help option, mixed into a click command class."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        _plain(self.params)
+        plain_help(self.params)
 
     def get_help_option(self, ctx):
         option = super().get_help_option(ctx)
-        _plain([option] if option is not None else [])
+        plain_help([option] if option is not None else [])
         return option
 
 

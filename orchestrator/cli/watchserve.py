@@ -44,6 +44,7 @@ MIN_TOKEN_CHARS = 16
 WRONG_HOST = "dflashctl watch --serve: the request's Host is not this server's address: open the URL it printed\n"
 WILDCARDS = ("0.0.0.0", "::", "")
 HOST_CHARACTERS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789.-:[]")
+LOOPBACK_NAMES = ("localhost", "ip6-localhost", "ip6-loopback")
 
 
 def is_loopback(host: str) -> bool:
@@ -77,9 +78,27 @@ def served_command(inventory: Path | None, targets: list[str], interval: float) 
 
 def page_url(host: str, port: int, token: str | None) -> str:
     """The URL to open: the address bound (this machine's name for a wildcard bind), with the token."""
-    shown = socket.getfqdn() if host in ("0.0.0.0", "::", "") else host
+    shown = (machine_name() or host or "0.0.0.0") if host in WILDCARDS else host
     shown = f"[{shown}]" if ":" in shown else shown
     return f"http://{shown}:{port}/" + (f"?token={token}" if token else "")
+
+
+def machine_name() -> str:
+    """This machine's name as other machines may know it: its full name, else its host name where the full one is
+    loopback's (a hosts file that maps the host name to 127.0.0.1 makes getfqdn() say `localhost`); "" when
+    both are."""
+    for name in (socket.getfqdn(), socket.gethostname()):
+        if name and name.split(".")[0].lower() not in LOOPBACK_NAMES:
+            return name
+    return ""
+
+
+def bind_note(host: str) -> str:
+    """What a wildcard bind means, for the line that gives the URL."""
+    if host not in WILDCARDS:
+        return ""
+    return (f"listening on every address of this machine ({host or '0.0.0.0'}): any name or address other "
+            "machines reach it by works in the URL; ")
 
 
 def token_ok(given: str | None, token: str) -> bool:
@@ -146,9 +165,9 @@ def serve(command: str, *, host: str, port: int, token: str | None, title: str, 
         raise UsageError(f"watch --serve needs textual-serve, which is not installed: {INSTALL_HINT}") from None
     server = _server_class(Server, web, AbstractAccessLogger)(command, host=host, port=port, title=title)
     server.token = token
-    server.url = page_url(host, port, token if show_token else None)
+    server.url, server.note = page_url(host, port, token if show_token else None), bind_note(host)
     if token and not show_token:
-        server.url, server.note = server.url + "?token=...", "with the token given to --token; "
+        server.url, server.note = server.url + "?token=...", server.note + "with the token given to --token; "
     server.names = served_names(host)
     server.wrong_tokens = WrongTokens()
     try:

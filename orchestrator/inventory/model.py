@@ -156,7 +156,8 @@ class Inventory:
         spec = self.model.hosts.get(name)
         if spec is None:
             known = ", ".join(self.model.hosts) or "none"
-            raise TargetNotFound(f"unknown host {name!r} (hosts in {self._where()}: {known})")
+            raise TargetNotFound(f"unknown host {shorten(name)!r}{_close(name, self.model.hosts)}; hosts in "
+                                 f"{self._where()}: {known}")
         d = self.model.defaults
         return HostConfig(
             name=name,
@@ -193,7 +194,8 @@ class Inventory:
         container = spec.containers.get(ctid)
         if container is None:
             known = ", ".join(str(c) for c in spec.containers) or "none"
-            raise TargetNotFound(f"{host_name} has no container {ctid} in {self._where()} (known: {known})")
+            raise TargetNotFound(f"{host_name} has no container {ctid}{_close(text, spec.containers, host_name)}; "
+                                 f"its containers in {self._where()}: {known}")
         return Target(
             host=host,
             ctid=ctid,
@@ -222,6 +224,12 @@ class Inventory:
 
     def _where(self) -> str:
         return str(self.path) if self.path else "the built-in inventory"
+
+
+def _close(typed: str, names, host: str | None = None) -> str:
+    """` (did you mean 'local'?)` where a host (or a container of `host`) is close to what was typed."""
+    close = difflib.get_close_matches(typed, [f"{host}/{n}" if host else n for n in names], n=2)
+    return f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
 
 
 def _expand(path: str | None) -> str | None:

@@ -44,7 +44,7 @@ def agent_answer(target: Target, result: CommandResult) -> dict:
     """The agent's one JSON answer, checked for the protocol version; bad input raised as the usage error it is."""
     payload = _agent_json(result.out)
     if payload is None:
-        raise TransportError(f"{target.name}: the agent gave no answer ({_describe(result)})")
+        raise TransportError(f"{target.name}: the agent gave no answer ({result.describe()})")
     if payload.get("version") != PROTOCOL_VERSION:
         raise TransportError(f"{target.name}: the agent speaks protocol {payload.get('version')!r}, this dflashctl "
                              f"{PROTOCOL_VERSION}")
@@ -52,14 +52,6 @@ def agent_answer(target: Target, result: CommandResult) -> dict:
         raise (TargetNotFound if payload.get("code") == UNKNOWN_RUN else UsageError)(
             f"{target.name}: {payload.get('error', 'bad input')}")
     return payload
-
-
-def _describe(result: CommandResult) -> str:
-    """The exit code and the last line said; a checked call's script is not worth repeating."""
-    if result.argv[:3] != ("sh", "-c", CHECKED_CALL):
-        return result.describe()
-    tail = result.err.strip().splitlines()[-1:] or result.out.strip().splitlines()[-1:]
-    return f"exit {result.exit_code}" + (f": {tail[0]}" if tail else "")
 
 
 def _agent_json(stdout: str) -> dict | None:

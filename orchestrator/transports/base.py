@@ -39,8 +39,12 @@ class CommandResult:
         return self.stderr.decode("utf-8", "replace")
 
     def describe(self) -> str:
-        """One line for an error message: the command, its exit code and the end of its stderr."""
+        """One line for an error message: the command, its exit code and the end of its stderr. A shell script
+        of ours (`sh -c SCRIPT`) is not quoted: what it was for is said around this, what went wrong by its
+        last line."""
         tail = self.err.strip().splitlines()[-1:] or self.out.strip().splitlines()[-1:]
+        if tuple(self.argv[:2]) == ("sh", "-c"):
+            return f"{tail[0]} (exit {self.exit_code})" if tail else f"exit {self.exit_code}"
         return f"`{' '.join(self.argv)[:120]}` exited {self.exit_code}" + (f": {tail[0]}" if tail else "")
 
 

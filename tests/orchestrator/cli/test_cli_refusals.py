@@ -47,7 +47,8 @@ def test_cleanup_of_a_host_it_could_not_reach_never_says_nothing_to_clean(tmp_pa
     for args in (["--dry-run"], []):
         code, out, err = run_cli(str(inventory), "cleanup", "dead", *args, capsys=capsys)
         assert code == 3, err
-        assert "nothing to clean" not in out and out.startswith("dead: cannot connect"), out
+        assert out == "" and "nothing to clean" not in err, out + err
+        assert err.splitlines()[-1].startswith("dflashctl: error: dead: cannot connect"), err  # as every error
 
 
 def test_kill_refuses_a_name_two_live_runs_carry_and_launch_warns(inv, capsys) -> None:

@@ -20,17 +20,19 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.parametrize("value, words", [
-    ("on-failure:-1", "bad --restart 'on-failure:-1': bad restart count"),
-    ("on-failure:x", "bad --restart 'on-failure:x': bad restart count"),
-    ("always", "bad --restart 'always': unknown restart policy 'always'"),
+    ("on-failure:-1", "'--restart': bad restart count in 'on-failure:-1'"),
+    ("on-failure:x", "'--restart': bad restart count in 'on-failure:x'"),
+    ("always", "'--restart': unknown restart policy 'always'"),
     ("on-failure:1001", "N is a whole number from 0 to 1000"),
 ])
-def test_a_bad_restart_value_is_one_usage_line(value, words, tmp_path, capsys):
+def test_a_bad_restart_value_is_a_usage_error(value, words, tmp_path, capsys):
+    """One line naming the value once, then the usage, as every other usage mistake."""
     inv = write_local_inventory(tmp_path / "inventory.yaml", tmp_path / "work")
     assert main(["--inventory", inv, "launch", "local", "--restart", value, "--", "true"]) == 2
     captured = capsys.readouterr()
-    assert captured.err.startswith("dflashctl: error: ") and words in captured.err, captured.err
-    assert len(captured.err.strip().splitlines()) == 1 and captured.out == ""
+    first = captured.err.splitlines()[0]
+    assert first.startswith("dflashctl: error: ") and words in first and first.count(value) == 1, captured.err
+    assert "Usage: dflashctl launch" in captured.err and captured.out == ""
     assert not (tmp_path / "work" / ".dflash" / "runs").exists()  # refused before anything was contacted
 
 
