@@ -269,6 +269,7 @@ class GpuTracker:
 
     def sample(self, csv: str, now: float) -> list[GpuSample]:
         gpus = parse_query_csv(csv)
+        self.error = None if gpus else self.error
         for gpu in gpus:
             self.latest[gpu.index] = gpu
             if gpu.utilization_pct is not None:
