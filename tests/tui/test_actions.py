@@ -31,6 +31,9 @@ async def test_the_kill_prompt_shows_the_run_as_it_is_now(app, source, size):
         prompt = await open_kill_prompt(pilot, "r-0001")
         details = prompt.query_one("#details-text", Static)
         assert ", step 1200," in details.content.plain
+        pid = source.run("r-0001").pid
+        assert pid is not None and f", workload pid {pid}" in details.content.plain  # not the supervisor's
+        assert "supervisor" not in details.content.plain
         source.update_run("r-0001", last_step=1250)
         await wait_until(pilot, lambda: ", step 1250," in details.content.plain, what="the newer step")
         await pilot.press("n")
