@@ -367,8 +367,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from trainer.training.startup import dump_stacks_on_signal
+    from trainer.training.startup import dump_stacks_on_signal, quiet_progress_bars
 
+    quiet_progress_bars()  # before any command loads datasets or transformers
     dump_stacks_on_signal()
     try:
         return args.run(args)
