@@ -254,7 +254,11 @@ def _add_export_command(commands) -> None:
 
 
 def _add_prepare_command(commands) -> None:
-    prepare = commands.add_parser("prepare", help="tokenize JSONL chat records into an Arrow dataset")
+    prepare = commands.add_parser(
+        "prepare", help="tokenize JSONL chat records into an Arrow dataset",
+        description="Tokenize chat records (JSONL) with the target's tokenizer and chat template into a "
+                    "memory-mapped Arrow dataset for `train`, the loss on the assistant's tokens only. A share of "
+                    "the chats is held out in OUTPUT/heldout for eval_every. OUTPUT must be new or empty.")
     prepare.add_argument("--target", required=True, help="target model directory (its tokenizer and chat template)")
     prepare.add_argument("--input", required=True, help='JSONL: {"messages": [...]} or {"prompt", "completion"}')
     prepare.add_argument("--output", required=True, help="dataset directory to write (new, or empty)")
