@@ -161,11 +161,13 @@ def _budgets(text: str) -> list[int]:
 def _tiny_target(args) -> int:
     from pathlib import Path
 
+    out_dir = Path(args.out_dir)
+    if out_dir.exists() and not out_dir.is_dir():  # --force writes over a model, never over a file
+        raise TrainerError(f"{out_dir} exists and is not a directory: give a new directory for the model")
+    if out_dir.exists() and any(out_dir.iterdir()) and not args.force:
+        raise TrainerError(f"{out_dir} is not an empty directory (--force writes over the model in it)")
     from trainer.model.tiny_target import write_tiny_target
 
-    out_dir = Path(args.out_dir)
-    if out_dir.exists() and (not out_dir.is_dir() or (any(out_dir.iterdir()) and not args.force)):
-        raise TrainerError(f"{out_dir} exists and is not an empty directory (--force writes over the model in it)")
     with about_path(out_dir, "create the directory"):
         out_dir.mkdir(parents=True, exist_ok=True)
     path = write_tiny_target(out_dir, family=args.family, composite=args.composite, seed=args.seed)

@@ -113,6 +113,10 @@ def test_tiny_target_where_nothing_can_be_made_is_one_line(a_file):
         "error: cannot create the directory /proc/x: ")
     line = one_line_refusal(run_trainer("tiny-target", a_file / "target"))
     assert line == f"error: cannot create the directory {a_file / 'target'}: {a_file} is a file, not a directory"
+    for force in ((), ("--force",)):  # a file is never written over, and --force is no advice for one
+        line = one_line_refusal(run_trainer("tiny-target", a_file, *force))
+        assert line == f"error: {a_file} exists and is not a directory: give a new directory for the model"
+    assert a_file.read_text() == "mine\n"
 
 
 def _chats(path):
