@@ -100,8 +100,7 @@ def _print_table(runs: list[dict], jobs: list[dict], now: datetime.datetime) -> 
     """The runs as a table of the columns that fit the terminal whole, then why each failed job failed."""
     out = stdout()
     rows, notes = _rows(runs, jobs, now)
-    table = _table(rows, width=out.width)
-    needed = max((Text.from_markup(row[0]).cell_len for row in rows), default=0) + 2 * CELL_PADDING + len("STATE")
+    table, needed = _table(rows, width=out.width)
     if needed <= out.width:
         out.print(table)
     else:  # a run id wider than the terminal is printed whole: the terminal wraps its line, a copy keeps it whole
@@ -134,9 +133,10 @@ def _rows(runs: list[dict], jobs: list[dict], now: datetime.datetime) -> tuple[l
     return rows, notes
 
 
-def _table(rows: list[list[str]], *, width: int) -> Table:
-    """The columns that fit `width` whole (DROP_ORDER says which go first); a number is never cut, and a run id
-    never: where even RUN and STATE do not fit whole, STATE is cut short, never below its header."""
+def _table(rows: list[list[str]], *, width: int) -> tuple[Table, int]:
+    """The columns that fit `width` whole (DROP_ORDER says which go first), and the width the table needs at
+    least; a number is never cut, and a run id never: where even RUN and STATE do not fit whole, STATE is cut
+    short, never below its header."""
     widths = widest_cells({column: column for column in COLUMNS},
                           ({column: Text.from_markup(cell) for column, cell in zip(COLUMNS, row)} for row in rows))
     shown = fit_columns(widths, width=width, gap=CELL_PADDING, drop=DROP_ORDER) or ("RUN", "STATE")
@@ -150,7 +150,7 @@ def _table(rows: list[list[str]], *, width: int) -> Table:
     indexes = [COLUMNS.index(column) for column in shown]
     for row in rows:
         table.add_row(*(row[i] for i in indexes))
-    return table
+    return table, widths["RUN"] + 2 * CELL_PADDING + len("STATE")
 
 
 def _job_rows(job: dict, now: datetime.datetime) -> list[list[str]]:
