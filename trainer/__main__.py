@@ -161,11 +161,13 @@ def _budgets(text: str) -> list[int]:
 def _tiny_target(args) -> int:
     from pathlib import Path
 
+    out_dir = Path(args.out_dir)
+    if out_dir.exists() and not out_dir.is_dir():  # --force writes over a model, never over a file
+        raise TrainerError(f"{out_dir} exists and is not a directory: give a new directory for the model")
+    if out_dir.exists() and any(out_dir.iterdir()) and not args.force:
+        raise TrainerError(f"{out_dir} is not an empty directory (--force writes over the model in it)")
     from trainer.model.tiny_target import write_tiny_target
 
-    out_dir = Path(args.out_dir)
-    if out_dir.exists() and (not out_dir.is_dir() or (any(out_dir.iterdir()) and not args.force)):
-        raise TrainerError(f"{out_dir} exists and is not an empty directory (--force writes over the model in it)")
     with about_path(out_dir, "create the directory"):
         out_dir.mkdir(parents=True, exist_ok=True)
     path = write_tiny_target(out_dir, family=args.family, composite=args.composite, seed=args.seed)
@@ -254,7 +256,11 @@ def _add_export_command(commands) -> None:
 
 
 def _add_prepare_command(commands) -> None:
-    prepare = commands.add_parser("prepare", help="tokenize JSONL chat records into an Arrow dataset")
+    prepare = commands.add_parser(
+        "prepare", help="tokenize JSONL chat records into an Arrow dataset",
+        description="Tokenize chat records (JSONL) with the target's tokenizer and chat template into a "
+                    "memory-mapped Arrow dataset for `train`, the loss on the assistant's tokens only. A share of "
+                    "the chats is held out in OUTPUT/heldout for eval_every. OUTPUT must be new or empty.")
     prepare.add_argument("--target", required=True, help="target model directory (its tokenizer and chat template)")
     prepare.add_argument("--input", required=True, help='JSONL: {"messages": [...]} or {"prompt", "completion"}')
     prepare.add_argument("--output", required=True, help="dataset directory to write (new, or empty)")
@@ -367,8 +373,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from trainer.training.startup import dump_stacks_on_signal
+    from trainer.training.startup import dump_stacks_on_signal, quiet_progress_bars
 
+    quiet_progress_bars()  # before any command loads datasets or transformers
     dump_stacks_on_signal()
     try:
         return args.run(args)

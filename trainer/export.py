@@ -102,10 +102,15 @@ def objective_of(trained: dict) -> str | None:
         return f"{trained.get('loss')!r} (unknown)"
 
 
+def _counted(count: int, noun: str) -> str:
+    """`1 layer`, `5 layers`: the card reads as English for a one-layer drafter too."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 def model_card(config: dict, facts: dict, dtype: str) -> str:
     dflash = config["dflash_config"]
     window = (f"sliding window {config['sliding_window']} on "
-              f"{config['layer_types'].count('sliding_attention')} of {config['num_hidden_layers']} layers"
+              f"{config['layer_types'].count('sliding_attention')} of {_counted(config['num_hidden_layers'], 'layer')}"
               if config.get("use_sliding_window") else "full attention in every layer")
     tau = facts["tau"]
     rows = [
@@ -115,8 +120,8 @@ def model_card(config: dict, facts: dict, dtype: str) -> str:
         ("Architecture", (config.get("architectures") or ["DFlashDraftModel"])[0]),
         ("Block size", f"{config['block_size']} (slot 0 the anchor, {config['block_size'] - 1} drafted tokens)"),
         ("Mask token id", dflash["mask_token_id"]),
-        ("Drafter", f"{config['num_hidden_layers']} layers, hidden {config['hidden_size']}, "
-                    f"{config['num_attention_heads']} heads / {config['num_key_value_heads']} KV x "
+        ("Drafter", f"{_counted(config['num_hidden_layers'], 'layer')}, hidden {config['hidden_size']}, "
+                    f"{_counted(config['num_attention_heads'], 'head')} / {config['num_key_value_heads']} KV x "
                     f"{config['head_dim']}, {window}"),
         *([("DFlash2", f"two-tap block convolution (kernel {dflash['conv_kernel_size']}, groups of "
                        f"{dflash['conv_group_size']} channels), selector of rank {dflash['selector_rank']} over the "

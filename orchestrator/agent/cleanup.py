@@ -178,8 +178,9 @@ class Cleanup:
                 owner = procfs.describe(parent)
                 self.foreign_zombies.append({
                     "parent": owner, "count": len(pids), "pids": pids, "advice": ADVICE_FOREIGN,
-                    "description": "{} zombie(s) of pid {} ({}), which no dflashctl run owns: left alone. {}".format(
-                        len(pids), parent, owner["cmdline"][:60], ADVICE_FOREIGN)})
+                    # the advice is the same for every such parent: whoever shows the list says it once
+                    "description": "{} zombie(s) of pid {} ({}), which no dflashctl run owns: left alone".format(
+                        len(pids), parent, owner["cmdline"][:60])})
         init_pids = sorted(pid for pid, stat in zombies.items() if stat.ppid == 1)
         if init_pids:
             self.findings.append({"kind": "zombies_of_init", "count": len(init_pids), "pids": init_pids,

@@ -252,7 +252,7 @@ class GpuSampler:
         self.last_row_at = 0.0
         binary = shutil.which("nvidia-smi")
         if binary is None:
-            out.send({"t": MSG_GPU, "error": "nvidia-smi not found"})
+            out.send({"t": MSG_GPU, "error": "nvidia-smi is not installed"})
             return
         # whole seconds with --loop (every nvidia-smi has it); --loop-ms only for sub-second sampling
         loop = "--loop={}".format(int(interval)) if interval >= 1 and interval == int(interval) \

@@ -52,5 +52,8 @@ def _print(report: dict, dry_run: bool) -> None:
             say(out, f"  - {action.get('description') or action}")
         for finding in result.get("unfixable") or result.get("findings") or []:
             say(out, f"  ! {finding.get('description') or finding}")
-        for foreign in result.get("foreign_zombies") or []:
-            say(out, f"  ! {foreign.get('description') or foreign}")
+        foreign = result.get("foreign_zombies") or []
+        for entry in foreign:
+            say(out, f"  ! {entry.get('description') or entry}")
+        for advice in dict.fromkeys(entry.get("advice") for entry in foreign if entry.get("advice")):
+            say(out, f"    {advice}")  # the same for every parent: once

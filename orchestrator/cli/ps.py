@@ -5,6 +5,7 @@ import datetime
 from typing import List, Optional
 
 import typer
+from rich.segment import Segments
 from rich.table import Table
 from rich.text import Text
 
@@ -99,7 +100,11 @@ def _print_table(runs: list[dict], jobs: list[dict], now: datetime.datetime) -> 
     """The runs as a table of the columns that fit the terminal whole, then why each failed job failed."""
     out = stdout()
     rows, notes = _rows(runs, jobs, now)
-    out.print(_table(rows, width=out.width))
+    table, needed = _table(rows, width=out.width)
+    if needed <= out.width:
+        out.print(table)
+    else:  # a run id wider than the terminal is printed whole: the terminal wraps its line, a copy keeps it whole
+        out.print(Segments(out.render(table, out.options.update_width(needed))), crop=False, soft_wrap=True)
     for note in notes:
         out.print(note, markup=False)
 
@@ -128,23 +133,24 @@ def _rows(runs: list[dict], jobs: list[dict], now: datetime.datetime) -> tuple[l
     return rows, notes
 
 
-def _table(rows: list[list[str]], *, width: int) -> Table:
-    """The columns that fit `width` whole (DROP_ORDER says which go first); a number is never cut. Only a run
-    id too long for even RUN and STATE is cut short, at its end."""
+def _table(rows: list[list[str]], *, width: int) -> tuple[Table, int]:
+    """The columns that fit `width` whole (DROP_ORDER says which go first), and the width the table needs at
+    least; a number is never cut, and a run id never: where even RUN and STATE do not fit whole, STATE is cut
+    short, never below its header."""
     widths = widest_cells({column: column for column in COLUMNS},
                           ({column: Text.from_markup(cell) for column, cell in zip(COLUMNS, row)} for row in rows))
     shown = fit_columns(widths, width=width, gap=CELL_PADDING, drop=DROP_ORDER) or ("RUN", "STATE")
-    room = width - sum(widths[column] + CELL_PADDING for column in shown if column != "RUN") - CELL_PADDING
+    state_room = max(width - widths["RUN"] - 2 * CELL_PADDING, len("STATE"))
     table = Table(box=None, header_style="bold")
     for column in shown:
-        if column == "RUN":
-            table.add_column(column, no_wrap=True, overflow="ellipsis", max_width=max(room, 1))
+        if column == "STATE" and shown == ("RUN", "STATE"):
+            table.add_column(column, no_wrap=True, overflow="ellipsis", max_width=min(widths[column], state_room))
         else:
             table.add_column(column, no_wrap=True, min_width=widths[column])
     indexes = [COLUMNS.index(column) for column in shown]
     for row in rows:
         table.add_row(*(row[i] for i in indexes))
-    return table
+    return table, widths["RUN"] + 2 * CELL_PADDING + len("STATE")
 
 
 def _job_rows(job: dict, now: datetime.datetime) -> list[list[str]]:

@@ -33,13 +33,13 @@ class JsonLines:
         self.out = out
         self._hosts: dict[str, tuple[bool, str | None]] = {}
 
-    def __call__(self, feed: AlertFeed) -> None:
+    def __call__(self, feed: AlertFeed, *, hosts: bool = True) -> None:
         for alert, old in feed.flagged():
             run = feed.runs.get(alert.run_id or "")
             self.print_line({"type": "alert", **asdict(alert), "name": run.name if run else None,
                          "state": run.state if run else None, "last_step_line": run.last_step_line if run else None,
                          "backlog": old})
-        for host in feed.hosts:
+        for host in feed.hosts if hosts else ():
             self._host(host)
 
     def _host(self, host: HostView) -> None:
@@ -71,7 +71,8 @@ def run_headless(source: LiveSource, destinations: Sequence[Destination], *,
     relauncher = Relauncher(source, lines.print_line)
 
     def on_feed(feed: AlertFeed) -> None:
-        lines(feed)
+        # once stopping, a host that drops is the stop's doing (Ctrl-C reaches a local watch agent too): no news
+        lines(feed, hosts=not pump.stopping)
         relauncher(feed)
     pump = AlertPump(source, destinations, on_feed=on_feed)
     previous = {sig: signal.signal(sig, lambda _signum, _frame: pump.request_stop())

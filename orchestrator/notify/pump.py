@@ -57,6 +57,10 @@ class AlertPump:
         """Have `run()` return after the read under way (safe in a signal handler)."""
         self._stop.set()
 
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
     def stop(self, *, flush_s: float = FLUSH_S) -> list[Unsent]:
         """Stop reading; give what is queued up to `flush_s` seconds to go out; what did not."""
         self._stop.set()

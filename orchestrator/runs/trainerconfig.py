@@ -48,6 +48,13 @@ def config_defaults() -> dict:
     return {name: field.default for name, field in TrainConfig.model_fields.items()}
 
 
+def config_path(base_dir: str, value: str) -> str:
+    """A config path where the trainer takes it from `base_dir` (command.config_base_dir), by its own rule."""
+    from trainer.planning.preflight import resolve_config_path
+
+    return resolve_config_path(base_dir, value)
+
+
 class ConfigRejected(UsageError):
     """The trainer's check found problems in the config (or the paths and data it names) on a target."""
 

@@ -53,7 +53,7 @@ class RunView:
     target: str
     name: str
     state: str                       # starting / running / succeeded / failed / killed / lost
-    phase: str | None = None         # loading_dataset ... training, finished (from the log)
+    phase: str | None = None         # loading_dataset ... training, finished (from the log); ended once it ended
     pid: int | None = None
     exit_code: int | None = None
     signal: int | None = None
@@ -142,6 +142,7 @@ class Snapshot:
     gpus: tuple[GpuView, ...] = ()
     hosts: tuple[HostView, ...] = ()
     alerts: tuple[AlertView, ...] = ()   # newest last
+    gpu_errors: dict[str, str] = field(default_factory=dict)  # target -> why it has no GPU samples
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -91,7 +91,8 @@ class LiveSource:
                                           for s in states for t in s.runs.values()])
             gpus = tuple(g for s in states for g in s.gpus.views())
             return Snapshot(taken_at=iso_utc(timespec="seconds"), runs=tuple(runs), gpus=gpus, hosts=self._host_views(),
-                            alerts=tuple(self._alerts))
+                            alerts=tuple(self._alerts),
+                            gpu_errors={s.target.name: s.gpus.error for s in states if s.gpus.error})
 
     def wait_for_change(self, timeout: float) -> bool:
         """True once something changed; a host's retry countdown counts as a change every second."""

@@ -34,6 +34,14 @@ def shown_phase(event: PhaseEvent, current: str | None) -> str | None:
     return PHASE_SHOWN.get(event.phase, current)
 
 
+def ended_phase(phase: str | None, state: str | None) -> str | None:
+    """The phase a run shows: an ended run's says it ended (`finished` when the trainer said so itself), never
+    the `training` a kill or a crash stopped it in."""
+    if state not in TERMINAL_STATES or phase == "finished":
+        return phase
+    return "ended"
+
+
 # the step record's figures a run's view shows the latest of (the queues are kept apart, the step is last_step)
 STEP_VALUES = tuple(name for name in RECORD_FIELDS
                     if name not in ("elapsed_s", "step", "noise", "epoch") + QUEUE_FIELDS)
@@ -236,7 +244,7 @@ class RunTracker:
         r, v = self.run, self.values
         return RunView(
             run_id=self.run_id, target=self.target, name=r.name or "", state=r.state or STARTING,
-            phase=self.phase, pid=r.pid, exit_code=r.exit_code, signal=r.signal,
+            phase=ended_phase(self.phase, r.state), pid=r.pid, exit_code=r.exit_code, signal=r.signal,
             created_at=r.created_at, ended_at=r.ended_at, log_path=r.log_path,
             gpus=tuple(r.gpus or ()), grace_s=_seconds(r.grace_s), last_step=self.last_step,
             attempt=r.attempt, max_attempts=r.max_attempts, restart_at=r.restart_at, reason=r.reason,
@@ -261,6 +269,7 @@ class GpuTracker:
 
     def sample(self, csv: str, now: float) -> list[GpuSample]:
         gpus = parse_query_csv(csv)
+        self.error = None if gpus else self.error
         for gpu in gpus:
             self.latest[gpu.index] = gpu
             if gpu.utilization_pct is not None:

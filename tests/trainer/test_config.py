@@ -106,10 +106,14 @@ def test_train_help_lists_every_config_key():
 def test_every_command_has_help():
     result = run_trainer("--help")
     assert result.returncode == 0
-    for command in ("train", "check", "prepare", "generate", "eval", "tiny-target"):
+    for command in ("train", "check", "export", "prepare", "generate", "eval", "tiny-target"):
         assert command in result.stdout
         sub = run_trainer(command, "--help")
         assert sub.returncode == 0 and "usage:" in sub.stdout
+        # a paragraph saying what it does between the usage and the options
+        description = sub.stdout.split("\n\n")[1]
+        assert not description.startswith(("options:", "optional arguments:")) and len(description) > 40, \
+            (command, sub.stdout)
 
 
 def test_tiny_target_command_writes_a_loadable_model(tmp_path):

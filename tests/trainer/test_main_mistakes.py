@@ -18,10 +18,16 @@ def one_line_refusal(result) -> str:
     return lines[0]
 
 
+def assert_no_progress_bars(result) -> None:
+    """A tqdm bar redraws itself with carriage returns: in a run's train.log every redraw stays."""
+    assert "\r" not in result.stdout + result.stderr and "it/s]" not in result.stderr, result.stderr
+
+
 def test_tiny_target_refuses_to_overwrite_a_model_and_writes_readable_weights(tmp_path):
     out = tmp_path / "target"
     first = run_trainer("tiny-target", out)
     assert first.returncode == 0, first.stderr
+    assert_no_progress_bars(first)  # transformers' "Writing model shards", as its "Loading weights" in a run
     weights = out / "model.safetensors"
     assert stat.S_IMODE(weights.stat().st_mode) & 0o044 == 0o044  # group and others may read it, umask 022
     (out / "config.json").write_text(json.dumps({"model_type": "qwen3", "mine": True}))
@@ -107,6 +113,10 @@ def test_tiny_target_where_nothing_can_be_made_is_one_line(a_file):
         "error: cannot create the directory /proc/x: ")
     line = one_line_refusal(run_trainer("tiny-target", a_file / "target"))
     assert line == f"error: cannot create the directory {a_file / 'target'}: {a_file} is a file, not a directory"
+    for force in ((), ("--force",)):  # a file is never written over, and --force is no advice for one
+        line = one_line_refusal(run_trainer("tiny-target", a_file, *force))
+        assert line == f"error: {a_file} exists and is not a directory: give a new directory for the model"
+    assert a_file.read_text() == "mine\n"
 
 
 def _chats(path):
@@ -133,6 +143,7 @@ def test_prepare_refuses_to_write_over_a_file_or_a_dataset_without_force(tiny_ta
     dataset = tmp_path / "ds"
     first = run_trainer("prepare", "--target", tiny_target, "--input", chats, "--output", dataset, "--heldout", "0.5")
     assert first.returncode == 0, first.stderr
+    assert_no_progress_bars(first)  # datasets' "Saving the dataset"
     assert "held out: 0" not in first.stdout and "held out: none" not in first.stdout, first.stdout
     assert (dataset / "heldout").is_dir()
     before = sorted(path.name for path in dataset.iterdir())

@@ -1,11 +1,14 @@
 """Fixtures for driving the real dashboard app against a FakeSource."""
 from __future__ import annotations
 
+import io
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from rich.console import Console
+from textual.app import App
 from textual.pilot import Pilot
 
 from tests.lab.workloads import stop_keeper, write_local_inventory
@@ -55,6 +58,14 @@ async def wait_for_rows(pilot: Pilot, count: int) -> RunsTable:
     table = pilot.app.query_one(RunsTable)
     await wait_until(pilot, lambda: table.row_count == count, what=f"{count} rows")
     return table
+
+
+def screen_lines(app: App) -> list[str]:
+    """What a person sees on the terminal now, as plain text lines (the screens below a dialog included)."""
+    width, height = app.size
+    console = Console(width=width, height=height, file=io.StringIO(), record=True, legacy_windows=False)
+    console.print(app.screen._compositor.render_update(full=True, screen_stack=app._background_screens))
+    return console.export_text().splitlines()
 
 
 def cell(table: RunsTable, run_id: str, column: str) -> str:

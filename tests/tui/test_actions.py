@@ -31,6 +31,9 @@ async def test_the_kill_prompt_shows_the_run_as_it_is_now(app, source, size):
         prompt = await open_kill_prompt(pilot, "r-0001")
         details = prompt.query_one("#details-text", Static)
         assert ", step 1200," in details.content.plain
+        pid = source.run("r-0001").pid
+        assert pid is not None and f", workload pid {pid}" in details.content.plain  # not the supervisor's
+        assert "supervisor" not in details.content.plain
         source.update_run("r-0001", last_step=1250)
         await wait_until(pilot, lambda: ", step 1250," in details.content.plain, what="the newer step")
         await pilot.press("n")
@@ -146,6 +149,26 @@ async def test_cleanup_with_nothing_planned_says_so_and_offers_no_confirm():
         await wait_until(pilot, lambda: isinstance(app.screen, MainScreen), what="the dialog closed")
         await pilot.pause(0.2)
         assert app.source.cleanup_calls == [("pve2/300", True)]
+
+
+async def test_the_cleanup_plan_gives_its_advice_on_foreign_zombies_once():
+    from orchestrator.agent.cleanup import ADVICE_FOREIGN
+    from tui.app import DashboardApp
+
+    foreign = [{"parent": {"pid": pid, "cmdline": "sleep 301"}, "count": 1, "pids": [pid + 1],
+                "advice": ADVICE_FOREIGN, "description": f"1 zombie(s) of pid {pid} (sleep 301), which no dflashctl "
+                                                         "run owns: left alone"} for pid in (700, 800, 900)]
+    plan = ActionResult(ok=True, message="pve2/300: nothing to clean",
+                        details={"actions": [], "findings": [], "foreign_zombies": foreign})
+    app = DashboardApp(FakeSource(scenario.snapshot(), cleanup_plan=plan), refresh_s=0.02)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for_rows(pilot, 4)
+        await select_run(pilot, "r-0003")
+        await pilot.press("c")
+        dialog = await wait_for_screen(pilot, CleanupConfirmScreen, ready="#details-text", what="the cleanup plan")
+        text = dialog.query_one("#details-text", Static).content.plain
+        assert all(entry["description"] in text for entry in foreign), text
+        assert text.count(ADVICE_FOREIGN) == 1, text
 
 
 async def test_hostile_run_name_is_shown_literally(app, source):

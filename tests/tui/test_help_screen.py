@@ -9,7 +9,7 @@ from tui.screens.help_screen import HelpScreen
 from tui.screens.log_screen import LogScreen
 from tui.screens.main_screen import MainScreen
 
-from .conftest import wait_for_rows, wait_for_screen, wait_until
+from .conftest import screen_lines, wait_for_rows, wait_for_screen, wait_until
 
 pytestmark = pytest.mark.asyncio
 
@@ -44,6 +44,21 @@ async def test_help_lists_every_binding_of_the_screens_and_prompts(app):
         assert any(line.split()[:3] == ["y", "/", "⏎"] and line.endswith("Yes") for line in lines)
         assert any(line.split()[:5] == ["?", "/", "esc", "/", "q"] for line in lines)
         assert sum("Focus Next" in line for line in lines) == 1  # keys of every screen once
+
+
+async def test_every_entry_can_be_scrolled_into_view_at_80x24(app):
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_for_rows(pilot, 4)
+        help_screen = await open_help(pilot)
+        entries = [line.strip() for line in help_screen.query_one("#help-text", Static).content.plain.splitlines()]
+        assert len(entries) > 24  # more than the terminal holds: the rest is reached by scrolling
+        seen: set[str] = set()
+        for _ in range(len(entries)):
+            await pilot.pause()
+            seen.update(part.strip() for line in screen_lines(app) for part in line.split("█"))
+            await pilot.press("down")
+        assert [entry for entry in entries if entry not in seen] == []
+        assert entries[-1].endswith("Close help")
 
 
 async def test_help_opens_over_the_full_log_too(app):

@@ -9,7 +9,7 @@ from tui.screens.log_screen import LogScreen
 from tui.screens.main_screen import MainScreen
 from tui.widgets.log_view import LogView
 
-from .conftest import select_run, wait_for_rows, wait_for_screen, wait_until
+from .conftest import screen_lines, select_run, wait_for_rows, wait_for_screen, wait_until
 
 pytestmark = pytest.mark.asyncio
 LINES = 5_000_000
@@ -143,3 +143,27 @@ async def test_log_screen_asks_first_for_the_lines_it_opens_on(app, source, size
         await settle(pilot, view)
         height = view.scrollable_content_region.height
         assert source.log_requests[0] == ("r-0001", count - height, count), source.log_requests
+
+
+async def test_log_screen_says_it_is_loading_until_the_lines_arrive(app, source, monkeypatch):
+    """Over SSH the count and the lines take a moment: the pane says so instead of showing nothing or bare `…`."""
+    source.set_log("r-0001", 30, lambda i: f"line {i}")
+    count_sent, lines_sent = threading.Event(), threading.Event()
+    real_count, real_lines = source.log_line_count, source.log_lines
+    monkeypatch.setattr(source, "log_line_count", lambda run_id: count_sent.wait(10) and real_count(run_id))
+    monkeypatch.setattr(source, "log_lines", lambda *args: lines_sent.wait(10) and real_lines(*args))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_for_rows(pilot, 4)
+        await pilot.press("l")
+        view = (await wait_for_screen(pilot, LogScreen, ready="LogView", what="the log screen")).query_one(LogView)
+        await pilot.pause(0.1)
+        assert any("loading the log" in line for line in screen_lines(app))
+        count_sent.set()
+        await wait_until(pilot, lambda: view.line_count == 30, what="the line count")
+        await pilot.pause(0.1)
+        rows = [line.strip() for line in screen_lines(app)[1:-1] if line.strip()]
+        assert rows and all(row.split()[1] == "loading…" for row in rows), rows
+        lines_sent.set()
+        await settle(pilot, view)
+        assert screen_lines(app)[-2].split()[:3] == ["30", "line", "29"]
+        assert not any("loading" in line for line in screen_lines(app))

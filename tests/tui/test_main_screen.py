@@ -249,3 +249,16 @@ async def test_the_runs_table_title_stands_out_from_the_background(app, size):
             title = runs.styles.border_top[1]
         background = app.screen.styles.background
         assert abs(title.brightness - background.brightness) > 0.4, (title, background)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)])
+async def test_a_target_without_nvidia_smi_says_so_instead_of_no_gpu_samples(app, source, size):
+    source.mutate(lambda snap: dataclasses.replace(snap, gpu_errors={"pve1/201": "nvidia-smi is not installed"}))
+    async with app.run_test(size=size) as pilot:
+        await wait_for_rows(pilot, 4)
+        await select_run(pilot, "r-0002")  # on pve1/201, which sends no GPU samples
+        shown = app.query_one("#gpu-line" if size == (80, 24) else "#gpus")
+        await wait_until(pilot, lambda: "nvidia-smi is not installed" in shown.render().plain, what="the reason")
+        assert "no GPU samples" not in shown.render().plain
+        await select_run(pilot, "r-0001")  # a target that samples: its GPUs, and no word of the other's
+        await wait_until(pilot, lambda: "not installed" not in shown.render().plain, what="r-0001's GPUs")

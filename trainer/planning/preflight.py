@@ -154,6 +154,12 @@ def with_base_dir(config: TrainConfig, base_dir: str | None) -> TrainConfig:
     return config
 
 
+def resolve_config_path(base_dir: str, value: str) -> str:
+    """A config path as the trainer takes it from `base_dir` (absolute ones as they are, `~` this user's home);
+    `dflashctl doctor` places the paths it looks at by this rule too."""
+    return os.path.normpath(os.path.join(os.path.abspath(base_dir), os.path.expanduser(value)))
+
+
 class _Resolver:
     """Relative config paths, taken from the base directory (the run's, which may not exist yet)."""
 
@@ -163,7 +169,7 @@ class _Resolver:
     def __call__(self, value: str) -> Path:
         if self.base is None:
             return Path(value)
-        return Path(os.path.normpath(os.path.join(self.base, os.path.expanduser(value))))
+        return Path(resolve_config_path(self.base, value))
 
     def to_be_made(self, path: Path) -> bool:
         """True for the base directory itself and anything under it: it is created when the run starts."""

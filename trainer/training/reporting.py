@@ -1,8 +1,9 @@
 """Where else a run's numbers go, besides its step lines and metrics.jsonl: the experiment trackers users of
 other trainers compare runs in (`report_to:` in the config). Rank 0 only, as the step lines.
 
-Each tracker gets, under the run's name, every numeric field of every metrics.jsonl step record (loss, acc,
-lr, tok/s, the τ figures, the phase times) at its step, and the resolved config once. TensorBoard writes
+Each tracker gets, under the run's name, every metric of every metrics.jsonl step record (loss, acc, lr, tok/s,
+the τ figures, the phase times; not the record's version nor the world size) at its step, and the resolved config
+once. TensorBoard writes
 event files to {output_dir}/tensorboard; Weights & Biases runs offline (files under {output_dir}/wandb) unless
 the user configured it (WANDB_MODE, WANDB_API_KEY, or a `wandb login`); MLflow logs to MLFLOW_TRACKING_URI,
 else to {output_dir}/mlruns. Each is an optional package: a config that names a missing one is refused by the
@@ -15,6 +16,8 @@ from pathlib import Path
 from typing import Protocol
 
 PROJECT = "dflash"  # the W&B project and MLflow experiment runs land in unless the user's environment says
+# numbers of a step record that are not measurements: its x axis, the record's schema version, the run's size
+NOT_METRICS = frozenset({"step", "v", "world_size"})
 
 
 class Reporter(Protocol):
@@ -38,9 +41,10 @@ def open_reporters(report_to: list[str], *, output_dir: Path, config: dict, conf
 
 
 def numbers_of(record: dict) -> dict[str, float]:
-    """The numeric fields of a metrics.jsonl step record, lists (queue depths, histograms) and the step left out."""
+    """The metrics of a metrics.jsonl step record: its numeric fields but those NOT_METRICS names, lists (queue
+    depths, histograms) left out."""
     return {key: float(value) for key, value in record.items()
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "step"}
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in NOT_METRICS}
 
 
 class TensorBoard:

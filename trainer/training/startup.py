@@ -43,6 +43,16 @@ def default_cuda_allocator(environ: dict | None = None) -> str:
     return env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 
 
+def quiet_progress_bars(environ: dict | None = None) -> None:
+    """No tqdm bars from datasets, transformers and huggingface_hub (loading weights, writing shards, saving a
+    dataset): under the supervisor stderr is train.log, where every redraw of a bar stays, a "line" of carriage
+    returns that `logs` and the dashboard show. Each library reads its switch once, when it loads: call this
+    before; a switch the caller set is kept."""
+    env = os.environ if environ is None else environ
+    for name in ("HF_DATASETS_DISABLE_PROGRESS_BARS", "HF_HUB_DISABLE_PROGRESS_BARS"):  # transformers: the hub's
+        env.setdefault(name, "1")
+
+
 def dump_stacks_on_signal() -> None:
     """SIGUSR1 writes every thread's Python stack to stderr (the run's log) and the process goes on: what a
     supervisor that judged the run hung sends before it ends it, so the log shows where it was stuck."""

@@ -55,6 +55,9 @@ def plan_text(plan: ActionResult) -> Text:
             text.append("\n  • ")
             text.append(str(entry.get("description") or entry) if isinstance(entry, Mapping) else str(entry),
                         style="yellow")
+        for advice in dict.fromkeys(entry.get("advice") for entry in foreign
+                                    if isinstance(entry, Mapping) and entry.get("advice")):
+            text.append(f"\n  {advice}", style="yellow")  # the same for every parent: said once
     return text
 
 

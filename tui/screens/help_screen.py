@@ -9,7 +9,7 @@ from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
 from textual.dom import DOMNode
 from textual.screen import ModalScreen
-from textual.widgets import Label, Static
+from textual.widgets import Static
 
 # (section title, the classes whose bindings it lists, whether inherited bindings count)
 HelpSection = tuple[str, Sequence[type[DOMNode]], bool]
@@ -21,8 +21,8 @@ class HelpScreen(ModalScreen[None]):
     HelpScreen > #help-dialog {
         width: 64; max-width: 100%; height: auto; max-height: 100%;
         border: thick $primary; background: $surface; padding: 0 1;
+        border-title-style: bold; border-title-color: $text;
     }
-    HelpScreen #help-title { text-style: bold; width: 1fr; }
     HelpScreen #help-keys { height: auto; max-height: 100%; }
     """
     BINDINGS = [Binding("question_mark,escape,q", "close", "Close help")]
@@ -32,8 +32,10 @@ class HelpScreen(ModalScreen[None]):
         self.sections = tuple(sections)
 
     def compose(self) -> ComposeResult:
-        with Vertical(id="help-dialog"):
-            yield Label("Keys (? escape or q closes)", id="help-title")
+        # the title sits on the border so that the scrolled keys are the dialog's only child: a title line
+        # beside them pushed the last key below the dialog's edge at 80x24, out of reach of any scrolling
+        with Vertical(id="help-dialog") as dialog:
+            dialog.border_title = "Keys (? escape or q closes; arrows scroll)"
             with VerticalScroll(id="help-keys"):
                 yield Static(self.keys_text(), id="help-text")
 

@@ -44,7 +44,7 @@ def kill_details(run: RunView) -> Text:
     if run.last_step is not None:
         details.append(f", step {run.last_step}")
     if run.pid is not None:
-        details.append(f", supervisor pid {run.pid}")
+        details.append(f", workload pid {run.pid}")  # the record's pid: what the supervisor started
     if run.gpus:
         details.append(f", GPUs {','.join(str(gpu) for gpu in run.gpus)}")
     details.append("\nEvery process of the run gets SIGTERM; what is left after the grace gets SIGKILL.")

@@ -143,8 +143,12 @@ class MainScreen(Screen):
         self.query_one(MetricCharts).show_run(run)
         self.query_one(QueueBars).show_run(run)
         self.query_one(BottleneckLine).show_run(run)
-        self.query_one(GpuPanel).show(gpus, () if run is None else run.gpus)
-        self.query_one(GpuSummary).show(gpus, ", ".join(sorted(targets)))
+        errors = {target: self.snapshot.gpu_errors[target] for target in sorted(targets)
+                  if target in self.snapshot.gpu_errors}
+        # what the target said instead of samples; a job's nodes each say it of their own container
+        why_none = "; ".join(errors.values() if len(targets) == 1 else (f"{t}: {e}" for t, e in errors.items()))
+        self.query_one(GpuPanel).show(gpus, () if run is None else run.gpus, why_none=why_none)
+        self.query_one(GpuSummary).show(gpus, ", ".join(sorted(targets)), why_none=why_none)
         self.query_one(LogTail).show_run(run)
         label = "" if run is None else f" · {escape(run_label(run))}"
         exceptions = f" · [b red]{run.exceptions} exception(s)[/]" if run is not None and run.exceptions else ""

@@ -10,6 +10,7 @@ from orchestrator.display import format_gib
 from orchestrator.watch.model import GpuView
 
 SPARK_BLOCKS = "▁▂▃▄▅▆▇█"
+NO_SAMPLES = "no GPU samples"
 PREFIX_CHARS = 21
 
 
@@ -22,16 +23,18 @@ class GpuPanel(Widget):
         super().__init__(id=id)
         self._gpus: tuple[GpuView, ...] = ()
         self._run_gpus: tuple[int, ...] = ()
+        self._why_none = ""
 
-    def show(self, gpus: Sequence[GpuView], run_gpus: Sequence[int] = ()) -> None:
+    def show(self, gpus: Sequence[GpuView], run_gpus: Sequence[int] = (), *, why_none: str = "") -> None:
+        """`why_none`: what the target said instead of samples (`nvidia-smi is not installed`)."""
         gpus, run_gpus = tuple(gpus), tuple(run_gpus)
-        if (gpus, run_gpus) != (self._gpus, self._run_gpus):
-            self._gpus, self._run_gpus = gpus, run_gpus
+        if (gpus, run_gpus, why_none) != (self._gpus, self._run_gpus, self._why_none):
+            self._gpus, self._run_gpus, self._why_none = gpus, run_gpus, why_none
             self.refresh(layout=True)
 
     def render(self) -> Text:
         if not self._gpus:
-            return Text("no GPU samples", style="dim")
+            return Text(self._why_none or NO_SAMPLES, style="dim")
         spark_width = max(self.size.width - PREFIX_CHARS, 0)
         lines = [gpu_line(gpu, gpu.index in self._run_gpus, spark_width) for gpu in self._gpus]
         return Text("\n", no_wrap=True, overflow="crop").join(lines)

@@ -10,7 +10,7 @@ from textual.widget import Widget
 from orchestrator.display import format_gib
 from orchestrator.watch.model import GpuView
 
-from .gpu_panel import sparkline
+from .gpu_panel import NO_SAMPLES, sparkline
 
 
 class GpuSummary(Widget):
@@ -22,17 +22,18 @@ class GpuSummary(Widget):
         super().__init__(id=id)
         self._gpus: tuple[GpuView, ...] = ()
         self._where = ""
+        self._why_none = ""
 
-    def show(self, gpus: Sequence[GpuView], where: str) -> None:
+    def show(self, gpus: Sequence[GpuView], where: str, *, why_none: str = "") -> None:
         gpus = tuple(gpus)
-        if (gpus, where) != (self._gpus, self._where):
-            self._gpus, self._where = gpus, where
+        if (gpus, where, why_none) != (self._gpus, self._where, self._why_none):
+            self._gpus, self._where, self._why_none = gpus, where, why_none
             self.refresh()
 
     def render(self) -> Text:
         label = Text.assemble(("GPUs", "bold"), (f" {self._where}" if self._where else "", "bold"), " · ")
         if not self._gpus:
-            return label + Text("no GPU samples", style="dim")
+            return label + Text(self._why_none or NO_SAMPLES, style="dim")
         detailed = label + gpu_numbers(self._gpus)
         if detailed.cell_len <= self.size.width:
             return detailed

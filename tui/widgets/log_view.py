@@ -15,7 +15,10 @@ from textual.timer import Timer
 from ..loghighlight import clean_line, styled_line
 
 MAX_CACHED_LINES = 20_000
-PLACEHOLDER = "…"
+# What stands where a line is not here yet: the count or the lines are on their way (over SSH, a moment)
+COUNTING = "loading the log…"
+PLACEHOLDER = "loading…"
+EMPTY = "the log is empty"
 SETTLE_S = 0.05
 REASK_AFTER_S = 2.0
 
@@ -40,6 +43,7 @@ class LogView(ScrollView, can_focus=True):
         super().__init__(id=id)
         self._lines: dict[int, str] = {}
         self._line_count = 0
+        self._counted = False  # no count yet: the view says it is loading instead of showing nothing
         self._widest = 0
         self._wanted: tuple[int, int] | None = None
         self._wanted_at = 0.0
@@ -69,6 +73,7 @@ class LogView(ScrollView, can_focus=True):
         if count < self._line_count:  # the log was truncated or replaced: what we hold is stale
             self._lines.clear()
         self._line_count = count
+        self._counted = True
         self._resize_virtual()
         # After the refresh: only then does the new virtual size bound the scroll position.
         self.call_after_refresh(self._follow_end if self.follow else self._want_missing)
@@ -150,11 +155,15 @@ class LogView(ScrollView, can_focus=True):
         width = self.scrollable_content_region.width
         style = self.rich_style
         if line_no >= self._line_count:
-            return Strip.blank(width, style)
+            if line_no > 0:
+                return Strip.blank(width, style)
+            note = Text.styled(EMPTY if self._counted else COUNTING, "dim italic")
+            note.stylize_before(style)
+            return Strip(note.render(self.app.console)).crop_extend(0, width, style)
         gutter = self._gutter_width()
         number = Segment(f"{line_no + 1:>{gutter - 1}} ", style + self.get_component_rich_style("log-view--gutter"))
         text = self._lines.get(line_no)
-        line = Text.styled(PLACEHOLDER, "dim") if text is None else styled_line(text, self._exception_lines)
+        line = Text.styled(PLACEHOLDER, "dim italic") if text is None else styled_line(text, self._exception_lines)
         line.stylize_before(style)
         body = Strip(line.render(self.app.console)).crop_extend(scroll_x, scroll_x + width - gutter, style)
         return Strip([number, *body], width)

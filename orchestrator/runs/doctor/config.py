@@ -13,24 +13,23 @@ READ_KEYS = ("target_path", "data_path")
 VOLATILE = ("tmpfs", "ramfs")
 
 
-def _absolute_paths(facts: Facts):
-    """(key, path, its filesystem facts) of the config's absolute paths; relative ones are the trainer's
-    check's business (they are taken from the launch's base directory, command.config_base_dir)."""
-    for key, path in (facts.needs.paths.items() if facts.needs else ()):
-        if path.startswith("/"):
-            yield key, path, (facts.probe.get("paths") or {}).get(path) or {}
+def _config_paths(facts: Facts):
+    """(key, path, its filesystem facts) of the config's paths, placed as the trainer's check places them
+    (facts.resolved_paths)."""
+    for key, path in facts.paths.items():
+        yield key, path, (facts.probe.get("paths") or {}).get(path) or {}
 
 
 def missing_paths(facts: Facts) -> list[Row]:
     """The target and data paths are there (doctor only: at launch the trainer's own check says it, better)."""
     return [Row(f"config.{key}", FAIL, f"{path} does not exist on {facts.target.name}",
                 f"copy it there or correct `{key}` in {facts.needs.source}")
-            for key, path, fs in _absolute_paths(facts) if key in READ_KEYS and not fs.get("exists")]
+            for key, path, fs in _config_paths(facts) if key in READ_KEYS and not fs.get("exists")]
 
 
 def volatile_paths(facts: Facts) -> list[Row]:
     rows = []
-    for key, path, fs in _absolute_paths(facts):
+    for key, path, fs in _config_paths(facts):
         if key in READ_KEYS and not fs.get("exists"):
             continue
         if fs.get("fstype") in VOLATILE:
@@ -72,8 +71,8 @@ def checkpoint_space(facts: Facts) -> Row | None:
         count = needs.keep_checkpoints + 1   # the next one is written before the oldest goes
     else:
         count = needs.max_steps // needs.checkpoint_every + 1 if needs.max_steps else None
-    out = needs.paths.get("output_dir", "")
-    fs = (facts.probe.get("paths") or {}).get(out) if out.startswith("/") else facts.probe.get("workdir")
+    out = facts.paths.get("output_dir", "")
+    fs = (facts.probe.get("paths") or {}).get(out) if out else facts.probe.get("workdir")
     free = (fs or {}).get("free_bytes")
     if count is None:
         return Row("config.checkpoints", WARN, f"~{format_bytes(size)} per checkpoint and keep_checkpoints: 0 keeps "

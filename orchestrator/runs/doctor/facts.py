@@ -18,8 +18,9 @@ from ...transports.base import Transport
 from ...transports.pct import PctTransport
 from ...transports.timeouts import AGENT_TIMEOUT_S, PROBE_TIMEOUT_S
 from ..client import RunClient
+from ..command import config_base_dir
 from ..spec import runs_dir
-from ..trainerconfig import config_defaults, config_file
+from ..trainerconfig import config_defaults, config_file, config_path
 from .pctconfig import CtConfig, parse_ct_config
 
 # "$@", when given, is `pct config CTID` (pct as the inventory spells it): one round trip for everything
@@ -65,9 +66,24 @@ class Facts:
     smi_gpus: list[dict] | None = None         # nvidia-smi's rows (GpuInfo.as_dict), None where it did not answer
 
     @property
+    def paths(self) -> dict[str, str]:
+        """The config's paths on this target, as its trainer check places them (resolved_paths)."""
+        return resolved_paths(self.needs, self.target)
+
+    @property
     def nproc(self) -> int:
         """Processes a run starts on this target: one per GPU, one where it runs on the CPU."""
         return 1 if self.needs is not None and self.needs.cpu_only else max(self.expected_gpus, 1)
+
+
+def resolved_paths(needs: Needs | None, target: Target) -> dict[str, str]:
+    """The config's paths where the trainer's check on `target` takes them: relative ones from the launch's base
+    directory (command.config_base_dir: on `local` the config file's), by the trainer's own rule. A `~` path on
+    another machine is left to that check: whose home it names is known only there."""
+    if needs is None:
+        return {}
+    base, here = config_base_dir(target, needs.source), target.host.transport == "local"
+    return {key: config_path(base, path) for key, path in needs.paths.items() if here or not path.startswith("~")}
 
 
 def read_needs(config: Path) -> Needs:
@@ -136,11 +152,11 @@ def container_probe(client: RunClient, target: Target, gpus: int, needs: Needs |
     args = ["probe", "--workdir", target.workdir, "--runs-dir", runs_dir(target)]
     for node in expected_nodes(gpus):
         args += ["--node", node]
-    for path in (needs.paths.values() if needs else ()):
-        if path.startswith("/"):
-            args += ["--path", path]
-    if needs and needs.paths.get("target_path", "").startswith("/"):
-        args += ["--model", needs.paths["target_path"]]
+    paths = resolved_paths(needs, target)
+    for path in paths.values():
+        args += ["--path", path]
+    if "target_path" in paths:
+        args += ["--model", paths["target_path"]]
     try:
         payload = client.agent(target, args, timeout=AGENT_TIMEOUT_S)
     except DflashError as exc:

@@ -224,10 +224,10 @@ def test_without_nvidia_smi_one_error_and_heartbeats(runs: Path, tmp_path: Path)
     runs.mkdir()
     agent = Agent(runs, env=no_gpu_env(tmp_path), args=("--heartbeat", "0.3"))
     try:
-        assert "not found" in agent.expect(lambda m: m.get("t") == "gpu")["error"]
+        assert "not installed" in agent.expect(lambda m: m.get("t") == "gpu")["error"]
         agent.expect(lambda m: m.get("t") == "hb")
         agent.expect(lambda m: m.get("t") == "hb")
-        assert [m for m in agent.seen if m.get("t") == "gpu"] == [{"t": "gpu", "error": "nvidia-smi not found"}]
+        assert [m for m in agent.seen if m.get("t") == "gpu"] == [{"t": "gpu", "error": "nvidia-smi is not installed"}]
     finally:
         assert agent.close() == 0
 

@@ -53,6 +53,22 @@ def test_cleanup_never_plans_to_end_a_process_no_run_owns(inv, capsys, foreign_s
     assert code == 0 and result["targets"]["local"]["runs"][0]["state"] == "killed"
 
 
+def test_cleanup_gives_its_advice_on_foreign_zombies_once_however_many_parents(inv, capsys):
+    parents = [start_foreign_stuck_parent() for _ in range(3)]
+    try:
+        code, text, err = run_cli(inv, "cleanup", "local", "--dry-run", capsys=capsys)
+        code_json, plan, _ = run_cli(inv, "cleanup", "local", "--dry-run", "--json", capsys=capsys)
+    finally:
+        for proc in parents:
+            proc.kill()
+            proc.wait()
+    assert code == 0 and code_json == 0, err
+    for proc in parents:  # each parent its own line
+        assert f"zombie(s) of pid {proc.pid} (sleep 301), which no dflashctl run owns: left alone" in text, text
+    advice = plan["targets"]["local"]["foreign_zombies"][0]["advice"]
+    assert "restart of that container" in advice and text.count(advice) == 1, text
+
+
 @pytest.fixture
 def full_workdir(tmp_path: Path):
     """A workdir on its own small tmpfs (filled by the test with fill()), and an inventory for it."""

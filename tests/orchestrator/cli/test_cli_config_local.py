@@ -3,6 +3,8 @@ does, a config file that is not UTF-8 is the same one-line usage error (exit 2) 
 what --json has."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.lab.workloads import run_cli
@@ -43,3 +45,26 @@ def test_doctor_s_table_has_the_agent_column_its_json_has(inv, capsys, monkeypat
     cells = [cell.strip() for cell in row.strip("│").split("│")]
     names = [cell.strip() for cell in header.strip("┃").split("┃")]
     assert cells[names.index("agent")] == agent
+
+
+def test_doctor_takes_a_configs_relative_paths_from_where_the_trainers_check_does(inv, tmp_path, capsys, monkeypatch):
+    """On `local` from the config file's directory, whatever the shell's: doctor's own rows (the target's size,
+    the paths' filesystems) and the trainer's check in the same table speak of the same files."""
+    project = tmp_path / "project"
+    (project / "model").mkdir(parents=True)
+    (project / "model" / "config.json").write_text(json.dumps({
+        "model_type": "qwen3", "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "num_hidden_layers": 4, "vocab_size": 256}))
+    config = project / "small.yaml"
+    config.write_text("target_path: model\ndata_path: data\noutput_dir: out\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    code, result, err = run_cli(inv, "doctor", "local", "--config", str(config), "--json", capsys=capsys)
+    rows = {row["name"]: row for row in result["targets"]["local"]["checks"] if row["name"].startswith("config.")}
+    checked = [row["detail"] for row in result["targets"]["local"]["checks"] if row["name"] == "trainer check"]
+    assert rows["config.target_path"]["status"] == "ok", rows
+    assert rows["config.target_path"]["detail"].startswith(f"{project / 'model'} on "), rows
+    assert "size not estimated" not in rows["config.checkpoints"]["detail"], rows  # its config.json was read
+    assert rows["config.data_path"]["detail"] == f"{project / 'data'} does not exist on local", rows
+    assert any(str(project / "data") in detail for detail in checked), checked  # the same path, both ways

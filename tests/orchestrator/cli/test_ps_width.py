@@ -72,6 +72,24 @@ def test_ps_shows_whole_columns_that_fit_the_terminal(inv, capsys, monkeypatch, 
     assert by_id[runs[0]["run_id"]]["STEP"] == "812345"
 
 
+def test_ps_never_cuts_a_run_id_on_a_narrow_terminal(inv, capsys, monkeypatch, runs):
+    """Below what RUN, STATE and STEP take, STEP is left out and STATE cut short; the id stays whole, even on a
+    terminal narrower than it and STATE's header (the line is longer then, and the terminal wraps it)."""
+    longest = max(len(r["run_id"]) for r in runs)
+    for width in (longest + 12, longest + 9, 30):
+        monkeypatch.setenv("COLUMNS", str(width))
+        code, out, err = run_cli(inv, "ps", capsys=capsys)
+        assert code == 0, err
+        lines = [line.rstrip() for line in out.splitlines() if line.strip()]
+        assert lines[0].split()[:2] == ["RUN", "STATE"], (width, out)
+        assert sorted(line.split()[0] for line in lines[1:]) == sorted(r["run_id"] for r in runs), (width, out)
+        if width >= longest + 9:  # room for the id and a cut STATE: no line is wider than the terminal
+            assert all(len(line) <= width for line in lines), (width, out)
+        states = {r["run_id"]: r["state"] for r in runs}
+        for run_id, state in (line.split()[:2] for line in lines[1:]):
+            assert state.rstrip("…") and states[run_id].startswith(state.rstrip("…")), (width, out)
+
+
 def test_fit_columns_leaves_whole_columns_out_in_the_order_given():
     from orchestrator.display import fit_columns
 

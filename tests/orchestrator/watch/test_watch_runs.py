@@ -73,6 +73,19 @@ def test_compiling_is_a_phase_until_the_first_step_and_held_idle_gpus_are_not_an
     assert run.view().phase == "training" and run.view().last_step == 1
 
 
+def test_an_ended_runs_phase_says_it_ended() -> None:
+    for state in ("failed", "killed", "lost", "succeeded"):
+        run = tracker()
+        run.feed(0, 1, STEP.format(i=1).encode(), now=0.0)
+        assert run.view().phase == "training"
+        run.update_record({"run_id": "r", "state": state}, now=1.0)
+        assert run.view().phase == "ended" and run.view().last_step == 1
+    finished = tracker()
+    finished.feed(0, 1, (STEP.format(i=1) + "Finished: 1 steps in 9.0s; saved\n").encode(), now=0.0)
+    finished.update_record({"run_id": "r", "state": "succeeded", "exit_code": 0}, now=1.0)
+    assert finished.view().phase == "finished"
+
+
 def test_the_view_carries_the_grace_the_run_recorded() -> None:
     assert RunTracker("local", {"run_id": "r", "state": "running", "grace_s": 5.0}, history=1, tail=1).view().grace_s \
         == 5.0

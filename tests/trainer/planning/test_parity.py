@@ -207,6 +207,19 @@ def test_the_card_takes_the_latest_eval_and_heldout_tau_up_to_the_checkpoints_st
     assert "| Held-out tau, replayed | (not measured" in model_card(CARD_CONFIG, training_facts(checkpoint), "bf16")
 
 
+def test_the_card_counts_a_one_layer_drafters_layers_in_the_singular():
+    from trainer.export import model_card
+
+    facts = {"step": 4, "target": "/models/t", "tau": None, "heldout": None}
+    one = {**CARD_CONFIG, "num_attention_heads": 1, "num_key_value_heads": 1}
+    assert "| Drafter | 1 layer, hidden 64, 1 head / 1 KV x 16, full attention in every layer |" in \
+        model_card(one, facts, "bfloat16")
+    windowed = {**CARD_CONFIG, "num_hidden_layers": 2, "use_sliding_window": True, "sliding_window": 32,
+                "layer_types": ["sliding_attention", "full_attention"]}
+    assert "| Drafter | 2 layers, hidden 64, 4 heads / 2 KV x 16, sliding window 32 on 1 of 2 layers |" in \
+        model_card(windowed, facts, "bfloat16")
+
+
 def test_the_card_names_the_objective_the_checkpoint_was_trained_with(tmp_path):
     from trainer.export import model_card, training_facts
 

@@ -54,3 +54,34 @@ def test_an_unknown_tracker_names_the_ones_there_are(base_config, tmp_path):
     config = write_config(tmp_path / "run.yaml", **{**base_config, "report_to": ["comet"]})
     done = run_trainer("check", "--config", config)
     assert done.returncode == 2 and "report_to" in done.stderr and "'tensorboard'" in done.stderr, done.stderr
+
+
+def test_trackers_get_the_metrics_of_a_step_not_the_records_version_or_the_world_size(tmp_path, monkeypatch):
+    """`v` (metrics.jsonl's schema) and `world_size` are facts of the record and the run: as series they were two
+    flat lines in every run's charts."""
+    from dflash_records.step import StepRecord
+    from trainer.training.metrics import MetricsLog
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.steps: list[tuple[int, dict[str, float]]] = []
+
+        def step(self, step: int, numbers: dict[str, float]) -> None:
+            self.steps.append((step, numbers))
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.delenv("DFLASH_RUN_DIR", raising=False)
+    recorder = Recorder()
+    log = MetricsLog(tmp_path, enabled=True, reporters=[recorder])
+    record = StepRecord(elapsed_s=12.0, step=7, loss=2.5, acc=0.4, streak=1.5, lr=1e-4, noise=0.0,
+                        tgt_batches_per_s=1.0, dft_batches_per_s=2.0, tok_per_s=11734.0, q_pre=[3], q_hs=[1],
+                        epoch=0.5, eta_s=60.0)
+    log.step(record, data_position=[0, 7], world_size=2, step_s=0.9)
+    log.close()
+    written = json.loads((tmp_path / "metrics.jsonl").read_text())
+    assert written["v"] >= 1 and written["world_size"] == 2  # the record still carries both
+    [(step, numbers)] = recorder.steps
+    assert step == 7 and not {"v", "world_size", "step", "data_position", "q_pre"} & set(numbers), numbers
+    assert numbers["loss"] == 2.5 and numbers["tok_per_s"] == 11734.0 and numbers["step_s"] == 0.9
