@@ -54,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     raise_open_file_limit()  # a fleet's connections: the hard limit's room, not a shell's low soft default
     command = typer.main.get_command(app)
     completion.wire(command)
-    if not args and not completion.completing():  # the help, then the mistake: the same on every typer version (click's own differ)
+    # the help, then the mistake: the same on every typer version (click's own differ)
+    if not args and not completion.completing():
         command.main(args=["--help"], prog_name="dflashctl", standalone_mode=False)
         print("dflashctl: error: no command given (one of the commands above)", file=sys.stderr)
         return EXIT_USAGE

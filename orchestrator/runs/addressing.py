@@ -104,9 +104,11 @@ def _raise_unanswered(refs: list[str], failed: list) -> None:
     unreachable one)."""
     why = "; ".join(str(o.error) if str(o.error).startswith(o.target.name) else f"{o.target.name}: {o.error}"
                     for o in failed)
-    kind = Unreachable if any(isinstance(o.error, Unreachable) for o in failed) else OperationFailed
-    raise kind(f"cannot look up {', '.join(map(repr, refs))} on {', '.join(o.target.name for o in failed)}, "
-               f"where it was last seen: {why}")
+    unreachable = any(isinstance(o.error, Unreachable) for o in failed)
+    where = ", ".join(o.target.name for o in failed)
+    raise (Unreachable if unreachable else OperationFailed)(
+        f"cannot look up {', '.join(map(repr, refs))}: {where}, where it was last seen, "
+        f"{'is unreachable' if unreachable else 'did not answer'}: {why}")
 
 
 def typed(outcomes: list) -> list[tuple[Target, RunRecord]]:

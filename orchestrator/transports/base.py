@@ -45,7 +45,17 @@ class CommandResult:
         tail = self.err.strip().splitlines()[-1:] or self.out.strip().splitlines()[-1:]
         if tuple(self.argv[:2]) == ("sh", "-c"):
             return f"{tail[0]} (exit {self.exit_code})" if tail else f"exit {self.exit_code}"
-        return f"`{' '.join(self.argv)[:120]}` exited {self.exit_code}" + (f": {tail[0]}" if tail else "")
+        return f"{shown_argv(self.argv)} exited {self.exit_code}" + (f": {tail[0]}" if tail else "")
+
+
+def shown_argv(argv: Sequence[str]) -> str:
+    """A command as an error message names it, in at most ~120 characters: a shell script of ours (`sh -c SCRIPT
+    NAME ARGS...`) by its arguments alone (the agent's subcommand among them), a hash by its first 12 digits."""
+    words = list(argv)
+    if words[:2] == ["sh", "-c"]:
+        words = ["sh -c \u2026", *words[4:]]
+    words = [w[:12] + "\u2026" if len(w) == 64 and all(c in "0123456789abcdef" for c in w) else w for w in words]
+    return "`" + " ".join(words)[:120] + "`"
 
 
 class RemoteProcess(abc.ABC):

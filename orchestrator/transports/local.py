@@ -7,7 +7,7 @@ import subprocess
 from typing import Sequence
 
 from ..errors import CommandTimeout, TransportError
-from .base import DEFAULT_TIMEOUT, CommandResult, RemoteProcess, Transport
+from .base import DEFAULT_TIMEOUT, CommandResult, RemoteProcess, Transport, shown_argv
 from .shortage import out_of_resources
 
 
@@ -25,7 +25,7 @@ class LocalTransport(Transport):
             # what a shell would say, so callers treat "not installed" the same on every transport
             return CommandResult(argv, 127, b"", f"{argv[0]}: command not found\n".encode())
         except subprocess.TimeoutExpired as exc:
-            raise CommandTimeout(f"{self.label}: `{' '.join(argv)[:120]}` did not finish in {timeout:g}s") from exc
+            raise CommandTimeout(f"{self.label}: {shown_argv(argv)} did not finish in {timeout:g}s") from exc
         except OSError as exc:
             raise _cannot_run(self.label, argv[0], exc) from exc
         return CommandResult(argv, _exit_code(done.returncode), done.stdout, done.stderr)

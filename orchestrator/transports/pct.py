@@ -11,7 +11,7 @@ import shlex
 from typing import Sequence
 
 from ..errors import CommandTimeout
-from .base import DEFAULT_TIMEOUT, CommandResult, RemoteProcess, Transport
+from .base import DEFAULT_TIMEOUT, CommandResult, RemoteProcess, Transport, shown_argv
 
 
 class PctTransport(Transport):
@@ -29,7 +29,7 @@ class PctTransport(Transport):
         try:
             result = self.host.run(self.wrap(argv), stdin=stdin, timeout=timeout)
         except CommandTimeout:  # the host transport ended the `pct exec` it started; say which target hung
-            raise CommandTimeout(f"{self.label}: unresponsive: `{' '.join(argv)[:120]}` did not finish in "
+            raise CommandTimeout(f"{self.label}: unresponsive: {shown_argv(argv)} did not finish in "
                                  f"{timeout:g}s (ended its `pct exec` on {self.host.label})") from None
         return CommandResult(tuple(argv), result.exit_code, result.stdout, result.stderr)
 

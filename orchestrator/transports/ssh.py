@@ -22,7 +22,7 @@ import paramiko
 
 from ..errors import AuthError, CommandTimeout, HostKeyError, TransportError, Unreachable
 from ..inventory.model import HostConfig
-from .base import DEFAULT_TIMEOUT, CommandResult, RemoteProcess, Transport
+from .base import DEFAULT_TIMEOUT, CommandResult, RemoteProcess, Transport, shown_argv
 from .handshakes import handshake_turn
 from .hostkeys import UnknownHostKey, install_host_key_checks, known_hosts_path, unknown_key_message
 from .remotegroup import (RunningCommands, announced, announced_group, bounded, end_later, ended_by_bound,
@@ -275,7 +275,7 @@ class SSHTransport(Transport):
             chan.shutdown_write()
             code = drain(chan, timeout, self.label, argv, out, err)
             if ended_by_bound(code, time.monotonic() - started, timeout):
-                raise CommandTimeout(f"{self.label}: unresponsive: `{' '.join(argv)[:120]}` did not finish in "
+                raise CommandTimeout(f"{self.label}: unresponsive: {shown_argv(argv)} did not finish in "
                                      f"{timeout:g}s (ended on the host by its bound)")
         except CommandTimeout:
             self.conn.running.done(id(chan))

@@ -8,6 +8,7 @@ import time
 import paramiko
 
 from ..errors import CommandTimeout
+from .base import shown_argv
 
 
 def send_input(chan: paramiko.Channel, data: bytes, timeout: float | None, label: str,
@@ -17,7 +18,7 @@ def send_input(chan: paramiko.Channel, data: bytes, timeout: float | None, label
     try:
         chan.sendall(data)
     except socket.timeout:
-        raise CommandTimeout(f"{label}: unresponsive: `{' '.join(argv)[:120]}` did not take its input in "
+        raise CommandTimeout(f"{label}: unresponsive: {shown_argv(argv)} did not take its input in "
                              f"{timeout:g}s") from None
     finally:
         chan.settimeout(None)
@@ -42,10 +43,10 @@ def drain(chan: paramiko.Channel, timeout: float | None, label: str, argv: tuple
             raise EOFError("channel closed before end of output")
         remaining = None if deadline is None else deadline - time.monotonic()
         if remaining is not None and remaining <= 0:
-            raise CommandTimeout(f"{label}: unresponsive: `{' '.join(argv)[:120]}` did not finish in {timeout:g}s")
+            raise CommandTimeout(f"{label}: unresponsive: {shown_argv(argv)} did not finish in {timeout:g}s")
         select.select([chan], [], [], min(remaining, 1.0) if remaining is not None else 1.0)
     remaining = None if deadline is None else max(deadline - time.monotonic(), 0.01)
     if not chan.status_event.wait(remaining):
-        raise CommandTimeout(f"{label}: unresponsive: `{' '.join(argv)[:120]}` closed its output but did not exit "
+        raise CommandTimeout(f"{label}: unresponsive: {shown_argv(argv)} closed its output but did not exit "
                              f"in {timeout:g}s")
     return chan.recv_exit_status()

@@ -255,7 +255,7 @@ def test_kill_of_a_run_whose_target_does_not_answer_asks_no_other_target(fleet, 
     finally:
         lab.pct("other", "start", "500", check=True)
     # the container's own error (exit 1, as launch says it), not "no run" after a search
-    assert code == 1 and f"cannot look up {run_id!r} on other/500, where it was last seen: other/500: " in err, err
+    assert code == 1 and f"cannot look up {run_id!r}: other/500, where it was last seen, did not answer: other/500: " in err, err
     assert "CT 500 not running" in err
     assert contacted(lab, before) in ([], ["other/500"]) and sessions_accepted(lab, "many") == sessions
 
