@@ -21,6 +21,25 @@ QUIET = "import time; print('Loading dataset from /data...', flush=True); time.s
 TRACEBACK = ('Traceback (most recent call last):\n  File "train.py", line 3, in <module>\n    step()\n'
              'RuntimeError: {message}\n')
 
+# holds a lock directory for as long as it runs (a second copy finds it taken, says so and fails) and lets it go
+# on SIGTERM: two copies of one run training into the same output directory at once show
+LOCK_HOLDER = """
+import os, signal, sys, time
+lock = sys.argv[1]
+try:
+    os.mkdir(lock)
+except FileExistsError:
+    open(lock + ".double", "w").write("a second copy started while the first ran")
+    sys.exit(3)
+def leave(*_):
+    os.rmdir(lock)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, leave)
+print("holding", lock, sys.argv[2:], flush=True)
+while True:
+    time.sleep(0.1)
+"""
+
 
 def counter(period_s: float = 0.1) -> str:
     """A workload printing numbered step lines for as long as it runs: each must arrive exactly once."""

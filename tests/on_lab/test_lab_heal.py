@@ -16,7 +16,7 @@ from orchestrator.errors import OperationFailed
 from orchestrator.inventory.model import load_inventory
 from orchestrator.runs.client import RelaunchFailed, RunClient
 from orchestrator.transports.pool import Connections
-from tests.lab.workloads import fresh_workdir, run_cli
+from tests.lab.workloads import LOCK_HOLDER, fresh_workdir, run_cli
 from tests.polling import wait_for
 
 pytestmark = pytest.mark.lab
@@ -122,23 +122,6 @@ def test_a_failing_run_restarts_inside_the_container_until_it_succeeds(lab, tmp_
         (1, "RuntimeError: attempt 1", 1), (1, "RuntimeError: attempt 2", 2), (0, None, 3)]
 
 
-# holds a lock directory while it runs (a second copy finds it taken, says so and fails) and lets it go on SIGTERM
-LOCK_HOLDER = """
-import os, signal, sys, time
-lock = sys.argv[1]
-try:
-    os.mkdir(lock)
-except FileExistsError:
-    open(lock + ".double", "w").write("a second copy started while the first ran")
-    sys.exit(3)
-def leave(*_):
-    os.rmdir(lock)
-    sys.exit(0)
-signal.signal(signal.SIGTERM, leave)
-print("holding", lock, flush=True)
-while True:
-    time.sleep(0.1)
-"""
 
 
 def test_a_lost_runs_workload_that_outlived_its_supervisor_is_ended_before_the_relaunch(lab, tmp_path, capsys):

@@ -8,6 +8,7 @@ import signal
 import sys
 import textwrap
 
+from tests.lab.workloads import LOCK_HOLDER
 from tests.orchestrator.agent.pidns import Namespace, launch, record, wait_for, wait_state
 
 TERMINAL = ("succeeded", "failed", "killed", "lost")
@@ -184,24 +185,6 @@ def test_a_lost_run_is_relaunched_once_per_loss_and_resumes(agent_pyz, container
     assert container.agent("kill", "--runs-dir", runs_dir, "--run-id", "lost1-r1", "--grace", "1")[0] == 0
 
 
-# holds a lock directory for as long as it runs (a second copy finds it taken, says so and fails) and lets it go
-# on SIGTERM: two copies of one run training into the same output directory at once show
-LOCK_HOLDER = """
-import os, signal, sys, time
-lock = sys.argv[1]
-try:
-    os.mkdir(lock)
-except FileExistsError:
-    open(lock + ".double", "w").write("a second copy started while the first ran")
-    sys.exit(3)
-def leave(*_):
-    os.rmdir(lock)
-    sys.exit(0)
-signal.signal(signal.SIGTERM, leave)
-print("holding", lock, sys.argv[2:], flush=True)
-while True:
-    time.sleep(0.1)
-"""
 
 
 def test_a_lost_runs_workload_that_outlived_its_supervisor_is_ended_before_the_relaunch(container, runs_dir,
