@@ -123,6 +123,27 @@ def test_a_failing_run_restarts_inside_the_container_until_it_succeeds(lab, tmp_
 
 
 
+def test_a_crafted_step_line_and_a_burst_of_output_leave_a_healthy_run_alone(lab, tmp_path, capsys):
+    """A step number of 5,000 digits (once a ValueError that crashed the supervisor and failed the run) and an
+    8 MB burst of output (once a backlog the watchdog judged as silence) under a watchdog of 2 s and a restart
+    policy: the run steps on and succeeds on its first attempt."""
+    workdir = fresh_workdir(lab, tmp_path / "inventory.yaml", "crafted")
+    inv = str(tmp_path / "inventory.yaml")
+    script = ("import sys, time; print('[3s] step=' + '9' * 5000, flush=True); sys.stdout.write('x' * 8000000 + "
+              "'\\n'); sys.stdout.flush()\nfor i in range(1, 12):\n    print('[%ds] step=%d loss=1.0' % (i, i), "
+              "flush=True); time.sleep(0.3)")
+    code, record, err = run_cli(inv, "launch", TARGET, "--json", "--restart", "on-failure:2", "--hang-timeout", "2",
+                                "--", "python3", "-c", script, capsys=capsys)
+    assert code == 0, err
+    state_path = workdir / ".dflash" / "runs" / record["run_id"] / "state.json"
+    assert wait_for(lambda: json.loads(state_path.read_text())["state"] in ("succeeded", "failed", "lost"), 60,
+                    interval=0.3), state_path.read_text()
+    state = json.loads(state_path.read_text())
+    assert (state["state"], len(state["attempts"]), state.get("reason")) == ("succeeded", 1, None), state
+    code, listed, err = run_cli(inv, "ps", TARGET, "--all", "--json", capsys=capsys)
+    assert code == 0 and [r["state"] for r in listed["runs"] if r["run_id"] == record["run_id"]] == ["succeeded"]
+
+
 
 def test_a_lost_runs_workload_that_outlived_its_supervisor_is_ended_before_the_relaunch(lab, tmp_path, capsys):
     """SIGKILL the supervisor alone: the run is `lost` while its workload runs on under the keeper, in the same
