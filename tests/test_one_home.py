@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("orchestrator", "tui", "trainer")
+PACKAGES = ("dflash_records", "orchestrator", "tui", "trainer")
 PROTOCOL = "orchestrator/agent/protocol.py"
+RESTART = "dflash_records/restart.py"
 TRACEBACKS = "orchestrator/trainlog/tracebacks.py"
 TERMINAL_TEXT = "orchestrator/agent/terminaltext.py"
 # the trainer imports nothing of the controller and keeps its own sizes, names and timeouts; the agent runs its
@@ -54,6 +55,11 @@ DEFINITIONS = {
     "the .dflash folder of a workdir": (r"""f["'][^"'\n]*/\.dflash\b|^STATE_DIR\s*=""", PROTOCOL),
     "a text cut short with an ellipsis": (r"""\+\s*["']…["']""", "orchestrator/display.py", TRAINER),
     "a column's widest cell": (r"max\([^)\n]*cell_len", "orchestrator/display.py"),
+    # the agent's supervisor, the controller and a job's workers (the trainer) all follow the one restart policy
+    "the restart policy's names and bounds": (r"""^\s*BACKOFF_(MAX|BASE)_S\s*=|["']on-failure["']""", RESTART),
+    "a backoff doubling up to a cap": (r"\*\s*2(\.0)?\s*\*\*\s*min\(", RESTART),
+    "what a job's workers read of a restart": (
+        r"""["'](DFLASH_RESTART_BACKOFF_S|TORCHELASTIC_RESTART_COUNT)["']""", RESTART),
 }
 
 
@@ -76,12 +82,11 @@ def test_each_concept_is_defined_in_exactly_one_module(concept: str) -> None:
 
 
 def test_digits_are_checked_in_one_place() -> None:
-    # str.isdigit()/isnumeric()/isdecimal() take '²', '①' or '٣': whether a text is a number is protocol's
-    # ascii_decimal (the trainer, which imports nothing of the controller, is left out)
+    # str.isdigit()/isnumeric()/isdecimal() take '²', '①' or '٣': whether a text is a number is dflash_records'
+    # ascii_decimal, which the trainer imports too
     check = re.compile(r"\.is(digit|numeric|decimal)\(\)")
-    holders = sorted(name for name, text in sources().items()
-                     if not name.startswith("trainer/") and check.search(text))
-    assert holders == [PROTOCOL]
+    holders = sorted(name for name, text in sources().items() if check.search(text))
+    assert holders == ["dflash_records/digits.py"]
 
 
 def test_no_literal_exit_code_comparisons() -> None:
@@ -212,17 +217,3 @@ def test_the_run_record_is_read_typed() -> None:
               for name in READ_TYPED for what, key, line in keyed_reads(ast.parse((ROOT / name).read_text()))
               if key in fields and what not in OTHER_RECORDS]
     assert by_key == []
-
-
-# The one formula written twice: the trainer may not import the orchestrator, so a job's workers (torchrun restarts
-# them) compute the supervisor's backoff themselves. Both must wait the same for the same restart and base, and
-# neither more than the cap, whatever the base (a record's or an environment's).
-@pytest.mark.parametrize("base", [0.5, 10.0, 400.0, 1e308])
-def test_a_jobs_workers_back_off_as_the_supervisor_does(monkeypatch, base: float) -> None:
-    from orchestrator.agent.restart import BACKOFF_MAX_S, backoff
-    from trainer.training.distributed import BACKOFF_ENV, restart_backoff_s
-
-    monkeypatch.setenv(BACKOFF_ENV, f"{base:g}")
-    for restart in (*range(1, 10), 5000):
-        monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", str(restart))
-        assert restart_backoff_s() == backoff(restart, base=base) <= BACKOFF_MAX_S, restart

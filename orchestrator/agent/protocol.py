@@ -5,13 +5,16 @@ too (`from orchestrator.agent.protocol import ...`), so each of these is defined
 protocol version, the run states, what may name a run and which --env keys a run may set, the exit statuses
 and the agent's error codes, the kinds of the watch stream's messages, the nvidia-smi query and when a GPU
 counts as held (and as idle while held), sizes, and when free space runs low. What a terminal shows of a log
-line is terminaltext.py's.
+line is terminaltext.py's; what a number is, dflash_records/digits.py's (imported here too).
 """
 from __future__ import annotations
 
 import datetime
 import re
 import time
+
+# whether a text is a number is dflash_records' (the shared records read numbers too); imported from here as well
+from dflash_records.digits import ascii_decimal  # noqa: F401
 
 AGENT_VERSION = "0.1.0"
 PROTOCOL_VERSION = 1  # every answer carries it as "version"; the controller refuses one it does not speak
@@ -63,20 +66,6 @@ def env_pair(pair: str) -> tuple:
     if key in RESERVED_ENV_KEYS:
         raise ValueError("{} is set by the agent for every run".format(key))
     return key, value
-
-
-# -- numbers: ASCII digits only. str.isdigit() takes '²' and '①' (which int() then refuses), int() takes '٣' and
-# ' 3'; a CTID, a GPU index or a count typed, configured or read back is neither. Nor is a number of more than
-# MAX_DECIMAL_DIGITS digits (2**64 has 20): int() raises past 4300, and a log line or an argument may hold more.
-MAX_DECIMAL_DIGITS = 20
-
-
-def ascii_decimal(text: object) -> int | None:
-    """The value of `text` when it is one to MAX_DECIMAL_DIGITS ASCII digits and nothing else (no sign, space or
-    '_'), else None."""
-    if isinstance(text, str) and len(text) <= MAX_DECIMAL_DIGITS and text.isascii() and text.isdigit():
-        return int(text)
-    return None
 
 
 # -- what a launch may ask for --------------------------------------------------------------------------------

@@ -15,11 +15,11 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from dflash_records.restart import attempt_end
 from dflash_records.run import RunRecord
 
 from ..agent.protocol import (FAILED, GPU_HELD_MIB, GPU_IDLE_UTIL_PCT, KILLED, LOST, LOW_FREE_BYTES, LOW_FREE_FRACTION,
                               SUCCEEDED, idle_and_held, low_free)
-from ..agent.restart import attempt_end
 from ..display import clip, format_bytes, format_duration, format_gib, format_rate
 from ..trainlog.parser import ExceptionEvent, PhaseEvent, StepEvent
 from ..alertkinds import (ENDED, ERROR, EXCEPTION, GPU_IDLE, INFO, LOW_DISK, NAN, RESTARTED, STALL, STARVATION,

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import replace
 
+from dflash_records.restart import CRASH_LOOP, job_relaunches_left
 from dflash_records.run import RunRecord
 from dflash_records.step import QUEUE_FIELDS, RECORD_FIELDS, STEP_FIELDS, TAU_FIELDS
 
-from ..agent.restart import CRASH_LOOP, job_relaunches_left
 from ..agent.workerrestarts import restarts_unspent
 from ..agent.protocol import FAILED_STATES, FINGERPRINT_BYTES, LOST, STARTING, TERMINAL_STATES, iso_utc
 from ..gpus import GpuInfo, parse_query_csv

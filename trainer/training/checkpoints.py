@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from dflash_records.digits import ascii_decimal
 from trainer.errors import TrainerError
 from trainer.model.drafter_files import (CONFIG_FILE, DTYPES, MASTER_WEIGHTS_FILE, WEIGHTS_FILE, drafter_tensors,
                                          make_readable, save_drafter, save_weights)
@@ -43,9 +44,9 @@ def complete_checkpoints(output_dir: Path) -> list[tuple[int, Path]]:
     """(step, dir) of every step_N/ holding all its files, oldest first; temp dirs are never named step_N."""
     found = []
     for path in output_dir.glob("step_*"):
-        suffix = path.name.removeprefix("step_")
-        if suffix.isdigit() and all((path / name).is_file() for name in CHECKPOINT_FILES):
-            found.append((int(suffix), path))
+        step = ascii_decimal(path.name.removeprefix("step_"))
+        if step is not None and all((path / name).is_file() for name in CHECKPOINT_FILES):
+            found.append((step, path))
     return sorted(found)
 
 
@@ -170,8 +171,8 @@ def prune_checkpoints(output_dir: Path, keep: int, *, newest: Path) -> list[Path
 def remove_stale_temps(output_dir: Path) -> None:
     """Temp dirs of saves whose process is gone (killed mid-save) hold space the next save needs."""
     for path in output_dir.glob(".tmp-step_*-*"):
-        pid = path.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and int(pid) != os.getpid() and not os.path.exists(f"/proc/{pid}"):
+        pid = ascii_decimal(path.name.rsplit("-", 1)[-1])
+        if pid is not None and pid != os.getpid() and not os.path.exists(f"/proc/{pid}"):
             shutil.rmtree(path, ignore_errors=True)
 
 
