@@ -58,6 +58,8 @@ DEFINITIONS = {
     # the agent's supervisor, the controller and a job's workers (the trainer) all follow the one restart policy
     "the restart policy's names and bounds": (r"""^\s*BACKOFF_(MAX|BASE)_S\s*=|["']on-failure["']""", RESTART),
     "a backoff doubling up to a cap": (r"\*\s*2(\.0)?\s*\*\*\s*min\(", RESTART),
+    # the trainer's manifest.json, the agent's pull plan and the controller's check of what it received
+    "a file's sha256, read in chunks": (r"^HASH_CHUNK\s*=|read\([^)\n]*HASH_CHUNK", "dflash_records/digest.py"),
     "what a job's workers read of a restart": (
         r"""["'](DFLASH_RESTART_BACKOFF_S|TORCHELASTIC_RESTART_COUNT)["']""", RESTART),
 }

@@ -5,7 +5,6 @@ renamed). Which checkpoint a run resumes from, and whether its config allows it,
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -15,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from dflash_records.digest import sha256_of
 from dflash_records.digits import ascii_decimal
 from trainer.errors import TrainerError
 from trainer.model.drafter_files import (CONFIG_FILE, DTYPES, MASTER_WEIGHTS_FILE, WEIGHTS_FILE, drafter_tensors,
@@ -28,7 +28,6 @@ if TYPE_CHECKING:
 
 STATE_FILE = "training_state.pt"
 MANIFEST_FILE = "manifest.json"  # each file's size and sha256, written last: what `dflashctl pull` checks against
-HASH_CHUNK = 4 * 1024**2
 TRAINER_CONFIG_FILE = "trainer_config.json"  # the resolved training config, readable without torch
 CHECKPOINT_FILES = (CONFIG_FILE, WEIGHTS_FILE, STATE_FILE, TRAINER_CONFIG_FILE)
 # config keys that shape the drafter or the data order: a checkpoint resumes only with the same values
@@ -128,21 +127,13 @@ def write_manifest(directory: Path) -> Path:
     files = {}
     for path in sorted(directory.iterdir()):
         if path.is_file() and path.name != MANIFEST_FILE:
-            files[path.name] = {"size": path.stat().st_size, "sha256": file_sha256(path)}
+            files[path.name] = {"size": path.stat().st_size, "sha256": sha256_of(path)}
     manifest = directory / MANIFEST_FILE
     manifest.write_text(json.dumps({"version": 1, "files": files}, indent=2) + "\n")
     make_readable(manifest)
     with open(manifest, "rb") as handle:
         os.fsync(handle.fileno())
     return manifest
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(HASH_CHUNK), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _replace(temp: Path, final: Path) -> None:
