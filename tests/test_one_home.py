@@ -11,6 +11,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("dflash_records", "orchestrator", "tui", "trainer")
 PROTOCOL = "orchestrator/agent/protocol.py"
 RESTART = "dflash_records/restart.py"
+GPU = "dflash_records/gpu.py"
 TRACEBACKS = "orchestrator/trainlog/tracebacks.py"
 TERMINAL_TEXT = "orchestrator/agent/terminaltext.py"
 # the trainer imports nothing of the controller and keeps its own sizes, names and timeouts; the agent runs its
@@ -27,9 +28,9 @@ DEFINITIONS = {
     "ANSI escape regex": (r"\\x1b\\\[\[0-\?\]|ANSI_ESCAPE\.sub\(", TERMINAL_TEXT),
     "what a terminal shows of a line: the last \\r segment that shows anything": (
         r"""reversed\(\w+\.split\(b?["']\\r["']\)\)|in \w+\.split\(b?["']\\r["']\) if """, TERMINAL_TEXT),
-    "nvidia-smi query fields": (r"[\"']--query-gpu=|^\s*GPU_\w*FIELDS\s*=", PROTOCOL),
+    "nvidia-smi query fields": (r"[\"']--query-gpu=|^\s*GPU_\w*FIELDS\s*=", GPU),
     # the trainer's `tau_tree_heldout=8` is a held-out split, not a held GPU
-    "GPU-held threshold": (r"^\s*\w*(HELD|held|min_memory)\w*\s*(:\s*\w+\s*)?=\s*[\d.]+", PROTOCOL, TRAINER),
+    "GPU-held threshold": (r"^\s*\w*(HELD|held|min_memory)\w*\s*(:\s*\w+\s*)?=\s*[\d.]+", GPU, TRAINER),
     "protocol version": (r"^\s*PROTOCOL_VERSION\s*=", PROTOCOL),
     "state colours": (r"^\s*\w*(STATE_STYLES|COLORS|COLOURS)\s*=", "orchestrator/display.py"),
     "duration formatting": (r"^def format_duration\b", "orchestrator/display.py"),
@@ -38,8 +39,10 @@ DEFINITIONS = {
         r"""\.error\.exit_code|getattr\(\w+\.error,\s*["']exit_code""",
         "orchestrator/transports/fanout.py"),
     "the worst of many exit codes": (r"max\([^)]*(exit_code|codes)", "orchestrator/errors.py"),
-    "nvidia-smi CSV rows": (r"""["']\[N/A\]["']|def parse_query\(""", "orchestrator/agent/gpus.py", TRAINER),
-    "idle GPU holding memory": (r"utilization_pct\s*<|^\s*\w*IDLE_UTIL\w*\s*=", PROTOCOL),
+    "nvidia-smi CSV rows": (r"""["']\[N/A\]["']|def parse_query\w*\(""", GPU, TRAINER),
+    # one GPU row: a class of its fields elsewhere is a second shape of it
+    "a GPU row's fields": (r"^\s*memory_used_mib\s*:", GPU),
+    "idle GPU holding memory": (r"utilization_pct\s*<|^\s*\w*IDLE_UTIL\w*\s*=", GPU),
     "the --env key rule": (r"ENV_KEY_PATTERN\.|^RESERVED_ENV_KEYS\s*=", PROTOCOL),
     "bytes in a KiB/MiB/GiB": (r"1024 \*\* [23]\b|^\s*[KMG]IB\s*=", PROTOCOL, TRAINER),
     "MiB as GiB": (r"def _?\w*gib\w*\(|[^/]/ 1024\b(?!\s*\*)", "orchestrator/display.py", TRAINER),
