@@ -11,10 +11,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from rich.cells import cell_len
 from rich.text import Text
 
+from dflash_records.restart import BACKOFF_KILLED, CRASH_LOOP, HUNG
 from dflash_records.run import RunRecord
 
 from .agent.protocol import FAILED, GIB, KILLED, LOST, MIB, RUNNING, STARTING, SUCCEEDED
-from .agent.restart import BACKOFF_KILLED, CRASH_LOOP, HUNG
 
 MISSING = "-"
 STATE_STYLES = {

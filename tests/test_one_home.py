@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("orchestrator", "tui", "trainer")
+PACKAGES = ("dflash_records", "orchestrator", "tui", "trainer")
 PROTOCOL = "orchestrator/agent/protocol.py"
+RESTART = "dflash_records/restart.py"
+GPU = "dflash_records/gpu.py"
 TRACEBACKS = "orchestrator/trainlog/tracebacks.py"
 TERMINAL_TEXT = "orchestrator/agent/terminaltext.py"
 # the trainer imports nothing of the controller and keeps its own sizes, names and timeouts; the agent runs its
@@ -26,9 +28,9 @@ DEFINITIONS = {
     "ANSI escape regex": (r"\\x1b\\\[\[0-\?\]|ANSI_ESCAPE\.sub\(", TERMINAL_TEXT),
     "what a terminal shows of a line: the last \\r segment that shows anything": (
         r"""reversed\(\w+\.split\(b?["']\\r["']\)\)|in \w+\.split\(b?["']\\r["']\) if """, TERMINAL_TEXT),
-    "nvidia-smi query fields": (r"[\"']--query-gpu=|^\s*GPU_\w*FIELDS\s*=", PROTOCOL),
+    "nvidia-smi query fields": (r"[\"']--query-gpu=|^\s*GPU_\w*FIELDS\s*=", GPU),
     # the trainer's `tau_tree_heldout=8` is a held-out split, not a held GPU
-    "GPU-held threshold": (r"^\s*\w*(HELD|held|min_memory)\w*\s*(:\s*\w+\s*)?=\s*[\d.]+", PROTOCOL, TRAINER),
+    "GPU-held threshold": (r"^\s*\w*(HELD|held|min_memory)\w*\s*(:\s*\w+\s*)?=\s*[\d.]+", GPU, TRAINER),
     "protocol version": (r"^\s*PROTOCOL_VERSION\s*=", PROTOCOL),
     "state colours": (r"^\s*\w*(STATE_STYLES|COLORS|COLOURS)\s*=", "orchestrator/display.py"),
     "duration formatting": (r"^def format_duration\b", "orchestrator/display.py"),
@@ -37,8 +39,10 @@ DEFINITIONS = {
         r"""\.error\.exit_code|getattr\(\w+\.error,\s*["']exit_code""",
         "orchestrator/transports/fanout.py"),
     "the worst of many exit codes": (r"max\([^)]*(exit_code|codes)", "orchestrator/errors.py"),
-    "nvidia-smi CSV rows": (r"""["']\[N/A\]["']|def parse_query\(""", "orchestrator/agent/gpus.py", TRAINER),
-    "idle GPU holding memory": (r"utilization_pct\s*<|^\s*\w*IDLE_UTIL\w*\s*=", PROTOCOL),
+    "nvidia-smi CSV rows": (r"""["']\[N/A\]["']|def parse_query\w*\(""", GPU, TRAINER),
+    # one GPU row: a class of its fields elsewhere is a second shape of it
+    "a GPU row's fields": (r"^\s*memory_used_mib\s*:", GPU),
+    "idle GPU holding memory": (r"utilization_pct\s*<|^\s*\w*IDLE_UTIL\w*\s*=", GPU),
     "the --env key rule": (r"ENV_KEY_PATTERN\.|^RESERVED_ENV_KEYS\s*=", PROTOCOL),
     "bytes in a KiB/MiB/GiB": (r"1024 \*\* [23]\b|^\s*[KMG]IB\s*=", PROTOCOL, TRAINER),
     "MiB as GiB": (r"def _?\w*gib\w*\(|[^/]/ 1024\b(?!\s*\*)", "orchestrator/display.py", TRAINER),
@@ -54,6 +58,13 @@ DEFINITIONS = {
     "the .dflash folder of a workdir": (r"""f["'][^"'\n]*/\.dflash\b|^STATE_DIR\s*=""", PROTOCOL),
     "a text cut short with an ellipsis": (r"""\+\s*["']…["']""", "orchestrator/display.py", TRAINER),
     "a column's widest cell": (r"max\([^)\n]*cell_len", "orchestrator/display.py"),
+    # the agent's supervisor, the controller and a job's workers (the trainer) all follow the one restart policy
+    "the restart policy's names and bounds": (r"""^\s*BACKOFF_(MAX|BASE)_S\s*=|["']on-failure["']""", RESTART),
+    "a backoff doubling up to a cap": (r"\*\s*2(\.0)?\s*\*\*\s*min\(", RESTART),
+    # the trainer's manifest.json, the agent's pull plan and the controller's check of what it received
+    "a file's sha256, read in chunks": (r"^HASH_CHUNK\s*=|read\([^)\n]*HASH_CHUNK", "dflash_records/digest.py"),
+    "what a job's workers read of a restart": (
+        r"""["'](DFLASH_RESTART_BACKOFF_S|TORCHELASTIC_RESTART_COUNT)["']""", RESTART),
 }
 
 
@@ -76,12 +87,11 @@ def test_each_concept_is_defined_in_exactly_one_module(concept: str) -> None:
 
 
 def test_digits_are_checked_in_one_place() -> None:
-    # str.isdigit()/isnumeric()/isdecimal() take '²', '①' or '٣': whether a text is a number is protocol's
-    # ascii_decimal (the trainer, which imports nothing of the controller, is left out)
+    # str.isdigit()/isnumeric()/isdecimal() take '²', '①' or '٣': whether a text is a number is dflash_records'
+    # ascii_decimal, which the trainer imports too
     check = re.compile(r"\.is(digit|numeric|decimal)\(\)")
-    holders = sorted(name for name, text in sources().items()
-                     if not name.startswith("trainer/") and check.search(text))
-    assert holders == [PROTOCOL]
+    holders = sorted(name for name, text in sources().items() if check.search(text))
+    assert holders == ["dflash_records/digits.py"]
 
 
 def test_no_literal_exit_code_comparisons() -> None:
@@ -212,17 +222,3 @@ def test_the_run_record_is_read_typed() -> None:
               for name in READ_TYPED for what, key, line in keyed_reads(ast.parse((ROOT / name).read_text()))
               if key in fields and what not in OTHER_RECORDS]
     assert by_key == []
-
-
-# The one formula written twice: the trainer may not import the orchestrator, so a job's workers (torchrun restarts
-# them) compute the supervisor's backoff themselves. Both must wait the same for the same restart and base, and
-# neither more than the cap, whatever the base (a record's or an environment's).
-@pytest.mark.parametrize("base", [0.5, 10.0, 400.0, 1e308])
-def test_a_jobs_workers_back_off_as_the_supervisor_does(monkeypatch, base: float) -> None:
-    from orchestrator.agent.restart import BACKOFF_MAX_S, backoff
-    from trainer.training.distributed import BACKOFF_ENV, restart_backoff_s
-
-    monkeypatch.setenv(BACKOFF_ENV, f"{base:g}")
-    for restart in (*range(1, 10), 5000):
-        monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", str(restart))
-        assert restart_backoff_s() == backoff(restart, base=base) <= BACKOFF_MAX_S, restart

@@ -14,6 +14,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dflash_records.digits import ascii_decimal
 from trainer.config import objective_text, parse_loss
 from trainer.errors import TrainerError, about_path
 from trainer.planning.parity import ParityReport, check_parity, read_json
@@ -46,7 +47,7 @@ def training_facts(ckpt: Path) -> dict:
     checkpoint, from what its run left next to it."""
     trained = read_json(ckpt / "trainer_config.json") or {}
     suffix = ckpt.resolve().name.removeprefix("step_")
-    step = int(suffix) if suffix.isdigit() else None
+    step = ascii_decimal(suffix)
     tau = heldout = None
     try:
         lines = (ckpt.resolve().parent / "metrics.jsonl").read_text().splitlines()

@@ -39,7 +39,7 @@ def seconds(text: str) -> float:
 
 
 def backoff_seconds(text: str) -> float:
-    from .restart import check_backoff
+    from dflash_records.restart import check_backoff
     try:
         return check_backoff(seconds(text))
     except ValueError as exc:

@@ -13,10 +13,11 @@ import signal
 import time
 import traceback
 
+from dflash_records.restart import CRASH_LOOP, CRASH_LOOP_ATTEMPTS, HUNG, crash_loop
+
 from . import procfs, terminate, workerrestarts
 from .hangwatch import AttemptLog
 from .protocol import iso_utc
-from .restart import CRASH_LOOP, CRASH_LOOP_ATTEMPTS, HUNG, crash_loop
 from .runstate import update_state
 
 # How long the workload's stack dump (SIGUSR1 to the processes that handle it) may take before the hung

@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import time
 
+from dflash_records.gpu import GPU_MEMORY_FIELDS, held_without_run
+
 from . import gpus, lineage, procfs, terminate
 from .keeper import KeeperPaths
 from .rundir import RunPaths, list_run_ids, read_json, unfollowed_run_dirs
@@ -190,14 +192,15 @@ class Cleanup:
 
     def check_gpus(self, live: dict) -> dict:
         result = gpus.query_gpus()
-        held = gpus.held_without_run(result["gpus"], [run.get("gpus") for run, _ in live.values()])
+        held = held_without_run(result["gpus"], [run.get("gpus") for run, _ in live.values()])
         if held:
-            self.findings.append({"kind": "gpu_memory_held", "gpus": held, "advice": ADVICE_GPU,
+            self.findings.append({"kind": "gpu_memory_held", "gpus": [g.to_dict(GPU_MEMORY_FIELDS) for g in held],
+                                  "advice": ADVICE_GPU,
                                   "description": "GPU {} hold{} memory ({}): {}".format(
-                                      ",".join(str(g["index"]) for g in held), "s" if len(held) == 1 else "",
-                                      ", ".join("{} MiB at {} %".format(g["memory_used_mib"], g["utilization_pct"])
+                                      ",".join(str(g.index) for g in held), "s" if len(held) == 1 else "",
+                                      ", ".join("{} MiB at {} %".format(g.memory_used_mib, g.utilization_pct)
                                                 for g in held), ADVICE_GPU)})
-        return result
+        return {**result, "gpus": [g.to_dict(GPU_MEMORY_FIELDS) for g in result["gpus"]]}
 
     def run(self) -> dict:
         self.mark_dead_runs()

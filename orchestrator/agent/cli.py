@@ -298,7 +298,7 @@ def _relaunch(args: argparse.Namespace) -> dict:
 
 def _restart_fields(args: argparse.Namespace) -> dict:
     """run.json's restart fields of a launch: the policy (checked), its backoff, the watchdog, the retry arguments."""
-    from .restart import parse_policy
+    from dflash_records.restart import parse_policy
     try:
         policy = parse_policy(args.restart)
     except ValueError as exc:

@@ -54,7 +54,8 @@ class LaunchRequest:
         self.inputs = inputs or {}
         self.job = job or {"job_id": None, "node_rank": None, "nnodes": None}
         self.keeper_idle = keeper_idle  # for a keeper this launch starts (None: its default)
-        # restart.py's policy, its backoff base, the hang watchdog's bound, the arguments of a restarted attempt
+        # the restart policy (dflash_records/restart.py), its backoff base, the hang watchdog's bound, the
+        # arguments of a restarted attempt
         self.restart = restart or {}
 
     def run_json(self) -> dict:

@@ -24,10 +24,11 @@ import sys
 import tarfile
 import time
 
+from dflash_records.restart import ON_FAILURE
+
 from . import procfs
 from .errors import OperationFailed
 from .protocol import KILLED, NEEDS_DEPLOY, SUCCEEDED, ascii_decimal
-from .restart import ON_FAILURE
 from .rundir import RunPaths, list_run_ids
 from .runstate import is_live, read_run, read_state
 

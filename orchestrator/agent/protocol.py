@@ -3,15 +3,21 @@
 Standard library only, like the whole agent (it is shipped to containers), and imported by the controller
 too (`from orchestrator.agent.protocol import ...`), so each of these is defined here and nowhere else: the
 protocol version, the run states, what may name a run and which --env keys a run may set, the exit statuses
-and the agent's error codes, the kinds of the watch stream's messages, the nvidia-smi query and when a GPU
-counts as held (and as idle while held), sizes, and when free space runs low. What a terminal shows of a log
-line is terminaltext.py's.
+and the agent's error codes, the kinds of the watch stream's messages, sizes, and when free space runs low. What
+a terminal shows of a log line is terminaltext.py's; what a number is and what nvidia-smi says of a GPU are
+dflash_records' (digits.py, gpu.py), imported here too.
 """
 from __future__ import annotations
 
 import datetime
 import re
 import time
+
+# whether a text is a number is dflash_records' (the shared records read numbers too); imported from here as well
+from dflash_records.digits import ascii_decimal  # noqa: F401
+# the nvidia-smi query is the GPU row's (dflash_records/gpu.py), as is when a GPU counts as held; the watch
+# stream's sampler reads the query from here
+from dflash_records.gpu import GPU_FIELDS, gpu_query_args  # noqa: F401
 
 AGENT_VERSION = "0.1.0"
 PROTOCOL_VERSION = 1  # every answer carries it as "version"; the controller refuses one it does not speak
@@ -65,20 +71,6 @@ def env_pair(pair: str) -> tuple:
     return key, value
 
 
-# -- numbers: ASCII digits only. str.isdigit() takes '²' and '①' (which int() then refuses), int() takes '٣' and
-# ' 3'; a CTID, a GPU index or a count typed, configured or read back is neither. Nor is a number of more than
-# MAX_DECIMAL_DIGITS digits (2**64 has 20): int() raises past 4300, and a log line or an argument may hold more.
-MAX_DECIMAL_DIGITS = 20
-
-
-def ascii_decimal(text: object) -> int | None:
-    """The value of `text` when it is one to MAX_DECIMAL_DIGITS ASCII digits and nothing else (no sign, space or
-    '_'), else None."""
-    if isinstance(text, str) and len(text) <= MAX_DECIMAL_DIGITS and text.isascii() and text.isdigit():
-        return int(text)
-    return None
-
-
 # -- what a launch may ask for --------------------------------------------------------------------------------
 MAX_GPU_INDEX = 1023
 NO_GPUS = "none"        # --gpus none: a run that uses no GPU (CUDA_VISIBLE_DEVICES empty, holds none)
@@ -116,29 +108,6 @@ MSG_METRICS = "metrics"  # new whole lines of a followed run's metrics.jsonl (ag
 # -- a run's log: the supervisor's own lines (a restart and why, a hang, a command that could not start) begin
 # with this (supervisor.py's `say`); they are never the workload's output, whatever exception they quote
 SUPERVISOR_LINE_PREFIX = "dflash: "
-
-# -- nvidia-smi -----------------------------------------------------------------------------------------------
-GPU_FIELDS = ("index", "uuid", "name", "memory.used", "memory.total", "utilization.gpu")
-GPU_MEMORY_FIELDS = ("index", "memory.used", "utilization.gpu")  # what cleanup needs (and old drivers all have)
-# An idle GPU shows a few hundred MiB at most (driver, a stray context); a model or a leaked run holds GiBs.
-GPU_HELD_MIB = 1024
-# nvidia-smi's utilisation is whole percent over its last sample period: 0 is a GPU doing nothing at all, while
-# even a run starved of data shows a few percent
-GPU_IDLE_UTIL_PCT = 0.0
-
-
-def idle_and_held(memory_used_mib, utilization_pct, *, held_mib: float = GPU_HELD_MIB,
-                  idle_pct: float = GPU_IDLE_UTIL_PCT) -> bool:
-    """A GPU holding memory while doing nothing: a stalled or leaked run (the seed run sat like this for hours),
-    what watch alerts on and the dashboard marks. A value nvidia-smi did not give proves nothing."""
-    return (memory_used_mib is not None and memory_used_mib >= held_mib
-            and utilization_pct is not None and utilization_pct <= idle_pct)
-
-
-def gpu_query_args(fields: tuple = GPU_FIELDS) -> list:
-    """nvidia-smi's arguments for one CSV row per GPU with `fields`, no header, no units."""
-    return ["--query-gpu=" + ",".join(fields), "--format=csv,noheader,nounits"]
-
 
 # -- sizes: bytes in a KiB, MiB, GiB (nvidia-smi counts MiB, /proc/meminfo and df KiB, people read GiB) -------
 KIB = 1024

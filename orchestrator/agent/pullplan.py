@@ -17,9 +17,10 @@ listed in `skipped`, so the controller says so.
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import stat
+
+from dflash_records.digest import sha256_of
 
 from .errors import BadInput
 from .protocol import BAD_USAGE, ascii_decimal
@@ -30,7 +31,6 @@ from .terminaltext import for_terminal
 MANIFEST = "manifest.json"
 SAVED_FILES = ("config.json", "model.safetensors", "training_state.pt", "trainer_config.json")
 EXPORT_PREFIX = "export-"  # {output_dir}/export-step_N/: `python -m trainer export` of that checkpoint
-HASH_CHUNK = 1024 * 1024
 LINK_REASON = "a symbolic link: not followed"
 
 
@@ -172,20 +172,6 @@ def _growing(source: str, dest: str, have: int | None) -> dict:
     if have is not None and 0 < have <= size:
         entry["prefix_size"], entry["prefix_sha256"] = have, sha256_of(source, have)
     return entry
-
-
-def sha256_of(path: str, size: int) -> str:
-    """sha256 of the first `size` bytes of the file, read in chunks."""
-    digest = hashlib.sha256()
-    left = size
-    with open(path, "rb") as handle:
-        while left > 0:
-            chunk = handle.read(min(HASH_CHUNK, left))
-            if not chunk:
-                break
-            digest.update(chunk)
-            left -= len(chunk)
-    return digest.hexdigest()
 
 
 def _parse_have(pairs: list) -> dict:

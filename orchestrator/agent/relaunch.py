@@ -23,12 +23,13 @@ there.
 """
 from __future__ import annotations
 
+from dflash_records.restart import CRASH_LOOP, NEVER, ON_FAILURE, job_relaunches_left, max_attempts
+
 from . import kill, pullplan
 from .errors import BadInput, OperationFailed
 from .launch import LaunchRequest, job_fields, launch
 from .protocol import (ALREADY_RELAUNCHED, DEFAULT_GRACE_S, FAILED, LOST, NO_GPUS, NOT_RELAUNCHED, SURVIVORS_LEFT,
                        iso_utc)
-from .restart import CRASH_LOOP, NEVER, ON_FAILURE, job_relaunches_left, max_attempts
 from .rundir import RunPaths, existing_run
 from .runstate import read_run, read_state, settle_liveness, update_state
 

@@ -1,7 +1,7 @@
 """The supervisor of one run: starts the workload, reaps everything, records how it ended, and on SIGTERM
 ends every process of the run (TERM, grace, KILL) before it writes the terminal state.
 
-Under a restart policy (restart.py) it starts the workload again after a failed or hung attempt, after a
+Under a restart policy (dflash_records/restart.py) it starts the workload again after a failed or hung attempt, after a
 backoff, and records every attempt in state.json; its hang watchdog (hangwatch.py, attemptwatch.py) ends an
 attempt that went silent, once the Python stacks of its processes are in the log. All of it here, inside the container: a run
 heals itself with no controller connected.
@@ -15,14 +15,16 @@ import sys
 import time
 import traceback
 
+from dflash_records.restart import (BACKOFF_BASE_S, BACKOFF_KILLED, CRASH_LOOP, CRASH_LOOP_ATTEMPTS, EXITED,
+                                    FAILED_EXIT, HUNG, attempt_end, backoff, crash_loop, max_attempts, policy_text,
+                                    should_restart)
+
 from . import procfs, workerrestarts
 from .attemptwatch import AttemptWatch, new_attempt
 from .childwatch import Wakeup, decode_status, ignore_signal, reap_children, set_child_subreaper, signal_name
 from .errors import OperationFailed
 from .protocol import DEFAULT_GRACE_S, FAILED, KILLED, RUNNING, STARTING, SUCCEEDED, iso_utc
 from .rundir import RunPaths, disk_full, existing_run, read_json, write_json_atomic
-from .restart import (BACKOFF_BASE_S, BACKOFF_KILLED, CRASH_LOOP, CRASH_LOOP_ATTEMPTS, EXITED, FAILED_EXIT, HUNG,
-                      KILLED_BY_USER, attempt_end, backoff, crash_loop, max_attempts, policy_text, should_restart)
 from .runstate import DISK_FULL, finish, read_run, update_state
 
 LEFTOVER_GRACE_S = 5.0
@@ -200,7 +202,7 @@ class Supervisor(AttemptWatch):
         print("warning: processes survived SIGKILL: {}".format(self.run_processes()), file=sys.stderr)
 
     def loop(self, wakeup: Wakeup) -> str:
-        """Wait for the attempt to end: EXITED, KILLED_BY_USER (SIGTERM came) or HUNG (the watchdog's call)."""
+        """Wait for the attempt to end: EXITED, KILLED (SIGTERM came) or HUNG (the watchdog's call)."""
         tick = WATCH_TICK_S if not self.hang_setting else min(WATCH_TICK_S, max(self.hang_setting / 4, 0.05))
         while self.workload_status is None and self.term_signal is None:
             self.reap()
@@ -210,7 +212,7 @@ class Supervisor(AttemptWatch):
             if verdict is not None:
                 return verdict
             wakeup.wait(tick)
-        return KILLED_BY_USER if self.term_signal is not None else EXITED
+        return KILLED if self.term_signal is not None else EXITED
 
     def end_attempt(self, why: str) -> dict:
         """Record how the attempt ended (state.json's attempts[]) and return that record."""

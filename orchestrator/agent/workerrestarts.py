@@ -4,14 +4,16 @@ torchrun restarts the workers of every node of a job itself (`--max-restarts`), 
 numbers each start in the workers' environment (TORCHELASTIC_RESTART_COUNT). The node's supervisor reads that
 number; each restart closes the run's current attempt and opens the next, so `ps` and `watch` show
 `running (attempt 2/4)`, a watch alerts each restart, and the crash-loop guard sees a job that repeats one
-failure without progress (restart.crash_loop) and ends it rather than letting torchrun spend every restart.
+failure without progress (dflash_records.restart.crash_loop) and ends it rather than letting torchrun spend
+every restart.
 """
 from __future__ import annotations
+
+from dflash_records.restart import RESTART_COUNT_ENV
 
 from . import procfs
 from .protocol import ascii_decimal
 
-RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"
 WORKERS_RESTARTED = "workers restarted"  # an attempt's reason: its workers failed and torchrun started new ones
 
 

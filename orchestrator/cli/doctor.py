@@ -76,8 +76,8 @@ def _table(reports: list[DoctorReport]) -> Table:
                 "status"):
         table.add_column(col)
     for r in reports:
-        gpus = "-" if r.gpus is None else (f"{len(r.gpus)}" + (f" {r.gpus[0]['name']}" if r.gpus and
-                                                                 r.gpus[0].get("name") else ""))
+        gpus = "-" if r.gpus is None else (f"{len(r.gpus)}" + (f" {r.gpus[0].name}" if r.gpus and
+                                                                 r.gpus[0].name else ""))
         table.add_row(r.target, _mark(r.reachable), _mark(r.host_key_ok), _mark(r.auth_ok), _mark(r.pct),
                       r.container or "-", r.python or "-", r.agent or "-", gpus, format_bytes(r.cache_bytes),
                       "[green]ok[/]" if r.ok else "[red]unreachable[/]" if r.unreachable else "[red]failed[/]")

@@ -201,8 +201,8 @@ def _print(snapshot: Snapshot, unreachable: dict[str, str], targets: int) -> Non
     for run in snapshot.runs:
         if run.bottleneck is not None:
             out.print(f"{run.target} {run.run_id} {run.bottleneck.evidence}", markup=False)
-    for gpu in snapshot.gpus:
-        out.print(f"{gpu.target} GPU{gpu.index}: {_value(gpu.memory_used_mib, '{:.0f}')}/"
+    for target, gpu in ((view.target, view.row) for view in snapshot.gpus):
+        out.print(f"{target} GPU{gpu.index}: {_value(gpu.memory_used_mib, '{:.0f}')}/"
                   f"{_value(gpu.memory_total_mib, '{:.0f}')} MiB, {_value(gpu.utilization_pct, '{:.0f}')} %",
                   markup=False)
     for host in snapshot.hosts:

@@ -21,6 +21,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from dflash_records.restart import backoff
+
 from ..errors import DflashError, TransportError
 from ..alertkinds import ERROR, INFO, RESTARTED, WARNING
 from ..runs.client import Relaunched, RelaunchFailed
@@ -64,7 +66,7 @@ class Relauncher:
 
     def retry_in(self, failures: int) -> float:
         """Seconds before the next try after `failures` failed ones in a row."""
-        return min(self.first_retry_s * 2 ** min(failures - 1, 30), RETRY_MAX_S)
+        return backoff(failures, base=self.first_retry_s, cap=RETRY_MAX_S)
 
     def _settle(self, key: tuple[str, str], outcome: bool) -> None:
         if outcome is DONE:

@@ -10,18 +10,17 @@ pull with its `.part` kept, as a cut does. Names are the workload's: a message s
 """
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..agent.pullplan import sha256_of
+from dflash_records.digest import sha256_of, sha256_state
+
 from ..agent.terminaltext import for_terminal
 from ..errors import CommandTimeout, OperationFailed, TransportError, Unreachable
 from ..transports.base import Transport
 
-HASH_CHUNK = 4 * 1024 * 1024
 PART_SUFFIX = ".part"
 # $1 path, $2 the first byte wanted (1-based), $3 how many bytes: exactly the bytes planned, even of a file
 # that grew since (a live log), and nothing when it shrank (then the count falls short and says so)
@@ -60,21 +59,15 @@ class Conflict(OperationFailed):
     """A different file is in the way and --force was not given: nothing was transferred."""
 
 
-def local_sha256(path: Path, size: int | None = None) -> str:
-    """sha256 of the first `size` bytes of a local file (all of it by default), read in chunks: the agent's own
-    hashing, so both sides of a transfer count the same bytes the same way."""
-    return sha256_of(str(path), path.stat().st_size if size is None else size)
-
-
 def decide(root: Path, file: RemoteFile, *, force: bool) -> Step | str:
     """The step for one file, or (a str) why a different file in the way stops the pull."""
     path = root.joinpath(*file.dest.split("/"))
     part = path.with_name(path.name + PART_SUFFIX)
     if path.is_file():
         size = path.stat().st_size
-        if size == file.size and local_sha256(path) == file.sha256:
+        if size == file.size and sha256_of(path) == file.sha256:
             return Step(file, path, "skip")
-        if file.growing and file.prefix_size == size and local_sha256(path) == file.prefix_sha256:
+        if file.growing and file.prefix_size == size and sha256_of(path) == file.prefix_sha256:
             return Step(file, path, "extend", size)
         if not force:
             return f"{shown(path)} differs from {shown(file.source)} ({size} bytes here, {file.size} there)"
@@ -154,13 +147,9 @@ def shown(name: object) -> str:
 
 def _digest_of_start(part: Path, offset: int):
     """The hash state after the first `offset` bytes of the .part (a resume goes on from there)."""
-    digest = hashlib.sha256()
     if offset:
-        with open(part, "r+b") as sink:
-            sink.truncate(offset)  # a byte past the offset (written before a cut) is not trusted
-            for chunk in iter(lambda: sink.read(HASH_CHUNK), b""):
-                digest.update(chunk)
-    return digest
+        os.truncate(part, offset)  # a byte past the offset (written before a cut) is not trusted
+    return sha256_state(part, offset)
 
 
 def _stream(transport: Transport, file: RemoteFile, part: Path, offset: int, digest, *, stall: float,
@@ -194,4 +183,4 @@ def _cut(file: RemoteFile, at: int, why: str) -> str:
     return (f"{shown(file.source)}: cut at byte {at} of {file.size} ({why}); the same pull again resumes from there")
 
 
-__all__ = ["RemoteFile", "Step", "Conflict", "decide", "plan_steps", "fetch", "local_sha256", "shown"]
+__all__ = ["RemoteFile", "Step", "Conflict", "decide", "plan_steps", "fetch", "shown"]

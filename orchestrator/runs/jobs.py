@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from dflash_records.restart import BACKOFF_BASE_S, BACKOFF_ENV, NEVER, ON_FAILURE, parse_policy
 from dflash_records.run import RunRecord
 
 from ..agent.protocol import DEFAULT_GRACE_S, FAILED, FAILED_STATES, KILLED, LIVE_STATES, RUNNING, SUCCEEDED
-from ..agent.restart import BACKOFF_BASE_S, NEVER, ON_FAILURE, parse_policy
 from ..errors import DflashError, OperationFailed, UsageError
 from ..inventory.model import Target
 from ..transports.timeouts import DEFAULT_DIST_TIMEOUT_S
@@ -130,7 +130,7 @@ def node_specs(client: RunClient, spec: JobSpec, job_id: str) -> tuple[str, list
                "DFLASH_NODE_RANK": str(rank), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
         if restarts:   # torchrun restarts at once: the workers wait the policy's backoff themselves
             backoff = BACKOFF_BASE_S if spec.restart_backoff is None else spec.restart_backoff
-            env["DFLASH_RESTART_BACKOFF_S"] = f"{backoff:g}"
+            env[BACKOFF_ENV] = f"{backoff:g}"
         if net.value.get("interface"):
             # gloo and NCCL bind to what the hostname resolves to; a container's often resolves nowhere
             env.update(GLOO_SOCKET_IFNAME=net.value["interface"], NCCL_SOCKET_IFNAME=net.value["interface"])

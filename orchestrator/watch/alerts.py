@@ -15,26 +15,17 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from dflash_records.gpu import GPU_HELD_MIB, GPU_IDLE_UTIL_PCT, GpuRow, idle_and_held
+from dflash_records.restart import attempt_end
 from dflash_records.run import RunRecord
 
-from ..agent.protocol import (FAILED, GPU_HELD_MIB, GPU_IDLE_UTIL_PCT, KILLED, LOST, LOW_FREE_BYTES, LOW_FREE_FRACTION,
-                              SUCCEEDED, idle_and_held, low_free)
-from ..agent.restart import attempt_end
+from ..agent.protocol import FAILED, KILLED, LOST, LOW_FREE_BYTES, LOW_FREE_FRACTION, SUCCEEDED, low_free
 from ..display import clip, format_bytes, format_duration, format_gib, format_rate
 from ..trainlog.parser import ExceptionEvent, PhaseEvent, StepEvent
 from ..alertkinds import (ENDED, ERROR, EXCEPTION, GPU_IDLE, INFO, LOW_DISK, NAN, RESTARTED, STALL, STARVATION,
                          THROUGHPUT, WARNING)
 
 TERMINAL_SEVERITY = {SUCCEEDED: INFO, FAILED: ERROR, KILLED: WARNING, LOST: ERROR}
-
-
-@dataclass(frozen=True, slots=True)
-class GpuSample:
-    index: int
-    memory_used_mib: float | None
-    memory_total_mib: float | None
-    utilization_pct: float | None
-    ts: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,10 +154,11 @@ class RunHealth:
         return [self._alert(now, RESTARTED, WARNING,
                             f"restarted: attempt {attempt}{f'/{total}' if total else ''}{why}")]
 
-    def observe_gpus(self, samples: Iterable[GpuSample], now: float) -> list[Alert]:
-        for sample in samples:
-            if self.gpu_indices is None or sample.index in self.gpu_indices:
-                self._track_idle(sample)
+    def observe_gpus(self, sample: Iterable[GpuRow], now: float) -> list[Alert]:
+        """One nvidia-smi sample of the target's GPUs, taken at `now`."""
+        for row in sample:
+            if self.gpu_indices is None or row.index in self.gpu_indices:
+                self._track_idle(row, now)
         return self._check_gpus(now)
 
     def check(self, now: float) -> list[Alert]:
@@ -229,16 +221,16 @@ class RunHealth:
             return []
         return self._raise(now, STALL, WARNING, f"no new step for {_duration(silent_s)} (more than {why})")
 
-    def _track_idle(self, sample: GpuSample) -> None:
+    def _track_idle(self, row: GpuRow, now: float) -> None:
         held_idle = idle_and_held(
-            sample.memory_used_mib, sample.utilization_pct, held_mib=self.rules.gpu_idle_min_memory_mib,
+            row.memory_used_mib, row.utilization_pct, held_mib=self.rules.gpu_idle_min_memory_mib,
             idle_pct=self.rules.gpu_idle_max_util_pct,
         )
         if not held_idle:
-            self._idle.pop(sample.index, None)
+            self._idle.pop(row.index, None)
             return
-        since = self._idle[sample.index].since if sample.index in self._idle else sample.ts
-        self._idle[sample.index] = _IdleGpu(since, sample.ts, sample.memory_used_mib)  # type: ignore[arg-type]
+        since = self._idle[row.index].since if row.index in self._idle else now
+        self._idle[row.index] = _IdleGpu(since, now, row.memory_used_mib)  # type: ignore[arg-type]
 
     def _check_gpus(self, now: float) -> list[Alert]:
         if not self.training or self._training_since is None:

@@ -116,13 +116,13 @@ def _utilisation(s: RunSignals, gpus: Sequence[GpuView]) -> dict[int, float]:
     wanted = set(s.gpus)
     util: dict[int, float] = {}
     for gpu in gpus:
-        if wanted and gpu.index not in wanted:
+        if wanted and gpu.row.index not in wanted:
             continue
         recent = gpu.utilization_history[-RECENT_SAMPLES:]
         if recent:
-            util[gpu.index] = sum(recent) / len(recent)
-        elif gpu.utilization_pct is not None:
-            util[gpu.index] = gpu.utilization_pct
+            util[gpu.row.index] = sum(recent) / len(recent)
+        elif gpu.row.utilization_pct is not None:
+            util[gpu.row.index] = gpu.row.utilization_pct
     return dict(sorted(util.items()))
 
 

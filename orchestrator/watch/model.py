@@ -8,7 +8,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Protocol
 
-from ..agent.protocol import TERMINAL_STATES, idle_and_held
+from dflash_records.gpu import GpuRow
+
+from ..agent.protocol import TERMINAL_STATES
 
 
 @dataclass(frozen=True)
@@ -98,18 +100,17 @@ class RunView:
 
 @dataclass(frozen=True)
 class GpuView:
+    """One GPU of a watched target: its latest row (what nvidia-smi said; whether it is idle while holding
+    memory is the row's own) and its recent samples for the sparklines."""
     target: str
-    index: int
-    memory_used_mib: float | None
-    memory_total_mib: float | None
-    utilization_pct: float | None
+    row: GpuRow
     utilization_history: tuple[float, ...] = ()   # recent samples, oldest first
     memory_history: tuple[float, ...] = ()
 
-    @property
-    def idle_and_held(self) -> bool:
-        """Holding memory while doing nothing (protocol's rule, the one watch alerts on)."""
-        return idle_and_held(self.memory_used_mib, self.utilization_pct)
+    def as_dict(self) -> dict:
+        """Flat, as `watch --once --json` prints it: the target, the row's fields, the histories."""
+        return {"target": self.target, **self.row.to_dict(), "utilization_history": self.utilization_history,
+                "memory_history": self.memory_history}
 
 
 @dataclass(frozen=True)
@@ -145,7 +146,7 @@ class Snapshot:
     gpu_errors: dict[str, str] = field(default_factory=dict)  # target -> why it has no GPU samples
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "gpus": [gpu.as_dict() for gpu in self.gpus]}
 
 
 def summarise_ended(snapshot: Snapshot) -> Snapshot:

@@ -5,17 +5,17 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import replace
 
+from dflash_records.gpu import GpuRow, parse_query_csv
+from dflash_records.restart import CRASH_LOOP, job_relaunches_left
 from dflash_records.run import RunRecord
 from dflash_records.step import QUEUE_FIELDS, RECORD_FIELDS, STEP_FIELDS, TAU_FIELDS
 
-from ..agent.restart import CRASH_LOOP, job_relaunches_left
 from ..agent.workerrestarts import restarts_unspent
 from ..agent.protocol import FAILED_STATES, FINGERPRINT_BYTES, LOST, STARTING, TERMINAL_STATES, iso_utc
-from ..gpus import GpuInfo, parse_query_csv
 from ..trainlog.lines import parse_metrics_jsonl_line, parse_step_times_line
 from ..trainlog.parser import ExceptionEvent, LogLine, LogParser, PhaseEvent, StepEvent
 from ..alertkinds import LOG_RESET, WARNING
-from .alerts import Alert, AlertRules, GpuSample, RunHealth
+from .alerts import Alert, AlertRules, RunHealth
 from .bottleneck import RunSignals, diagnose
 from .model import AlertView, GpuView, JobNode, MetricPoint, RunStatus, RunView
 
@@ -142,8 +142,8 @@ class RunTracker:
     def settle(self, now: float) -> list[Alert]:
         return self._events(self.parser.settle(), now) + self._keep(self.health.check(now))
 
-    def observe_gpus(self, samples: list[GpuSample], now: float) -> list[Alert]:
-        return self._keep(self.health.observe_gpus(samples, now))
+    def observe_gpus(self, sample: list[GpuRow], now: float) -> list[Alert]:
+        return self._keep(self.health.observe_gpus(sample, now))
 
     # -- events
 
@@ -261,13 +261,14 @@ class GpuTracker:
     def __init__(self, target: str, *, history: int) -> None:
         self.target = target
         self.history = history
-        self.latest: dict[int, GpuInfo] = {}
+        self.latest: dict[int, GpuRow] = {}
         self.util: dict[int, deque[float]] = {}
         self.memory: dict[int, deque[float]] = {}
         self.error: str | None = None
         self._views: tuple[GpuView, ...] | None = ()
 
-    def sample(self, csv: str, now: float) -> list[GpuSample]:
+    def sample(self, csv: str, now: float) -> list[GpuRow]:
+        """The rows of one nvidia-smi sample (the watch stream's CSV), kept as the latest of each GPU."""
         gpus = parse_query_csv(csv)
         self.error = None if gpus else self.error
         for gpu in gpus:
@@ -277,13 +278,12 @@ class GpuTracker:
             if gpu.memory_used_mib is not None:
                 self.memory.setdefault(gpu.index, deque(maxlen=self.history)).append(gpu.memory_used_mib)
         self._views = None
-        return [GpuSample(g.index, g.memory_used_mib, g.memory_total_mib, g.utilization_pct, now) for g in gpus]
+        return gpus
 
     def views(self) -> tuple[GpuView, ...]:
         if self._views is None:
             self._views = tuple(
-                GpuView(self.target, index, gpu.memory_used_mib, gpu.memory_total_mib, gpu.utilization_pct,
-                        tuple(self.util.get(index, ())), tuple(self.memory.get(index, ())))
+                GpuView(self.target, gpu, tuple(self.util.get(index, ())), tuple(self.memory.get(index, ())))
                 for index, gpu in sorted(self.latest.items()))
         return self._views
 

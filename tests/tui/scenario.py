@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 
+from dflash_records.gpu import GpuRow
 from orchestrator.watch.model import AlertView, GpuView, HostView, MetricPoint, RunView, Snapshot
 
 TAKEN_AT = "2026-12-01T12:00:00Z"
@@ -58,12 +59,14 @@ def runs() -> tuple[RunView, ...]:
 
 
 def gpus() -> tuple[GpuView, ...]:
-    busy = tuple(GpuView(target="pve1/200", index=i, memory_used_mib=70_000.0 + 1000 * i, memory_total_mib=97_871.0,
-                         utilization_pct=97.0 - i,
+    busy = tuple(GpuView(target="pve1/200",
+                         row=GpuRow(index=i, memory_used_mib=70_000.0 + 1000 * i, memory_total_mib=97_871.0,
+                                    utilization_pct=97.0 - i),
                          utilization_history=tuple(60 + 37 * math.sin(t / 6 + i) ** 2 for t in range(60)))
                  for i in range(2))
-    idle = tuple(GpuView(target="pve2/300", index=i, memory_used_mib=float(mib), memory_total_mib=97_871.0,
-                         utilization_pct=0.0, utilization_history=(90.0,) * 20 + (0.0,) * 40)
+    idle = tuple(GpuView(target="pve2/300",
+                         row=GpuRow(index=i, memory_used_mib=float(mib), memory_total_mib=97_871.0, utilization_pct=0.0),
+                         utilization_history=(90.0,) * 20 + (0.0,) * 40)
                  for i, mib in enumerate(SEED_MEMORY_MIB))
     return busy + idle
 

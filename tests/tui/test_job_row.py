@@ -5,6 +5,7 @@ import dataclasses
 
 import pytest
 
+from dflash_records.gpu import GpuRow
 from orchestrator.watch.model import GpuView, NodeView
 from tui.app import DashboardApp
 from tui.widgets.gpu_panel import GpuPanel
@@ -22,8 +23,9 @@ async def test_job_row_shows_its_nodes_and_their_gpus() -> None:
         scenario.training_run(), run_id="big-job", target="pve1/200+pve2/300",
         nodes=(NodeView("big-job-n0", "pve1/200", 0, "running", pid=11),
                NodeView("big-job-n1", "pve2/300", 1, "failed", signal=9)))
-    gpus = (GpuView("pve1/200", 0, 1000.0, 143771.0, 50.0), GpuView("pve2/300", 0, 2000.0, 143771.0, 0.0),
-            GpuView("elsewhere/1", 0, 3000.0, 143771.0, 0.0))
+    gpus = tuple(GpuView(target, GpuRow(0, memory_used_mib=mib, memory_total_mib=143771.0, utilization_pct=pct))
+                 for target, mib, pct in (("pve1/200", 1000.0, 50.0), ("pve2/300", 2000.0, 0.0),
+                                          ("elsewhere/1", 3000.0, 0.0)))
     source = FakeSource(dataclasses.replace(base, runs=(job,), gpus=gpus))
     app = DashboardApp(source, refresh_s=0.02)
     async with app.run_test(size=(120, 40)) as pilot:

@@ -5,7 +5,6 @@ renamed). Which checkpoint a run resumes from, and whether its config allows it,
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -15,6 +14,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from dflash_records.digest import sha256_of
+from dflash_records.digits import ascii_decimal
 from trainer.errors import TrainerError
 from trainer.model.drafter_files import (CONFIG_FILE, DTYPES, MASTER_WEIGHTS_FILE, WEIGHTS_FILE, drafter_tensors,
                                          make_readable, save_drafter, save_weights)
@@ -27,7 +28,6 @@ if TYPE_CHECKING:
 
 STATE_FILE = "training_state.pt"
 MANIFEST_FILE = "manifest.json"  # each file's size and sha256, written last: what `dflashctl pull` checks against
-HASH_CHUNK = 4 * 1024**2
 TRAINER_CONFIG_FILE = "trainer_config.json"  # the resolved training config, readable without torch
 CHECKPOINT_FILES = (CONFIG_FILE, WEIGHTS_FILE, STATE_FILE, TRAINER_CONFIG_FILE)
 # config keys that shape the drafter or the data order: a checkpoint resumes only with the same values
@@ -43,9 +43,9 @@ def complete_checkpoints(output_dir: Path) -> list[tuple[int, Path]]:
     """(step, dir) of every step_N/ holding all its files, oldest first; temp dirs are never named step_N."""
     found = []
     for path in output_dir.glob("step_*"):
-        suffix = path.name.removeprefix("step_")
-        if suffix.isdigit() and all((path / name).is_file() for name in CHECKPOINT_FILES):
-            found.append((int(suffix), path))
+        step = ascii_decimal(path.name.removeprefix("step_"))
+        if step is not None and all((path / name).is_file() for name in CHECKPOINT_FILES):
+            found.append((step, path))
     return sorted(found)
 
 
@@ -127,21 +127,13 @@ def write_manifest(directory: Path) -> Path:
     files = {}
     for path in sorted(directory.iterdir()):
         if path.is_file() and path.name != MANIFEST_FILE:
-            files[path.name] = {"size": path.stat().st_size, "sha256": file_sha256(path)}
+            files[path.name] = {"size": path.stat().st_size, "sha256": sha256_of(path)}
     manifest = directory / MANIFEST_FILE
     manifest.write_text(json.dumps({"version": 1, "files": files}, indent=2) + "\n")
     make_readable(manifest)
     with open(manifest, "rb") as handle:
         os.fsync(handle.fileno())
     return manifest
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(HASH_CHUNK), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _replace(temp: Path, final: Path) -> None:
@@ -170,8 +162,8 @@ def prune_checkpoints(output_dir: Path, keep: int, *, newest: Path) -> list[Path
 def remove_stale_temps(output_dir: Path) -> None:
     """Temp dirs of saves whose process is gone (killed mid-save) hold space the next save needs."""
     for path in output_dir.glob(".tmp-step_*-*"):
-        pid = path.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and int(pid) != os.getpid() and not os.path.exists(f"/proc/{pid}"):
+        pid = ascii_decimal(path.name.rsplit("-", 1)[-1])
+        if pid is not None and pid != os.getpid() and not os.path.exists(f"/proc/{pid}"):
             shutil.rmtree(path, ignore_errors=True)
 
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from dflash_records.restart import BACKOFF_ENV, RESTART_COUNT_ENV, worker_backoff
 from trainer.errors import TrainerError
 
 TIMEOUT_ENV = "DFLASH_DIST_TIMEOUT_S"
@@ -71,24 +72,14 @@ def collective_timeout() -> datetime.timedelta:
     return datetime.timedelta(seconds=seconds)
 
 
-BACKOFF_ENV = "DFLASH_RESTART_BACKOFF_S"
-# as the supervisor's restarts of a single run (orchestrator/agent/restart.py; tests/test_one_home.py ties them)
-BACKOFF_MAX_S = 300.0
-
-
 def restart_backoff_s() -> float:
-    """Seconds this worker waits before joining its job again after torchrun restarted the workers: none on the
-    first start; on restart n (TORCHELASTIC_RESTART_COUNT) the job's base DFLASH_RESTART_BACKOFF_S times 2^(n-1),
-    never more than BACKOFF_MAX_S. Every worker of every node waits the same, so they still meet; torchrun itself
-    restarts at once."""
-    restarts, base = (os.environ.get(name, "").strip() for name in ("TORCHELASTIC_RESTART_COUNT", BACKOFF_ENV))
+    """Seconds this worker waits before joining its job again after torchrun restarted the workers (torchrun
+    itself restarts at once): the restart policy's backoff, as the supervisor waits between a run's attempts."""
+    restarts, base = (os.environ.get(name, "").strip() for name in (RESTART_COUNT_ENV, BACKOFF_ENV))
     try:
-        count, seconds = int(restarts or 0), float(base or 0)
+        return worker_backoff(restarts, base)
     except ValueError:
-        raise TrainerError(f"{BACKOFF_ENV}={base!r} or TORCHELASTIC_RESTART_COUNT={restarts!r}: expected numbers")
-    if count < 1 or not seconds > 0:
-        return 0.0
-    return min(seconds * 2.0 ** min(count - 1, 1000), BACKOFF_MAX_S)  # capped whatever the base
+        raise TrainerError(f"{BACKOFF_ENV}={base!r} or {RESTART_COUNT_ENV}={restarts!r}: expected numbers") from None
 
 
 def job_rank(torchrun_rank: int, local_rank: int, world_size: int) -> int:
@@ -134,7 +125,7 @@ def compute_init(requested_device: str = "auto") -> DistributedContext:
     if world_size > 1 and not dist.is_initialized():
         delay = restart_backoff_s()
         if delay and local_rank == 0:   # each node's log says it (a node restarted for another's loss counts none)
-            print(f"restart {os.environ['TORCHELASTIC_RESTART_COUNT']} of the job's workers: waiting {delay:g} s "
+            print(f"restart {os.environ[RESTART_COUNT_ENV]} of the job's workers: waiting {delay:g} s "
                   "before they start again", file=sys.stderr, flush=True)
         time.sleep(delay)
         backend = "nccl" if device.type == "cuda" else "gloo"

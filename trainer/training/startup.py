@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+from dflash_records.digits import ascii_decimal
+from dflash_records.restart import RESTART_COUNT_ENV
 from trainer import logformat
 
 _PROCESS_STARTED = time.monotonic()  # close enough to the process start: this module loads with the trainer
@@ -70,5 +72,5 @@ def dump_stacks_on_signal() -> None:
 def restarted_resume(environ: dict | None = None) -> str | None:
     """Workers that torchrun restarted (a multi-node job restarts as a whole) go on from the newest complete
     checkpoint, whatever the config's `resume:` says: the first start is the one it is for."""
-    restarts = (os.environ if environ is None else environ).get("TORCHELASTIC_RESTART_COUNT", "0")
-    return "auto" if restarts.isascii() and restarts.isdigit() and int(restarts) > 0 else None
+    restarts = ascii_decimal((os.environ if environ is None else environ).get(RESTART_COUNT_ENV, "0"))
+    return "auto" if restarts else None

@@ -36,18 +36,19 @@ class GpuPanel(Widget):
         if not self._gpus:
             return Text(self._why_none or NO_SAMPLES, style="dim")
         spark_width = max(self.size.width - PREFIX_CHARS, 0)
-        lines = [gpu_line(gpu, gpu.index in self._run_gpus, spark_width) for gpu in self._gpus]
+        lines = [gpu_line(gpu, gpu.row.index in self._run_gpus, spark_width) for gpu in self._gpus]
         return Text("\n", no_wrap=True, overflow="crop").join(lines)
 
 
-def gpu_line(gpu: GpuView, used_by_run: bool, spark_width: int) -> Text:
+def gpu_line(view: GpuView, used_by_run: bool, spark_width: int) -> Text:
+    gpu = view.row
     marker = "▸" if used_by_run else " "
     memory = f"{format_gib(gpu.memory_used_mib)}/{format_gib(gpu.memory_total_mib)}G"
     util = "  -%" if gpu.utilization_pct is None else f"{gpu.utilization_pct:3.0f}%"
     style = "bold yellow" if gpu.idle_and_held else ("bold" if used_by_run else "")
     prefix = f"{marker}{gpu.index:>2} {memory:>11} {util:>4} "
     return Text.assemble((prefix.ljust(PREFIX_CHARS), style),
-                         (sparkline(gpu.utilization_history, spark_width), "green"))
+                         (sparkline(view.utilization_history, spark_width), "green"))
 
 
 def sparkline(values: Sequence[float], width: int, *, top: float = 100.0) -> str:

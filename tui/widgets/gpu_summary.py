@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from rich.text import Text
 from textual.widget import Widget
 
+from dflash_records.gpu import GpuRow
 from orchestrator.display import format_gib
 from orchestrator.watch.model import GpuView
 
@@ -34,13 +35,14 @@ class GpuSummary(Widget):
         label = Text.assemble(("GPUs", "bold"), (f" {self._where}" if self._where else "", "bold"), " · ")
         if not self._gpus:
             return label + Text(self._why_none or NO_SAMPLES, style="dim")
-        detailed = label + gpu_numbers(self._gpus)
+        rows = [gpu.row for gpu in self._gpus]
+        detailed = label + gpu_numbers(rows)
         if detailed.cell_len <= self.size.width:
             return detailed
-        return label + gpu_blocks(self._gpus)
+        return label + gpu_blocks(rows)
 
 
-def gpu_numbers(gpus: Sequence[GpuView]) -> Text:
+def gpu_numbers(gpus: Sequence[GpuRow]) -> Text:
     """`0: 97% 68/96G  1: 96% 69/96G`: index, utilisation and memory of each GPU."""
     line = Text(no_wrap=True)
     for number, gpu in enumerate(gpus):
@@ -52,7 +54,7 @@ def gpu_numbers(gpus: Sequence[GpuView]) -> Text:
     return line
 
 
-def gpu_blocks(gpus: Sequence[GpuView]) -> Text:
+def gpu_blocks(gpus: Sequence[GpuRow]) -> Text:
     """`util ▁▁▁▁ 0% mem ▇█▇█ 341/383G`: a block per GPU, idle ones holding memory in yellow."""
     line = Text("util ", no_wrap=True, overflow="crop")
     for gpu in gpus:

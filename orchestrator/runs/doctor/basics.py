@@ -116,7 +116,7 @@ def check_gpus(transport: Transport, target: Target, report: DoctorReport) -> No
                        "see the driver and device_nodes rows"))
         return
     gpus = parse_query_csv(result.out)
-    report.gpus = [g.as_dict() for g in gpus]
+    report.gpus = gpus
     if target.gpus and len(gpus) != target.gpus:
         message = f"the inventory says {target.gpus} GPUs, nvidia-smi shows {len(gpus)}"
         report.warnings.append(message)

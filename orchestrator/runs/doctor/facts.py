@@ -11,6 +11,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dflash_records.gpu import GpuRow
+
 from ...agent.protocol import KIB, ascii_decimal
 from ...errors import DflashError
 from ...inventory.model import Target
@@ -63,7 +65,7 @@ class Facts:
     probe: dict
     expected_gpus: int
     needs: Needs | None = None
-    smi_gpus: list[dict] | None = None         # nvidia-smi's rows (GpuInfo.as_dict), None where it did not answer
+    smi_gpus: list[GpuRow] | None = None       # nvidia-smi's rows, None where it did not answer
 
     @property
     def paths(self) -> dict[str, str]:
@@ -164,7 +166,7 @@ def container_probe(client: RunClient, target: Target, gpus: int, needs: Needs |
     return payload.get("probe") if payload.get("ok") else {"error": str(payload.get("error"))}
 
 
-def gather(client: RunClient, target: Target, *, smi_gpus: list[dict] | None, needs: Needs | None,
+def gather(client: RunClient, target: Target, *, smi_gpus: list[GpuRow] | None, needs: Needs | None,
            with_host: bool = True) -> Facts:
     """Facts for the checks; without the host's (a CPU run's launch needs none of them) one round trip."""
     host = host_facts(client.conns.host_transport(target.host), target) if with_host else HostFacts()

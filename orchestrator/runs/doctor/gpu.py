@@ -2,7 +2,8 @@
 them through, and no GPU holds memory that no run accounts for."""
 from __future__ import annotations
 
-from ...agent.gpus import held_without_run
+from dflash_records.gpu import held_without_run
+
 from ...agent.protocol import MIB
 from ...display import format_bytes
 from .facts import Facts, expected_nodes
@@ -115,8 +116,8 @@ def gpus_unclaimed(facts: Facts) -> Row | None:
     unclaimed = held_without_run(facts.smi_gpus, live)
     if not unclaimed:
         return Row("gpus_held", OK, f"no GPU holds memory outside a live run ({len(live)} live)")
-    shown = ", ".join(f"GPU {g['index']} {format_bytes((g['memory_used_mib'] or 0) * MIB)} at "
-                      f"{g['utilization_pct']:g} %" for g in unclaimed[:4])
+    shown = ", ".join(f"GPU {g.index} {format_bytes((g.memory_used_mib or 0) * MIB)} at "
+                      f"{g.utilization_pct:g} %" for g in unclaimed[:4])
     host = facts.target.host.name
     fix = (f"`nvidia-smi` on {host} names the PID (inside a container it cannot): end it, or restart its container"
            if facts.target.ctid is not None else "`nvidia-smi` names the PID: end it")

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from dflash_records.gpu import GpuRow
+
 from ...errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
 
 OK, WARN, FAIL = "ok", "warn", "fail"
@@ -53,7 +55,7 @@ class DoctorReport:
     container: str | None = None     # running / stopped / missing
     python: str | None = None
     nvidia_smi: bool | None = None
-    gpus: list[dict] | None = None
+    gpus: list[GpuRow] | None = None
     cache_dir: str | None = None
     cache_bytes: int | None = None   # 0 where nothing was compiled there yet
     agent: str | None = None         # the deployed agent: ok / absent / damaged (ownfiles.py)

@@ -13,7 +13,7 @@ import textwrap
 from pathlib import Path
 
 from orchestrator.agent.launch import LaunchRequest, create_run
-from orchestrator.agent.restart import parse_policy
+from dflash_records.restart import parse_policy
 from tests.orchestrator.agent.pidns import launch, record, wait_for, wait_state
 
 REPO = Path(__file__).resolve().parents[3]

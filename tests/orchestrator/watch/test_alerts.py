@@ -19,10 +19,9 @@ from orchestrator.watch.alerts import (
     WARNING,
     Alert,
     AlertRules,
-    GpuSample,
     RunHealth,
 )
-from orchestrator.gpus import parse_query_csv
+from dflash_records.gpu import GpuRow, parse_query_csv
 from orchestrator.trainlog.parser import LogParser, PhaseEvent, parse_lines, parse_step_line
 from dflash_records.step import StepRecord, format_step_line
 
@@ -52,9 +51,8 @@ def test_embedded_samples_match_the_shared_fixtures():
         assert (SHARED / "nvidia-smi" / f"{name}_seed_query.csv").read_text() == text
 
 
-def samples(csv_text: str, ts: float) -> list[GpuSample]:
-    return [GpuSample(g.index, g.memory_used_mib, g.memory_total_mib, g.utilization_pct, ts)
-            for g in parse_query_csv(csv_text, SEED_FIELDS)]
+def sample(csv_text: str) -> list[GpuRow]:
+    return parse_query_csv(csv_text, SEED_FIELDS)
 
 
 def step(n: int, *, loss: float = 3.0, tok_per_s: float = 11_700.0, q_pre=(50, 50, 50, 49, 50), q_hs=(15,)):
@@ -159,50 +157,50 @@ def test_no_stall_before_training_or_after_the_end():
 def test_seed_gpus_held_at_zero_utilisation_while_training_raise_one_alert():
     run = RunHealth("seed")
     last = training(run)
-    assert run.observe_gpus(samples(SEED_STALLED_8GPU, last), last) == []  # one sample is not sustained
-    assert run.observe_gpus(samples(SEED_STALLED_8GPU, last + 30), last + 30) == []
-    (alert,) = run.observe_gpus(samples(SEED_STALLED_8GPU, last + 60), last + 60)
+    assert run.observe_gpus(sample(SEED_STALLED_8GPU), last) == []  # one sample is not sustained
+    assert run.observe_gpus(sample(SEED_STALLED_8GPU), last + 30) == []
+    (alert,) = run.observe_gpus(sample(SEED_STALLED_8GPU), last + 60)
     assert alert.kind == GPU_IDLE and alert.severity == WARNING
     assert "GPUs 0,1,2,3,4,5,6,7" in alert.message and "0 % utilisation" in alert.message
     assert f"{(88283 + 96779 + 88443 + 96905 + 76779 + 46901 + 48861 + 47421) / 1024:.1f} GiB" in alert.message
-    assert run.observe_gpus(samples(SEED_STALLED_8GPU, last + 90), last + 90) == []  # debounced
+    assert run.observe_gpus(sample(SEED_STALLED_8GPU), last + 90) == []  # debounced
 
 
 def test_busy_gpu_raises_nothing_and_clears_the_condition():
     run = RunHealth("r1")
     last = training(run)
     for t in range(0, 600, 10):
-        assert run.observe_gpus(samples(BUSY_H200, last + t), last + t) == []
+        assert run.observe_gpus(sample(BUSY_H200), last + t) == []
     for t in (0, 60):
-        alerts = run.observe_gpus(samples(HELD_H200, last + 600 + t), last + 600 + t)
+        alerts = run.observe_gpus(sample(HELD_H200), last + 600 + t)
     assert kinds(alerts) == [GPU_IDLE] and "GPU 0 hold 19.1 GiB" in alerts[0].message
-    assert run.observe_gpus(samples(BUSY_H200, last + 700), last + 700) == []  # cleared...
+    assert run.observe_gpus(sample(BUSY_H200), last + 700) == []  # cleared...
     for t in (0, 30, 61):
-        alerts = run.observe_gpus(samples(HELD_H200, last + 800 + t), last + 800 + t)
+        alerts = run.observe_gpus(sample(HELD_H200), last + 800 + t)
     assert kinds(alerts) == [GPU_IDLE]  # ...so a new idle spell alerts again
 
 
 def test_gpus_idle_while_loading_or_empty_or_not_the_runs_raise_nothing():
     loading = RunHealth("r1")
     for t in range(0, 600, 30):  # memory held at 0 % while targets load is normal
-        assert loading.observe_gpus(samples(SEED_STALLED_8GPU, t), t) == []
+        assert loading.observe_gpus(sample(SEED_STALLED_8GPU), t) == []
     empty = RunHealth("r2")
     last = training(empty)
     for t in range(0, 600, 30):
-        assert empty.observe_gpus(samples(IDLE_H200, last + t), last + t) == []
+        assert empty.observe_gpus(sample(IDLE_H200), last + t) == []
     other = RunHealth("r3", gpu_indices=[8, 9])
     last = training(other)
     for t in range(0, 600, 30):
-        assert other.observe_gpus(samples(SEED_STALLED_8GPU, last + t), last + t) == []
+        assert other.observe_gpus(sample(SEED_STALLED_8GPU), last + t) == []
 
 
 def test_idle_time_counts_from_the_start_of_training():
     run = RunHealth("r1")
     for t in range(0, 300, 30):
-        run.observe_gpus(samples(HELD_H200, t), t)
+        run.observe_gpus(sample(HELD_H200), t)
     run.observe_event(step(1), 300.0)
-    assert run.observe_gpus(samples(HELD_H200, 330), 330) == []
-    assert kinds(run.observe_gpus(samples(HELD_H200, 361), 361)) == [GPU_IDLE]
+    assert run.observe_gpus(sample(HELD_H200), 330) == []
+    assert kinds(run.observe_gpus(sample(HELD_H200), 361)) == [GPU_IDLE]
 
 
 # ------------------------------------------------------------------------------------------ log metrics
@@ -282,7 +280,7 @@ def test_finished_or_reloading_trainer_is_not_training():
     restarted.observe_events(parse_lines(["Loading dataset from /data..."]), last + 1)
     assert restarted.phase == "loading_dataset" and restarted.check(last + 10_000.0) == []
     for t in (0, 100):
-        assert restarted.observe_gpus(samples(HELD_H200, last + t), last + t) == []
+        assert restarted.observe_gpus(sample(HELD_H200), last + t) == []
     restarted.observe_event(step(11), last + 200)
     assert restarted.training and restarted.check(last + 200 + 800) == []  # the start-up limit again
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.gpus import parse_query_csv
+from dflash_records.gpu import GpuRow, parse_query_csv
 from orchestrator.trainlog.lines import parse_step_times_line
 from orchestrator.watch.bottleneck import RunSignals, diagnose, index_ranges
 from orchestrator.watch.model import GpuView
@@ -19,11 +19,12 @@ STEP = ("[{i}m] step={i} loss=5.0 acc=0.2 streak=1.0 lr=1e-4 noise=0.0 | tgt={tg
 
 def seed_gpus() -> tuple[GpuView, ...]:
     gpus = parse_query_csv((FIXTURES.parent / "seed_nvidia_smi_8gpu.csv").read_text(), SEED_FIELDS)
-    return tuple(GpuView("pve1/200", g.index, g.memory_used_mib, None, g.utilization_pct) for g in gpus)
+    return tuple(GpuView("pve1/200", g) for g in gpus)
 
 
 def gpus_at(*percents: float) -> tuple[GpuView, ...]:
-    return tuple(GpuView("pve1/200", i, 1000.0, 143771.0, pct, (pct,) * 5) for i, pct in enumerate(percents))
+    return tuple(GpuView("pve1/200", GpuRow(i, memory_used_mib=1000.0, memory_total_mib=143771.0, utilization_pct=pct),
+                         (pct,) * 5) for i, pct in enumerate(percents))
 
 
 def fed(log: str, *, state: str = "running", gpus: list[int] | None = None) -> RunTracker:

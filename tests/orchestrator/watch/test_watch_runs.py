@@ -55,7 +55,7 @@ def test_gpu_tracker_keeps_bounded_history() -> None:
                               now=float(util))
     assert [s.utilization_pct for s in samples] == [40.0, 0.0]
     view = gpus.views()[0]
-    assert (view.index, view.utilization_history, view.memory_total_mib) == (0, (20.0, 30.0, 40.0), 143771.0)
+    assert (view.row.index, view.utilization_history, view.row.memory_total_mib) == (0, (20.0, 30.0, 40.0), 143771.0)
 
 
 def test_compiling_is_a_phase_until_the_first_step_and_held_idle_gpus_are_not_an_alert() -> None:

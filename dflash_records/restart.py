@@ -2,12 +2,16 @@
 
 `never` (the default) or `on-failure[:N]`: after a failed or hung attempt the supervisor starts the workload
 again, at most N times (DEFAULT_RESTARTS without N), waiting BACKOFF_BASE_S (`--restart-backoff`, at most
-BACKOFF_MAX_S), then twice that, never more than BACKOFF_MAX_S. A kill is never a failure. Pure functions of the run's records; the supervisor does the IO.
-Standard library only, like the whole agent; the controller checks `--restart` with the same parse.
+BACKOFF_MAX_S), then twice that, never more than BACKOFF_MAX_S. A kill is never a failure. Pure functions of the
+run's records; the supervisor does the IO.
+
+The one home of the policy: the agent's supervisor follows it, the controller checks `--restart` with the same
+parse and shows the same reasons, and a multi-node job's workers (torchrun restarts them, with no supervisor
+involved) wait the same backoff themselves (worker_backoff: the trainer imports nothing of the controller).
 """
 from __future__ import annotations
 
-from .protocol import KILLED, ascii_decimal
+from .digits import ascii_decimal
 
 NEVER, ON_FAILURE = "never", "on-failure"
 DEFAULT_RESTARTS = 3
@@ -17,9 +21,9 @@ BACKOFF_MAX_S = 300.0
 # the same exception line this many attempts in a row, none of them past the best step before them: a crash loop
 CRASH_LOOP_ATTEMPTS = 3
 
-# why an attempt ended (state.json's attempts[].reason) and why a run ended without another (state.json's reason)
+# why an attempt ended (state.json's attempts[].reason; a kill's is the run state `killed`) and why a run ended
+# without another (state.json's reason)
 EXITED, FAILED_EXIT, HUNG, CRASH_LOOP = "exited", "failed", "hung", "crash loop"
-KILLED_BY_USER = KILLED
 BACKOFF_KILLED = "killed during the backoff"  # a kill that came between two attempts, with no workload to end
 
 
@@ -46,9 +50,25 @@ def policy_text(policy: dict) -> str:
 
 def backoff(restart_number: int, *, base: float = BACKOFF_BASE_S, cap: float = BACKOFF_MAX_S) -> float:
     """Seconds to wait before restart number `restart_number` (1 = the first restart): base, 2*base, ... never
-    more than cap, whatever the base (a record's may be anything). trainer/training/distributed.py has a copy."""
+    more than cap, whatever the base (a record's may be anything)."""
     doubled = base * 2.0 ** min(max(restart_number - 1, 0), 1000)  # 2.0**1024 overflows; any base is capped first
     return min(doubled, cap) if doubled >= 0 else 0.0
+
+
+# what a multi-node job's workers read: the base the controller gives them, the restart torchrun numbers
+BACKOFF_ENV = "DFLASH_RESTART_BACKOFF_S"
+RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"
+
+
+def worker_backoff(restart_count: str, base: str) -> float:
+    """Seconds a job's worker waits before joining again after torchrun restarted the workers (the texts of
+    RESTART_COUNT_ENV and BACKOFF_ENV): none on the first start or without a base (a job with no restart policy),
+    else `backoff`, so that every worker of every node waits the same and they still meet; ValueError when either
+    is not a number."""
+    count, seconds = int(restart_count or 0), float(base or 0)
+    if count < 1 or not seconds > 0:
+        return 0.0
+    return backoff(count, base=seconds)
 
 
 def check_backoff(seconds: float) -> float:
