@@ -146,6 +146,8 @@ class CleanupAnswer:
 
     @classmethod
     def from_dict(cls, data) -> CleanupAnswer:
+        if isinstance(data, dict) and "findings" not in data and "unfixable" in data:  # an older agent's name
+            data = {("findings" if key == "unfixable" else key): value for key, value in data.items()}
         return decode(cls, data)
 
     def summary(self, target: str) -> str:

@@ -32,7 +32,7 @@ def cleanup(
         print_json({"targets": {o.target.name: (o.value.to_dict() if o.ok else {"ok": False, "error": str(o.error)})
                                 for o in outcomes}})
     else:
-        _print([(o.target.name, o.value) for o in outcomes if o.ok and not _unread(o.value)], dry_run)
+        _print([(o.target.name, o.value) for o in outcomes if o.ok and not _unread(o.value)])
     for outcome in outcomes:  # not looked at (unreachable, refused): an error, never "nothing to clean"
         if not outcome.ok or _unread(outcome.value):
             error = str(outcome.error) if not outcome.ok else outcome.value.error
@@ -45,7 +45,7 @@ def _unread(answer: CleanupAnswer) -> bool:
     return bool(answer.error) and not answer.actions
 
 
-def _print(answers: list[tuple[str, CleanupAnswer]], dry_run: bool) -> None:
+def _print(answers: list[tuple[str, CleanupAnswer]]) -> None:
     out = stdout()
     for target, answer in answers:
         if answer.error and not answer.ok:
