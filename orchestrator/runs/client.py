@@ -68,7 +68,8 @@ class RunClient:
 
     def agent(self, target: Target, args: list[str], *, timeout: float | None = None, stdin: bytes | None = None,
               with_trainer: bool = False) -> dict:
-        """Run one agent subcommand on the target and return its JSON answer (ok true or false); the timeout is
+        """Run one agent subcommand on the target and return its JSON answer (ok true or false) as it came: the
+        methods below parse it into its type at once, and nothing else reads it; the timeout is
         AGENT_TIMEOUT_S unless given, and a command past it is ended on the target (CommandTimeout, exit 3).
         One remote command when this version of the agent is there (the call checks it, agentcall.py); the
         agent is sent and the call made again only when it is not."""
