@@ -35,9 +35,9 @@ def measure(client: RunClient, target, runs: int, *, command: list[str], settle:
         record = client.launch(LaunchSpec(target=target, name=f"bench{i}", command=command, settle=settle))
         launches.append(time.perf_counter() - started)
         started = time.perf_counter()
-        result = client.kill(target, [record["run_id"]], grace=grace)
+        result = client.kill(target, [record.run_id], grace=grace)
         kills.append(time.perf_counter() - started)
-        assert result["ok"], result
+        assert result.ok, result
     return launches, kills
 
 
@@ -72,8 +72,8 @@ def measure_trainer(client: RunClient, target, runs: int, config: Path) -> tuple
         started = time.perf_counter()
         record = client.launch(spec)
         launches.append(time.perf_counter() - started)
-        assert record["state"] == "running", record
-        assert client.kill(target, [record["run_id"]], grace=2)["ok"]
+        assert record.state == "running", record
+        assert client.kill(target, [record.run_id], grace=2).ok
     return launches, checks
 
 

@@ -58,7 +58,7 @@ def make_run(lab: Lab, inventory_path: Path, mb: int) -> tuple[str, str, int]:
         record = RunClient(inventory, conns).launch(LaunchSpec(
             target=inventory.target(f"{HOST}/{CTID}"), name="benchpull", command=link_outputs_argv(
                 "/workspace/bench-pull"), gpus=[]))
-    return record["run_id"], "/workspace/bench-pull/step_1/training_state.pt", mb * 2**20
+    return record.run_id, "/workspace/bench-pull/step_1/training_state.pt", mb * 2**20
 
 
 def time_pull(inventory: Path, run_id: str, dest: Path) -> tuple[float, int, float]:

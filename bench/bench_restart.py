@@ -74,7 +74,7 @@ def script_gaps(client: RunClient, lab: Lab, target, restarts: int) -> list[floa
     spec = LaunchSpec(target=target, name="benchrestart", command=["python3", "-c", FAILING], settle=0.1,
                       restart=f"on-failure:{restarts}", restart_backoff=0.0)
     record = client.launch(spec)
-    run_dir = outside(lab, "pve1", 200, record["run_dir"])
+    run_dir = outside(lab, "pve1", 200, record.run_dir)
     wait(lambda: json.loads((run_dir / "state.json").read_text())["state"] == "failed", 60 + restarts * 5, 0.1)
     marks = [line.split() for line in (run_dir / "timings").read_text().splitlines()]
     return [float(step) - float(fail) for (what, fail), (kind, step) in zip(marks[1::2], marks[2::2])
@@ -90,7 +90,7 @@ def trainer_gaps(client: RunClient, lab: Lab, target, restarts: int, config: Pat
     spec.restart, spec.restart_backoff = f"on-failure:{restarts}", 0.0
     launched = time.perf_counter()
     record = client.launch(spec)
-    log = outside(lab, "pve1", 200, record["log_path"])
+    log = outside(lab, "pve1", 200, record.log_path)
     wait(lambda: STEP_LINE.search(log.read_text(errors="replace")), 300)
     cold, gaps = time.perf_counter() - launched, []
     try:
@@ -98,7 +98,7 @@ def trainer_gaps(client: RunClient, lab: Lab, target, restarts: int, config: Pat
             seen = len(wait(lambda: STEP_LINE.findall(log.read_text(errors="replace")), 300, 0.1))
             wait(lambda: len(STEP_LINE.findall(log.read_text(errors="replace"))) >= seen + 2, 120, 0.1)
             trainer = next(p for p in lab.ct_processes("pve1", 200)
-                           if p.environ.get("DFLASH_RUN_ID") == record["run_id"] and "trainer" in p.cmdline
+                           if p.environ.get("DFLASH_RUN_ID") == record.run_id and "trainer" in p.cmdline
                            and p.state != "Z")
             size = log.stat().st_size
             killed = time.perf_counter()
@@ -106,7 +106,7 @@ def trainer_gaps(client: RunClient, lab: Lab, target, restarts: int, config: Pat
             wait(lambda: STEP_LINE.search(log.read_bytes()[size:].decode(errors="replace")), 300)
             gaps.append(time.perf_counter() - killed)
     finally:
-        client.kill(target, [record["run_id"]], grace=2)
+        client.kill(target, [record.run_id], grace=2)
     return gaps, cold, log.read_text(errors="replace").count("Resumed from ")
 
 

@@ -43,7 +43,7 @@ def launch_runs(inventory, targets, per_host: int, code: str) -> list[tuple[str,
         client = RunClient(inventory, conns)
 
         def on(target):
-            return [(target.name, client.launch(LaunchSpec(target, [sys.executable, "-c", code], f"b{i}"))["run_id"])
+            return [(target.name, client.launch(LaunchSpec(target, [sys.executable, "-c", code], f"b{i}")).run_id)
                     for i in range(per_host)]
         with ThreadPoolExecutor(len(targets)) as pool:
             return [run for runs in pool.map(on, targets) for run in runs]

@@ -8,7 +8,7 @@ and keeps the keys a newer agent sent that this version does not know.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,40 @@ class RunRecord:
         out = {name: getattr(self, name) for name in RECORD_KEYS}
         out.update(self.extra)
         return out
+
+    def with_figures(self, last_step: int | None, tok_per_s: float | None) -> RunRecord:
+        """This record with the step figures the controller read of its log."""
+        return replace(self, last_step=last_step, tok_per_s=tok_per_s)
+
+    def attempt_record(self, attempt: int) -> dict | None:
+        """The supervisor's record of one attempt (`attempts`: each an attempt's own record, docs/design.md)."""
+        for entry in self.attempts or ():
+            if isinstance(entry, dict) and entry.get("attempt") == attempt:
+                return entry
+        return None
+
+    # -- how a run ended: written here and nowhere else
+
+    def end_cause(self) -> str | None:
+        """What ended its workload, short: `signal SIGKILL` (its number where the name is unknown), `exit code 3`;
+        else the error recorded, else None."""
+        if self.signal:
+            return "signal {}".format(self.signal_name or self.signal)
+        if self.exit_code is not None:
+            return "exit code {}".format(self.exit_code)
+        return self.error or None
+
+    def ended_text(self) -> str:
+        """How it ended, whole: `failed, exit code 127: command not found: x`, `killed, signal 15 (SIGTERM)`,
+        `lost: supervisor gone without a terminal state`."""
+        parts = [self.state or "ended"]
+        if self.signal:
+            named = " ({})".format(self.signal_name) if self.signal_name else ""
+            parts.append("signal {}{}".format(self.signal, named))
+        elif self.exit_code is not None:
+            parts.append("exit code {}".format(self.exit_code))
+        text = ", ".join(parts)
+        return text + (": {}".format(self.error) if self.error else "")
 
 
 RECORD_KEYS = tuple(f.name for f in fields(RunRecord) if f.name != "extra")

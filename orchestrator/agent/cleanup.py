@@ -8,6 +8,7 @@ import os
 import time
 
 from dflash_records.gpu import GPU_MEMORY_FIELDS, held_without_run
+from dflash_records.plans import CleanupAction, CleanupAnswer, Finding, ForeignZombies
 
 from . import gpus, lineage, procfs, terminate
 from .keeper import KeeperPaths
@@ -27,13 +28,6 @@ ADVICE_CLAIMS = ("DFLASH_RUN_ID is only a variable, which anyone can set: cleanu
 ADVICE_GPU = ("GPU memory is held while no run of this runs directory is live on that GPU. nvidia-smi inside a "
               "container cannot name the process: look for a stuck process (here or in another container of "
               "the host) or restart the container.")
-
-
-def summary(target: str, actions: list, *, dry_run: bool) -> str:
-    """The one line a cleanup's result starts with, in the CLI and the dashboard alike."""
-    if not actions:
-        return f"{target}: nothing to clean"
-    return f"{target}: {len(actions)} action{'s' if len(actions) != 1 else ''} {'planned' if dry_run else 'taken'}"
 
 
 class Cleanup:
@@ -202,7 +196,7 @@ class Cleanup:
                                                 for g in held), ADVICE_GPU)})
         return {**result, "gpus": [g.to_dict(GPU_MEMORY_FIELDS) for g in result["gpus"]]}
 
-    def run(self) -> dict:
+    def run(self) -> CleanupAnswer:
         self.mark_dead_runs()
         live = self.live_runs()
         zombies, table = persistent_zombies()
@@ -211,9 +205,11 @@ class Cleanup:
             zombies, table = persistent_zombies()  # after the ended ones' zombies found their new parent
         self.report_zombies(live, planned, zombies, table)
         gpu_result = self.check_gpus(live)
-        return {"ok": all(a["ok"] for a in self.actions), "dry_run": self.dry_run, "actions": self.actions,
-                "findings": self.findings, "foreign_zombies": self.foreign_zombies, "gpus": gpu_result,
-                "live_runs": sorted(live)}
+        return CleanupAnswer(ok=all(a["ok"] for a in self.actions), dry_run=self.dry_run,
+                             actions=tuple(map(CleanupAction.from_dict, self.actions)),
+                             findings=tuple(map(Finding.from_dict, self.findings)),
+                             foreign_zombies=tuple(map(ForeignZombies.from_dict, self.foreign_zombies)),
+                             gpus=gpu_result, live_runs=tuple(sorted(live)))
 
 
 def persistent_zombies() -> tuple:
@@ -235,5 +231,5 @@ def zombie_children(zombies: dict) -> dict:
     return {parent: sorted(pids) for parent, pids in held.items()}
 
 
-def cleanup(runs_dir: str, *, dry_run: bool, grace: float) -> dict:
+def cleanup(runs_dir: str, *, dry_run: bool, grace: float) -> CleanupAnswer:
     return Cleanup(runs_dir, dry_run=dry_run, grace=grace).run()

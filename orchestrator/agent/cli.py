@@ -33,7 +33,8 @@
     keeper    --runs-dir D [--idle-exit S]             (internal: started by launch; exits after S s idle)
 
 Every answer (but watch's stream and node-watch's workload) is one line of JSON with "version" (PROTOCOL_VERSION)
-and "ok"; exit 0 ok, 1 operation failed, 2 bad input.
+and "ok"; exit 0 ok, 1 operation failed, 2 bad input. Each answer below is typed in dflash_records (answers.py,
+plans.py), where its fields are described: the agent builds it as that type and serialises it once (`emit`).
 Errors: {"ok": false, "error": MESSAGE, "code": CODE, ...details}. Answers (keys may be added, never renamed):
     relaunch {"run": RECORD of the new run, "relaunched_from": LOST, "survivors_ended": [pids of LOST ended first],
              "resume_args", "resumes_from": step_N or null}; failure: code not_relaunched (why) | already_relaunched
@@ -220,7 +221,9 @@ def split_command(argv: list) -> tuple:
     return argv, []
 
 
-def dispatch(args: argparse.Namespace, command: list) -> dict:
+def dispatch(args: argparse.Namespace, command: list):
+    """The subcommand's answer: its type of dflash_records (answers.py, plans.py), or a plain dict for the
+    answers only the agent's own callers read (packages, version, keeper, supervise)."""
     # Imported here so that `keeper` and `supervise` load only what they need.
     if getattr(args, "lease_pkg", None) is not None:  # launch and check of a trainer run
         from .packages import lease
@@ -236,7 +239,9 @@ def dispatch(args: argparse.Namespace, command: list) -> dict:
             raise BadInput("check needs the command after --", code=NO_COMMAND)
         env = check_environment(parse_env_pairs(args.env), [os.path.abspath(p) for p in args.pythonpath],
                                 parse_gpus(args.gpus) if args.gpus is not None else None)
-        return {"ok": True, "check": run_check(command, env=env, stdin=sys.stdin.buffer.read())}
+        from dflash_records.answers import CheckAnswer, CheckResult
+        return CheckAnswer(ok=True, check=CheckResult.from_dict(run_check(command, env=env,
+                                                                          stdin=sys.stdin.buffer.read())))
     if args.command == "ps":
         from .ps import list_runs
         return list_runs(args.runs_dir, args.run_id, tail=args.tail_bytes)
@@ -277,7 +282,7 @@ def dispatch(args: argparse.Namespace, command: list) -> dict:
     raise BadInput("no subcommand given (launch, ps, kill, cleanup, version)", code=BAD_USAGE)
 
 
-def _launch(args: argparse.Namespace, command: list) -> dict:
+def _launch(args: argparse.Namespace, command: list):
     from .launch import LaunchRequest, job_fields, launch, read_inputs
     inputs = read_inputs(args.input, sys.stdin.buffer.read()) if args.input else {}
     req = LaunchRequest(runs_dir=args.runs_dir, run_id=args.run_id, name=args.name, target=args.target,
@@ -287,10 +292,10 @@ def _launch(args: argparse.Namespace, command: list) -> dict:
                         keeper_idle=args.keeper_idle, restart=_restart_fields(args))
     if args.check is not None:
         _check_before_launch(req, args.check, args.check_input)
-    return dict(ok=True, **launch(req, verify_timeout=args.verify_timeout, settle=args.settle))
+    return launch(req, verify_timeout=args.verify_timeout, settle=args.settle)
 
 
-def _relaunch(args: argparse.Namespace) -> dict:
+def _relaunch(args: argparse.Namespace):
     from .relaunch import relaunch
     return relaunch(args.runs_dir, args.run_id, args.new_run_id, verify_timeout=args.verify_timeout,
                     settle=args.settle, new_job_id=args.job_id)
@@ -329,9 +334,10 @@ def run_stream(args: argparse.Namespace, command: list) -> int:
     return node_watch(command, stall=args.stall)
 
 
-def emit(payload: dict) -> None:
+def emit(payload) -> None:
+    """The one line of JSON of an answer: a typed one serialised here, once."""
     out = {"version": PROTOCOL_VERSION}
-    out.update(payload)
+    out.update(payload.to_dict() if hasattr(payload, "to_dict") else payload)
     sys.stdout.write(json.dumps(out, sort_keys=False, default=str) + "\n")
     sys.stdout.flush()
 
@@ -357,4 +363,5 @@ def main(argv: list | None = None) -> int:
         emit({"ok": False, "error": "{}: {}".format(type(exc).__name__, exc), "code": INTERNAL_ERROR})
         return EXIT_FAILED
     emit(result)
-    return EXIT_OK if result.get("ok") else EXIT_FAILED
+    ok = result.ok if hasattr(result, "ok") else result.get("ok")
+    return EXIT_OK if ok else EXIT_FAILED

@@ -4,6 +4,9 @@ from __future__ import annotations
 import signal
 import time
 
+from dflash_records.answers import KillAnswer, KilledRun, ProcessInfo, Refusal
+from dflash_records.run import RunRecord
+
 from . import keeper, lineage, procfs, terminate
 from .childwatch import signal_name
 from .protocol import DEFAULT_GRACE_S, KILLED, LOST, STARTING, TERMINAL_STATES, iso_utc
@@ -136,7 +139,7 @@ def settle_or_keep(paths: RunPaths, state: dict, notes: list) -> dict:
         return state
 
 
-def kill_one(paths: RunPaths, grace: float | None) -> dict:
+def kill_one(paths: RunPaths, grace: float | None) -> KilledRun:
     actions, notes, refused = [], [], []
     run = read_run(paths)
     grace = float(run.get("grace_s", DEFAULT_GRACE_S)) if grace is None else grace
@@ -162,16 +165,16 @@ def kill_one(paths: RunPaths, grace: float | None) -> dict:
     record = load_record(paths)
     if notes:  # not on disk: say how it ended from what we did
         record.update({key: state.get(key) for key in ("state", "signal", "signal_name", "ended_at", "error")})
-    result = {"run_id": paths.run_id, "ok": not survivors, "state": record["state"], "signal": record.get("signal"),
-              "exit_code": record.get("exit_code"), "already_ended": already_ended and not left,
-              "survivors": survivors, "actions": actions, "refused": refused, "run": record}
-    if notes:
-        result["state_error"] = "; ".join(notes)
-    return result
+    run = RunRecord.from_dict(record)
+    return KilledRun(run_id=paths.run_id, ok=not survivors, state=run.state, signal=run.signal,
+                     exit_code=run.exit_code, already_ended=already_ended and not left,
+                     survivors=tuple(map(ProcessInfo.from_dict, survivors)), actions=tuple(actions),
+                     refused=tuple(map(Refusal.from_dict, refused)), run=run,
+                     state_error="; ".join(notes) if notes else None)
 
 
-def kill_runs(runs_dir: str, run_ids: list, *, grace: float | None) -> dict:
+def kill_runs(runs_dir: str, run_ids: list, *, grace: float | None) -> KillAnswer:
     # Check every id before touching anything: a typo must not leave half of a batch killed.
     targets = [existing_run(runs_dir, run_id) for run_id in run_ids]
-    results = [kill_one(paths, grace) for paths in targets]
-    return {"ok": all(r["ok"] for r in results), "runs": results}
+    results = tuple(kill_one(paths, grace) for paths in targets)
+    return KillAnswer(ok=all(r.ok for r in results), runs=results)

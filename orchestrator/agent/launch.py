@@ -9,6 +9,9 @@ import os
 import shutil
 import time
 
+from dflash_records.answers import LaunchAnswer
+from dflash_records.run import RunRecord
+
 from . import keeper, procfs
 from .errors import BadInput, OperationFailed
 from .rundir import (RUN_DIR_FILES, RunPaths, file_lock, list_run_ids, make_reserve, parse_env_pairs, parse_gpus,
@@ -245,19 +248,7 @@ def _lost_unless_claimed(state: dict) -> dict | None:
     return state
 
 
-def how_it_ended(record: dict) -> str:
-    """`failed, exit code 127: command not found: x`, `failed, signal 9 (SIGKILL)`, `lost: supervisor died ...`."""
-    parts = [record.get("state") or "ended"]
-    if record.get("signal"):
-        parts.append("signal {}".format(record["signal"]) +
-                     (" ({})".format(record["signal_name"]) if record.get("signal_name") else ""))
-    elif record.get("exit_code") is not None:
-        parts.append("exit code {}".format(record["exit_code"]))
-    text = ", ".join(parts)
-    return text + (": {}".format(record["error"]) if record.get("error") else "")
-
-
-def launch(req: LaunchRequest, *, verify_timeout: float, settle: float) -> dict:
+def launch(req: LaunchRequest, *, verify_timeout: float, settle: float) -> LaunchAnswer:
     create_run(req)
     start_supervisor(req)
     # said with the answer, so that the warning costs the controller no listing of its own
@@ -265,14 +256,15 @@ def launch(req: LaunchRequest, *, verify_timeout: float, settle: float) -> dict:
     outcome = wait_verified(req.paths, timeout=verify_timeout, settle=settle)
     record = load_record(req.paths)
     if outcome == "verified":
-        return {"run": record, "namesakes": namesakes}
+        return LaunchAnswer(ok=True, run=RunRecord.from_dict(record), namesakes=tuple(namesakes))
     details = {"run": record, "exit_code": record.get("exit_code"), "signal": record.get("signal"),
                "log_tail": tail_lines(req.paths.log, LOG_TAIL_LINES),
                # why a supervisor never started or died is in these, not in the workload's log
                "supervisor_log_tail": tail_lines(req.paths.supervisor_log, DIAGNOSTIC_TAIL_LINES),
                "keeper_log_tail": tail_lines(keeper.KeeperPaths(req.paths.runs_dir).log, DIAGNOSTIC_TAIL_LINES)}
     if outcome == "ended":
-        raise OperationFailed("run {} ended during launch: {}".format(req.paths.run_id, how_it_ended(record)),
+        raise OperationFailed("run {} ended during launch: {}".format(req.paths.run_id,
+                                                                       RunRecord.from_dict(record).ended_text()),
                               code="run_ended", details=details)
     raise OperationFailed("run {} could not be verified running within {} s".format(req.paths.run_id, verify_timeout),
                           code=NOT_VERIFIED, details=details)

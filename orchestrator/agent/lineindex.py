@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 
+from dflash_records.answers import LinesAnswer
+
 from .rundir import existing_run, write_json_atomic
 from .terminaltext import shown_text
 
@@ -96,7 +98,7 @@ class LineIndex:
         self.scanned += end
 
 
-def read_lines(runs_dir: str, run_id: str, start: int, stop: int) -> dict:
+def read_lines(runs_dir: str, run_id: str, start: int, stop: int) -> LinesAnswer:
     paths = existing_run(runs_dir, run_id)
     start = max(0, start)
     stop = max(start, min(stop, start + MAX_LINES))
@@ -104,7 +106,7 @@ def read_lines(runs_dir: str, run_id: str, start: int, stop: int) -> dict:
     try:
         handle = open(paths.log, "rb")
     except FileNotFoundError:
-        return {"ok": True, "run_id": run_id, "total": 0, "start": start, "lines": [], "size": 0}
+        return LinesAnswer(ok=True, run_id=run_id, total=0, start=start, lines=(), size=0)
     with handle:
         info = os.fstat(handle.fileno())
         index = LineIndex.load(index_path)
@@ -117,7 +119,7 @@ def read_lines(runs_dir: str, run_id: str, start: int, stop: int) -> dict:
         # the partial last line counts as a line (it shows on screen), and the index knows its newline count
         total = index.lines + (1 if has_partial else 0)
         lines = _collect(handle, index, start, min(stop, total))
-    return {"ok": True, "run_id": run_id, "total": total, "start": start, "lines": lines, "size": index.scanned}
+    return LinesAnswer(ok=True, run_id=run_id, total=total, start=start, lines=tuple(lines), size=index.scanned)
 
 
 def _last_byte(handle, size: int) -> bytes:

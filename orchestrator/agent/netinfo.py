@@ -8,6 +8,8 @@ import fcntl
 import socket
 import struct
 
+from dflash_records.answers import NetInfo
+
 from .errors import BadInput, OperationFailed
 
 SIOCGIFADDR = 0x8915
@@ -47,10 +49,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def netinfo(toward: str, *, want_port: bool) -> dict:
+def netinfo(toward: str, *, want_port: bool) -> NetInfo:
     address = source_address(toward)
-    answer = {"ok": True, "toward": toward, "address": address,
-              "interface": interface_addresses().get(address), "hostname": socket.gethostname()}
-    if want_port:
-        answer["port"] = free_port()
-    return answer
+    return NetInfo(ok=True, toward=toward, address=address, interface=interface_addresses().get(address),
+                   hostname=socket.gethostname(), port=free_port() if want_port else None)

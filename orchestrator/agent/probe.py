@@ -15,6 +15,8 @@ import json
 import os
 import stat
 
+from dflash_records.plans import ProbeAnswer, ProbeFacts
+
 from .protocol import KIB, ascii_decimal
 from .rundir import RunPaths, list_run_ids
 from .runstate import is_live, read_run, read_state
@@ -155,11 +157,12 @@ def live_gpu_sets(runs_dir: str) -> list:
     return live
 
 
-def probe(*, workdir: str, runs_dir: str, paths: list, nodes: list, model: str | None) -> dict:
+def probe(*, workdir: str, runs_dir: str, paths: list, nodes: list, model: str | None) -> ProbeAnswer:
     mounts = _mounts()
-    facts = {"devices": device_nodes(nodes), "nvml": nvml_library(), "limits": limits(),
-             "workdir": filesystem(workdir, mounts), "shm": filesystem("/dev/shm", mounts),
-             "paths": {p: filesystem(p, mounts) for p in paths}, "live_gpus": live_gpu_sets(runs_dir)}
+    found = None
     if model is not None and os.path.isdir(model):
-        facts["model"] = {"config": model_config(model), "size_bytes": tree_size(model)}
-    return {"ok": True, "probe": facts}
+        found = {"config": model_config(model), "size_bytes": tree_size(model)}
+    return ProbeAnswer(ok=True, probe=ProbeFacts(
+        devices=device_nodes(nodes), nvml=nvml_library(), limits=limits(), workdir=filesystem(workdir, mounts),
+        shm=filesystem("/dev/shm", mounts), paths={p: filesystem(p, mounts) for p in paths},
+        live_gpus=tuple(live_gpu_sets(runs_dir)), model=found))

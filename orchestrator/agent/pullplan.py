@@ -21,6 +21,7 @@ import os
 import stat
 
 from dflash_records.digest import sha256_of
+from dflash_records.plans import PlanFile, PullPlan, SkippedPath
 
 from .errors import BadInput
 from .protocol import BAD_USAGE, ascii_decimal
@@ -34,7 +35,7 @@ EXPORT_PREFIX = "export-"  # {output_dir}/export-step_N/: `python -m trainer exp
 LINK_REASON = "a symbolic link: not followed"
 
 
-def pull_plan(runs_dir: str, run_id: str, *, checkpoint: str, export: bool, have: list) -> dict:
+def pull_plan(runs_dir: str, run_id: str, *, checkpoint: str, export: bool, have: list) -> PullPlan:
     paths = existing_run(runs_dir, run_id)
     output_dir = _output_dir(paths.dir)
     skipped = []
@@ -60,10 +61,10 @@ def pull_plan(runs_dir: str, run_id: str, *, checkpoint: str, export: bool, have
             skipped.append(_skipped(source, name))
         elif kind == "file":
             files.append(_growing(source, name, known.get(name)))
-    return {"ok": True, "output_dir": output_dir, "checkpoints": [os.path.basename(p) for p in chosen],
-            "steps": [os.path.basename(p) for p in steps], "export_dir": export_dir,
-            "export_ready": bool(export_dir) and os.path.isfile(os.path.join(export_dir, "README.md")),
-            "files": files, "skipped": skipped}
+    return PullPlan(ok=True, output_dir=output_dir, checkpoints=tuple(os.path.basename(p) for p in chosen),
+                    steps=tuple(os.path.basename(p) for p in steps), export_dir=export_dir,
+                    export_ready=bool(export_dir) and os.path.isfile(os.path.join(export_dir, "README.md")),
+                    files=tuple(map(PlanFile.from_dict, files)), skipped=tuple(map(SkippedPath.from_dict, skipped)))
 
 
 def _kind(path: str) -> str | None:

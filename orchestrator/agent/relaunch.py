@@ -24,6 +24,7 @@ there.
 from __future__ import annotations
 
 from dflash_records.restart import CRASH_LOOP, NEVER, ON_FAILURE, job_relaunches_left, max_attempts
+from dflash_records.answers import RelaunchAnswer
 
 from . import kill, pullplan
 from .errors import BadInput, OperationFailed
@@ -145,7 +146,7 @@ def _policy_left(run: dict, state: dict) -> dict:
 
 
 def relaunch(runs_dir: str, run_id: str, new_run_id: str, *, verify_timeout: float, settle: float,
-             new_job_id: str | None = None) -> dict:
+             new_job_id: str | None = None) -> RelaunchAnswer:
     paths = existing_run(runs_dir, run_id)
     if new_run_id == run_id:
         raise BadInput("the new run id must differ from the lost one", code="bad_usage")
@@ -155,6 +156,6 @@ def relaunch(runs_dir: str, run_id: str, new_run_id: str, *, verify_timeout: flo
     resumes_from = pullplan.newest_checkpoint(paths.dir) if run.get("retry_args") else None
     answer = launch(request_for(paths, run, state, new_run_id, new_job_id), verify_timeout=verify_timeout,
                     settle=settle)
-    return {"ok": True, "relaunched_from": run_id, "lost": read_state(paths).get("state"),
-            "survivors_ended": ended, "resume_args": run.get("retry_args") or [], "resumes_from": resumes_from,
-            **answer}
+    return RelaunchAnswer(ok=True, run=answer.run, relaunched_from=run_id, lost=read_state(paths).get("state"),
+                          survivors_ended=tuple(ended), resume_args=tuple(run.get("retry_args") or ()),
+                          resumes_from=resumes_from, namesakes=answer.namesakes)

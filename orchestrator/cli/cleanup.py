@@ -5,7 +5,7 @@ from typing import List
 
 import typer
 
-from ..agent.cleanup import summary
+from dflash_records.plans import CleanupAnswer
 from ..runs.client import RunClient
 from ..transports.fanout import fanout_exit_code, per_host
 from ..transports.pool import Connections
@@ -28,32 +28,34 @@ def cleanup(
     with Connections() as conns:
         client = RunClient(state.inventory(), conns)
         outcomes = per_host(resolved, lambda t: client.cleanup(t, dry_run=dry_run))
-    report = {o.target.name: (o.value if o.ok else {"ok": False, "error": str(o.error)}) for o in outcomes}
     if as_json:
-        print_json({"targets": report})
+        print_json({"targets": {o.target.name: (o.value.to_dict() if o.ok else {"ok": False, "error": str(o.error)})
+                                for o in outcomes}})
     else:
-        _print(report, dry_run)
-    for name, result in report.items():  # not looked at (unreachable, refused): an error, never "nothing to clean"
-        if result.get("error") and "actions" not in result:
-            say(stderr(), "dflashctl: error: " + about(name, result["error"]))
-    return fanout_exit_code(outcomes, lambda result: bool(result.get("ok")))
+        _print([(o.target.name, o.value) for o in outcomes if o.ok and not _unread(o.value)])
+    for outcome in outcomes:  # not looked at (unreachable, refused): an error, never "nothing to clean"
+        if not outcome.ok or _unread(outcome.value):
+            error = str(outcome.error) if not outcome.ok else outcome.value.error
+            say(stderr(), "dflashctl: error: " + about(outcome.target.name, error))
+    return fanout_exit_code(outcomes, lambda answer: answer.ok)
 
 
-def _print(report: dict, dry_run: bool) -> None:
+def _unread(answer: CleanupAnswer) -> bool:
+    """The agent's error answer: cleanup did not run there (it reports no actions, not even none)."""
+    return bool(answer.error) and not answer.actions
+
+
+def _print(answers: list[tuple[str, CleanupAnswer]]) -> None:
     out = stdout()
-    for target, result in report.items():
-        if result.get("error") and "actions" not in result:
-            continue  # an error line on stderr (cleanup)
-        if result.get("error") and not result.get("ok"):
-            say(out, about(target, result["error"]))
-        actions = result.get("actions") or []
-        say(out, summary(target, actions, dry_run=dry_run))
-        for action in actions:
-            say(out, f"  - {action.get('description') or action}")
-        for finding in result.get("unfixable") or result.get("findings") or []:
-            say(out, f"  ! {finding.get('description') or finding}")
-        foreign = result.get("foreign_zombies") or []
-        for entry in foreign:
-            say(out, f"  ! {entry.get('description') or entry}")
-        for advice in dict.fromkeys(entry.get("advice") for entry in foreign if entry.get("advice")):
+    for target, answer in answers:
+        if answer.error and not answer.ok:
+            say(out, about(target, answer.error))
+        say(out, answer.summary(target))
+        for action in answer.actions:
+            say(out, f"  - {action.description or action.action}")
+        for finding in answer.findings:
+            say(out, f"  ! {finding.description or finding.kind}")
+        for entry in answer.foreign_zombies:
+            say(out, f"  ! {entry.description}")
+        for advice in dict.fromkeys(entry.advice for entry in answer.foreign_zombies if entry.advice):
             say(out, f"    {advice}")  # the same for every parent: once

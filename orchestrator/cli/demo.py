@@ -18,8 +18,6 @@ from pathlib import Path
 import typer
 import yaml
 
-from dflash_records.run import RunRecord
-
 from ..agent.protocol import SUCCEEDED, TERMINAL_STATES
 from ..display import format_rate
 from ..errors import EXIT_FAILED, EXIT_OK, OperationFailed, UsageError
@@ -60,7 +58,7 @@ def demo(
     spec = launch_spec(target, [], name="demo", config=config, gpus=None, env={},
                  force=True, grace=5.0)
     with Connections() as conns:
-        run_id = RunRecord.from_dict(RunClient(inventory, conns).launch(spec)).run_id
+        run_id = RunClient(inventory, conns).launch(spec).run_id
     stderr().print(f"launched {run_id} on local ({steps} steps); "
                    f"`dflashctl watch local` or `dflashctl logs -f {run_id}` to follow it")
     source = LiveSource(inventory, [target])

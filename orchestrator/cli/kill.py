@@ -6,7 +6,8 @@ from typing import List, Optional
 
 import typer
 
-from ..agent.launch import how_it_ended
+from dflash_records.answers import KillAnswer
+
 from ..agent.protocol import TERMINAL_STATES
 from ..inventory.model import Target
 from ..runs.addressing import Match, locate
@@ -47,12 +48,14 @@ def kill(
             err.print(f"stopping {live} run{'s' if live != 1 else ''} (TERM, KILL after "
                       f"{'the run grace' if grace is None else f'{grace:g}s'})...")
         outcomes = per_target(list(targets.values()), lambda t: client.kill(t, by_target[t.name], grace=grace))
-    report = {o.target.name: (o.value if o.ok else {"ok": False, "error": str(o.error)}) for o in outcomes}
+    # a target not asked (unreachable, refused): its error, as the agent says an error
+    answers = {o.target.name: (o.value if o.ok else KillAnswer(ok=False, error=str(o.error))) for o in outcomes}
     if as_json:
-        print_json({"targets": report})
+        print_json({"targets": {o.target.name: (o.value.to_dict() if o.ok else {"ok": False, "error": str(o.error)})
+                                for o in outcomes}})
     else:
-        _print(report)
-    return fanout_exit_code(outcomes, lambda result: bool(result.get("ok")))
+        _print(answers)
+    return fanout_exit_code(outcomes, lambda answer: answer.ok)
 
 
 def _by_target(matches: list[Match]) -> tuple[dict[str, Target], dict[str, list[str]]]:
@@ -67,22 +70,20 @@ def _by_target(matches: list[Match]) -> tuple[dict[str, Target], dict[str, list[
     return targets, by_target
 
 
-def _print(report: dict) -> None:
+def _print(answers: dict[str, KillAnswer]) -> None:
     out = stdout()
-    for target, result in report.items():
-        if result.get("error") and not result.get("runs"):
-            say(out, about(target, result["error"]))
-        for entry in result.get("runs", []):  # the agent's answer for one run, its record under "run"
-            record = {**(entry.get("run") or {}), **entry}
-            ended = how_it_ended(record)
-            line = f"{entry.get('run_id')} on {target}: " + (f"had already ended: {ended}; nothing to stop"
-                                                             if entry.get("already_ended") else ended)
-            if entry.get("state_error"):
-                line += f"; {entry['state_error']}"
-            for refused in entry.get("refused") or []:
-                line += f"; NOT SIGNALLED: pid {refused.get('pid')}: {refused.get('reason')}"
-            survivors = entry.get("survivors") or []
-            if survivors:
-                line += "; STILL ALIVE: " + ", ".join(f"{survivor.get('pid')} {survivor.get('cmdline', '')[:60]}"
-                                                     for survivor in survivors)
+    for target, answer in answers.items():
+        if answer.error and not answer.runs:
+            say(out, about(target, answer.error))
+        for entry in answer.runs:
+            ended = entry.record().ended_text()
+            line = f"{entry.run_id} on {target}: " + (f"had already ended: {ended}; nothing to stop"
+                                                      if entry.already_ended else ended)
+            if entry.state_error:
+                line += f"; {entry.state_error}"
+            for refused in entry.refused:
+                line += f"; NOT SIGNALLED: pid {refused.pid}: {refused.reason}"
+            if entry.survivors:
+                line += "; STILL ALIVE: " + ", ".join(f"{survivor.pid} {(survivor.cmdline or '')[:60]}"
+                                                     for survivor in entry.survivors)
             say(out, line)

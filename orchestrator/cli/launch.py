@@ -9,7 +9,6 @@ import typer
 from dflash_records.restart import BACKOFF_MAX_S, parse_policy, policy_text
 from dflash_records.run import RunRecord
 
-from ..agent.launch import how_it_ended
 from ..agent.protocol import DEFAULT_GRACE_S, LIVE_STATES, TERMINAL_STATES
 from ..display import record_state_text
 from ..errors import EXIT_OK, DflashError, UsageError, shorten
@@ -171,8 +170,7 @@ def _warn_same_name(client: RunClient, targets: list[Target], name: str) -> None
     same = []
     for target in targets:
         try:
-            same += [r.run_id for r in map(RunRecord.from_dict, client.runs_on(target))
-                     if r.name == name and r.state in LIVE_STATES]
+            same += [r.run_id for r in client.runs_on(target) if r.name == name and r.state in LIVE_STATES]
         except DflashError:
             continue
     _say_namesakes(same, name)
@@ -198,19 +196,19 @@ def _launch_run(state: AppState, spec: LaunchSpec, config: Path | None, *, as_js
             client = RunClient(state.inventory(), conns)
             _preflight(client, [spec.target], config, force=spec.force)
             record = _launched(client, spec, as_json=as_json)
-            run_id = RunRecord.from_dict(record).run_id
+            run_id = record.run_id
             _say_namesakes(client.namesakes.get(run_id, []), spec.name)
     except KeyboardInterrupt:
         interrupted(client)
     if as_json:
-        print_json({"run": record, **record})
+        print_json({"run": record.to_dict(), **record.to_dict()})
     else:
         err.print(_started_line(record, where), markup=False)
         typer.echo(run_id)
     return EXIT_OK
 
 
-def _launched(client: RunClient, spec: LaunchSpec, *, as_json: bool) -> dict:
+def _launched(client: RunClient, spec: LaunchSpec, *, as_json: bool) -> RunRecord:
     """The run's record; a run that ended during its launch shows its log's end, one started but not seen
     running in time is printed as a started one is (its id on stdout) before its error (exit 3)."""
     try:
@@ -220,18 +218,18 @@ def _launched(client: RunClient, spec: LaunchSpec, *, as_json: bool) -> dict:
         raise
     except LaunchUnverified as unverified:
         if as_json:
-            print_json({"run": unverified.run, **unverified.run, "verified": False})
+            print_json({"run": unverified.run.to_dict(), **unverified.run.to_dict(), "verified": False})
         else:
             typer.echo(unverified.run_id)
         raise
 
 
-def _started_line(run: dict, where: str) -> str:
+def _started_line(record: RunRecord, where: str) -> str:
     """What became of the run: running, or (a short command) already ended while the launch verified it."""
-    record = RunRecord.from_dict(run)
     run_id = record.run_id
     if record.state in TERMINAL_STATES:
-        return f"{run_id} on {where} already ended: {how_it_ended(run)}; `dflashctl logs {run_id}` shows its output"
+        return (f"{run_id} on {where} already ended: {record.ended_text()}; `dflashctl logs {run_id}` shows its "
+                f"output")
     pid = f" (pid {record.pid})" if record.pid else ""
     return (f"{run_id} is {record_state_text(record)} on {where}{pid}; "
             f"`dflashctl logs -f {run_id}` to follow it")
@@ -260,20 +258,20 @@ def _launch_job(state: AppState, spec: JobSpec, config: Path, *, as_json: bool) 
             try:
                 job = launch_job(client, spec)
             except JobLaunchFailed as failed:
-                if failed.payload:
-                    report_failure(LaunchFailed(failed.payload, "node"))
+                if failed.answer is not None:
+                    report_failure(LaunchFailed(failed.answer, "node"))
                 raise
     except KeyboardInterrupt:
         interrupted(client)
     if as_json:
-        print_json(job)
+        print_json(job.to_dict())
         return EXIT_OK
-    for node in map(RunRecord.from_dict, job["nodes"]):
+    for node in job.nodes:
         err.print(f"  node {node.node_rank}: {node.run_id} {node.state} on {node.target} (pid {node.pid})",
                   markup=False)
-    err.print(f"job {job['job_id']}: rendezvous at {job['rendezvous']}; `dflashctl logs -f {job['job_id']}` "
+    err.print(f"job {job.job_id}: rendezvous at {job.rendezvous}; `dflashctl logs -f {job.job_id}` "
               f"follows node 0", markup=False)
-    typer.echo(job["job_id"])
+    typer.echo(job.job_id)
     return EXIT_OK
 
 

@@ -58,7 +58,7 @@ def launch_each(state: AppState, specs: list[LaunchSpec], *, preflight, as_json:
     _distinct_ids(specs)
     stopping = threading.Event()
 
-    def launch_one(target: Target) -> dict:
+    def launch_one(target: Target) -> RunRecord:
         if stopping.is_set():  # Ctrl-C: the targets not yet begun are left alone
             raise OperationFailed(f"{target.name}: not launched: interrupted")
         try:
@@ -84,7 +84,7 @@ def _report(outcomes: list, *, as_json: bool) -> None:
     log tail of a run that ended during its launch."""
     err = stderr()
     runs = [o.value if o.ok else o.error.run for o in outcomes if o.ok or isinstance(o.error, LaunchUnverified)]
-    report = {o.target.name: ({"ok": True, "run_id": RunRecord.from_dict(o.value).run_id} if o.ok else
+    report = {o.target.name: ({"ok": True, "run_id": o.value.run_id} if o.ok else
                               {"ok": False, "error": str(o.error), **_ended(o.error)}) for o in outcomes}
     for outcome in outcomes:  # on stderr with --json too, as ps names a target it could not read
         if not outcome.ok:
@@ -92,9 +92,9 @@ def _report(outcomes: list, *, as_json: bool) -> None:
                 report_failure(outcome.error, outcome.target.name)
             say(err, "dflashctl: error: " + about(outcome.target.name, str(outcome.error)))
     if as_json:
-        print_json({"runs": runs, "targets": report})
+        print_json({"runs": [run.to_dict() for run in runs], "targets": report})
     else:
-        for run in map(RunRecord.from_dict, runs):
+        for run in runs:
             stdout().print(run.run_id, markup=False)
 
 
@@ -115,8 +115,8 @@ def _ended(error: Exception) -> dict:
     running unverified, beside the error."""
     if isinstance(error, LaunchUnverified):
         return {"run_id": error.run_id, "unverified": True}
-    if isinstance(error, LaunchFailed) and error.payload.get("run"):
-        return {"run": error.payload["run"], "log_tail": error.payload.get("log_tail") or []}
+    if isinstance(error, LaunchFailed) and error.answer.run is not None:
+        return {"run": error.answer.run.to_dict(), "log_tail": list(error.answer.log_tail or ())}
     return {}
 
 

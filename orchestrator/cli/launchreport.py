@@ -21,12 +21,12 @@ TAIL_SHOWN = 40
 
 def report_failure(failed: LaunchFailed, where: str | None = None) -> None:
     """The last lines of the log of a run that ended during its launch (its error line says how it ended)."""
-    payload = failed.payload
-    if not payload.get("run"):  # refused before anything started (e.g. GPUs busy): the error says it all
+    answer = failed.answer
+    run = answer.run
+    if run is None:  # refused before anything started (e.g. GPUs busy): the error says it all
         return
-    run = RunRecord.from_dict(payload["run"])
     err = stderr()
-    lines = payload.get("log_tail") or []
+    lines = answer.log_tail or ()
     if lines:
         on = f" on {where}" if where else ""
         err.print(f"last lines of the log of {run.run_id or '?'}{on}:", markup=False)
@@ -42,7 +42,7 @@ def interrupted(client: RunClient | None) -> NoReturn:
     if not started:
         err.print("dflashctl: interrupted; no run was started", markup=False)
         raise typer.Exit(EXIT_INTERRUPTED)
-    whereabouts.remember((target, {"run_id": run_id}) for run_id, target in started.items())
+    whereabouts.remember((target, RunRecord(run_id=run_id)) for run_id, target in started.items())
     for run_id, target in started.items():
         err.print(f"dflashctl: interrupted: {run_id} was started on {target} and goes on running without "
                   f"dflashctl; `dflashctl kill {run_id}` stops it", markup=False)

@@ -7,8 +7,6 @@ from typing import Optional
 
 import typer
 
-from dflash_records.run import RunRecord
-
 from ..agent.protocol import TERMINAL_STATES
 from ..agent.terminaltext import TerminalStream
 from ..errors import EXIT_OK, CommandTimeout, DflashError, OperationFailed, TargetNotFound, UsageError
@@ -143,8 +141,7 @@ class _Follower:
             proc.close()
 
     def _ended(self) -> bool:
-        return any(RunRecord.from_dict(record).state in TERMINAL_STATES
-                   for record in self.client.runs_on(self.target, [self.run_id]))
+        return any(record.state in TERMINAL_STATES for record in self.client.runs_on(self.target, [self.run_id]))
 
 
 def _terminal_stream() -> TerminalStream:

@@ -9,6 +9,7 @@ from rich.segment import Segments
 from rich.table import Table
 from rich.text import Text
 
+from dflash_records.job import JobSummary
 from dflash_records.run import RunRecord
 
 from ..agent.protocol import LIVE_STATES
@@ -48,11 +49,11 @@ def ps(
         outcomes = client.list_runs(resolved)
     now = datetime.datetime.now(datetime.timezone.utc)
     runs = [r for o in outcomes for r in (o.value or []) if show_all or _recent(r, now)]
-    runs.sort(key=lambda r: RunRecord.from_dict(r).created_at or "")
+    runs.sort(key=lambda r: r.created_at or "")
     _, jobs = group_jobs(runs)
     failures = {o.target.name: str(o.error) for o in outcomes if not o.ok}
     if as_json:  # "errors" as before; "targets" says of each target whether its runs were read
-        print_json({"runs": runs, "jobs": jobs, "errors": failures,
+        print_json({"runs": _json_runs(runs, jobs), "jobs": [job.to_dict() for job in jobs], "errors": failures,
                     "targets": {o.target.name: {"ok": o.ok, "error": failures.get(o.target.name)} for o in outcomes}})
     elif runs:
         _print_table(runs, jobs, now)
@@ -62,9 +63,15 @@ def ps(
         stderr().print(f"dflashctl: error: {name}: runs not read: {error}", markup=False)
     for name, skipped in sorted(client.skipped.items()):
         for entry in skipped:
-            stderr().print(f"dflashctl: warning: {name}: {entry.get('path')} skipped: {entry.get('reason')}",
+            stderr().print(f"dflashctl: warning: {name}: {entry.path} skipped: {entry.reason}",
                            markup=False)
     return fanout_exit_code(outcomes)
+
+
+def _json_runs(runs: list[RunRecord], jobs: list[JobSummary]) -> list[dict]:
+    """ps --json's runs: each record, a job's node with its job's state and first failure."""
+    job_of = {job.job_id: job for job in jobs}
+    return [job_of[run.job_id].node_dict(run) if run.job_id in job_of else run.to_dict() for run in runs]
 
 
 def _print_none(show_all: bool, *, read: list[str], unread: int) -> None:
@@ -76,8 +83,7 @@ def _print_none(show_all: bool, *, read: list[str], unread: int) -> None:
     stdout().print(f"no runs{where}" + ("" if show_all else " (--all shows older ones)"), markup=False)
 
 
-def _recent(run: dict, now: datetime.datetime) -> bool:
-    record = RunRecord.from_dict(run)
+def _recent(record: RunRecord, now: datetime.datetime) -> bool:
     if record.state in LIVE_STATES or not record.ended_at:
         return True
     return now - _parse_time(record.ended_at) < RECENT
@@ -96,7 +102,7 @@ def age(created_at: str | None, now: datetime.datetime) -> str:
     return format_age((now - _parse_time(created_at)).total_seconds())
 
 
-def _print_table(runs: list[dict], jobs: list[dict], now: datetime.datetime) -> None:
+def _print_table(runs: list[RunRecord], jobs: list[JobSummary], now: datetime.datetime) -> None:
     """The runs as a table of the columns that fit the terminal whole, then why each failed job failed."""
     out = stdout()
     rows, notes = _rows(runs, jobs, now)
@@ -109,27 +115,26 @@ def _print_table(runs: list[dict], jobs: list[dict], now: datetime.datetime) -> 
         out.print(note, markup=False)
 
 
-def _rows(runs: list[dict], jobs: list[dict], now: datetime.datetime) -> tuple[list[list[str]], list[str]]:
+def _rows(runs: list[RunRecord], jobs: list[JobSummary], now: datetime.datetime) -> tuple[list[list[str]], list[str]]:
     """The table's rows (a job's row with its nodes below it, where its first node sorts), and the notes printed
     under it: why each failed job failed first, and which run or job a relaunch started in place of an ended
     one."""
     rows: list[list[str]] = []
     notes: list[str] = []
-    jobs_by_id = {job["job_id"]: job for job in jobs}
-    for run in runs:
-        record = RunRecord.from_dict(run)
+    jobs_by_id = {job.job_id: job for job in jobs}
+    for record in runs:
         if not record.job_id:
-            rows.append(_row(run, now))
+            rows.append(_row(record, now))
             if record.relaunched_as:
                 notes.append(f"{record.run_id}: {record.state}; relaunched as {record.relaunched_as}")
         elif record.job_id in jobs_by_id:
             job = jobs_by_id.pop(record.job_id)
             rows += _job_rows(job, now)
-            first, after = job.get("failed_first"), job.get("relaunched_as")
-            said = ([f"failed first: {first['reason']}"] if first else []) + \
+            first, after = job.failed_first, job.relaunched_as
+            said = ([f"failed first: {first.reason}"] if first else []) + \
                 ([f"relaunched as {after}"] if after else [])
             if said:
-                notes.append(f"{job['job_id']}: {'; '.join(said)}")
+                notes.append(f"{job.job_id}: {'; '.join(said)}")
     return rows, notes
 
 
@@ -153,21 +158,19 @@ def _table(rows: list[list[str]], *, width: int) -> tuple[Table, int]:
     return table, widths["RUN"] + 2 * CELL_PADDING + len("STATE")
 
 
-def _job_rows(job: dict, now: datetime.datetime) -> list[list[str]]:
-    first = job.get("failed_first")
-    exit_text = f"node {first['node_rank']} first" if first else "-"
-    rows = [[job["job_id"], f"{job['nnodes']} nodes", job.get("name") or "-", _state(job.get("state")), "-",
-             age(job.get("created_at"), now), exit_text, _number(job.get("last_step")), _tok(job)]]
-    for node in job["nodes"]:
-        cells = _row(node, now)
-        record = RunRecord.from_dict(node)
+def _job_rows(job: JobSummary, now: datetime.datetime) -> list[list[str]]:
+    first = job.failed_first
+    exit_text = f"node {first.node_rank} first" if first else "-"
+    rows = [[job.job_id, f"{job.nnodes} nodes", job.name or "-", _state(job.state), "-",
+             age(job.created_at, now), exit_text, _number(job.last_step), format_rate(job.tok_per_s)]]
+    for record in job.nodes:
+        cells = _row(record, now)
         cells[0] = f"  node {record.node_rank}: {record.run_id}"
         rows.append(cells)
     return rows
 
 
-def _row(run: dict, now: datetime.datetime) -> list[str]:
-    r = RunRecord.from_dict(run)
+def _row(r: RunRecord, now: datetime.datetime) -> list[str]:
     exit_text = f"sig {r.signal}" if r.signal else ("-" if r.exit_code is None else str(r.exit_code))
     return [r.run_id, r.target or "-", r.name or "-", _state(r.state, record_state_text(r)), str(r.pid or "-"),
             age(r.created_at, now), exit_text, _number(r.last_step), format_rate(r.tok_per_s)]
@@ -180,6 +183,3 @@ def _state(state: str | None, text: str | None = None) -> str:
 def _number(value: int | None) -> str:
     return "-" if value is None else str(value)
 
-
-def _tok(job: dict) -> str:
-    return format_rate(job.get("tok_per_s"))

@@ -113,7 +113,7 @@ def _raise_unanswered(refs: list[str], failed: list) -> None:
 
 def typed(outcomes: list) -> list[tuple[Target, RunRecord]]:
     """(target, run record) of every run the targets that answered listed."""
-    return [(o.target, RunRecord.from_dict(record)) for o in outcomes for record in o.value or []]
+    return [(o.target, record) for o in outcomes for record in o.value or []]
 
 
 def _whole(match: Match) -> bool:

@@ -3,7 +3,9 @@ deploy.py, which asks it only to install the trainer package).
 
 Everything that happens inside a container is done by the agent (orchestrator/agent/), shipped once per version
 and invoked over the target's transport with one command per operation (agentcall: its command line and its one
-JSON answer). This module decides what to ask where, and turns answers into run records.
+JSON answer). This module decides what to ask where, and parses each answer once, where the call returns, into
+its type (dflash_records/answers.py, plans.py): its methods return those, and nothing past them reads an answer or
+a run record by key.
 """
 from __future__ import annotations
 
@@ -12,6 +14,9 @@ import json
 from dataclasses import dataclass
 from typing import Sequence
 
+from dflash_records.answers import (CheckAnswer, KillAnswer, LaunchAnswer, LinesAnswer, NetInfo, PsAnswer,
+                                    RelaunchAnswer, SkippedRunDir)
+from dflash_records.plans import CleanupAnswer, ProbeAnswer, PullPlan
 from dflash_records.run import RunRecord
 
 from ..agent.protocol import CHECK_FAILED, DEFAULT_GRACE_S, NO_GPUS, NOT_VERIFIED, SUCCEEDED, TERMINAL_STATES
@@ -22,7 +27,8 @@ from ..trainlog.parser import LogParser, StepEvent
 from ..transports.base import RemoteProcess, Transport
 from ..transports.fanout import Outcome, per_target
 from ..transports.pool import Connections
-from ..transports.timeouts import AGENT_TIMEOUT_S, CLEANUP_TIMEOUT_S, LAUNCH_TIMEOUT_S, PROBE_TIMEOUT_S
+from ..transports.timeouts import (AGENT_TIMEOUT_S, CLEANUP_TIMEOUT_S, LAUNCH_TIMEOUT_S, PROBE_TIMEOUT_S,
+                                  PULL_PLAN_TIMEOUT_S)
 from . import whereabouts
 from .agentcall import agent_answer, checked_agent_argv, needs_deploy
 from .command import CONFIG_INPUT, check_command, config_base_dir, retry_args
@@ -41,7 +47,7 @@ class RunClient:
         self.conns = conns
         self._deployed: dict[tuple[str, bool], Deployment] = {}
         # target name -> run directories its agent skipped (symbolic links, never followed), as ps last read them
-        self.skipped: dict[str, list[dict]] = {}
+        self.skipped: dict[str, tuple[SkippedRunDir, ...]] = {}
         # run id -> the live runs of the same name on its target when it was launched (the agent's answer)
         self.namesakes: dict[str, list[str]] = {}
         # run id -> target of every run this client asked to start that may be running now: started, left
@@ -62,7 +68,8 @@ class RunClient:
 
     def agent(self, target: Target, args: list[str], *, timeout: float | None = None, stdin: bytes | None = None,
               with_trainer: bool = False) -> dict:
-        """Run one agent subcommand on the target and return its JSON answer (ok true or false); the timeout is
+        """Run one agent subcommand on the target and return its JSON answer (ok true or false) as it came: the
+        methods below parse it into its type at once, and nothing else reads it; the timeout is
         AGENT_TIMEOUT_S unless given, and a command past it is ended on the target (CommandTimeout, exit 3).
         One remote command when this version of the agent is there (the call checks it, agentcall.py); the
         agent is sent and the call made again only when it is not."""
@@ -134,11 +141,11 @@ class RunClient:
         for key, value in env.items():
             args += ["--env", f"{key}={value}"]
         argv = check_command(target, base_dir=config_base_dir(target, source), source=source)
-        payload = self.agent(target, [*args, "--", *argv], timeout=LAUNCH_TIMEOUT_S, stdin=config_text,
-                             with_trainer=True)
-        return judge(target, source, payload.get("check") or {})
+        answer = CheckAnswer.from_dict(self.agent(target, [*args, "--", *argv], timeout=LAUNCH_TIMEOUT_S,
+                                                  stdin=config_text, with_trainer=True))
+        return judge(target, source, answer.check)
 
-    def launch(self, spec: LaunchSpec) -> dict:
+    def launch(self, spec: LaunchSpec) -> RunRecord:
         if spec.gpus:
             self.check_gpus(spec.target, spec.gpus)
         run_id = spec.run_id or new_run_id(spec.name)
@@ -155,8 +162,8 @@ class RunClient:
         if spec.settle is not None:
             args += ["--settle", f"{spec.settle:g}"]
         if spec.job:
-            args += ["--job-id", str(spec.job["job_id"]), "--node-rank", str(spec.job["node_rank"]),
-                     "--nnodes", str(spec.job["nnodes"])]
+            args += ["--job-id", spec.job.job_id, "--node-rank", str(spec.job.node_rank),
+                     "--nnodes", str(spec.job.nnodes)]
         for name in spec.inputs:
             args += ["--input", name]
         args += restart_args(spec)
@@ -165,27 +172,27 @@ class RunClient:
                                  source=spec.check_config)
             args += ["--check", json.dumps(argv), "--check-input", CONFIG_INPUT]
         self.started[run_id] = spec.target.name
-        payload = self.agent(spec.target, [*args, "--", *spec.command], timeout=LAUNCH_TIMEOUT_S,
-                             stdin=_pack_inputs(spec.inputs) if spec.inputs else None,
-                             with_trainer=spec.uses_trainer)
-        return self._launched(spec, run_id, payload)
+        answer = LaunchAnswer.from_dict(self.agent(spec.target, [*args, "--", *spec.command],
+                                                   timeout=LAUNCH_TIMEOUT_S,
+                                                   stdin=_pack_inputs(spec.inputs) if spec.inputs else None,
+                                                   with_trainer=spec.uses_trainer))
+        return self._launched(spec, run_id, answer)
 
-    def _launched(self, spec: LaunchSpec, run_id: str, payload: dict) -> dict:
+    def _launched(self, spec: LaunchSpec, run_id: str, answer: LaunchAnswer) -> RunRecord:
         """The record of a run the agent answered for; LaunchUnverified for one it started but could not see
         running in time (left running), LaunchFailed for one that ended or never started."""
-        run = payload.get("run") or {}
-        record = RunRecord.from_dict(run)
-        if payload.get("ok") or record.state == SUCCEEDED:  # finishing at once with 0 is no failure
-            whereabouts.remember([(spec.target.name, run)])
-            self.namesakes[record.run_id or run_id] = list(payload.get("namesakes") or [])
-            return with_metrics(run or payload)
-        if payload.get("code") == NOT_VERIFIED and record.run_id and record.state not in TERMINAL_STATES:
-            whereabouts.remember([(spec.target.name, run)])  # a kill of it then asks its own target
-            raise LaunchUnverified(payload, spec.target.name)
+        record = answer.run or RunRecord()
+        if answer.ok or record.state == SUCCEEDED:  # finishing at once with 0 is no failure
+            whereabouts.remember([(spec.target.name, record)])
+            self.namesakes[record.run_id or run_id] = list(answer.namesakes or ())
+            return with_metrics(record)
+        if answer.code == NOT_VERIFIED and record.run_id and record.state not in TERMINAL_STATES:
+            whereabouts.remember([(spec.target.name, record)])  # a kill of it then asks its own target
+            raise LaunchUnverified(answer, spec.target.name)
         self.started.pop(run_id, None)
-        if payload.get("code") == CHECK_FAILED:
-            judge(spec.target, spec.check_config or CONFIG_INPUT, payload.get("check") or {})
-        raise LaunchFailed(payload, spec.target.name)
+        if answer.code == CHECK_FAILED and answer.check is not None:
+            judge(spec.target, spec.check_config or CONFIG_INPUT, answer.check)
+        raise LaunchFailed(answer, spec.target.name)
 
     def relaunch(self, target: Target, run_id: str, *, name: str, new_id: str | None = None,
                  job_id: str | None = None, grace: float | None = None) -> Relaunched:
@@ -193,65 +200,78 @@ class RunClient:
         same loss, and first ends what still runs of the lost one, within its `grace`), or a node of a job as
         run `new_id` of job `job_id` (jobs.relaunch_job). RelaunchFailed says why not, with the agent's code."""
         new_id = new_id or new_run_id(name or run_id)
-        payload = self.agent(target, ["relaunch", "--runs-dir", runs_dir(target), "--run-id", run_id,
-                                      "--new-run-id", new_id, *(["--job-id", job_id] if job_id else [])],
-                             timeout=LAUNCH_TIMEOUT_S + (DEFAULT_GRACE_S if grace is None else grace))
-        if not payload.get("ok"):
-            raise RelaunchFailed(f"{target.name}: {payload.get('error') or 'relaunch failed'}",
-                                 code=payload.get("code"))
-        return Relaunched(with_metrics(payload.get("run") or {}), payload.get("resumes_from"),
-                          bool(payload.get("resume_args")), tuple(payload.get("survivors_ended") or ()))
+        answer = RelaunchAnswer.from_dict(self.agent(
+            target, ["relaunch", "--runs-dir", runs_dir(target), "--run-id", run_id, "--new-run-id", new_id,
+                     *(["--job-id", job_id] if job_id else [])],
+            timeout=LAUNCH_TIMEOUT_S + (DEFAULT_GRACE_S if grace is None else grace)))
+        if not answer.ok:
+            raise RelaunchFailed(f"{target.name}: {answer.error or 'relaunch failed'}", code=answer.code)
+        return Relaunched(with_metrics(answer.run or RunRecord()), answer.resumes_from, bool(answer.resume_args),
+                          tuple(answer.survivors_ended))
 
-    def list_runs(self, targets: list[Target]) -> list[Outcome[list[dict]]]:
+    def list_runs(self, targets: list[Target]) -> list[Outcome[list[RunRecord]]]:
         outcomes = per_target(targets, lambda target: self.runs_on(target, tail_bytes=PS_TAIL_BYTES))
         whereabouts.remember((o.target.name, record) for o in outcomes for record in o.value or [])
         return outcomes
 
-    def runs_on(self, target: Target, run_ids: Sequence[str] = (), *, tail_bytes: int = 0) -> list[dict]:
+    def runs_on(self, target: Target, run_ids: Sequence[str] = (), *, tail_bytes: int = 0) -> list[RunRecord]:
         """The records of the target's runs (or of the named ones), with last step and tok/s when a tail is read."""
         args = ["ps", "--runs-dir", runs_dir(target)]
         for run_id in run_ids:
             args += ["--run-id", run_id]
         if tail_bytes:
             args += ["--tail-bytes", str(tail_bytes)]
-        payload = self.agent(target, args)
-        if not payload.get("ok"):  # never "no runs" for runs the agent could not read
-            raise OperationFailed(f"{target.name}: {payload.get('error') or 'the agent could not list the runs'}")
-        self.skipped[target.name] = list(payload.get("skipped") or [])
-        return [with_metrics(r) for r in payload.get("runs", [])]
+        answer = PsAnswer.from_dict(self.agent(target, args))
+        if not answer.ok:  # never "no runs" for runs the agent could not read
+            raise OperationFailed(f"{target.name}: {answer.error or 'the agent could not list the runs'}")
+        self.skipped[target.name] = answer.skipped
+        tails = answer.log_tails or (None,) * len(answer.runs)
+        return [with_metrics(record, tail) for record, tail in zip(answer.runs, tails)]
 
-    def log_lines(self, target: Target, run_id: str, start: int, stop: int) -> dict:
-        """Lines [start, stop) of a run's log and its line count: {"total": N, "lines": [...]}."""
-        payload = self.agent(target, ["lines", "--runs-dir", runs_dir(target), "--run-id", run_id,
-                                      "--start", str(start), "--stop", str(stop)])
-        if not payload.get("ok"):
-            raise TransportError(f"{target.name}: {payload.get('error', 'lines failed')}")
-        return payload
+    def log_lines(self, target: Target, run_id: str, start: int, stop: int) -> LinesAnswer:
+        """Lines [start, stop) of a run's log and its line count (`total`)."""
+        answer = LinesAnswer.from_dict(self.agent(target, ["lines", "--runs-dir", runs_dir(target), "--run-id",
+                                                           run_id, "--start", str(start), "--stop", str(stop)]))
+        if not answer.ok:
+            raise TransportError(f"{target.name}: {answer.error or 'lines failed'}")
+        return answer
 
-    def kill(self, target: Target, run_ids: list[str], *, grace: float | None) -> dict:
+    def kill(self, target: Target, run_ids: list[str], *, grace: float | None) -> KillAnswer:
         args = ["kill", "--runs-dir", runs_dir(target), "--run-id", *run_ids]
         if grace is not None:
             args += ["--grace", f"{grace:g}"]
-        return self.agent(target, args, timeout=(grace or DEFAULT_GRACE_S) + AGENT_TIMEOUT_S)
+        return KillAnswer.from_dict(self.agent(target, args, timeout=(grace or DEFAULT_GRACE_S) + AGENT_TIMEOUT_S))
 
-    def netinfo(self, target: Target, toward: str, *, free_port: bool = False) -> dict:
+    def netinfo(self, target: Target, toward: str, *, free_port: bool = False) -> NetInfo:
         """The target's local address and interface toward `toward`, and a free TCP port there if asked."""
-        payload = self.agent(target, ["netinfo", "--toward", toward] + (["--free-port"] if free_port else []))
-        if not payload.get("ok"):
-            raise OperationFailed(f"{target.name}: {payload.get('error', 'netinfo failed')}")
-        return payload
+        answer = NetInfo.from_dict(self.agent(target, ["netinfo", "--toward", toward]
+                                              + (["--free-port"] if free_port else [])))
+        if not answer.ok:
+            raise OperationFailed(f"{target.name}: {answer.error or 'netinfo failed'}")
+        return answer
 
-    def cleanup(self, target: Target, *, dry_run: bool) -> dict:
+    def cleanup(self, target: Target, *, dry_run: bool) -> CleanupAnswer:
         args = ["cleanup", "--runs-dir", runs_dir(target)] + (["--dry-run"] if dry_run else [])
-        return self.agent(target, args, timeout=CLEANUP_TIMEOUT_S)
+        return CleanupAnswer.from_dict(self.agent(target, args, timeout=CLEANUP_TIMEOUT_S))
+
+    def probe(self, target: Target, args: list[str]) -> ProbeAnswer:
+        """The agent's probe (doctor's facts), its options `args`."""
+        return ProbeAnswer.from_dict(self.agent(target, ["probe", *args], timeout=AGENT_TIMEOUT_S))
+
+    def pull_plan(self, target: Target, args: list[str]) -> PullPlan:
+        """What `pull` fetches of a run (pull-plan's options `args`); OperationFailed when the agent cannot say."""
+        answer = PullPlan.from_dict(self.agent(target, ["pull-plan", *args], timeout=PULL_PLAN_TIMEOUT_S))
+        if not answer.ok:
+            raise OperationFailed(f"{target.name}: {answer.error or 'the agent could not list the files'}")
+        return answer
 
 
 class LaunchFailed(OperationFailed):
     """The run ended (or never started) during verification; carries the agent's answer."""
 
-    def __init__(self, payload: dict, target: str) -> None:
-        self.payload = payload
-        super().__init__(f"{target}: {payload.get('error') or 'the run did not start'}")
+    def __init__(self, answer: LaunchAnswer, target: str) -> None:
+        self.answer = answer
+        super().__init__(f"{target}: {answer.error or 'the run did not start'}")
 
 
 class LaunchUnverified(DflashError):
@@ -262,19 +282,18 @@ class LaunchUnverified(DflashError):
 
     exit_code = EXIT_UNREACHABLE
 
-    def __init__(self, payload: dict, target: str) -> None:
-        self.payload = payload
-        self.run = payload.get("run") or {}
-        self.run_id = RunRecord.from_dict(self.run).run_id
-        self.said = str(payload.get("error") or f"run {self.run_id} could not be verified running")  # the agent's
+    def __init__(self, answer: LaunchAnswer, target: str) -> None:
+        self.answer = answer
+        self.run = answer.run or RunRecord()
+        self.run_id = self.run.run_id
+        self.said = str(answer.error or f"run {self.run_id} could not be verified running")  # the agent's
         super().__init__(f"{target}: {self.said}, but it was started and is left running ({_not_yet(self.run)}): "
                          f"`dflashctl ps {target}` shows what became of it, `dflashctl kill {self.run_id}` stops it "
                          f"(launching it again would start a second copy)")
 
 
-def _not_yet(run: dict) -> str:
+def _not_yet(record: RunRecord) -> str:
     """How far the run had got when the agent gave up waiting."""
-    record = RunRecord.from_dict(run)
     if record.pid:
         return f"{record.state}, pid {record.pid}"
     return f"{record.state or 'starting'}, its workload not yet started"
@@ -295,14 +314,14 @@ class Relaunched:
     without one), whether it resumes at all (the bundled trainer's `--resume auto`; a plain command is run again
     as it was), and the lost run's processes that still ran and were ended first."""
 
-    record: dict
+    record: RunRecord
     resumes_from: str | None
     resumes: bool
     survivors_ended: tuple[int, ...] = ()
 
     @property
     def run_id(self) -> str | None:
-        return RunRecord.from_dict(self.record).run_id or None
+        return self.record.run_id or None
 
 
 def restart_args(spec: LaunchSpec) -> list[str]:
@@ -323,17 +342,14 @@ def _pack_inputs(inputs: dict[str, bytes]) -> bytes:
     return json.dumps({name: base64.b64encode(data).decode() for name, data in inputs.items()}).encode()
 
 
-def with_metrics(record: dict) -> dict:
-    """Add last_step and tok_per_s from the log tail the agent sent along (dropped from the record)."""
-    tail = record.pop("log_tail", None)
-    record.setdefault("last_step", None)
-    record.setdefault("tok_per_s", None)
+def with_metrics(record: RunRecord, tail: str | None = None) -> RunRecord:
+    """The record with last_step and tok_per_s from the log tail the agent sent along (ps --tail-bytes)."""
     if tail:
         parser = LogParser()
         events = parser.feed(tail.encode("utf-8", "replace")) + parser.flush()
         steps = [e for e in events if isinstance(e, StepEvent) and e.step is not None]
         if steps:
-            record["last_step"], record["tok_per_s"] = steps[-1].step, steps[-1].tok_per_s
+            return record.with_figures(steps[-1].step, steps[-1].tok_per_s)
     return record
 
 

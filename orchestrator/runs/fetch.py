@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from dflash_records.digest import sha256_of, sha256_state
+from dflash_records.plans import PlanFile
 
 from ..agent.terminaltext import for_terminal
 from ..errors import CommandTimeout, OperationFailed, TransportError, Unreachable
@@ -39,10 +40,10 @@ class RemoteFile:
     manifest: bool = False  # the sha256 is the one the checkpoint's manifest.json recorded at its save
 
     @classmethod
-    def from_plan(cls, entry: dict) -> "RemoteFile":
-        return cls(source=entry["source"], dest=entry["dest"], size=int(entry["size"]), sha256=entry["sha256"],
-                   growing=bool(entry.get("growing")), prefix_size=entry.get("prefix_size"),
-                   prefix_sha256=entry.get("prefix_sha256"), manifest=bool(entry.get("manifest")))
+    def from_plan(cls, entry: PlanFile) -> "RemoteFile":
+        return cls(source=entry.source, dest=entry.dest, size=int(entry.size), sha256=str(entry.sha256),
+                   growing=bool(entry.growing), prefix_size=entry.prefix_size, prefix_sha256=entry.prefix_sha256,
+                   manifest=bool(entry.manifest))
 
 
 @dataclass(frozen=True)

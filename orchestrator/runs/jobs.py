@@ -13,8 +13,11 @@ directory the checkpoints, on every start of the job alike.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 from dflash_records.restart import BACKOFF_BASE_S, BACKOFF_ENV, NEVER, ON_FAILURE, parse_policy
+from dflash_records.answers import LaunchAnswer
+from dflash_records.job import FirstFailure, JobSummary, LaunchedJob
 from dflash_records.run import RunRecord
 
 from ..agent.protocol import DEFAULT_GRACE_S, FAILED, FAILED_STATES, KILLED, LIVE_STATES, RUNNING, SUCCEEDED
@@ -26,7 +29,7 @@ from .agentcall import agent_argv
 from .client import LaunchFailed, LaunchUnverified, Relaunched, RunClient
 from .command import CONFIG_INPUT, config_base_dir, node_train_command
 from .deploy import agent_path_in
-from .spec import LaunchSpec, new_run_id, run_environment
+from .spec import LaunchSpec, NodePlace, new_run_id, run_environment
 from .trainerconfig import ConfigRejected
 
 ABORT_GRACE_S = 5.0
@@ -53,8 +56,9 @@ class JobSpec:
 class JobLaunchFailed(OperationFailed):
     """A node could not be deployed or did not start; the nodes already started were stopped again."""
 
-    def __init__(self, message: str, *, node_payload: dict | None = None, exit_code: int | None = None) -> None:
-        self.payload = node_payload or {}
+    def __init__(self, message: str, *, node_answer: LaunchAnswer | None = None,
+                 exit_code: int | None = None) -> None:
+        self.answer = node_answer
         if exit_code is not None:
             self.exit_code = exit_code
         super().__init__(message)
@@ -117,7 +121,7 @@ def node_specs(client: RunClient, spec: JobSpec, job_id: str) -> tuple[str, list
     """(rendezvous endpoint, what each node starts); asks every node how it reaches the first."""
     first = spec.targets[0]
     host = rendezvous_host(first)
-    port = client.netinfo(first, host, free_port=True)["port"]
+    port = client.netinfo(first, host, free_port=True).port
     nets = per_host(spec.targets, lambda t: client.netinfo(t, host))
     _raise_first_error(nets, "finding the way to the rendezvous")
     nprocs = [nproc_for(t, spec) for t in spec.targets]
@@ -131,21 +135,21 @@ def node_specs(client: RunClient, spec: JobSpec, job_id: str) -> tuple[str, list
         if restarts:   # torchrun restarts at once: the workers wait the policy's backoff themselves
             backoff = BACKOFF_BASE_S if spec.restart_backoff is None else spec.restart_backoff
             env[BACKOFF_ENV] = f"{backoff:g}"
-        if net.value.get("interface"):
+        if net.value.interface:
             # gloo and NCCL bind to what the hostname resolves to; a container's often resolves nowhere
-            env.update(GLOO_SOCKET_IFNAME=net.value["interface"], NCCL_SOCKET_IFNAME=net.value["interface"])
+            env.update(GLOO_SOCKET_IFNAME=net.value.interface, NCCL_SOCKET_IFNAME=net.value.interface)
         env.update(spec.env)
         # the config check of every node (check_every_node) put this version's agent and trainer there
         command = torchrun_command(target, agent_path=agent_path_in(target.workdir), nnodes=len(spec.targets),
                                    nproc=nproc,
                                    endpoint=f"{host}:{port}", job_id=job_id, is_host=rank == 0,
-                                   local_addr=net.value["address"], timeout=spec.dist_timeout,
+                                   local_addr=net.value.address, timeout=spec.dist_timeout,
                                    base_dir=config_base_dir(target, spec.config_source), max_restarts=restarts)
         # never one node alone: its supervisor leaves restarts to torchrun, which restarts every node's workers
         specs.append(LaunchSpec(target=target, command=command, name=spec.name, env=env, gpus=spec.gpus,
                                 force=spec.force, grace=spec.grace, inputs={CONFIG_INPUT: spec.config_text},
                                 uses_trainer=True, run_id=node_run_id(job_id, rank),
-                                job={"job_id": job_id, "node_rank": rank, "nnodes": len(spec.targets)},
+                                job=NodePlace(job_id=job_id, node_rank=rank, nnodes=len(spec.targets)),
                                 restart=NEVER, hang_timeout=spec.hang_timeout, worker_restarts=restarts))
         offset += nproc
     return f"{host}:{port}", specs
@@ -157,7 +161,7 @@ def job_restarts(spec: JobSpec) -> int:
     return int(policy["max_restarts"]) if policy["policy"] == ON_FAILURE else 0
 
 
-def launch_job(client: RunClient, spec: JobSpec) -> dict:
+def launch_job(client: RunClient, spec: JobSpec) -> LaunchedJob:
     """Check the config on every node (which deploys what is missing there, so that no node waits at the
     rendezvous for another's upload), then start every node; returns the job with one record per node."""
     names = [t.name for t in spec.targets]
@@ -173,15 +177,14 @@ def launch_job(client: RunClient, spec: JobSpec) -> dict:
         _abort(client, [o for o in outcomes if o.ok] + [Outcome(o.target, value=o.error.run) for o in failed
                                                           if isinstance(o.error, LaunchUnverified)])
         first = failed[0]
-        payload = first.error.payload if isinstance(first.error, LaunchFailed) else {}
+        answer = first.error.answer if isinstance(first.error, LaunchFailed) else None
         # an unverified node's own error says it is left running: here it was stopped with the others
         why = first.error.said if isinstance(first.error, LaunchUnverified) else first.error
         raise JobLaunchFailed(f"job {job_id}: node {names.index(first.target.name)} ({first.target.name}) did "
-                              f"not start: {why}; the other nodes were stopped", node_payload=payload,
+                              f"not start: {why}; the other nodes were stopped", node_answer=answer,
                               exit_code=fanout_exit_code(failed))
-    nodes = [o.value for o in outcomes]
-    return {"job_id": job_id, "name": spec.name, "rendezvous": endpoint,
-            "state": job_state(nodes), "nodes": nodes}
+    nodes = tuple(o.value for o in outcomes)
+    return LaunchedJob(job_id=job_id, name=spec.name, rendezvous=endpoint, state=job_state(nodes), nodes=nodes)
 
 
 def relaunch_job(client: RunClient, nodes: list[tuple[Target, str, int]], name: str, *,
@@ -212,17 +215,15 @@ def relaunch_job(client: RunClient, nodes: list[tuple[Target, str, int]], name: 
 def _abort(client: RunClient, started: list[Outcome]) -> None:
     for outcome in started:
         try:
-            client.kill(outcome.target, [RunRecord.from_dict(outcome.value).run_id], grace=ABORT_GRACE_S)
+            client.kill(outcome.target, [outcome.value.run_id], grace=ABORT_GRACE_S)
         except DflashError:
             pass  # the launch error is what the user needs; ps shows what is left
 
 
 # ---- a job from its node records ------------------------------------------------------------------------
-# The node records come and go as the agent sent them (ps --json lists them under their job); what is read of
-# them is read typed.
 
-def job_state(nodes: list[dict]) -> str:
-    states = [RunRecord.from_dict(node).state for node in nodes]
+def job_state(nodes: Sequence[RunRecord]) -> str:
+    states = [node.state for node in nodes]
     if any(s in LIVE_STATES for s in states):
         return RUNNING
     if any(s in FAILED_STATES for s in states):
@@ -232,35 +233,27 @@ def job_state(nodes: list[dict]) -> str:
     return SUCCEEDED
 
 
-def failed_first(nodes: list[dict]) -> dict | None:
+def failed_first(nodes: Sequence[RunRecord]) -> FirstFailure | None:
     """The node that failed first (earliest end among failed or lost nodes), and why."""
-    failed = [run for run in map(RunRecord.from_dict, nodes) if run.state in FAILED_STATES]
+    failed = [run for run in nodes if run.state in FAILED_STATES]
     if not failed:
         return None
     run = min(failed, key=lambda r: (r.ended_at or "~", r.node_rank or 0))
-    if run.signal:
-        why = f"signal {run.signal_name or run.signal}"
-    elif run.exit_code is not None:
-        why = f"exit code {run.exit_code}"
-    else:
-        why = run.error or run.state
-    return {"node_rank": run.node_rank, "target": run.target, "run_id": run.run_id, "state": run.state,
-            "exit_code": run.exit_code, "signal": run.signal, "ended_at": run.ended_at,
-            "reason": f"node {run.node_rank} ({run.target}) {run.state}: {why}"}
+    return FirstFailure(node_rank=run.node_rank, target=run.target, run_id=run.run_id, state=run.state,
+                        exit_code=run.exit_code, signal=run.signal, ended_at=run.ended_at,
+                        reason=f"node {run.node_rank} ({run.target}) {run.state}: {run.end_cause() or run.state}")
 
 
-def summarize(nodes: list[dict]) -> dict:
+def summarize(nodes: Sequence[RunRecord]) -> JobSummary:
     """The job of these node records (ps's job object), which it lists sorted by node rank."""
-    nodes = sorted(nodes, key=lambda node: RunRecord.from_dict(node).node_rank or 0)
-    runs = [RunRecord.from_dict(node) for node in nodes]
+    runs = sorted(nodes, key=lambda node: node.node_rank or 0)
     head = runs[0]
     ended = None if any(r.state in LIVE_STATES for r in runs) else max(r.ended_at or "" for r in runs) or None
-    return {"job_id": head.job_id, "name": head.name, "state": job_state(nodes),
-            "nnodes": head.nnodes or len(runs), "targets": [r.target for r in runs],
-            "created_at": min(r.created_at or "" for r in runs), "ended_at": ended,
-            "last_step": head.last_step if head.node_rank == 0 else None,
-            "tok_per_s": head.tok_per_s if head.node_rank == 0 else None,
-            "failed_first": failed_first(nodes), "relaunched_as": successor_job(head), "nodes": nodes}
+    return JobSummary(job_id=head.job_id, name=head.name, state=job_state(runs), nnodes=head.nnodes or len(runs),
+                      targets=tuple(r.target for r in runs), created_at=min(r.created_at or "" for r in runs),
+                      ended_at=ended, last_step=head.last_step if head.node_rank == 0 else None,
+                      tok_per_s=head.tok_per_s if head.node_rank == 0 else None, failed_first=failed_first(runs),
+                      relaunched_as=successor_job(head), nodes=tuple(runs))
 
 
 def successor_job(node0: RunRecord) -> str | None:
@@ -270,22 +263,16 @@ def successor_job(node0: RunRecord) -> str | None:
     return after[:-len(suffix)] if after and after.endswith(suffix) else after
 
 
-def group_jobs(records: list[dict]) -> tuple[list[dict], list[dict]]:
-    """(plain runs, jobs): the node records of each job folded into one summary, annotated with it."""
-    plain, by_job = [], {}
+def group_jobs(records: Sequence[RunRecord]) -> tuple[list[RunRecord], list[JobSummary]]:
+    """(plain runs, jobs): the node records of each job folded into one summary."""
+    plain: list[RunRecord] = []
+    by_job: dict[str, list[RunRecord]] = {}
     for record in records:
-        job_id = RunRecord.from_dict(record).job_id
-        if job_id:
-            by_job.setdefault(job_id, []).append(record)
+        if record.job_id:
+            by_job.setdefault(record.job_id, []).append(record)
         else:
             plain.append(record)
-    jobs = [summarize(nodes) for nodes in by_job.values()]
-    for job in jobs:
-        first = job["failed_first"] or {}
-        for node in job["nodes"]:
-            node["job_state"] = job["state"]
-            node["job_failed_first"] = first.get("node_rank")
-    return plain, jobs
+    return plain, [summarize(nodes) for nodes in by_job.values()]
 
 
 __all__ = ["JobSpec", "JobLaunchFailed", "launch_job", "relaunch_job", "group_jobs", "summarize", "failed_first",

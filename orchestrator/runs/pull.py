@@ -16,12 +16,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dflash_records.plans import PullPlan
 from dflash_records.run import RunRecord
 
 from ..agent.protocol import ascii_decimal
 from ..errors import OperationFailed, TargetNotFound, UsageError, shorten
 from ..inventory.model import Target
-from ..transports.timeouts import EXPORT_TIMEOUT_S, PULL_PLAN_TIMEOUT_S, PULL_STALL_S
+from ..transports.timeouts import EXPORT_TIMEOUT_S, PULL_STALL_S
 from .addressing import Match
 from .client import RunClient
 from .fetch import RemoteFile, Step, fetch, plan_steps, shown
@@ -104,16 +105,15 @@ def pull(client: RunClient, target: Target, run: RunRecord, request: PullRequest
         raise UsageError(f"--to {shown(root)}: not a directory")
     run_id = run.run_id
     plan = _plan(client, target, run_id, request, root)
-    if request.export and not plan.get("export_ready"):
+    if request.export and not plan.export_ready:
         _export(client, target, plan, progress)
         plan = _plan(client, target, run_id, request, root)
-    files = [RemoteFile.from_plan(entry) for entry in plan.get("files", [])]
+    files = [RemoteFile.from_plan(entry) for entry in plan.files]
     steps = plan_steps(root, files, force=request.force)
-    result = PullResult(run_id=run_id, target=target.name, to=str(root), checkpoints=plan.get("checkpoints", []),
-                        export=request.export, skipped=plan.get("skipped") or [])
-    for entry in result.skipped:  # the agent's word on each link it did not follow
-        progress.warning(f"{target.name}: {entry.get('path')} skipped: {entry.get('reason')} (it points to "
-                         f"{entry.get('points_to')})")
+    result = PullResult(run_id=run_id, target=target.name, to=str(root), checkpoints=list(plan.checkpoints),
+                        export=request.export, skipped=[entry.to_dict() for entry in plan.skipped])
+    for entry in plan.skipped:  # the agent's word on each link it did not follow
+        progress.warning(f"{target.name}: {entry.path} skipped: {entry.reason} (it points to {entry.points_to})")
     _make_destination(root)
     moving = [step for step in steps if step.action != "skip"]
     progress.start(sum(step.file.size - step.offset for step in moving), len(moving))
@@ -144,29 +144,26 @@ def _make_destination(root: Path) -> None:
         raise UsageError(f"--to {shown(root)}: cannot make this directory: {exc.strerror or exc}{where}") from exc
 
 
-def _plan(client: RunClient, target: Target, run_id: str, request: PullRequest, root: Path) -> dict:
-    args = ["pull-plan", "--runs-dir", runs_dir(target), "--run-id", run_id, "--checkpoint", request.checkpoint]
+def _plan(client: RunClient, target: Target, run_id: str, request: PullRequest, root: Path) -> PullPlan:
+    args = ["--runs-dir", runs_dir(target), "--run-id", run_id, "--checkpoint", request.checkpoint]
     if request.export:
         args.append("--export")
     for name in ("train.log", "metrics.jsonl", "config.yaml"):
         local = root / name
         if local.is_file():  # a copy from an earlier pull: is it the start of the remote one?
             args += ["--have", f"{name}={local.stat().st_size}"]
-    payload = client.agent(target, args, timeout=PULL_PLAN_TIMEOUT_S)
-    if not payload.get("ok"):
-        raise OperationFailed(f"{target.name}: {payload.get('error') or 'the agent could not list the files'}")
-    return payload
+    return client.pull_plan(target, args)
 
 
-def _export(client: RunClient, target: Target, plan: dict, progress: Progress) -> None:
+def _export(client: RunClient, target: Target, plan: PullPlan, progress: Progress) -> None:
     """Make `{output_dir}/export-step_N/` on the target with the bundled trainer's `export` command."""
-    step = plan["checkpoints"][0]
-    source = f"{plan['output_dir']}/{step}"
+    step = plan.checkpoints[0]
+    source = f"{plan.output_dir}/{step}"
     progress.note(f"{target.name}: exporting {step} for serving (`python -m trainer export` into "
-                  f"{plan['export_dir']}, with its parity check against the target model; this takes a while)...")
+                  f"{plan.export_dir}, with its parity check against the target model; this takes a while)...")
     began = time.monotonic()
     pkg_dir = client.deploy(target, with_trainer=True).pkg_dir
-    argv = ["env", f"PYTHONPATH={pkg_dir}", target.python, "-m", "trainer", "export", source, plan["export_dir"]]
+    argv = ["env", f"PYTHONPATH={pkg_dir}", target.python, "-m", "trainer", "export", source, plan.export_dir]
     result = client.conns.for_target(target).run(argv, timeout=EXPORT_TIMEOUT_S)
     if not result.ok:
         lines = [line for line in (result.err + result.out).strip().splitlines() if line.strip()]

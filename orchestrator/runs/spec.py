@@ -57,6 +57,15 @@ def check_name(name: str) -> str:
     return name
 
 
+@dataclass(frozen=True)
+class NodePlace:
+    """Where a multi-node job's node run stands: its job, its rank, how many nodes the job has."""
+
+    job_id: str
+    node_rank: int
+    nnodes: int
+
+
 @dataclass
 class LaunchSpec:
     target: Target
@@ -70,7 +79,7 @@ class LaunchSpec:
     uses_trainer: bool = False
     settle: float | None = None   # how long the workload must stay up to count as started (agent default 1 s)
     run_id: str | None = None     # chosen by the caller (a job's node runs); a new one otherwise
-    job: dict[str, object] | None = None   # job_id, node_rank, nnodes of a multi-node job's node run
+    job: NodePlace | None = None   # a multi-node job's node run: its place in the job
     check_config: str | None = None   # the trainer config's name: inputs[CONFIG_INPUT] is checked there first
     restart: str | None = None    # never|on-failure[:N] (checked); None: the target's inventory default
     restart_backoff: float | None = None   # seconds before the first restart (agent default 10, doubling)

@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from dflash_records.answers import CheckResult
+
 from ..errors import OperationFailed, UsageError
 from ..inventory.model import Target
 
@@ -69,15 +71,15 @@ class ConfigRejected(UsageError):
         super().__init__(message)
 
 
-def judge(target: Target, source: str, check: dict) -> dict:
+def judge(target: Target, source: str, check: CheckResult) -> dict:
     """The check's report when the config passes; ConfigRejected (exit 2) with its reasons when it does not,
     OperationFailed when the check itself could not run there (e.g. the target's python lacks pydantic)."""
-    exit_code, report = check.get("exit_code"), _report(str(check.get("stdout") or ""))
+    exit_code, report = check.exit_code, _report(str(check.stdout or ""))
     if exit_code == 0 and report is not None and report.get("ok"):
         return report
     if exit_code == 2 and report is not None and report.get("problems"):
         raise ConfigRejected(target.name, source, [str(p.get("message")) for p in report["problems"]])
-    tail = (str(check.get("stderr") or "").strip() or str(check.get("stdout") or "").strip()).splitlines()[-1:]
+    tail = (str(check.stderr or "").strip() or str(check.stdout or "").strip()).splitlines()[-1:]
     raise OperationFailed(f"{target.name}: the trainer's config check could not run there, nothing was "
                           f"started: `{target.python} -m trainer check` exited {exit_code}"
                           + (f": {tail[0]}" if tail else ""))

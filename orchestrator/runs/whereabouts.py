@@ -39,7 +39,7 @@ def cache_path() -> Path:
     return Path(base) / "dflashctl" / "whereabouts.json"
 
 
-def remember(found: Iterable[tuple[str, dict]]) -> None:
+def remember(found: Iterable[tuple[str, RunRecord]]) -> None:
     """Record (target name, run record) pairs: the run's id, and its job's id with every target seen for it."""
     found = list(found)
     if not found:
@@ -48,10 +48,9 @@ def remember(found: Iterable[tuple[str, dict]]) -> None:
         _add(found)
 
 
-def _add(found: list[tuple[str, dict]]) -> None:
+def _add(found: list[tuple[str, RunRecord]]) -> None:
     entries = _load()
-    for target, record in found:
-        run = RunRecord.from_dict(record)
+    for target, run in found:
         run_id, job_id = run.run_id, run.job_id
         if isinstance(job_id, str) and job_id:
             targets = entries.pop(job_id, [])  # popped and put back: the newest stay when it is trimmed

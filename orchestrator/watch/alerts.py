@@ -120,13 +120,13 @@ class RunHealth:
         return []
 
     def observe_state(self, state: str, now: float, *, exit_code: int | None = None,
-                      signal: int | None = None, record: dict | None = None) -> list[Alert]:
+                      signal: int | None = None, record: RunRecord | None = None) -> list[Alert]:
         """A run state from the run directory: starting, running, or a terminal one; `record` (the run's whole
-        record, as the agent sent it) tells of its attempts and why it ended."""
+        record) tells of its attempts and why it ended."""
         if self.ended:
             return []  # a run ends exactly once; a late or repeated report changes nothing
         self.state = state
-        run = RunRecord.from_dict(record)
+        run = record or RunRecord()
         alerts = self._observe_attempt(run, now)
         if not self.ended:
             return alerts
@@ -147,9 +147,8 @@ class RunHealth:
             return []
         self._clear(STALL, GPU_IDLE, THROUGHPUT, STARVATION, NAN)  # a new process: its conditions start over
         self._last_step_at = None
-        # each of `attempts` is an attempt's own record (docs/design.md), not the run's
-        before = [entry for entry in run.attempts or [] if entry.get("attempt") == attempt - 1]
-        why = f" after attempt {attempt - 1} {attempt_end(before[0])}" if before else ""
+        before = run.attempt_record(attempt - 1)
+        why = f" after attempt {attempt - 1} {attempt_end(before)}" if before else ""
         total = run.max_attempts
         return [self._alert(now, RESTARTED, WARNING,
                             f"restarted: attempt {attempt}{f'/{total}' if total else ''}{why}")]

@@ -14,7 +14,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from ..agent.cleanup import summary
+from dflash_records.answers import LinesAnswer
+
 from ..agent.protocol import (MSG_DISK, MSG_GPU, MSG_LOG, MSG_METRICS, MSG_RESET, MSG_RUNS, MSG_SYNCED, TERMINAL_STATES,
                               iso_utc)
 from ..errors import DflashError, TargetNotFound
@@ -87,7 +88,7 @@ class LiveSource:
         with self._lock:
             self._seen_version = self._version
             states = list(self._targets.values())
-            runs, self._jobs = fold_jobs([(t.record, t.diagnosed_view(s.gpus.views()))
+            runs, self._jobs = fold_jobs([(t.run, t.diagnosed_view(s.gpus.views()))
                                           for s in states for t in s.runs.values()])
             gpus = tuple(g for s in states for g in s.gpus.views())
             return Snapshot(taken_at=iso_utc(timespec="seconds"), runs=tuple(runs), gpus=gpus, hosts=self._host_views(),
@@ -172,34 +173,31 @@ class LiveSource:
                                 details={"nodes": [r.details for r in results]})
         try:
             target = self._target_of(run_id)
-            payload = self.client.kill(target, [run_id], grace=grace)
+            answer = self.client.kill(target, [run_id], grace=grace)
         except DflashError as exc:
             return ActionResult(ok=False, message=str(exc))
-        runs = payload.get("runs") or [{}]
-        state = runs[0].get("state")
-        message = f"{run_id} is {state}" if payload.get("ok") else payload.get("error") or f"{run_id}: not all gone"
-        return ActionResult(ok=bool(payload.get("ok")), message=message, details=payload)
+        state = answer.runs[0].state if answer.runs else None
+        message = f"{run_id} is {state}" if answer.ok else answer.error or f"{run_id}: not all gone"
+        return ActionResult(ok=answer.ok, message=message, details=answer.to_dict())
 
     def cleanup(self, target: str, *, dry_run: bool) -> ActionResult:
         state = self._targets.get(target)
         if state is None:
             return ActionResult(ok=False, message=f"{target} is not watched")
         try:
-            payload = self.client.cleanup(state.target, dry_run=dry_run)
+            answer = self.client.cleanup(state.target, dry_run=dry_run)
         except DflashError as exc:
             return ActionResult(ok=False, message=str(exc))
-        actions = payload.get("actions") or []
-        return ActionResult(ok=bool(payload.get("ok")), message=summary(target, actions, dry_run=dry_run),
-                            details=payload)
+        return ActionResult(ok=answer.ok, message=answer.summary(target), details=answer.to_dict())
 
     def log_line_count(self, run_id: str) -> int:
         cached = self._line_counts.get(run_id)
         if cached is not None and time.monotonic() - cached[0] < LINE_COUNT_CACHE_S:
             return cached[1]
-        return self._lines(run_id, 0, 0)["total"]
+        return self._lines(run_id, 0, 0).total
 
     def log_lines(self, run_id: str, start: int, stop: int) -> list[str]:
-        return list(self._lines(run_id, start, stop)["lines"])
+        return list(self._lines(run_id, start, stop).lines)
 
     def close(self) -> None:
         for stream in self._streams.values():
@@ -371,11 +369,11 @@ class LiveSource:
                     return state.target
         raise TargetNotFound(f"no run {run_id!r} on the watched targets")
 
-    def _lines(self, run_id: str, start: int, stop: int) -> dict:
+    def _lines(self, run_id: str, start: int, stop: int) -> LinesAnswer:
         if run_id in self._jobs:  # a job's log is rank 0's, on node 0
             run_id = self._jobs[run_id][0].run_id
         answer = self.client.log_lines(self._target_of(run_id), run_id, start, stop)
-        self._line_counts[run_id] = (time.monotonic(), int(answer["total"]))
+        self._line_counts[run_id] = (time.monotonic(), int(answer.total))
         return answer
 
 

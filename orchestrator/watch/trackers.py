@@ -97,7 +97,7 @@ class RunTracker:
         self._view = None if changed else self._view
         run = self.run
         return self._keep(self.health.observe_state(run.state or STARTING, now, exit_code=run.exit_code,
-                                                    signal=run.signal, record=record))
+                                                    signal=run.signal, record=run))
 
     def feed(self, offset: int, ino: int | None, data: bytes, now: float) -> list[Alert]:
         """New log bytes starting at `offset`; bytes we already have (a resend) are dropped."""

@@ -37,9 +37,9 @@ def runs(inventory):
         quiet = client.launch(LaunchSpec(inventory.target("pve1/200"), [sys.executable, "-c", QUIET], "tuiquiet"))
         counter = client.launch(LaunchSpec(inventory.target("pve2/300"), [sys.executable, "-c", COUNTER],
                                            "tuicounter", grace=1.5))
-        yield quiet["run_id"], counter["run_id"]
-        client.kill(inventory.target("pve1/200"), [quiet["run_id"]], grace=1)
-        client.kill(inventory.target("pve2/300"), [counter["run_id"]], grace=1)
+        yield quiet.run_id, counter.run_id
+        client.kill(inventory.target("pve1/200"), [quiet.run_id], grace=1)
+        client.kill(inventory.target("pve2/300"), [counter.run_id], grace=1)
 
 
 def step_of(table: RunsTable, run_id: str) -> int:

@@ -324,6 +324,6 @@ def test_fifty_launch_kill_cycles_leave_no_zombie(lab, inv: str) -> None:
             spec = LaunchSpec(target=target, name=f"cycle{i}", settle=0.1,
                               command=["sh", "-c", "sleep 300 & sleep 300 & wait"])
             record = client.launch(spec)
-            result = client.kill(target, [record["run_id"]], grace=1)
-            assert result["ok"], result
+            result = client.kill(target, [record.run_id], grace=1)
+            assert result.ok, result
     assert lab.lasting_zombies(*CT, besides=before) == set()  # none added (PID 1 here never reaps: any leak would stay)

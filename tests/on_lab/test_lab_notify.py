@@ -79,14 +79,14 @@ def test_a_headless_watch_notifies_stall_recovery_and_failure_and_nothing_for_a_
     with NotifySink() as sink, Connections() as conns, out.open("w") as stdout:
         client = RunClient(inventory, conns)
         # a run whose log held a traceback before the watch began: old news, printed but not sent
-        veteran = client.launch(LaunchSpec(target, [sys.executable, "-c", VETERAN], "veteran"))["run_id"]
+        veteran = client.launch(LaunchSpec(target, [sys.executable, "-c", VETERAN], "veteran")).run_id
         watcher = subprocess.Popen([sys.executable, "-m", "orchestrator", "-i", str(inventory.path), "watch",
                                     "pve2/300", "--headless", "--stall", str(STALL_S), "--notify", sink.url()],
                                    stdout=stdout, stderr=subprocess.PIPE, env=env(), text=True)
         try:
             wait_for_line(out, lambda line: line["type"] == "host" and line["connected"], 30)
-            healthy = client.launch(LaunchSpec(target, [sys.executable, "-c", counter(0.2)], "healthy"))["run_id"]
-            troubled = client.launch(LaunchSpec(target, [sys.executable, "-c", TROUBLED], "troubled"))["run_id"]
+            healthy = client.launch(LaunchSpec(target, [sys.executable, "-c", counter(0.2)], "healthy")).run_id
+            troubled = client.launch(LaunchSpec(target, [sys.executable, "-c", TROUBLED], "troubled")).run_id
             sink.wait_for(lambda got: any(kind_of(m) == "failed" for m in got), 180)
             time.sleep(2)  # anything else would come now
             watcher.send_signal(signal.SIGTERM)

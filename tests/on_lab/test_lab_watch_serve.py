@@ -52,8 +52,8 @@ def seed_run(lab, tmp_path):
     with Connections() as conns:
         client = RunClient(inventory, conns)
         run = client.launch(LaunchSpec(target, [sys.executable, "-c", SEED_RUN], "servedseed", grace=1.0))
-        yield tmp_path / "inventory.yaml", run["run_id"], lambda: client.runs_on(target, [run["run_id"]])[0]["state"]
-        client.kill(target, [run["run_id"]], grace=1)
+        yield tmp_path / "inventory.yaml", run.run_id, lambda: client.runs_on(target, [run.run_id])[0].state
+        client.kill(target, [run.run_id], grace=1)
 
 
 def in_namespace(netns: str, url: str) -> int:

@@ -35,8 +35,8 @@ def launched(lab, inventory):
         quiet = client.launch(LaunchSpec(inventory.target("pve1/200"), [sys.executable, "-c", QUIET], "quiet"))
         counter = client.launch(LaunchSpec(inventory.target("pve2/300"), [sys.executable, "-c", COUNTER], "counter"))
         yield {"quiet": quiet, "counter": counter}
-        client.kill(inventory.target("pve1/200"), [quiet["run_id"]], grace=1)  # a no-op for an ended run
-        client.kill(inventory.target("pve2/300"), [counter["run_id"]], grace=1)
+        client.kill(inventory.target("pve1/200"), [quiet.run_id], grace=1)  # a no-op for an ended run
+        client.kill(inventory.target("pve2/300"), [counter.run_id], grace=1)
 
 
 @pytest.fixture()
@@ -57,7 +57,7 @@ def run_of(snapshot, run_id: str):
 
 
 def test_runs_of_two_hosts_update_live(lab, inventory, launched, source: LiveSource) -> None:
-    quiet, counter = launched["quiet"]["run_id"], launched["counter"]["run_id"]
+    quiet, counter = launched["quiet"].run_id, launched["counter"].run_id
     snapshot = source.snapshot()
     assert {quiet: "pve1/200", counter: "pve2/300"}.items() <= {r.run_id: r.target for r in snapshot.runs}.items()
     assert run_of(snapshot, quiet).phase == "loading_dataset"
@@ -84,7 +84,7 @@ def test_runs_of_two_hosts_update_live(lab, inventory, launched, source: LiveSou
 
 def test_a_lost_host_is_shown_and_its_log_resumes_without_loss(lab, inventory, launched,
                                                                 source: LiveSource) -> None:
-    quiet, counter = launched["quiet"]["run_id"], launched["counter"]["run_id"]
+    quiet, counter = launched["quiet"].run_id, launched["counter"].run_id
     wait_for(lambda: (run_of(source.snapshot(), counter).last_step or 0) > 5, 5.0, **changes(source))
     lab.link_down("pve2")
     try:
@@ -106,7 +106,7 @@ def test_a_lost_host_is_shown_and_its_log_resumes_without_loss(lab, inventory, l
 
 
 def test_kill_and_log_lines_through_the_source(lab, inventory, launched, source: LiveSource) -> None:
-    counter = launched["counter"]["run_id"]
+    counter = launched["counter"].run_id
     total = source.log_line_count(counter)
     assert total > 10
     lines = source.log_lines(counter, 0, 3)
@@ -135,7 +135,7 @@ def test_watch_once_json(lab, inventory, launched, monkeypatch, capsys) -> None:
     assert code == 3  # CT 201 is stopped: its agent cannot start
     assert {"version", "taken_at", "runs", "gpus", "hosts", "alerts", "errors"} <= set(payload)
     assert "pve1/201" in payload["errors"] and "pve1/200" not in payload["errors"]
-    quiet = next(r for r in payload["runs"] if r["run_id"] == launched["quiet"]["run_id"])
+    quiet = next(r for r in payload["runs"] if r["run_id"] == launched["quiet"].run_id)
     for key in ("run_id", "target", "name", "state", "pid", "exit_code", "signal", "created_at", "ended_at",
                 "log_path", "last_step", "tok_per_s", "history", "log_tail", "exception_texts", "phase"):
         assert key in quiet

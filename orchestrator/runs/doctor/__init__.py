@@ -60,14 +60,14 @@ def _reach(client: RunClient, target: Target, report: DoctorReport) -> None:
 
 def _judge(client: RunClient, target: Target, report: DoctorReport, needs: Needs | None) -> None:
     facts = gather(client, target, smi_gpus=report.gpus if report.nvidia_smi else None, needs=needs)
-    ownfiles.check_free_space(client.conns.for_target(target), target, report, facts.probe.get("workdir"))
-    if facts.probe.get("error"):
-        report.add(Row("probe", FAIL, f"the agent's probe did not run: {facts.probe['error']}",
+    ownfiles.check_free_space(client.conns.for_target(target), target, report, facts.probe.workdir)
+    if facts.probe_error:
+        report.add(Row("probe", FAIL, f"the agent's probe did not run: {facts.probe_error}",
                        f"check that {target.workdir} is writable on {target.name}"))
     checks = CHECKS if needs is not None else GPU_CHECKS + CONTAINER_CHECKS
     for row in run_checks(facts, checks):
         report.add(row)
-    if needs is not None and not facts.probe.get("error"):
+    if needs is not None and not facts.probe_error:
         for row in trainer_check(client, target, needs):
             report.add(row)
 
@@ -89,7 +89,7 @@ def preflight(client: RunClient, target: Target, needs: Needs) -> list[Row]:
     """What `launch --config` checks first: the config's rows, the workdir's, and (unless the config runs on
     the CPU) the GPU rows; one host round trip and one probe."""
     facts = gather(client, target, smi_gpus=None, needs=needs, with_host=not needs.cpu_only)
-    if facts.probe.get("error"):
+    if facts.probe_error:
         return []  # the launch itself reports a target it cannot run the agent on
     return run_checks(facts, PREFLIGHT + (() if needs.cpu_only else PREFLIGHT_GPU))
 

@@ -17,7 +17,7 @@ def _config_paths(facts: Facts):
     """(key, path, its filesystem facts) of the config's paths, placed as the trainer's check places them
     (facts.resolved_paths)."""
     for key, path in facts.paths.items():
-        yield key, path, (facts.probe.get("paths") or {}).get(path) or {}
+        yield key, path, (facts.probe.paths or {}).get(path) or {}
 
 
 def missing_paths(facts: Facts) -> list[Row]:
@@ -60,7 +60,7 @@ def checkpoint_space(facts: Facts) -> Row | None:
     needs = facts.needs
     if needs is None:
         return None
-    model = (facts.probe.get("model") or {}).get("config")
+    model = (facts.probe.model or {}).get("config")
     params = drafter_params(model, needs.drafter_layers) if model else None
     if params is None:
         return Row("config.checkpoints", OK, "size not estimated (the target's config.json was not read)")
@@ -72,7 +72,7 @@ def checkpoint_space(facts: Facts) -> Row | None:
     else:
         count = needs.max_steps // needs.checkpoint_every + 1 if needs.max_steps else None
     out = facts.paths.get("output_dir", "")
-    fs = (facts.probe.get("paths") or {}).get(out) if out else facts.probe.get("workdir")
+    fs = (facts.probe.paths or {}).get(out) if out else facts.probe.workdir
     free = (fs or {}).get("free_bytes")
     if count is None:
         return Row("config.checkpoints", WARN, f"~{format_bytes(size)} per checkpoint and keep_checkpoints: 0 keeps "
@@ -89,7 +89,7 @@ def shm_for_run(facts: Facts) -> Row | None:
     """The trainer's data workers are threads; what needs /dev/shm is NCCL between a node's processes."""
     if facts.needs is None or facts.nproc < 2:
         return None
-    size = (facts.probe.get("shm") or {}).get("total_bytes") or 0
+    size = (facts.probe.shm or {}).get("total_bytes") or 0
     if size < NCCL_SHM_BYTES:
         return Row("config.shm", FAIL, f"/dev/shm is {format_bytes(size)}; NCCL between {facts.nproc} processes "
                                        f"needs {format_bytes(NCCL_SHM_BYTES)}", shm_fix(facts))

@@ -12,13 +12,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dflash_records.gpu import GpuRow
+from dflash_records.plans import ProbeFacts
 
 from ...agent.protocol import KIB, ascii_decimal
 from ...errors import DflashError
 from ...inventory.model import Target
 from ...transports.base import Transport
 from ...transports.pct import PctTransport
-from ...transports.timeouts import AGENT_TIMEOUT_S, PROBE_TIMEOUT_S
+from ...transports.timeouts import PROBE_TIMEOUT_S
 from ..client import RunClient
 from ..command import config_base_dir
 from ..spec import runs_dir
@@ -62,10 +63,11 @@ class Needs:
 class Facts:
     target: Target
     host: HostFacts
-    probe: dict
+    probe: ProbeFacts
     expected_gpus: int
     needs: Needs | None = None
     smi_gpus: list[GpuRow] | None = None       # nvidia-smi's rows, None where it did not answer
+    probe_error: str | None = None             # why the agent's probe did not run (then `probe` is empty)
 
     @property
     def paths(self) -> dict[str, str]:
@@ -149,9 +151,10 @@ def expected_nodes(gpus: int) -> list[str]:
     return ["/dev/nvidiactl", "/dev/nvidia-uvm", *(f"/dev/nvidia{i}" for i in range(gpus))]
 
 
-def container_probe(client: RunClient, target: Target, gpus: int, needs: Needs | None) -> dict:
-    """The agent's probe in the container; {"error": ...} when it cannot run there."""
-    args = ["probe", "--workdir", target.workdir, "--runs-dir", runs_dir(target)]
+def container_probe(client: RunClient, target: Target, gpus: int,
+                    needs: Needs | None) -> tuple[ProbeFacts, str | None]:
+    """The agent's probe in the container, and why it could not run there (None when it did)."""
+    args = ["--workdir", target.workdir, "--runs-dir", runs_dir(target)]
     for node in expected_nodes(gpus):
         args += ["--node", node]
     paths = resolved_paths(needs, target)
@@ -160,10 +163,10 @@ def container_probe(client: RunClient, target: Target, gpus: int, needs: Needs |
     if "target_path" in paths:
         args += ["--model", paths["target_path"]]
     try:
-        payload = client.agent(target, args, timeout=AGENT_TIMEOUT_S)
+        answer = client.probe(target, args)
     except DflashError as exc:
-        return {"error": str(exc)}
-    return payload.get("probe") if payload.get("ok") else {"error": str(payload.get("error"))}
+        return ProbeFacts(), str(exc)
+    return (answer.probe, None) if answer.ok else (ProbeFacts(), str(answer.error))
 
 
 def gather(client: RunClient, target: Target, *, smi_gpus: list[GpuRow] | None, needs: Needs | None,
@@ -173,5 +176,6 @@ def gather(client: RunClient, target: Target, *, smi_gpus: list[GpuRow] | None, 
     expected = target.gpus or len(smi_gpus or ()) or (host.gpus if target.ctid is None else 0)
     if not expected and target.ctid is not None and host.ct is not None and host.gpus:
         expected = sum(1 for i in range(host.gpus) if host.ct.provides(f"/dev/nvidia{i}"))
-    probe = container_probe(client, target, expected, needs)
-    return Facts(target=target, host=host, probe=probe, expected_gpus=expected, needs=needs, smi_gpus=smi_gpus)
+    probe, error = container_probe(client, target, expected, needs)
+    return Facts(target=target, host=host, probe=probe, expected_gpus=expected, needs=needs, smi_gpus=smi_gpus,
+                 probe_error=error)

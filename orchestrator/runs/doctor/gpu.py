@@ -18,7 +18,7 @@ def _ct(facts: Facts) -> str:
 
 
 def driver(facts: Facts) -> Row:
-    module, lib = facts.host.module_version, (facts.probe.get("nvml") or {}).get("version")
+    module, lib = facts.host.module_version, (facts.probe.nvml or {}).get("version")
     on_ct = facts.target.ctid is not None
     if not facts.expected_gpus and not module and not lib:
         return Row("driver", OK, "no NVIDIA GPU expected and no driver found")
@@ -56,7 +56,7 @@ def _node_problem(path: str, node: dict | None) -> tuple[str, str] | None:
 def device_nodes(facts: Facts) -> Row | None:
     if not facts.expected_gpus:
         return None
-    devices = facts.probe.get("devices") or {}
+    devices = facts.probe.devices or {}
     problems = [p for p in (_node_problem(path, devices.get(path)) for path in expected_nodes(facts.expected_gpus))
                 if p is not None]
     if not problems:
@@ -110,9 +110,9 @@ def ct_devices(facts: Facts) -> Row | None:
 
 
 def gpus_unclaimed(facts: Facts) -> Row | None:
-    if facts.smi_gpus is None or "live_gpus" not in facts.probe:
+    if facts.smi_gpus is None or facts.probe.live_gpus is None:
         return None  # no nvidia-smi, or it fails: the nvidia-smi row says so
-    live = facts.probe["live_gpus"]
+    live = list(facts.probe.live_gpus)
     unclaimed = held_without_run(facts.smi_gpus, live)
     if not unclaimed:
         return Row("gpus_held", OK, f"no GPU holds memory outside a live run ({len(live)} live)")

@@ -11,14 +11,14 @@ MEMORY_PER_PROCESS = 2 * GIB   # python, torch and CUDA's host-side state of one
 
 
 def _cpus(facts: Facts) -> int | None:
-    seen = (facts.probe.get("limits") or {}).get("cpus")
+    seen = (facts.probe.limits or {}).get("cpus")
     ct = facts.host.ct
     values = [v for v in (seen, ct.cores if ct else None) if v]
     return min(values) if values else None
 
 
 def _memory(facts: Facts) -> int | None:
-    limits = facts.probe.get("limits") or {}
+    limits = facts.probe.limits or {}
     total, cap = limits.get("mem_total_bytes"), limits.get("memory_max_bytes")
     ct = facts.host.ct
     values = [v for v in (total, cap if cap and total and cap < total else None,
@@ -29,7 +29,7 @@ def _memory(facts: Facts) -> int | None:
 def needed(facts: Facts) -> tuple[int, int]:
     """(CPUs, bytes of memory) a run needs here."""
     workers = facts.needs.num_workers if facts.needs else 0
-    model = ((facts.probe.get("model") or {}).get("size_bytes") or 0) if facts.needs else 0
+    model = ((facts.probe.model or {}).get("size_bytes") or 0) if facts.needs else 0
     return facts.nproc * (1 + workers) + (0 if facts.needs else 1), model + MEMORY_PER_PROCESS * facts.nproc
 
 

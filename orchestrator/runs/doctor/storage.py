@@ -22,7 +22,7 @@ def shm_fix(facts: Facts, size: str = "16G") -> str:
 
 
 def shm(facts: Facts) -> Row | None:
-    fs = facts.probe.get("shm")
+    fs = facts.probe.shm
     if not fs:
         return None
     if not fs.get("exists"):
@@ -40,7 +40,7 @@ def shm(facts: Facts) -> Row | None:
 
 
 def workdir(facts: Facts) -> Row | None:
-    fs = facts.probe.get("workdir")
+    fs = facts.probe.workdir
     if not fs:
         return None
     where = facts.target.workdir

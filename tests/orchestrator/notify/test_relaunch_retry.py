@@ -5,6 +5,7 @@ agent gives (tests/orchestrator/agent/test_restart.py, tests/on_lab/test_lab_hea
 stands in for the live one, which needs hosts."""
 from __future__ import annotations
 
+from dflash_records.run import RunRecord
 from orchestrator.alertkinds import ERROR, INFO, WARNING
 from orchestrator.errors import TransportError
 from orchestrator.notify.relaunch import RELAUNCH_NOTE, Relauncher
@@ -38,7 +39,7 @@ class Source:
 
 
 def started(run_id: str = "r2", **extra) -> Relaunched:
-    return Relaunched({"run_id": run_id, "state": "running"}, **{"resumes_from": None, "resumes": False, **extra})
+    return Relaunched(RunRecord(run_id=run_id, state="running"), **{"resumes_from": None, "resumes": False, **extra})
 
 
 def feed(record: dict = LOST) -> AlertFeed:

@@ -2,6 +2,7 @@
 Proxmox's devN: passthrough, a host without the driver) and the parsing of what the host says."""
 from __future__ import annotations
 
+from dflash_records.plans import ProbeFacts
 from orchestrator.inventory.model import load_inventory
 from orchestrator.runs.doctor import FAIL, OK, WARN
 from orchestrator.runs.doctor.checks import CHECKS, run_checks
@@ -51,7 +52,7 @@ def test_devN_passthrough_needs_no_cgroup_rule_but_a_bound_node_does(tmp_path) -
     host = HostFacts(module_version="580.95.05", majors={"nvidia-frontend": 195, "nvidia-uvm": 508})
     host.ct = parse_ct_config("".join(f"dev{i}: {node}\n" for i, node in enumerate(
         ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia0", "/dev/nvidia1"])))
-    facts = Facts(target=target(tmp_path), host=host, probe={}, expected_gpus=2)
+    facts = Facts(target=target(tmp_path), host=host, probe=ProbeFacts(), expected_gpus=2)
     assert ct_devices(facts).status == OK
     host.ct = parse_ct_config("lxc.cgroup2.devices.allow: c 195:* rwm\n" + "".join(
         f"lxc.mount.entry: {n} {n[1:]} none bind,optional,create=file\n"
@@ -63,15 +64,15 @@ def test_devN_passthrough_needs_no_cgroup_rule_but_a_bound_node_does(tmp_path) -
 
 
 def test_a_host_without_the_driver_and_a_container_without_its_library(tmp_path) -> None:
-    facts = Facts(target=target(tmp_path), host=HostFacts(), probe={"nvml": {"version": "580.95.05"}},
+    facts = Facts(target=target(tmp_path), host=HostFacts(), probe=ProbeFacts(nvml={"version": "580.95.05"}),
                   expected_gpus=2)
     row = driver(facts)
     assert row.status == FAIL and "no NVIDIA kernel module on pve1" in row.detail and "modprobe nvidia" in row.fix
-    facts.host.module_version, facts.probe["nvml"]["version"] = "580.95.05", None
+    facts.host.module_version, facts.probe.nvml["version"] = "580.95.05", None
     row = driver(facts)
     assert row.status == FAIL and "NVIDIA-Linux-x86_64-580.95.05.run --no-kernel-module" in row.fix
     assert row.fix.endswith("; see docs/proxmox.md#the-driver-twice-the-same-version")
-    cpu_box = Facts(target=target(tmp_path, ctid=None, gpus=0), host=HostFacts(), probe={}, expected_gpus=0)
+    cpu_box = Facts(target=target(tmp_path, ctid=None, gpus=0), host=HostFacts(), probe=ProbeFacts(), expected_gpus=0)
     assert driver(cpu_box).status == OK
     assert all(row.status == OK for row in run_checks(cpu_box, CHECKS))
 
@@ -79,12 +80,12 @@ def test_a_host_without_the_driver_and_a_container_without_its_library(tmp_path)
 def test_the_checkpoints_must_fit_keep_checkpoints_times(tmp_path) -> None:
     params = drafter_params(QWEN3_8B, 5)
     assert params == 5 * (2 * 4096 * 32 * 128 + 2 * 4096 * 8 * 128 + 3 * 4096 * 12288) + 5 * 4096 * 4096
-    probe = {"model": {"config": QWEN3_8B}, "paths": {"/workspace/out": {"free_bytes": 40 * GIB}}}
+    probe = ProbeFacts(model={"config": QWEN3_8B}, paths={"/workspace/out": {"free_bytes": 40 * GIB}})
     facts = Facts(target=target(tmp_path), host=HostFacts(), probe=probe, expected_gpus=2, needs=needs())
     row = checkpoint_space(facts)
     assert row.status == FAIL and "x 4 =" in row.detail and "lower keep_checkpoints" in row.fix
     assert row.fix.endswith(see("room"))
-    probe["paths"]["/workspace/out"]["free_bytes"] = 200 * GIB
+    probe.paths["/workspace/out"]["free_bytes"] = 200 * GIB
     assert checkpoint_space(facts).status == OK
     facts.needs = needs(keep_checkpoints=0)
     assert checkpoint_space(facts).status == WARN  # every checkpoint kept, no end in sight

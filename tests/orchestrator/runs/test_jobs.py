@@ -6,15 +6,17 @@ from pathlib import Path
 
 import pytest
 
+from dflash_records.run import RunRecord
 from orchestrator.inventory.model import load_inventory
 from orchestrator.runs.jobs import (JobSpec, failed_first, group_jobs, job_state, node_run_id, nproc_for,
                                torchrun_command)
 
 
-def node(rank: int, state: str, ended_at: str | None = None, **extra) -> dict:
-    return {"run_id": f"job-1-n{rank}", "job_id": "job-1", "node_rank": rank, "nnodes": 2, "name": "job",
-            "target": f"pve{rank + 1}/20{rank}", "state": state, "ended_at": ended_at,
-            "created_at": f"2026-01-01T00:00:0{rank}Z", "exit_code": None, "signal": None, **extra}
+def node(rank: int, state: str, ended_at: str | None = None, **extra) -> RunRecord:
+    return RunRecord.from_dict({
+        "run_id": f"job-1-n{rank}", "job_id": "job-1", "node_rank": rank, "nnodes": 2, "name": "job",
+        "target": f"pve{rank + 1}/20{rank}", "state": state, "ended_at": ended_at,
+        "created_at": f"2026-01-01T00:00:0{rank}Z", "exit_code": None, "signal": None, **extra})
 
 
 @pytest.mark.parametrize("states, expected", [
@@ -29,21 +31,23 @@ def test_the_node_that_ended_first_among_failed_ones_is_named_with_its_reason() 
     nodes = [node(0, "failed", "2026-01-01T00:00:09.500Z", exit_code=1),
              node(1, "failed", "2026-01-01T00:00:09.100Z", signal=9, signal_name="SIGKILL")]
     first = failed_first(nodes)
-    assert first["node_rank"] == 1 and first["target"] == "pve2/201"
-    assert first["reason"] == "node 1 (pve2/201) failed: signal SIGKILL"
+    assert first.node_rank == 1 and first.target == "pve2/201"
+    assert first.reason == "node 1 (pve2/201) failed: signal SIGKILL"
     assert failed_first([node(0, "killed", "x"), node(1, "succeeded", "y")]) is None
 
 
 def test_group_jobs_folds_nodes_and_keeps_plain_runs() -> None:
-    plain = {"run_id": "solo", "state": "running", "job_id": None}
+    plain = RunRecord(run_id="solo", state="running")
     records = [node(1, "failed", "2026-01-01T00:00:05Z", exit_code=1), plain, node(0, "running")]
     runs, jobs = group_jobs(records)
     assert runs == [plain] and len(jobs) == 1
     job = jobs[0]
-    assert job["job_id"] == "job-1" and [n["node_rank"] for n in job["nodes"]] == [0, 1]
-    assert job["state"] == "running" and job["failed_first"]["node_rank"] == 1
-    assert all(n["job_state"] == "running" and n["job_failed_first"] == 1 for n in job["nodes"])
-    assert job["targets"] == ["pve1/200", "pve2/201"] and job["ended_at"] is None
+    assert job.job_id == "job-1" and [n.node_rank for n in job.nodes] == [0, 1]
+    assert job.state == "running" and job.failed_first.node_rank == 1
+    assert job.targets == ("pve1/200", "pve2/201") and job.ended_at is None
+    shown = job.to_dict()  # ps --json's job: each node with its job's state and first failure
+    assert shown["failed_first"]["node_rank"] == 1 and shown["targets"] == ["pve1/200", "pve2/201"]
+    assert all(n["job_state"] == "running" and n["job_failed_first"] == 1 for n in shown["nodes"])
 
 
 def test_a_relaunched_job_names_the_job_that_took_over_and_ps_says_so_under_its_table() -> None:
@@ -51,10 +55,10 @@ def test_a_relaunched_job_names_the_job_that_took_over_and_ps_says_so_under_its_
 
     nodes = [node(0, "failed", "2026-01-01T00:00:09Z", exit_code=1, relaunched_as="job-2-n0"),
              node(1, "failed", "2026-01-01T00:00:08Z", signal=9, signal_name="SIGKILL", relaunched_as="job-2-n1")]
-    lost = {"run_id": "solo", "state": "lost", "relaunched_as": "solo-2", "created_at": "2026-01-01T00:00:00Z"}
+    lost = RunRecord(run_id="solo", state="lost", relaunched_as="solo-2", created_at="2026-01-01T00:00:00Z")
     runs, jobs = group_jobs([lost, *nodes])
-    assert jobs[0]["relaunched_as"] == "job-2"
-    assert group_jobs([node(0, "running"), node(1, "running")])[1][0]["relaunched_as"] is None
+    assert jobs[0].relaunched_as == "job-2"
+    assert group_jobs([node(0, "running"), node(1, "running")])[1][0].relaunched_as is None
     _, notes = _rows([lost, *nodes], jobs, datetime.datetime(2026, 1, 2, tzinfo=datetime.timezone.utc))
     assert notes == ["solo: lost; relaunched as solo-2",
                      "job-1: failed first: node 1 (pve2/201) failed: signal SIGKILL; relaunched as job-2"]

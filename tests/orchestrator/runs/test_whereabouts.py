@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 
+from dflash_records.run import RunRecord
 from orchestrator.runs import whereabouts
 from tests.trainer.conftest import REPO_ROOT
 
@@ -15,11 +16,12 @@ THREADS, EACH = 8, 10
 # What a `launch --each` does: a thread per target, each noting its run the moment its launch answers.
 REMEMBER_FROM_THREADS = f"""
 import sys, threading
+from dflash_records.run import RunRecord
 from orchestrator.runs import whereabouts
 
 def note(tag):
     for i in range({EACH}):
-        whereabouts.remember([("t-" + tag, {{"run_id": "r-%s-%d" % (tag, i)}})])
+        whereabouts.remember([("t-" + tag, RunRecord(run_id="r-%s-%d" % (tag, i)))])
 
 threads = [threading.Thread(target=note, args=(sys.argv[1] + str(t),)) for t in range({THREADS})]
 for thread in threads:
@@ -47,7 +49,7 @@ def test_threads_of_one_command_keep_every_run(tmp_path, monkeypatch):
 
     def note(tag: str) -> None:
         for i in range(EACH):
-            whereabouts.remember([(tag, {"run_id": f"{tag}-{i}"})])
+            whereabouts.remember([(tag, RunRecord(run_id=f"{tag}-{i}"))])
 
     threads = [threading.Thread(target=note, args=(f"t{n}",)) for n in range(THREADS)]
     for thread in threads:

@@ -1,21 +1,22 @@
 """A multi-node job is one dashboard row: rank 0's metrics, the job's state, every node listed."""
 from __future__ import annotations
 
+from dflash_records.run import RunRecord
 from orchestrator.watch.jobrows import fold_jobs
 from orchestrator.watch.model import RunView
 
 
 def node(rank: int, state: str, *, exit_code=None, signal=None, step=None, ended="2026-12-01T00:00:0%dZ"):
-    record = {"run_id": f"job1-n{rank}", "job_id": "job1", "node_rank": rank, "state": state,
-              "ended_at": None if state == "running" else ended % rank, "exit_code": exit_code, "signal": signal}
-    view = RunView(run_id=record["run_id"], target=f"pve{rank + 1}/20{rank}", name="big", state=state,
+    record = RunRecord(run_id=f"job1-n{rank}", job_id="job1", node_rank=rank, state=state,
+                       ended_at=None if state == "running" else ended % rank, exit_code=exit_code, signal=signal)
+    view = RunView(run_id=record.run_id, target=f"pve{rank + 1}/20{rank}", name="big", state=state,
                    exit_code=exit_code, signal=signal, last_step=step, created_at=f"2026-12-01T00:00:0{rank}Z",
-                   ended_at=record["ended_at"], exceptions=rank)
+                   ended_at=record.ended_at, exceptions=rank)
     return record, view
 
 
 def test_a_job_folds_into_one_row_with_rank0_metrics() -> None:
-    plain = ({"run_id": "solo"}, RunView(run_id="solo", target="local", name="solo", state="running"))
+    plain = (RunRecord(run_id="solo"), RunView(run_id="solo", target="local", name="solo", state="running"))
     rows, members = fold_jobs([node(1, "running", step=3), plain, node(0, "running", step=40)])
     job = next(r for r in rows if r.run_id == "job1")
     assert [r.run_id for r in rows] == ["solo", "job1"]  # by creation time; the solo run has none yet

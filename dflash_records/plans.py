@@ -1,0 +1,208 @@
+"""The agent's answers that report on a container rather than a run's life: what `pull` fetches (pull-plan), what
+cleanup did and found, and the facts doctor judges (probe). Typed and coded as answers.py's are (wire.py)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .answers import FAILURE, ProcessInfo
+from .wire import decode, each, encode, extra_keys, of
+
+
+@dataclass(frozen=True)
+class PlanFile:
+    """A file to fetch: where it is, where it goes under the pull's folder, its size and sha256 now; a growing
+    one (train.log, metrics.jsonl) with the hash of the prefix the caller said it holds (--have)."""
+
+    source: str = ""
+    dest: str = ""
+    size: int = 0
+    sha256: str | None = None
+    growing: bool = False
+    manifest: bool = False
+    prefix_size: int | None = None
+    prefix_sha256: str | None = None
+    extra: dict = extra_keys()
+
+    @classmethod
+    def from_dict(cls, data) -> PlanFile:
+        return decode(cls, data)
+
+    def to_dict(self) -> dict:
+        return encode(self, skip_none=("prefix_size", "prefix_sha256"))
+
+
+@dataclass(frozen=True)
+class SkippedPath:
+    """A path a pull plan did not follow: a symbolic link."""
+
+    path: str | None = None
+    dest: str | None = None
+    points_to: str | None = None
+    reason: str | None = None
+    extra: dict = extra_keys()
+
+    @classmethod
+    def from_dict(cls, data) -> SkippedPath:
+        return decode(cls, data)
+
+    def to_dict(self) -> dict:
+        return encode(self)
+
+
+@dataclass(frozen=True)
+class PullPlan:
+    """pull-plan: the run's output folder, its complete checkpoints (`steps`) and the ones chosen, the export
+    folder (and whether it is ready), and the files to fetch; no such checkpoint: code bad_usage."""
+
+    ok: bool = False
+    output_dir: str | None = None
+    checkpoints: tuple = each()
+    steps: tuple = each()
+    export_dir: str | None = None
+    export_ready: bool = False
+    files: tuple = each(PlanFile)
+    skipped: tuple = each(SkippedPath)
+    error: str | None = None
+    code: str | None = None
+    extra: dict = extra_keys()
+
+    @classmethod
+    def from_dict(cls, data) -> PullPlan:
+        return decode(cls, data)
+
+    def to_dict(self) -> dict:
+        return encode(self, skip_none=FAILURE)
+
+
+@dataclass(frozen=True)
+class CleanupAction:
+    """Something cleanup did (or, with --dry-run, would do): mark a run lost, end an orphan or a stuck parent."""
+
+    action: str = ""
+    done: bool = False
+    ok: bool = False
+    description: str = ""
+    extra: dict = extra_keys()
+
+    @classmethod
+    def from_dict(cls, data) -> CleanupAction:
+        return decode(cls, data)
+
+    def to_dict(self) -> dict:
+        return encode(self)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """Something cleanup cannot fix from where it runs, of a `kind`, with what to do about it (`advice`)."""
+
+    kind: str = ""
+    description: str = ""
+    advice: str | None = None
+    extra: dict = extra_keys()
+
+    @classmethod
+    def from_dict(cls, data) -> Finding:
+        return decode(cls, data)
+
+    def to_dict(self) -> dict:
+        return encode(self, skip_none=("advice",))
+
+
+@dataclass(frozen=True)
+class ForeignZombies:
+    """Zombies of a process no run owns (never acted on): their parent, their pids."""
+
+    parent: ProcessInfo = of(ProcessInfo)
+    pids: tuple = each()
+    count: int = 0
+    advice: str | None = None
+    description: str = ""
+    extra: dict = extra_keys()
+
+    @classmethod
+    def from_dict(cls, data) -> ForeignZombies:
+        return decode(cls, data)
+
+    def to_dict(self) -> dict:
+        return encode(self)
+
+
+@dataclass(frozen=True)
+class CleanupAnswer:
+    """cleanup: what it did, what it found it cannot fix, foreign zombies, the GPUs as nvidia-smi showed them
+    (`{"available", "gpus", "error"}`) and the runs it left alone because they live; ok unless an action failed."""
+
+    ok: bool = False
+    dry_run: bool = False
+    actions: tuple = each(CleanupAction)
+    findings: tuple = each(Finding)
+    foreign_zombies: tuple = each(ForeignZombies)
+    gpus: dict | None = None
+    live_runs: tuple = each()
+    error: str | None = None
+    code: str | None = None
+    extra: dict = extra_keys()
+
+    @classmethod
+    def from_dict(cls, data) -> CleanupAnswer:
+        if isinstance(data, dict) and "findings" not in data and "unfixable" in data:  # an older agent's name
+            data = {("findings" if key == "unfixable" else key): value for key, value in data.items()}
+        return decode(cls, data)
+
+    def summary(self, target: str) -> str:
+        """The one line a cleanup's result starts with, in the CLI and the dashboard alike."""
+        count = len(self.actions)
+        if not count:
+            return "{}: nothing to clean".format(target)
+        return "{}: {} action{} {}".format(target, count, "s" if count != 1 else "",
+                                           "planned" if self.dry_run else "taken")
+
+    def to_dict(self) -> dict:
+        return encode(self, skip_none=FAILURE)
+
+
+@dataclass(frozen=True)
+class ProbeFacts:
+    """What doctor judges in a container: device nodes, the driver library, cgroup limits, the filesystems of
+    the workdir, /dev/shm and the config's paths, the GPU sets of live runs, and the model's config and size
+    (with --model). `live_gpus` is None from an agent that did not say."""
+
+    devices: dict | None = None
+    nvml: dict | None = None
+    limits: dict | None = None
+    workdir: dict | None = None
+    shm: dict | None = None
+    paths: dict | None = None
+    live_gpus: tuple | None = each(optional=True)
+    model: dict | None = None
+    extra: dict = extra_keys()
+
+    @classmethod
+    def from_dict(cls, data) -> ProbeFacts:
+        return decode(cls, data)
+
+    def to_dict(self) -> dict:
+        return encode(self, skip_none=("live_gpus", "model"))
+
+
+@dataclass(frozen=True)
+class ProbeAnswer:
+    """probe: the facts doctor judges."""
+
+    ok: bool = False
+    probe: ProbeFacts = of(ProbeFacts)
+    error: str | None = None
+    code: str | None = None
+    extra: dict = extra_keys()
+
+    @classmethod
+    def from_dict(cls, data) -> ProbeAnswer:
+        return decode(cls, data)
+
+    def to_dict(self) -> dict:
+        return encode(self, skip_none=FAILURE)
+
+
+__all__ = ["CleanupAction", "CleanupAnswer", "Finding", "ForeignZombies", "PlanFile", "ProbeAnswer", "ProbeFacts",
+           "PullPlan", "SkippedPath"]
