@@ -15,14 +15,14 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from .run import RunRecord
-from .wire import decode, each, encode, extra_keys, of
+from .wire import WireRecord, decode, each, encode, extra_keys, of
 
 # the keys every answer may carry when it failed, given only when set
 FAILURE = ("error", "code")
 
 
 @dataclass(frozen=True)
-class CheckResult:
+class CheckResult(WireRecord):
     """What the workload's check (the trainer's check of a config) said: its exit code and its output."""
 
     exit_code: int | None = None
@@ -30,16 +30,9 @@ class CheckResult:
     stderr: str = ""
     extra: dict = extra_keys()
 
-    @classmethod
-    def from_dict(cls, data) -> CheckResult:
-        return decode(cls, data)
-
-    def to_dict(self) -> dict:
-        return encode(self)
-
 
 @dataclass(frozen=True)
-class LaunchAnswer:
+class LaunchAnswer(WireRecord):
     """launch: the verified run and the live runs of the same name; failed: why (run_ended, not_verified,
     gpus_busy with `busy`, check_failed with `check`), with the run as far as it got and the ends of its logs."""
 
@@ -57,9 +50,6 @@ class LaunchAnswer:
     check: CheckResult | None = of(CheckResult, optional=True)
     extra: dict = extra_keys()
 
-    @classmethod
-    def from_dict(cls, data) -> LaunchAnswer:
-        return decode(cls, data)
 
     def to_dict(self) -> dict:
         # a run that ended or was left unverified comes with how it ended, even where that is unknown (null)
@@ -72,8 +62,10 @@ LAUNCH_OPTIONAL = FAILURE + ("run", "namesakes", "exit_code", "signal", "log_tai
 
 
 @dataclass(frozen=True)
-class CheckAnswer:
+class CheckAnswer(WireRecord):
     """check: the workload's check in a run's environment (failed: code check_failed, the same `check`)."""
+
+    SKIP_NONE = FAILURE
 
     ok: bool = False
     check: CheckResult = of(CheckResult)
@@ -81,16 +73,9 @@ class CheckAnswer:
     code: str | None = None
     extra: dict = extra_keys()
 
-    @classmethod
-    def from_dict(cls, data) -> CheckAnswer:
-        return decode(cls, data)
-
-    def to_dict(self) -> dict:
-        return encode(self, skip_none=FAILURE)
-
 
 @dataclass(frozen=True)
-class SkippedRunDir:
+class SkippedRunDir(WireRecord):
     """A run directory ps did not read: a symbolic link, never read or written through."""
 
     run_id: str | None = None
@@ -98,13 +83,6 @@ class SkippedRunDir:
     points_to: str | None = None
     reason: str | None = None
     extra: dict = extra_keys()
-
-    @classmethod
-    def from_dict(cls, data) -> SkippedRunDir:
-        return decode(cls, data)
-
-    def to_dict(self) -> dict:
-        return encode(self)
 
 
 @dataclass(frozen=True)
@@ -142,7 +120,7 @@ def _text_or_none(value) -> str | None:
 
 
 @dataclass(frozen=True)
-class ProcessInfo:
+class ProcessInfo(WireRecord):
     """A process as the agent describes it (procfs.describe): a survivor of a kill, a zombie's parent."""
 
     pid: int | None = None
@@ -150,16 +128,9 @@ class ProcessInfo:
     state: str | None = None
     extra: dict = extra_keys()
 
-    @classmethod
-    def from_dict(cls, data) -> ProcessInfo:
-        return decode(cls, data)
-
-    def to_dict(self) -> dict:
-        return encode(self)
-
 
 @dataclass(frozen=True)
-class Refusal:
+class Refusal(WireRecord):
     """A pid state.json names that is not the run's (a reused pid): never signalled."""
 
     pid: int | None = None
@@ -168,18 +139,13 @@ class Refusal:
     process: dict | None = None
     extra: dict = extra_keys()
 
-    @classmethod
-    def from_dict(cls, data) -> Refusal:
-        return decode(cls, data)
-
-    def to_dict(self) -> dict:
-        return encode(self)
-
 
 @dataclass(frozen=True)
-class KilledRun:
+class KilledRun(WireRecord):
     """What a kill did to one run: how it ended (`run`, its record after the kill), what it did, what survived
     (`ok` false then), and `state_error` when the end could not be written to state.json."""
+
+    SKIP_NONE = ("state_error",)
 
     run_id: str = ""
     ok: bool = False
@@ -194,9 +160,6 @@ class KilledRun:
     state_error: str | None = None
     extra: dict = extra_keys()
 
-    @classmethod
-    def from_dict(cls, data) -> KilledRun:
-        return decode(cls, data)
 
     def record(self) -> RunRecord:
         """The run's record as the kill left it: the answer's own state, signal and exit code over the record's."""
@@ -204,13 +167,12 @@ class KilledRun:
                        signal=self.signal if self.signal is not None else self.run.signal,
                        exit_code=self.exit_code if self.exit_code is not None else self.run.exit_code)
 
-    def to_dict(self) -> dict:
-        return encode(self, skip_none=("state_error",))
-
 
 @dataclass(frozen=True)
-class KillAnswer:
+class KillAnswer(WireRecord):
     """kill: one KilledRun per run asked for; ok when nothing of any of them survived."""
+
+    SKIP_NONE = FAILURE
 
     ok: bool = False
     runs: tuple = each(KilledRun)
@@ -218,19 +180,14 @@ class KillAnswer:
     code: str | None = None
     extra: dict = extra_keys()
 
-    @classmethod
-    def from_dict(cls, data) -> KillAnswer:
-        return decode(cls, data)
-
-    def to_dict(self) -> dict:
-        return encode(self, skip_none=FAILURE)
-
 
 @dataclass(frozen=True)
-class RelaunchAnswer:
+class RelaunchAnswer(WireRecord):
     """relaunch: the new run, the lost one it continues, the lost run's processes ended first, and whether and
     from where it resumes; failed: code not_relaunched, already_relaunched (`relaunched_as`), survivors_left
     (`survivors`), or a launch's."""
+
+    SKIP_NONE = FAILURE + ("run", "namesakes", "relaunched_as", "survivors")
 
     ok: bool = False
     run: RunRecord | None = of(RunRecord, optional=True)
@@ -246,17 +203,12 @@ class RelaunchAnswer:
     survivors: tuple | None = each(optional=True)
     extra: dict = extra_keys()
 
-    @classmethod
-    def from_dict(cls, data) -> RelaunchAnswer:
-        return decode(cls, data)
-
-    def to_dict(self) -> dict:
-        return encode(self, skip_none=FAILURE + ("run", "namesakes", "relaunched_as", "survivors"))
-
 
 @dataclass(frozen=True)
-class LinesAnswer:
+class LinesAnswer(WireRecord):
     """lines: lines [start, start + len(lines)) of a run's log, as a terminal shows them, of `total`."""
+
+    SKIP_NONE = FAILURE
 
     ok: bool = False
     run_id: str | None = None
@@ -268,18 +220,13 @@ class LinesAnswer:
     code: str | None = None
     extra: dict = extra_keys()
 
-    @classmethod
-    def from_dict(cls, data) -> LinesAnswer:
-        return decode(cls, data)
-
-    def to_dict(self) -> dict:
-        return encode(self, skip_none=FAILURE)
-
 
 @dataclass(frozen=True)
-class NetInfo:
+class NetInfo(WireRecord):
     """netinfo: this side's address and interface toward an address, its hostname, and a TCP port free here
     (with --free-port)."""
+
+    SKIP_NONE = FAILURE + ("port",)
 
     ok: bool = False
     toward: str | None = None
@@ -290,13 +237,6 @@ class NetInfo:
     error: str | None = None
     code: str | None = None
     extra: dict = extra_keys()
-
-    @classmethod
-    def from_dict(cls, data) -> NetInfo:
-        return decode(cls, data)
-
-    def to_dict(self) -> dict:
-        return encode(self, skip_none=FAILURE + ("port",))
 
 
 __all__ = ["CheckAnswer", "CheckResult", "KillAnswer", "KilledRun", "LaunchAnswer", "LinesAnswer", "NetInfo",

@@ -6,11 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .run import RunRecord
-from .wire import decode, each, encode, extra_keys, of
+from .wire import WireRecord, each, encode, extra_keys, of
 
 
 @dataclass(frozen=True)
-class FirstFailure:
+class FirstFailure(WireRecord):
     """The node that failed first (the earliest end among failed or lost nodes), and why, in one line."""
 
     node_rank: int | None = None
@@ -23,16 +23,9 @@ class FirstFailure:
     reason: str = ""
     extra: dict = extra_keys()
 
-    @classmethod
-    def from_dict(cls, data) -> FirstFailure:
-        return decode(cls, data)
-
-    def to_dict(self) -> dict:
-        return encode(self)
-
 
 @dataclass(frozen=True)
-class JobSummary:
+class JobSummary(WireRecord):
     """A job's state (running while a node lives, else failed, killed or succeeded), its nodes sorted by rank, and
     node 0's step figures (its log is the job's)."""
 
@@ -50,9 +43,6 @@ class JobSummary:
     nodes: tuple = each(RunRecord)
     extra: dict = extra_keys()
 
-    @classmethod
-    def from_dict(cls, data) -> JobSummary:
-        return decode(cls, data)
 
     def to_dict(self) -> dict:
         out = encode(self)

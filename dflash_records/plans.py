@@ -5,13 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .answers import FAILURE, ProcessInfo
-from .wire import decode, each, encode, extra_keys, of
+from .wire import WireRecord, decode, each, encode, extra_keys, of
 
 
 @dataclass(frozen=True)
-class PlanFile:
+class PlanFile(WireRecord):
     """A file to fetch: where it is, where it goes under the pull's folder, its size and sha256 now; a growing
     one (train.log, metrics.jsonl) with the hash of the prefix the caller said it holds (--have)."""
+
+    SKIP_NONE = ("prefix_size", "prefix_sha256")
 
     source: str = ""
     dest: str = ""
@@ -23,16 +25,9 @@ class PlanFile:
     prefix_sha256: str | None = None
     extra: dict = extra_keys()
 
-    @classmethod
-    def from_dict(cls, data) -> PlanFile:
-        return decode(cls, data)
-
-    def to_dict(self) -> dict:
-        return encode(self, skip_none=("prefix_size", "prefix_sha256"))
-
 
 @dataclass(frozen=True)
-class SkippedPath:
+class SkippedPath(WireRecord):
     """A path a pull plan did not follow: a symbolic link."""
 
     path: str | None = None
@@ -41,18 +36,13 @@ class SkippedPath:
     reason: str | None = None
     extra: dict = extra_keys()
 
-    @classmethod
-    def from_dict(cls, data) -> SkippedPath:
-        return decode(cls, data)
-
-    def to_dict(self) -> dict:
-        return encode(self)
-
 
 @dataclass(frozen=True)
-class PullPlan:
+class PullPlan(WireRecord):
     """pull-plan: the run's output folder, its complete checkpoints (`steps`) and the ones chosen, the export
     folder (and whether it is ready), and the files to fetch; no such checkpoint: code bad_usage."""
+
+    SKIP_NONE = FAILURE
 
     ok: bool = False
     output_dir: str | None = None
@@ -66,16 +56,9 @@ class PullPlan:
     code: str | None = None
     extra: dict = extra_keys()
 
-    @classmethod
-    def from_dict(cls, data) -> PullPlan:
-        return decode(cls, data)
-
-    def to_dict(self) -> dict:
-        return encode(self, skip_none=FAILURE)
-
 
 @dataclass(frozen=True)
-class CleanupAction:
+class CleanupAction(WireRecord):
     """Something cleanup did (or, with --dry-run, would do): mark a run lost, end an orphan or a stuck parent."""
 
     action: str = ""
@@ -84,33 +67,21 @@ class CleanupAction:
     description: str = ""
     extra: dict = extra_keys()
 
-    @classmethod
-    def from_dict(cls, data) -> CleanupAction:
-        return decode(cls, data)
-
-    def to_dict(self) -> dict:
-        return encode(self)
-
 
 @dataclass(frozen=True)
-class Finding:
+class Finding(WireRecord):
     """Something cleanup cannot fix from where it runs, of a `kind`, with what to do about it (`advice`)."""
+
+    SKIP_NONE = ("advice",)
 
     kind: str = ""
     description: str = ""
     advice: str | None = None
     extra: dict = extra_keys()
 
-    @classmethod
-    def from_dict(cls, data) -> Finding:
-        return decode(cls, data)
-
-    def to_dict(self) -> dict:
-        return encode(self, skip_none=("advice",))
-
 
 @dataclass(frozen=True)
-class ForeignZombies:
+class ForeignZombies(WireRecord):
     """Zombies of a process no run owns (never acted on): their parent, their pids."""
 
     parent: ProcessInfo = of(ProcessInfo)
@@ -119,13 +90,6 @@ class ForeignZombies:
     advice: str | None = None
     description: str = ""
     extra: dict = extra_keys()
-
-    @classmethod
-    def from_dict(cls, data) -> ForeignZombies:
-        return decode(cls, data)
-
-    def to_dict(self) -> dict:
-        return encode(self)
 
 
 @dataclass(frozen=True)
@@ -163,10 +127,12 @@ class CleanupAnswer:
 
 
 @dataclass(frozen=True)
-class ProbeFacts:
+class ProbeFacts(WireRecord):
     """What doctor judges in a container: device nodes, the driver library, cgroup limits, the filesystems of
     the workdir, /dev/shm and the config's paths, the GPU sets of live runs, and the model's config and size
     (with --model). `live_gpus` is None from an agent that did not say."""
+
+    SKIP_NONE = ("live_gpus", "model")
 
     devices: dict | None = None
     nvml: dict | None = None
@@ -178,30 +144,18 @@ class ProbeFacts:
     model: dict | None = None
     extra: dict = extra_keys()
 
-    @classmethod
-    def from_dict(cls, data) -> ProbeFacts:
-        return decode(cls, data)
-
-    def to_dict(self) -> dict:
-        return encode(self, skip_none=("live_gpus", "model"))
-
 
 @dataclass(frozen=True)
-class ProbeAnswer:
+class ProbeAnswer(WireRecord):
     """probe: the facts doctor judges."""
+
+    SKIP_NONE = FAILURE
 
     ok: bool = False
     probe: ProbeFacts = of(ProbeFacts)
     error: str | None = None
     code: str | None = None
     extra: dict = extra_keys()
-
-    @classmethod
-    def from_dict(cls, data) -> ProbeAnswer:
-        return decode(cls, data)
-
-    def to_dict(self) -> dict:
-        return encode(self, skip_none=FAILURE)
 
 
 __all__ = ["CleanupAction", "CleanupAnswer", "Finding", "ForeignZombies", "PlanFile", "ProbeAnswer", "ProbeFacts",

@@ -9,6 +9,9 @@ where a record or a list is expected reads as none.
 from __future__ import annotations
 
 from dataclasses import field, fields
+from typing import Type, TypeVar
+
+R = TypeVar("R", bound="WireRecord")
 
 
 def of(kind, **options):
@@ -83,3 +86,17 @@ def _encode_value(value):
     if isinstance(value, (tuple, list)):
         return [_encode_value(item) for item in value]
     return value
+
+
+class WireRecord:
+    """The base of every typed answer: `from_dict` reads one from the wire (decode), `to_dict` writes it back
+    (encode), the fields named in SKIP_NONE only when they hold something."""
+
+    SKIP_NONE: tuple = ()
+
+    @classmethod
+    def from_dict(cls: Type[R], data) -> R:
+        return decode(cls, data)
+
+    def to_dict(self) -> dict:
+        return encode(self, skip_none=self.SKIP_NONE)
