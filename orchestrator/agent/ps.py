@@ -4,9 +4,14 @@ from __future__ import annotations
 from .rundir import RunPaths, existing_run, list_run_ids, tail_bytes, unfollowed_run_dirs
 from .runstate import load_record, settle_or_note
 
+# of metrics.jsonl, the last few records (a record is under 1 KiB): the one of the log's last step line is among
+# them, unless the trainer writes no record for it
+METRICS_TAIL_BYTES = 4096
+
 
 def list_runs(runs_dir: str, run_ids: list, *, tail: int = 0) -> dict:
-    """`tail` > 0 adds `log_tail`: the log's last `tail` bytes, for the controller's step/tok/s parsing.
+    """`tail` > 0 adds `log_tail` and `metrics_tail`: the last `tail` bytes of the log and the last records of
+    metrics.jsonl, the latest step line and its exact figures (dflash_records/stepfigures.py) for the controller.
     `skipped`: what is named like a run but is a symbolic link, never read or written through."""
     if run_ids:
         targets = [existing_run(runs_dir, run_id) for run_id in run_ids]
@@ -20,5 +25,6 @@ def list_runs(runs_dir: str, run_ids: list, *, tail: int = 0) -> dict:
             record["error"] = record.get("error") or note
         if tail > 0:
             record["log_tail"] = tail_bytes(paths.log, tail)
+            record["metrics_tail"] = tail_bytes(paths.metrics, min(tail, METRICS_TAIL_BYTES))
         records.append(record)
     return {"ok": True, "runs": records, "skipped": [] if run_ids else unfollowed_run_dirs(runs_dir)}

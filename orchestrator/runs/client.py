@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from dflash_records.run import RunRecord
+from dflash_records.step import read_step_json
+from dflash_records.stepfigures import latest_step
 
 from ..agent.protocol import CHECK_FAILED, DEFAULT_GRACE_S, NO_GPUS, NOT_VERIFIED, SUCCEEDED, TERMINAL_STATES
 from ..errors import EXIT_UNREACHABLE, DflashError, OperationFailed, TransportError, UsageError
@@ -324,16 +326,25 @@ def _pack_inputs(inputs: dict[str, bytes]) -> bytes:
 
 
 def with_metrics(record: dict) -> dict:
-    """Add last_step and tok_per_s from the log tail the agent sent along (dropped from the record)."""
-    tail = record.pop("log_tail", None)
+    """Add last_step and tok_per_s from the log and metrics.jsonl tails the agent sent along (dropped from the
+    record): the last step line's, with its metrics.jsonl figures where they came (stepfigures.latest_step, the
+    rule every view reads a step's figures by). An agent of the last version sends no metrics tail."""
+    tail, metrics = record.pop("log_tail", None), record.pop("metrics_tail", None)
     record.setdefault("last_step", None)
     record.setdefault("tok_per_s", None)
-    if tail:
+    line = None
+    if isinstance(tail, str) and tail:
         parser = LogParser()
         events = parser.feed(tail.encode("utf-8", "replace")) + parser.flush()
-        steps = [e for e in events if isinstance(e, StepEvent) and e.step is not None]
-        if steps:
-            record["last_step"], record["tok_per_s"] = steps[-1].step, steps[-1].tok_per_s
+        line = next((e for e in reversed(events) if isinstance(e, StepEvent) and e.step is not None), None)
+    exact = {}
+    for text in metrics.splitlines() if isinstance(metrics, str) else ():
+        step = read_step_json(text)
+        if step is not None and step.step is not None:
+            exact[step.step] = step
+    latest = latest_step(line, exact)
+    if latest is not None:
+        record["last_step"], record["tok_per_s"] = latest.step, latest.tok_per_s
     return record
 
 
