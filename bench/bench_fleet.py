@@ -5,10 +5,13 @@ Run as root from the repo root:
 Not a test: it prints figures for bench/RESULTS.md; nothing here asserts a speed.
 
 Each size builds a lab of N hosts (real sshd, the pct stand-in) with 2 running containers each, and gives every
-container 1-4 runs: one long-lived (`sleep`), the others ended at once. The OpenSSH baseline does the same reads
-with one `ssh HOST pct exec CT -- sh -c 'cat ...'` per target, all targets in parallel (up to 64 at a time, the
-best a shell loop with `xargs -P` does): the runs' state.json and run.json for `ps`, the same plus each log's last
-8 KiB for `watch --once`. Its `launch` starts a detached `sleep` with its pid in a file and reads that back, its
+container 1-4 runs that log as the trainer does: the seed start-up lines, then HISTORY_STEPS step lines in the seed
+format and their records in `$DFLASH_RUN_DIR/metrics.jsonl` (a run some hours in: 345 KiB of log, 575 KiB of
+metrics), one live run that goes on adding a step to both every second, the others ended once written. The
+OpenSSH baseline does the same reads with one `ssh HOST pct exec CT -- sh -c 'cat ...'` per target, all targets in
+parallel (up to 64 at a time, the best a shell loop with `xargs -P` does): the runs' state.json and run.json for
+`ps`, the same plus the last 8 KiB of each log and of each metrics.jsonl for `watch --once`. Its `launch` starts
+a detached `sleep` with its pid in a file and reads that back, its
 `kill` signals that pid and checks it is gone; dflashctl's are one `launch T... --each` and one `kill RUN...`
 for the whole fleet. dflashctl and OpenSSH take turns (`--rounds` each, medians kept),
 so both meet the same load. `unreachable` counts targets dflashctl could not read in any round: every target
@@ -32,6 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from dflash_records.step import StepRecord  # noqa: E402
 from tests.lab.lab import ContainerSpec, HostSpec, Lab  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -41,12 +45,43 @@ RUNS = "/workspace/.dflash/runs"
 BASELINE = "/workspace/bench-ssh"
 PS_READ = f"cat {RUNS}/*/state.json {RUNS}/*/run.json 2>/dev/null; true"
 WATCH_READ = (f"cat {RUNS}/*/state.json {RUNS}/*/run.json 2>/dev/null; "
-              f"for f in {RUNS}/*/train.log; do tail -c 8192 \"$f\"; done 2>/dev/null; true")
+              f"for f in {RUNS}/*/train.log {RUNS}/*/metrics.jsonl; do tail -c 8192 \"$f\"; done 2>/dev/null; true")
 SSH_LAUNCH = (f'mkdir -p {BASELINE}/$1 && cd {BASELINE}/$1 || exit 1; setsid sleep 3600 </dev/null >log 2>&1 & '
               f'echo $! > {BASELINE}/$1/pid; sleep 0.05; kill -0 "$(cat {BASELINE}/$1/pid)"')
 # gone = no such process, or a zombie (the containers' PID 1 never reaps)
 SSH_KILL = (f'p=$(cat {BASELINE}/$1/pid); kill "$p"; i=0; while s=$(cut -d" " -f3 /proc/$p/stat 2>/dev/null) '
             f'&& [ "$s" != Z ]; do sleep 0.05; i=$((i+1)); [ $i -gt 100 ] && exit 1; done; true')
+
+
+HISTORY_STEPS = 2000
+SEED_STARTUP = (REPO / "tests" / "lab" / "fixtures" / "logs" / "seed_startup.log").read_text()
+STEP_MARK = 987654321  # replaced by each step's number in the workload
+# A trainer's logging, in the container's own Python: its start-up lines, HISTORY_STEPS steps at once (the run so
+# far), then, if live, a step a second; each step one line of train.log and one record of metrics.jsonl.
+TRAINER_LIKE = """import os, sys, time
+startup, line, record, steps, live = sys.argv[1:]
+metrics = open(os.path.join(os.environ["DFLASH_RUN_DIR"], "metrics.jsonl"), "a")
+def step(i):
+    sys.stdout.write(line.replace("%d", str(i)) + "\\n")
+    metrics.write(record.replace("%d", str(i)) + "\\n")
+sys.stdout.write(startup)
+i = 0
+while i < int(steps) or live == "1":
+    i += 1
+    step(i)
+    if live == "1" and i >= int(steps):
+        sys.stdout.flush(); metrics.flush(); time.sleep(1)
+""" % (STEP_MARK, STEP_MARK)
+
+
+def trainer_like(live: bool) -> list[str]:
+    """The command of a run that logs like the trainer (TRAINER_LIKE), with the seed format's step line and its
+    exact record."""
+    record = StepRecord(elapsed_s=3 * 3600 + 420, step=STEP_MARK, loss=2.4817, acc=0.3125, streak=1.4,
+                        lr=4.52e-06, noise=0.0003, tgt_batches_per_s=0.35, dft_batches_per_s=0.29,
+                        tok_per_s=11734.5, q_pre=(50, 50, 50, 49, 50), q_hs=(15,), epoch=0.21, eta_s=11.9 * 86400)
+    return ["python3", "-c", TRAINER_LIKE, SEED_STARTUP, record.to_line(), record.to_json(), str(HISTORY_STEPS),
+            "1" if live else "0"]
 
 
 def fleet_spec(hosts: int) -> tuple[HostSpec, ...]:
@@ -118,10 +153,10 @@ def measure(hosts: int, *, cost: float, rounds: int) -> dict:
         for k in range(1, 4):  # the i-th target gets i % 4 runs that ended at once, besides its live one
             chosen = [t for i, t in enumerate(fleet.targets) if i % 4 >= k]
             if chosen:
-                extra += len(launch_each(fleet, chosen, f"done{k}", ["true"])[1])
+                extra += len(launch_each(fleet, chosen, f"done{k}", trainer_like(live=False))[1])
         row: dict = {"hosts": hosts, "targets": len(fleet.targets), "runs": len(fleet.targets) + extra,
                      "lab_build_s": built, "unreachable": set()}
-        row["launch"], records = launch_each(fleet, fleet.targets, "live", ["sleep", "3600"])
+        row["launch"], records = launch_each(fleet, fleet.targets, "live", trainer_like(live=True))
         row["ssh_launch"] = fleet.ssh_all(SSH_LAUNCH, per_target=lambda t: (t.replace("/", "-"),))
         for name, args, key, script in (("ps", ("ps", "--json"), "targets", PS_READ),
                                         ("watch", ("watch", "--once", "--json"), "errors", WATCH_READ)):

@@ -87,31 +87,36 @@ class SkippedRunDir(WireRecord):
 
 @dataclass(frozen=True)
 class PsAnswer:
-    """ps: every run's record (or the named ones'), and each run's log tail when asked for (`log_tails`, in the
-    order of `runs`; on the wire each is its record's `log_tail`)."""
+    """ps: every run's record (or the named ones'), and when asked for each run's log tail and the last records of
+    its metrics.jsonl (`log_tails`, `metrics_tails`, in the order of `runs`; on the wire each is its record's
+    `log_tail` / `metrics_tail`)."""
 
     ok: bool = False
     runs: tuple = each(RunRecord)
     skipped: tuple = each(SkippedRunDir)
     log_tails: tuple = ()
+    metrics_tails: tuple = ()
     error: str | None = None
     code: str | None = None
     extra: dict = extra_keys()
+
+    TAILS = (("log_tails", "log_tail"), ("metrics_tails", "metrics_tail"))
 
     @classmethod
     def from_dict(cls, data) -> PsAnswer:
         data = data if isinstance(data, dict) else {}
         runs = [run for run in data.get("runs") or () if isinstance(run, dict)]
-        tails = tuple(_text_or_none(run.get("log_tail")) for run in runs)
-        runs = [{key: value for key, value in run.items() if key != "log_tail"} for run in runs]
-        return decode(cls, dict(data, runs=runs, log_tails=tails))
+        tails = {field: tuple(_text_or_none(run.get(key)) for run in runs) for field, key in cls.TAILS}
+        wire_keys = {key for _, key in cls.TAILS}
+        runs = [{key: value for key, value in run.items() if key not in wire_keys} for run in runs]
+        return decode(cls, dict(data, runs=runs, **tails))
 
     def to_dict(self) -> dict:
         out = encode(self, skip_none=FAILURE)
-        tails = out.pop("log_tails")
-        for run, tail in zip(out["runs"], tails):
-            if tail is not None:
-                run["log_tail"] = tail
+        for field, key in self.TAILS:
+            for run, tail in zip(out["runs"], out.pop(field)):
+                if tail is not None:
+                    run[key] = tail
         return out
 
 

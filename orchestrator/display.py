@@ -13,6 +13,7 @@ from rich.text import Text
 
 from dflash_records.restart import BACKOFF_KILLED, CRASH_LOOP, HUNG
 from dflash_records.run import RunRecord
+from dflash_records.step import StepRecord, format_eta
 
 from .agent.protocol import FAILED, GIB, KILLED, LOST, MIB, RUNNING, STARTING, SUCCEEDED
 
@@ -90,6 +91,18 @@ def format_rate(per_s: float | None) -> str:
         if abs(per_s) >= divisor:
             return f"{per_s / divisor:.1f}{suffix}"
     return f"{per_s:.0f}"
+
+
+def step_figures(step: StepRecord) -> str:
+    """A step's figures on one line, as a notification quotes them: `step 8: loss 12.5546, acc 0.025, 350 tok/s,
+    ETA 12.0d` (what the record has; from metrics.jsonl where it exists, so exact where the log line rounds)."""
+    parts = [f"{label} {fmt.format(value)}" for label, value, fmt in (
+        ("loss", step.loss, "{:.4f}"), ("acc", step.acc, "{:.3f}")) if value is not None]
+    if step.tok_per_s is not None:
+        parts.append(f"{format_rate(step.tok_per_s)} tok/s")
+    if step.eta_s is not None:
+        parts.append(f"ETA {format_eta(step.eta_s)}")
+    return f"step {step.step}" + (": " + ", ".join(parts) if parts else "")
 
 
 def format_gib(mib: float | None, decimals: int = 1) -> str:

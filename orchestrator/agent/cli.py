@@ -47,8 +47,8 @@ Errors: {"ok": false, "error": MESSAGE, "code": CODE, ...details}. Answers (keys
     packages {"installed": bool, "removed": [names]}; failure: code upload_cut | upload_stalled | upload_damaged |
              unpack_failed
     probe    {"probe": {"devices", "nvml", "limits", "workdir", "shm", "paths", "live_gpus" (+ "model" with --model)}}
-    ps       {"runs": [RECORD (+ "log_tail": str with --tail-bytes)], "skipped": [{"run_id", "path", "points_to",
-             "reason"}] (run directories that are symbolic links: never read or written through)}
+    ps       {"runs": [RECORD (+ "log_tail", "metrics_tail": str with --tail-bytes)], "skipped": [{"run_id", "path",
+             "points_to", "reason"}] (run directories that are symbolic links: never read or written through)}
     pull-plan {"output_dir", "steps", "checkpoints", "export_dir", "export_ready", "files": [{"source", "dest",
              "size", "sha256", "growing", "manifest" (+ "prefix_size", "prefix_sha256" for a --have)}],
              "skipped": [{"path", "dest", "points_to", "reason"}] (symbolic links: never followed)}; no such
@@ -169,7 +169,8 @@ def _add_run_commands(sub) -> None:
     ps = sub.add_parser("ps", help="every run's record")
     ps.add_argument("--runs-dir", required=True)
     ps.add_argument("--run-id", action="append", default=[])
-    ps.add_argument("--tail-bytes", type=int, default=0, help="add each log's last N bytes as log_tail")
+    ps.add_argument("--tail-bytes", type=int, default=0,
+                    help="add the last N bytes of each log and metrics.jsonl as log_tail and metrics_tail")
     kill = sub.add_parser("kill", help="end runs completely and verify nothing is left")
     kill.add_argument("--runs-dir", required=True)
     kill.add_argument("--run-id", nargs="+", action="extend", required=True)

@@ -8,10 +8,9 @@ from byte N; `restart` when the file shrank and is sent again from its start. Th
 """
 from __future__ import annotations
 
-import base64
 import os
 
-from .protocol import MSG_METRICS
+from dflash_records.watchwire import MetricsMessage
 
 TAIL_BYTES = 64 * 1024
 MAX_MESSAGE_BYTES = 1024 * 1024
@@ -20,9 +19,10 @@ MAX_MESSAGE_BYTES = 1024 * 1024
 class FollowedMetrics:
     """Where the controller's copy of one run's metrics.jsonl ends (whole lines only)."""
 
-    def __init__(self, path: str, offset: object) -> None:
+    def __init__(self, path: str, offset: object, tail: int = TAIL_BYTES) -> None:
         self.path = path
         self.offset = offset if isinstance(offset, int) and not isinstance(offset, bool) and offset >= 0 else -1
+        self.tail = tail  # a first look's bytes (-1 offset): the file's last `tail`, from a line start
 
     def pump(self, run_id: str, send) -> bool:
         """Send one message of new whole lines; True once every whole line has been sent."""
@@ -36,7 +36,7 @@ class FollowedMetrics:
             if restart:
                 self.offset = 0
             if self.offset < 0:
-                self.offset = _tail_start(handle, size)
+                self.offset = _tail_start(handle, size, self.tail)
             if size == self.offset:
                 return True
             handle.seek(self.offset)
@@ -47,16 +47,14 @@ class FollowedMetrics:
             if not read_all:
                 self.offset += len(data)
             return read_all
-        message = {"t": MSG_METRICS, "run": run_id, "offset": self.offset,
-                   "data": base64.b64encode(data[:cut]).decode("ascii")}
-        send(dict(message, restart=True) if restart else message)
+        send(MetricsMessage(run_id, self.offset, data[:cut], restart))
         self.offset += cut
         return read_all  # what is left after the last newline is a line still being written
 
 
-def _tail_start(handle, size: int) -> int:
-    if size <= TAIL_BYTES:
+def _tail_start(handle, size: int, tail: int) -> int:
+    if size <= tail:
         return 0
-    handle.seek(size - TAIL_BYTES)
-    cut = handle.read(TAIL_BYTES).find(b"\n")
-    return size - TAIL_BYTES + (cut + 1 if cut >= 0 else TAIL_BYTES)
+    handle.seek(size - tail)
+    cut = handle.read(tail).find(b"\n")
+    return size - tail + (cut + 1 if cut >= 0 else tail)

@@ -3,9 +3,10 @@
 Standard library only, like the whole agent (it is shipped to containers), and imported by the controller
 too (`from orchestrator.agent.protocol import ...`), so each of these is defined here and nowhere else: the
 protocol version, the run states, what may name a run and which --env keys a run may set, the exit statuses
-and the agent's error codes, the kinds of the watch stream's messages, sizes, and when free space runs low. What
+and the agent's error codes, sizes, and when free space runs low. What
 a terminal shows of a log line is terminaltext.py's; what a number is and what nvidia-smi says of a GPU are
-dflash_records' (digits.py, gpu.py), imported here too.
+dflash_records' (digits.py, gpu.py), imported here too; the watch stream's
+messages are dflash_records/watchwire.py's.
 """
 from __future__ import annotations
 
@@ -101,9 +102,7 @@ USAGE_CODES = (BAD_USAGE, UNKNOWN_RUN, BAD_RUN_ID)
 # The bytes just before a followed log's offset that the watch agent compares on every poll (the controller
 # sends the ones it has when it resumes): a truncation, a replacement or a rewrite in place all show.
 FINGERPRINT_BYTES = 64
-MSG_RUNS, MSG_LOG, MSG_RESET, MSG_SYNCED, MSG_GPU, MSG_HEARTBEAT = "runs", "log", "reset", "synced", "gpu", "hb"
-MSG_DISK = "disk"  # free space of the filesystem that holds the runs directory
-MSG_METRICS = "metrics"  # new whole lines of a followed run's metrics.jsonl (agent/metricsfollow.py)
+# The messages themselves, typed, with their codec: dflash_records/watchwire.py.
 
 # -- a run's log: the supervisor's own lines (a restart and why, a hang, a command that could not start) begin
 # with this (supervisor.py's `say`); they are never the workload's output, whatever exception they quote

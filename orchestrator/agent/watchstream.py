@@ -3,11 +3,14 @@
     agent watch --runs-dir D [--gpu-interval S] [--heartbeat S] [--idle-exit S]     (options parsed in cli.py)
 
 stdin (one JSON object a line, from the controller):
-    {"follow": {RUN_ID: OFFSET | {"offset": OFFSET, "ino": INODE, "fp": BASE64, "metrics": OFFSET}}}
-                                     OFFSET -1: the last 256 KiB (from a line start); fp: the last bytes (<= 64) the
-                                     controller has before OFFSET; metrics: where its copy of metrics.jsonl ends
+    {"follow": {RUN_ID: OFFSET | {"offset": OFFSET, "ino": INODE, "fp": BASE64, "metrics": OFFSET,
+                                  "tail": BYTES}}}
+                                     OFFSET -1: the last 256 KiB (from a line start), or the last `tail` bytes when
+                                     fewer are asked for (a one-shot snapshot's first look); fp: the last bytes
+                                     (<= 64) the controller has before OFFSET; metrics: where its copy of
+                                     metrics.jsonl ends (-1: its tail, as the log's)
     {"unfollow": [RUN_ID, ...]}      {"ping": 1}
-stdout (one JSON object a line, flushed):
+stdout (one JSON object a line, flushed; each kind a dataclass of dflash_records/watchwire.py, its codec beside it):
     {"t": "runs", "runs": [RECORD...]}          at start and whenever a state.json or the set of runs changes
     {"t": "log", "run": ID, "offset": N, "ino": I, "data": BASE64}   new bytes of train.log from byte N
     {"t": "reset", "run": ID, "size": N, "why": truncated|replaced|rewritten}   restart its parser: the bytes
@@ -29,14 +32,15 @@ import base64
 import json
 import os
 import select
-import shutil
 import signal
-import subprocess
 import sys
 import time
 
-from .protocol import (FINGERPRINT_BYTES, GPU_FIELDS, MSG_DISK, MSG_GPU, MSG_HEARTBEAT, MSG_LOG, MSG_RESET, MSG_RUNS,
-                       MSG_SYNCED, TERMINAL_STATES, ascii_decimal, gpu_query_args, is_run_id)
+from dflash_records.watchwire import DiskMessage, Heartbeat, LogMessage, ResetMessage, RunsMessage, SyncedMessage
+
+from .protocol import FINGERPRINT_BYTES, TERMINAL_STATES, is_run_id
+from .gpusampler import GpuSampler
+from .metricsfollow import TAIL_BYTES as METRICS_TAIL_BYTES
 from .metricsfollow import FollowedMetrics
 from .rundir import RunPaths, list_run_ids
 from .runstate import load_record, settle_or_note
@@ -56,8 +60,9 @@ class Output:
     def __init__(self, stream) -> None:
         self.stream = stream
 
-    def send(self, message: dict) -> None:
-        self.stream.write((json.dumps(message, separators=(",", ":")) + "\n").encode())
+    def send(self, message) -> None:
+        """One message of dflash_records.watchwire, as its JSON line."""
+        self.stream.write((json.dumps(message.to_wire(), separators=(",", ":")) + "\n").encode())
         self.stream.flush()
 
 
@@ -65,10 +70,11 @@ class FollowedLog:
     """Where the controller's copy of one run's train.log ends."""
 
     def __init__(self, path: str, offset: int, ino: int | None, fingerprint: bytes = b"",
-                 metrics: FollowedMetrics | None = None) -> None:
+                 metrics: FollowedMetrics | None = None, tail: int = TAIL_BYTES) -> None:
         self.path = path
         self.metrics = metrics  # the run's metrics.jsonl, sent beside the log
-        self.offset = offset  # -1 until the file exists: then its last TAIL_BYTES
+        self.offset = offset  # -1 until the file exists: then its last `tail` bytes
+        self.tail = tail
         self.ino = ino
         self.fingerprint = fingerprint  # the last bytes sent before `offset`
         self.synced = False
@@ -100,14 +106,20 @@ def _fingerprint(where: dict, offset: int) -> bytes:
     return raw[-FINGERPRINT_BYTES:] if 0 < len(raw) <= offset else b""
 
 
-def tail_start(handle, size: int) -> int:
-    """Where the last TAIL_BYTES of a file begin, moved to the start of a line."""
-    if size <= TAIL_BYTES:
+def tail_start(handle, size: int, tail: int = TAIL_BYTES) -> int:
+    """Where the last `tail` bytes of a file begin, moved to the start of a line."""
+    if size <= tail:
         return 0
-    handle.seek(size - TAIL_BYTES)
-    window = handle.read(TAIL_BYTES)
+    handle.seek(size - tail)
+    window = handle.read(tail)
     cut = window.find(b"\n")
-    return size - TAIL_BYTES + (cut + 1 if cut >= 0 else 0)
+    return size - tail + (cut + 1 if cut >= 0 else 0)
+
+
+def first_look(where: dict, cap: int) -> int:
+    """How much of a file's end a first look sends: `cap`, or the fewer bytes the controller asked for."""
+    tail = where.get("tail")
+    return min(cap, tail) if isinstance(tail, int) and not isinstance(tail, bool) and tail > 0 else cap
 
 
 class LogPump:
@@ -126,9 +138,9 @@ class LogPump:
             offset, ino = where.get("offset"), where.get("ino")
             offset = offset if isinstance(offset, int) and not isinstance(offset, bool) else -1
             paths = RunPaths(self.runs_dir, run_id)
+            metrics = FollowedMetrics(paths.metrics, where.get("metrics"), first_look(where, METRICS_TAIL_BYTES))
             self.followed[run_id] = FollowedLog(paths.log, offset, ino if isinstance(ino, int) else None,
-                                                _fingerprint(where, offset),
-                                                FollowedMetrics(paths.metrics, where.get("metrics")))
+                                                _fingerprint(where, offset), metrics, first_look(where, TAIL_BYTES))
 
     def unfollow(self, run_ids: list) -> None:
         for run_id in run_ids if isinstance(run_ids, list) else []:
@@ -143,7 +155,7 @@ class LogPump:
                 log.synced = True
                 synced.append(run_id)
         if synced:
-            self.out.send({"t": MSG_SYNCED, "runs": synced})
+            self.out.send(SyncedMessage(tuple(synced)))
 
     def _pump(self, run_id: str, log: FollowedLog) -> bool:
         """Send one message of new bytes; True once the log has been sent up to its current end."""
@@ -155,18 +167,17 @@ class LogPump:
             info = os.fstat(handle.fileno())
             why = log.changed(handle, info)
             if why is not None:
-                self.out.send({"t": MSG_RESET, "run": run_id, "size": info.st_size, "why": why})
-                # the new content from its start (its last TAIL_BYTES if it is bigger, as for a first look)
+                self.out.send(ResetMessage(run_id, info.st_size, why))
+                # the new content from its start (its last bytes if it is bigger, as for a first look)
                 log.offset, log.fingerprint = -1, b""
             if log.offset < 0:
-                log.offset = tail_start(handle, info.st_size)
+                log.offset = tail_start(handle, info.st_size, log.tail)
             log.ino = info.st_ino
             if info.st_size == log.offset:
                 return True
             handle.seek(log.offset)
             data = handle.read(min(MAX_MESSAGE_BYTES, info.st_size - log.offset))
-        self.out.send({"t": MSG_LOG, "run": run_id, "offset": log.offset, "ino": log.ino,
-                       "data": base64.b64encode(data).decode("ascii")})
+        self.out.send(LogMessage(run_id, log.offset, data, log.ino))
         log.sent(data)
         return log.offset >= info.st_size
 
@@ -203,7 +214,7 @@ class RunsWatcher:
             records.append(dict(load_record(paths), **({"error": note} if note else {})))
         self.signature = self._signature(run_ids)  # after settling, which may have rewritten a state.json
         self.live = [r["run_id"] for r in records if r.get("state") not in TERMINAL_STATES]
-        self.out.send({"t": MSG_RUNS, "runs": records})
+        self.out.send(RunsMessage(tuple(records)))
 
     def _signature(self, run_ids: list) -> tuple:
         return tuple((run_id, _stamp(RunPaths(self.runs_dir, run_id).state_json)) for run_id in run_ids)
@@ -228,7 +239,7 @@ class DiskWatcher:
         space = (stat.f_bavail * stat.f_frsize, stat.f_blocks * stat.f_frsize)
         if space != self.last:
             self.last = space
-            self.out.send({"t": MSG_DISK, "free_bytes": space[0], "total_bytes": space[1]})
+            self.out.send(DiskMessage(space[0], space[1]))
 
 
 def _stamp(path: str) -> tuple:
@@ -238,82 +249,6 @@ def _stamp(path: str) -> tuple:
     except OSError:
         return ()
     return (info.st_ino, info.st_mtime_ns, info.st_size)
-
-
-class GpuSampler:
-    """One `nvidia-smi --query-gpu=... -l S` child; its rows grouped into one message per sample."""
-
-    def __init__(self, out: Output, interval: float) -> None:
-        self.out = out
-        self.proc = None
-        self.buffer = b""
-        self.rows: list = []
-        self.indices: set = set()
-        self.last_row_at = 0.0
-        binary = shutil.which("nvidia-smi")
-        if binary is None:
-            out.send({"t": MSG_GPU, "error": "nvidia-smi is not installed"})
-            return
-        # whole seconds with --loop (every nvidia-smi has it); --loop-ms only for sub-second sampling
-        loop = "--loop={}".format(int(interval)) if interval >= 1 and interval == int(interval) \
-            else "--loop-ms={}".format(max(1, int(interval * 1000)))
-        try:
-            self.proc = subprocess.Popen([binary] + gpu_query_args(GPU_FIELDS) + [loop],
-                                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                         stderr=subprocess.STDOUT)
-        except OSError as exc:
-            out.send({"t": MSG_GPU, "error": "cannot run nvidia-smi: {}".format(exc)})
-
-    def fileno(self) -> int:
-        return self.proc.stdout.fileno()
-
-    def read(self, now: float) -> None:
-        data = os.read(self.fileno(), 65536)
-        if not data:
-            self._ended()
-            return
-        self.buffer += data
-        *lines, self.buffer = self.buffer.split(b"\n")
-        for raw in lines:
-            line = raw.decode("utf-8", "replace").strip()
-            index = line.split(",", 1)[0].strip()
-            if ascii_decimal(index) is None:
-                self.rows.append(line)  # an error message; sent with the sample (or at the end)
-                continue
-            if index in self.indices:  # the next sample began
-                self.flush()
-            self.indices.add(index)
-            self.rows.append(line)
-            self.last_row_at = now
-
-    def flush_if_quiet(self, now: float) -> None:
-        # the rows of one sample come in one burst; a short silence ends the sample
-        if self.rows and now - self.last_row_at >= 0.05:
-            self.flush()
-
-    def flush(self) -> None:
-        if self.rows:
-            self.out.send({"t": MSG_GPU, "csv": "\n".join(self.rows)})
-        self.rows, self.indices = [], set()
-
-    def _ended(self) -> None:
-        code = self.proc.wait()
-        text = "\n".join(self.rows + [self.buffer.decode("utf-8", "replace")]).strip()
-        self.rows, self.buffer = [], b""
-        self.out.send({"t": MSG_GPU, "error": "nvidia-smi exited {}: {}".format(code, text[-500:])})
-        self.proc.stdout.close()
-        self.proc = None
-
-    def stop(self) -> None:
-        if self.proc is None:
-            return
-        try:
-            self.proc.kill()
-        except OSError:
-            pass
-        self.proc.wait()  # reaped: no zombie left behind, whatever PID 1 does
-        self.proc.stdout.close()
-        self.proc = None
 
 
 class Commands:
@@ -385,7 +320,7 @@ def _loop(commands: Commands, pump: LogPump, runs: RunsWatcher, gpus: GpuSampler
             pump.poll()
             next_log = now + LOG_POLL_S
         if now >= next_beat:
-            out.send({"t": MSG_HEARTBEAT})
+            out.send(Heartbeat())
             next_beat = now + heartbeat
         readers = [0] + ([gpus] if gpus.proc is not None else [])
         wait = max(0.0, min(next_runs, next_log) - time.monotonic())

@@ -19,7 +19,7 @@ from ..notify.destinations import Destination
 from ..notify.destinations import destinations as notify_destinations
 from ..notify.sender import Unsent, by_destination
 from ..watch.alerts import AlertRules
-from ..watch.model import Snapshot, summarise_ended
+from ..watch.model import MAX_HISTORY, RECENT, Snapshot, first_look, summarise_ended
 from ..watch.source import LiveSource
 from ..watch.stream import ONCE_CAP_FACTOR, ONCE_WAIT_S
 from .args import number_in
@@ -41,6 +41,17 @@ ONCE_TIMEOUT = typer.Option(ONCE_WAIT_S, "--timeout", callback=number_in(0), met
 
 ALL_RUNS = typer.Option(False, "--all", help="With --once: every run whole; by default an ended run is summarised "
                         "(its record, last step and last exception, without its log tail and metrics history).")
+HISTORY = typer.Option(RECENT, "--history", callback=number_in(1, MAX_HISTORY), metavar="N",
+                       help=f"With --once: each run's last N steps and N log lines (up to {MAX_HISTORY}; the "
+                       "dashboard's own history).")
+NOTIFY = typer.Option(None, "--notify", metavar="URL", help="Also send alerts to this apprise URL (ntfy://, slack://, "
+                      "json://...; repeatable) besides the inventory's notify: entries; kinds: failed, killed, lost, "
+                      "restarted, exception, stall, gpu_idle_held, nan (needs dflashctl[notify]).")
+NOTIFY_REPEAT = typer.Option(None, "--notify-repeat", callback=number_in(0), metavar="S", help="At most one "
+                             "notification per alert kind and run in S seconds (default 600, or the entry's repeat_s).")
+STALL = typer.Option(None, "--stall", callback=number_in(0.1), metavar="S", help="A run is stalled after S seconds "
+                     "without a new step, or 5 median step intervals if longer (default: 120 s, and 900 s until three "
+                     "steps are timed).")
 
 
 def watch(
@@ -53,22 +64,15 @@ def watch(
                                    help="Seconds between GPU samples (nvidia-smi loops in the container)."),
     timeout: float = ONCE_TIMEOUT,
     all_runs: bool = ALL_RUNS,
+    history: int = HISTORY,
     headless: bool = typer.Option(False, "--headless", help="No screen: alerts as JSON lines on stdout, notifications "
                                   "sent, lost runs with a restart policy relaunched (once per loss), until SIGTERM. "
                                   "Detached: `dflashctl launch local -- dflashctl watch --headless`."),
-    notify: Optional[List[str]] = typer.Option(None, "--notify", metavar="URL", help="Also send alerts to this "
-                                               "apprise URL (ntfy://, slack://, json://...; repeatable) besides the "
-                                               "inventory's notify: entries; kinds: failed, killed, lost, restarted, "
-                                               "exception, stall, gpu_idle_held, nan (needs dflashctl[notify])."),
-    notify_repeat: Optional[float] = typer.Option(None, "--notify-repeat", callback=number_in(0), metavar="S",
-                                                  help="At most one notification per alert kind and run in S "
-                                                  "seconds (default 600, or the entry's repeat_s)."),
+    notify: Optional[List[str]] = NOTIFY,
+    notify_repeat: Optional[float] = NOTIFY_REPEAT,
     no_notify: bool = typer.Option(False, "--no-notify", help="Send nothing, the inventory's notify: entries "
                                    "included (e.g. while a headless watcher sends them)."),
-    stall: Optional[float] = typer.Option(None, "--stall", callback=number_in(0.1), metavar="S",
-                                          help="A run is stalled after S seconds without a new step, or 5 median "
-                                          "step intervals if longer (default: 120 s, and 900 s until three steps "
-                                          "are timed)."),
+    stall: Optional[float] = STALL,
     serve: bool = typer.Option(False, "--serve", help="Serve the dashboard to a browser instead of this terminal "
                                "(needs the serve extra: pip install 'dflashctl[serve]')."),
     host: str = typer.Option("127.0.0.1", "--host", metavar="ADDR",
@@ -90,7 +94,7 @@ def watch(
     --headless runs it without a screen, printing them as JSON lines. --serve runs the same dashboard once per
     browser tab at http://HOST:PORT/ (off loopback every request needs the token; the tabs notify nobody).
     """
-    _check_options(once=once, as_json=as_json, all_runs=all_runs, headless=headless, notify=notify,
+    _check_options(once=once, as_json=as_json, all_runs=all_runs, history=history, headless=headless, notify=notify,
                    no_notify=no_notify, serve=serve, serving=(host, port, token), tuning=(stall, notify_repeat))
     state: AppState = ctx.obj
     inventory = state.inventory()
@@ -98,20 +102,24 @@ def watch(
     if serve:
         return serve_dashboard(state, [t.name for t in resolved] if targets else [], interval, once=once,
                                host=host, port=port, token=token)
-    source = LiveSource(inventory, resolved, gpu_interval=interval, rules=_rules(stall, min_free_gib, min_free_pct))
+    rules = _rules(stall, min_free_gib, min_free_pct)
+    # a snapshot keeps, and so reads, no more of each run than it prints: its last steps and lines
+    bounds = {"history": history, "log_tail": history, "first_look": first_look(history)} if once else {}
+    source = LiveSource(inventory, resolved, gpu_interval=interval, rules=rules, **bounds)
     if not once:
         sinks = [] if no_notify else notify_destinations(inventory, notify or [], repeat_s=notify_repeat)
         return _live(source, sinks, headless=headless)
     return _once(source, timeout=timeout, as_json=as_json, all_runs=all_runs)
 
 
-def _check_options(*, once: bool, as_json: bool, all_runs: bool, headless: bool, notify: list[str] | None,
-                   no_notify: bool, serve: bool, serving: tuple, tuning: tuple) -> None:
+def _check_options(*, once: bool, as_json: bool, all_runs: bool, history: int, headless: bool,
+                   notify: list[str] | None, no_notify: bool, serve: bool, serving: tuple, tuning: tuple) -> None:
     """The combinations of options that cannot go together, each a usage error (exit 2)."""
     if as_json and not once:
         raise UsageError("--json needs --once (the dashboard itself is interactive)")
-    if all_runs and not once:
-        raise UsageError("--all goes with --once (the dashboard keeps every run's history already)")
+    if (all_runs or history != RECENT) and not once:
+        raise UsageError(f"{'--all' if all_runs else '--history'} goes with --once (the dashboard keeps every run's "
+                         "history already)")
     if not serve and serving != ("127.0.0.1", 8000, None):
         raise UsageError("--host, --port and --token go with --serve")
     if serve and (headless or notify or any(value is not None for value in tuning)):

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from ..agent.protocol import TERMINAL_STATES
 from ..alertkinds import GPU_IDLE_HELD
+from ..display import step_figures
 from ..watch.model import AlertFeed, AlertView, RunStatus
 from .destinations import Destination
 from .kinds import CONDITIONS, RECOVERED, notify_kind
@@ -108,6 +109,8 @@ def _title(run_id: str, target: str | None, run: RunStatus | None, kind: str) ->
 def _run_lines(run_id: str, target: str | None, run: RunStatus | None) -> list[str]:
     named = f" ({run.name})" if run and run.name else ""
     state = f", {run.state}" if run else ""
-    last = run.last_step_line if run and run.last_step_line else "none yet"
+    # the step's figures from its record (metrics.jsonl's where it exists), as every view shows them
+    last = step_figures(run.last_step) if run and run.last_step else (run.last_step_line if run else None)
+    last = last or "none yet"
     return [f"run {run_id}{named} on {target or '?'}{state}", f"last step: {last}"]
 

@@ -18,6 +18,8 @@ from dflash_records.answers import (CheckAnswer, KillAnswer, LaunchAnswer, Lines
                                     RelaunchAnswer, SkippedRunDir)
 from dflash_records.plans import CleanupAnswer, ProbeAnswer, PullPlan
 from dflash_records.run import RunRecord
+from dflash_records.step import read_step_json
+from dflash_records.stepfigures import latest_step
 
 from ..agent.protocol import CHECK_FAILED, DEFAULT_GRACE_S, NO_GPUS, NOT_VERIFIED, SUCCEEDED, TERMINAL_STATES
 from ..errors import EXIT_UNREACHABLE, DflashError, OperationFailed, TransportError, UsageError
@@ -226,7 +228,8 @@ class RunClient:
             raise OperationFailed(f"{target.name}: {answer.error or 'the agent could not list the runs'}")
         self.skipped[target.name] = answer.skipped
         tails = answer.log_tails or (None,) * len(answer.runs)
-        return [with_metrics(record, tail) for record, tail in zip(answer.runs, tails)]
+        metrics = answer.metrics_tails or (None,) * len(answer.runs)
+        return [with_metrics(record, tail, exact) for record, tail, exact in zip(answer.runs, tails, metrics)]
 
     def log_lines(self, target: Target, run_id: str, start: int, stop: int) -> LinesAnswer:
         """Lines [start, stop) of a run's log and its line count (`total`)."""
@@ -342,14 +345,23 @@ def _pack_inputs(inputs: dict[str, bytes]) -> bytes:
     return json.dumps({name: base64.b64encode(data).decode() for name, data in inputs.items()}).encode()
 
 
-def with_metrics(record: RunRecord, tail: str | None = None) -> RunRecord:
-    """The record with last_step and tok_per_s from the log tail the agent sent along (ps --tail-bytes)."""
+def with_metrics(record: RunRecord, tail: str | None = None, metrics: str | None = None) -> RunRecord:
+    """The record with last_step and tok_per_s from the log and metrics.jsonl tails the agent sent along (ps
+    --tail-bytes): the last step line's, with its metrics.jsonl figures where they came (stepfigures.latest_step,
+    the rule every view reads a step's figures by). An agent of the last version sends no metrics tail."""
+    line = None
     if tail:
         parser = LogParser()
         events = parser.feed(tail.encode("utf-8", "replace")) + parser.flush()
-        steps = [e for e in events if isinstance(e, StepEvent) and e.step is not None]
-        if steps:
-            return record.with_figures(steps[-1].step, steps[-1].tok_per_s)
+        line = next((e for e in reversed(events) if isinstance(e, StepEvent) and e.step is not None), None)
+    exact = {}
+    for text in metrics.splitlines() if metrics else ():
+        step = read_step_json(text)
+        if step is not None and step.step is not None:
+            exact[step.step] = step
+    latest = latest_step(line, exact)
+    if latest is not None:
+        return record.with_figures(latest.step, latest.tok_per_s)
     return record
 
 

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Protocol
 
 from dflash_records.gpu import GpuRow
+from dflash_records.step import StepRecord
 
 from ..agent.protocol import TERMINAL_STATES
 
@@ -149,6 +150,20 @@ class Snapshot:
         return {**asdict(self), "gpus": [gpu.as_dict() for gpu in self.gpus]}
 
 
+# `watch --once`: a bounded summary of each run, its last RECENT steps and log lines (--history N for more, up to
+# the dashboard's own MAX_HISTORY); a fleet's whole histories made a --json of 61-120 MB for 256 runs
+RECENT = 20
+MAX_HISTORY = 2000
+FIRST_LOOK_PER_STEP = 1024  # bytes of a log's (and a metrics.jsonl's) end that hold one step, and room to spare
+MIN_FIRST_LOOK = 16 * 1024
+
+
+def first_look(steps: int) -> int:
+    """How much of each run's log and metrics.jsonl end a snapshot of its last `steps` steps has the agent send
+    (the agent sends 256 KiB at most: the dashboard's first look)."""
+    return max(MIN_FIRST_LOOK, steps * FIRST_LOOK_PER_STEP)
+
+
 def summarise_ended(snapshot: Snapshot) -> Snapshot:
     """The snapshot with every ended run (and ended job) cut to its summary: its record, last step, metrics and
     last exception, without its log tail and metrics history. What `watch --once` prints unless `--all`: a
@@ -171,6 +186,7 @@ class RunStatus:
     relaunchable: bool = False  # lost, with restarts left under its policy, not relaunched yet
     job: JobNode | None = None  # the job it is a node of
     grace_s: float | None = None  # its kill grace: what a relaunch gives whatever still runs of it to end
+    last_step: StepRecord | None = None  # the last step's record, with its metrics.jsonl figures where they came
 
 
 @dataclass(frozen=True)

@@ -8,16 +8,16 @@ reconnect every log resumes from the byte where its parser stopped.
 from __future__ import annotations
 
 import base64
-import binascii
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
 
 from dflash_records.answers import LinesAnswer
+from dflash_records.watchwire import (DiskMessage, GpuMessage, LogMessage, MetricsMessage, ResetMessage, RunsMessage,
+                                      SyncedMessage, WatchMessage)
 
-from ..agent.protocol import (MSG_DISK, MSG_GPU, MSG_LOG, MSG_METRICS, MSG_RESET, MSG_RUNS, MSG_SYNCED, TERMINAL_STATES,
-                              iso_utc)
+from ..agent.protocol import TERMINAL_STATES, iso_utc
 from ..errors import DflashError, TargetNotFound
 from ..inventory.model import Inventory, Target
 from ..runs.client import RunClient
@@ -61,12 +61,16 @@ class TargetState:
 class LiveSource:
     def __init__(self, inventory: Inventory, targets: list[Target], *, gpu_interval: float = 1.0,
                  history: int = 2000, log_tail: int = 200, gpu_history: int = 120, heartbeat_s: float = 5.0,
-                 conns: Connections | None = None, rules: AlertRules | None = None) -> None:
+                 conns: Connections | None = None, rules: AlertRules | None = None,
+                 first_look: int | None = None) -> None:
+        """`first_look`: bytes of each run's log (and metrics.jsonl) end a first look reads; None, the agent's
+        default (256 KiB of log: the dashboard's history). A one-shot snapshot asks for less."""
         self.inventory = inventory
         self.conns = conns or Connections()
         self._own_conns = conns is None
         self.client = RunClient(inventory, self.conns)
         self._history, self._tail = history, log_tail
+        self._first_look: dict[str, int] = {"offset": -1, **({"tail": first_look} if first_look else {})}
         self._rules = rules
         self._alert_total = 0  # alerts ever added: the alert feed's cursor
         self._lock = threading.Condition(threading.RLock())
@@ -221,33 +225,36 @@ class LiveSource:
             state = self._targets[target.name]
             for tracker in state.runs.values():
                 tracker.synced = False
-            return {run_id: _resume_point(t) for run_id, t in state.runs.items()}
+            return {run_id: _resume_point(t, self._first_look) for run_id, t in state.runs.items()}
 
-    def message(self, target: Target, message: dict) -> dict[str, object] | None:
-        kind, now = message.get("t"), time.time()
+    def message(self, target: Target, message: WatchMessage) -> dict[str, object] | None:
+        now = time.time()
         with self._lock:
             state = self._targets[target.name]
             if not state.connected:  # connected once the agent speaks, not when the command was sent
                 state.connected, state.error, state.retry_at, state.reconnecting = True, None, None, False
                 self._changed()
-            if kind == MSG_RUNS:
-                return self._on_runs(state, message.get("runs") or [], now)
-            if kind == MSG_LOG:
-                self._on_log(state, message, now)
-            elif kind == MSG_METRICS:
-                self._on_metrics(state, message)
-            elif kind == MSG_RESET:
-                tracker = state.runs.get(str(message.get("run")))
+            if isinstance(message, RunsMessage):
+                return self._on_runs(state, message.runs, now)
+            if isinstance(message, LogMessage):
+                tracker = state.runs.get(message.run)
                 if tracker is not None:
-                    self._add_alerts(state, tracker.reset(str(message.get("why") or "replaced"), now))
-            elif kind == MSG_SYNCED:
-                self._on_synced(state, message.get("runs") or [], now)
-            elif kind == MSG_GPU:
+                    self._add_alerts(state, tracker.feed(message.offset, message.ino, message.data, now),
+                                     backlog=tracker.backlog)
+            elif isinstance(message, MetricsMessage):
+                tracker = state.runs.get(message.run)
+                if tracker is not None:
+                    tracker.feed_metrics(message.offset, message.data, restart=message.restart)
+            elif isinstance(message, ResetMessage):
+                tracker = state.runs.get(message.run)
+                if tracker is not None:
+                    self._add_alerts(state, tracker.reset(message.why, now))
+            elif isinstance(message, SyncedMessage):
+                self._on_synced(state, message.runs, now)
+            elif isinstance(message, GpuMessage):
                 self._on_gpu(state, message, now)
-            elif kind == MSG_DISK:
-                free, total = message.get("free_bytes"), message.get("total_bytes")
-                if isinstance(free, int) and isinstance(total, int):
-                    self._add_alerts(state, state.disk.observe(free, total, now))
+            elif isinstance(message, DiskMessage):
+                self._add_alerts(state, state.disk.observe(message.free_bytes, message.total_bytes, now))
             else:
                 return None  # heartbeats change nothing
             self._changed()
@@ -275,20 +282,18 @@ class LiveSource:
 
     # -- message handling -----------------------------------------------------------------------------------
 
-    def _on_runs(self, state: TargetState, records: list[dict], now: float) -> dict[str, object]:
+    def _on_runs(self, state: TargetState, records: tuple[dict, ...], now: float) -> dict[str, object]:
         follow: dict[str, object] = {}
         seen = set()
         for record in records:
-            run_id = record.get("run_id")
-            if not isinstance(run_id, str):
-                continue
+            run_id = record["run_id"]  # the codec keeps only records with a run id
             seen.add(run_id)
             tracker = state.runs.get(run_id)
             if tracker is None:
                 tracker = state.runs[run_id] = RunTracker(state.target.name, record, history=self._history,
                                                           tail=self._tail, rules=self._rules)
                 tracker.backlog = not state.got_runs  # there when the watch began: its log so far is old news
-                follow[run_id] = -1
+                follow[run_id] = self._first_look
             self._add_alerts(state, tracker.update_record(record, now))
         for gone in set(state.runs) - seen:  # its run directory was removed
             del state.runs[gone]
@@ -296,19 +301,7 @@ class LiveSource:
         self._changed()
         return follow
 
-    def _on_log(self, state: TargetState, message: dict, now: float) -> None:
-        found = _bytes_of(state, message)
-        if found is not None:
-            tracker, offset, data = found
-            self._add_alerts(state, tracker.feed(offset, message.get("ino"), data, now), backlog=tracker.backlog)
-
-    def _on_metrics(self, state: TargetState, message: dict) -> None:
-        found = _bytes_of(state, message)
-        if found is not None:
-            tracker, offset, data = found
-            tracker.feed_metrics(offset, data, restart=message.get("restart") is True)
-
-    def _on_synced(self, state: TargetState, run_ids: list, now: float) -> None:
+    def _on_synced(self, state: TargetState, run_ids: tuple[str, ...], now: float) -> None:
         for run_id in run_ids:
             tracker = state.runs.get(run_id)
             if tracker is None:
@@ -318,12 +311,12 @@ class LiveSource:
                 self._add_alerts(state, tracker.settle(now), backlog=True)
                 tracker.backlog = False
 
-    def _on_gpu(self, state: TargetState, message: dict, now: float) -> None:
+    def _on_gpu(self, state: TargetState, message: GpuMessage, now: float) -> None:
         state.got_gpus = True
-        if "error" in message:
-            state.gpus.error = str(message["error"])
+        if message.error is not None:
+            state.gpus.error = message.error
             return
-        samples = state.gpus.sample(str(message.get("csv") or ""), now)
+        samples = state.gpus.sample(message.csv, now)
         for tracker in state.runs.values():
             if tracker.run.state not in TERMINAL_STATES:
                 self._add_alerts(state, tracker.observe_gpus(samples, now))
@@ -377,20 +370,8 @@ class LiveSource:
         return answer
 
 
-def _bytes_of(state: TargetState, message: dict) -> tuple[RunTracker, int, bytes] | None:
-    """The tracker, offset and decoded bytes of a log or metrics message; None for one of no run we track."""
-    tracker = state.runs.get(str(message.get("run")))
-    offset = message.get("offset")
-    if tracker is None or not isinstance(offset, int):
-        return None
-    try:
-        return tracker, offset, base64.b64decode(message.get("data") or "", validate=True)
-    except (binascii.Error, ValueError):
-        return None
-
-
-def _resume_point(tracker: RunTracker) -> object:
+def _resume_point(tracker: RunTracker, first_look: dict[str, int]) -> object:
     if tracker.offset is None:
-        return {"offset": -1, "metrics": tracker.metrics_offset}
+        return {**first_look, "metrics": tracker.metrics_offset}
     return {"offset": tracker.offset, "ino": tracker.ino, "fp": base64.b64encode(tracker.fingerprint).decode(),
             "metrics": tracker.metrics_offset}

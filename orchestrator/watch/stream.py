@@ -9,6 +9,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from dflash_records.watchwire import WatchMessage, decode_message
+
 from ..errors import CommandTimeout, DflashError, TransportError, Unreachable
 from ..inventory.model import Target
 from ..runs.agentcall import needs_deploy
@@ -40,7 +42,7 @@ class StreamSink(Protocol):
     """What the stream reports to (the live source); called from the stream's thread."""
 
     def connected(self, target: Target) -> dict[str, object]: ...   # -> follow offsets to resume from
-    def message(self, target: Target, message: dict) -> dict[str, object] | None: ...  # -> new follows
+    def message(self, target: Target, message: WatchMessage) -> dict[str, object] | None: ...  # -> new follows
     def tick(self, target: Target) -> None: ...
     def disconnected(self, target: Target, error: str, retry_at: float) -> None: ...
     def reconnecting(self, target: Target) -> None: ...  # the backoff is over; a new attempt begins
@@ -236,15 +238,17 @@ class ContainerStream:
                           f"host's other streams speak (the agent is stuck; restarting it)")
 
     def _dispatch(self, proc: RemoteProcess, lines: list[bytes]) -> None:
+        """Each line read once, into its typed message (dflash_records.watchwire), which is what the sink gets."""
         for line in lines:
             try:
-                message = json.loads(line)
+                obj = json.loads(line)
             except ValueError:
                 continue  # e.g. a warning the container's Python printed; the stream goes on
-            if not isinstance(message, dict):
-                continue
-            if needs_deploy(message):
+            if isinstance(obj, dict) and needs_deploy(obj):
                 raise _NeedsDeploy()
+            message = decode_message(obj)
+            if message is None:
+                continue  # not a message, or a kind this version does not know
             follow = self.sink.message(self.target, message)
             if follow:
                 self._send(proc, {"follow": follow})

@@ -8,7 +8,8 @@ from dataclasses import replace
 from dflash_records.gpu import GpuRow, parse_query_csv
 from dflash_records.restart import CRASH_LOOP, job_relaunches_left
 from dflash_records.run import RunRecord
-from dflash_records.step import QUEUE_FIELDS, RECORD_FIELDS, STEP_FIELDS, TAU_FIELDS
+from dflash_records.step import QUEUE_FIELDS, RECORD_FIELDS
+from dflash_records.stepfigures import with_exact
 
 from ..agent.workerrestarts import restarts_unspent
 from ..agent.protocol import FAILED_STATES, FINGERPRINT_BYTES, LOST, STARTING, TERMINAL_STATES, iso_utc
@@ -195,12 +196,9 @@ class RunTracker:
         self.queue_capacity = max((self.queue_capacity, *self.q_pre, *self.q_hs))
 
     def _exact(self, line: StepEvent) -> StepEvent:
-        """The step line with the figures of its metrics.jsonl record, where one came (the line keeps its text)."""
-        record = self.exact.get(line.step) if line.step is not None and line.total is None else None
-        if record is None:
-            return line
-        return replace(line, **{name: getattr(record, name) for name in STEP_FIELDS + TAU_FIELDS
-                                if getattr(record, name) is not None})
+        """The step line with the figures of its metrics.jsonl record, where one came (the line keeps its text);
+        a generate progress line (`total`) has none."""
+        return with_exact(line, self.exact.get(line.step)) if line.total is None else line
 
     def _keep(self, alerts: list[Alert]) -> list[Alert]:
         return [] if self.quiet else alerts
@@ -217,8 +215,9 @@ class RunTracker:
                           relaunchable=(r.state in FAILED_STATES and not r.relaunched_as and r.reason != CRASH_LOOP
                                         and job_relaunches_left(r.worker_restarts, r.job_relaunches) > 0),
                           restarts_unspent=restarts_unspent(r.worker_restarts, r.attempts))
+        step = self._exact(self.last_step_event) if self.last_step_event is not None else None
         return RunStatus(self.run_id, self.target, r.name or "", r.state or STARTING,
-                         self.health.conditions, self.last_step_line, relaunchable, job, _seconds(r.grace_s))
+                         self.health.conditions, self.last_step_line, relaunchable, job, _seconds(r.grace_s), step)
 
     def view(self) -> RunView:
         if self._view is None:

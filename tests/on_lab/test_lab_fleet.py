@@ -264,7 +264,8 @@ STEPS = "for n in range(1, 201): print('[%ds] step=%d loss=%.3f' % (n, n, 2.0 / 
 
 
 def test_watch_once_summarises_ended_runs_unless_all(fleet, tmp_path, monkeypatch, capsys) -> None:
-    """An ended run prints as its record and last step, not its 200 steps and log tail; --all prints it whole."""
+    """An ended run prints as its record and last step, not its 200 steps and log tail; --all prints it as a live
+    run's (its last 20 steps and lines), and with --history 200 whole."""
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     _, inv = fleet
     code, record, err = cli(inv, "launch", "many/401", "--json", "--name", "stepper", "--", "python3", "-c", STEPS,
@@ -283,7 +284,10 @@ def test_watch_once_summarises_ended_runs_unless_all(fleet, tmp_path, monkeypatc
     run = next(r for r in summary["runs"] if r["run_id"] == run_id)
     assert (run["state"], run["last_step"], run["history"], run["log_tail"]) == ("succeeded", 200, [], [])
 
-    code, whole, err = cli(inv, "watch", "many/401", "--once", "--json", "--all", capsys=capsys)
+    code, recent, err = cli(inv, "watch", "many/401", "--once", "--json", "--all", capsys=capsys)
+    run = next(r for r in recent["runs"] if r["run_id"] == run_id)
+    assert code == 0 and len(run["history"]) == 20 and "step=200" in run["log_tail"][-1], err
+    code, whole, err = cli(inv, "watch", "many/401", "--once", "--json", "--all", "--history", "200", capsys=capsys)
     assert code == 0, err
     run = next(r for r in whole["runs"] if r["run_id"] == run_id)
     assert run["last_step"] == 200 and len(run["history"]) > 100 and "step=200" in run["log_tail"][-1]

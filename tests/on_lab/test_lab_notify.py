@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from dflash_records.step import read_step_line
+from orchestrator.display import step_figures
 from orchestrator.runs.client import RunClient
 from orchestrator.runs.spec import LaunchSpec
 from orchestrator.transports.pool import Connections
@@ -55,6 +57,12 @@ VETERAN = ("import time; print('Traceback (most recent call last):\\n  File \"x.
 
 def env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(REPO)}
+
+
+def figures(step: int) -> str:
+    """What a notification says of a run's last step: the figures of its record (from its step line here: the
+    workload writes no metrics.jsonl)."""
+    return step_figures(read_step_line(STEP.format(i=step)))
 
 
 def kind_of(message: Received) -> str:
@@ -106,10 +114,10 @@ def test_a_headless_watch_notifies_stall_recovery_and_failure_and_nothing_for_a_
         assert message.title == f"dflashctl: troubled on pve2/300: {kind_of(message)}"
         assert f"run {troubled} (troubled) on pve2/300" in message.message and message.path == "/hook"
     stall, recovered, exception, failed = (m.message.splitlines() for m in sent)
-    assert stall[0].startswith("stall: no new step for ") and stall[-1] == f"last step: {STEP.format(i=8)}"
-    assert recovered[0] == "recovered: the run is healthy again" and "step=" in recovered[-1]
+    assert stall[0].startswith("stall: no new step for ") and stall[-1] == f"last step: {figures(8)}"
+    assert recovered[0] == "recovered: the run is healthy again" and recovered[-1].startswith("last step: step ")
     assert "RuntimeError: first failure" in exception[0]
-    assert failed[0] == "failed: run failed (exit code 1)" and failed[-1] == f"last step: {STEP.format(i=24)}"
+    assert failed[0] == "failed: run failed (exit code 1)" and failed[-1] == f"last step: {figures(24)}"
     # the alerts themselves are all printed: the second stall and the second exception were only not sent
     printed = [line["kind"] for line in headless_lines(out) if line["type"] == "alert" and line["run_id"] == troubled]
     assert printed.count("stall") == 2 and printed.count("exception") == 2 and "ended" in printed
@@ -139,7 +147,7 @@ def test_a_detached_headless_watch_survives_its_shell_and_notifies_a_later_failu
             assert failed.path == "/failures" and failed.title == "dflashctl: doomed on pve2/300: failed"
             assert failed.message.splitlines() == ["failed: run failed (exit code 3)",
                                                    f"run {record['run_id']} (doomed) on pve2/300, failed",
-                                                   f"last step: {STEP.format(i=1)}"]
+                                                   f"last step: {figures(1)}"]
             code, killed, err = run_cli(inv, "kill", "notifier", "--grace", "10", "--json", capsys=capsys)
             assert code == 0, err
             assert killed["targets"]["local"]["runs"][0]["state"] == "killed"

@@ -315,3 +315,22 @@ def test_metrics_jsonl_is_sent_beside_the_log_in_whole_lines_and_resumes(runs: P
         assert (restarted["offset"], restarted.get("restart")) == (0, True)
     finally:
         assert resumed.close() == 0
+
+
+def test_a_first_look_sends_no_more_than_the_tail_asked_for_from_a_line_start(runs: Path, tmp_path: Path) -> None:
+    """`watch --once` asks for the end its snapshot prints (`tail`): the log's and metrics.jsonl's last bytes."""
+    lines = b"".join(b"line %d\n" % i for i in range(40000))
+    records = b"".join(b'{"event": "step", "step": %d}\n' % i for i in range(4000))
+    run_dir = make_run(runs, "r1", log=lines)
+    (run_dir / "metrics.jsonl").write_bytes(records)
+    agent = Agent(runs, env=no_gpu_env(tmp_path))
+    try:
+        agent.send({"follow": {"r1": {"offset": -1, "tail": 1000}}})
+        agent.expect(lambda m: m.get("t") == "synced")
+        first = {m["t"]: m for m in agent.seen if m.get("t") in ("log", "metrics")}
+        for sent, whole in ((first["log"], lines), (first["metrics"], records)):
+            start = sent["offset"]
+            assert 0 < len(whole) - start <= 1000 and whole[start - 1:start] == b"\n"
+            assert base64.b64decode(sent["data"]) == whole[start:]
+    finally:
+        assert agent.close() == 0

@@ -10,10 +10,12 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from dflash_records.step import StepRecord
 from orchestrator.cli import main
 from orchestrator.errors import InventoryError
 from orchestrator.inventory.model import builtin_inventory, load_inventory
@@ -71,6 +73,14 @@ def test_each_destination_gets_the_kinds_it_asked_for(tmp_path: Path) -> None:
     assert sent[0].body.splitlines() == ["failed: run failed (exit code 3)", "run r1 (drafter) on pve1/200, failed",
                                          f"last step: {STEP_LINE}"]
     assert sent[0].severity == "error"
+
+
+def test_a_notification_quotes_the_figures_of_the_steps_metrics_record_as_every_view_does() -> None:
+    exact = StepRecord(step=7, loss=2.71828, acc=0.4, tok_per_s=350.4, eta_s=60.0)  # its line reads (0.4Ktok/s)
+    policy = NotifyPolicy(destinations(builtin_inventory(), ["json://127.0.0.1:9/x"]))
+    [sent] = policy.observe(feed(alert("stall"), runs={"r1": replace(run(conditions=("stall",)), last_step=exact)}),
+                            now=0.0)
+    assert sent.body.splitlines()[-1] == "last step: step 7: loss 2.7183, acc 0.400, 350 tok/s, ETA 1.0m"
 
 
 def test_repeats_of_a_kind_collapse_within_the_window_and_are_counted_after_it() -> None:
