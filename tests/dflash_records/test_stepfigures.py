@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from dflash_records.answers import PsAnswer
 from dflash_records.step import StepRecord, read_step_line
 from dflash_records.stepfigures import latest_step, with_exact
 from orchestrator.runs.client import with_metrics
@@ -26,7 +27,11 @@ def test_a_step_line_takes_the_figures_of_its_own_record_only():
 def test_ps_reads_the_metrics_tail_where_the_agent_sends_one_and_the_line_from_an_agent_of_the_last_version():
     log = "Loading dataset...\n" + EXACT.to_line() + "\n"
     metrics = EXACT.to_json()[20:] + "\n" + replace(EXACT, step=6).to_json() + "\n" + EXACT.to_json() + "\n"
-    new = with_metrics({"run_id": "r-1", "log_tail": log, "metrics_tail": metrics})
-    assert (new["last_step"], new["tok_per_s"]) == (7, 350.4) and "metrics_tail" not in new and "log_tail" not in new
-    old = with_metrics({"run_id": "r-1", "log_tail": log})  # the last version's agent sends no metrics tail
-    assert (old["last_step"], old["tok_per_s"]) == (7, 400.0)
+    new, old = (PsAnswer.from_dict({"ok": True, "runs": [run]}) for run in (
+        {"run_id": "r-1", "log_tail": log, "metrics_tail": metrics},
+        {"run_id": "r-1", "log_tail": log}))  # the last version's agent sends no metrics tail
+    exact = with_metrics(new.runs[0], new.log_tails[0], new.metrics_tails[0])
+    assert (exact.last_step, exact.tok_per_s) == (7, 350.4)
+    assert "metrics_tail" not in exact.to_dict() and "log_tail" not in exact.to_dict()
+    rounded = with_metrics(old.runs[0], old.log_tails[0], old.metrics_tails[0] if old.metrics_tails else None)
+    assert (rounded.last_step, rounded.tok_per_s) == (7, 400.0)
