@@ -76,8 +76,8 @@ def test_runs_of_two_hosts_update_live(lab, inventory, launched, source: LiveSou
     assert "RuntimeError" in run_of(source.snapshot(), quiet).exception_texts[-1]
     lab.set_gpus("pve2", 300, [{"memory.used": 4321, "utilization.gpu": 77}])
     try:
-        wait_for(lambda: any(g.target == "pve2/300" and g.utilization_pct == 77 for g in source.snapshot().gpus), 5.0,
-                 **changes(source))
+        wait_for(lambda: any(g.target == "pve2/300" and g.row.utilization_pct == 77
+                             for g in source.snapshot().gpus), 5.0, **changes(source))
     finally:
         lab.set_gpus("pve2", 300, [{}])  # back to the session's idle H200 for the tests after
 

@@ -55,6 +55,13 @@ def status(port: int, query: str = "", timeout: float = 20.0) -> int:
         return exc.code
 
 
+def _served(port: int) -> bool:
+    try:
+        return status(port, f"?token={TOKEN}", timeout=10.0) == 200
+    except ConnectionError:
+        return False
+
+
 @needs_textual_serve
 def test_the_servers_output_never_holds_the_token(tmp_path) -> None:
     proc, port, output = start(tmp_path)
@@ -88,7 +95,9 @@ def test_half_open_connections_past_the_file_limit_leave_it_serving(tmp_path) ->
             sock.settimeout(0.05)
             flood.append(sock)
         assert len(flood) > FILE_LIMIT, f"only {len(flood)} connections opened in 120 s"
-        assert status(port, f"?token={TOKEN}") == 200  # an authenticated request among the flood
+        # an authenticated request among the flood is served; one that lands while the server is closing strangers
+        # to make room may be reset with them (seen once in a CI rehearsal), so it may take a second try
+        assert wait_for(lambda: _served(port), 30, 1.0), "no authenticated request served among the flood"
         assert proc.poll() is None
         # the oldest strangers made room: the server closed them (each seen closed once stays so)
         oldest, closed = flood[:FILE_LIMIT // 4], set()
