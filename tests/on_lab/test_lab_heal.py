@@ -144,6 +144,46 @@ def test_a_crafted_step_line_and_a_burst_of_output_leave_a_healthy_run_alone(lab
     assert code == 0 and [r["state"] for r in listed["runs"] if r["run_id"] == record["run_id"]] == ["succeeded"]
 
 
+# attempt 1 fails with a traceback; attempt 2 steps, then hangs in silence and leaves with 0 on SIGTERM
+FAILS_THEN_HANGS = """
+import os, signal, sys, time
+n = int(open('count').read()) + 1 if os.path.exists('count') else 1
+open('count', 'w').write(str(n))
+for i in range(1, 4):
+    print('[%ds] step=%d loss=1.0' % (i, i), flush=True)
+    time.sleep(0.6)  # past the launch's settle time (1 s): an attempt that dies before it is a failed launch
+if n == 1:
+    raise RuntimeError('boom')
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+time.sleep(600)
+"""
+
+
+def test_a_hung_attempt_after_a_failed_one_is_failed_hung_in_every_view(lab, tmp_path, capsys):
+    """The watchdog ends the second attempt, whose workload exits 0 on SIGTERM: the run is failed (reason hung),
+    never succeeded; ps says `failed (hung, ...)`; the dashboard's data count the first attempt's exception once
+    and never take the supervisor's own `dflash: attempt 1/2 failed ... restarting` line for one."""
+    workdir = fresh_workdir(lab, tmp_path / "inventory.yaml", "hung")
+    inv = str(tmp_path / "inventory.yaml")
+    code, record, err = run_cli(inv, "launch", TARGET, "--json", "--restart", "on-failure:1", "--restart-backoff",
+                                "0.2", "--hang-timeout", "2", "--grace", "1", "--", "python3", "-c",
+                                FAILS_THEN_HANGS, capsys=capsys)
+    assert code == 0, err
+    state_path = workdir / ".dflash" / "runs" / record["run_id"] / "state.json"
+    assert wait_for(lambda: json.loads(state_path.read_text())["state"] not in ("starting", "running"), 90,
+                    interval=0.3), state_path.read_text()
+    state = json.loads(state_path.read_text())
+    assert (state["state"], state["reason"], len(state["attempts"])) == ("failed", "hung", 2), state
+    code, table, err = run_cli(inv, "ps", TARGET, "--all", capsys=capsys)
+    assert code == 0 and any(record["run_id"] in line and "failed (hung" in line for line in table.splitlines()), \
+        table
+    code, snapshot, err = run_cli(inv, "watch", TARGET, "--once", "--json", "--all", capsys=capsys)
+    run = next(r for r in snapshot["runs"] if r["run_id"] == record["run_id"])
+    assert run["exceptions"] == 1, run
+    assert run["exception_texts"][-1].splitlines()[-1] == "RuntimeError: boom", run["exception_texts"]
+    assert not any("dflash: attempt" in text for text in run["exception_texts"]), run["exception_texts"]
+
+
 
 def test_a_lost_runs_workload_that_outlived_its_supervisor_is_ended_before_the_relaunch(lab, tmp_path, capsys):
     """SIGKILL the supervisor alone: the run is `lost` while its workload runs on under the keeper, in the same
