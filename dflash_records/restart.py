@@ -121,3 +121,10 @@ def attempt_end(attempt: dict) -> str:
     else:
         text = "failed with exit code {}".format(attempt.get("exit_code"))
     return text + (" ({})".format(attempt["exception"]) if attempt.get("exception") else "")
+
+
+def restarts_unspent(worker_restarts, attempts) -> bool:
+    """Whether a job node ended with torchrun's worker restarts left: its torchrun itself died, or gave up on a
+    peer that did (a SIGKILL, an OOM kill, a rendezvous that timed out), rather than its workers failing every
+    restart. Its attempts are the first start and one per restart of its workers."""
+    return max(len(attempts or []) - 1, 0) < int(worker_restarts or 0)

@@ -27,10 +27,3 @@ def max_attempts(run: dict) -> int | None:
     """A job node's attempts (its first start and torchrun's restarts of its workers); None for a plain run."""
     restarts = run.get("worker_restarts")
     return 1 + int(restarts) if run.get("job_id") and isinstance(restarts, int) and restarts > 0 else None
-
-
-def restarts_unspent(worker_restarts, attempts) -> bool:
-    """Whether a job node ended with torchrun's worker restarts left: its torchrun itself died, or gave up on a
-    peer that did (a SIGKILL, an OOM kill, a rendezvous that timed out), rather than its workers failing every
-    restart. Its attempts are the first start and one per restart of its workers."""
-    return max(len(attempts or []) - 1, 0) < int(worker_restarts or 0)

@@ -193,7 +193,7 @@ class RunStatus:
 class JobNode:
     """A run's place in a multi-node job, whether the node may be relaunched with its job (ended `lost` or
     `failed`, not in a crash loop, with relaunches left under the job's restart policy, not relaunched yet), and
-    whether it ended with torchrun's worker restarts unspent (agent/workerrestarts.restarts_unspent)."""
+    whether it ended with torchrun's worker restarts unspent (dflash_records/restart.restarts_unspent)."""
 
     job_id: str
     node_rank: int

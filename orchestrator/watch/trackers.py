@@ -6,12 +6,11 @@ from collections import deque
 from dataclasses import replace
 
 from dflash_records.gpu import GpuRow, parse_query_csv
-from dflash_records.restart import CRASH_LOOP, job_relaunches_left
+from dflash_records.restart import CRASH_LOOP, job_relaunches_left, restarts_unspent
 from dflash_records.run import RunRecord
 from dflash_records.step import QUEUE_FIELDS, RECORD_FIELDS
 from dflash_records.stepfigures import with_exact
 
-from ..agent.workerrestarts import restarts_unspent
 from ..agent.protocol import FAILED_STATES, FINGERPRINT_BYTES, LOST, STARTING, TERMINAL_STATES, iso_utc
 from ..trainlog.lines import parse_metrics_jsonl_line, parse_step_times_line
 from ..trainlog.parser import ExceptionEvent, LogLine, LogParser, PhaseEvent, StepEvent

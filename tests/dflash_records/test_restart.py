@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dflash_records.restart import (BACKOFF_MAX_S, backoff, crash_loop, parse_policy, should_restart,
-                                    worker_backoff)
+from dflash_records.restart import (BACKOFF_MAX_S, backoff, crash_loop, parse_policy, restarts_unspent,
+                                    should_restart, worker_backoff)
 
 
 def test_policies_parse_and_bad_ones_say_why():
@@ -54,3 +54,10 @@ def test_a_jobs_workers_wait_the_supervisors_backoff_never_past_the_cap(base: fl
     for count, seconds in (("x", "10"), ("1", "soon")):
         with pytest.raises(ValueError):
             worker_backoff(count, seconds)
+
+
+def test_a_node_has_restarts_unspent_only_while_its_attempts_are_fewer_than_one_plus_its_restarts():
+    # attempts: the first start and one per restart of its workers; a torchrun that died has restarts left
+    assert restarts_unspent(3, [{}]) and restarts_unspent(3, [{}, {}, {}])
+    assert not restarts_unspent(3, [{}, {}, {}, {}]) and not restarts_unspent(0, [{}])
+    assert not restarts_unspent(None, None)
