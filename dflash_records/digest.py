@@ -9,6 +9,8 @@ from __future__ import annotations
 import hashlib
 
 HASH_CHUNK = 4 * 1024 * 1024
+# a checkpoint's list of its files' sizes and sha256s, the last file its save writes: what `pull` checks against
+MANIFEST_FILE = "manifest.json"
 
 
 def sha256_state(path, size: int | None = None):

@@ -67,6 +67,10 @@ class CleanupAction(WireRecord):
     description: str = ""
     extra: dict = extra_keys()
 
+    def shown(self) -> str:
+        """Its line in the CLI and the dashboard alike."""
+        return self.description or self.action
+
 
 @dataclass(frozen=True)
 class Finding(WireRecord):
@@ -78,6 +82,10 @@ class Finding(WireRecord):
     description: str = ""
     advice: str | None = None
     extra: dict = extra_keys()
+
+    def shown(self) -> str:
+        """Its line in the CLI and the dashboard alike."""
+        return self.description or self.kind
 
 
 @dataclass(frozen=True)
@@ -122,6 +130,10 @@ class CleanupAnswer:
         return "{}: {} action{} {}".format(target, count, "s" if count != 1 else "",
                                            "planned" if self.dry_run else "taken")
 
+    def foreign_advice(self) -> list:
+        """The advice on foreign zombies, each said once: it is the same for every parent."""
+        return list(dict.fromkeys(entry.advice for entry in self.foreign_zombies if entry.advice))
+
     def to_dict(self) -> dict:
         return encode(self, skip_none=FAILURE)
 
@@ -160,3 +172,32 @@ class ProbeAnswer(WireRecord):
 
 __all__ = ["CleanupAction", "CleanupAnswer", "Finding", "ForeignZombies", "PlanFile", "ProbeAnswer", "ProbeFacts",
            "PullPlan", "SkippedPath"]
+
+
+@dataclass(frozen=True)
+class PackagesAnswer(WireRecord):
+    """packages: whether the trainer package was installed now (it may have been there already) and the versions
+    removed beside it, as nothing uses them."""
+
+    SKIP_NONE = FAILURE
+
+    ok: bool = False
+    installed: bool = False
+    removed: tuple = each()
+    error: str | None = None
+    code: str | None = None
+    extra: dict = extra_keys()
+
+
+@dataclass(frozen=True)
+class VersionAnswer(WireRecord):
+    """version: the agent's version and the Python that runs it."""
+
+    SKIP_NONE = FAILURE
+
+    ok: bool = False
+    agent_version: str = ""
+    python: str = ""
+    error: str | None = None
+    code: str | None = None
+    extra: dict = extra_keys()

@@ -28,6 +28,9 @@ class RunRecord:
     relaunch_of: str | None = None       # the lost run this one relaunched
     worker_restarts: int | None = None
     job_relaunches: int | None = None    # a job node: how often its job was relaunched as a whole before this
+    gpu_count: int | None = None         # --gpu-count N: any N free GPUs, chosen when it starts (then in gpus)
+    sweep_id: str | None = None          # a sweep's run: its sweep, and the values of the grid's keys it runs
+    sweep_values: dict | None = None
     # -- state.json: kept current by the supervisor
     state: str | None = None             # None: no state written yet, which is starting (agent/protocol.py)
     pid: int | None = None
@@ -47,6 +50,8 @@ class RunRecord:
     reason: str | None = None            # why it ended without another attempt: hung, crash loop
     attempts: list | None = None         # one record per attempt (docs/design.md)
     relaunched_as: str | None = None
+    queued_at: str | None = None         # a run launched into its container's queue: when it was queued
+    queue_position: int | None = None    # while queued: 1 for the next run to start (ps computes it)
     # -- where its files are
     log_path: str | None = None
     run_dir: str | None = None

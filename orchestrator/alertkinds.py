@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import difflib
 
-from .agent.protocol import FAILED, KILLED, LOST, SUCCEEDED
+from dflash_records.protocol import FAILED, KILLED, LOST, SUCCEEDED
 
 INFO, WARNING, ERROR = "info", "warning", "error"
 

@@ -11,11 +11,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from rich.cells import cell_len
 from rich.text import Text
 
+from dflash_records.protocol import FAILED, GIB, KILLED, LOST, MIB, RUNNING, STARTING, SUCCEEDED
 from dflash_records.restart import BACKOFF_KILLED, CRASH_LOOP, HUNG
 from dflash_records.run import RunRecord
 from dflash_records.step import StepRecord, format_eta
 
-from .agent.protocol import FAILED, GIB, KILLED, LOST, MIB, RUNNING, STARTING, SUCCEEDED
 
 MISSING = "-"
 STATE_STYLES = {

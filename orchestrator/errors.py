@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 # the exit codes live with the agent's, which shares the first three: the CLI's callers import them from here
-from .agent.protocol import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
+from dflash_records.protocol import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
 
 __all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_UNREACHABLE", "EXIT_USAGE", "DflashError", "OperationFailed",
            "UsageError", "InventoryError", "TargetNotFound", "TransportError", "CommandTimeout", "Unreachable",

@@ -9,7 +9,8 @@ import importlib.metadata
 import json
 import sys
 
-from .agent.protocol import AGENT_VERSION, PROTOCOL_VERSION
+from dflash_records.protocol import AGENT_VERSION, PROTOCOL_VERSION
+
 from .errors import DflashError
 from .inventory.model import Target
 from .transports.base import Transport

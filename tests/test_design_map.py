@@ -17,7 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 DESIGN = ROOT / "docs" / "design.md"
 NOT_PACKAGES = ("tests", "bench")      # folders with an __init__.py that are no part of the program
-KNOWN = {"dflash_records", "orchestrator", "tui", "trainer"}
+KNOWN = {"dflash_records", "dflash_agent", "orchestrator", "tui", "trainer"}
 ENTRY = re.compile(r"( {0,2})(\S+)(.*)")
 
 

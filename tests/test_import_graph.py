@@ -1,6 +1,6 @@
-"""The import graph of dflash_records/, orchestrator/, tui/ and trainer/ has no circle and runs one way: tui ->
-orchestrator -> transports, the agent alone, the trainer beside the controller, and dflash_records (the records
-both bundles carry) under all of them.
+"""The import graph of dflash_records/, dflash_agent/, orchestrator/, tui/ and trainer/ has no circle and runs one
+way: tui -> orchestrator -> transports, the agent alone (the controller imports it only to bundle it), the trainer
+beside the controller, and dflash_records (the records both bundles carry) under all of them.
 
 Every import counts, a function-local one too: an import moved into a function to dodge a circle still makes
 the two modules depend on each other, and it is how the last circle (14 controller modules) stayed hidden.
@@ -14,15 +14,18 @@ import pytest
 
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("dflash_records", "orchestrator", "tui", "trainer")
+PACKAGES = ("dflash_records", "dflash_agent", "orchestrator", "tui", "trainer")
+AGENT = "dflash_agent"
+# the one controller module that imports the agent: to pack it into the zipapp, never to call it
+BUNDLER = "orchestrator.runs.bundle"
 # the records every side shares: shipped in the agent's zipapp and the trainer's tar, so it imports nothing of ours
 RECORDS = "dflash_records"
 # what the transports may use of the rest of the controller: the error root, the inventory they connect to
-TRANSPORTS_MAY_IMPORT = ("orchestrator.errors", "orchestrator.inventory.", "orchestrator.agent.protocol")
+TRANSPORTS_MAY_IMPORT = ("orchestrator.errors", "orchestrator.inventory.", "dflash_records.protocol")
 
 
 def module_files(root: Path = ROOT) -> dict[str, Path]:
-    """Dotted name -> file of every module of the four packages; a package under its own name."""
+    """Dotted name -> file of every module of the five packages; a package under its own name."""
     found = {}
     for package in PACKAGES:
         for path in sorted((root / package).rglob("*.py")):
@@ -159,7 +162,16 @@ def test_the_controller_never_imports_the_dashboard_except_to_open_it(graph: dic
 
 def test_the_agent_imports_nothing_outside_itself_and_the_records(graph: dict[str, set[str]]) -> None:
     # it is shipped as a zipapp with the records beside it: anything else of the project would be missing there
-    assert _offenders(graph, "orchestrator.agent", lambda t: t.startswith(("orchestrator.agent", RECORDS))) == []
+    assert _offenders(graph, AGENT, lambda t: t.startswith((AGENT, RECORDS))) == []
+
+
+def test_the_controller_and_the_dashboard_import_the_agent_only_to_bundle_it(graph: dict[str, set[str]]) -> None:
+    # they speak to it over the wire, in dflash_records' types; its code runs in the containers, not here
+    offenders = [line for importer in ("orchestrator", "tui")
+                 for line in _offenders(graph, importer, lambda t: not t.startswith(AGENT))
+                 if line.split(" -> ")[0] != BUNDLER]
+    assert offenders == []
+    assert any(target.startswith(AGENT) for target in graph[BUNDLER])
 
 
 def test_the_trainer_imports_neither_the_controller_nor_the_dashboard(graph: dict[str, set[str]]) -> None:
@@ -170,7 +182,7 @@ def test_the_trainer_imports_neither_the_controller_nor_the_dashboard(graph: dic
 def test_the_records_import_nothing_of_the_project(graph: dict[str, set[str]]) -> None:
     # the bottom of the graph: whatever imports them, alone on a target, has them whole
     assert _offenders(graph, RECORDS, lambda t: t.startswith(RECORDS)) == []
-    assert any(target.startswith(RECORDS) for name, targets in graph.items() if name.startswith("orchestrator.agent")
+    assert any(target.startswith(RECORDS) for name, targets in graph.items() if name.startswith(AGENT)
                for target in targets)
 
 

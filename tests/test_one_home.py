@@ -9,14 +9,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("dflash_records", "orchestrator", "tui", "trainer")
-PROTOCOL = "orchestrator/agent/protocol.py"
+PROTOCOL = "dflash_records/protocol.py"
 RESTART = "dflash_records/restart.py"
 GPU = "dflash_records/gpu.py"
 TRACEBACKS = "orchestrator/trainlog/tracebacks.py"
-TERMINAL_TEXT = "orchestrator/agent/terminaltext.py"
+TERMINAL_TEXT = "dflash_records/terminaltext.py"
 # the trainer imports nothing of the controller and keeps its own sizes, names and timeouts; the agent runs its
 # own local commands with timeouts of its own
-TRAINER, AGENT = ("trainer/",), ("trainer/", "orchestrator/agent/")
+TRAINER, AGENT = ("trainer/",), ("trainer/", "dflash_agent/")
 # the dashboard has no remote commands (its one literal timeout is how long a toast stays)
 NOT_REMOTE = AGENT + ("tui/",)
 
@@ -102,7 +102,7 @@ def test_no_literal_exit_code_comparisons() -> None:
 
 
 def test_ps_and_the_dashboard_colour_every_state_alike() -> None:
-    from orchestrator.agent.protocol import RUN_STATES
+    from dflash_records.protocol import RUN_STATES
     from orchestrator.cli.ps import _state
     from orchestrator.watch.model import RunView
     from tui.runcells import run_cells
@@ -125,7 +125,7 @@ SHOWN = [
 
 
 def test_the_agent_the_parser_and_the_dashboard_show_a_line_alike(tmp_path: Path) -> None:
-    from orchestrator.agent.lineindex import read_lines
+    from dflash_agent.lineindex import read_lines
     from orchestrator.trainlog.parser import LogLine, LogParser
     from tui.loghighlight import clean_line
 

@@ -9,7 +9,7 @@ from textual.app import App
 from textual.binding import Binding
 from textual.worker import get_current_worker
 
-from orchestrator.agent.protocol import TERMINAL_STATES
+from dflash_records.protocol import TERMINAL_STATES
 from orchestrator.watch.model import ActionResult, DashboardSource
 
 from .cancellable import sleep_unless_cancelled

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 from rich.text import Text
 
-from orchestrator.agent.terminaltext import shown_text
+from dflash_records.terminaltext import shown_text
 from orchestrator.display import clip
 from orchestrator.trainlog.tracebacks import looks_like_exception
 

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from rich.text import Text
 
-from orchestrator.agent.protocol import TERMINAL_STATES
+from dflash_records.protocol import TERMINAL_STATES
 from orchestrator.display import MISSING, clip, format_duration, format_rate, state_style, state_text, widest_cells
 from orchestrator.watch.model import RunView
 

@@ -8,7 +8,8 @@ import math
 
 import typer
 
-from ..agent.protocol import MAX_GPU_INDEX, NO_GPUS, ascii_decimal, env_pair
+from dflash_records.protocol import MAX_GPU_INDEX, NO_GPUS, ascii_decimal, env_pair
+
 from ..errors import UsageError, shorten
 
 

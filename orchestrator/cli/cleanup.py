@@ -52,10 +52,10 @@ def _print(answers: list[tuple[str, CleanupAnswer]]) -> None:
             say(out, about(target, answer.error))
         say(out, answer.summary(target))
         for action in answer.actions:
-            say(out, f"  - {action.description or action.action}")
+            say(out, f"  - {action.shown()}")
         for finding in answer.findings:
-            say(out, f"  ! {finding.description or finding.kind}")
+            say(out, f"  ! {finding.shown()}")
         for entry in answer.foreign_zombies:
             say(out, f"  ! {entry.description}")
-        for advice in dict.fromkeys(entry.advice for entry in answer.foreign_zombies if entry.advice):
-            say(out, f"    {advice}")  # the same for every parent: once
+        for advice in answer.foreign_advice():
+            say(out, f"    {advice}")

@@ -18,7 +18,9 @@ from pathlib import Path
 import typer
 import yaml
 
-from ..agent.protocol import SUCCEEDED, TERMINAL_STATES
+from dflash_records.protocol import SUCCEEDED, TERMINAL_STATES
+from dflash_records.run import RunRecord
+
 from ..display import format_rate
 from ..errors import EXIT_FAILED, EXIT_OK, OperationFailed, UsageError
 from ..runs.client import RunClient
@@ -159,8 +161,8 @@ def _find(source: LiveSource, run_id: str) -> RunView | None:
 
 def print_summary(run: RunView) -> None:
     out = stdout()
-    out.print(f"{run.run_id}: {run.state}" + (f" (exit code {run.exit_code})" if run.exit_code else ""),
-              markup=False)
+    ended = RunRecord(state=run.state, exit_code=run.exit_code, signal=run.signal).ended_text()
+    out.print(f"{run.run_id}: {ended}", markup=False)
     if run.history:
         first, last = run.history[0], run.history[-1]
         out.print(f"steps {first.step}..{last.step}: loss {first.loss} -> {last.loss}, acc {first.acc} -> "

@@ -7,8 +7,8 @@ from typing import List, Optional
 import typer
 
 from dflash_records.answers import KillAnswer
+from dflash_records.protocol import TERMINAL_STATES
 
-from ..agent.protocol import TERMINAL_STATES
 from ..inventory.model import Target
 from ..runs.addressing import Match, locate
 from ..runs.client import RunClient

@@ -6,10 +6,10 @@ from typing import List, Optional
 
 import typer
 
+from dflash_records.protocol import DEFAULT_GRACE_S, LIVE_STATES, TERMINAL_STATES
 from dflash_records.restart import BACKOFF_MAX_S, parse_policy, policy_text
 from dflash_records.run import RunRecord
 
-from ..agent.protocol import DEFAULT_GRACE_S, LIVE_STATES, TERMINAL_STATES
 from ..display import record_state_text
 from ..errors import EXIT_OK, DflashError, UsageError, shorten
 from ..inventory.model import Target

@@ -9,8 +9,8 @@ from typing import NoReturn
 import typer
 
 from dflash_records.run import RunRecord
+from dflash_records.terminaltext import for_terminal
 
-from ..agent.terminaltext import for_terminal
 from ..runs import whereabouts
 from ..runs.client import LaunchFailed, RunClient
 from .output import stderr

@@ -7,8 +7,9 @@ from typing import Optional
 
 import typer
 
-from ..agent.protocol import TERMINAL_STATES
-from ..agent.terminaltext import TerminalStream
+from dflash_records.protocol import TERMINAL_STATES
+from dflash_records.terminaltext import TerminalStream
+
 from ..errors import EXIT_OK, CommandTimeout, DflashError, OperationFailed, TargetNotFound, UsageError
 from ..runs.addressing import Match, locate
 from ..runs.client import RunClient

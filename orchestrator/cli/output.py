@@ -11,8 +11,8 @@ from typing import Any
 
 from rich.console import Console
 
-from ..agent.protocol import ascii_decimal
-from ..agent.terminaltext import for_terminal
+from dflash_records.protocol import ascii_decimal
+from dflash_records.terminaltext import for_terminal
 
 JSON_VERSION = 1
 

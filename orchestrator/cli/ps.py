@@ -10,9 +10,9 @@ from rich.table import Table
 from rich.text import Text
 
 from dflash_records.job import JobSummary
+from dflash_records.protocol import LIVE_STATES
 from dflash_records.run import RunRecord
 
-from ..agent.protocol import LIVE_STATES
 from ..display import MISSING, fit_columns, format_age, format_rate, record_state_text, state_style, widest_cells
 from ..runs.client import RunClient
 from ..runs.jobs import group_jobs

@@ -12,7 +12,8 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from ..agent.protocol import GIB, LOW_FREE_BYTES, LOW_FREE_FRACTION
+from dflash_records.protocol import GIB, LOW_FREE_BYTES, LOW_FREE_FRACTION
+
 from ..display import format_bytes, format_rate
 from ..errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, UsageError
 from ..notify.destinations import Destination

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from dflash_records.protocol import ascii_decimal
 from dflash_records.restart import NEVER
 
-from ..agent.protocol import ascii_decimal
 from ..errors import InventoryError, TargetNotFound, shorten
 from .schema import HostSpec, InventoryModel, validate_inventory
 from .yaml_lines import MAX_BYTES, load_located

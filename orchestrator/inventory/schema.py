@@ -12,9 +12,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
+from dflash_records.protocol import ascii_decimal
 from dflash_records.restart import NEVER, parse_policy
 
-from ..agent.protocol import ascii_decimal
 from ..errors import InventoryError
 from .notify import NotifySpec
 from .yaml_lines import LocatedYaml

@@ -17,7 +17,9 @@ from typing import TextIO
 
 from ..watch.model import AlertFeed, HostView
 from ..watch.source import LiveSource
-from ..agent.protocol import iso_utc
+
+from dflash_records.protocol import iso_utc
+
 from .destinations import Destination
 from .pump import AlertPump
 from .relaunch import Relauncher

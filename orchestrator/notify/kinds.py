@@ -6,7 +6,8 @@ alert is `gpu_idle_held`.
 """
 from __future__ import annotations
 
-from ..agent.protocol import FAILED, KILLED, LOST, SUCCEEDED
+from dflash_records.protocol import FAILED, KILLED, LOST, SUCCEEDED
+
 from ..alertkinds import ENDED, GPU_IDLE, GPU_IDLE_HELD, KINDS, NAN, STALL, STARVATION, THROUGHPUT
 
 RECOVERED = "recovered"

@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..agent.protocol import TERMINAL_STATES
+from dflash_records.protocol import TERMINAL_STATES
+
 from ..alertkinds import GPU_IDLE_HELD
 from ..display import step_figures
 from ..watch.model import AlertFeed, AlertView, RunStatus

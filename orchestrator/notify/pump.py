@@ -7,10 +7,11 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from dflash_records.protocol import iso_utc
+
 from ..alertkinds import WARNING
 from ..watch.model import AlertFeed, AlertView
 from ..watch.source import LiveSource
-from ..agent.protocol import iso_utc
 from .destinations import Destination
 from .policy import NotifyPolicy, Outgoing
 from .sender import Sender, Unsent

@@ -21,6 +21,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from dflash_records.protocol import ALREADY_RELAUNCHED, LOST, SURVIVORS_LEFT, iso_utc
 from dflash_records.restart import backoff
 
 from ..errors import DflashError, TransportError
@@ -29,7 +30,6 @@ from ..runs.client import Relaunched, RelaunchFailed
 from ..runs.jobs import relaunch_job
 from ..watch.model import AlertFeed, AlertView, RunStatus
 from ..watch.source import LiveSource
-from ..agent.protocol import ALREADY_RELAUNCHED, LOST, SURVIVORS_LEFT, iso_utc
 
 RETRY_FIRST_S = 5.0  # a relaunch that could not be made is tried again after this, twice as long each time after
 RETRY_MAX_S = 300.0  # ...up to this, for as long as the loss is unclaimed

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from dflash_records.protocol import LIVE_STATES
 from dflash_records.run import RunRecord
 
-from ..agent.protocol import LIVE_STATES
 from ..errors import DflashError, OperationFailed, TargetNotFound, Unreachable, UsageError, shorten
 from ..inventory.model import Target
 from . import whereabouts

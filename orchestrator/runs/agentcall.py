@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 
-from ..agent.protocol import EXIT_USAGE, NEEDS_DEPLOY, PROTOCOL_VERSION, UNKNOWN_RUN, USAGE_CODES
+from dflash_records.protocol import EXIT_USAGE, NEEDS_DEPLOY, PROTOCOL_VERSION, UNKNOWN_RUN, USAGE_CODES
+
 from ..errors import TargetNotFound, TransportError, UsageError
 from ..inventory.model import Target
 from ..transports.base import CommandResult

@@ -1,4 +1,4 @@
-"""Pack what is shipped to targets into deterministic archives: the agent (orchestrator/agent/) as one zipapp
+"""Pack what is shipped to targets into deterministic archives: the agent (dflash_agent/) as one zipapp
 (`python3 agent.pyz <subcommand> ...`), source trees (the trainer) as a tar.gz.
 
 The zipapp holds that package as `dflash_agent/` (its modules import each other relatively), the records it
@@ -17,11 +17,10 @@ import tarfile
 import zipfile
 from pathlib import Path
 
+import dflash_agent
 import dflash_records
 
-from .. import agent
-
-AGENT_DIR = os.path.dirname(os.path.abspath(agent.__file__))
+AGENT_DIR = os.path.dirname(os.path.abspath(dflash_agent.__file__))
 ARCHIVE_PACKAGE = "dflash_agent"
 RECORDS_DIR = Path(dflash_records.__file__).resolve().parent
 RECORDS_PACKAGE = "dflash_records"

@@ -1,7 +1,7 @@
 """The caller of the agent: launch, list, kill and clean up runs, read log lines, start the watch stream (besides
 deploy.py, which asks it only to install the trainer package).
 
-Everything that happens inside a container is done by the agent (orchestrator/agent/), shipped once per version
+Everything that happens inside a container is done by the agent (dflash_agent/), shipped once per version
 and invoked over the target's transport with one command per operation (agentcall: its command line and its one
 JSON answer). This module decides what to ask where, and parses each answer once, where the call returns, into
 its type (dflash_records/answers.py, plans.py): its methods return those, and nothing past them reads an answer or
@@ -17,11 +17,11 @@ from typing import Sequence
 from dflash_records.answers import (CheckAnswer, KillAnswer, LaunchAnswer, LinesAnswer, NetInfo, PsAnswer,
                                     RelaunchAnswer, SkippedRunDir)
 from dflash_records.plans import CleanupAnswer, ProbeAnswer, PullPlan
+from dflash_records.protocol import CHECK_FAILED, DEFAULT_GRACE_S, NO_GPUS, NOT_VERIFIED, SUCCEEDED, TERMINAL_STATES
 from dflash_records.run import RunRecord
 from dflash_records.step import read_step_json
 from dflash_records.stepfigures import latest_step
 
-from ..agent.protocol import CHECK_FAILED, DEFAULT_GRACE_S, NO_GPUS, NOT_VERIFIED, SUCCEEDED, TERMINAL_STATES
 from ..errors import EXIT_UNREACHABLE, DflashError, OperationFailed, TransportError, UsageError
 from ..gpus import parse_query_csv, query_argv
 from ..inventory.model import Inventory, Target

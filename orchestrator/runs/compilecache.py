@@ -6,7 +6,8 @@ differs per user. `launch` points both at `{workdir}/.dflash/cache/` unless the 
 """
 from __future__ import annotations
 
-from ..agent.protocol import KIB, ascii_decimal, state_path
+from dflash_records.protocol import KIB, ascii_decimal, state_path
+
 from ..inventory.model import Target
 
 CACHE_VARS = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton"}

@@ -21,7 +21,9 @@ from pathlib import Path
 
 import trainer
 
-from ..agent.protocol import UPLOAD_STALL_S, state_path
+from dflash_records.plans import PackagesAnswer
+from dflash_records.protocol import UPLOAD_STALL_S, state_path
+
 from ..errors import TransportError
 from ..inventory.model import Target
 from ..transports.base import Transport
@@ -130,8 +132,8 @@ def _packages(transport: Transport, target: Target, agent_path: str, pkg_dir: st
                  "--stall", f"{UPLOAD_STALL_S:g}"]
     result = transport.run(agent_argv(target, agent_path, *args), stdin=data if send else None,
                            timeout=UPLOAD_TIMEOUT_S)
-    answer = agent_answer(target, result)
-    if not answer.get("ok"):
-        raise TransportError(f"{transport.label}: cannot unpack the trainer in {pkg_dir}: {answer.get('error')}")
-    if answer.get("removed"):
-        log.info("%s: removed trainer versions no run uses: %s", transport.label, ", ".join(answer["removed"]))
+    answer = PackagesAnswer.from_dict(agent_answer(target, result))
+    if not answer.ok:
+        raise TransportError(f"{transport.label}: cannot unpack the trainer in {pkg_dir}: {answer.error}")
+    if answer.removed:
+        log.info("%s: removed trainer versions no run uses: %s", transport.label, ", ".join(answer.removed))

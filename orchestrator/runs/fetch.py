@@ -17,8 +17,8 @@ from typing import Callable
 
 from dflash_records.digest import sha256_of, sha256_state
 from dflash_records.plans import PlanFile
+from dflash_records.terminaltext import for_terminal
 
-from ..agent.terminaltext import for_terminal
 from ..errors import CommandTimeout, OperationFailed, TransportError, Unreachable
 from ..transports.base import Transport
 

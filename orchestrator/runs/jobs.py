@@ -15,12 +15,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from dflash_records.restart import BACKOFF_BASE_S, BACKOFF_ENV, NEVER, ON_FAILURE, parse_policy
 from dflash_records.answers import LaunchAnswer
 from dflash_records.job import FirstFailure, JobSummary, LaunchedJob
+from dflash_records.protocol import DEFAULT_GRACE_S, FAILED, FAILED_STATES, KILLED, LIVE_STATES, RUNNING, SUCCEEDED
+from dflash_records.restart import BACKOFF_BASE_S, BACKOFF_ENV, NEVER, ON_FAILURE, parse_policy
 from dflash_records.run import RunRecord
 
-from ..agent.protocol import DEFAULT_GRACE_S, FAILED, FAILED_STATES, KILLED, LIVE_STATES, RUNNING, SUCCEEDED
 from ..errors import DflashError, OperationFailed, UsageError
 from ..inventory.model import Target
 from ..transports.timeouts import DEFAULT_DIST_TIMEOUT_S

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dflash_records.plans import PullPlan
+from dflash_records.protocol import ascii_decimal
 from dflash_records.run import RunRecord
 
-from ..agent.protocol import ascii_decimal
 from ..errors import OperationFailed, TargetNotFound, UsageError, shorten
 from ..inventory.model import Target
 from ..transports.timeouts import EXPORT_TIMEOUT_S, PULL_STALL_S

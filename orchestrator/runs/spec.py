@@ -10,7 +10,8 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from ..agent.protocol import DEFAULT_GRACE_S, is_run_id, state_path
+from dflash_records.protocol import DEFAULT_GRACE_S, is_run_id, state_path
+
 from ..errors import UsageError, shorten
 from ..inventory.model import Target
 from .compilecache import cache_env

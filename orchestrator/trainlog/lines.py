@@ -9,6 +9,7 @@ import json
 import re
 from dataclasses import dataclass
 
+from dflash_records.protocol import ascii_decimal
 from dflash_records.step import (
     StepRecord,
     parse_duration,
@@ -18,7 +19,6 @@ from dflash_records.step import (
     tok_per_s,
 )
 
-from ..agent.protocol import ascii_decimal
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from dflash_records.protocol import SUPERVISOR_LINE_PREFIX
 from dflash_records.step import STEP_FIELDS, STEP_LINE, parse_duration
+from dflash_records.terminaltext import last_shown, shown_text, without_escapes
 
-from ..agent.protocol import SUPERVISOR_LINE_PREFIX
-from ..agent.terminaltext import last_shown, shown_text, without_escapes
 
 # The line parsers and the traceback reader are re-exported: callers import every name from here.
 from .lines import (

@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 from collections import deque
 
-from ..agent.protocol import SUPERVISOR_LINE_PREFIX
+from dflash_records.protocol import SUPERVISOR_LINE_PREFIX
+
 from .lines import ExceptionEvent
 
 # A traceback longer than this keeps its head and its tail: the cause is at the end, the entry point at the top.

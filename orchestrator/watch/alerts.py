@@ -13,13 +13,13 @@ import math
 import statistics
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from dflash_records.gpu import GPU_HELD_MIB, GPU_IDLE_UTIL_PCT, GpuRow, idle_and_held
+from dflash_records.protocol import FAILED, KILLED, LOST, LOW_FREE_BYTES, LOW_FREE_FRACTION, SUCCEEDED, low_free
 from dflash_records.restart import attempt_end
 from dflash_records.run import RunRecord
 
-from ..agent.protocol import FAILED, KILLED, LOST, LOW_FREE_BYTES, LOW_FREE_FRACTION, SUCCEEDED, low_free
 from ..display import clip, format_bytes, format_duration, format_gib, format_rate
 from ..trainlog.parser import ExceptionEvent, PhaseEvent, StepEvent
 from ..alertkinds import (ENDED, ERROR, EXCEPTION, GPU_IDLE, INFO, LOW_DISK, NAN, RESTARTED, STALL, STARVATION,
@@ -119,10 +119,9 @@ class RunHealth:
             self._enter_phase(event.phase, now)
         return []
 
-    def observe_state(self, state: str, now: float, *, exit_code: int | None = None,
-                      signal: int | None = None, record: RunRecord | None = None) -> list[Alert]:
+    def observe_state(self, state: str, now: float, *, record: RunRecord | None = None) -> list[Alert]:
         """A run state from the run directory: starting, running, or a terminal one; `record` (the run's whole
-        record) tells of its attempts and why it ended."""
+        record) tells of its attempts and how it ended (in RunRecord.ended_text's words, as ps and kill say it)."""
         if self.ended:
             return []  # a run ends exactly once; a late or repeated report changes nothing
         self.state = state
@@ -131,10 +130,8 @@ class RunHealth:
         if not self.ended:
             return alerts
         self._clear(STALL, GPU_IDLE, THROUGHPUT, STARVATION, NAN)
-        detail = f" (exit code {exit_code})" if exit_code is not None else ""
-        detail += f" (signal {signal})" if signal is not None else ""
-        detail += f": {run.error}" if run.reason and run.error else ""
-        return alerts + [self._alert(now, ENDED, TERMINAL_SEVERITY[state], f"run {state}{detail}")]
+        ended = replace(run, state=state).ended_text()
+        return alerts + [self._alert(now, ENDED, TERMINAL_SEVERITY[state], f"run {ended}")]
 
     def _observe_attempt(self, run: RunRecord, now: float) -> list[Alert]:
         """One `restarted` alert per new attempt the supervisor started (none for the attempt a watch first

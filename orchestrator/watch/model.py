@@ -9,9 +9,10 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Protocol
 
 from dflash_records.gpu import GpuRow
+from dflash_records.plans import CleanupAnswer
+from dflash_records.protocol import TERMINAL_STATES
 from dflash_records.step import StepRecord
 
-from ..agent.protocol import TERMINAL_STATES
 
 
 @dataclass(frozen=True)
@@ -220,9 +221,12 @@ class AlertFeed:
 
 @dataclass(frozen=True)
 class ActionResult:
+    """What a kill or a cleanup from the dashboard came to: its one line, and a cleanup's whole answer (its plan,
+    on a dry run)."""
+
     ok: bool
     message: str
-    details: dict = field(default_factory=dict)
+    cleanup: CleanupAnswer | None = None
 
 
 class DashboardSource(Protocol):

@@ -14,10 +14,10 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from dflash_records.answers import LinesAnswer
+from dflash_records.protocol import TERMINAL_STATES, iso_utc
 from dflash_records.watchwire import (DiskMessage, GpuMessage, LogMessage, MetricsMessage, ResetMessage, RunsMessage,
                                       SyncedMessage, WatchMessage)
 
-from ..agent.protocol import TERMINAL_STATES, iso_utc
 from ..errors import DflashError, TargetNotFound
 from ..inventory.model import Inventory, Target
 from ..runs.client import RunClient
@@ -173,8 +173,7 @@ class LiveSource:
         if nodes:  # a job's row: stop every node
             results = [self.kill(node.run_id, grace=grace) for node in nodes]
             ok = all(r.ok for r in results)
-            return ActionResult(ok=ok, message=f"{run_id}: " + "; ".join(r.message for r in results),
-                                details={"nodes": [r.details for r in results]})
+            return ActionResult(ok=ok, message=f"{run_id}: " + "; ".join(r.message for r in results))
         try:
             target = self._target_of(run_id)
             answer = self.client.kill(target, [run_id], grace=grace)
@@ -182,7 +181,7 @@ class LiveSource:
             return ActionResult(ok=False, message=str(exc))
         state = answer.runs[0].state if answer.runs else None
         message = f"{run_id} is {state}" if answer.ok else answer.error or f"{run_id}: not all gone"
-        return ActionResult(ok=answer.ok, message=message, details=answer.to_dict())
+        return ActionResult(ok=answer.ok, message=message)
 
     def cleanup(self, target: str, *, dry_run: bool) -> ActionResult:
         state = self._targets.get(target)
@@ -192,7 +191,7 @@ class LiveSource:
             answer = self.client.cleanup(state.target, dry_run=dry_run)
         except DflashError as exc:
             return ActionResult(ok=False, message=str(exc))
-        return ActionResult(ok=answer.ok, message=answer.summary(target), details=answer.to_dict())
+        return ActionResult(ok=answer.ok, message=answer.summary(target), cleanup=answer)
 
     def log_line_count(self, run_id: str) -> int:
         cached = self._line_counts.get(run_id)

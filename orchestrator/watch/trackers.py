@@ -6,12 +6,12 @@ from collections import deque
 from dataclasses import replace
 
 from dflash_records.gpu import GpuRow, parse_query_csv
+from dflash_records.protocol import FAILED_STATES, FINGERPRINT_BYTES, LOST, STARTING, TERMINAL_STATES, iso_utc
 from dflash_records.restart import CRASH_LOOP, job_relaunches_left, restarts_unspent
 from dflash_records.run import RunRecord
 from dflash_records.step import QUEUE_FIELDS, RECORD_FIELDS
 from dflash_records.stepfigures import with_exact
 
-from ..agent.protocol import FAILED_STATES, FINGERPRINT_BYTES, LOST, STARTING, TERMINAL_STATES, iso_utc
 from ..trainlog.lines import parse_metrics_jsonl_line, parse_step_times_line
 from ..trainlog.parser import ExceptionEvent, LogLine, LogParser, PhaseEvent, StepEvent
 from ..alertkinds import LOG_RESET, WARNING
@@ -96,8 +96,7 @@ class RunTracker:
         self.record, self.run = record, RunRecord.from_dict(record)
         self._view = None if changed else self._view
         run = self.run
-        return self._keep(self.health.observe_state(run.state or STARTING, now, exit_code=run.exit_code,
-                                                    signal=run.signal, record=run))
+        return self._keep(self.health.observe_state(run.state or STARTING, now, record=run))
 
     def feed(self, offset: int, ino: int | None, data: bytes, now: float) -> list[Alert]:
         """New log bytes starting at `offset`; bytes we already have (a resend) are dropped."""

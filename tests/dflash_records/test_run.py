@@ -3,8 +3,8 @@ this version does not know (a newer agent's) survives the round trip."""
 from __future__ import annotations
 
 from dflash_records.run import RECORD_KEYS, RUN_JSON_FIELDS, STATE_JSON_FIELDS, RunRecord
-from orchestrator.agent.rundir import RunPaths
-from orchestrator.agent.runstate import build_record
+from dflash_agent.rundir import RunPaths
+from dflash_agent.runstate import build_record
 
 
 def test_the_agents_record_is_the_run_records_fields_and_reads_back(tmp_path):

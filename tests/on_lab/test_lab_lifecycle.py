@@ -268,7 +268,7 @@ def test_cleanup_on_a_host_whose_workdir_is_its_containers_never_touches_their_r
     assert runs == "/workspace/.dflash/runs"
     assert run_procs(lab, run["run_id"])
     top = str(Path(__file__).resolve().parents[2])  # where this orchestrator package lives
-    agent = ["env", f"PYTHONPATH={top}", sys.executable, "-m", "orchestrator.agent", "cleanup", "--runs-dir", runs]
+    agent = ["env", f"PYTHONPATH={top}", sys.executable, "-m", "dflash_agent", "cleanup", "--runs-dir", runs]
     for dry in (["--dry-run"], []):
         done = subprocess.run(lab.ssh_argv(CT[0]) + [shlex.join(agent + dry)], capture_output=True, text=True,
                               timeout=60)

@@ -117,7 +117,7 @@ def test_a_headless_watch_notifies_stall_recovery_and_failure_and_nothing_for_a_
     assert stall[0].startswith("stall: no new step for ") and stall[-1] == f"last step: {figures(8)}"
     assert recovered[0] == "recovered: the run is healthy again" and recovered[-1].startswith("last step: step ")
     assert "RuntimeError: first failure" in exception[0]
-    assert failed[0] == "failed: run failed (exit code 1)" and failed[-1] == f"last step: {figures(24)}"
+    assert failed[0] == "failed: run failed, exit code 1" and failed[-1] == f"last step: {figures(24)}"
     # the alerts themselves are all printed: the second stall and the second exception were only not sent
     printed = [line["kind"] for line in headless_lines(out) if line["type"] == "alert" and line["run_id"] == troubled]
     assert printed.count("stall") == 2 and printed.count("exception") == 2 and "ended" in printed
@@ -145,7 +145,7 @@ def test_a_detached_headless_watch_survives_its_shell_and_notifies_a_later_failu
             assert code == 0, err
             [failed] = sink.wait_for(lambda got: any(record["run_id"] in m.message for m in got), 60)
             assert failed.path == "/failures" and failed.title == "dflashctl: doomed on pve2/300: failed"
-            assert failed.message.splitlines() == ["failed: run failed (exit code 3)",
+            assert failed.message.splitlines() == ["failed: run failed, exit code 3",
                                                    f"run {record['run_id']} (doomed) on pve2/300, failed",
                                                    f"last step: {figures(1)}"]
             code, killed, err = run_cli(inv, "kill", "notifier", "--grace", "10", "--json", capsys=capsys)

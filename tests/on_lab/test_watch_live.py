@@ -118,8 +118,8 @@ def test_kill_and_log_lines_through_the_source(lab, inventory, launched, source:
     ended = [a for a in source.snapshot().alerts if a.kind == "ended" and a.run_id == counter]
     assert ended and ended[-1].severity == "warning"
     plan = source.cleanup("pve2/300", dry_run=True)
-    assert plan.ok and "actions" in plan.details
-    assert ("planned" in plan.message) == bool(plan.details["actions"]), plan.message  # else "nothing to clean"
+    assert plan.ok and plan.cleanup is not None and plan.cleanup.dry_run
+    assert ("planned" in plan.message) == bool(plan.cleanup.actions), plan.message  # else "nothing to clean"
 
 
 def json_step(line: str) -> int:

@@ -10,7 +10,9 @@ import dataclasses
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
+from dflash_records.plans import CleanupAction, CleanupAnswer, Finding
 from orchestrator.watch.model import ActionResult, AlertView, GpuView, RunView, Snapshot
 
 TERMINAL = frozenset({"succeeded", "failed", "killed", "lost"})
@@ -25,11 +27,12 @@ class FakeSource:
         self._version = 0
         self._seen_version = -1  # the first wait reports a change: the dashboard has seen nothing yet
         self._kill_delay_s = kill_delay_s
-        self._cleanup_plan = cleanup_plan or ActionResult(ok=True, message="dry run: 1 action", details={
-            "actions": [{"action": "end_stuck_parent", "pid": 4242, "zombies": [4300, 4301],
-                         "detail": "2 zombie child(ren) it never reaps", "done": False, "ok": True}],
-            "findings": [{"kind": "zombies_of_init", "count": 3, "pids": [17, 18, 19],
-                          "advice": "only a container restart clears them"}]})
+        self._cleanup_plan = cleanup_plan or ActionResult(ok=True, message="dry run: 1 action", cleanup=CleanupAnswer(
+            ok=True, dry_run=True,
+            actions=(CleanupAction(action="end_stuck_parent", ok=True, description=(
+                "end stuck parent 4242 (python train.py) of 2 zombie(s): 2 zombie child(ren) it never reaps")),),
+            findings=(Finding(kind="zombies_of_init", advice="only a container restart clears them",
+                              description="3 zombie(s) of PID 1: only a container restart clears them"),)))
         self._log_counts: dict[str, int] = {}
         self._log_makers: dict[str, Callable[[int], str]] = {}
         self.kill_calls: list[tuple[str, float]] = []
@@ -90,15 +93,17 @@ class FakeSource:
         self.update_run(run_id, state="killed", signal=SIGTERM, ended_at=ended_at)
         self.add_alert(AlertView(time=ended_at, run_id=run_id, target=run.target, kind="ended", severity="info",
                                  message=f"run {run_id} killed (signal {SIGTERM})"))
-        return ActionResult(ok=True, message=f"run {run_id} killed", details={"signal": SIGTERM})
+        return ActionResult(ok=True, message=f"run {run_id} killed")
 
     def cleanup(self, target: str, *, dry_run: bool) -> ActionResult:
         with self._lock:
             self.cleanup_calls.append((target, dry_run))
         if dry_run:
             return self._cleanup_plan
-        return ActionResult(ok=True, message="cleanup done: 1 action", details={"actions": [
-            {**action, "done": True} for action in self._cleanup_plan.details.get("actions", [])]})
+        plan = self._cleanup_plan.cleanup or CleanupAnswer()
+        done = tuple(replace(action, done=True) for action in plan.actions)
+        return ActionResult(ok=True, message="cleanup done: 1 action",
+                            cleanup=replace(plan, dry_run=False, actions=done))
 
     def log_line_count(self, run_id: str) -> int:
         with self._lock:

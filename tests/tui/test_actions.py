@@ -5,6 +5,7 @@ import pytest
 from textual.content import Content
 from textual.widgets import Button, Label, Static
 
+from dflash_records.plans import CleanupAnswer, Finding, ForeignZombies
 from orchestrator.watch.model import ActionResult
 
 from tui.screens.cleanup_confirm import CleanupConfirmScreen
@@ -104,8 +105,8 @@ async def test_cleanup_shows_the_dry_run_then_runs_it_on_confirm(app, source):
         await wait_for_screen(pilot, CleanupConfirmScreen, ready="#details-text", what="the cleanup plan")
         assert source.cleanup_calls == [("pve2/300", True)]
         plan = app.screen.query_one("#details-text", Static).content.plain
-        assert "end_stuck_parent pid 4242" in plan and "2 zombie child(ren) it never reaps" in plan
-        assert "zombies_of_init count 3" in plan and "only a container restart clears them" in plan
+        assert "end stuck parent 4242 (python train.py)" in plan and "2 zombie child(ren) it never reaps" in plan
+        assert "3 zombie(s) of PID 1: only a container restart clears them" in plan
         await pilot.press("y")
         await wait_until(pilot, lambda: len(source.cleanup_calls) == 2, what="the real cleanup")
         assert source.cleanup_calls == [("pve2/300", True), ("pve2/300", False)]
@@ -126,10 +127,10 @@ async def test_cleanup_cancelled_after_the_dry_run_changes_nothing(app, source):
 async def test_cleanup_with_nothing_planned_says_so_and_offers_no_confirm():
     from tui.app import DashboardApp
 
-    finding = {"kind": "zombies_of_init", "count": 3, "pids": [17, 18, 19],
-               "advice": "only a container restart clears them"}
+    finding = Finding(kind="zombies_of_init", advice="only a container restart clears them",
+                      description="3 zombie(s) of PID 1: only a container restart clears them")
     nothing = ActionResult(ok=True, message="pve2/300: nothing to clean",
-                           details={"actions": [], "findings": [finding]})
+                           cleanup=CleanupAnswer(ok=True, dry_run=True, findings=(finding,)))
     app = DashboardApp(FakeSource(scenario.snapshot(), cleanup_plan=nothing), refresh_s=0.02)
     async with app.run_test(size=(80, 24)) as pilot:
         await wait_for_rows(pilot, 4)
@@ -144,7 +145,7 @@ async def test_cleanup_with_nothing_planned_says_so_and_offers_no_confirm():
         # said once, by the title: not again by the message nor by the plan's text
         assert "nothing to clean" not in plan.lower() and "Planned actions" not in plan
         assert plan.startswith("No orphan of an ended run (stuck or not), no dead run.")
-        assert "zombies_of_init count 3" in plan  # what it cannot fix is still said
+        assert "3 zombie(s) of PID 1: only a container restart clears them" in plan  # what it cannot fix: still said
         await pilot.press("y")  # nothing to confirm: y only closes
         await wait_until(pilot, lambda: isinstance(app.screen, MainScreen), what="the dialog closed")
         await pilot.pause(0.2)
@@ -152,14 +153,15 @@ async def test_cleanup_with_nothing_planned_says_so_and_offers_no_confirm():
 
 
 async def test_the_cleanup_plan_gives_its_advice_on_foreign_zombies_once():
-    from orchestrator.agent.cleanup import ADVICE_FOREIGN
+    from dflash_agent.cleanup import ADVICE_FOREIGN
     from tui.app import DashboardApp
 
-    foreign = [{"parent": {"pid": pid, "cmdline": "sleep 301"}, "count": 1, "pids": [pid + 1],
-                "advice": ADVICE_FOREIGN, "description": f"1 zombie(s) of pid {pid} (sleep 301), which no dflashctl "
-                                                         "run owns: left alone"} for pid in (700, 800, 900)]
+    foreign = [ForeignZombies.from_dict({
+        "parent": {"pid": pid, "cmdline": "sleep 301"}, "count": 1, "pids": [pid + 1], "advice": ADVICE_FOREIGN,
+        "description": f"1 zombie(s) of pid {pid} (sleep 301), which no dflashctl run owns: left alone"})
+        for pid in (700, 800, 900)]
     plan = ActionResult(ok=True, message="pve2/300: nothing to clean",
-                        details={"actions": [], "findings": [], "foreign_zombies": foreign})
+                        cleanup=CleanupAnswer(ok=True, dry_run=True, foreign_zombies=tuple(foreign)))
     app = DashboardApp(FakeSource(scenario.snapshot(), cleanup_plan=plan), refresh_s=0.02)
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for_rows(pilot, 4)
@@ -167,7 +169,7 @@ async def test_the_cleanup_plan_gives_its_advice_on_foreign_zombies_once():
         await pilot.press("c")
         dialog = await wait_for_screen(pilot, CleanupConfirmScreen, ready="#details-text", what="the cleanup plan")
         text = dialog.query_one("#details-text", Static).content.plain
-        assert all(entry["description"] in text for entry in foreign), text
+        assert all(entry.description in text for entry in foreign), text
         assert text.count(ADVICE_FOREIGN) == 1, text
 
 

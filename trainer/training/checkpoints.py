@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from dflash_records.digest import sha256_of
+from dflash_records.digest import MANIFEST_FILE, sha256_of
 from dflash_records.digits import ascii_decimal
 from trainer.errors import TrainerError
 from trainer.model.drafter_files import (CONFIG_FILE, DTYPES, MASTER_WEIGHTS_FILE, WEIGHTS_FILE, drafter_tensors,
@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     from trainer.config import TrainConfig
 
 STATE_FILE = "training_state.pt"
-MANIFEST_FILE = "manifest.json"  # each file's size and sha256, written last: what `dflashctl pull` checks against
 TRAINER_CONFIG_FILE = "trainer_config.json"  # the resolved training config, readable without torch
 CHECKPOINT_FILES = (CONFIG_FILE, WEIGHTS_FILE, STATE_FILE, TRAINER_CONFIG_FILE)
 # config keys that shape the drafter or the data order: a checkpoint resumes only with the same values

@@ -1,17 +1,15 @@
 """Shows what a cleanup of a target would do (its dry run) and asks before doing it."""
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from rich.text import Text
 
+from dflash_records.plans import CleanupAnswer
 from orchestrator.display import clip
 from orchestrator.watch.model import ActionResult
 
 from .confirm import ConfirmScreen
 
-# Fields that name what an action or finding is about, in the order they read best.
-SUBJECT_FIELDS = ("pid", "run_id", "count", "pids", "gpus", "cmdline")
+LINE_CHARS = 240  # an action's line names a command line, which may be as long as a workload likes
 
 
 class CleanupConfirmScreen(ConfirmScreen):
@@ -26,54 +24,32 @@ class CleanupConfirmScreen(ConfirmScreen):
         self.plan = plan
 
 
-def planned_actions(plan: ActionResult) -> list:
-    return list(plan.details.get("actions") or [])
+def planned_actions(plan: ActionResult) -> tuple:
+    return plan.cleanup.actions if plan.cleanup else ()
 
 
 def plan_text(plan: ActionResult) -> Text:
     """The dry run's message, its planned actions, what it cannot fix, and the zombies of processes no run owns
-    (never planned: cleanup ends only what its runs left)."""
-    actions = planned_actions(plan)
-    findings = list(plan.details.get("findings") or [])
-    foreign = list(plan.details.get("foreign_zombies") or [])
-    if actions:
+    (never planned: cleanup ends only what its runs left), each in the words `dflashctl cleanup` prints."""
+    answer = plan.cleanup or CleanupAnswer()
+    if answer.actions:
         text = Text(plan.message or "")
-        text.append(f"\n\nPlanned actions ({len(actions)}):", style="bold")
+        text.append(f"\n\nPlanned actions ({len(answer.actions)}):", style="bold")
     else:  # the title says there is nothing to clean: here only what was looked for, once
         text = Text("No orphan of an ended run (stuck or not), no dead run.", style="dim")
-    for action in actions:
+    for action in answer.actions:
         text.append("\n  • ")
-        text.append(describe(action, name_field="action"))
-    if findings:
-        text.append(f"\n\nCannot fix from here ({len(findings)}):", style="bold yellow")
-        for finding in findings:
+        text.append(clip(action.shown(), LINE_CHARS))
+    if answer.findings:
+        text.append(f"\n\nCannot fix from here ({len(answer.findings)}):", style="bold yellow")
+        for finding in answer.findings:
             text.append("\n  • ")
-            text.append(describe(finding, name_field="kind"), style="yellow")
-    if foreign:
-        text.append(f"\n\nNot ours, left alone ({len(foreign)}):", style="bold yellow")
-        for entry in foreign:
+            text.append(clip(finding.shown(), LINE_CHARS), style="yellow")
+    if answer.foreign_zombies:
+        text.append(f"\n\nNot ours, left alone ({len(answer.foreign_zombies)}):", style="bold yellow")
+        for entry in answer.foreign_zombies:
             text.append("\n  • ")
-            text.append(str(entry.get("description") or entry) if isinstance(entry, Mapping) else str(entry),
-                        style="yellow")
-        for advice in dict.fromkeys(entry.get("advice") for entry in foreign
-                                    if isinstance(entry, Mapping) and entry.get("advice")):
-            text.append(f"\n  {advice}", style="yellow")  # the same for every parent: said once
+            text.append(clip(entry.description, LINE_CHARS), style="yellow")
+        for advice in answer.foreign_advice():
+            text.append(f"\n  {advice}", style="yellow")
     return text
-
-
-def describe(entry: object, *, name_field: str) -> str:
-    """One line for an action or finding, a dict as the cleanup reports them (or already a string)."""
-    if not isinstance(entry, Mapping):
-        return str(entry)
-    parts = [str(entry.get(name_field, "?"))]
-    parts += [f"{field} {_short(entry[field])}" for field in SUBJECT_FIELDS if entry.get(field) not in (None, "")]
-    reason = entry.get("detail") or entry.get("advice")
-    if reason:
-        parts.append(f"— {reason}")
-    return " ".join(parts)
-
-
-def _short(value: object, limit: int = 60) -> str:
-    if isinstance(value, (list, tuple)):
-        value = ",".join(str(item) for item in value)
-    return clip(str(value), limit)

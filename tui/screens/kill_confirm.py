@@ -4,7 +4,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from orchestrator.agent.protocol import DEFAULT_GRACE_S
+from dflash_records.protocol import DEFAULT_GRACE_S
 from orchestrator.watch.model import RunView
 
 from ..runcells import run_label

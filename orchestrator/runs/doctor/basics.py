@@ -6,7 +6,8 @@ points torch.compile at).
 """
 from __future__ import annotations
 
-from ...agent.protocol import ascii_decimal
+from dflash_records.protocol import ascii_decimal
+
 from ...display import format_bytes
 from ...errors import AuthError, CommandTimeout, HostKeyError, Unreachable
 from ...gpus import parse_query_csv, query_argv

@@ -1,5 +1,5 @@
 """What the checks judge, gathered in two round trips: one fixed script on the host, one agent `probe` in the
-container (orchestrator/agent/probe.py), plus what a trainer config asks for (Needs).
+container (dflash_agent/probe.py), plus what a trainer config asks for (Needs).
 
 On the host: the kernel module's version (/proc/driver/nvidia/version), its GPUs (/proc/driver/nvidia/gpus/),
 the majors of the NVIDIA character devices (/proc/devices), the host's CPUs and memory, and for a container
@@ -13,8 +13,8 @@ from pathlib import Path
 
 from dflash_records.gpu import GpuRow
 from dflash_records.plans import ProbeFacts
+from dflash_records.protocol import KIB, ascii_decimal
 
-from ...agent.protocol import KIB, ascii_decimal
 from ...errors import DflashError
 from ...inventory.model import Target
 from ...transports.base import Transport

@@ -3,8 +3,8 @@ them through, and no GPU holds memory that no run accounts for."""
 from __future__ import annotations
 
 from dflash_records.gpu import held_without_run
+from dflash_records.protocol import MIB
 
-from ...agent.protocol import MIB
 from ...display import format_bytes
 from .facts import Facts, expected_nodes
 from .report import FAIL, OK, WARN, Row, see

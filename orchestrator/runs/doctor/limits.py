@@ -2,7 +2,8 @@
 data threads; the target model passes through host memory while it loads)."""
 from __future__ import annotations
 
-from ...agent.protocol import GIB, MIB
+from dflash_records.protocol import GIB, MIB
+
 from ...display import format_bytes
 from .facts import Facts
 from .report import OK, WARN, Row, see

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from ...agent.protocol import GIB, KIB, low_free
+from dflash_records.protocol import GIB, KIB, low_free
+
 from ...inventory.model import Target
 from ...transports.base import Transport
 from ...transports.timeouts import PROBE_TIMEOUT_S

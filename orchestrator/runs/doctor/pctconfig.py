@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from ...agent.protocol import ascii_decimal
+from dflash_records.protocol import ascii_decimal
 
 DEFAULT_MEMORY_MIB = 512
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?)([kmgt]?)i?b?$", re.IGNORECASE)

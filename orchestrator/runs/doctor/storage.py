@@ -1,7 +1,8 @@
 """The storage checks: /dev/shm big enough and not hoarding data, the workdir on a disk with room and inodes."""
 from __future__ import annotations
 
-from ...agent.protocol import GIB, MIB, low_free
+from dflash_records.protocol import GIB, MIB, low_free
+
 from ...display import format_bytes
 from .facts import Facts
 from .report import FAIL, OK, WARN, Row, see

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.orchestrator.agent.pidns import host_processes_with
+from tests.dflash_agent.pidns import host_processes_with
 from tests.lab.workloads import (run_cli, start_foreign_stuck_parent, stop_keeper, write_local_inventory,
                                  zombie_children)
 from tests.polling import wait_for

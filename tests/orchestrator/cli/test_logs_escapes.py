@@ -103,7 +103,7 @@ def test_a_launch_that_fails_shows_the_logs_last_lines_as_text_only(inv, tmp_pat
 
 
 def test_a_sequence_cut_between_two_reads_never_passes_as_text():
-    from orchestrator.agent.terminaltext import TerminalStream, for_terminal
+    from dflash_records.terminaltext import TerminalStream, for_terminal
 
     for data in HOSTILE.values():
         for cut in range(1, len(data)):
@@ -114,7 +114,7 @@ def test_a_sequence_cut_between_two_reads_never_passes_as_text():
 
 
 def test_progress_bars_and_tabs_stay_other_controls_go():
-    from orchestrator.agent.terminaltext import for_terminal
+    from dflash_records.terminaltext import for_terminal
 
     assert for_terminal("a\tb\r50%\r100%\n") == "a\tb\r50%\r100%\n"
     assert for_terminal("bell\x07 back\x08space\x0cfeed\x7f") == "bell backspacefeed"

@@ -39,7 +39,7 @@ def demo_and_watch(inventory: Path, capsys) -> None:
     assert code == 0, out
     assert "generate answered=48/48" in captured.err  # the prompts' progress, not a minute of silence
     run_id, state = out.splitlines()[0].split(": ")
-    assert state == "succeeded" and run_id.startswith("demo-")
+    assert state == "succeeded, exit code 0" and run_id.startswith("demo-")
     assert "steps 1..20" in out  # step 1 is logged at once, then every log_every (5) steps
     first_loss, last_loss = map(float, re.search(r"loss (\S+) -> (\S+),", out).groups())
     assert last_loss < first_loss  # it trained

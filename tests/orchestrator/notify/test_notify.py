@@ -67,10 +67,10 @@ def test_each_destination_gets_the_kinds_it_asked_for(tmp_path: Path) -> None:
                                runs={"r1": run(conditions=("stall", "throughput", "gpu_idle"))}), now=0.0)
     assert kinds_sent(sent) == [(everything, "stall"), (everything, "gpu_idle_held")]  # throughput: not asked for
     assert sent[1].title == "dflashctl: drafter on pve1/200: GPUs idle, memory held"
-    sent = policy.observe(feed(alert("ended", message="run failed (exit code 3)", severity="error"),
+    sent = policy.observe(feed(alert("ended", message="run failed, exit code 3", severity="error"),
                                runs={"r1": run("failed")}), now=1.0)
     assert kinds_sent(sent) == [(everything, "failed"), (failures, "failed")]
-    assert sent[0].body.splitlines() == ["failed: run failed (exit code 3)", "run r1 (drafter) on pve1/200, failed",
+    assert sent[0].body.splitlines() == ["failed: run failed, exit code 3", "run r1 (drafter) on pve1/200, failed",
                                          f"last step: {STEP_LINE}"]
     assert sent[0].severity == "error"
 

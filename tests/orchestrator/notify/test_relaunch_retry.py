@@ -1,7 +1,7 @@
 """How a headless watch goes on after a relaunch that did not start (notify/relaunch.Relauncher): tried again with
 a growing pause while the loss is unclaimed, never again after a refusal, and a quiet note, no error, where another
 watcher healed the loss first; and what the relaunch says it resumes from. The client's answers are the ones the
-agent gives (tests/orchestrator/agent/test_restart.py, tests/on_lab/test_lab_heal.py run them for real); the source
+agent gives (tests/dflash_agent/test_restart.py, tests/on_lab/test_lab_heal.py run them for real); the source
 stands in for the live one, which needs hosts."""
 from __future__ import annotations
 

@@ -23,6 +23,7 @@ from orchestrator.watch.alerts import (
 )
 from dflash_records.gpu import GpuRow, parse_query_csv
 from orchestrator.trainlog.parser import LogParser, PhaseEvent, parse_lines, parse_step_line
+from dflash_records.run import RunRecord
 from dflash_records.step import StepRecord, format_step_line
 
 # nvidia-smi --query-gpu=index,memory.used,utilization.gpu --format=csv,noheader, verbatim from
@@ -104,7 +105,7 @@ def test_exception_without_a_message_still_says_what_it_was():
 def test_run_end_alerts_exactly_once(state, severity):
     run = RunHealth("r1")
     assert run.observe_state("starting", 1.0) == [] and run.observe_state("running", 2.0) == []
-    (alert,) = run.observe_state(state, 3.0, exit_code=1 if state == "failed" else None)
+    (alert,) = run.observe_state(state, 3.0, record=RunRecord(state=state, exit_code=1 if state == "failed" else None))
     assert (alert.kind, alert.severity, alert.time) == (ENDED, severity, 3.0) and state in alert.message
     assert ("exit code 1" in alert.message) == (state == "failed")
     assert run.observe_state(state, 4.0) == [] and run.observe_state("lost", 5.0) == []

@@ -43,10 +43,17 @@ def test_the_attempt_a_watch_first_finds_is_no_restart():
 def test_a_crash_loop_is_one_ended_alert_that_names_it():
     health = RunHealth("r1")
     health.observe_state("running", 0, record=run_record(3))
-    alerts = health.observe_state("failed", 1, exit_code=3, record=run_record(
-        3, "failed", reason="crash loop", error="crash loop: RuntimeError: CUDA error"))
+    alerts = health.observe_state("failed", 1, record=run_record(
+        3, "failed", exit_code=3, reason="crash loop", error="crash loop: RuntimeError: CUDA error"))
     assert [(a.kind, a.message) for a in alerts] == [
-        (ENDED, "run failed (exit code 3): crash loop: RuntimeError: CUDA error")]
+        (ENDED, "run failed, exit code 3: crash loop: RuntimeError: CUDA error")]
+
+
+def test_the_ended_alert_says_how_the_run_ended_as_ps_does():
+    health = RunHealth("r1")
+    killed = run_record(1, "killed", signal=15, signal_name="SIGTERM")
+    assert [a.message for a in health.observe_state("killed", 0, record=killed)] == \
+        [f"run {killed.ended_text()}"] == ["run killed, signal 15 (SIGTERM)"]
 
 
 def test_a_kill_during_the_backoff_is_named_in_the_ended_alert():
@@ -59,7 +66,7 @@ def test_a_kill_during_the_backoff_is_named_in_the_ended_alert():
 
 
 # a failed attempt as its log holds it: the workload's traceback, then the supervisor's own line about it (the one
-# tests/orchestrator/agent/test_restart.py sees a real supervisor write)
+# tests/dflash_agent/test_restart.py sees a real supervisor write)
 FAILED_ATTEMPT = (b"[1s] step=1 loss=2.0\n"
                   b"Traceback (most recent call last):\n  File \"train.py\", line 3, in <module>\n    step()\n"
                   b"RuntimeError: CUDA error\n"

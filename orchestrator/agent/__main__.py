@@ -1,9 +1,0 @@
-"""`python -m orchestrator.agent ...` (development) and the zipapp's entry point."""
-from __future__ import annotations
-
-import sys
-
-from .cli import main
-
-if __name__ == "__main__":
-    sys.exit(main())
