@@ -37,6 +37,7 @@ import sys
 import time
 
 from dflash_records.protocol import FINGERPRINT_BYTES, TERMINAL_STATES, is_run_id
+from dflash_records.run import RunRecord
 from dflash_records.watchwire import DiskMessage, Heartbeat, LogMessage, ResetMessage, RunsMessage, SyncedMessage
 
 from .gpusampler import GpuSampler
@@ -211,9 +212,9 @@ class RunsWatcher:
         for run_id in run_ids:
             paths = RunPaths(self.runs_dir, run_id)
             note = settle_or_note(paths)
-            records.append(dict(load_record(paths), **({"error": note} if note else {})))
+            records.append(RunRecord.from_dict(dict(load_record(paths), **({"error": note} if note else {}))))
         self.signature = self._signature(run_ids)  # after settling, which may have rewritten a state.json
-        self.live = [r["run_id"] for r in records if r.get("state") not in TERMINAL_STATES]
+        self.live = [r.run_id for r in records if r.state not in TERMINAL_STATES]
         self.out.send(RunsMessage(tuple(records)))
 
     def _signature(self, run_ids: list) -> tuple:

@@ -22,6 +22,8 @@ import binascii
 from dataclasses import dataclass
 from typing import Optional, Tuple, Union
 
+from .run import RunRecord
+
 MSG_RUNS, MSG_LOG, MSG_RESET, MSG_SYNCED, MSG_GPU, MSG_HEARTBEAT = "runs", "log", "reset", "synced", "gpu", "hb"
 MSG_DISK = "disk"  # free space of the filesystem that holds the runs directory
 MSG_METRICS = "metrics"  # new whole lines of a followed run's metrics.jsonl
@@ -46,20 +48,22 @@ def _unb64(text: object) -> Optional[bytes]:
 
 @dataclass(frozen=True)
 class RunsMessage:
-    """Every run's record, at start and whenever a state.json or the set of runs changes (records as sent:
-    JSON objects with a string run_id; the controller types them where it keeps them)."""
+    """Every run's record, at start and whenever a state.json or the set of runs changes; on the wire each is
+    RunRecord's JSON object without its unknown (None) fields, and one without a string run_id is dropped."""
 
-    runs: Tuple[dict, ...] = ()
+    runs: Tuple[RunRecord, ...] = ()
 
     def to_wire(self) -> dict:
-        return {"t": MSG_RUNS, "runs": list(self.runs)}
+        return {"t": MSG_RUNS, "runs": [{key: value for key, value in run.to_dict().items() if value is not None}
+                                        for run in self.runs]}
 
     @classmethod
     def from_wire(cls, obj: dict) -> Optional["RunsMessage"]:
         runs = obj.get("runs")
         if not isinstance(runs, list):
             return None
-        return cls(tuple(r for r in runs if isinstance(r, dict) and isinstance(r.get("run_id"), str)))
+        return cls(tuple(RunRecord.from_dict(run) for run in runs
+                         if isinstance(run, dict) and isinstance(run.get("run_id"), str)))
 
 
 @dataclass(frozen=True)

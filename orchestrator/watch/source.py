@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from dflash_records.answers import LinesAnswer
 from dflash_records.protocol import TERMINAL_STATES, iso_utc
+from dflash_records.run import RunRecord
 from dflash_records.watchwire import (DiskMessage, GpuMessage, LogMessage, MetricsMessage, ResetMessage, RunsMessage,
                                       SyncedMessage, WatchMessage)
 
@@ -281,11 +282,11 @@ class LiveSource:
 
     # -- message handling -----------------------------------------------------------------------------------
 
-    def _on_runs(self, state: TargetState, records: tuple[dict, ...], now: float) -> dict[str, object]:
+    def _on_runs(self, state: TargetState, records: tuple[RunRecord, ...], now: float) -> dict[str, object]:
         follow: dict[str, object] = {}
         seen = set()
         for record in records:
-            run_id = record["run_id"]  # the codec keeps only records with a run id
+            run_id = record.run_id  # the codec keeps only records with a run id
             seen.add(run_id)
             tracker = state.runs.get(run_id)
             if tracker is None:

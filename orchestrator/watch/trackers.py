@@ -52,12 +52,11 @@ MAX_EXACT_STEPS = 64  # metrics.jsonl records kept for step lines not read yet (
 class RunTracker:
     """One run: its record from the agent, its log parsed incrementally from byte offsets, its health."""
 
-    def __init__(self, target: str, record: dict, *, history: int, tail: int,
+    def __init__(self, target: str, run: RunRecord, *, history: int, tail: int,
                  rules: AlertRules | None = None) -> None:
         self.target = target
-        self.run_id: str = record["run_id"]
-        self.record = record  # as the agent sent it (jobs fold these), and typed:
-        self.run = RunRecord.from_dict(record)
+        self.run_id: str = run.run_id
+        self.run = run
         # a run that had ended before we looked raises no alerts: they would all be old news
         self.quiet = self.run.state in TERMINAL_STATES
         self.parser = LogParser()
@@ -91,11 +90,10 @@ class RunTracker:
 
     # -- inputs
 
-    def update_record(self, record: dict, now: float) -> list[Alert]:
-        changed = record != self.record
-        self.record, self.run = record, RunRecord.from_dict(record)
+    def update_record(self, run: RunRecord, now: float) -> list[Alert]:
+        changed = run != self.run
+        self.run = run
         self._view = None if changed else self._view
-        run = self.run
         return self._keep(self.health.observe_state(run.state or STARTING, now, record=run))
 
     def feed(self, offset: int, ino: int | None, data: bytes, now: float) -> list[Alert]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 
+from dflash_records.run import RunRecord
 from dflash_records.step import StepRecord
 from dflash_records.watchwire import (DiskMessage, GpuMessage, Heartbeat, LogMessage, MetricsMessage, ResetMessage,
                                       RunsMessage, SyncedMessage, decode_message)
@@ -40,7 +41,7 @@ def test_each_line_of_the_last_versions_agent_reads_as_its_typed_message_and_wri
     assert [type(m) for m in messages] == [DiskMessage, RunsMessage, GpuMessage, MetricsMessage, LogMessage,
                                            SyncedMessage, Heartbeat]
     disk, runs, gpu, metrics, log, synced, _ = messages
-    assert (disk.free_bytes, disk.total_bytes) == (1000000, 5000000) and runs.runs == (RECORD,)
+    assert (disk.free_bytes, disk.total_bytes) == (1000000, 5000000) and runs.runs == (RunRecord.from_dict(RECORD),)
     assert gpu.csv.startswith("0, GPU-1") and gpu.error is None
     assert (metrics.run, metrics.offset, metrics.data, metrics.restart) == ("r-1", 0, METRICS, False)
     assert (log.run, log.offset, log.ino, log.data) == ("r-1", 0, 1234, LOG) and synced.runs == ("r-1",)
@@ -60,4 +61,4 @@ def test_what_is_not_a_message_of_a_known_kind_reads_as_none():
                                                                      "total_bytes": 1}, {"t": "runs", "runs": {}}):
         assert decode_message(obj) is None, obj
     runs = decode_message({"t": "runs", "runs": [RECORD, {"run_id": 3}, "r-2"]})
-    assert runs.runs == (RECORD,)  # the records without a run id are dropped where the line is read
+    assert runs.runs == (RunRecord.from_dict(RECORD),)  # the records without a run id are dropped where the line is read

@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 from textual.strip import Strip
 
+from dflash_records.run import RunRecord
 from orchestrator.watch.model import HostView, RunView, Snapshot
 from orchestrator.watch.trackers import RunTracker
 from dflash_records.step import StepRecord, format_step_line
@@ -50,7 +51,7 @@ def run_view(index: int, stage: str) -> RunView:
     record = {"run_id": f"tiny-2612{index:02d}-120000-3f2a", "name": f"tiny{index}", "gpus": [],
               "state": "starting" if stage == "launched" else "running",
               "created_at": f"2026-12-{index + 1:02d}T12:00:00Z"}
-    tracker = RunTracker("local", record, history=100, tail=20)
+    tracker = RunTracker("local", RunRecord.from_dict(record), history=100, tail=20)
     if LOG_AT[stage]:
         tracker.feed(0, 1, LOG_AT[stage].encode(), now=0.0)
     return tracker.view()

@@ -4,6 +4,7 @@ worker restarts left, with relaunches left; never one a crash loop stopped, one 
 every restart, one with a node killed, or one not every node of which was seen."""
 from __future__ import annotations
 
+from dflash_records.run import RunRecord
 from orchestrator.notify.relaunch import _why_relaunched, jobs_to_relaunch
 from orchestrator.watch.trackers import RunTracker
 
@@ -15,7 +16,7 @@ def node(rank: int, state: str, *, restarts: int = 2, attempts: int = 1, **extra
 
 
 def chosen(*records: dict) -> list[str]:
-    statuses = [RunTracker(r["target"], r, history=1, tail=1).status() for r in records]
+    statuses = [RunTracker(r["target"], RunRecord.from_dict(r), history=1, tail=1).status() for r in records]
     return sorted(jobs_to_relaunch(statuses))
 
 
@@ -42,7 +43,7 @@ def test_a_crash_loop_a_kill_a_job_without_a_policy_or_relaunches_left_or_a_node
 
 def test_the_relaunch_says_what_ended_the_job() -> None:
     def why(*records: dict) -> str:
-        return _why_relaunched([RunTracker(r["target"], r, history=1, tail=1).status() for r in records])
+        return _why_relaunched([RunTracker(r["target"], RunRecord.from_dict(r), history=1, tail=1).status() for r in records])
 
     assert why(node(0, "failed", attempts=3), node(1, "lost")) == "lost node 1 (pve2/200)"
     assert why(node(0, "failed", attempts=3), node(1, "failed")) == (

@@ -43,7 +43,7 @@ def started(run_id: str = "r2", **extra) -> Relaunched:
 
 
 def feed(record: dict = LOST) -> AlertFeed:
-    status = RunTracker(record["target"], record, history=1, tail=1).status()
+    status = RunTracker(record["target"], RunRecord.from_dict(record), history=1, tail=1).status()
     return AlertFeed(cursor=0, version=0, runs={status.run_id: status})
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dflash_records.gpu import GpuRow, parse_query_csv
+from dflash_records.run import RunRecord
 from orchestrator.trainlog.lines import parse_step_times_line
 from orchestrator.watch.bottleneck import RunSignals, diagnose, index_ranges
 from orchestrator.watch.model import GpuView
@@ -28,7 +29,7 @@ def gpus_at(*percents: float) -> tuple[GpuView, ...]:
 
 
 def fed(log: str, *, state: str = "running", gpus: list[int] | None = None) -> RunTracker:
-    run = RunTracker("pve1/200", {"run_id": "r", "state": state, "gpus": gpus or []}, history=100, tail=10)
+    run = RunTracker("pve1/200", RunRecord(run_id="r", state=state, gpus=gpus or []), history=100, tail=10)
     run.feed(0, 1, log.encode(), now=0.0)
     return run
 

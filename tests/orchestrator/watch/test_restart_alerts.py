@@ -74,10 +74,10 @@ FAILED_ATTEMPT = (b"[1s] step=1 loss=2.0\n"
 
 
 def test_the_supervisors_restart_line_is_not_the_workloads_exception():
-    tracker = RunTracker("pve1/200", {"run_id": "r1", **record(1)}, history=10, tail=10)
-    alerts = tracker.update_record({"run_id": "r1", **record(1)}, 0)
+    tracker = RunTracker("pve1/200", RunRecord.from_dict({"run_id": "r1", **record(1)}), history=10, tail=10)
+    alerts = tracker.update_record(RunRecord.from_dict({"run_id": "r1", **record(1)}), 0)
     alerts += tracker.feed(0, 1, FAILED_ATTEMPT, 1) + tracker.settle(2)
-    alerts += tracker.update_record({"run_id": "r1", **record(2)}, 3)
+    alerts += tracker.update_record(RunRecord.from_dict({"run_id": "r1", **record(2)}), 3)
     assert [a.kind for a in alerts] == [EXCEPTION, RESTARTED], [a.message for a in alerts]
     view = tracker.view()
     assert view.exceptions == 1 and [text.splitlines()[-1] for text in view.exception_texts] == [

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from dflash_records.run import RunRecord
 from dflash_records.step import StepRecord
 from orchestrator.watch.trackers import GpuTracker, RunTracker
 
@@ -11,7 +12,7 @@ STEP = ("[{i}s] step={i} loss=2.5 acc=0.1 streak=0.5 lr=1e-4 noise=0.0 | tgt=1.0
 
 
 def tracker(state: str = "running") -> RunTracker:
-    return RunTracker("pve1/200", {"run_id": "r", "state": state, "gpus": [0]}, history=100, tail=10)
+    return RunTracker("pve1/200", RunRecord(run_id="r", state=state, gpus=[0]), history=100, tail=10)
 
 
 def test_overlapping_resends_are_dropped_and_split_lines_join() -> None:
@@ -39,11 +40,11 @@ def test_reset_restarts_the_parser_and_exceptions_alert() -> None:
 
 def test_runs_ended_before_watching_raise_no_alerts_but_new_ends_do() -> None:
     old = tracker("failed")
-    assert old.update_record({"run_id": "r", "state": "failed", "exit_code": 1}, now=0.0) == []
+    assert old.update_record(RunRecord(run_id="r", state="failed", exit_code=1), now=0.0) == []
     assert old.feed(0, 1, b"RuntimeError: boom\n", now=0.0) == []
     assert old.view().exceptions == 1
     live = tracker()
-    alerts = live.update_record({"run_id": "r", "state": "killed", "signal": 15}, now=0.0)
+    alerts = live.update_record(RunRecord(run_id="r", state="killed", signal=15), now=0.0)
     assert [(a.kind, a.severity) for a in alerts] == [("ended", "warning")]
     assert live.view().state == "killed"
 
@@ -78,21 +79,21 @@ def test_an_ended_runs_phase_says_it_ended() -> None:
         run = tracker()
         run.feed(0, 1, STEP.format(i=1).encode(), now=0.0)
         assert run.view().phase == "training"
-        run.update_record({"run_id": "r", "state": state}, now=1.0)
+        run.update_record(RunRecord(run_id="r", state=state), now=1.0)
         assert run.view().phase == "ended" and run.view().last_step == 1
     finished = tracker()
     finished.feed(0, 1, (STEP.format(i=1) + "Finished: 1 steps in 9.0s; saved\n").encode(), now=0.0)
-    finished.update_record({"run_id": "r", "state": "succeeded", "exit_code": 0}, now=1.0)
+    finished.update_record(RunRecord(run_id="r", state="succeeded", exit_code=0), now=1.0)
     assert finished.view().phase == "finished"
 
 
 def test_the_view_carries_the_grace_the_run_recorded() -> None:
-    assert RunTracker("local", {"run_id": "r", "state": "running", "grace_s": 5.0}, history=1, tail=1).view().grace_s \
+    assert RunTracker("local", RunRecord(run_id="r", state="running", grace_s=5.0), history=1, tail=1).view().grace_s \
         == 5.0
     assert tracker().view().grace_s is None
     for bad in ("5", -1, True, float("nan")):
         record = {"run_id": "r", "state": "running", "grace_s": bad}
-        assert RunTracker("local", record, history=1, tail=1).view().grace_s is None
+        assert RunTracker("local", RunRecord.from_dict(record), history=1, tail=1).view().grace_s is None
 
 
 def test_a_generate_progress_line_reads_like_a_step_line() -> None:
