@@ -37,8 +37,8 @@ import torch
 
 from flops import LayerShape, StepFlops, TargetShape, target_feature_flops, training_step_flops
 from synthetic import SHAPES, causal_lm_class, target_config
-from trainer.config import (BLOCK_SIZE_DEFAULTS, DFLASH2_DEFAULTS, SEED_BUCKETS, TrainConfig, default_gamma,
-                            parse_loss)
+from trainer.config import BLOCK_SIZE_DEFAULTS, DFLASH2_DEFAULTS, SEED_BUCKETS, TrainConfig, default_gamma
+from trainer.objectives import parse_loss
 from trainer.training.metrics import compiled_graphs, seconds_between, timing_mark
 from trainer.training.optim import rank_share
 

@@ -14,6 +14,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from trainer.errors import ConfigError, Problem, TrainerError
+from trainer.objectives import (DEFAULT_DPACE_ALPHA, DEFAULT_LOSS, DEFAULT_SLOT_WEIGHTS, DISTRIBUTION_OBJECTIVES,
+                                parse_loss)
 
 # The seed run's length buckets (upper bounds exclusive): they spread a chat dataset's batches evenly enough.
 SEED_BUCKETS = [0, 770, 1216, 1728, 2432, 3296, 8193]
@@ -28,11 +30,6 @@ MAX_TREE_BUDGET = 1024
 BLOCK_SIZE_DEFAULTS = {"dflash": 16, "dflash2": 8}
 DFLASH2_DEFAULTS = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 256, "selector_top_k": 16}
 CONV_KERNEL_SIZES = (2,)   # the published convolution's taps (slot t and t - 1); others are untested
-# The training objectives (trainer/training/losses.py computes them): ce and cap need only the data's labels, the
-# others the target's own distribution at each labelled position (its last layers and LM head run for them).
-LABEL_OBJECTIVES = ("ce", "cap")
-DISTRIBUTION_OBJECTIVES = ("kl", "tv", "nla", "lk_hybrid")
-OBJECTIVES = LABEL_OBJECTIVES + DISTRIBUTION_OBJECTIVES
 # Names other trainers use for our keys, where the closest spelling would point elsewhere (or nowhere).
 KEY_ALIASES = {alias: key for key, names in {
     "lr": "learning_rate", "token_budget": "batch_size max_tokens tokens_per_batch",
@@ -47,42 +44,6 @@ KEY_ALIASES = {alias: key for key, names in {
     "drafter_head_dim": "head_dim", "drafter_intermediate_size": "intermediate_size",
     "drafter_rope_theta": "rope_theta"
 }.items() for alias in names.split()}
-
-
-def parse_loss(value: Any) -> dict[str, float]:
-    """The `loss:` value as {objective: weight}: a name (weight 1) or a mapping of names to weights >= 0, at
-    least one of them positive. A ValueError of one line otherwise."""
-    known = ", ".join(OBJECTIVES)
-    if isinstance(value, str):
-        value = {value: 1.0}
-    if not isinstance(value, dict) or not value:
-        raise ValueError(f"loss must be an objective name ({known}) or a mapping of them to weights, "
-                         f"e.g. {{ce: 0.1, cap: 0.9}}")
-    weights = {}
-    for name, weight in value.items():
-        if name not in OBJECTIVES:
-            close = difflib.get_close_matches(str(name), OBJECTIVES, n=1)
-            hint = f" (did you mean '{close[0]}'?)" if close else ""
-            raise ValueError(f"unknown objective '{name}'{hint}; known: {known}")
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight >= 0:
-            raise ValueError(f"the weight of '{name}' must be a number >= 0, got {weight!r}")
-        weights[name] = float(weight)
-    if not any(weights.values()):
-        raise ValueError("loss: at least one objective needs a weight > 0")
-    return weights
-
-
-# The objective's defaults: TrainConfig's fields, and the loss code's Objective when built without a config.
-DEFAULT_LOSS = "ce"
-DEFAULT_SLOT_WEIGHTS = "dpace"
-DEFAULT_DPACE_ALPHA = 0.5
-
-
-def objective_text(weights: dict[str, float], slot_weights: str) -> str:
-    """One line for logs and model cards from parsed weights (parse_loss), e.g. `0.1*ce + 0.9*cap, decay slot
-    weights`."""
-    terms = " + ".join(name if weight == 1.0 else f"{weight:g}*{name}" for name, weight in weights.items())
-    return f"{terms}, {slot_weights} slot weights"
 
 
 def default_gamma(block_size: int) -> float:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dflash_records.digits import ascii_decimal
-from trainer.config import objective_text, parse_loss
+from trainer.objectives import objective_text, parse_loss
 from trainer.errors import TrainerError, about_path
 from trainer.planning.parity import ParityReport, check_parity, read_json
 

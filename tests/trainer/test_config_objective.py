@@ -5,6 +5,7 @@ from __future__ import annotations
 from unittest import mock
 
 from trainer import config as config_module
+from trainer import objectives as objectives_module
 from trainer.config import TrainConfig
 from trainer.training.losses import Objective
 
@@ -20,7 +21,9 @@ def test_objective_defaults_are_the_configs() -> None:
 
 def test_loss_is_parsed_once_when_the_config_is_read() -> None:
     cfg = default_config(loss={"ce": 0.1, "cap": 0.9})
-    with mock.patch.object(config_module, "parse_loss", side_effect=AssertionError("loss: parsed again")):
+    again = AssertionError("loss: parsed again")
+    with mock.patch.object(config_module, "parse_loss", side_effect=again), \
+            mock.patch.object(objectives_module, "parse_loss", side_effect=again):
         objective = Objective.from_config(cfg)
         assert cfg.needs_target_distribution() is False
         assert objective.describe() == "0.1*ce + 0.9*cap, dpace slot weights"

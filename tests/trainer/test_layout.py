@@ -14,8 +14,9 @@ from tests.trainer.conftest import REPO_ROOT, trainer_env
 
 TRAINER = REPO_ROOT / "trainer"
 COMMANDS = ("__init__", "__main__", "train", "export")   # `python -m trainer ...` and what it runs
-# shared with the controller (yamlbound: how config reads YAML safely); every room may read them
-CONTRACTS = ("config", "errors", "logformat", "yamlbound")
+# shared with the controller (yamlbound: how config reads YAML safely; objectives: what its `loss:` may say); every
+# room may read them
+CONTRACTS = ("config", "errors", "logformat", "objectives", "yamlbound")
 ROOMS = ("planning", "model", "data", "decoding", "training")  # lowest first: each imports only those before it
 # what the controller imports of the trainer (DESIGN.md: the config adapter, `check`), in a fresh process each
 CONTROLLER_READS = [f"trainer.{name}" for name in CONTRACTS] + sorted(

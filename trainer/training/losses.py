@@ -30,8 +30,8 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from trainer.config import (DEFAULT_DPACE_ALPHA, DEFAULT_LOSS, DEFAULT_SLOT_WEIGHTS, DISTRIBUTION_OBJECTIVES,
-                            objective_text)
+from trainer.objectives import (DEFAULT_DPACE_ALPHA, DEFAULT_LOSS, DEFAULT_SLOT_WEIGHTS, DISTRIBUTION_OBJECTIVES,
+                                objective_text)
 from trainer.training.selector_objective import chunk_candidates
 
 # fp32 [rows, vocab] tensors one chunk holds at once (its autograd graph keeps several): 256 MiB each. Not
