@@ -22,7 +22,7 @@ from ..runs.command import CONFIG_INPUT
 from ..runs.spec import LaunchSpec, SweepPlace
 from ..runs.sweep import SweepNames, SweepPoint, check_size, config_text, grid, parse_sets
 from ..runs.trainerconfig import ConfigRejected, config_file, config_problems, unknown_key
-from ..transports.fanout import per_target
+from ..transports.fanout import fanout_exit_code, per_target
 from ..transports.pool import Connections
 from .args import number_in, parse_env, parse_gpus
 from .launch import launch_spec
@@ -167,10 +167,10 @@ def _check_on_targets(client: RunClient, config: Path, points: list[SweepPoint],
                                  f"nothing was started") from None
 
     chosen = list({specs[p.index].target.name: specs[p.index].target for p in points}.values())
-    failed = [o for o in per_target(chosen, check) if not o.ok]
-    if failed:
-        worst = max(failed, key=lambda o: o.error.exit_code)
-        raise worst.error
+    outcomes = per_target(chosen, check)
+    code = fanout_exit_code(outcomes)
+    if code != EXIT_OK:  # the worst: a target not reached (3) before a refused config (2)
+        raise next(error for error in (o.error for o in outcomes if not o.ok) if error.exit_code == code)
 
 
 def _launch_all(client: RunClient, specs: dict[int, LaunchSpec]) -> dict[int, object]:
