@@ -386,7 +386,7 @@ def test_a_job_whose_torchrun_died_is_relaunched_as_a_whole_by_a_headless_watch(
 
 
 def test_a_sweep_of_four_tiny_runs_is_ranked_by_tau_in_its_report(lab, tiny, inv, tmp_path, capsys) -> None:
-    config = write_config(tmp_path / "sweep.yaml", tiny, max_steps=4, checkpoint_every=0, eval_every=2,
+    config = write_config(tmp_path / "sweep.yaml", tiny, max_steps=2, checkpoint_every=0, eval_every=2,
                           eval_samples=2, eval_tree_budgets=[4], heldout_path=str(tiny["dataset"]))
     code, started, err = cli(inv, "sweep", str(config), "--set", "lr=1e-4,3e-2", "--set", "seed=0,1", "--gpus",
                              "none", "--name", "tiny", "--json", *TARGETS, capsys=capsys)
@@ -410,7 +410,7 @@ def test_a_sweep_of_four_tiny_runs_is_ranked_by_tau_in_its_report(lab, tiny, inv
     assert code == 0, err
     taus = [r["tau_heldout"] for r in report["runs"]]
     assert report["keys"] == ["lr", "seed"] and len(taus) == 4 and all(tau >= 1.0 for tau in taus), report
-    assert taus == sorted(taus, reverse=True) and all(r["last_step"] == 4 for r in report["runs"])
+    assert taus == sorted(taus, reverse=True) and all(r["last_step"] == 2 for r in report["runs"])
     assert all(set(r["tau_tree_heldout"]) == {"4"} for r in report["runs"])
     code, table, _ = cli(inv, "sweep", "report", sweep_id, "--markdown", capsys=capsys)
     assert code == 0 and table.splitlines()[2].startswith(f"| 1 | {report['runs'][0]['run_id']} |")
