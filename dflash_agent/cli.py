@@ -2,7 +2,7 @@
 
     launch   --runs-dir D --run-id ID --name N --target T [--cwd DIR] [--env K=V]... [--gpus 0,1] [--force]
              [--grace S] [--verify-timeout S] [--settle S] [--input NAME]...
-             [--job-id J --node-rank R --nnodes N] [--keeper-idle S]
+             [--job-id J --node-rank R --nnodes N] [--sweep-id S --sweep-values JSON] [--keeper-idle S]
              [--restart never|on-failure[:N]] [--restart-backoff S] [--hang-timeout S] [--retry-arg ARG]...
              [--worker-restarts N]
              [--check JSON_ARGV --check-input NAME] [--lease-pkg PKG_DIR] -- CMD...
@@ -145,6 +145,8 @@ def _add_launch(launch: argparse.ArgumentParser) -> None:
     launch.add_argument("--job-id", help="the multi-node job this run is one node of")
     launch.add_argument("--node-rank", type=int, help="this node's rank in the job (0 = rendezvous host)")
     launch.add_argument("--nnodes", type=int, help="how many nodes the job has")
+    launch.add_argument("--sweep-id", help="the sweep this run is one point of")
+    launch.add_argument("--sweep-values", metavar="JSON", help="the values of the sweep's keys it runs (an object)")
     launch.add_argument("--keeper-idle", type=seconds,
                         help="a keeper this launch starts exits after this long with nothing to do (default 600)")
     launch.add_argument("--restart", default="never", metavar="never|on-failure[:N]",
@@ -286,13 +288,14 @@ def dispatch(args: argparse.Namespace, command: list):
 
 
 def _launch(args: argparse.Namespace, command: list):
-    from .launch import LaunchRequest, job_fields, launch, read_inputs
+    from .launch import LaunchRequest, job_fields, launch, read_inputs, sweep_fields
     inputs = read_inputs(args.input, sys.stdin.buffer.read()) if args.input else {}
     req = LaunchRequest(runs_dir=args.runs_dir, run_id=args.run_id, name=args.name, target=args.target,
                         command=command, cwd=args.cwd, env_pairs=args.env, gpus=args.gpus, force=args.force,
                         grace=args.grace, inputs=inputs,
                         job=job_fields(args.job_id, args.node_rank, args.nnodes), pythonpath=args.pythonpath,
-                        keeper_idle=args.keeper_idle, restart=_restart_fields(args))
+                        keeper_idle=args.keeper_idle, restart=_restart_fields(args),
+                        sweep=sweep_fields(args.sweep_id, args.sweep_values))
     if args.check is not None:
         _check_before_launch(req, args.check, args.check_input)
     return launch(req, verify_timeout=args.verify_timeout, settle=args.settle)

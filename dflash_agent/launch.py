@@ -25,6 +25,7 @@ MAX_INPUT_BYTES = 16 * 1024 * 1024
 LOG_TAIL_LINES = 40
 DIAGNOSTIC_TAIL_LINES = 10
 POLL_S = 0.02
+MAX_SWEEP_VALUES_CHARS = 4096
 # room beyond the supervisor's own limit for ending leftovers: its /proc scans between rounds, on a loaded machine
 RECORD_SLACK_S = 5.0
 
@@ -33,7 +34,7 @@ class LaunchRequest:
     def __init__(self, *, runs_dir: str, run_id: str, name: str, target: str, command: list, cwd: str | None,
                  env_pairs: list, gpus: str | None, force: bool, grace: float, inputs: dict | None = None,
                  job: dict | None = None, pythonpath: list | None = None,
-                 keeper_idle: float | None = None, restart: dict | None = None) -> None:
+                 keeper_idle: float | None = None, restart: dict | None = None, sweep: dict | None = None) -> None:
         self.paths = RunPaths(runs_dir, run_id)
         self.name = validate_name(name, what="name")
         self.target = validate_target(target)
@@ -60,13 +61,14 @@ class LaunchRequest:
         # the restart policy (dflash_records/restart.py), its backoff base, the hang watchdog's bound, the
         # arguments of a restarted attempt
         self.restart = restart or {}
+        self.sweep = sweep or {"sweep_id": None, "sweep_values": None}
 
     def run_json(self) -> dict:
         return {"version": 1, "run_id": self.paths.run_id, "name": self.name, "target": self.target,
                 "command": self.command, "cwd": self.cwd, "env": self.env, "pythonpath": self.pythonpath,
                 "gpus": self.gpus,
                 "grace_s": self.grace, "created_at": iso_utc(), "created_ts": time.time(),
-                "supervisor_pid": None, "supervisor_start_time": None, **self.job, **self.restart}
+                "supervisor_pid": None, "supervisor_start_time": None, **self.job, **self.restart, **self.sweep}
 
 
 def job_fields(job_id: str | None, node_rank: int | None, nnodes: int | None) -> dict:
@@ -81,6 +83,25 @@ def job_fields(job_id: str | None, node_rank: int | None, nnodes: int | None) ->
         raise BadInput("--node-rank {} of --nnodes {}: need 0 <= rank < nnodes".format(node_rank, nnodes),
                        code="bad_job")
     return {"job_id": job_id, "node_rank": node_rank, "nnodes": nnodes}
+
+
+def sweep_fields(sweep_id: str | None, values_text: str | None) -> dict:
+    """The sweep a run belongs to and the values of the grid's keys it runs (a JSON object of scalars)."""
+    if sweep_id is None:
+        if values_text is not None:
+            raise BadInput("--sweep-values needs --sweep-id", code="bad_sweep")
+        return {"sweep_id": None, "sweep_values": None}
+    validate_name(sweep_id, what="sweep id")
+    try:
+        values = json.loads(values_text or "{}")
+    except ValueError:
+        values = None
+    scalar = (str, int, float, bool, type(None))
+    if not isinstance(values, dict) or len(values_text or "") > MAX_SWEEP_VALUES_CHARS or \
+            not all(isinstance(value, scalar) for value in values.values()):
+        raise BadInput("--sweep-values needs a JSON object of scalars, at most {} characters".format(
+            MAX_SWEEP_VALUES_CHARS), code="bad_sweep")
+    return {"sweep_id": sweep_id, "sweep_values": values}
 
 
 def read_inputs(names: list, raw: bytes) -> dict:

@@ -132,7 +132,8 @@ def request_for(paths: RunPaths, run: dict, state: dict, new_run_id: str,
                          target=run.get("target") or "?", command=run["command"], cwd=run.get("cwd"),
                          env_pairs=["{}={}".format(k, v) for k, v in sorted((run.get("env") or {}).items())],
                          gpus=gpus_text, force=False, grace=float(run.get("grace_s") or 0), restart=restart,
-                         pythonpath=run.get("pythonpath") or [])
+                         pythonpath=run.get("pythonpath") or [],
+                         sweep={"sweep_id": run.get("sweep_id"), "sweep_values": run.get("sweep_values")})
 
 
 def _policy_left(run: dict, state: dict) -> dict:

@@ -20,11 +20,13 @@ EXCEPTION, ENDED, STALL, GPU_IDLE, THROUGHPUT, NAN, STARVATION = (
 RESTARTED = "restarted"  # the supervisor started a run again under its restart policy (a failed or hung attempt)
 LOG_RESET = "log_reset"  # the followed log was truncated or replaced: the run's view starts over
 LOW_DISK = "low_disk"    # a target's alert: its runs directory is running out of room
+QUEUE_DRAINED = "queue_drained"  # a target's queue emptied by a start, or a sweep's runs all ended (no run id)
 
 # what a notification destination may ask for (the inventory's `notify: kinds`), and what it gets by default
 GPU_IDLE_HELD = "gpu_idle_held"
-KINDS = (FAILED, KILLED, LOST, SUCCEEDED, RESTARTED, EXCEPTION, STALL, GPU_IDLE_HELD, NAN, THROUGHPUT, STARVATION)
-DEFAULT_KINDS = (FAILED, KILLED, LOST, RESTARTED, EXCEPTION, STALL, GPU_IDLE_HELD, NAN)
+KINDS = (FAILED, KILLED, LOST, SUCCEEDED, RESTARTED, EXCEPTION, STALL, GPU_IDLE_HELD, NAN, THROUGHPUT, STARVATION,
+         QUEUE_DRAINED)
+DEFAULT_KINDS = (FAILED, KILLED, LOST, RESTARTED, EXCEPTION, STALL, GPU_IDLE_HELD, NAN, QUEUE_DRAINED)
 DEFAULT_REPEAT_S = 600.0  # at most one notification per kind and run in this window
 
 

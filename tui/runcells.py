@@ -78,7 +78,8 @@ def run_cells(run: RunView, *, name: str | None = None, narrow: bool = False) ->
     limit = NARROW_NAME_CHARS if narrow else MAX_NAME_CHARS
     return {
         "target": Text(clip(run.target, NARROW_TARGET_CHARS) if narrow else run.target),
-        "run": Text(name if name is not None else clip(run.name or run.run_id, limit)),
+        "run": Text((f"#{run.sweep_rank} " if run.sweep_rank else "")  # its rank in its sweep
+                    + (name if name is not None else clip(run.name or run.run_id, limit))),
         "state": Text(state_text(run.state, attempt=run.attempt, max_attempts=run.max_attempts,
                                  restarting=bool(run.restart_at), reason=run.reason), style=state_style(run.state)),
         "phase": Text(run.phase or MISSING),

@@ -7,7 +7,7 @@ import typer
 
 from ..errors import EXIT_USAGE, DflashError
 from ..transports.shortage import raise_open_file_limit
-from . import cleanup, completion, demo, doctor, kill, launch, logs, ps, pull, version, watch
+from . import cleanup, completion, demo, doctor, kill, launch, logs, ps, pull, sweep, version, watch
 from .state import AppState
 from .usage import Command, CommandGroup, is_parse_error, show_parse_error
 
@@ -43,6 +43,7 @@ app.command("logs", cls=Command)(logs.logs)
 app.command("kill", cls=Command)(kill.kill)
 app.command("pull", cls=Command)(pull.pull)
 app.command("cleanup", cls=Command)(cleanup.cleanup)
+app.add_typer(sweep.app, name="sweep")
 app.command("watch", cls=Command)(watch.watch)
 app.command("demo", cls=Command)(demo.demo)
 app.command("version", cls=Command)(version.version)

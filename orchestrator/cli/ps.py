@@ -1,4 +1,4 @@
-"""`dflashctl ps [TARGET...] [--all] [--json]`."""
+"""`dflashctl ps [TARGET...] [--all] [--sweep ID] [--json]`."""
 from __future__ import annotations
 
 import datetime
@@ -20,6 +20,7 @@ from ..transports.fanout import fanout_exit_code
 from ..transports.pool import Connections
 from .output import print_json, stderr, stdout
 from .state import AppState
+from .sweepreport import in_sweep, sweep_targets
 
 RECENT = datetime.timedelta(hours=24)
 COLUMNS = ("RUN", "TARGET", "NAME", "STATE", "PID", "AGE", "EXIT", "STEP", "TOK/S")
@@ -34,6 +35,8 @@ def ps(
     targets: Optional[List[str]] = typer.Argument(None, metavar="TARGET",
                                                   help="Only these targets (default: every target)."),
     show_all: bool = typer.Option(False, "--all", "-a", help="Also runs that ended more than 24 h ago."),
+    sweep: Optional[str] = typer.Option(None, "--sweep", metavar="ID",
+                                        help="Only the runs of this sweep, however old (`dflashctl sweep`)."),
     as_json: bool = typer.Option(False, "--json", help="Print {\"runs\": [...], \"jobs\": [...]} as JSON."),
 ) -> int:
     """List runs: state, pid, age, exit code, last step and tok/s. Hosts are asked in parallel.
@@ -43,12 +46,16 @@ def ps(
     failed first and why.
     """
     state: AppState = ctx.obj
-    resolved = state.inventory().targets(targets)
+    if sweep is None:
+        resolved = state.inventory().targets(targets)
+    else:
+        resolved = sweep_targets(state.inventory(), sweep, targets)
     with Connections() as conns:
         client = RunClient(state.inventory(), conns)
         outcomes = client.list_runs(resolved)
     now = datetime.datetime.now(datetime.timezone.utc)
-    runs = [r for o in outcomes for r in (o.value or []) if show_all or _recent(r, now)]
+    runs = [r for o in outcomes for r in (o.value or [])
+            if (in_sweep(r, sweep) if sweep is not None else show_all or _recent(r, now))]
     runs.sort(key=lambda r: r.created_at or "")
     _, jobs = group_jobs(runs)
     failures = {o.target.name: str(o.error) for o in outcomes if not o.ok}

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from dflash_records.protocol import TERMINAL_STATES
 
-from ..alertkinds import GPU_IDLE_HELD
+from ..alertkinds import GPU_IDLE_HELD, QUEUE_DRAINED
 from ..display import step_figures
 from ..watch.model import AlertFeed, AlertView, RunStatus
 from .destinations import Destination
@@ -46,8 +46,12 @@ class NotifyPolicy:
         """The messages the feed's new alerts and the runs' present conditions call for."""
         out: list[Outgoing] = []
         for alert, old in feed.flagged():
-            if alert.run_id is not None and not old:  # old news: what a log held when the watch began
+            if old:  # old news: what a log held when the watch began
+                continue
+            if alert.run_id is not None:
                 out += self._on_alert(alert, feed.runs.get(alert.run_id), now)
+            elif alert.kind == QUEUE_DRAINED:
+                out += _drained(self.destinations, alert)
         return out + self._recoveries(feed.runs)
 
     def _on_alert(self, alert: AlertView, run: RunStatus | None, now: float) -> list[Outgoing]:
@@ -94,6 +98,14 @@ def _message(destination: Destination, kind: str, alert: AlertView, run: RunStat
     lines += _run_lines(alert.run_id or "", alert.target, run)
     return Outgoing(destination, kind, alert.severity, _title(alert.run_id or "", alert.target, run, kind),
                     "\n".join(lines), alert.run_id, alert.target)
+
+
+def _drained(destinations: Sequence[Destination], alert: AlertView) -> list[Outgoing]:
+    """A queue that drained (a target's, a sweep's): each time it happens, never collapsed (it is rare news)."""
+    who = f"sweep {alert.sweep_id}" if alert.sweep_id else alert.target or "?"
+    return [Outgoing(destination, QUEUE_DRAINED, alert.severity, f"{TITLE_PREFIX}: {who}: queue drained",
+                     alert.message, None, alert.target) for destination in destinations
+            if QUEUE_DRAINED in destination.kinds]
 
 
 def _recovered(destination: Destination, run: RunStatus) -> Outgoing:

@@ -166,6 +166,8 @@ class RunClient:
         if spec.job:
             args += ["--job-id", spec.job.job_id, "--node-rank", str(spec.job.node_rank),
                      "--nnodes", str(spec.job.nnodes)]
+        if spec.sweep:
+            args += ["--sweep-id", spec.sweep.sweep_id, "--sweep-values", json.dumps(spec.sweep.values)]
         for name in spec.inputs:
             args += ["--input", name]
         args += restart_args(spec)
@@ -218,6 +220,12 @@ class RunClient:
 
     def runs_on(self, target: Target, run_ids: Sequence[str] = (), *, tail_bytes: int = 0) -> list[RunRecord]:
         """The records of the target's runs (or of the named ones), with last step and tok/s when a tail is read."""
+        return [with_metrics(record, tail, exact)
+                for record, tail, exact in self.runs_with_tails(target, run_ids, tail_bytes=tail_bytes)]
+
+    def runs_with_tails(self, target: Target, run_ids: Sequence[str] = (), *,
+                        tail_bytes: int = 0) -> list[tuple[RunRecord, str | None, str | None]]:
+        """Each run's record with the end of its log and of its metrics.jsonl (None where not read)."""
         args = ["ps", "--runs-dir", runs_dir(target)]
         for run_id in run_ids:
             args += ["--run-id", run_id]
@@ -229,7 +237,7 @@ class RunClient:
         self.skipped[target.name] = answer.skipped
         tails = answer.log_tails or (None,) * len(answer.runs)
         metrics = answer.metrics_tails or (None,) * len(answer.runs)
-        return [with_metrics(record, tail, exact) for record, tail, exact in zip(answer.runs, tails, metrics)]
+        return list(zip(answer.runs, tails, metrics))
 
     def log_lines(self, target: Target, run_id: str, start: int, stop: int) -> LinesAnswer:
         """Lines [start, stop) of a run's log and its line count (`total`)."""

@@ -67,6 +67,14 @@ class NodePlace:
     nnodes: int
 
 
+@dataclass(frozen=True)
+class SweepPlace:
+    """A sweep's run: its sweep, and the values of the grid's keys it runs (run.json's sweep_id, sweep_values)."""
+
+    sweep_id: str
+    values: dict
+
+
 @dataclass
 class LaunchSpec:
     target: Target
@@ -87,6 +95,7 @@ class LaunchSpec:
     hang_timeout: float | None = None      # the hang watchdog's bound (0: off; None: from the step interval)
     worker_restarts: int = 0      # the workload (a job node's torchrun) restarts its own workers this often
     config_base: str | None = None    # where that config's relative paths are taken from (command.config_base_dir)
+    sweep: SweepPlace | None = None   # a sweep's run: its place in the sweep
 
     def run_env(self) -> dict[str, str]:
         return run_environment(self.target, self.env)

@@ -50,6 +50,25 @@ def config_defaults() -> dict:
     return {name: field.default for name, field in TrainConfig.model_fields.items()}
 
 
+def unknown_key(key: str) -> str | None:
+    """Why `key` is not a key of the trainer's config (with the key it was probably meant to be, by the trainer's
+    own rule), or None when it is one."""
+    from trainer.config import TrainConfig, suggest_key
+
+    if key in TrainConfig.model_fields:
+        return None
+    close = suggest_key(key)
+    return f"unknown config key {key!r}" + (f" (did you mean {close!r}?)" if close else "")
+
+
+def config_problems(data: dict) -> list[str]:
+    """What the trainer's config model says of a mapping, one line a problem (its keys and values, not its
+    paths or data: those the trainer's check on the target sees)."""
+    from trainer.config import validate_config
+
+    return [problem.message for problem in validate_config(data).problems]
+
+
 def config_path(base_dir: str, value: str) -> str:
     """A config path where the trainer takes it from `base_dir` (command.config_base_dir), by its own rule."""
     from trainer.planning.preflight import resolve_config_path

@@ -51,10 +51,11 @@ def remember(found: Iterable[tuple[str, RunRecord]]) -> None:
 def _add(found: list[tuple[str, RunRecord]]) -> None:
     entries = _load()
     for target, run in found:
-        run_id, job_id = run.run_id, run.job_id
-        if isinstance(job_id, str) and job_id:
-            targets = entries.pop(job_id, [])  # popped and put back: the newest stay when it is trimmed
-            entries[job_id] = targets if target in targets else [*targets, target]
+        run_id = run.run_id
+        for group in (run.job_id, run.sweep_id):  # a job's or a sweep's runs: every target seen for it
+            if isinstance(group, str) and group:
+                targets = entries.pop(group, [])  # popped and put back: the newest stay when it is trimmed
+                entries[group] = targets if target in targets else [*targets, target]
         if isinstance(run_id, str) and run_id:
             entries.pop(run_id, None)
             entries[run_id] = [target]  # a run lives on one target

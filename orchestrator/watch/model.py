@@ -89,6 +89,8 @@ class RunView:
     tau_heldout: float | None = None          # the latest τ replayed on the held-out split
     tau_eval: float | None = None             # the latest τ of real speculative decoding of held-out prompts
     tau_tree_heldout: tuple[tuple[int, float], ...] = ()  # the latest DDTree τ per node budget, held-out replay
+    sweep_id: str | None = None               # a sweep's run: its sweep, and its rank there (1: best so far)
+    sweep_rank: int | None = None
 
     @property
     def tau(self) -> float | None:
@@ -136,6 +138,7 @@ class AlertView:
     kind: str            # exception / ended / stall / gpu_idle / throughput / nan / starvation / low_disk / ...
     severity: str        # info / warning / error
     message: str
+    sweep_id: str | None = None  # a sweep's alert (queue_drained): run_id and target are None
 
 
 @dataclass(frozen=True)

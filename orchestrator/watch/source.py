@@ -24,9 +24,11 @@ from ..inventory.model import Inventory, Target
 from ..runs.client import RunClient
 from ..transports.pool import Connections
 from .alerts import Alert, AlertRules, DiskHealth
+from .drain import QueueDrain
 from .jobrows import fold_jobs
 from .model import ActionResult, AlertFeed, AlertView, HostView, RunView, Snapshot
 from .stream import ContainerStream, StreamOptions
+from .sweeprows import group_sweeps
 from .trackers import GpuTracker, RunTracker, alert_view
 
 MAX_ALERTS = 500
@@ -82,6 +84,7 @@ class LiveSource:
                                              disk=DiskHealth(t.name, rules=rules)) for t in targets}
         self._line_counts: dict[str, tuple[float, int]] = {}
         self._jobs: dict[str, list[RunView]] = {}  # job id -> its node runs, as of the last snapshot
+        self._drain = QueueDrain()  # queue_drained: a target's queue emptied by a start, a sweep's runs all ended
         options = StreamOptions(gpu_interval=gpu_interval, heartbeat_s=heartbeat_s)
         self._streams = {t.name: ContainerStream(t, self.client, self, options) for t in targets}
         for stream in self._streams.values():
@@ -96,7 +99,8 @@ class LiveSource:
             runs, self._jobs = fold_jobs([(t.run, t.diagnosed_view(s.gpus.views()))
                                           for s in states for t in s.runs.values()])
             gpus = tuple(g for s in states for g in s.gpus.views())
-            return Snapshot(taken_at=iso_utc(timespec="seconds"), runs=tuple(runs), gpus=gpus, hosts=self._host_views(),
+            return Snapshot(taken_at=iso_utc(timespec="seconds"), runs=tuple(group_sweeps(runs)), gpus=gpus,
+                            hosts=self._host_views(),
                             alerts=tuple(self._alerts),
                             gpu_errors={s.target.name: s.gpus.error for s in states if s.gpus.error})
 
@@ -297,6 +301,10 @@ class LiveSource:
             self._add_alerts(state, tracker.update_record(record, now))
         for gone in set(state.runs) - seen:  # its run directory was removed
             del state.runs[gone]
+        every = [(name, t.run) for name, other in self._targets.items() for t in other.runs.values()]
+        drained = self._drain.observe_target(state.target.name, [t.run for t in state.runs.values()], now)
+        for alert in drained + self._drain.observe_sweeps(every, now):
+            self.note(alert)
         state.got_runs = True
         self._changed()
         return follow

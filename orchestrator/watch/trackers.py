@@ -247,7 +247,7 @@ class RunTracker:
             eta_s=v["eta_s"], q_pre=self.q_pre, q_hs=self.q_hs, exceptions=self.exception_count,
             history=tuple(self.history), log_tail=tuple(self.tail), exception_texts=tuple(self.exception_texts),
             tau_replay=v["tau_replay"], tau_heldout=v["tau_heldout"], tau_eval=v["tau_eval"],
-            tau_tree_heldout=v["tau_tree_heldout"] or ())
+            tau_tree_heldout=v["tau_tree_heldout"] or (), sweep_id=r.sweep_id)
 
 
 class GpuTracker:

@@ -127,7 +127,7 @@ class MainScreen(Screen):
 
     def visible_runs(self) -> list[RunView]:
         return [run for run in self.snapshot.runs
-                if run_matches(self.filter_text, run.target, run.name, run.run_id, run.state)]
+                if run_matches(self.filter_text, run.target, run.name, run.run_id, run.state, run.sweep_id)]
 
     def _show_runs(self) -> None:
         table = self.query_one(RunsTable)
