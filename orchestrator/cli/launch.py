@@ -6,7 +6,7 @@ from typing import List, Optional
 
 import typer
 
-from dflash_records.protocol import DEFAULT_GRACE_S, LIVE_STATES, TERMINAL_STATES
+from dflash_records.protocol import DEFAULT_GRACE_S, LIVE_STATES, QUEUED, TERMINAL_STATES
 from dflash_records.restart import BACKOFF_MAX_S, parse_policy, policy_text
 from dflash_records.run import RunRecord
 
@@ -22,6 +22,7 @@ from ..runs.trainerconfig import config_file, read_config
 from ..transports.pool import Connections
 from .args import number_in, parse_env, parse_gpus
 from .launcheach import launch_each, split_targets
+from .launchqueue import GPU_COUNT_OPTION, QUEUE_OPTION, check_gpu_count, check_queue_options, queued_line
 from .launchreport import interrupted, report_failure
 from .output import print_json, stderr
 from .state import AppState
@@ -84,6 +85,8 @@ def launch(
     restart: Optional[str] = RESTART_OPTION,
     restart_backoff: Optional[float] = RESTART_BACKOFF_OPTION,
     hang_timeout: Optional[float] = HANG_TIMEOUT_OPTION,
+    queue: Optional[bool] = QUEUE_OPTION,
+    gpu_count: Optional[int] = GPU_COUNT_OPTION,
     each: bool = typer.Option(False, "--each", help="One run on each TARGET (the leading arguments that name "
                               "targets; CMD after them), all launched at once by this process."),
     as_json: bool = typer.Option(False, "--json", help="Print the run record (a job: job_id and one per node)."),
@@ -110,9 +113,13 @@ def launch(
     cut = _command_start(words, words_after_dashes(ctx, words), each=each, config=config)  # checks it early
     healing = {"restart": restart, "restart_backoff": restart_backoff, "hang_timeout": hang_timeout}
     options = dict(name=name, config=config, gpus=parse_gpus(gpus), env=parse_env(env), force=force, grace=grace)
+    check_queue_options(gpus=options["gpus"], gpu_count=gpu_count, queue=queue, force=force,
+                        job=bool(config is not None and command and not each))
+    options.update(queue=queue, gpu_count=gpu_count)
     if each:
         return _launch_each(state, words, cut, options, healing, as_json=as_json)
     if config is not None and command:
+        del options["queue"], options["gpu_count"]  # refused above: a job's nodes start together
         spec = job_spec(_job_targets(state, words), **options, nproc_per_node=nproc_per_node, dist_timeout=dist_timeout)
         return _launch_job(state, _healed(spec, healing), config, as_json=as_json)
     spec = _healed(launch_spec(state.inventory().target(target), command or [], **options), healing)
@@ -186,7 +193,7 @@ def _launch_run(state: AppState, spec: LaunchSpec, config: Path | None, *, as_js
     err = stderr()
     where = spec.target.name
     err.print(f"launching {spec.name} on {where}...")
-    if spec.gpus is None and spec.target.gpus:
+    if spec.gpus is None and spec.gpu_count is None and spec.target.gpus:
         err.print(f"no --gpus: the run sees all {spec.target.gpus} GPUs of {where} and holds them all "
                   f"(a launch there that names GPUs is refused while it lives, unless --force; "
                   f"--gpus none for a run that uses no GPU)", markup=False)
@@ -225,8 +232,10 @@ def _launched(client: RunClient, spec: LaunchSpec, *, as_json: bool) -> RunRecor
 
 
 def _started_line(record: RunRecord, where: str) -> str:
-    """What became of the run: running, or (a short command) already ended while the launch verified it."""
+    """What became of the run: running, queued, or (a short command) already ended while the launch verified it."""
     run_id = record.run_id
+    if record.state == QUEUED:
+        return queued_line(record, where)
     if record.state in TERMINAL_STATES:
         return (f"{run_id} on {where} already ended: {record.ended_text()}; `dflashctl logs {run_id}` shows its "
                 f"output")
@@ -291,27 +300,41 @@ def job_spec(targets: list[Target], config: Path, *, name: str | None, gpus: lis
 
 
 def launch_spec(target: Target, command: list[str], *, name: str | None, config: Path | None,
-                gpus: list[int] | None, env: dict[str, str], force: bool, grace: float) -> LaunchSpec:
-    """What to start for `launch`: CMD as given, or the bundled trainer with the config."""
+                gpus: list[int] | None, env: dict[str, str], force: bool, grace: float, queue: bool | None = None,
+                gpu_count: int | None = None) -> LaunchSpec:
+    """What to start for `launch`: CMD as given, or the bundled trainer with the config; queued (`queue`; None:
+    the inventory's `queue:`) where its GPUs are held, on any `gpu_count` free GPUs where that is given."""
+    spec = _what_to_start(target, command, name=name, config=config, gpus=gpus, env=env, force=force, grace=grace,
+                          gpu_count=gpu_count)
+    spec.queue, spec.gpu_count = queue, gpu_count
+    return spec
+
+
+def _what_to_start(target: Target, command: list[str], *, name: str | None, config: Path | None,
+                   gpus: list[int] | None, env: dict[str, str], force: bool, grace: float,
+                   gpu_count: int | None) -> LaunchSpec:
     if command and config:
         raise UsageError("give either --config (the bundled trainer) or -- CMD (your own command), not both")
     if gpus is not None and target.gpus and any(g >= target.gpus for g in gpus):
         raise UsageError(f"--gpus {shorten(','.join(map(str, gpus)), 60)}: {target.name} has {target.gpus} GPU(s) "
                          f"(0-{target.gpus - 1}) in the inventory")
+    check_gpu_count(target.name, target.gpus, gpu_count)
     if command:
         return LaunchSpec(target=target, command=command, name=check_name(name or default_name(command)),
                           env=env, gpus=gpus, force=force, grace=grace,
                           uses_trainer=runs_bundled_trainer(command))
     if config is None:
         raise UsageError("nothing to run: give --config FILE for the bundled trainer, or -- CMD")
-    return _trainer_spec(target, config, name=name, gpus=gpus, env=env, force=force, grace=grace)
+    return _trainer_spec(target, config, name=name, gpus=gpus, env=env, force=force, grace=grace,
+                         gpu_count=gpu_count)
 
 
 def _trainer_spec(target: Target, config: Path, *, name: str | None, gpus: list[int] | None,
-                  env: dict[str, str], force: bool, grace: float) -> LaunchSpec:
+                  env: dict[str, str], force: bool, grace: float, gpu_count: int | None) -> LaunchSpec:
     text, _ = config_file(config)
     base_dir = config_base_dir(target, str(config))
-    command = train_command(target, nproc=processes_per_node(target, gpus), base_dir=base_dir)
+    nproc = gpu_count or processes_per_node(target, gpus)  # --gpu-count N: one process on each of its N GPUs
+    command = train_command(target, nproc=nproc, base_dir=base_dir)
     # The keys, the paths, the data and the python's packages are checked by the trainer itself on the target,
     # all in one pass, before the run is created. What a settle of 1 s would catch on top of that (the trainer
     # not starting at all) that check has shown already: the same python, PYTHONPATH and package ran it.

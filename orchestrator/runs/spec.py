@@ -87,12 +87,19 @@ class LaunchSpec:
     hang_timeout: float | None = None      # the hang watchdog's bound (0: off; None: from the step interval)
     worker_restarts: int = 0      # the workload (a job node's torchrun) restarts its own workers this often
     config_base: str | None = None    # where that config's relative paths are taken from (command.config_base_dir)
+    queue: bool | None = None     # wait in the container's queue for held GPUs; None: the target's inventory `queue:`
+    gpu_count: int | None = None  # any N free GPUs, chosen by the agent when the run starts (never with gpus)
 
     def run_env(self) -> dict[str, str]:
         return run_environment(self.target, self.env)
 
     def restart_policy(self) -> str:
         return self.restart or self.target.restart
+
+    def queued(self) -> bool:
+        """Whether the run waits in the container's queue when its GPUs are held: --queue/--no-queue, else the
+        inventory's `queue:`, which a --force launch (start now, on GPUs a run holds) does not take."""
+        return self.queue if self.queue is not None else self.target.queue and not self.force
 
 
 def run_environment(target: Target, env: dict[str, str]) -> dict[str, str]:
