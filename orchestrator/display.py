@@ -5,6 +5,7 @@ duration one spelling everywhere. Pure functions of their arguments; the colours
 """
 from __future__ import annotations
 
+import datetime
 import math
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -113,6 +114,22 @@ def format_age(seconds: float | None) -> str:
         if seconds >= size:
             return f"{seconds // size}{unit}"
     return f"{max(seconds, 0)}s"
+
+
+def parse_stamp(text: str) -> datetime.datetime:
+    """A record's time stamp (ISO 8601, `Z` or an offset); now where it cannot be read, so an age is never wrong
+    by decades."""
+    try:
+        return datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return datetime.datetime.now(datetime.timezone.utc)
+
+
+def age(stamp: str | None, now: datetime.datetime) -> str:
+    """How long ago a record's time stamp was, as format_age says it (`3m`); MISSING without one."""
+    if not stamp:
+        return MISSING
+    return format_age((now - parse_stamp(stamp)).total_seconds())
 
 
 def format_rate(per_s: float | None) -> str:

@@ -112,9 +112,10 @@ def launch(
     words = [target, *(command or [])]
     cut = _command_start(words, words_after_dashes(ctx, words), each=each, config=config)  # checks it early
     healing = {"restart": restart, "restart_backoff": restart_backoff, "hang_timeout": hang_timeout}
-    options = dict(name=name, config=config, gpus=parse_gpus(gpus), env=parse_env(env), force=force, grace=grace)
-    check_queue_options(gpus=options["gpus"], gpu_count=gpu_count, queue=queue, force=force,
+    gpu_list = parse_gpus(gpus)
+    check_queue_options(gpus=gpu_list, gpu_count=gpu_count, queue=queue, force=force,
                         job=bool(config is not None and command and not each))
+    options = dict(name=name, config=config, gpus=gpu_list, env=parse_env(env), force=force, grace=grace)
     options.update(queue=queue, gpu_count=gpu_count)
     if each:
         return _launch_each(state, words, cut, options, healing, as_json=as_json)

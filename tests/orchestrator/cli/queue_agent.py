@@ -25,16 +25,23 @@ def queued_run(run_id: str, *, position: int, gpus: list | None = None, gpu_coun
 
 
 class QueueAgent:
-    def __init__(self, *, gpus: int = 8, **answers: Callable[[list[str]], dict]) -> None:
+    """Every target's agent: `answers` maps a subcommand to its answer (without "version") from the call's
+    arguments and the target's name."""
+
+    def __init__(self, *, gpus: int = 8, **answers: Callable[[list[str], str], dict]) -> None:
         self.gpus = gpus
-        self.answers = answers      # subcommand -> its answer (without "version") from its arguments
-        self.calls: list[list[str]] = []
-        self.transport = MockTransport(self._run)
+        self.answers = answers
+        self.calls: list[list[str]] = []      # the agent's arguments of each call, in order
+        self.commands: list[tuple[str, ...]] = []  # every command any target ran (nvidia-smi too)
 
     def subcommands(self) -> list[str]:
         return [args[0] for args in self.calls]
 
-    def _run(self, argv: tuple[str, ...], stdin: bytes | None) -> CommandResult:
+    def transport(self, target: str) -> MockTransport:
+        return MockTransport(lambda argv, stdin: self._run(target, argv))
+
+    def _run(self, target: str, argv: tuple[str, ...]) -> CommandResult:
+        self.commands.append(argv)
         if argv[0] == "nvidia-smi":
             rows = "".join(f"{index}\n" for index in range(self.gpus))
             return CommandResult(argv, 0, rows.encode(), b"")
@@ -43,7 +50,8 @@ class QueueAgent:
         answer = self.answers.get(args[0])
         if answer is None:
             raise AssertionError(f"the stand-in agent was not told how to answer {args[0]!r}")
-        return CommandResult(argv, 0, json.dumps({"version": PROTOCOL_VERSION, **answer(args)}).encode(), b"")
+        payload = {"version": PROTOCOL_VERSION, **answer(args, target)}
+        return CommandResult(argv, 0, json.dumps(payload).encode(), b"")
 
 
 def option(args: list[str], name: str) -> str | None:
@@ -60,7 +68,7 @@ def agent_for(monkeypatch: pytest.MonkeyPatch, tmp_path):
 
     def install(**answers) -> QueueAgent:
         agent = QueueAgent(**answers)
-        monkeypatch.setattr(Connections, "for_target", lambda self, target: agent.transport)
+        monkeypatch.setattr(Connections, "for_target", lambda self, target: agent.transport(target.name))
         return agent
 
     return install

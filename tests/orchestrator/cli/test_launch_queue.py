@@ -42,7 +42,7 @@ def test_a_bad_gpu_count_or_combination_is_one_usage_line_and_nothing_is_asked(a
     captured = capsys.readouterr()
     assert captured.err.startswith(f"dflashctl: error: {words}"), captured.err
     assert len(captured.err.strip().splitlines()) == 1 and captured.out == ""
-    assert agent.calls == [] and agent.transport.calls == []  # nothing asked of the target, nothing queued
+    assert agent.commands == []  # nothing asked of the target, nothing queued
 
 
 def test_a_job_across_targets_is_not_queued(inventory, tmp_path, capsys, agent_for):
@@ -51,12 +51,12 @@ def test_a_job_across_targets_is_not_queued(inventory, tmp_path, capsys, agent_f
     config.write_text("steps: 1\n")
     assert main(["--inventory", str(inventory), "launch", "pve1/200", "pve2/300", "--config", str(config),
                  "--gpu-count", "1"]) == 2
-    assert "take one TARGET" in capsys.readouterr().err and agent.transport.calls == []
+    assert "take one TARGET" in capsys.readouterr().err and agent.commands == []
 
 
 def test_a_gpu_count_beyond_what_nvidia_smi_lists_is_refused_before_the_agent_is_asked(agent_for, tmp_path):
     """pve1/201 gives no `gpus:`: nvidia-smi's count (8 here) is what --gpu-count is checked against."""
-    agent = agent_for(launch=lambda args: pytest.fail("a launch was asked for"))
+    agent = agent_for(launch=lambda args, target: pytest.fail("a launch was asked for"))
     inv = parse_inventory(INVENTORY, tmp_path / "inventory.yaml")
     spec = LaunchSpec(target=inv.target("pve1/201"), command=["sleep", "1"], name="s", gpu_count=9, queue=True)
     with pytest.raises(Exception) as refused:
@@ -82,7 +82,7 @@ def test_the_inventory_queue_key_is_the_most_specific_one_set(tmp_path):
 def test_a_queued_launch_asks_the_agent_to_queue_and_says_where_it_waits(inventory, capsys, agent_for):
     record = {}
 
-    def launch(args: list[str]) -> dict:
+    def launch(args: list[str], target: str) -> dict:
         record.update(queued_run(option(args, "--run-id"), position=2, gpu_count=int(option(args, "--gpu-count")),
                                  target=option(args, "--target")))
         return {"ok": True, "run": record}
@@ -100,7 +100,7 @@ def test_a_queued_launch_asks_the_agent_to_queue_and_says_where_it_waits(invento
 
 
 def test_a_queued_launch_naming_gpus_prints_its_record_as_json(inventory, capsys, agent_for):
-    agent = agent_for(launch=lambda args: {"ok": True, "run": queued_run(option(args, "--run-id"), position=1,
+    agent = agent_for(launch=lambda args, target: {"ok": True, "run": queued_run(option(args, "--run-id"), position=1,
                                                                           gpus=[1])})
     assert main(["--inventory", str(inventory), "launch", "pve2/301", "--queue", "--gpus", "1", "--json",
                  "--", "sleep", "1"]) == 0
@@ -110,7 +110,7 @@ def test_a_queued_launch_naming_gpus_prints_its_record_as_json(inventory, capsys
 
 
 def test_no_queue_overrides_the_inventory_and_a_started_run_reads_as_before(inventory, capsys, agent_for):
-    agent = agent_for(launch=lambda args: {"ok": True, "run": {"run_id": option(args, "--run-id"),
+    agent = agent_for(launch=lambda args, target: {"ok": True, "run": {"run_id": option(args, "--run-id"),
                                                                "state": "running", "pid": 4242, "gpus": [0]}})
     assert main(["--inventory", str(inventory), "launch", "pve1/200", "--no-queue", "--gpus", "0",
                  "--", "sleep", "1"]) == 0
