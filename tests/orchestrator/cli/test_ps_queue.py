@@ -78,3 +78,26 @@ def test_run_client_queue_is_one_agent_call_typed(agent_for, tmp_path):
     assert isinstance(answer, QueueAnswer) and answer.gpus_foreign == (3,)
     assert [(run.position, run.gpu_count, run.gpus) for run in answer.queued] == [(1, 2, None), (2, None, (1,))]
     assert agent.calls == [["queue", "--runs-dir", "/workspace/.dflash/runs"]]
+
+
+def test_kill_of_a_queued_run_takes_it_out_of_the_queue_and_says_nothing_started(inventory, capsys, agent_for):
+    """`kill NAME` picks the queued run over an older ended one of its name; the agent's kill has no process to
+    signal (the contract: it marks the run killed and removes it from the queue), and the CLI says so."""
+    waiting = queued_run("lr3-260501-120001-bbbb", position=1, gpus=[1], target="pve1/200")
+    older = {"run_id": "lr3-260430-120000-aaaa", "name": "lr3", "state": "failed", "exit_code": 1,
+             "created_at": "2026-04-30T12:00:00.000Z", "ended_at": "2026-04-30T13:00:00.000Z"}
+
+    def kill(args: list[str], target: str) -> dict:
+        assert args[args.index("--run-id") + 1:] == [waiting["run_id"]] and target == "pve1/200"
+        ended = {**waiting, "state": "killed", "queue_position": None, "ended_at": "2026-05-01T12:05:00.000Z"}
+        return {"ok": True, "runs": [{"run_id": waiting["run_id"], "ok": True, "state": "killed", "run": ended}]}
+
+    agent = agent_for(ps=lambda args, target: {"ok": True, "runs": [older, waiting] if target == "pve1/200" else []},
+                      kill=kill)
+    assert main(["--inventory", str(inventory), "kill", "lr3"]) == 0
+    captured = capsys.readouterr()
+    assert "kill" in agent.subcommands()
+    assert "taking 1 queued run out of the queue" in captured.err and "TERM" not in captured.err
+    assert "queued on pve1/200" in captured.err  # which of the two runs named lr3 it took
+    assert captured.out.strip() == (f"{waiting['run_id']} on pve1/200: killed while queued; nothing of it had "
+                                    f"started, and it never will")
