@@ -22,7 +22,7 @@ from ..runs.trainerconfig import config_file, read_config
 from ..transports.pool import Connections
 from .args import number_in, parse_env, parse_gpus
 from .launcheach import launch_each, split_targets
-from .launchqueue import GPU_COUNT_OPTION, QUEUE_OPTION, check_gpu_count, check_queue_options, queued_line
+from .launchqueue import GPU_COUNT_OPTION, QUEUE_OPTION, check_gpu_count, queue_options, queued_line
 from .launchreport import interrupted, report_failure
 from .output import print_json, stderr
 from .state import AppState
@@ -58,6 +58,20 @@ HANG_TIMEOUT_OPTION = typer.Option(
          "interval, at least 10 min; 0: never.")
 
 
+GPUS_OPTION = typer.Option(
+    None, "--gpus", metavar="0,1|0-7|none",
+    help="GPUs of the target the run may use (sets CUDA_VISIBLE_DEVICES); none: it uses no GPU and holds none (a "
+         "notifier, a data job).")
+NPROC_PER_NODE_OPTION = typer.Option(
+    None, "--nproc-per-node", callback=number_in(1), metavar="N",
+    help="Processes per node of a multi-target job (default: one per GPU; one CPU process where there are none or "
+         "the config says cpu).")
+DIST_TIMEOUT_OPTION = typer.Option(
+    DEFAULT_DIST_TIMEOUT_S, "--dist-timeout", callback=number_in(1), metavar="SECONDS",
+    help="Multi-target job: how long the rendezvous and every collective wait for a missing node before the job "
+         "fails.")
+
+
 def launch(
     ctx: typer.Context,
     target: str = typer.Argument(..., metavar="TARGET", help="HOST/CTID, HOST or local."),
@@ -67,21 +81,14 @@ def launch(
     name: Optional[str] = typer.Option(None, "--name", "-n", metavar="NAME", help="Run name (default: from the command)."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", metavar="FILE",
                                           help="Trainer config (YAML) for the bundled trainer."),
-    gpus: Optional[str] = typer.Option(None, "--gpus", metavar="0,1|0-7|none",
-                                       help="GPUs of the target the run may use (sets CUDA_VISIBLE_DEVICES); none: "
-                                            "it uses no GPU and holds none (a notifier, a data job)."),
+    gpus: Optional[str] = GPUS_OPTION,
     env: Optional[List[str]] = typer.Option(None, "--env", "-e", metavar="K=V", help="Extra environment (repeat)."),
     force: bool = typer.Option(False, "--force", help="Start even if a live run holds the GPUs, or doctor's "
                                                       "checks of the config fail (tmpfs paths, no room, no GPU)."),
     grace: float = typer.Option(DEFAULT_GRACE_S, "--grace", callback=number_in(0), metavar="S",
                                 help="Seconds a later `kill` waits after TERM."),
-    nproc_per_node: Optional[int] = typer.Option(
-        None, "--nproc-per-node", callback=number_in(1), metavar="N", help="Processes per node of a multi-target job (default: one per GPU; "
-                                              "one CPU process where there are none or the config says cpu)."),
-    dist_timeout: float = typer.Option(
-        DEFAULT_DIST_TIMEOUT_S, "--dist-timeout", callback=number_in(1), metavar="SECONDS",
-        help="Multi-target job: how long the rendezvous and every collective wait for a missing node before "
-             "the job fails."),
+    nproc_per_node: Optional[int] = NPROC_PER_NODE_OPTION,
+    dist_timeout: float = DIST_TIMEOUT_OPTION,
     restart: Optional[str] = RESTART_OPTION,
     restart_backoff: Optional[float] = RESTART_BACKOFF_OPTION,
     hang_timeout: Optional[float] = HANG_TIMEOUT_OPTION,
@@ -91,7 +98,8 @@ def launch(
                               "targets; CMD after them), all launched at once by this process."),
     as_json: bool = typer.Option(False, "--json", help="Print the run record (a job: job_id and one per node)."),
 ) -> int:
-    """Start a run detached under a supervisor so it survives the SSH session, pct and this command.
+    """Start a run detached under a supervisor so it survives the SSH session, pct and this command (or, with
+    --queue, have it wait in the container's queue while its GPUs are held).
 
     Without CMD, deploys the bundled DFlash trainer (once per version) and runs it with --config (under torchrun
     when the run has several GPUs). Returns once the run is verified running and prints its run id; one that ends
@@ -113,17 +121,15 @@ def launch(
     cut = _command_start(words, words_after_dashes(ctx, words), each=each, config=config)  # checks it early
     healing = {"restart": restart, "restart_backoff": restart_backoff, "hang_timeout": hang_timeout}
     gpu_list = parse_gpus(gpus)
-    check_queue_options(gpus=gpu_list, gpu_count=gpu_count, queue=queue, force=force,
-                        job=bool(config is not None and command and not each))
+    waiting = queue_options(gpus=gpu_list, force=force, queue=queue, gpu_count=gpu_count,
+                            job=bool(config and command and not each))
     options = dict(name=name, config=config, gpus=gpu_list, env=parse_env(env), force=force, grace=grace)
-    options.update(queue=queue, gpu_count=gpu_count)
     if each:
-        return _launch_each(state, words, cut, options, healing, as_json=as_json)
+        return _launch_each(state, words, cut, {**options, **waiting}, healing, as_json=as_json)
     if config is not None and command:
-        del options["queue"], options["gpu_count"]  # refused above: a job's nodes start together
         spec = job_spec(_job_targets(state, words), **options, nproc_per_node=nproc_per_node, dist_timeout=dist_timeout)
         return _launch_job(state, _healed(spec, healing), config, as_json=as_json)
-    spec = _healed(launch_spec(state.inventory().target(target), command or [], **options), healing)
+    spec = _healed(launch_spec(state.inventory().target(target), command or [], **options, **waiting), healing)
     return _launch_run(state, spec, config, as_json=as_json)
 
 

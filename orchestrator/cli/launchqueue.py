@@ -26,10 +26,11 @@ GPU_COUNT_OPTION = typer.Option(
     help="Any N free GPUs of the target, chosen when the run starts (instead of naming them with --gpus).")
 
 
-def check_queue_options(*, gpus: list[int] | None, gpu_count: int | None, queue: bool | None, force: bool,
-                        job: bool) -> None:
-    """What --queue and --gpu-count may not be, or be combined with, refused before anything is contacted: at
-    least one GPU (a run that uses none says `--gpus none`)."""
+def queue_options(*, gpus: list[int] | None, gpu_count: int | None, queue: bool | None, force: bool,
+                  job: bool) -> dict:
+    """--queue and --gpu-count as launch_spec takes them, refused before anything is contacted where they may not
+    be: at least one GPU (a run that uses none says `--gpus none`), not beside --gpus, --force, or a job's several
+    targets."""
     if gpu_count is not None and not 1 <= gpu_count <= MAX_GPU_COUNT:
         raise UsageError(f"--gpu-count {shorten(str(gpu_count), 20)}: give a number of GPUs from 1 to "
                          f"{MAX_GPU_COUNT} (--gpus none is a run that uses no GPU)")
@@ -40,6 +41,7 @@ def check_queue_options(*, gpus: list[int] | None, gpu_count: int | None, queue:
     if job and (queue or gpu_count is not None):
         raise UsageError("a job across several targets starts all its nodes at once: --queue and --gpu-count "
                          "take one TARGET (or --each)")
+    return {"queue": queue, "gpu_count": gpu_count}
 
 
 def check_gpu_count(target_name: str, target_gpus: int, gpu_count: int | None) -> None:
