@@ -98,8 +98,11 @@ class LaunchSpec:
 
     def queued(self) -> bool:
         """Whether the run waits in the container's queue when its GPUs are held: --queue/--no-queue, else the
-        inventory's `queue:`, which a --force launch (start now, on GPUs a run holds) does not take."""
-        return self.queue if self.queue is not None else self.target.queue and not self.force
+        inventory's `queue:`, which neither a --force launch (start now, on GPUs a run holds) nor a job's node
+        (every node starts together, or the job fails) takes."""
+        if self.queue is not None:
+            return self.queue
+        return self.target.queue and not self.force and self.job is None
 
 
 def run_environment(target: Target, env: dict[str, str]) -> dict[str, str]:

@@ -11,7 +11,7 @@ import pytest
 from orchestrator.cli import main
 from orchestrator.inventory.model import parse_inventory
 from orchestrator.runs.client import RunClient
-from orchestrator.runs.spec import LaunchSpec
+from orchestrator.runs.spec import LaunchSpec, NodePlace
 from orchestrator.transports.pool import Connections
 
 from .queue_agent import agent_for, option, queued_run  # noqa: F401  (agent_for: a fixture)
@@ -77,6 +77,7 @@ def test_the_inventory_queue_key_is_the_most_specific_one_set(tmp_path):
     assert spec("pve1/200").queued() and not spec("pve1/201").queued()
     assert not spec("pve1/200", queue=False).queued() and spec("pve1/201", queue=True).queued()
     assert not spec("pve1/200", force=True).queued()  # --force starts now: the inventory's queue gives way
+    assert not spec("pve1/200", job=NodePlace("j", 0, 2)).queued()  # a job's nodes start together or not at all
 
 
 def test_a_queued_launch_asks_the_agent_to_queue_and_says_where_it_waits(inventory, capsys, agent_for):
