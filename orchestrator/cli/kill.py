@@ -90,7 +90,7 @@ def _print(answers: dict[str, KillAnswer]) -> None:
             if entry.already_ended:
                 ended = f"had already ended: {ended}; nothing to stop"
             elif record.queued_at and record.pid is None and record.supervisor_pid is None:
-                ended = f"{ended} while queued; nothing of it had started, and it never will"
+                ended = f"{record.state or 'killed'} while queued; nothing of it had started, and it never will"
             line = f"{entry.run_id} on {target}: {ended}"
             if entry.state_error:
                 line += f"; {entry.state_error}"

@@ -23,7 +23,8 @@ QUEUE_OPTION = typer.Option(
          "the launch returns at once. Default: the inventory's `queue:` (container, host, defaults), else no.")
 GPU_COUNT_OPTION = typer.Option(
     None, "--gpu-count", metavar="N",
-    help="Any N free GPUs of the target, chosen when the run starts (instead of naming them with --gpus).")
+    help="Any N free GPUs of the target, chosen by its queue when the run starts (implies --queue; --gpus names "
+         "GPUs instead).")
 
 
 def queue_options(*, gpus: list[int] | None, gpu_count: int | None, queue: bool | None, force: bool,
@@ -36,8 +37,12 @@ def queue_options(*, gpus: list[int] | None, gpu_count: int | None, queue: bool 
                          f"{MAX_GPU_COUNT} (--gpus none is a run that uses no GPU)")
     if gpus is not None and gpu_count is not None:
         raise UsageError("give either --gpus (which GPUs) or --gpu-count (how many, any free ones), not both")
-    if queue and force:
-        raise UsageError("--queue waits for GPUs a run holds, --force starts on them now: give one of them")
+    if queue is False and gpu_count is not None:
+        raise UsageError("--gpu-count takes its GPUs through the container's queue: not with --no-queue (--gpus "
+                         "names GPUs to start on now)")
+    if force and (queue or gpu_count is not None):
+        raise UsageError(f"{'--queue' if queue else '--gpu-count'} waits for free GPUs, --force starts on GPUs a "
+                         f"run holds: give one of them")
     if job and (queue or gpu_count is not None):
         raise UsageError("a job across several targets starts all its nodes at once: --queue and --gpu-count "
                          "take one TARGET (or --each)")
@@ -56,4 +61,5 @@ def queued_line(record: RunRecord, where: str) -> str:
     run_id = record.run_id
     return (f"{run_id} is {record_state_text(record)} on {where}, waiting for "
             f"{waiting_for(record.gpus, record.gpu_count)}; it starts by itself when its turn comes, with no "
-            f"dflashctl running (`dflashctl ps --queue {where}` shows the queue, `dflashctl kill {run_id}` takes it out)")
+            f"dflashctl running (`dflashctl ps --queue {where}` shows the queue, `dflashctl kill {run_id}` takes it "
+            f"out)")

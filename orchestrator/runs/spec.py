@@ -97,12 +97,12 @@ class LaunchSpec:
         return self.restart or self.target.restart
 
     def queued(self) -> bool:
-        """Whether the run waits in the container's queue when its GPUs are held: --queue/--no-queue, else the
-        inventory's `queue:`, which neither a --force launch (start now, on GPUs a run holds) nor a job's node
-        (every node starts together, or the job fails) takes."""
+        """Whether the run waits in the container's queue when its GPUs are held: --queue/--no-queue, else yes for
+        --gpu-count (the queue picks its GPUs), else the inventory's `queue:`, which neither a --force launch (start
+        now, on GPUs a run holds) nor a job's node (every node starts together, or the job fails) takes."""
         if self.queue is not None:
             return self.queue
-        return self.target.queue and not self.force and self.job is None
+        return self.gpu_count is not None or (self.target.queue and not self.force and self.job is None)
 
 
 def run_environment(target: Target, env: dict[str, str]) -> dict[str, str]:

@@ -33,7 +33,9 @@ def inventory(tmp_path: Path) -> Path:
     (["--gpu-count", "-1"], "--gpu-count -1: give a number of GPUs from 1 to"),
     (["--gpu-count", "9"], "--gpu-count 9: pve1/200 has 8 GPU(s) (0-7) in the inventory"),
     (["--gpu-count", "2", "--gpus", "0"], "give either --gpus (which GPUs) or --gpu-count"),
-    (["--queue", "--force"], "--queue waits for GPUs a run holds, --force starts on them now"),
+    (["--queue", "--force"], "--queue waits for free GPUs, --force starts on GPUs a run holds"),
+    (["--gpu-count", "2", "--force"], "--gpu-count waits for free GPUs, --force starts on GPUs a run holds"),
+    (["--gpu-count", "2", "--no-queue"], "--gpu-count takes its GPUs through the container's queue"),
 ])
 def test_a_bad_gpu_count_or_combination_is_one_usage_line_and_nothing_is_asked(args, words, inventory, capsys,
                                                                                 agent_for):
@@ -78,6 +80,7 @@ def test_the_inventory_queue_key_is_the_most_specific_one_set(tmp_path):
     assert not spec("pve1/200", queue=False).queued() and spec("pve1/201", queue=True).queued()
     assert not spec("pve1/200", force=True).queued()  # --force starts now: the inventory's queue gives way
     assert not spec("pve1/200", job=NodePlace("j", 0, 2)).queued()  # a job's nodes start together or not at all
+    assert spec("pve1/201", gpu_count=2).queued()  # the queue is what picks any N free GPUs
 
 
 def test_a_queued_launch_asks_the_agent_to_queue_and_says_where_it_waits(inventory, capsys, agent_for):
@@ -89,15 +92,15 @@ def test_a_queued_launch_asks_the_agent_to_queue_and_says_where_it_waits(invento
         return {"ok": True, "run": record}
 
     agent = agent_for(launch=launch)
-    assert main(["--inventory", str(inventory), "launch", "pve1/200", "--gpu-count", "2", "--name", "lr3",
+    assert main(["--inventory", str(inventory), "launch", "pve2/301", "--gpu-count", "2", "--name", "lr3",
                  "--", "sleep", "1"]) == 0
     (args,) = agent.calls
     assert "--queue" in args and option(args, "--gpu-count") == "2" and option(args, "--gpus") is None
     captured = capsys.readouterr()
     assert captured.out.strip() == record["run_id"]
     said = captured.err.splitlines()[-1]
-    assert f"{record['run_id']} is queued (2nd) on pve1/200, waiting for 2 GPUs;" in said
-    assert "dflashctl ps --queue pve1/200" in said and "all 8 GPUs" not in captured.err
+    assert f"{record['run_id']} is queued (2nd) on pve2/301, waiting for 2 GPUs;" in said
+    assert "dflashctl ps --queue pve2/301" in said and "all 2 GPUs" not in captured.err
 
 
 def test_a_queued_launch_naming_gpus_prints_its_record_as_json(inventory, capsys, agent_for):
