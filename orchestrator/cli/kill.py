@@ -7,7 +7,7 @@ from typing import List, Optional
 import typer
 
 from dflash_records.answers import KillAnswer
-from dflash_records.protocol import QUEUED, TERMINAL_STATES
+from dflash_records.protocol import KILLED, QUEUED, TERMINAL_STATES
 
 from ..inventory.model import Target
 from ..runs.addressing import Match, locate
@@ -50,7 +50,8 @@ def kill(
         print_json({"targets": {o.target.name: (o.value.to_dict() if o.ok else {"ok": False, "error": str(o.error)})
                                 for o in outcomes}})
     else:
-        _print(answers)
+        _print(answers, queued={record.run_id for match in matches for _, record in match.runs
+                                if record.state == QUEUED})
     return fanout_exit_code(outcomes, lambda answer: answer.ok)
 
 
@@ -79,7 +80,9 @@ def _by_target(matches: list[Match]) -> tuple[dict[str, Target], dict[str, list[
     return targets, by_target
 
 
-def _print(answers: dict[str, KillAnswer]) -> None:
+def _print(answers: dict[str, KillAnswer], *, queued: set[str]) -> None:
+    """One line per run: how it ended and what survived; a run that was `queued` when it was looked up and has
+    no process now was taken out of its queue (the agent may call it ended already: it ended it first)."""
     out = stdout()
     for target, answer in answers.items():
         if answer.error and not answer.runs:
@@ -87,10 +90,10 @@ def _print(answers: dict[str, KillAnswer]) -> None:
         for entry in answer.runs:
             record = entry.record()
             ended = record.ended_text()
-            if entry.already_ended:
+            if entry.run_id in queued and record.state == KILLED and record.pid is None:
+                ended = "killed while queued; nothing of it had started, and it never will"
+            elif entry.already_ended:
                 ended = f"had already ended: {ended}; nothing to stop"
-            elif record.queued_at and record.pid is None and record.supervisor_pid is None:
-                ended = f"{record.state or 'killed'} while queued; nothing of it had started, and it never will"
             line = f"{entry.run_id} on {target}: {ended}"
             if entry.state_error:
                 line += f"; {entry.state_error}"
