@@ -5,13 +5,15 @@ duration one spelling everywhere. Pure functions of their arguments; the colours
 """
 from __future__ import annotations
 
+import datetime
 import math
 from collections.abc import Iterable, Mapping, Sequence
 
 from rich.cells import cell_len
 from rich.text import Text
 
-from dflash_records.protocol import FAILED, GIB, KILLED, LOST, MIB, RUNNING, STARTING, SUCCEEDED
+from dflash_records.protocol import FAILED, GIB, KILLED, LOST, MIB, QUEUED, RUNNING, STARTING, SUCCEEDED
+from dflash_records.queueinfo import ordinal
 from dflash_records.restart import BACKOFF_KILLED, CRASH_LOOP, HUNG
 from dflash_records.run import RunRecord
 from dflash_records.step import StepRecord, format_eta
@@ -19,6 +21,7 @@ from dflash_records.step import StepRecord, format_eta
 
 MISSING = "-"
 STATE_STYLES = {
+    QUEUED: "dim cyan",
     STARTING: "cyan",
     RUNNING: "green",
     SUCCEEDED: "blue",
@@ -36,10 +39,13 @@ def state_style(state: str | None) -> str:
 
 
 def state_text(state: str | None, *, attempt: int | None = None, max_attempts: int | None = None,
-               restarting: bool = False, reason: str | None = None) -> str:
-    """A run's state as ps and the dashboard show it: `running (attempt 3/5)` under a restart policy,
-    `running (restarting: attempt 2/5 next)` in the backoff between two attempts; why the supervisor ended it,
-    where it says: `failed (hung)`, `failed (crash loop, attempt 3/5)`, `killed during the backoff`."""
+               restarting: bool = False, reason: str | None = None, position: int | None = None) -> str:
+    """A run's state as ps and the dashboard show it: `queued (2nd)` while it waits in its container's queue
+    (`position` 2), `running (attempt 3/5)` under a restart policy, `running (restarting: attempt 2/5 next)` in
+    the backoff between two attempts; why the supervisor ended it, where it says: `failed (hung)`, `failed (crash
+    loop, attempt 3/5)`, `killed during the backoff`."""
+    if state == QUEUED:
+        return f"{QUEUED} ({ordinal(position)})" if isinstance(position, int) and position > 0 else QUEUED
     text, notes = state or MISSING, []
     if reason in SHOWN_REASONS and state in (FAILED, KILLED):
         if reason.startswith(f"{text} "):
@@ -56,7 +62,34 @@ def state_text(state: str | None, *, attempt: int | None = None, max_attempts: i
 
 def record_state_text(record: RunRecord) -> str:
     return state_text(record.state, attempt=record.attempt, max_attempts=record.max_attempts,
-                      restarting=bool(record.restart_at), reason=record.reason)
+                      restarting=bool(record.restart_at), reason=record.reason, position=record.queue_position)
+
+
+def waiting_for(gpus: Sequence[int] | None, gpu_count: int | None) -> str:
+    """What a queued run waits for: `2 GPUs` (--gpu-count: any two), `GPU 1`, `GPUs 0-3` (--gpus), `every GPU`
+    (neither: it holds them all), `its turn` (--gpus none: it needs none, and waits only for the runs ahead)."""
+    if gpu_count is not None:
+        return f"{gpu_count} GPU{'' if gpu_count == 1 else 's'}"
+    if gpus is None:
+        return "every GPU"
+    if not gpus:
+        return "its turn"
+    return f"GPU{'' if len(gpus) == 1 else 's'} {index_ranges(gpus)}"
+
+
+def index_ranges(indices: Iterable[int]) -> str:
+    """[0, 1, 2, 3, 4, 6] -> `0-4,6`."""
+    ordered = sorted(set(indices))
+    spans: list[str] = []
+    start = prev = ordered[0]
+    for index in ordered[1:] + [None]:
+        if index is not None and index == prev + 1:
+            prev = index
+            continue
+        spans.append(str(start) if start == prev else f"{start}-{prev}")
+        if index is not None:
+            start = prev = index
+    return ",".join(spans)
 
 
 def format_duration(seconds: float | None) -> str:
@@ -81,6 +114,22 @@ def format_age(seconds: float | None) -> str:
         if seconds >= size:
             return f"{seconds // size}{unit}"
     return f"{max(seconds, 0)}s"
+
+
+def parse_stamp(text: str) -> datetime.datetime:
+    """A record's time stamp (ISO 8601, `Z` or an offset); now where it cannot be read, so an age is never wrong
+    by decades."""
+    try:
+        return datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return datetime.datetime.now(datetime.timezone.utc)
+
+
+def age(stamp: str | None, now: datetime.datetime) -> str:
+    """How long ago a record's time stamp was, as format_age says it (`3m`); MISSING without one."""
+    if not stamp:
+        return MISSING
+    return format_age((now - parse_stamp(stamp)).total_seconds())
 
 
 def format_rate(per_s: float | None) -> str:

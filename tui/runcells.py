@@ -81,8 +81,9 @@ def run_cells(run: RunView, *, name: str | None = None, narrow: bool = False) ->
         "run": Text((f"#{run.sweep_rank} " if run.sweep_rank else "")  # its rank in its sweep
                     + (name if name is not None else clip(run.name or run.run_id, limit))),
         "state": Text(state_text(run.state, attempt=run.attempt, max_attempts=run.max_attempts,
-                                 restarting=bool(run.restart_at), reason=run.reason), style=state_style(run.state)),
-        "phase": Text(run.phase or MISSING),
+                                 restarting=bool(run.restart_at), reason=run.reason, position=run.queue_position),
+                      style=state_style(run.state)),
+        "phase": Text(run.phase or (f"waits for {run.waits_for}" if run.waits_for else MISSING)),
         "step": _number(MISSING if run.last_step is None else str(run.last_step)),
         "loss": _number(format_float(run.loss, 4), bad=not _finite(run.loss)),
         "acc": _number(format_float(run.acc, 3)),

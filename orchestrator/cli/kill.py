@@ -7,7 +7,7 @@ from typing import List, Optional
 import typer
 
 from dflash_records.answers import KillAnswer
-from dflash_records.protocol import TERMINAL_STATES
+from dflash_records.protocol import KILLED, QUEUED, TERMINAL_STATES
 
 from ..inventory.model import Target
 from ..runs.addressing import Match, locate
@@ -42,11 +42,7 @@ def kill(
             if match.note:
                 err.print(match.note, markup=False)
         targets, by_target = _by_target(matches)
-        live = len({record.run_id for match in matches for _, record in match.runs
-                    if record.state not in TERMINAL_STATES})
-        if live:  # an ended run is only reported as such below: nothing is stopped
-            err.print(f"stopping {live} run{'s' if live != 1 else ''} (TERM, KILL after "
-                      f"{'the run grace' if grace is None else f'{grace:g}s'})...")
+        _say_what_stops(matches, grace)
         outcomes = per_target(list(targets.values()), lambda t: client.kill(t, by_target[t.name], grace=grace))
     # a target not asked (unreachable, refused): its error, as the agent says an error
     answers = {o.target.name: (o.value if o.ok else KillAnswer(ok=False, error=str(o.error))) for o in outcomes}
@@ -54,8 +50,22 @@ def kill(
         print_json({"targets": {o.target.name: (o.value.to_dict() if o.ok else {"ok": False, "error": str(o.error)})
                                 for o in outcomes}})
     else:
-        _print(answers)
+        _print(answers, queued={record.run_id for match in matches for _, record in match.runs
+                                if record.state == QUEUED})
     return fanout_exit_code(outcomes, lambda answer: answer.ok)
+
+
+def _say_what_stops(matches: list[Match], grace: float | None) -> None:
+    """What the kill is about to do: stop live runs (TERM, then KILL), take queued ones out of their queue (they
+    have no process: nothing is signalled, and they never start); an ended run is only reported below."""
+    states = {record.run_id: record.state for match in matches for _, record in match.runs}
+    queued = sum(state == QUEUED for state in states.values())
+    live = sum(state not in TERMINAL_STATES and state != QUEUED for state in states.values())
+    if live:
+        stderr().print(f"stopping {live} run{'s' if live != 1 else ''} (TERM, KILL after "
+                       f"{'the run grace' if grace is None else f'{grace:g}s'})...")
+    if queued:
+        stderr().print(f"taking {queued} queued run{'s' if queued != 1 else ''} out of the queue...")
 
 
 def _by_target(matches: list[Match]) -> tuple[dict[str, Target], dict[str, list[str]]]:
@@ -70,15 +80,21 @@ def _by_target(matches: list[Match]) -> tuple[dict[str, Target], dict[str, list[
     return targets, by_target
 
 
-def _print(answers: dict[str, KillAnswer]) -> None:
+def _print(answers: dict[str, KillAnswer], *, queued: set[str]) -> None:
+    """One line per run: how it ended and what survived; a run that was `queued` when it was looked up and has
+    no process now was taken out of its queue (the agent may call it ended already: it ended it first)."""
     out = stdout()
     for target, answer in answers.items():
         if answer.error and not answer.runs:
             say(out, about(target, answer.error))
         for entry in answer.runs:
-            ended = entry.record().ended_text()
-            line = f"{entry.run_id} on {target}: " + (f"had already ended: {ended}; nothing to stop"
-                                                      if entry.already_ended else ended)
+            record = entry.record()
+            ended = record.ended_text()
+            if entry.run_id in queued and record.state == KILLED and record.pid is None:
+                ended = "killed while queued; nothing of it had started, and it never will"
+            elif entry.already_ended:
+                ended = f"had already ended: {ended}; nothing to stop"
+            line = f"{entry.run_id} on {target}: {ended}"
             if entry.state_error:
                 line += f"; {entry.state_error}"
             for refused in entry.refused:

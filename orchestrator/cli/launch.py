@@ -6,7 +6,7 @@ from typing import List, Optional
 
 import typer
 
-from dflash_records.protocol import DEFAULT_GRACE_S, LIVE_STATES, TERMINAL_STATES
+from dflash_records.protocol import DEFAULT_GRACE_S, LIVE_STATES, QUEUED, TERMINAL_STATES
 from dflash_records.restart import BACKOFF_MAX_S, parse_policy, policy_text
 from dflash_records.run import RunRecord
 
@@ -22,6 +22,7 @@ from ..runs.trainerconfig import config_file, read_config
 from ..transports.pool import Connections
 from .args import number_in, parse_env, parse_gpus
 from .launcheach import launch_each, split_targets
+from .launchqueue import GPU_COUNT_OPTION, QUEUE_OPTION, check_gpu_count, queue_options, queued_line
 from .launchreport import interrupted, report_failure
 from .output import print_json, stderr
 from .state import AppState
@@ -57,6 +58,20 @@ HANG_TIMEOUT_OPTION = typer.Option(
          "interval, at least 10 min; 0: never.")
 
 
+GPUS_OPTION = typer.Option(
+    None, "--gpus", metavar="0,1|0-7|none",
+    help="GPUs of the target the run may use (sets CUDA_VISIBLE_DEVICES); none: it uses no GPU and holds none (a "
+         "notifier, a data job).")
+NPROC_PER_NODE_OPTION = typer.Option(
+    None, "--nproc-per-node", callback=number_in(1), metavar="N",
+    help="Processes per node of a multi-target job (default: one per GPU; one CPU process where there are none or "
+         "the config says cpu).")
+DIST_TIMEOUT_OPTION = typer.Option(
+    DEFAULT_DIST_TIMEOUT_S, "--dist-timeout", callback=number_in(1), metavar="SECONDS",
+    help="Multi-target job: how long the rendezvous and every collective wait for a missing node before the job "
+         "fails.")
+
+
 def launch(
     ctx: typer.Context,
     target: str = typer.Argument(..., metavar="TARGET", help="HOST/CTID, HOST or local."),
@@ -66,29 +81,25 @@ def launch(
     name: Optional[str] = typer.Option(None, "--name", "-n", metavar="NAME", help="Run name (default: from the command)."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", metavar="FILE",
                                           help="Trainer config (YAML) for the bundled trainer."),
-    gpus: Optional[str] = typer.Option(None, "--gpus", metavar="0,1|0-7|none",
-                                       help="GPUs of the target the run may use (sets CUDA_VISIBLE_DEVICES); none: "
-                                            "it uses no GPU and holds none (a notifier, a data job)."),
+    gpus: Optional[str] = GPUS_OPTION,
     env: Optional[List[str]] = typer.Option(None, "--env", "-e", metavar="K=V", help="Extra environment (repeat)."),
     force: bool = typer.Option(False, "--force", help="Start even if a live run holds the GPUs, or doctor's "
                                                       "checks of the config fail (tmpfs paths, no room, no GPU)."),
     grace: float = typer.Option(DEFAULT_GRACE_S, "--grace", callback=number_in(0), metavar="S",
                                 help="Seconds a later `kill` waits after TERM."),
-    nproc_per_node: Optional[int] = typer.Option(
-        None, "--nproc-per-node", callback=number_in(1), metavar="N", help="Processes per node of a multi-target job (default: one per GPU; "
-                                              "one CPU process where there are none or the config says cpu)."),
-    dist_timeout: float = typer.Option(
-        DEFAULT_DIST_TIMEOUT_S, "--dist-timeout", callback=number_in(1), metavar="SECONDS",
-        help="Multi-target job: how long the rendezvous and every collective wait for a missing node before "
-             "the job fails."),
+    nproc_per_node: Optional[int] = NPROC_PER_NODE_OPTION,
+    dist_timeout: float = DIST_TIMEOUT_OPTION,
     restart: Optional[str] = RESTART_OPTION,
     restart_backoff: Optional[float] = RESTART_BACKOFF_OPTION,
     hang_timeout: Optional[float] = HANG_TIMEOUT_OPTION,
+    queue: Optional[bool] = QUEUE_OPTION,
+    gpu_count: Optional[int] = GPU_COUNT_OPTION,
     each: bool = typer.Option(False, "--each", help="One run on each TARGET (the leading arguments that name "
                               "targets; CMD after them), all launched at once by this process."),
     as_json: bool = typer.Option(False, "--json", help="Print the run record (a job: job_id and one per node)."),
 ) -> int:
-    """Start a run detached under a supervisor so it survives the SSH session, pct and this command.
+    """Start a run detached under a supervisor so it survives the SSH session, pct and this command (or, with
+    --queue, have it wait in the container's queue while its GPUs are held).
 
     Without CMD, deploys the bundled DFlash trainer (once per version) and runs it with --config (under torchrun
     when the run has several GPUs). Returns once the run is verified running and prints its run id; one that ends
@@ -109,13 +120,16 @@ def launch(
     words = [target, *(command or [])]
     cut = _command_start(words, words_after_dashes(ctx, words), each=each, config=config)  # checks it early
     healing = {"restart": restart, "restart_backoff": restart_backoff, "hang_timeout": hang_timeout}
-    options = dict(name=name, config=config, gpus=parse_gpus(gpus), env=parse_env(env), force=force, grace=grace)
+    gpu_list = parse_gpus(gpus)
+    waiting = queue_options(gpus=gpu_list, force=force, queue=queue, gpu_count=gpu_count,
+                            job=bool(config and command and not each))
+    options = dict(name=name, config=config, gpus=gpu_list, env=parse_env(env), force=force, grace=grace)
     if each:
-        return _launch_each(state, words, cut, options, healing, as_json=as_json)
+        return _launch_each(state, words, cut, {**options, **waiting}, healing, as_json=as_json)
     if config is not None and command:
         spec = job_spec(_job_targets(state, words), **options, nproc_per_node=nproc_per_node, dist_timeout=dist_timeout)
         return _launch_job(state, _healed(spec, healing), config, as_json=as_json)
-    spec = _healed(launch_spec(state.inventory().target(target), command or [], **options), healing)
+    spec = _healed(launch_spec(state.inventory().target(target), command or [], **options, **waiting), healing)
     return _launch_run(state, spec, config, as_json=as_json)
 
 
@@ -186,7 +200,7 @@ def _launch_run(state: AppState, spec: LaunchSpec, config: Path | None, *, as_js
     err = stderr()
     where = spec.target.name
     err.print(f"launching {spec.name} on {where}...")
-    if spec.gpus is None and spec.target.gpus:
+    if spec.gpus is None and spec.gpu_count is None and spec.target.gpus:
         err.print(f"no --gpus: the run sees all {spec.target.gpus} GPUs of {where} and holds them all "
                   f"(a launch there that names GPUs is refused while it lives, unless --force; "
                   f"--gpus none for a run that uses no GPU)", markup=False)
@@ -225,8 +239,10 @@ def _launched(client: RunClient, spec: LaunchSpec, *, as_json: bool) -> RunRecor
 
 
 def _started_line(record: RunRecord, where: str) -> str:
-    """What became of the run: running, or (a short command) already ended while the launch verified it."""
+    """What became of the run: running, queued, or (a short command) already ended while the launch verified it."""
     run_id = record.run_id
+    if record.state == QUEUED:
+        return queued_line(record, where)
     if record.state in TERMINAL_STATES:
         return (f"{run_id} on {where} already ended: {record.ended_text()}; `dflashctl logs {run_id}` shows its "
                 f"output")
@@ -291,27 +307,41 @@ def job_spec(targets: list[Target], config: Path, *, name: str | None, gpus: lis
 
 
 def launch_spec(target: Target, command: list[str], *, name: str | None, config: Path | None,
-                gpus: list[int] | None, env: dict[str, str], force: bool, grace: float) -> LaunchSpec:
-    """What to start for `launch`: CMD as given, or the bundled trainer with the config."""
+                gpus: list[int] | None, env: dict[str, str], force: bool, grace: float, queue: bool | None = None,
+                gpu_count: int | None = None) -> LaunchSpec:
+    """What to start for `launch`: CMD as given, or the bundled trainer with the config; queued (`queue`; None:
+    the inventory's `queue:`) where its GPUs are held, on any `gpu_count` free GPUs where that is given."""
+    spec = _what_to_start(target, command, name=name, config=config, gpus=gpus, env=env, force=force, grace=grace,
+                          gpu_count=gpu_count)
+    spec.queue, spec.gpu_count = queue, gpu_count
+    return spec
+
+
+def _what_to_start(target: Target, command: list[str], *, name: str | None, config: Path | None,
+                   gpus: list[int] | None, env: dict[str, str], force: bool, grace: float,
+                   gpu_count: int | None) -> LaunchSpec:
     if command and config:
         raise UsageError("give either --config (the bundled trainer) or -- CMD (your own command), not both")
     if gpus is not None and target.gpus and any(g >= target.gpus for g in gpus):
         raise UsageError(f"--gpus {shorten(','.join(map(str, gpus)), 60)}: {target.name} has {target.gpus} GPU(s) "
                          f"(0-{target.gpus - 1}) in the inventory")
+    check_gpu_count(target.name, target.gpus, gpu_count)
     if command:
         return LaunchSpec(target=target, command=command, name=check_name(name or default_name(command)),
                           env=env, gpus=gpus, force=force, grace=grace,
                           uses_trainer=runs_bundled_trainer(command))
     if config is None:
         raise UsageError("nothing to run: give --config FILE for the bundled trainer, or -- CMD")
-    return _trainer_spec(target, config, name=name, gpus=gpus, env=env, force=force, grace=grace)
+    return _trainer_spec(target, config, name=name, gpus=gpus, env=env, force=force, grace=grace,
+                         gpu_count=gpu_count)
 
 
 def _trainer_spec(target: Target, config: Path, *, name: str | None, gpus: list[int] | None,
-                  env: dict[str, str], force: bool, grace: float) -> LaunchSpec:
+                  env: dict[str, str], force: bool, grace: float, gpu_count: int | None) -> LaunchSpec:
     text, _ = config_file(config)
     base_dir = config_base_dir(target, str(config))
-    command = train_command(target, nproc=processes_per_node(target, gpus), base_dir=base_dir)
+    nproc = gpu_count or processes_per_node(target, gpus)  # --gpu-count N: one process on each of its N GPUs
+    command = train_command(target, nproc=nproc, base_dir=base_dir)
     # The keys, the paths, the data and the python's packages are checked by the trainer itself on the target,
     # all in one pass, before the run is created. What a settle of 1 s would catch on top of that (the trainer
     # not starting at all) that check has shown already: the same python, PYTHONPATH and package ran it.

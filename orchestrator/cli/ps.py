@@ -10,15 +10,17 @@ from rich.table import Table
 from rich.text import Text
 
 from dflash_records.job import JobSummary
-from dflash_records.protocol import LIVE_STATES
+from dflash_records.protocol import LIVE_STATES, QUEUED
 from dflash_records.run import RunRecord
 
-from ..display import MISSING, fit_columns, format_age, format_rate, record_state_text, state_style, widest_cells
+from ..display import (age, fit_columns, format_rate, parse_stamp, record_state_text, state_style,
+                       waiting_for, widest_cells)
 from ..runs.client import RunClient
 from ..runs.jobs import group_jobs
 from ..transports.fanout import fanout_exit_code
 from ..transports.pool import Connections
 from .output import print_json, stderr, stdout
+from .queuelist import show_queues
 from .state import AppState
 from .sweepreport import in_sweep, sweep_targets
 
@@ -37,19 +39,24 @@ def ps(
     show_all: bool = typer.Option(False, "--all", "-a", help="Also runs that ended more than 24 h ago."),
     sweep: Optional[str] = typer.Option(None, "--sweep", metavar="ID",
                                         help="Only the runs of this sweep, however old (`dflashctl sweep`)."),
-    as_json: bool = typer.Option(False, "--json", help="Print {\"runs\": [...], \"jobs\": [...]} as JSON."),
+    queue: bool = typer.Option(False, "--queue", help="The targets' GPU queues instead: their GPUs, and their "
+                               "queued runs in the order they start, each with what it waits for and since when."),
+    as_json: bool = typer.Option(False, "--json", help="Print {\"runs\": [...], \"jobs\": [...]} as JSON "
+                                 "(--queue: {\"targets\": {TARGET: its queue}})."),
 ) -> int:
     """List runs: state, pid, age, exit code, last step and tok/s. Hosts are asked in parallel.
 
     A run whose supervisor died without recording an end (the container rebooted, say) shows as `lost`.
     A multi-node job shows once, with one line per node below it; a failed job names the node that
-    failed first and why.
+    failed first and why. A queued run shows its place and what it waits for: `queued (2nd) for GPU 1`.
     """
     state: AppState = ctx.obj
     if sweep is None:
         resolved = state.inventory().targets(targets)
     else:
         resolved = sweep_targets(state.inventory(), sweep, targets)
+    if queue:
+        return show_queues(state, resolved, as_json=as_json)
     with Connections() as conns:
         client = RunClient(state.inventory(), conns)
         outcomes = client.list_runs(resolved)
@@ -93,20 +100,7 @@ def _print_none(show_all: bool, *, read: list[str], unread: int) -> None:
 def _recent(record: RunRecord, now: datetime.datetime) -> bool:
     if record.state in LIVE_STATES or not record.ended_at:
         return True
-    return now - _parse_time(record.ended_at) < RECENT
-
-
-def _parse_time(text: str) -> datetime.datetime:
-    try:
-        return datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return datetime.datetime.now(datetime.timezone.utc)
-
-
-def age(created_at: str | None, now: datetime.datetime) -> str:
-    if not created_at:
-        return MISSING
-    return format_age((now - _parse_time(created_at)).total_seconds())
+    return now - parse_stamp(record.ended_at) < RECENT
 
 
 def _print_table(runs: list[RunRecord], jobs: list[JobSummary], now: datetime.datetime) -> None:
@@ -179,8 +173,14 @@ def _job_rows(job: JobSummary, now: datetime.datetime) -> list[list[str]]:
 
 def _row(r: RunRecord, now: datetime.datetime) -> list[str]:
     exit_text = f"sig {r.signal}" if r.signal else ("-" if r.exit_code is None else str(r.exit_code))
-    return [r.run_id, r.target or "-", r.name or "-", _state(r.state, record_state_text(r)), str(r.pid or "-"),
+    return [r.run_id, r.target or "-", r.name or "-", _state(r.state, _state_words(r)), str(r.pid or "-"),
             age(r.created_at, now), exit_text, _number(r.last_step), format_rate(r.tok_per_s)]
+
+
+def _state_words(r: RunRecord) -> str:
+    """The STATE cell's words: a queued run's place and what it waits for too (`queued (2nd) for GPU 1`)."""
+    text = record_state_text(r)
+    return f"{text} for {waiting_for(r.gpus, r.gpu_count)}" if r.state == QUEUED else text
 
 
 def _state(state: str | None, text: str | None = None) -> str:

@@ -48,6 +48,7 @@ class Target:
     python: str
     gpus: int
     restart: str = NEVER  # the inventory's restart policy for a launch that names none
+    queue: bool = False   # the inventory's `queue:`: a launch without --queue/--no-queue waits for held GPUs
 
     @property
     def name(self) -> str:
@@ -93,7 +94,7 @@ class Inventory:
                 raise TargetNotFound(f"{host_name} has containers; name one: {ids}")
             workdir = spec.workdir or (_local_workdir() if host.transport == "local" else d.workdir)
             return Target(host=host, ctid=None, workdir=workdir, python=spec.python or d.python, gpus=spec.gpus,
-                          restart=spec.restart or d.restart)
+                          restart=spec.restart or d.restart, queue=_first(spec.queue, d.queue))
         ctid = ascii_decimal(ctid_text)
         if ctid is None:
             raise TargetNotFound(f"bad target {shorten(text)!r}: the container id after '/' must be a number "
@@ -110,6 +111,7 @@ class Inventory:
             python=container.python or spec.python or d.python,
             gpus=container.gpus,
             restart=container.restart or spec.restart or d.restart,
+            queue=_first(container.queue, spec.queue, d.queue),
         )
 
     def all_targets(self) -> list[Target]:
@@ -137,6 +139,12 @@ def _close(typed: str, names, host: str | None = None) -> str:
     """` (did you mean 'local'?)` where a host (or a container of `host`) is close to what was typed."""
     close = difflib.get_close_matches(typed, [f"{host}/{n}" if host else n for n in names], n=2)
     return f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
+
+
+def _first(*values: bool | None) -> bool:
+    """The most specific of a container's, its host's and the defaults' flag that is set (`queue: false` on a
+    container wins over `queue: true` in the defaults)."""
+    return next((value for value in values if value is not None), False)
 
 
 def _expand(path: str | None) -> str | None:

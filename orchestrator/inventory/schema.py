@@ -40,6 +40,8 @@ class Defaults(_Strict):
     connect_timeout: float = Field(10.0, gt=0)
     host_key_policy: Literal["reject", "accept-new"] = "reject"
     restart: str = Field(NEVER, description="restart policy of a launch without --restart: never|on-failure[:N]")
+    queue: bool = Field(False, description="a launch without --queue/--no-queue waits in the container's queue "
+                                           "for GPUs that are held, instead of being refused")
 
     _check_restart = field_validator("restart")(_restart_policy)
 
@@ -49,6 +51,7 @@ class ContainerSpec(_Strict):
     workdir: str | None = None
     python: str | None = None
     restart: str | None = None
+    queue: bool | None = None
 
     _check_restart = field_validator("restart")(_restart_policy)
 
@@ -68,6 +71,7 @@ class HostSpec(_Strict):
     python: str | None = None
     gpus: int = Field(0, ge=0, description="GPUs of the host itself, when used without containers")
     restart: str | None = None
+    queue: bool | None = None
     containers: dict[int, ContainerSpec] = Field(default_factory=dict)
 
     @field_validator("address")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dflash_records.protocol import LIVE_STATES
+from dflash_records.protocol import LIVE_STATES, QUEUED
 from dflash_records.run import RunRecord
 
 from ..errors import DflashError, OperationFailed, TargetNotFound, Unreachable, UsageError, shorten
@@ -38,7 +38,9 @@ class Match:
 
     @property
     def live(self) -> bool:
-        return any(record.state in LIVE_STATES for _, record in self.runs)
+        """Some run of it has not ended: it runs, or (queued) waits to; what a name picks first, and what `kill`
+        of a name shared by several refuses to guess between."""
+        return any(record.state in LIVE_STATES or record.state == QUEUED for _, record in self.runs)
 
     @property
     def created_at(self) -> str:
@@ -50,7 +52,8 @@ class Match:
 
     def describe(self) -> str:
         targets = sorted({target.name for target, _ in self.runs})
-        state = "live" if self.live else (self.runs[0][1].state if len(self.runs) == 1 else "ended")
+        one = self.runs[0][1].state if len(self.runs) == 1 else None
+        state = one if one == QUEUED else "live" if self.live else (one or "ended")
         return f"{self.id} ({'job ' if self.kind == 'job' else ''}{state} on {', '.join(targets)})"
 
 

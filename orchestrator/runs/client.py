@@ -17,24 +17,25 @@ from typing import Sequence
 from dflash_records.answers import (CheckAnswer, KillAnswer, LaunchAnswer, LinesAnswer, NetInfo, PsAnswer,
                                     RelaunchAnswer, SkippedRunDir)
 from dflash_records.plans import CleanupAnswer, ProbeAnswer, PullPlan
-from dflash_records.protocol import CHECK_FAILED, DEFAULT_GRACE_S, NO_GPUS, NOT_VERIFIED, SUCCEEDED, TERMINAL_STATES
+from dflash_records.protocol import (CHECK_FAILED, DEFAULT_GRACE_S, NO_GPUS, NOT_VERIFIED, QUEUED, SUCCEEDED,
+                                     TERMINAL_STATES)
+from dflash_records.queueinfo import QueueAnswer
 from dflash_records.run import RunRecord
 from dflash_records.step import read_step_json
 from dflash_records.stepfigures import latest_step
 
-from ..errors import EXIT_UNREACHABLE, DflashError, OperationFailed, TransportError, UsageError
-from ..gpus import parse_query_csv, query_argv
+from ..errors import EXIT_UNREACHABLE, DflashError, OperationFailed, TransportError
 from ..inventory.model import Inventory, Target
 from ..trainlog.parser import LogParser, StepEvent
 from ..transports.base import RemoteProcess, Transport
 from ..transports.fanout import Outcome, per_target
 from ..transports.pool import Connections
-from ..transports.timeouts import (AGENT_TIMEOUT_S, CLEANUP_TIMEOUT_S, LAUNCH_TIMEOUT_S, PROBE_TIMEOUT_S,
-                                  PULL_PLAN_TIMEOUT_S)
+from ..transports.timeouts import AGENT_TIMEOUT_S, CLEANUP_TIMEOUT_S, LAUNCH_TIMEOUT_S, PULL_PLAN_TIMEOUT_S
 from . import whereabouts
 from .agentcall import agent_answer, checked_agent_argv, needs_deploy
 from .command import CONFIG_INPUT, check_command, config_base_dir, retry_args
 from .deploy import Deployment, agent_bundle, agent_path_in, deploy, pkg_dir_in, send_trainer
+from .gpucheck import check_gpus
 from .spec import LaunchSpec, new_run_id, run_dir, runs_dir
 from .trainerconfig import judge
 
@@ -116,24 +117,6 @@ class RunClient:
 
     # -- operations -----------------------------------------------------------------------------------------
 
-    def gpu_count(self, target: Target) -> int | None:
-        """The target's GPUs: the inventory's count, else nvidia-smi's (0 where there is none); None when
-        nvidia-smi is there but fails (then nothing is refused for it)."""
-        if target.gpus:
-            return target.gpus
-        result = self.conns.for_target(target).run(query_argv(("index",)), timeout=PROBE_TIMEOUT_S)
-        if result.program_missing:
-            return 0
-        return len(parse_query_csv(result.out, ("index",))) if result.ok else None
-
-    def check_gpus(self, target: Target, gpus: list[int]) -> None:
-        have = self.gpu_count(target)
-        if have is not None and any(g >= have for g in gpus):
-            shown = ",".join(map(str, gpus[:8])) + (",..." if len(gpus) > 8 else "")
-            where = "in the inventory" if target.gpus else "that nvidia-smi lists (the inventory gives no `gpus:`)"
-            raise UsageError(f"--gpus {shown}: {target.name} has "
-                             + (f"{have} GPU(s) (0-{have - 1}) {where}" if have else f"no GPU {where}"))
-
     def check_trainer_config(self, target: Target, config_text: bytes, *, source: str,
                              env: dict[str, str]) -> dict:
         """The bundled trainer's own check of the config on the target, on its own, in the environment `env` a
@@ -148,8 +131,9 @@ class RunClient:
         return judge(target, source, answer.check)
 
     def launch(self, spec: LaunchSpec) -> RunRecord:
-        if spec.gpus:
-            self.check_gpus(spec.target, spec.gpus)
+        """Start the run, or (spec.queued()) have it wait in the container's queue while its GPUs are held: the
+        record returned is then `queued`, with its place in the queue, and nothing of it runs yet."""
+        check_gpus(self.conns.for_target(spec.target), spec.target, gpus=spec.gpus, gpu_count=spec.gpu_count)
         run_id = spec.run_id or new_run_id(spec.name)
         args = ["launch", "--runs-dir", runs_dir(spec.target), "--run-id", run_id, "--name", spec.name,
                 "--target", spec.target.name, "--grace", f"{spec.grace:g}"]
@@ -159,6 +143,10 @@ class RunClient:
             args += ["--env", f"{key}={value}"]
         if spec.gpus is not None:
             args += ["--gpus", ",".join(map(str, spec.gpus)) or NO_GPUS]
+        if spec.gpu_count is not None:
+            args += ["--gpu-count", str(spec.gpu_count)]
+        if spec.queued():
+            args.append("--queue")
         if spec.force:
             args.append("--force")
         if spec.settle is not None:
@@ -186,7 +174,8 @@ class RunClient:
         """The record of a run the agent answered for; LaunchUnverified for one it started but could not see
         running in time (left running), LaunchFailed for one that ended or never started."""
         record = answer.run or RunRecord()
-        if answer.ok or record.state == SUCCEEDED:  # finishing at once with 0 is no failure
+        # finishing at once with 0 is no failure, and a run the agent queued is recorded: it will start
+        if answer.ok or record.state in (SUCCEEDED, QUEUED):
             whereabouts.remember([(spec.target.name, record)])
             self.namesakes[record.run_id or run_id] = list(answer.namesakes or ())
             return with_metrics(record)
@@ -246,6 +235,11 @@ class RunClient:
         if not answer.ok:
             raise TransportError(f"{target.name}: {answer.error or 'lines failed'}")
         return answer
+
+    def queue(self, target: Target) -> QueueAnswer:
+        """The container's GPU queue: its GPUs (free, ours, a foreign process's) and its queued runs in order, as
+        the agent answered (ok false with `error` where it could not read them)."""
+        return QueueAnswer.from_dict(self.agent(target, ["queue", "--runs-dir", runs_dir(target)]))
 
     def kill(self, target: Target, run_ids: list[str], *, grace: float | None) -> KillAnswer:
         args = ["kill", "--runs-dir", runs_dir(target), "--run-id", *run_ids]

@@ -96,12 +96,22 @@ class LaunchSpec:
     worker_restarts: int = 0      # the workload (a job node's torchrun) restarts its own workers this often
     config_base: str | None = None    # where that config's relative paths are taken from (command.config_base_dir)
     sweep: SweepPlace | None = None   # a sweep's run: its place in the sweep
+    queue: bool | None = None     # wait in the container's queue for held GPUs; None: the target's inventory `queue:`
+    gpu_count: int | None = None  # any N free GPUs, chosen by the agent when the run starts (never with gpus)
 
     def run_env(self) -> dict[str, str]:
         return run_environment(self.target, self.env)
 
     def restart_policy(self) -> str:
         return self.restart or self.target.restart
+
+    def queued(self) -> bool:
+        """Whether the run waits in the container's queue when its GPUs are held: --queue/--no-queue, else yes for
+        --gpu-count (the queue picks its GPUs), else the inventory's `queue:`, which neither a --force launch (start
+        now, on GPUs a run holds) nor a job's node (every node starts together, or the job fails) takes."""
+        if self.queue is not None:
+            return self.queue
+        return self.gpu_count is not None or (self.target.queue and not self.force and self.job is None)
 
 
 def run_environment(target: Target, env: dict[str, str]) -> dict[str, str]:

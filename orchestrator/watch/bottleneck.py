@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from statistics import median
 
+from ..display import index_ranges
 from .model import Bottleneck, GpuView
 
 DATA, TARGET, DRAFTER, COMM, HOST = "data", "target", "drafter", "communication", "host"
@@ -144,21 +145,6 @@ def _gpu_evidence(indices: list[int], util: dict[int, float]) -> list[str]:
     level = f"{values[0]} %" if values[0] == values[-1] else f"{values[0]}-{values[-1]} %"
     noun = "GPU" if len(indices) == 1 else "GPUs"
     return [f"{noun} {index_ranges(indices)} at {level}"]
-
-
-def index_ranges(indices: Sequence[int]) -> str:
-    """[0, 1, 2, 3, 4, 6] -> `0-4,6`."""
-    ordered = sorted(set(indices))
-    spans: list[str] = []
-    start = prev = ordered[0]
-    for index in ordered[1:] + [None]:
-        if index is not None and index == prev + 1:
-            prev = index
-            continue
-        spans.append(str(start) if start == prev else f"{start}-{prev}")
-        if index is not None:
-            start = prev = index
-    return ",".join(spans)
 
 
 # ---------------------------------------------------------------------------------------------- output

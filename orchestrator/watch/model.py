@@ -56,7 +56,7 @@ class RunView:
     run_id: str
     target: str
     name: str
-    state: str                       # starting / running / succeeded / failed / killed / lost
+    state: str                       # queued / starting / running / succeeded / failed / killed / lost
     phase: str | None = None         # loading_dataset ... training, finished (from the log); ended once it ended
     pid: int | None = None
     exit_code: int | None = None
@@ -70,6 +70,8 @@ class RunView:
     max_attempts: int | None = None
     restart_at: str | None = None    # set in the backoff between two attempts
     reason: str | None = None        # why it ended without another attempt: hung, crash loop
+    queue_position: int | None = None  # while queued: its place in its container's queue (1: the next to start)
+    waits_for: str | None = None     # while queued: what for (`GPU 1`, `2 GPUs`, display.waiting_for)
     last_step: int | None = None
     loss: float | None = None
     acc: float | None = None

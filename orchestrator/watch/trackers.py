@@ -6,12 +6,14 @@ from collections import deque
 from dataclasses import replace
 
 from dflash_records.gpu import GpuRow, parse_query_csv
-from dflash_records.protocol import FAILED_STATES, FINGERPRINT_BYTES, LOST, STARTING, TERMINAL_STATES, iso_utc
+from dflash_records.protocol import (FAILED_STATES, FINGERPRINT_BYTES, LIVE_STATES, LOST, QUEUED, STARTING,
+                                     TERMINAL_STATES, iso_utc)
 from dflash_records.restart import CRASH_LOOP, job_relaunches_left, restarts_unspent
 from dflash_records.run import RunRecord
 from dflash_records.step import QUEUE_FIELDS, RECORD_FIELDS
 from dflash_records.stepfigures import with_exact
 
+from ..display import waiting_for
 from ..trainlog.lines import parse_metrics_jsonl_line, parse_step_times_line
 from ..trainlog.parser import ExceptionEvent, LogLine, LogParser, PhaseEvent, StepEvent
 from ..alertkinds import LOG_RESET, WARNING
@@ -92,7 +94,10 @@ class RunTracker:
 
     def update_record(self, run: RunRecord, now: float) -> list[Alert]:
         changed = run != self.run
+        gpus = self.run.gpus
         self.run = run
+        if run.gpus != gpus:  # a run queued for any N GPUs holds those it was given once it starts
+            self.health.gpu_indices = None if run.gpus is None else frozenset(run.gpus)
         self._view = None if changed else self._view
         return self._keep(self.health.observe_state(run.state or STARTING, now, record=run))
 
@@ -225,7 +230,7 @@ class RunTracker:
         while neither changed, so an unchanged run is the same object from one snapshot to the next."""
         view = self.view()
         if self._diagnosed is None or self._diagnosed[0] is not view or self._diagnosed[1] is not gpus:
-            verdict = diagnose(self.signals(), gpus) if view.state not in TERMINAL_STATES else None
+            verdict = diagnose(self.signals(), gpus) if view.state in LIVE_STATES else None
             self._diagnosed = (view, gpus, replace(view, bottleneck=verdict) if verdict else view)
         return self._diagnosed[2]
 
@@ -243,6 +248,8 @@ class RunTracker:
             created_at=r.created_at, ended_at=r.ended_at, log_path=r.log_path,
             gpus=tuple(r.gpus or ()), grace_s=_seconds(r.grace_s), last_step=self.last_step,
             attempt=r.attempt, max_attempts=r.max_attempts, restart_at=r.restart_at, reason=r.reason,
+            queue_position=r.queue_position if r.state == QUEUED else None,
+            waits_for=waiting_for(r.gpus, r.gpu_count) if r.state == QUEUED else None,
             loss=v["loss"], acc=v["acc"], streak=v["streak"], lr=v["lr"], tok_per_s=v["tok_per_s"],
             eta_s=v["eta_s"], q_pre=self.q_pre, q_hs=self.q_hs, exceptions=self.exception_count,
             history=tuple(self.history), log_tail=tuple(self.tail), exception_texts=tuple(self.exception_texts),

@@ -4,7 +4,8 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from dflash_records.protocol import DEFAULT_GRACE_S
+from dflash_records.protocol import DEFAULT_GRACE_S, QUEUED
+from orchestrator.display import state_text
 from orchestrator.watch.model import RunView
 
 from ..runcells import run_label
@@ -33,11 +34,16 @@ def kill_grace(run: RunView, override: float | None = None) -> float:
 
 
 def kill_question(run: RunView, grace: float) -> str:
+    if run.state == QUEUED:  # nothing of it runs: the kill takes it out of the queue, and it never starts
+        return f"Kill queued run {run_label(run)} on {run.target}? It leaves the queue and never starts"
     return f"Kill run {run_label(run)} on {run.target}? TERM now, KILL after {grace:g} s"
 
 
 def kill_details(run: RunView) -> Text:
     details = Text()
+    if run.state == QUEUED:
+        details.append(f"{state_text(run.state, position=run.queue_position)}, waiting for {run.waits_for}")
+        return details
     details.append(f"state {run.state}")
     if run.phase:
         details.append(f", phase {run.phase}")

@@ -86,9 +86,10 @@ def test_server_answers_equal_the_local_answers_token_for_token(chat_server, loc
                        "--max-new-tokens", TOKENS, "--concurrency", "3", "--progress-every", "0")
     assert done.returncode == 0, done.stderr
     assert "generate answered=6/6 failed=0" in done.stderr
+    from dflash_records.run import RunRecord
     from orchestrator.watch.trackers import RunTracker  # the dashboard reads the real progress lines
 
-    watched = RunTracker("local", {"run_id": "g", "state": "running"}, history=10, tail=10)
+    watched = RunTracker("local", RunRecord(run_id="g", state="running"), history=10, tail=10)
     watched.feed(0, 1, done.stderr.encode(), now=0.0)
     view = watched.view()
     assert (view.phase, view.last_step, view.eta_s) == ("generating", 6, 0.0) and view.tok_per_s > 0
