@@ -11,7 +11,7 @@ HOSTILE = "python3 train.py \x1b]52;c;ZWNobyBwd25lZA==\x07\x1b[2J\x9b6n\x9d0;tit
 
 def test_kill_prints_a_survivors_command_line_as_text_only(capsysbinary) -> None:
     kill._print({"local": KillAnswer.from_dict({"ok": False, "runs": [
-        {"run_id": "r1", "run": {"state": "running"}, "survivors": [{"pid": 42, "cmdline": HOSTILE}]}]})})
+        {"run_id": "r1", "run": {"state": "running"}, "survivors": [{"pid": 42, "cmdline": HOSTILE}]}]})}, queued=set())
     written = capsysbinary.readouterr().out.decode()
     assert "STILL ALIVE: 42 python3 train.py" in written
     assert "\x1b" not in written and "\x9b" not in written and "\x9d" not in written and "\x07" not in written
