@@ -164,6 +164,9 @@ def _add_launch(launch: argparse.ArgumentParser) -> None:
                              "unless it exits 0")
     launch.add_argument("--check-input", metavar="NAME", help="the --input the check gets on its stdin")
     launch.add_argument("--lease-pkg", metavar="PKG_DIR", help=LEASE_HELP)
+    launch.add_argument("--queue", action="store_true",
+                        help="when its GPUs are held or runs wait ahead, queue the run instead of refusing it")
+    launch.add_argument("--gpu-count", type=int, metavar="N", help="any N free GPUs (with --queue)")
 
 
 
@@ -184,6 +187,14 @@ def _add_run_commands(sub) -> None:
     relaunch.add_argument("--job-id", help="relaunch a job's node as the same node of this new job")
     relaunch.add_argument("--verify-timeout", type=seconds, default=10.0)
     relaunch.add_argument("--settle", type=seconds, default=1.0)
+    queue = sub.add_parser("queue", help="the container's GPUs and its queued runs in order")
+    queue.add_argument("--runs-dir", required=True)
+    start = sub.add_parser("start-queued", help=argparse.SUPPRESS)  # internal: started by the keeper
+    start.add_argument("--runs-dir", required=True)
+    start.add_argument("--run-id", required=True)
+    start.add_argument("--check", metavar="JSON_ARGV")
+    start.add_argument("--check-input", metavar="NAME")
+    start.add_argument("--verify-timeout", type=seconds, default=10.0)
     cleanup = sub.add_parser("cleanup", help="reap zombies, end orphans, mark dead runs lost, report the rest")
     cleanup.add_argument("--runs-dir", required=True)
     cleanup.add_argument("--dry-run", action="store_true")
@@ -233,8 +244,13 @@ def dispatch(args: argparse.Namespace, command: list):
         absent = lease(args.lease_pkg, getattr(args, "runs_dir", None))
         if absent is not None:
             return absent
+    if getattr(args, "runs_dir", None) and args.command in RESUMERS:
+        from .queuelaunch import resume
+        resume(args.runs_dir)  # a queue left without its keeper (a reboot) resumes at the next contact
     if args.command == "launch":
         return _launch(args, command)
+    if args.command in ("queue", "start-queued"):
+        return _queue_command(args)
     if args.command == "check":
         from .precheck import check_environment, run_check
         from .rundir import parse_env_pairs, parse_gpus
@@ -285,17 +301,41 @@ def dispatch(args: argparse.Namespace, command: list):
     raise BadInput("no subcommand given (launch, ps, kill, cleanup, version)", code=BAD_USAGE)
 
 
+RESUMERS = ("launch", "ps", "kill", "queue", "cleanup")
+
+
 def _launch(args: argparse.Namespace, command: list):
     from .launch import LaunchRequest, job_fields, launch, read_inputs
+    if args.gpu_count is not None and not args.queue:
+        raise BadInput("--gpu-count goes with --queue", code=BAD_USAGE)
+    if args.queue:
+        from .queuelaunch import check_gpu_request
+        check_gpu_request(args.gpus, args.gpu_count)  # before stdin is read or anything runs
     inputs = read_inputs(args.input, sys.stdin.buffer.read()) if args.input else {}
     req = LaunchRequest(runs_dir=args.runs_dir, run_id=args.run_id, name=args.name, target=args.target,
                         command=command, cwd=args.cwd, env_pairs=args.env, gpus=args.gpus, force=args.force,
                         grace=args.grace, inputs=inputs,
                         job=job_fields(args.job_id, args.node_rank, args.nnodes), pythonpath=args.pythonpath,
-                        keeper_idle=args.keeper_idle, restart=_restart_fields(args))
+                        keeper_idle=args.keeper_idle, restart=_restart_fields(args), gpu_count=args.gpu_count)
     if args.check is not None:
         _check_before_launch(req, args.check, args.check_input)
+    if args.queue:
+        from .precheck import parse_check_argv
+        from .queuelaunch import launch_or_queue
+        return launch_or_queue(req, verify_timeout=args.verify_timeout, settle=args.settle,
+                               check_argv=parse_check_argv(args.check) if args.check is not None else None,
+                               check_input=args.check_input)
     return launch(req, verify_timeout=args.verify_timeout, settle=args.settle)
+
+
+def _queue_command(args: argparse.Namespace):
+    from .queuelaunch import queue_answer, start_queued
+    if args.command == "queue":
+        return queue_answer(args.runs_dir)
+    from .precheck import parse_check_argv
+    return start_queued(args.runs_dir, args.run_id, check_input=args.check_input,
+                        check_argv=parse_check_argv(args.check) if args.check is not None else None,
+                        verify_timeout=args.verify_timeout)
 
 
 def _relaunch(args: argparse.Namespace):
@@ -330,7 +370,9 @@ STREAMS = ("node-watch", "watch")
 def run_stream(args: argparse.Namespace, command: list) -> int:
     """`watch` (JSON lines until stdin closes) and `node-watch` (a job node's workload: CMD's exit)."""
     if args.command == "watch":
+        from .queuelaunch import resume
         from .watchstream import watch
+        resume(args.runs_dir)
         return watch(args.runs_dir, gpu_interval=args.gpu_interval, idle_exit=args.idle_exit,
                      heartbeat=args.heartbeat)
     from .nodewatch import node_watch
