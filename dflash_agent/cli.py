@@ -5,14 +5,16 @@
              [--job-id J --node-rank R --nnodes N] [--keeper-idle S]
              [--restart never|on-failure[:N]] [--restart-backoff S] [--hang-timeout S] [--retry-arg ARG]...
              [--worker-restarts N]
-             [--check JSON_ARGV --check-input NAME] [--lease-pkg PKG_DIR] -- CMD...
+             [--check JSON_ARGV --check-input NAME] [--lease-pkg PKG_DIR] [--queue [--gpu-count N]] -- CMD...
              (with --input, stdin is one JSON object {NAME: base64 content}; each file lands in the run dir;
              with --check, that command runs first in the run's environment with input NAME on its stdin,
              and unless it exits 0 nothing is created)
     check    [--env K=V]... [--pythonpath DIR]... [--gpus 0,1] [--lease-pkg PKG_DIR] -- CMD...
              (CMD in a run's environment with stdin passed on; what launch --check does, on its own)
              --lease-pkg (launch, check): the trainer package leased, or else code needs_deploy, "pkg": "absent"
+             (with --queue, a run whose GPUs are held or that has runs queued ahead is queued: see queuelaunch)
     ps       --runs-dir D [--run-id ID]... [--tail-bytes N]
+    queue    --runs-dir D                              (the container's GPUs and its queued runs in order)
     kill     --runs-dir D --run-id ID... [--grace S]
     relaunch --runs-dir D --run-id LOST --new-run-id NEW [--job-id J] [--verify-timeout S] [--settle S]
              (a lost run with restarts left, once per loss: a new run of its command that resumes; with --job-id,
@@ -31,6 +33,8 @@
     version
     supervise --runs-dir D --run-id ID [--grace S]     (internal: started by the keeper)
     keeper    --runs-dir D [--idle-exit S]             (internal: started by launch; exits after S s idle)
+    start-queued --runs-dir D --run-id ID [--check JSON_ARGV --check-input NAME] [--verify-timeout S]
+             (internal: started by the keeper when a queued run's turn comes)
 
 Every answer (but watch's stream and node-watch's workload) is one line of JSON with "version" (PROTOCOL_VERSION)
 and "ok"; exit 0 ok, 1 operation failed, 2 bad input. Each answer below is typed in dflash_records (answers.py,
@@ -39,7 +43,7 @@ Errors: {"ok": false, "error": MESSAGE, "code": CODE, ...details}. Answers (keys
     relaunch {"run": RECORD of the new run, "relaunched_from": LOST, "survivors_ended": [pids of LOST ended first],
              "resume_args", "resumes_from": step_N or null}; failure: code not_relaunched (why) | already_relaunched
              ("relaunched_as") | survivors_left ("survivors": [pids]), or launch's
-    launch   {"run": RECORD}; failure: code run_ended | not_verified | gpus_busy (+ "busy": {run: [gpus]}),
+    launch   {"run": RECORD} (a queued run: state queued, queue_position); failure: code run_ended | not_verified | gpus_busy (+ "busy": {run: [gpus]}),
              with "run", "exit_code", "signal", "log_tail" (last 40 lines), "supervisor_log_tail", "keeper_log_tail";
              or code check_failed with "check": {"exit_code", "stdout", "stderr"}
     check    {"check": {"exit_code", "stdout", "stderr"}}; failure: code check_failed, the same "check"
@@ -47,6 +51,8 @@ Errors: {"ok": false, "error": MESSAGE, "code": CODE, ...details}. Answers (keys
     packages {"installed": bool, "removed": [names]}; failure: code upload_cut | upload_stalled | upload_damaged |
              unpack_failed
     probe    {"probe": {"devices", "nvml", "limits", "workdir", "shm", "paths", "live_gpus" (+ "model" with --model)}}
+    queue    QueueAnswer (dflash_records/queueinfo.py): gpus_total, gpus_free, gpus_ours, gpus_foreign, gpu_error,
+             queued: [{"run_id", "position", "name", "gpus", "gpu_count", "queued_at", "sweep_id"}]
     ps       {"runs": [RECORD (+ "log_tail", "metrics_tail": str with --tail-bytes)], "skipped": [{"run_id", "path",
              "points_to", "reason"}] (run directories that are symbolic links: never read or written through)}
     pull-plan {"output_dir", "steps", "checkpoints", "export_dir", "export_ready", "files": [{"source", "dest",
@@ -187,14 +193,8 @@ def _add_run_commands(sub) -> None:
     relaunch.add_argument("--job-id", help="relaunch a job's node as the same node of this new job")
     relaunch.add_argument("--verify-timeout", type=seconds, default=10.0)
     relaunch.add_argument("--settle", type=seconds, default=1.0)
-    queue = sub.add_parser("queue", help="the container's GPUs and its queued runs in order")
-    queue.add_argument("--runs-dir", required=True)
-    start = sub.add_parser("start-queued", help=argparse.SUPPRESS)  # internal: started by the keeper
-    start.add_argument("--runs-dir", required=True)
-    start.add_argument("--run-id", required=True)
-    start.add_argument("--check", metavar="JSON_ARGV")
-    start.add_argument("--check-input", metavar="NAME")
-    start.add_argument("--verify-timeout", type=seconds, default=10.0)
+    from .queuecli import add_queue_commands
+    add_queue_commands(sub)
     cleanup = sub.add_parser("cleanup", help="reap zombies, end orphans, mark dead runs lost, report the rest")
     cleanup.add_argument("--runs-dir", required=True)
     cleanup.add_argument("--dry-run", action="store_true")
@@ -250,7 +250,8 @@ def dispatch(args: argparse.Namespace, command: list):
     if args.command == "launch":
         return _launch(args, command)
     if args.command in ("queue", "start-queued"):
-        return _queue_command(args)
+        from .queuecli import queue_command
+        return queue_command(args)
     if args.command == "check":
         from .precheck import check_environment, run_check
         from .rundir import parse_env_pairs, parse_gpus
@@ -306,11 +307,9 @@ RESUMERS = ("launch", "ps", "kill", "queue", "cleanup")
 
 def _launch(args: argparse.Namespace, command: list):
     from .launch import LaunchRequest, job_fields, launch, read_inputs
-    if args.gpu_count is not None and not args.queue:
-        raise BadInput("--gpu-count goes with --queue", code=BAD_USAGE)
-    if args.queue:
-        from .queuelaunch import check_gpu_request
-        check_gpu_request(args.gpus, args.gpu_count)  # before stdin is read or anything runs
+    if args.queue or args.gpu_count is not None:
+        from .queuecli import check_queue_args
+        check_queue_args(args)  # before stdin is read or anything runs
     inputs = read_inputs(args.input, sys.stdin.buffer.read()) if args.input else {}
     req = LaunchRequest(runs_dir=args.runs_dir, run_id=args.run_id, name=args.name, target=args.target,
                         command=command, cwd=args.cwd, env_pairs=args.env, gpus=args.gpus, force=args.force,
@@ -320,22 +319,9 @@ def _launch(args: argparse.Namespace, command: list):
     if args.check is not None:
         _check_before_launch(req, args.check, args.check_input)
     if args.queue:
-        from .precheck import parse_check_argv
-        from .queuelaunch import launch_or_queue
-        return launch_or_queue(req, verify_timeout=args.verify_timeout, settle=args.settle,
-                               check_argv=parse_check_argv(args.check) if args.check is not None else None,
-                               check_input=args.check_input)
+        from .queuecli import launch_queued
+        return launch_queued(args, req)
     return launch(req, verify_timeout=args.verify_timeout, settle=args.settle)
-
-
-def _queue_command(args: argparse.Namespace):
-    from .queuelaunch import queue_answer, start_queued
-    if args.command == "queue":
-        return queue_answer(args.runs_dir)
-    from .precheck import parse_check_argv
-    return start_queued(args.runs_dir, args.run_id, check_input=args.check_input,
-                        check_argv=parse_check_argv(args.check) if args.check is not None else None,
-                        verify_timeout=args.verify_timeout)
 
 
 def _relaunch(args: argparse.Namespace):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 
 import pytest
 
@@ -71,15 +70,18 @@ def test_queued_runs_start_first_in_first_as_gpus_free(container, runs_dir, smi,
     assert container.agent("queue", "--runs-dir", runs_dir, env=env)[1]["queued"] == []
 
 
-def test_kill_of_a_queued_run_ends_it_and_starts_nothing(container, runs_dir, smi):
+def test_kill_of_a_queued_run_ends_it_and_starts_nothing(container, runs_dir, smi, tmp_path):
     env, _ = smi
-    assert queue(container, runs_dir, "holder", ["sleep", "30"], env, "--gpus", "0,1")[0] == 0
+    assert queue(container, runs_dir, "holder", gated(tmp_path), env, "--gpus", "0,1")[0] == 0
     status, out = queue(container, runs_dir, "waiter", ["sh", "-c", "echo never"], env, "--gpus", "1")
     assert status == 0 and out["run"]["state"] == "queued"
+    assert queue(container, runs_dir, "after", ["true"], env, "--gpus", "1")[1]["run"]["queue_position"] == 2
     status, out = container.agent("kill", "--runs-dir", runs_dir, "--run-id", "waiter", env=env)
     assert status == 0 and out["runs"][0]["state"] == "killed" and out["runs"][0]["survivors"] == []
-    assert container.agent("kill", "--runs-dir", runs_dir, "--run-id", "holder", "--grace", "1", env=env)[0] == 0
-    time.sleep(1.5)  # a turn of the queue would have started it by now
+    assert record(container, runs_dir, "after")["queue_position"] == 1
+    (tmp_path / "holder").touch()
+    # the run behind it took the turn it would have had
+    assert wait_state(container, runs_dir, "after", ("succeeded",), timeout=20)
     run = record(container, runs_dir, "waiter")
     assert run["state"] == "killed" and run["pid"] is None and run["supervisor_pid"] is None
     assert not os.path.exists(run["log_path"])
