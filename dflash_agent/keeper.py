@@ -228,14 +228,17 @@ class Keeper:
         if not request or not isinstance(request.get("argv"), list) or not isinstance(request.get("env"), dict):
             _log("ignored malformed spawn request {}".format(path))
             return
+        child = self._fork_exec([str(a) for a in request["argv"]],
+                                {str(k): str(v) for k, v in request["env"].items()}, str(request.get("log") or os.devnull))
+        _log("started supervisor pid {}: {}".format(child, json.dumps(request["argv"][-4:])))
+
+    def _fork_exec(self, argv: list, env: dict, log: str) -> int:
         child = os.fork()
         if child == 0:
             os.setsid()
-            exec_detached([str(a) for a in request["argv"]],
-                          {str(k): str(v) for k, v in request["env"].items()}, str(request.get("log") or os.devnull))
+            exec_detached(argv, env, log)
         self.children.add(child)
-        _log("started supervisor pid {}: {}".format(child, json.dumps(request["argv"][-4:])))
-
+        return child
 
     def _queue_turn(self) -> None:
         """Start the queued runs whose GPUs are free, first in first: each in a starter of its own (start-queued:
@@ -247,13 +250,13 @@ class Keeper:
             _log("queue turn failed: {}: {}".format(type(exc).__name__, exc))
             return
         for entry in started:
-            child = os.fork()
-            if child == 0:
-                os.setsid()
-                # its answer and any trouble land beside the run's supervisor's own log
-                exec_detached(self.entry + starter_argv(entry, self.runs_dir), self.env,
-                              os.path.join(self.runs_dir, entry.run_id, "supervisor.log"))
-            self.children.add(child)
+            log = os.path.join(self.runs_dir, entry.run_id, "supervisor.log")
+            spawned = not entry.check_argv
+            if spawned:  # nothing to check first: its supervisor at once, the starter only verifies it
+                self._fork_exec(self.entry + ["supervise", "--runs-dir", self.runs_dir, "--run-id", entry.run_id],
+                                self.env, log)
+            # its answer and any trouble land beside the run's supervisor's own log
+            child = self._fork_exec(self.entry + starter_argv(entry, self.runs_dir, spawned=spawned), self.env, log)
             _log("started queued run {} (starter pid {})".format(entry.run_id, child))
 
 

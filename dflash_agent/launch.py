@@ -260,10 +260,12 @@ def launch(req: LaunchRequest, *, verify_timeout: float, settle: float) -> Launc
 
 
 def start_verified(paths: RunPaths, name: str, *, keeper_idle: float | None, verify_timeout: float,
-                   settle: float) -> LaunchAnswer:
-    """Have the keeper start the supervisor of a created (or just dequeued) run, and return once it is verified;
-    an OperationFailed (run_ended, not_verified) with the ends of its logs when it is not."""
-    start_supervisor(paths, keeper_idle)
+                   settle: float, spawned: bool = False) -> LaunchAnswer:
+    """Have the keeper start the supervisor of a created (or just dequeued) run (unless it did already:
+    `spawned`), and return once it is verified; an OperationFailed (run_ended, not_verified) with the ends of its
+    logs when it is not."""
+    if not spawned:
+        start_supervisor(paths, keeper_idle)
     # said with the answer, so that the warning costs the controller no listing of its own
     namesakes = live_namesakes(paths.runs_dir, name, exclude=paths.run_id)
     outcome = wait_verified(paths, timeout=verify_timeout, settle=settle)

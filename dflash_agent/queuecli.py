@@ -19,6 +19,7 @@ def add_queue_commands(sub) -> None:
     start.add_argument("--check", metavar="JSON_ARGV")
     start.add_argument("--check-input", metavar="NAME")
     start.add_argument("--verify-timeout", type=seconds, default=10.0)
+    start.add_argument("--spawned", action="store_true", help="the keeper started its supervisor: only verify")
 
 
 def check_queue_args(args: argparse.Namespace) -> None:
@@ -43,4 +44,4 @@ def queue_command(args: argparse.Namespace):
         return queue_answer(args.runs_dir)
     return start_queued(args.runs_dir, args.run_id, check_input=args.check_input,
                         check_argv=parse_check_argv(args.check) if args.check is not None else None,
-                        verify_timeout=args.verify_timeout)
+                        verify_timeout=args.verify_timeout, spawned=args.spawned)

@@ -118,9 +118,10 @@ def resume(runs_dir: str) -> None:
 
 
 def start_queued(runs_dir: str, run_id: str, *, check_argv: list | None, check_input: str | None,
-                 verify_timeout: float) -> LaunchAnswer:
-    """A run that left the queue (`starting`): its check again, then its start as launch does it, verified. A
-    start that fails ends it `failed` with why and its log's last lines (one not verified in time runs on)."""
+                 verify_timeout: float, spawned: bool = False) -> LaunchAnswer:
+    """A run that left the queue (`starting`): its check again, then its start as launch does it, verified (where
+    it has no check, the keeper started its supervisor at once: `spawned`). A start that fails ends it `failed`
+    with why and its log's last lines (one not verified in time runs on)."""
     paths = existing_run(runs_dir, run_id)
     run = read_run(paths)
     try:
@@ -133,7 +134,7 @@ def start_queued(runs_dir: str, run_id: str, *, check_argv: list | None, check_i
                                                         run.get("gpus")), stdin=stdin)
         settle = run.get("settle_s")
         return start_verified(paths, run.get("name") or run_id, keeper_idle=None, verify_timeout=verify_timeout,
-                              settle=float(settle) if isinstance(settle, (int, float)) else 1.0)
+                              settle=float(settle) if isinstance(settle, (int, float)) else 1.0, spawned=spawned)
     except OperationFailed as exc:
         if exc.code != NOT_VERIFIED:
             end_failed(paths, _failure_text(exc))

@@ -162,9 +162,11 @@ def _dequeue(runs_dir: str, entry, chosen: list | None) -> bool:
     return moved
 
 
-def starter_argv(entry, runs_dir: str) -> list:
-    """The arguments of `start-queued` for an entry that left the queue."""
+def starter_argv(entry, runs_dir: str, *, spawned: bool = False) -> list:
+    """The arguments of `start-queued` for an entry that left the queue (`spawned`: its supervisor is started)."""
     argv = ["start-queued", "--runs-dir", os.path.abspath(runs_dir), "--run-id", entry.run_id]
+    if spawned:
+        argv.append("--spawned")
     if entry.check_argv:
         argv += ["--check", json.dumps(entry.check_argv)]
     if entry.check_input:
