@@ -43,7 +43,8 @@ Errors: {"ok": false, "error": MESSAGE, "code": CODE, ...details}. Answers (keys
     relaunch {"run": RECORD of the new run, "relaunched_from": LOST, "survivors_ended": [pids of LOST ended first],
              "resume_args", "resumes_from": step_N or null}; failure: code not_relaunched (why) | already_relaunched
              ("relaunched_as") | survivors_left ("survivors": [pids]), or launch's
-    launch   {"run": RECORD} (a queued run: state queued, queue_position); failure: code run_ended | not_verified | gpus_busy (+ "busy": {run: [gpus]}),
+    launch   {"run": RECORD} (queued: state queued, queue_position); failure: code run_ended | not_verified | gpus_busy
+             (+ "busy": {run: [gpus]}),
              with "run", "exit_code", "signal", "log_tail" (last 40 lines), "supervisor_log_tail", "keeper_log_tail";
              or code check_failed with "check": {"exit_code", "stdout", "stderr"}
     check    {"check": {"exit_code", "stdout", "stderr"}}; failure: code check_failed, the same "check"

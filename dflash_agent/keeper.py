@@ -228,8 +228,8 @@ class Keeper:
         if not request or not isinstance(request.get("argv"), list) or not isinstance(request.get("env"), dict):
             _log("ignored malformed spawn request {}".format(path))
             return
-        child = self._fork_exec([str(a) for a in request["argv"]],
-                                {str(k): str(v) for k, v in request["env"].items()}, str(request.get("log") or os.devnull))
+        env = {str(k): str(v) for k, v in request["env"].items()}
+        child = self._fork_exec([str(a) for a in request["argv"]], env, str(request.get("log") or os.devnull))
         _log("started supervisor pid {}: {}".format(child, json.dumps(request["argv"][-4:])))
 
     def _fork_exec(self, argv: list, env: dict, log: str) -> int:
