@@ -5,14 +5,16 @@
              [--job-id J --node-rank R --nnodes N] [--sweep-id S --sweep-values JSON] [--keeper-idle S]
              [--restart never|on-failure[:N]] [--restart-backoff S] [--hang-timeout S] [--retry-arg ARG]...
              [--worker-restarts N]
-             [--check JSON_ARGV --check-input NAME] [--lease-pkg PKG_DIR] -- CMD...
+             [--check JSON_ARGV --check-input NAME] [--lease-pkg PKG_DIR] [--queue [--gpu-count N]] -- CMD...
              (with --input, stdin is one JSON object {NAME: base64 content}; each file lands in the run dir;
              with --check, that command runs first in the run's environment with input NAME on its stdin,
              and unless it exits 0 nothing is created)
     check    [--env K=V]... [--pythonpath DIR]... [--gpus 0,1] [--lease-pkg PKG_DIR] -- CMD...
              (CMD in a run's environment with stdin passed on; what launch --check does, on its own)
              --lease-pkg (launch, check): the trainer package leased, or else code needs_deploy, "pkg": "absent"
+             (with --queue, a run whose GPUs are held or that has runs queued ahead is queued: see queuelaunch)
     ps       --runs-dir D [--run-id ID]... [--tail-bytes N]
+    queue    --runs-dir D                              (the container's GPUs and its queued runs in order)
     kill     --runs-dir D --run-id ID... [--grace S]
     relaunch --runs-dir D --run-id LOST --new-run-id NEW [--job-id J] [--verify-timeout S] [--settle S]
              (a lost run with restarts left, once per loss: a new run of its command that resumes; with --job-id,
@@ -31,6 +33,8 @@
     version
     supervise --runs-dir D --run-id ID [--grace S]     (internal: started by the keeper)
     keeper    --runs-dir D [--idle-exit S]             (internal: started by launch; exits after S s idle)
+    start-queued --runs-dir D --run-id ID [--check JSON_ARGV --check-input NAME] [--verify-timeout S]
+             (internal: started by the keeper when a queued run's turn comes)
 
 Every answer (but watch's stream and node-watch's workload) is one line of JSON with "version" (PROTOCOL_VERSION)
 and "ok"; exit 0 ok, 1 operation failed, 2 bad input. Each answer below is typed in dflash_records (answers.py,
@@ -39,7 +43,8 @@ Errors: {"ok": false, "error": MESSAGE, "code": CODE, ...details}. Answers (keys
     relaunch {"run": RECORD of the new run, "relaunched_from": LOST, "survivors_ended": [pids of LOST ended first],
              "resume_args", "resumes_from": step_N or null}; failure: code not_relaunched (why) | already_relaunched
              ("relaunched_as") | survivors_left ("survivors": [pids]), or launch's
-    launch   {"run": RECORD}; failure: code run_ended | not_verified | gpus_busy (+ "busy": {run: [gpus]}),
+    launch   {"run": RECORD} (queued: state queued, queue_position); failure: code run_ended | not_verified | gpus_busy
+             (+ "busy": {run: [gpus]}),
              with "run", "exit_code", "signal", "log_tail" (last 40 lines), "supervisor_log_tail", "keeper_log_tail";
              or code check_failed with "check": {"exit_code", "stdout", "stderr"}
     check    {"check": {"exit_code", "stdout", "stderr"}}; failure: code check_failed, the same "check"
@@ -47,6 +52,8 @@ Errors: {"ok": false, "error": MESSAGE, "code": CODE, ...details}. Answers (keys
     packages {"installed": bool, "removed": [names]}; failure: code upload_cut | upload_stalled | upload_damaged |
              unpack_failed
     probe    {"probe": {"devices", "nvml", "limits", "workdir", "shm", "paths", "live_gpus" (+ "model" with --model)}}
+    queue    QueueAnswer (dflash_records/queueinfo.py): gpus_total, gpus_free, gpus_ours, gpus_foreign, gpu_error,
+             queued: [{"run_id", "position", "name", "gpus", "gpu_count", "queued_at", "sweep_id"}]
     ps       {"runs": [RECORD (+ "log_tail", "metrics_tail": str with --tail-bytes)], "skipped": [{"run_id", "path",
              "points_to", "reason"}] (run directories that are symbolic links: never read or written through)}
     pull-plan {"output_dir", "steps", "checkpoints", "export_dir", "export_ready", "files": [{"source", "dest",
@@ -166,6 +173,8 @@ def _add_launch(launch: argparse.ArgumentParser) -> None:
                              "unless it exits 0")
     launch.add_argument("--check-input", metavar="NAME", help="the --input the check gets on its stdin")
     launch.add_argument("--lease-pkg", metavar="PKG_DIR", help=LEASE_HELP)
+    from .queuecli import add_queue_options
+    add_queue_options(launch)
 
 
 
@@ -186,6 +195,8 @@ def _add_run_commands(sub) -> None:
     relaunch.add_argument("--job-id", help="relaunch a job's node as the same node of this new job")
     relaunch.add_argument("--verify-timeout", type=seconds, default=10.0)
     relaunch.add_argument("--settle", type=seconds, default=1.0)
+    from .queuecli import add_queue_commands
+    add_queue_commands(sub)
     cleanup = sub.add_parser("cleanup", help="reap zombies, end orphans, mark dead runs lost, report the rest")
     cleanup.add_argument("--runs-dir", required=True)
     cleanup.add_argument("--dry-run", action="store_true")
@@ -235,8 +246,14 @@ def dispatch(args: argparse.Namespace, command: list):
         absent = lease(args.lease_pkg, getattr(args, "runs_dir", None))
         if absent is not None:
             return absent
+    if getattr(args, "runs_dir", None) and args.command in RESUMERS:
+        from .queuelaunch import resume
+        resume(args.runs_dir)  # a queue left without its keeper (a reboot) resumes at the next contact
     if args.command == "launch":
         return _launch(args, command)
+    if args.command in ("queue", "start-queued"):
+        from .queuecli import queue_command
+        return queue_command(args)
     if args.command == "check":
         from .precheck import check_environment, run_check
         from .rundir import parse_env_pairs, parse_gpus
@@ -287,17 +304,26 @@ def dispatch(args: argparse.Namespace, command: list):
     raise BadInput("no subcommand given (launch, ps, kill, cleanup, version)", code=BAD_USAGE)
 
 
+RESUMERS = ("launch", "ps", "kill", "queue", "cleanup")
+
+
 def _launch(args: argparse.Namespace, command: list):
     from .launch import LaunchRequest, job_fields, launch, read_inputs, sweep_fields
+    if args.queue or args.gpu_count is not None:
+        from .queuecli import check_queue_args
+        check_queue_args(args)  # before stdin is read or anything runs
     inputs = read_inputs(args.input, sys.stdin.buffer.read()) if args.input else {}
     req = LaunchRequest(runs_dir=args.runs_dir, run_id=args.run_id, name=args.name, target=args.target,
                         command=command, cwd=args.cwd, env_pairs=args.env, gpus=args.gpus, force=args.force,
                         grace=args.grace, inputs=inputs,
                         job=job_fields(args.job_id, args.node_rank, args.nnodes), pythonpath=args.pythonpath,
-                        keeper_idle=args.keeper_idle, restart=_restart_fields(args),
+                        keeper_idle=args.keeper_idle, restart=_restart_fields(args), gpu_count=args.gpu_count,
                         sweep=sweep_fields(args.sweep_id, args.sweep_values))
     if args.check is not None:
         _check_before_launch(req, args.check, args.check_input)
+    if args.queue:
+        from .queuecli import launch_queued
+        return launch_queued(args, req)
     return launch(req, verify_timeout=args.verify_timeout, settle=args.settle)
 
 
@@ -333,7 +359,9 @@ STREAMS = ("node-watch", "watch")
 def run_stream(args: argparse.Namespace, command: list) -> int:
     """`watch` (JSON lines until stdin closes) and `node-watch` (a job node's workload: CMD's exit)."""
     if args.command == "watch":
+        from .queuelaunch import resume
         from .watchstream import watch
+        resume(args.runs_dir)
         return watch(args.runs_dir, gpu_interval=args.gpu_interval, idle_exit=args.idle_exit,
                      heartbeat=args.heartbeat)
     from .nodewatch import node_watch

@@ -24,12 +24,12 @@ import time
 
 from dflash_records.protocol import AGENT_VERSION, iso_utc
 
-from . import identity, lineage, procfs
+from . import identity, lineage, procfs, queuestore
 from .childwatch import Wakeup, ignore_signal, reap_children, set_child_subreaper
 from .errors import AgentError
 from .rundir import RunPaths, file_lock, list_run_ids, read_json, write_json_atomic
 from .runstate import is_live, read_run, read_state
-from .spawn import detach, exec_detached
+from .spawn import agent_entry, detach, entry_env, exec_detached
 
 POLL_S = 1.0
 START_TIMEOUT_S = 5.0
@@ -75,14 +75,36 @@ def start_and_request(runs_dir: str, run_id: str, *, entry: list, env: dict, log
     os.makedirs(paths.spawn_dir, mode=0o700, exist_ok=True)
     argv = entry + ["supervise", "--runs-dir", os.path.abspath(runs_dir), "--run-id", run_id]
     with file_lock(paths.start_lock):
-        if not keeper_running(paths):
-            idle = [] if idle_exit is None else ["--idle-exit", "{:g}".format(idle_exit)]
-            detach(entry + ["keeper", "--runs-dir", os.path.abspath(runs_dir)] + idle, env, paths.log)
-            deadline = time.monotonic() + START_TIMEOUT_S
-            while not keeper_running(paths) and time.monotonic() < deadline:
-                time.sleep(0.01)
+        _start_unless_running(paths, runs_dir, entry, env, idle_exit)
         write_json_atomic(paths.request(run_id), {"version": 1, "argv": argv, "env": env, "log": log_path},
                           mode=0o600)
+    return wake(runs_dir)
+
+
+def ensure_keeper(runs_dir: str, *, entry: list, env: dict, idle_exit: float | None = None) -> dict:
+    """Make sure a keeper runs and wake it (to take the queue's turn: queued runs wait for it); keeper.json."""
+    paths = KeeperPaths(runs_dir)
+    os.makedirs(paths.spawn_dir, mode=0o700, exist_ok=True)
+    with file_lock(paths.start_lock):
+        _start_unless_running(paths, runs_dir, entry, env, idle_exit)
+    return wake(runs_dir)
+
+
+def _start_unless_running(paths: KeeperPaths, runs_dir: str, entry: list, env: dict,
+                          idle_exit: float | None) -> None:
+    """Under start.lock: a keeper that leaves idle decides so under it too."""
+    if keeper_running(paths):
+        return
+    idle = [] if idle_exit is None else ["--idle-exit", "{:g}".format(idle_exit)]
+    detach(entry + ["keeper", "--runs-dir", os.path.abspath(runs_dir)] + idle, env, paths.log)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not keeper_running(paths) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def wake(runs_dir: str) -> dict:
+    """SIGUSR1 to the keeper keeper.json names, proven so; keeper.json."""
+    paths = KeeperPaths(runs_dir)
     info = read_json(paths.info) or {}
     pid = info.get("pid")
     # SIGUSR1 ends a process that does not handle it: only the keeper keeper.json names, proven so, gets one
@@ -112,6 +134,8 @@ class Keeper:
         self.staying = False
         self.children = set()
         self.known = lineage.load_known(self.paths.dir)  # (pid, start time) -> run id of what is below us
+        entry, pythonpath = agent_entry()
+        self.entry, self.env = entry, entry_env(os.environ, pythonpath)  # what a queued run's starter runs
 
     def run(self) -> int:
         # Handlers first: a launch may SIGUSR1 us as soon as keeper.json names us, and its default kills.
@@ -131,8 +155,9 @@ class Keeper:
             self._reap()
             if not self.stopping:
                 self._spawn_requested()
+                self._queue_turn()
             self._track()
-            if self.children or self._requests():
+            if self.children or self._requests() or queuestore.has_entries(self.runs_dir):
                 idle_since = time.monotonic()
             elif time.monotonic() - idle_since >= self.idle_exit and self._may_leave():
                 if self._leave_if_idle(lock_fd):
@@ -152,7 +177,7 @@ class Keeper:
 
     def _idle(self) -> bool:
         """No child of ours (supervisors, adopted orphans), no live run, no spawn request."""
-        if self.children or _has_children(os.getpid()) or self._requests():
+        if self.children or _has_children(os.getpid()) or self._requests() or queuestore.has_entries(self.runs_dir):
             return False
         return not any(_live(self.runs_dir, run_id) for run_id in list_run_ids(self.runs_dir))
 
@@ -203,13 +228,36 @@ class Keeper:
         if not request or not isinstance(request.get("argv"), list) or not isinstance(request.get("env"), dict):
             _log("ignored malformed spawn request {}".format(path))
             return
+        env = {str(k): str(v) for k, v in request["env"].items()}
+        child = self._fork_exec([str(a) for a in request["argv"]], env, str(request.get("log") or os.devnull))
+        _log("started supervisor pid {}: {}".format(child, json.dumps(request["argv"][-4:])))
+
+    def _fork_exec(self, argv: list, env: dict, log: str) -> int:
         child = os.fork()
         if child == 0:
             os.setsid()
-            exec_detached([str(a) for a in request["argv"]],
-                          {str(k): str(v) for k, v in request["env"].items()}, str(request.get("log") or os.devnull))
+            exec_detached(argv, env, log)
         self.children.add(child)
-        _log("started supervisor pid {}: {}".format(child, json.dumps(request["argv"][-4:])))
+        return child
+
+    def _queue_turn(self) -> None:
+        """Start the queued runs whose GPUs are free, first in first: each in a starter of its own (start-queued:
+        its check, its supervisor, its verification), our child, so that its exit wakes us for the next turn."""
+        from .scheduler import starter_argv, take_turn
+        try:
+            started = take_turn(self.runs_dir)
+        except Exception as exc:  # noqa: BLE001 - a queue we cannot read must not end the reaper of every run
+            _log("queue turn failed: {}: {}".format(type(exc).__name__, exc))
+            return
+        for entry in started:
+            log = os.path.join(self.runs_dir, entry.run_id, "supervisor.log")
+            spawned = not entry.check_argv
+            if spawned:  # nothing to check first: its supervisor at once, the starter only verifies it
+                self._fork_exec(self.entry + ["supervise", "--runs-dir", self.runs_dir, "--run-id", entry.run_id],
+                                self.env, log)
+            # its answer and any trouble land beside the run's supervisor's own log
+            child = self._fork_exec(self.entry + starter_argv(entry, self.runs_dir, spawned=spawned), self.env, log)
+            _log("started queued run {} (starter pid {})".format(entry.run_id, child))
 
 
 def exit_is_reaped() -> bool:

@@ -5,11 +5,12 @@ import signal
 import time
 
 from dflash_records.answers import KillAnswer, KilledRun, ProcessInfo, Refusal
-from dflash_records.protocol import DEFAULT_GRACE_S, KILLED, LOST, STARTING, TERMINAL_STATES, iso_utc
+from dflash_records.protocol import DEFAULT_GRACE_S, KILLED, LOST, QUEUED, STARTING, TERMINAL_STATES, iso_utc
 from dflash_records.run import RunRecord
 
 from . import keeper, lineage, procfs, terminate
 from .childwatch import signal_name
+from .queuelaunch import kill_queued
 from .rundir import RunPaths, existing_run, write_json_atomic
 from .runstate import (load_record, read_run, read_state, settle_liveness, supervisor_alive, supervisor_check,
                        update_state)
@@ -143,6 +144,8 @@ def kill_one(paths: RunPaths, grace: float | None) -> KilledRun:
     actions, notes, refused = [], [], []
     run = read_run(paths)
     grace = float(run.get("grace_s", DEFAULT_GRACE_S)) if grace is None else grace
+    if read_state(paths).get("state") == QUEUED and kill_queued(paths):
+        actions.append("removed from the queue: nothing was started")
     state = wait_for_supervisor(paths, notes)
     refuse_stranger(paths, state, refused, actions)
     already_ended = state.get("state") in TERMINAL_STATES and not supervisor_alive(paths, state)

@@ -15,8 +15,8 @@ from dflash_records.run import RunRecord
 
 from . import keeper, procfs
 from .errors import BadInput, OperationFailed
-from .rundir import (RUN_DIR_FILES, RunPaths, file_lock, list_run_ids, make_reserve, parse_env_pairs, parse_gpus,
-                     tail_lines, validate_name, validate_target, write_json_atomic)
+from .rundir import (RUN_DIR_FILES, RunPaths, file_lock, launch_lock, list_run_ids, make_reserve, parse_env_pairs,
+                     parse_gpus, tail_lines, validate_name, validate_target, write_json_atomic)
 from .runstate import finish, is_live, load_record, read_run, read_state, supervisor_alive, update_state
 from .spawn import agent_entry, entry_env
 from .supervisor import LEFTOVERS_LIMIT_S
@@ -34,7 +34,8 @@ class LaunchRequest:
     def __init__(self, *, runs_dir: str, run_id: str, name: str, target: str, command: list, cwd: str | None,
                  env_pairs: list, gpus: str | None, force: bool, grace: float, inputs: dict | None = None,
                  job: dict | None = None, pythonpath: list | None = None,
-                 keeper_idle: float | None = None, restart: dict | None = None, sweep: dict | None = None) -> None:
+                 keeper_idle: float | None = None, restart: dict | None = None,
+                 gpu_count: int | None = None, sweep: dict | None = None) -> None:
         self.paths = RunPaths(runs_dir, run_id)
         self.name = validate_name(name, what="name")
         self.target = validate_target(target)
@@ -62,11 +63,12 @@ class LaunchRequest:
         # arguments of a restarted attempt
         self.restart = restart or {}
         self.sweep = sweep or {"sweep_id": None, "sweep_values": None}
+        self.gpu_count = gpu_count  # --gpu-count N (a queued run): any N free GPUs, chosen when it starts
 
     def run_json(self) -> dict:
         return {"version": 1, "run_id": self.paths.run_id, "name": self.name, "target": self.target,
                 "command": self.command, "cwd": self.cwd, "env": self.env, "pythonpath": self.pythonpath,
-                "gpus": self.gpus,
+                "gpus": self.gpus, "gpu_count": self.gpu_count,
                 "grace_s": self.grace, "created_at": iso_utc(), "created_ts": time.time(),
                 "supervisor_pid": None, "supervisor_start_time": None, **self.job, **self.restart, **self.sweep}
 
@@ -156,46 +158,49 @@ def live_namesakes(runs_dir: str, name: str, *, exclude: str) -> list:
 
 
 def create_run(req: LaunchRequest) -> None:
+    with file_lock(launch_lock(req.paths.runs_dir)):
+        create_run_locked(req)
+
+
+def create_run_locked(req: LaunchRequest, *, state: dict | None = None) -> None:
+    """Under launch_lock: refuse busy GPUs (unless forced or queued: `state` given), then make the run's
+    directory with its run.json and state.json (`state`, else starting)."""
     runs_dir = req.paths.runs_dir
-    os.makedirs(runs_dir, mode=0o700, exist_ok=True)
-    # One launch at a time decides about GPUs and creates its directory, so two cannot take the same GPU.
-    with file_lock(os.path.join(runs_dir, ".launch.lock")):
-        if req.gpus != [] and not req.force:
-            clashes = busy_gpus(runs_dir, req.gpus, exclude=req.paths.run_id)
-            if clashes:
-                raise OperationFailed("GPUs already held by a live run: {} (--force starts it anyway; a run "
-                                      "that uses no GPU: --gpus none)".format(
-                    ", ".join("{} ({})".format(r, ",".join(map(str, g))) for r, g in sorted(clashes.items()))),
-                    code="gpus_busy", details={"busy": clashes})
-        try:
-            os.mkdir(req.paths.dir, 0o755)
-        except FileExistsError:
-            raise BadInput("run {} already exists".format(req.paths.run_id), code="run_exists")
-        try:
-            _fill_run_dir(req)
-        except OSError as exc:  # a full disk, say: leave no half-made run behind to be listed
-            shutil.rmtree(req.paths.dir, ignore_errors=True)
-            full = exc.errno == errno.ENOSPC
-            raise OperationFailed("cannot create run {} in {}: {}".format(
-                req.paths.run_id, runs_dir, "disk full (no space left on device)" if full else exc),
-                code="disk_full" if full else "run_dir_failed")
+    if req.gpus != [] and not req.force and state is None:
+        clashes = busy_gpus(runs_dir, req.gpus, exclude=req.paths.run_id)
+        if clashes:
+            raise OperationFailed("GPUs already held by a live run: {} (--force starts it anyway; a run "
+                                  "that uses no GPU: --gpus none)".format(
+                ", ".join("{} ({})".format(r, ",".join(map(str, g))) for r, g in sorted(clashes.items()))),
+                code="gpus_busy", details={"busy": clashes})
+    try:
+        os.mkdir(req.paths.dir, 0o755)
+    except FileExistsError:
+        raise BadInput("run {} already exists".format(req.paths.run_id), code="run_exists")
+    try:
+        _fill_run_dir(req, state or {"state": STARTING})
+    except OSError as exc:  # a full disk, say: leave no half-made run behind to be listed
+        shutil.rmtree(req.paths.dir, ignore_errors=True)
+        full = exc.errno == errno.ENOSPC
+        raise OperationFailed("cannot create run {} in {}: {}".format(
+            req.paths.run_id, runs_dir, "disk full (no space left on device)" if full else exc),
+            code="disk_full" if full else "run_dir_failed")
 
 
-def _fill_run_dir(req: LaunchRequest) -> None:
+def _fill_run_dir(req: LaunchRequest, state: dict) -> None:
     make_reserve(req.paths.reserve)  # first: no run starts without room to record its end
     for name, data in sorted(req.inputs.items()):
         with open(os.path.join(req.paths.dir, name), "wb") as handle:
             handle.write(data)
     write_json_atomic(req.paths.run_json, req.run_json())
-    write_json_atomic(req.paths.state_json, {"version": 1, "run_id": req.paths.run_id, "state": STARTING,
-                                             "updated_at": iso_utc()})
+    write_json_atomic(req.paths.state_json, dict(state, version=1, run_id=req.paths.run_id, updated_at=iso_utc()))
 
 
-def start_supervisor(req: LaunchRequest) -> None:
+def start_supervisor(paths: RunPaths, keeper_idle: float | None) -> None:
     entry, pythonpath = agent_entry()
     env = entry_env(os.environ, pythonpath)
-    keeper.start_and_request(req.paths.runs_dir, req.paths.run_id, entry=entry, env=env,
-                             log_path=req.paths.supervisor_log, idle_exit=req.keeper_idle)
+    keeper.start_and_request(paths.runs_dir, paths.run_id, entry=entry, env=env, log_path=paths.supervisor_log,
+                             idle_exit=keeper_idle)
 
 
 def verified(paths: RunPaths, state: dict) -> bool:
@@ -271,21 +276,31 @@ def _lost_unless_claimed(state: dict) -> dict | None:
 
 def launch(req: LaunchRequest, *, verify_timeout: float, settle: float) -> LaunchAnswer:
     create_run(req)
-    start_supervisor(req)
+    return start_verified(req.paths, req.name, keeper_idle=req.keeper_idle, verify_timeout=verify_timeout,
+                          settle=settle)
+
+
+def start_verified(paths: RunPaths, name: str, *, keeper_idle: float | None, verify_timeout: float,
+                   settle: float, spawned: bool = False) -> LaunchAnswer:
+    """Have the keeper start the supervisor of a created (or just dequeued) run (unless it did already:
+    `spawned`), and return once it is verified; an OperationFailed (run_ended, not_verified) with the ends of its
+    logs when it is not."""
+    if not spawned:
+        start_supervisor(paths, keeper_idle)
     # said with the answer, so that the warning costs the controller no listing of its own
-    namesakes = live_namesakes(req.paths.runs_dir, req.name, exclude=req.paths.run_id)
-    outcome = wait_verified(req.paths, timeout=verify_timeout, settle=settle)
-    record = load_record(req.paths)
+    namesakes = live_namesakes(paths.runs_dir, name, exclude=paths.run_id)
+    outcome = wait_verified(paths, timeout=verify_timeout, settle=settle)
+    record = load_record(paths)
     if outcome == "verified":
         return LaunchAnswer(ok=True, run=RunRecord.from_dict(record), namesakes=tuple(namesakes))
     details = {"run": record, "exit_code": record.get("exit_code"), "signal": record.get("signal"),
-               "log_tail": tail_lines(req.paths.log, LOG_TAIL_LINES),
+               "log_tail": tail_lines(paths.log, LOG_TAIL_LINES),
                # why a supervisor never started or died is in these, not in the workload's log
-               "supervisor_log_tail": tail_lines(req.paths.supervisor_log, DIAGNOSTIC_TAIL_LINES),
-               "keeper_log_tail": tail_lines(keeper.KeeperPaths(req.paths.runs_dir).log, DIAGNOSTIC_TAIL_LINES)}
+               "supervisor_log_tail": tail_lines(paths.supervisor_log, DIAGNOSTIC_TAIL_LINES),
+               "keeper_log_tail": tail_lines(keeper.KeeperPaths(paths.runs_dir).log, DIAGNOSTIC_TAIL_LINES)}
     if outcome == "ended":
-        raise OperationFailed("run {} ended during launch: {}".format(req.paths.run_id,
+        raise OperationFailed("run {} ended during launch: {}".format(paths.run_id,
                                                                        RunRecord.from_dict(record).ended_text()),
                               code="run_ended", details=details)
-    raise OperationFailed("run {} could not be verified running within {} s".format(req.paths.run_id, verify_timeout),
+    raise OperationFailed("run {} could not be verified running within {} s".format(paths.run_id, verify_timeout),
                           code=NOT_VERIFIED, details=details)

@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 from dflash_records.answers import PsAnswer, SkippedRunDir
+from dflash_records.protocol import QUEUED
 from dflash_records.run import RunRecord
 
+from .queuelaunch import queued_positions
 from .rundir import RunPaths, existing_run, list_run_ids, tail_bytes, unfollowed_run_dirs
 from .runstate import load_record, settle_or_note
 
@@ -22,11 +24,15 @@ def list_runs(runs_dir: str, run_ids: list, *, tail: int = 0) -> PsAnswer:
     else:
         targets = [RunPaths(runs_dir, run_id) for run_id in list_run_ids(runs_dir)]
     records, tails, metrics = [], [], []
+    positions = None
     for paths in targets:
         note = settle_or_note(paths)
         record = load_record(paths)
         if note:
             record["error"] = record.get("error") or note
+        if record.get("state") == QUEUED:
+            positions = queued_positions(runs_dir) if positions is None else positions
+            record["queue_position"] = positions.get(paths.run_id)
         records.append(RunRecord.from_dict(record))
         tails.append(tail_bytes(paths.log, tail) if tail > 0 else None)
         metrics.append(tail_bytes(paths.metrics, min(tail, METRICS_TAIL_BYTES)) if tail > 0 else None)

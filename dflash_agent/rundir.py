@@ -54,6 +54,13 @@ def parse_env_pairs(pairs: list) -> dict:
     return env
 
 
+def launch_lock(runs_dir: str) -> str:
+    """The lock held by whoever decides about GPUs and creates or starts a run: one launch, one enqueue or one
+    turn of the queue at a time, so two cannot take the same GPU."""
+    os.makedirs(runs_dir, mode=0o700, exist_ok=True)
+    return os.path.join(runs_dir, ".launch.lock")
+
+
 RUN_DIR_FILES = ("run.json", "state.json", "train.log", "supervisor.log", "kill_request.json", "metrics.jsonl")
 
 

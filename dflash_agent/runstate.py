@@ -4,7 +4,7 @@ from __future__ import annotations
 import errno
 import time
 
-from dflash_records.protocol import LOST, STARTING, TERMINAL_STATES, iso_utc
+from dflash_records.protocol import LOST, QUEUED, STARTING, TERMINAL_STATES, iso_utc
 from dflash_records.run import RUN_JSON_FIELDS, STATE_JSON_FIELDS
 
 from . import identity, procfs
@@ -96,10 +96,12 @@ def supervisor_alive(paths: RunPaths, state: dict) -> bool:
 
 
 def spawn_pending(run: dict, state: dict) -> bool:
-    """Still waiting for the keeper to start the supervisor, and not for too long."""
+    """Still waiting for the keeper to start the supervisor, and not for too long (since its launch, or since
+    it left the queue)."""
     if state.get("state") != STARTING or state.get("supervisor_pid"):
         return False
-    return time.time() - float(run.get("created_ts") or 0) < SPAWN_DEADLINE_S
+    since = state.get("dequeued_ts") or run.get("created_ts") or 0
+    return time.time() - float(since) < SPAWN_DEADLINE_S
 
 
 def is_live(paths: RunPaths, run: dict, state: dict) -> bool:
@@ -111,14 +113,15 @@ def is_live(paths: RunPaths, run: dict, state: dict) -> bool:
 def settle_liveness(paths: RunPaths, *, dry_run: bool = False) -> tuple:
     """(state, newly_lost): a non-terminal run whose supervisor is gone is `lost`, and is written so."""
     run, state = read_run(paths), read_state(paths)
-    if state.get("state") in TERMINAL_STATES or is_live(paths, run, state):
+    # a queued run has no process to lose: it waits in the queue (queuestore.py), whatever reboots meanwhile
+    if state.get("state") in TERMINAL_STATES + (QUEUED,) or is_live(paths, run, state):
         return state, False
     if dry_run:
         return state, True
 
     def mutate(current: dict):
         # Re-check under the lock: the supervisor may have written its terminal state meanwhile.
-        if current.get("state") in TERMINAL_STATES or is_live(paths, run, current):
+        if current.get("state") in TERMINAL_STATES + (QUEUED,) or is_live(paths, run, current):
             return None
         stranger = supervisor_check(paths, current)[1]
         why = "its recorded supervisor is not its supervisor: " + stranger if stranger else \
