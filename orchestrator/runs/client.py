@@ -18,6 +18,7 @@ from dflash_records.answers import (CheckAnswer, KillAnswer, LaunchAnswer, Lines
                                     RelaunchAnswer, SkippedRunDir)
 from dflash_records.plans import CleanupAnswer, ProbeAnswer, PullPlan
 from dflash_records.protocol import CHECK_FAILED, DEFAULT_GRACE_S, NO_GPUS, NOT_VERIFIED, SUCCEEDED, TERMINAL_STATES
+from dflash_records.queueinfo import QueueAnswer
 from dflash_records.run import RunRecord
 from dflash_records.step import read_step_json
 from dflash_records.stepfigures import latest_step
@@ -159,6 +160,10 @@ class RunClient:
             args += ["--env", f"{key}={value}"]
         if spec.gpus is not None:
             args += ["--gpus", ",".join(map(str, spec.gpus)) or NO_GPUS]
+        if spec.gpu_count is not None:
+            args += ["--gpu-count", str(spec.gpu_count)]
+        if spec.queue:
+            args.append("--queue")
         if spec.force:
             args.append("--force")
         if spec.settle is not None:
@@ -210,6 +215,10 @@ class RunClient:
             raise RelaunchFailed(f"{target.name}: {answer.error or 'relaunch failed'}", code=answer.code)
         return Relaunched(with_metrics(answer.run or RunRecord()), answer.resumes_from, bool(answer.resume_args),
                           tuple(answer.survivors_ended))
+
+    def queue(self, target: Target) -> QueueAnswer:
+        """The target's GPU queue as its agent reports it: its GPUs (free, ours, foreign) and its queued runs."""
+        return QueueAnswer.from_dict(self.agent(target, ["queue", "--runs-dir", runs_dir(target)]))
 
     def list_runs(self, targets: list[Target]) -> list[Outcome[list[RunRecord]]]:
         outcomes = per_target(targets, lambda target: self.runs_on(target, tail_bytes=PS_TAIL_BYTES))

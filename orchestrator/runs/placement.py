@@ -21,14 +21,14 @@ from dflash_records.queueinfo import QueueAnswer
 
 from ..errors import shorten
 
-Asked = Union[QueueAnswer, str]   # the target's answer, or why it could not be asked
+Asked = Union[QueueAnswer, str]   # the target's answer, or why it could not be asked ("unreachable: ...")
 NAMES_SHOWN = 3   # names a reason lists in one group before "and N more"
-ERROR_SHOWN = 60  # characters of an unreachable target's error a reason repeats
+ERROR_SHOWN = 100  # characters of an unreachable target's error a reason repeats
 
 
 @dataclass(frozen=True)
 class Skipped:
-    """A target left out of the decision, and why; `unreachable`: it could not be asked (not too small)."""
+    """A target left out of the decision, and why; `unreachable`: it could not be asked (it may have had room)."""
 
     target: str
     why: str
@@ -92,9 +92,11 @@ def _queue_rank(seat: _Seat) -> tuple:
 def _seats(answers: Mapping[str, Asked], gpu_count: int) -> tuple[list[_Seat], tuple[Skipped, ...]]:
     seats, skipped = [], []
     for order, (name, answer) in enumerate(answers.items()):
-        if isinstance(answer, str) or not answer.ok:
-            why = answer if isinstance(answer, str) else (answer.error or "the agent could not read its queue")
-            skipped.append(Skipped(name, f"unreachable: {shorten(why, ERROR_SHOWN)}", unreachable=True))
+        if isinstance(answer, str):
+            skipped.append(Skipped(name, shorten(answer, ERROR_SHOWN), unreachable=True))
+        elif not answer.ok:
+            why = shorten(answer.error or "the agent could not read it", ERROR_SHOWN)
+            skipped.append(Skipped(name, f"queue not read: {why}", unreachable=False))
         elif not _count(answer.gpus_total) and answer.gpu_error:
             skipped.append(Skipped(name, f"GPUs not read: {shorten(answer.gpu_error, ERROR_SHOWN)}", False))
         elif (_count(answer.gpus_total) or 0) < gpu_count:
@@ -113,7 +115,7 @@ def _count(value) -> int | None:
 def _fit_reason(best: _Seat, others: list[_Seat], gpu_count: int) -> str:
     head = f"{best.name}: {best.free} of {_gpus(best.total)} free"
     if not others:
-        return f"{head} (the only target where {_gpus(gpu_count)} are free now)"
+        return f"{head} (the only target where {_gpus(gpu_count)} {'is' if gpu_count == 1 else 'are'} free now)"
     if best.partly_used:
         why = "packed onto a partly used container"
     else:

@@ -87,6 +87,8 @@ class LaunchSpec:
     hang_timeout: float | None = None      # the hang watchdog's bound (0: off; None: from the step interval)
     worker_restarts: int = 0      # the workload (a job node's torchrun) restarts its own workers this often
     config_base: str | None = None    # where that config's relative paths are taken from (command.config_base_dir)
+    queue: bool = False           # wait in the target's queue when its GPUs are held, instead of being refused
+    gpu_count: int | None = None  # any N free GPUs of the target (the agent picks them), instead of `gpus`
 
     def run_env(self) -> dict[str, str]:
         return run_environment(self.target, self.env)
