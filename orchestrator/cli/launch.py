@@ -128,9 +128,9 @@ def launch(
     words = [w for w in (target, *(command or [])) if w is not None]
     healing = {"restart": restart, "restart_backoff": restart_backoff, "hang_timeout": hang_timeout}
     if anywhere or hosts is not None:
-        placing = dict(anywhere=anywhere, hosts=hosts, gpu_count=gpu_count, gpus=gpus, each=each)
-        return _launch_anywhere(state, ctx, words, placing, config, env, healing, name=name, force=force,
-                                grace=grace, as_json=as_json)
+        options = dict(name=name, config=config, env=parse_env(env), force=force, grace=grace)
+        return _launch_anywhere(state, ctx, words, dict(anywhere=anywhere, gpus=gpus, each=each), hosts=hosts,
+                                gpu_count=gpu_count, healing=healing, options=options, as_json=as_json)
     cut = _command_start(words, words_after_dashes(ctx, words), each=each, config=config)  # checks it early
     options = dict(name=name, config=config, gpus=parse_gpus(gpus), env=parse_env(env), force=force, grace=grace)
     if each:
@@ -158,15 +158,14 @@ def _command_start(words: list[str], after: int | None, *, each: bool, config: P
     return after
 
 
-def _launch_anywhere(state: AppState, ctx: typer.Context, words: list[str], placing: dict, config: Path | None,
-                     env: list[str] | None, healing: dict, *, as_json: bool, **options) -> int:
+def _launch_anywhere(state: AppState, ctx: typer.Context, words: list[str], placing: dict, *, hosts: str | None,
+                     gpu_count: int | None, healing: dict, options: dict, as_json: bool) -> int:
     """--anywhere: checked before anything is asked, then placed and launched queued (anywhere.py)."""
-    hosts = placing.pop("hosts")
-    argv = check_anywhere(words=words, cut=words_after_dashes(ctx, words), **placing)
-    options.update(config=config, gpus=None, env=parse_env(env))
-    return launch_anywhere(state.inventory(), hosts=hosts, gpu_count=placing["gpu_count"],
-                           spec_for=lambda where: _healed(launch_spec(where, argv, **options), healing),
-                           launch_run=lambda spec, **how: _launch_run(state, spec, config, as_json=as_json, **how))
+    argv = check_anywhere(words=words, cut=words_after_dashes(ctx, words), gpu_count=gpu_count, **placing)
+    return launch_anywhere(state.inventory(), hosts=hosts, gpu_count=gpu_count,
+                           spec_for=lambda where: _healed(launch_spec(where, argv, gpus=None, **options), healing),
+                           launch_run=lambda spec, **how: _launch_run(state, spec, options["config"],
+                                                                      as_json=as_json, **how))
 
 
 def _healed(spec, healing: dict):
