@@ -84,16 +84,16 @@ def test_a_target_with_fewer_gpus_than_the_run_needs_never_takes_it() -> None:
 
 
 def test_unreachable_targets_are_skipped_and_named() -> None:
-    answers = {"pve1/200": "cannot connect to 10.0.0.1:22: Connection refused",
+    answers = {"pve1/200": "unreachable: cannot connect to 10.0.0.1:22: Connection refused",
                "pve2/300": QueueAnswer(ok=False, error="runs directory unreadable"),
                "pve3/400": QueueAnswer(ok=True, gpus_total=None, gpu_error="nvidia-smi: command failed"),
                "pve4/500": box(2, 2)}
     decision = place(answers, 1)
     assert decision.target == "pve4/500"
     assert [(s.target, s.unreachable) for s in decision.skipped] == \
-        [("pve1/200", True), ("pve2/300", True), ("pve3/400", False)]
+        [("pve1/200", True), ("pve2/300", False), ("pve3/400", False)]
     assert decision.reason.endswith("; skipped: pve1/200 (unreachable: cannot connect to 10.0.0.1:22: Connection "
-                                    "refused), pve2/300 (unreachable: runs directory unreadable), pve3/400 (GPUs "
+                                    "refused), pve2/300 (queue not read: runs directory unreadable), pve3/400 (GPUs "
                                     "not read: nvidia-smi: command failed)")
     alone = place({"pve1/200": "down"}, 1)
     assert alone.target is None and alone.skipped[0].unreachable
