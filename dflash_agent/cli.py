@@ -309,9 +309,8 @@ RESUMERS = ("launch", "ps", "kill", "queue", "cleanup")
 
 def _launch(args: argparse.Namespace, command: list):
     from .launch import LaunchRequest, job_fields, launch, read_inputs, sweep_fields
-    if args.queue or args.gpu_count is not None:
-        from .queuecli import check_queue_args
-        check_queue_args(args)  # before stdin is read or anything runs
+    from .queuecli import check_queue_args
+    check_queue_args(args)  # before stdin is read or anything runs
     inputs = read_inputs(args.input, sys.stdin.buffer.read()) if args.input else {}
     req = LaunchRequest(runs_dir=args.runs_dir, run_id=args.run_id, name=args.name, target=args.target,
                         command=command, cwd=args.cwd, env_pairs=args.env, gpus=args.gpus, force=args.force,

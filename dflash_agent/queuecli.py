@@ -29,6 +29,9 @@ def add_queue_commands(sub) -> None:
 
 
 def check_queue_args(args: argparse.Namespace) -> None:
+    """--queue and --gpu-count of a launch, refused before stdin is read or anything runs where they may not be."""
+    if not args.queue and args.gpu_count is None:
+        return
     if not args.queue:
         raise BadInput("--gpu-count goes with --queue", code=BAD_USAGE)
     from .queuelaunch import check_gpu_request

@@ -1,6 +1,7 @@
 """`dflashctl launch TARGET [options] [-- CMD...]`."""
 from __future__ import annotations
 
+from contextlib import nullcontext
 from pathlib import Path
 from typing import List, Optional
 
@@ -17,9 +18,11 @@ from ..runs.client import LaunchFailed, LaunchUnverified, RunClient
 from ..runs.command import CONFIG_INPUT, config_base_dir, runs_bundled_trainer, train_command
 from ..runs.doctor import OK, WARN, preflight, read_needs, refuse_failed
 from ..runs.jobs import DEFAULT_DIST_TIMEOUT_S, JobLaunchFailed, JobSpec, launch_job, processes_per_node
+from ..runs.placement import Placement
 from ..runs.spec import LaunchSpec, check_name, default_name
 from ..runs.trainerconfig import config_file, read_config
 from ..transports.pool import Connections
+from .anywhere import check_anywhere, launch_anywhere
 from .args import number_in, parse_env, parse_gpus
 from .launcheach import launch_each, split_targets
 from .launchqueue import GPU_COUNT_OPTION, QUEUE_OPTION, check_gpu_count, queue_options, queued_line
@@ -56,25 +59,30 @@ HANG_TIMEOUT_OPTION = typer.Option(
     help="An attempt that printed step lines and then none for S seconds is hung: its Python stacks go to "
          "its log, it is ended and (under --restart) started again. Default: 20 times its median step "
          "interval, at least 10 min; 0: never.")
-
-
-GPUS_OPTION = typer.Option(
-    None, "--gpus", metavar="0,1|0-7|none",
-    help="GPUs of the target the run may use (sets CUDA_VISIBLE_DEVICES); none: it uses no GPU and holds none (a "
-         "notifier, a data job).")
-NPROC_PER_NODE_OPTION = typer.Option(
-    None, "--nproc-per-node", callback=number_in(1), metavar="N",
-    help="Processes per node of a multi-target job (default: one per GPU; one CPU process where there are none or "
-         "the config says cpu).")
+GPUS_OPTION = typer.Option(None, "--gpus", metavar="0,1|0-7|none",
+                           help="GPUs of the target the run may use (sets CUDA_VISIBLE_DEVICES); none: it uses no "
+                                "GPU and holds none (a notifier, a data job).")
+FORCE_OPTION = typer.Option(False, "--force", help="Start even if a live run holds the GPUs, or doctor's checks of "
+                                                   "the config fail (tmpfs paths, no room, no GPU).")
+NPROC_OPTION = typer.Option(None, "--nproc-per-node", callback=number_in(1), metavar="N",
+                            help="Processes per node of a multi-target job (default: one per GPU; one CPU process "
+                                 "where there are none or the config says cpu).")
 DIST_TIMEOUT_OPTION = typer.Option(
     DEFAULT_DIST_TIMEOUT_S, "--dist-timeout", callback=number_in(1), metavar="SECONDS",
     help="Multi-target job: how long the rendezvous and every collective wait for a missing node before the job "
          "fails.")
+EACH_OPTION = typer.Option(False, "--each", help="One run on each TARGET (the leading arguments that name targets; "
+                                                 "CMD after them), all launched at once by this process.")
+ANYWHERE_OPTION = typer.Option(
+    False, "--anywhere", help="Let the fleet choose the target: where --gpu-count GPUs are free now (packing onto "
+    "partly used containers first), else where the queue is shortest; the run is queued there. Says where and why.")
+HOSTS_OPTION = typer.Option(None, "--hosts", metavar="PATTERN", help="With --anywhere: only the targets whose "
+                            "name or host matches this glob (pve*, pve1/*).")
 
 
 def launch(
     ctx: typer.Context,
-    target: str = typer.Argument(..., metavar="TARGET", help="HOST/CTID, HOST or local."),
+    target: Optional[str] = typer.Argument(None, metavar="TARGET", help="HOST/CTID, HOST or local."),
     command: Optional[List[str]] = typer.Argument(None, metavar="[TARGET...] | [-- CMD...]", help=(
         "With --config: more targets, one job across all of them. Without: run this command instead "
         "of the bundled trainer.")),
@@ -83,19 +91,19 @@ def launch(
                                           help="Trainer config (YAML) for the bundled trainer."),
     gpus: Optional[str] = GPUS_OPTION,
     env: Optional[List[str]] = typer.Option(None, "--env", "-e", metavar="K=V", help="Extra environment (repeat)."),
-    force: bool = typer.Option(False, "--force", help="Start even if a live run holds the GPUs, or doctor's "
-                                                      "checks of the config fail (tmpfs paths, no room, no GPU)."),
+    force: bool = FORCE_OPTION,
     grace: float = typer.Option(DEFAULT_GRACE_S, "--grace", callback=number_in(0), metavar="S",
                                 help="Seconds a later `kill` waits after TERM."),
-    nproc_per_node: Optional[int] = NPROC_PER_NODE_OPTION,
+    nproc_per_node: Optional[int] = NPROC_OPTION,
     dist_timeout: float = DIST_TIMEOUT_OPTION,
     restart: Optional[str] = RESTART_OPTION,
     restart_backoff: Optional[float] = RESTART_BACKOFF_OPTION,
     hang_timeout: Optional[float] = HANG_TIMEOUT_OPTION,
     queue: Optional[bool] = QUEUE_OPTION,
+    each: bool = EACH_OPTION,
+    anywhere: bool = ANYWHERE_OPTION,
+    hosts: Optional[str] = HOSTS_OPTION,
     gpu_count: Optional[int] = GPU_COUNT_OPTION,
-    each: bool = typer.Option(False, "--each", help="One run on each TARGET (the leading arguments that name "
-                              "targets; CMD after them), all launched at once by this process."),
     as_json: bool = typer.Option(False, "--json", help="Print the run record (a job: job_id and one per node)."),
 ) -> int:
     """Start a run detached under a supervisor so it survives the SSH session, pct and this command (or, with
@@ -115,11 +123,16 @@ def launch(
         dflashctl launch pve1/200 --config qwen36.yaml --gpus 0-7
         dflashctl launch pve1/200 pve2/300 --config qwen36.yaml --gpus 0-7
         dflashctl launch local --name sweep1 -- python train.py --lr 3e-4
+        dflashctl launch --anywhere --hosts 'pve*' --gpu-count 1 --config qwen36.yaml
     """
     state: AppState = ctx.obj
-    words = [target, *(command or [])]
-    cut = _command_start(words, words_after_dashes(ctx, words), each=each, config=config)  # checks it early
+    words = [w for w in (target, *(command or [])) if w is not None]
     healing = {"restart": restart, "restart_backoff": restart_backoff, "hang_timeout": hang_timeout}
+    if anywhere or hosts is not None:
+        options = dict(name=name, config=config, env=parse_env(env), force=force, grace=grace)
+        return _launch_anywhere(state, ctx, words, dict(anywhere=anywhere, gpus=gpus, each=each), hosts=hosts,
+                                gpu_count=gpu_count, healing=healing, options=options, as_json=as_json)
+    cut = _command_start(words, words_after_dashes(ctx, words), each=each, config=config)  # checks it early
     gpu_list = parse_gpus(gpus)
     waiting = queue_options(gpus=gpu_list, force=force, queue=queue, gpu_count=gpu_count,
                             job=bool(config and command and not each))
@@ -129,13 +142,15 @@ def launch(
     if config is not None and command:
         spec = job_spec(_job_targets(state, words), **options, nproc_per_node=nproc_per_node, dist_timeout=dist_timeout)
         return _launch_job(state, _healed(spec, healing), config, as_json=as_json)
-    spec = _healed(launch_spec(state.inventory().target(target), command or [], **options, **waiting), healing)
+    spec = _healed(launch_spec(state.inventory().target(words[0]), words[1:], **options, **waiting), healing)
     return _launch_run(state, spec, config, as_json=as_json)
 
 
 def _command_start(words: list[str], after: int | None, *, each: bool, config: Path | None) -> int | None:
     """Where CMD begins among TARGET and the words after it: at `--` when it was given (everything after it is
     the command, even a word that names a host), None without it. Checked before anything is contacted."""
+    if not words:
+        raise UsageError("no TARGET: dflashctl launch TARGET [options] [-- CMD...], or --anywhere --gpu-count N")
     if after is None:
         return None
     if after == 0:
@@ -144,6 +159,17 @@ def _command_start(words: list[str], after: int | None, *, each: bool, config: P
         raise UsageError(f"{after} TARGETs before `--` ({shorten(' '.join(words[:after]), 80)}): a command runs "
                          f"on one TARGET; --each starts it on each of them")
     return after
+
+
+def _launch_anywhere(state: AppState, ctx: typer.Context, words: list[str], placing: dict, *, hosts: str | None,
+                     gpu_count: int | None, healing: dict, options: dict, as_json: bool) -> int:
+    """--anywhere: checked before anything is asked, then placed and launched queued (anywhere.py)."""
+    argv = check_anywhere(words=words, cut=words_after_dashes(ctx, words), gpu_count=gpu_count, **placing)
+    queue_options(gpus=None, gpu_count=gpu_count, queue=True, force=options["force"], job=False)
+    return launch_anywhere(state.inventory(), hosts=hosts, gpu_count=gpu_count,
+                           spec_for=lambda where: _healed(launch_spec(where, argv, gpus=None, **options), healing),
+                           launch_run=lambda spec, **how: _launch_run(state, spec, options["config"],
+                                                                      as_json=as_json, **how))
 
 
 def _healed(spec, healing: dict):
@@ -196,7 +222,10 @@ def _say_namesakes(same: list[str], name: str) -> None:
                        f"{name}` will ask which one (give the id, or launch with another --name)", markup=False)
 
 
-def _launch_run(state: AppState, spec: LaunchSpec, config: Path | None, *, as_json: bool) -> int:
+def _launch_run(state: AppState, spec: LaunchSpec, config: Path | None, *, as_json: bool,
+                conns: Connections | None = None, placement: Placement | None = None) -> int:
+    """Launch one run and say what became of it; over `conns` where they are open already (--anywhere's, which
+    also gives its `placement` to --json)."""
     err = stderr()
     where = spec.target.name
     err.print(f"launching {spec.name} on {where}...")
@@ -206,8 +235,8 @@ def _launch_run(state: AppState, spec: LaunchSpec, config: Path | None, *, as_js
                   f"--gpus none for a run that uses no GPU)", markup=False)
     client = None
     try:
-        with Connections() as conns:
-            client = RunClient(state.inventory(), conns)
+        with nullcontext(conns) if conns is not None else Connections() as open_conns:
+            client = RunClient(state.inventory(), open_conns)
             _preflight(client, [spec.target], config, force=spec.force)
             record = _launched(client, spec, as_json=as_json)
             run_id = record.run_id
@@ -215,7 +244,8 @@ def _launch_run(state: AppState, spec: LaunchSpec, config: Path | None, *, as_js
     except KeyboardInterrupt:
         interrupted(client)
     if as_json:
-        print_json({"run": record.to_dict(), **record.to_dict()})
+        where_and_why = {"placement": placement.to_dict()} if placement is not None else {}
+        print_json({"run": record.to_dict(), **record.to_dict(), **where_and_why})
     else:
         err.print(_started_line(record, where), markup=False)
         typer.echo(run_id)

@@ -6,6 +6,7 @@ a target's host, container and defaults are resolved here.
 from __future__ import annotations
 
 import difflib
+import fnmatch
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,6 +131,18 @@ class Inventory:
         for t in found:
             unique.setdefault(t.name, t)
         return list(unique.values())
+
+    def matching(self, pattern: str) -> list[Target]:
+        """The targets whose name or whose host's name matches the glob `pattern`, in the inventory's order:
+        `pve*` is every target of the hosts pve1, pve2, ...; `pve1/*` the containers of pve1; `pve1/2??` some of
+        them (case counts, as in a TARGET)."""
+        found = [t for t in self.all_targets()
+                 if fnmatch.fnmatchcase(t.name, pattern) or fnmatch.fnmatchcase(t.host.name, pattern)]
+        if not found:
+            known = ", ".join(t.name for t in self.all_targets())
+            raise TargetNotFound(f"no target matches {shorten(pattern, 60)!r}; targets in {self._where()}: "
+                                 f"{shorten(known)}")
+        return found
 
     def _where(self) -> str:
         return str(self.path) if self.path else "the built-in inventory"

@@ -147,3 +147,13 @@ def test_an_unrelated_unknown_key_does_not_hide_a_missing_address(tmp_path: Path
         load_inventory(path)
     lines = str(info.value).splitlines()
     assert "unknown key 'gpuz'" in lines[0] and "needs an address" in lines[1]
+
+
+def test_a_glob_matches_targets_by_their_name_or_their_hosts_in_the_inventorys_order(tmp_path: Path) -> None:
+    inv = parse_inventory(GOOD, tmp_path / "inventory.yaml")
+    names = lambda pattern: [t.name for t in inv.matching(pattern)]  # noqa: E731
+    assert names("pve1") == names("pve1/*") == names("pve*") == ["pve1/200", "pve1/201"]
+    assert names("*/20[1-9]") == ["pve1/201"] and names("b?re") == ["bare"]
+    assert names("*") == ["pve1/200", "pve1/201", "bare", "local"]
+    with pytest.raises(TargetNotFound, match=r"no target matches 'PVE\*'; targets in .*: pve1/200, pve1/201, bare"):
+        inv.matching("PVE*")  # case counts, as in a TARGET
