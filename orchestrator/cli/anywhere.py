@@ -8,6 +8,8 @@ in --json.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from typing import Callable
 
 from ..errors import EXIT_UNREACHABLE, DflashError, Unreachable, UsageError, shorten
@@ -48,15 +50,17 @@ def candidates(inventory: Inventory, hosts: str | None) -> list[Target]:
         raise UsageError(f"--hosts: {exc}") from None
 
 
-def decide(client: RunClient, targets: list[Target], gpu_count: int) -> Placement:
-    """Ask every target for its queue at once (one session each) and place the run from the answers."""
+def decide(client: RunClient, targets: list[Target], gpu_count: int) -> tuple[Placement, Target]:
+    """Ask every target for its queue at once (one session each) and place the run from the answers: the
+    decision, and its target with the GPU count its agent reported (so the launch need not ask nvidia-smi)."""
     answers = {o.target.name: o.value if o.ok else _not_asked(o.target, o.error)
                for o in per_target(targets, client.queue)}
     decision = place(answers, gpu_count)
     if decision.target is None:
         error = Unreachable if any(s.unreachable for s in decision.skipped) else UsageError
         raise error(f"--anywhere: {decision.reason}")
-    return decision
+    chosen = {t.name: t for t in targets}[decision.target]
+    return decision, chosen if chosen.gpus else replace(chosen, gpus=answers[decision.target].gpus_total)
 
 
 def launch_anywhere(inventory: Inventory, *, hosts: str | None, gpu_count: int,
@@ -66,9 +70,9 @@ def launch_anywhere(inventory: Inventory, *, hosts: str | None, gpu_count: int,
     targets = candidates(inventory, hosts)
     spec_for(targets[0])  # what to run is checked (a config, a command) before any target is asked
     with Connections() as conns:
-        decision = decide(RunClient(inventory, conns), targets, gpu_count)
+        decision, chosen = decide(RunClient(inventory, conns), targets, gpu_count)
         stderr().print(f"placing on {decision.reason}", markup=False)
-        spec = spec_for({t.name: t for t in targets}[decision.target])
+        spec = spec_for(chosen)
         spec.queue, spec.gpu_count = True, gpu_count
         return launch_run(spec, conns=conns, placement=decision)
 

@@ -78,22 +78,25 @@ ANYWHERE_OPTION = typer.Option(
     "partly used containers first), else where the queue is shortest; the run is queued there. Says where and why.")
 HOSTS_OPTION = typer.Option(None, "--hosts", metavar="PATTERN", help="With --anywhere: only the targets whose "
                             "name or host matches this glob (pve*, pve1/*).")
+COMMAND_ARGUMENT = typer.Argument(None, metavar="[TARGET...] | [-- CMD...]", help=(
+    "With --config: more targets, one job across all of them. Without: run this command instead of the bundled "
+    "trainer."))
+CONFIG_OPTION = typer.Option(None, "--config", "-c", metavar="FILE", help="Trainer config (YAML) for the bundled "
+                             "trainer.")
+GRACE_OPTION = typer.Option(DEFAULT_GRACE_S, "--grace", callback=number_in(0), metavar="S",
+                            help="Seconds a later `kill` waits after TERM.")
 
 
 def launch(
     ctx: typer.Context,
     target: Optional[str] = typer.Argument(None, metavar="TARGET", help="HOST/CTID, HOST or local."),
-    command: Optional[List[str]] = typer.Argument(None, metavar="[TARGET...] | [-- CMD...]", help=(
-        "With --config: more targets, one job across all of them. Without: run this command instead "
-        "of the bundled trainer.")),
+    command: Optional[List[str]] = COMMAND_ARGUMENT,
     name: Optional[str] = typer.Option(None, "--name", "-n", metavar="NAME", help="Run name (default: from the command)."),
-    config: Optional[Path] = typer.Option(None, "--config", "-c", metavar="FILE",
-                                          help="Trainer config (YAML) for the bundled trainer."),
+    config: Optional[Path] = CONFIG_OPTION,
     gpus: Optional[str] = GPUS_OPTION,
     env: Optional[List[str]] = typer.Option(None, "--env", "-e", metavar="K=V", help="Extra environment (repeat)."),
     force: bool = FORCE_OPTION,
-    grace: float = typer.Option(DEFAULT_GRACE_S, "--grace", callback=number_in(0), metavar="S",
-                                help="Seconds a later `kill` waits after TERM."),
+    grace: float = GRACE_OPTION,
     nproc_per_node: Optional[int] = NPROC_OPTION,
     dist_timeout: float = DIST_TIMEOUT_OPTION,
     restart: Optional[str] = RESTART_OPTION,

@@ -133,7 +133,7 @@ class RunClient:
     def launch(self, spec: LaunchSpec) -> RunRecord:
         """Start the run, or (spec.queued()) have it wait in the container's queue while its GPUs are held: the
         record returned is then `queued`, with its place in the queue, and nothing of it runs yet."""
-        check_gpus(self.conns.for_target(spec.target), spec.target, gpus=spec.gpus, gpu_count=spec.gpu_count)
+        check_gpus(lambda: self.conns.for_target(spec.target), spec.target, gpus=spec.gpus, gpu_count=spec.gpu_count)
         run_id = spec.run_id or new_run_id(spec.name)
         args = ["launch", "--runs-dir", runs_dir(spec.target), "--run-id", run_id, "--name", spec.name,
                 "--target", spec.target.name, "--grace", f"{spec.grace:g}"]

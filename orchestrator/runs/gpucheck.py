@@ -3,6 +3,8 @@ inventory's `gpus:`, else what nvidia-smi lists there, before anything is starte
 GPU that is not there would wait forever)."""
 from __future__ import annotations
 
+from typing import Callable
+
 from ..errors import UsageError
 from ..gpus import parse_query_csv, query_argv
 from ..inventory.model import Target
@@ -10,18 +12,19 @@ from ..transports.base import Transport
 from ..transports.timeouts import PROBE_TIMEOUT_S
 
 
-def target_gpu_count(transport: Transport, target: Target) -> int | None:
+def target_gpu_count(transport: Callable[[], Transport], target: Target) -> int | None:
     """The target's GPUs: the inventory's count, else nvidia-smi's (0 where there is none); None when
-    nvidia-smi is there but fails (then nothing is refused for it)."""
+    nvidia-smi is there but fails (then nothing is refused for it). The target is connected to only to ask."""
     if target.gpus:
         return target.gpus
-    result = transport.run(query_argv(("index",)), timeout=PROBE_TIMEOUT_S)
+    result = transport().run(query_argv(("index",)), timeout=PROBE_TIMEOUT_S)
     if result.program_missing:
         return 0
     return len(parse_query_csv(result.out, ("index",))) if result.ok else None
 
 
-def check_gpus(transport: Transport, target: Target, *, gpus: list[int] | None, gpu_count: int | None) -> None:
+def check_gpus(transport: Callable[[], Transport], target: Target, *, gpus: list[int] | None,
+               gpu_count: int | None) -> None:
     """A UsageError for a GPU index the target does not have, or more GPUs than it has; nothing is asked of the
     target when the launch names no GPU."""
     if not gpus and gpu_count is None:

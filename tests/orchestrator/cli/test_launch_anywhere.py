@@ -139,8 +139,8 @@ def test_when_no_target_can_take_the_run_nothing_is_launched(inv, monkeypatch, c
     (["--anywhere", "--gpu-count", "1", "--each", "--", "true"], "--each starts one on each TARGET"),
     (["--anywhere", "--gpu-count", "1", "--hosts", "pve9*", "--", "true"], "--hosts: no target matches 'pve9*'"),
     (["--anywhere", "--gpu-count", "1"], "nothing to run"),
-    (["--anywhere", "--gpu-count", "0", "--", "true"], "expected a number of at least 1, got 0"),
-    (["--anywhere", "--gpu-count", "-1", "--", "true"], "expected a number of at least 1, got -1"),
+    (["--anywhere", "--gpu-count", "0", "--", "true"], "--gpu-count 0: give a number of GPUs from 1"),
+    (["--anywhere", "--gpu-count", "-1", "--", "true"], "--gpu-count -1: give a number of GPUs from 1"),
     ([], "no TARGET"),
 ])
 def test_bad_usage_is_one_line_and_nothing_is_asked(inv, monkeypatch, capsys, args, words):
