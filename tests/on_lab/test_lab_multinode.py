@@ -87,6 +87,13 @@ def wait_job(inv: str, capsys, job_id: str, done, *targets: str, timeout: float 
     return seen[-1]
 
 
+def told(inv: str, capsys, job: dict | None, job_id: str) -> str:
+    """What an assertion on a job's end says: its nodes' records and each node's log tail."""
+    tails = [cli(inv, "logs", job_id, "--node", str(rank), "-n", "40", capsys=capsys) for rank in (0, 1)]
+    return "\n".join([json.dumps(job and job["nodes"], indent=1), *(
+        f"--- node {rank}'s log (exit {code}):\n{out}{err}" for rank, (code, out, err) in enumerate(tails))])
+
+
 def all_ended(job: dict) -> bool:
     return all(node["state"] not in ("starting", "running") for node in job["nodes"])
 
@@ -185,7 +192,7 @@ def test_launch_on_two_targets_trains_one_job(lab, tiny, inv, tmp_path, capsys) 
                for n in nodes)
     assert job["rendezvous"].startswith(lab.hosts["pve1"].address + ":")
     done = wait_job(inv, capsys, job_id, all_ended)
-    assert done["state"] == "succeeded", done
+    assert done and done["state"] == "succeeded", told(inv, capsys, done, job_id)
     assert [n["state"] for n in done["nodes"]] == ["succeeded", "succeeded"]
     run_json = json.loads(lab.ct_run("pve2", 300, ["cat", f"{nodes[1]['run_dir']}/run.json"]).stdout)
     assert (run_json["job_id"], run_json["node_rank"], run_json["nnodes"]) == (job_id, 1, 2)
@@ -217,12 +224,14 @@ def test_a_job_resumes_as_a_whole_from_node0s_checkpoint(lab, tiny, inv, tmp_pat
     out = f"/workspace/resume-{os.getpid()}"
     first = launch_job(inv, capsys, write_config(tmp_path / "a.yaml", tiny, output_dir=out, max_steps=6),
                        "--nproc-per-node", "1")
-    assert wait_job(inv, capsys, first["job_id"], all_ended)["state"] == "succeeded"
+    ended = wait_job(inv, capsys, first["job_id"], all_ended)
+    assert ended and ended["state"] == "succeeded", told(inv, capsys, ended, first["job_id"])
     node1_out = lab.hosts["pve2"].containers[300].workspace / out.removeprefix("/workspace/")
     assert not list(node1_out.glob("step_*"))  # the other node has no checkpoint to resume from
     second = launch_job(inv, capsys, write_config(tmp_path / "b.yaml", tiny, output_dir=out, max_steps=9),
                         "--nproc-per-node", "1")
-    assert wait_job(inv, capsys, second["job_id"], all_ended)["state"] == "succeeded"
+    ended = wait_job(inv, capsys, second["job_id"], all_ended)
+    assert ended and ended["state"] == "succeeded", told(inv, capsys, ended, second["job_id"])
     code, node0_log, _ = cli(inv, "logs", second["job_id"], "-n", "400", capsys=capsys)
     code1, node1_log, _ = cli(inv, "logs", second["job_id"], "--node", "1", "-n", "400", capsys=capsys)
     assert code == code1 == 0
