@@ -6,8 +6,10 @@ A connection that has not yet had a request let through (no token, a wrong one, 
 request) is a stranger: it is closed REQUEST_WAIT_S after it opened, and at the cap the oldest stranger makes
 room for a new connection. Connections that did get in (the dashboard's websocket, its page and files) are never
 closed for a stranger; when the cap holds only those, the new connection is refused. The cap sits well under the
-process's open-file limit, so a flood of half-open connections never leaves the server without a file to accept
-with, nor the browser tab's own process without its pipes.
+process's open-file limit, so a flood of half-open connections leaves the browser tab's own process its pipes. A
+burst can still find the server out of files when accepting (asyncio accepts a backlog's worth per turn of the loop
+before the guard sees them): asyncio logs that and pauses accepting a second, and the log handler never raises
+(never_raising_handler_class), since an exception out of it would end the loop.
 """
 from __future__ import annotations
 
@@ -159,6 +161,28 @@ def _source(address: str | None) -> str:
     if ip.version == 6 and getattr(ip, "ipv4_mapped", None) is None:
         return str(ipaddress.ip_network(f"{ip}/64", strict=False))
     return str(getattr(ip, "ipv4_mapped", None) or ip)
+
+
+def never_raising_handler_class(base: type) -> type:
+    """A logging handler (a subclass of `base`, rich's RichHandler) whose emit never raises. Drawing a traceback
+    opens its frames' source files, which fails at the open-file limit, where a flood of connections has asyncio
+    log exactly that (accept out of files, then a second's pause); an exception out of a handler ends the event
+    loop, and the server with it. Such a record is written without its traceback, its exception named."""
+
+    class NeverRaising(base):
+        def emit(self, record) -> None:
+            try:
+                super().emit(record)
+            except Exception:
+                exc = record.exc_info[1] if record.exc_info else None
+                record.msg, record.args = record.getMessage() + (f": {exc!r}" if exc is not None else ""), None
+                record.exc_info = record.exc_text = None
+                try:
+                    super().emit(record)
+                except Exception:
+                    self.handleError(record)
+
+    return NeverRaising
 
 
 def access_logger_class(base: type) -> type:

@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 from ..errors import EXIT_OK, UsageError
 from ..inventory.model import find_inventory
 from .serveguard import (ACCEPT_BACKLOG, KEEPALIVE_S, SHUTDOWN_S, ConnectionGuard, WrongTokens,
-                         access_logger_class, connection_cap)
+                         access_logger_class, connection_cap, never_raising_handler_class)
 
 INSTALL_HINT = "pip install 'dflashctl[serve]'"
 TOKEN_COOKIE = "dflashctl_token"
@@ -170,10 +170,7 @@ def serve(command: str, *, host: str, port: int, token: str | None, title: str, 
         server.url, server.note = server.url + "?token=...", server.note + "with the token given to --token; "
     server.names = served_names(host)
     server.wrong_tokens = WrongTokens()
-    try:
-        server.serve()
-    except OSError as exc:  # the port is taken, the address is not this machine's
-        raise UsageError(f"watch --serve cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    server.serve()
     return EXIT_OK
 
 
@@ -200,12 +197,13 @@ def _server_class(server_base: type, web, access_logger_base: type):
 
         def initialize_logging(self) -> None:
             """textual-serve's log lines, with tracebacks that never show their frames' variables: a failed
-            request's would show the token the checks held."""
+            request's would show the token the checks held; a line that cannot be drawn never ends the server."""
             from rich.logging import RichHandler
 
+            handler = never_raising_handler_class(RichHandler)
             logging.basicConfig(level="DEBUG" if self.debug else "INFO", format="%(message)s", handlers=[
-                RichHandler(show_path=False, show_time=False, rich_tracebacks=True, tracebacks_show_locals=False,
-                            console=self.console)])
+                handler(show_path=False, show_time=False, rich_tracebacks=True, tracebacks_show_locals=False,
+                        console=self.console)])
 
         async def on_startup(self, app) -> None:
             """Quiet: the line that says where to point a browser comes once the socket listens (serve)."""
@@ -276,8 +274,12 @@ async def _listen(server, web, access_logger_base: type, stopping: asyncio.Event
     await runner.setup()
     try:
         server.guard = ConnectionGuard(runner.server, cap=connection_cap())
-        listener = await asyncio.get_running_loop().create_server(
-            server.guard, server.host or None, server.port, reuse_address=True, backlog=ACCEPT_BACKLOG)
+        try:
+            listener = await asyncio.get_running_loop().create_server(
+                server.guard, server.host or None, server.port, reuse_address=True, backlog=ACCEPT_BACKLOG)
+        except OSError as exc:  # the port is taken, the address is not this machine's; nothing later is a usage error
+            raise UsageError(f"watch --serve cannot listen on {server.host}:{server.port}: "
+                             f"{exc.strerror or exc}") from None
         server._listening()
         await stopping.wait()
         listener.close()

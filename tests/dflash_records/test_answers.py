@@ -104,11 +104,29 @@ def test_this_agent_answers_in_the_shape_the_last_one_did(tmp_path) -> None:
 
 
 def holds_shape(whole, part) -> bool:
+    """Whether shape `whole` has every key of shape `part`, all the way down, each of the same type. A list's items
+    are compared however many there are (a log tail's length is timing), an empty one holds any; a null value on
+    either side says no type, but where the old one had an object or a list the new one must too."""
+    if part is None:
+        return True
     if isinstance(part, dict):
         return isinstance(whole, dict) and all(key in whole and holds_shape(whole[key], v) for key, v in part.items())
-    if isinstance(part, list) and part:
-        return isinstance(whole, list) and bool(whole) and holds_shape(whole[0], part[0])
-    return True
+    if isinstance(part, list):
+        return isinstance(whole, list) and (whole[0] is None or holds_shape(whole[0], part[0]))
+    return whole is None or (isinstance(whole, frozenset) and whole <= part)
+
+
+def test_a_shape_is_held_whatever_a_list_s_length_and_not_when_a_key_is_renamed_dropped_or_retyped() -> None:
+    old = shape({"ok": False, "exit_code": 0, "tail": ["a", "b"], "runs": [{"id": "x", "pid": 1}], "error": None})
+    same = {"ok": True, "exit_code": None, "tail": [], "runs": [{"id": "y", "pid": 2, "new": 1}], "error": "e"}
+    assert holds_shape(shape(same), old)
+    assert holds_shape(shape({**same, "tail": ["a"]}), old) and holds_shape(shape({**same, "runs": []}), old)
+    renamed = {("exit" if key == "exit_code" else key): value for key, value in same.items()}
+    for changed in (renamed, {key: value for key, value in same.items() if key != "tail"},
+                    {**same, "runs": [{"run_id": "y", "pid": 2}]}, {**same, "exit_code": "0"},
+                    {**same, "tail": [1]}, {**same, "tail": "a"}, {**same, "runs": [{"id": "y", "pid": "2"}]},
+                    {**same, "ok": 1}):
+        assert not holds_shape(shape(changed), old), changed
 
 
 def test_a_record_says_how_its_run_ended_in_one_place() -> None:

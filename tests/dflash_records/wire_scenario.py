@@ -69,12 +69,33 @@ def scrub(value, stand_ins: dict[str, str]):
 
 
 def shape(value) -> object:
-    """The keys of a JSON value, all the way down (a list by its first item): what must not be renamed."""
+    """The keys and value types of a JSON value, all the way down: what must not be renamed, dropped or retyped.
+    A list's shape is its items' shapes merged, whatever its length ([None] when empty: no item to say); a null
+    says no type (None)."""
     if isinstance(value, dict):
         return {key: shape(item) for key, item in value.items()}
     if isinstance(value, list):
-        return [shape(value[0])] if value else []
-    return None
+        merged = None
+        for item in value:
+            merged = merge_shapes(merged, shape(item))
+        return [merged]
+    if value is None:
+        return None
+    return frozenset({"bool" if isinstance(value, bool) else "number" if isinstance(value, (int, float))
+                      else type(value).__name__})
+
+
+def merge_shapes(one, other) -> object:
+    """One shape that both hold (the shape of a list holding an item of each)."""
+    if one is None or other is None:
+        return other if one is None else one
+    if isinstance(one, dict) and isinstance(other, dict):
+        return {key: merge_shapes(one.get(key), other.get(key)) for key in {**one, **other}}
+    if isinstance(one, list) and isinstance(other, list):
+        return [merge_shapes(one[0], other[0])]
+    if isinstance(one, frozenset) and isinstance(other, frozenset):
+        return one | other
+    return frozenset({"mixed"})  # a container beside a scalar: no answer of ours does that
 
 
 if __name__ == "__main__":

@@ -31,7 +31,10 @@ pytestmark = pytest.mark.lab
 NODES = (("pve1", 200), ("pve2", 300))
 TARGETS = ("pve1/200", "pve2/300")
 DIGEST = re.compile(r"rank (\d+) drafter weights digest ([0-9a-f]{16})")
-DIST_TIMEOUT_S = 15
+DIST_TIMEOUT_S = 15  # the failure tests' --dist-timeout: how soon a job ends once a node died or was cut
+# Jobs that must train get more: it also bounds how far apart the nodes' torchruns and workers arrive after
+# importing torch (15 to 86 s each on a loaded 2-core host): a node 15 s behind fails the job (as in a CI run).
+JOINING_S = 120
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +90,13 @@ def wait_job(inv: str, capsys, job_id: str, done, *targets: str, timeout: float 
     return seen[-1]
 
 
+def told(inv: str, capsys, job: dict | None, job_id: str) -> str:
+    """What an assertion on a job's end says: its nodes' records and each node's log tail."""
+    tails = [cli(inv, "logs", job_id, "--node", str(rank), "-n", "40", capsys=capsys) for rank in (0, 1)]
+    return "\n".join([json.dumps(job and job["nodes"], indent=1), *(
+        f"--- node {rank}'s log (exit {code}):\n{out}{err}" for rank, (code, out, err) in enumerate(tails))])
+
+
 def all_ended(job: dict) -> bool:
     return all(node["state"] not in ("starting", "running") for node in job["nodes"])
 
@@ -96,9 +106,9 @@ def processes_of(lab, run_ids: set[str], nodes=NODES) -> list:
             if p.environ.get("DFLASH_RUN_ID") in run_ids and p.state != "Z"]
 
 
-def launch_job(inv: str, capsys, config: Path, *extra: str) -> dict:
+def launch_job(inv: str, capsys, config: Path, *extra: str, dist_timeout: float = DIST_TIMEOUT_S) -> dict:
     code, job, err = cli(inv, "launch", *TARGETS, "--config", str(config), "--dist-timeout",
-                         str(DIST_TIMEOUT_S), "--json", *extra, capsys=capsys)
+                         str(dist_timeout), "--json", *extra, capsys=capsys)
     assert code == 0, err
     return job
 
@@ -177,7 +187,7 @@ def test_torchrun_by_hand_across_two_hosts_keeps_four_ranks_identical(lab, tiny,
 
 def test_launch_on_two_targets_trains_one_job(lab, tiny, inv, tmp_path, capsys) -> None:
     config = write_config(tmp_path / "two-node.yaml", tiny)
-    job = launch_job(inv, capsys, config, "--nproc-per-node", "2")
+    job = launch_job(inv, capsys, config, "--nproc-per-node", "2", dist_timeout=JOINING_S)
     job_id = job["job_id"]
     nodes = job["nodes"]
     assert [n["target"] for n in nodes] == list(TARGETS) and [n["node_rank"] for n in nodes] == [0, 1]
@@ -185,7 +195,7 @@ def test_launch_on_two_targets_trains_one_job(lab, tiny, inv, tmp_path, capsys) 
                for n in nodes)
     assert job["rendezvous"].startswith(lab.hosts["pve1"].address + ":")
     done = wait_job(inv, capsys, job_id, all_ended)
-    assert done["state"] == "succeeded", done
+    assert done and done["state"] == "succeeded", told(inv, capsys, done, job_id)
     assert [n["state"] for n in done["nodes"]] == ["succeeded", "succeeded"]
     run_json = json.loads(lab.ct_run("pve2", 300, ["cat", f"{nodes[1]['run_dir']}/run.json"]).stdout)
     assert (run_json["job_id"], run_json["node_rank"], run_json["nnodes"]) == (job_id, 1, 2)
@@ -216,13 +226,15 @@ def test_a_job_resumes_as_a_whole_from_node0s_checkpoint(lab, tiny, inv, tmp_pat
     """Only node 0 holds checkpoints; a relaunch resumes every rank from rank 0's, not rank 0 alone."""
     out = f"/workspace/resume-{os.getpid()}"
     first = launch_job(inv, capsys, write_config(tmp_path / "a.yaml", tiny, output_dir=out, max_steps=6),
-                       "--nproc-per-node", "1")
-    assert wait_job(inv, capsys, first["job_id"], all_ended)["state"] == "succeeded"
+                       "--nproc-per-node", "1", dist_timeout=JOINING_S)
+    ended = wait_job(inv, capsys, first["job_id"], all_ended)
+    assert ended and ended["state"] == "succeeded", told(inv, capsys, ended, first["job_id"])
     node1_out = lab.hosts["pve2"].containers[300].workspace / out.removeprefix("/workspace/")
     assert not list(node1_out.glob("step_*"))  # the other node has no checkpoint to resume from
     second = launch_job(inv, capsys, write_config(tmp_path / "b.yaml", tiny, output_dir=out, max_steps=9),
-                        "--nproc-per-node", "1")
-    assert wait_job(inv, capsys, second["job_id"], all_ended)["state"] == "succeeded"
+                        "--nproc-per-node", "1", dist_timeout=JOINING_S)
+    ended = wait_job(inv, capsys, second["job_id"], all_ended)
+    assert ended and ended["state"] == "succeeded", told(inv, capsys, ended, second["job_id"])
     code, node0_log, _ = cli(inv, "logs", second["job_id"], "-n", "400", capsys=capsys)
     code1, node1_log, _ = cli(inv, "logs", second["job_id"], "--node", "1", "-n", "400", capsys=capsys)
     assert code == code1 == 0
@@ -235,7 +247,7 @@ def test_a_job_resumes_as_a_whole_from_node0s_checkpoint(lab, tiny, inv, tmp_pat
 
 def test_kill_job_stops_every_node_and_leaves_nothing(lab, tiny, inv, tmp_path, capsys) -> None:
     config = write_config(tmp_path / "long.yaml", tiny, max_steps=100000, checkpoint_every=0, log_every=5)
-    job = launch_job(inv, capsys, config, "--nproc-per-node", "1")
+    job = launch_job(inv, capsys, config, "--nproc-per-node", "1", dist_timeout=JOINING_S)
     run_ids = {n["run_id"] for n in job["nodes"]}
     wait_training(inv, capsys, job["job_id"])
     assert {p.environ["DFLASH_RUN_ID"] for p in processes_of(lab, run_ids)} == run_ids

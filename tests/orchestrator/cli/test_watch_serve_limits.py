@@ -114,6 +114,28 @@ def test_half_open_connections_past_the_file_limit_leave_it_serving(tmp_path) ->
 
 
 @needs_textual_serve
+def test_accept_out_of_open_files_pauses_the_server_and_never_ends_it(tmp_path) -> None:
+    """A burst of connections handed over at once while the server has few files left: asyncio's accept runs out
+    of them, logs it and pauses a second; the server serves once files are free again (it once died of that log
+    line, whose traceback could not be drawn without a file to read its source)."""
+    proc, port, output = start(tmp_path, file_limit=FILE_LIMIT)
+    burst: list[socket.socket] = []
+    try:
+        in_use = len(os.listdir(f"/proc/{proc.pid}/fd"))
+        resource.prlimit(proc.pid, resource.RLIMIT_NOFILE, (in_use + 4, FILE_LIMIT))
+        burst = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(32)]  # in the backlog
+        said = lambda: "out of system resource" in output.read_text(errors="replace")  # noqa: E731
+        wait_for(lambda: said() or proc.poll() is not None, 60, 0.2)
+        assert proc.poll() is None and said(), output.read_text(errors="replace")
+        resource.prlimit(proc.pid, resource.RLIMIT_NOFILE, (FILE_LIMIT, FILE_LIMIT))
+        assert status(port, f"?token={TOKEN}") == 200 and proc.poll() is None
+    finally:
+        for sock in burst:
+            sock.close()
+        stop(proc)
+
+
+@needs_textual_serve
 def test_a_connection_that_sends_no_request_is_closed(tmp_path) -> None:
     proc, port, _ = start(tmp_path)
     try:
