@@ -18,8 +18,7 @@ import stat
 from dflash_records.plans import ProbeAnswer, ProbeFacts
 from dflash_records.protocol import KIB, ascii_decimal
 
-from .rundir import RunPaths, list_run_ids
-from .runstate import is_live, read_run, read_state
+from .runstate import live_gpu_sets
 
 # where distributions and NVIDIA's installer put the user-space driver (the loader's cache is not consulted:
 # what a container's libnvidia-ml.so.1 resolves to is in one of these)
@@ -144,17 +143,6 @@ def limits() -> dict:
     memory_max = _read("/sys/fs/cgroup/memory.max") or _read("/sys/fs/cgroup/memory/memory.limit_in_bytes")
     return {"cpus": cpus, "cpu_max": _read("/sys/fs/cgroup/cpu.max"), "mem_total_bytes": mem_total,
             "memory_max_bytes": ascii_decimal(memory_max)}
-
-
-def live_gpu_sets(runs_dir: str) -> list:
-    """The GPUs each live run of the runs directory claims (None: a run without --gpus, which may use any)."""
-    live = []
-    for run_id in list_run_ids(runs_dir):
-        paths = RunPaths(runs_dir, run_id)
-        run, state = read_run(paths), read_state(paths)
-        if is_live(paths, run, state):
-            live.append(run.get("gpus"))
-    return live
 
 
 def probe(*, workdir: str, runs_dir: str, paths: list, nodes: list, model: str | None) -> ProbeAnswer:

@@ -8,7 +8,7 @@ from dflash_records.protocol import LOST, QUEUED, STARTING, TERMINAL_STATES, iso
 from dflash_records.run import RUN_JSON_FIELDS, STATE_JSON_FIELDS
 
 from . import identity, procfs
-from .rundir import RunPaths, file_lock, read_json, release_reserve, write_json_atomic
+from .rundir import RunPaths, file_lock, list_run_ids, read_json, release_reserve, write_json_atomic
 
 # A run may sit in `starting` without a supervisor pid while the keeper spawns it; after this it is lost.
 SPAWN_DEADLINE_S = 60.0
@@ -146,3 +146,15 @@ def build_record(paths: RunPaths, run: dict, state: dict) -> dict:
 
 def load_record(paths: RunPaths) -> dict:
     return build_record(paths, read_run(paths), read_state(paths))
+
+
+def live_gpu_sets(runs_dir: str) -> list:
+    """The GPUs each live run of the runs directory claims (None: a run without --gpus, which may use any): what
+    doctor's probe reports and the queue's scheduler counts as ours."""
+    live = []
+    for run_id in list_run_ids(runs_dir):
+        paths = RunPaths(runs_dir, run_id)
+        run, state = read_run(paths), read_state(paths)
+        if is_live(paths, run, state):
+            live.append(run.get("gpus"))
+    return live

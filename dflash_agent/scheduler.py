@@ -23,8 +23,8 @@ from dflash_records.protocol import QUEUED, STARTING, iso_utc
 from . import gpus as gpu_query
 from . import queuestore
 from .errors import AgentError
-from .rundir import RunPaths, file_lock, launch_lock, list_run_ids, write_json_atomic
-from .runstate import is_live, read_run, read_state, update_state
+from .rundir import RunPaths, file_lock, launch_lock, write_json_atomic
+from .runstate import live_gpu_sets, read_run, read_state, update_state
 
 class GpuView:
     """The container's GPUs as a turn sees them: every index (None: unknown, nvidia-smi could not be read or was
@@ -81,20 +81,9 @@ def plan_turn(entries: list, states: dict, view: GpuView) -> tuple:
     return starts, stale
 
 
-def held_by_ours(runs_dir: str) -> tuple:
-    """(the GPU sets of live runs, None for a run that holds every GPU)."""
-    held = []
-    for run_id in list_run_ids(runs_dir):
-        paths = RunPaths(runs_dir, run_id)
-        run, state = read_run(paths), read_state(paths)
-        if is_live(paths, run, state):
-            held.append(run.get("gpus"))
-    return tuple(held)
-
-
 def read_view(runs_dir: str, *, smi: bool = True) -> GpuView:
     """The GPUs now: ours from the live runs' records, the rest from nvidia-smi (unless `smi` is False)."""
-    held = held_by_ours(runs_dir)
+    held = tuple(live_gpu_sets(runs_dir))  # None: a run that holds every GPU
     ours = set()
     for gpu_set in held:
         ours.update(gpu_set or ())
