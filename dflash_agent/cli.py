@@ -34,7 +34,7 @@
     supervise --runs-dir D --run-id ID [--grace S]     (internal: started by the keeper)
     keeper    --runs-dir D [--idle-exit S]             (internal: started by launch; exits after S s idle)
     start-queued --runs-dir D --run-id ID [--check JSON_ARGV --check-input NAME] [--verify-timeout S]
-             (internal: started by the keeper when a queued run's turn comes)
+             (internal: started by the keeper when a queued run's turn comes); resume --runs-dir D (the boot unit's)
 
 Every answer (but watch's stream and node-watch's workload) is one line of JSON with "version" (PROTOCOL_VERSION)
 and "ok"; exit 0 ok, 1 operation failed, 2 bad input. Each answer below is typed in dflash_records (answers.py,
@@ -53,7 +53,7 @@ Errors: {"ok": false, "error": MESSAGE, "code": CODE, ...details}. Answers (keys
              unpack_failed
     probe    {"probe": {"devices", "nvml", "limits", "workdir", "shm", "paths", "live_gpus" (+ "model" with --model)}}
     queue    QueueAnswer (dflash_records/queueinfo.py): gpus_total, gpus_free, gpus_ours, gpus_foreign, gpu_error,
-             queued: [{"run_id", "position", "name", "gpus", "gpu_count", "queued_at", "sweep_id"}]
+             resumes_at_boot, queued: [{"run_id", "position", "name", "gpus", "gpu_count", "queued_at", "sweep_id"}]
     ps       {"runs": [RECORD (+ "log_tail", "metrics_tail": str with --tail-bytes)], "skipped": [{"run_id", "path",
              "points_to", "reason"}] (run directories that are symbolic links: never read or written through)}
     pull-plan {"output_dir", "steps", "checkpoints", "export_dir", "export_ready", "files": [{"source", "dest",
@@ -251,7 +251,7 @@ def dispatch(args: argparse.Namespace, command: list):
         resume(args.runs_dir)  # a queue left without its keeper (a reboot) resumes at the next contact
     if args.command == "launch":
         return _launch(args, command)
-    if args.command in ("queue", "start-queued"):
+    if args.command in ("queue", "start-queued", "resume"):
         from .queuecli import queue_command
         return queue_command(args)
     if args.command == "check":

@@ -1,5 +1,6 @@
-"""The queue's part of the agent's command line: `launch --queue [--gpu-count N]`, `queue`, and `start-queued`
-(internal: the keeper's starter of a run whose turn came). What each does: queuelaunch.py."""
+"""The queue's part of the agent's command line: `launch --queue [--gpu-count N]`, `queue`, `start-queued`
+(internal: the keeper's starter of a run whose turn came) and `resume` (internal: the boot unit's command,
+bootunit.py). What each does: queuelaunch.py."""
 from __future__ import annotations
 
 import argparse
@@ -19,6 +20,8 @@ def add_queue_options(launch: argparse.ArgumentParser) -> None:
 def add_queue_commands(sub) -> None:
     queue = sub.add_parser("queue", help="the container's GPUs and its queued runs in order")
     queue.add_argument("--runs-dir", required=True)
+    resume = sub.add_parser("resume", help=argparse.SUPPRESS)  # the boot unit's: start the keeper of a queue
+    resume.add_argument("--runs-dir", required=True)
     start = sub.add_parser("start-queued", help=argparse.SUPPRESS)
     start.add_argument("--runs-dir", required=True)
     start.add_argument("--run-id", required=True)
@@ -48,9 +51,11 @@ def launch_queued(args: argparse.Namespace, req):
 
 def queue_command(args: argparse.Namespace):
     from .precheck import parse_check_argv
-    from .queuelaunch import queue_answer, start_queued
+    from .queuelaunch import queue_answer, resume_at_boot, start_queued
     if args.command == "queue":
         return queue_answer(args.runs_dir)
+    if args.command == "resume":
+        return resume_at_boot(args.runs_dir)
     return start_queued(args.runs_dir, args.run_id, check_input=args.check_input,
                         check_argv=parse_check_argv(args.check) if args.check is not None else None,
                         verify_timeout=args.verify_timeout, spawned=args.spawned)

@@ -4,7 +4,8 @@ kill: the agent's side of the container's GPU queue (queuestore.py keeps it, sch
 A launch with --queue starts now, exactly as a launch does, when no run waits in the queue and the GPUs it needs
 are free; otherwise its run directory is made as a launch makes it, with state `queued`, and it joins the queue.
 Whoever finds runs queued and no keeper running (any agent call: ps, queue, kill, launch, watch) starts one, so
-that a queue left by a reboot resumes at the next contact (and at boot, where a boot hook is installed).
+that a queue left by a reboot resumes at the next contact, or at boot where systemd booted the container (bootunit.py:
+the unit is written when a run is queued and whenever a call finds runs queued).
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from dflash_records.protocol import FAILED, KILLED, LOST, NOT_VERIFIED, QUEUED, 
 from dflash_records.queueinfo import QueueAnswer, QueuedRun
 from dflash_records.run import RunRecord
 
-from . import keeper, queuestore
+from . import bootunit, keeper, queuestore
 from .errors import BadInput, OperationFailed
 from .launch import LaunchRequest, create_run_locked, start_verified
 from .precheck import check_environment, run_check
@@ -83,6 +84,7 @@ def launch_or_queue(req: LaunchRequest, *, verify_timeout: float, settle: float,
         return start_verified(req.paths, req.name, keeper_idle=req.keeper_idle, verify_timeout=verify_timeout,
                               settle=settle)
     start_keeper(runs_dir, idle_exit=req.keeper_idle)
+    bootunit.install(runs_dir)
     record = load_record(req.paths)
     record["queue_position"] = queued_positions(runs_dir).get(req.paths.run_id)
     return LaunchAnswer(ok=True, run=RunRecord.from_dict(record))
@@ -111,10 +113,23 @@ def start_keeper(runs_dir: str, *, idle_exit: float | None = None) -> None:
     keeper.ensure_keeper(runs_dir, entry=entry, env=entry_env(os.environ, pythonpath), idle_exit=idle_exit)
 
 
-def resume(runs_dir: str) -> None:
-    """Runs wait in the queue and no keeper takes its turns (the container rebooted, say): start one."""
-    if queuestore.has_entries(runs_dir) and not keeper.keeper_running(keeper.KeeperPaths(runs_dir)):
+def resume(runs_dir: str) -> bool:
+    """Runs wait in the queue and no keeper takes its turns (the container rebooted, say): start one, and keep
+    the boot unit naming this agent. False when nothing waits."""
+    if not queuestore.has_entries(runs_dir):
+        return False
+    bootunit.install(runs_dir)
+    if not keeper.keeper_running(keeper.KeeperPaths(runs_dir)):
         start_keeper(runs_dir)
+    return True
+
+
+def resume_at_boot(runs_dir: str) -> dict:
+    """`resume`, the boot unit's command: the queue's keeper started where runs wait, else the unit removed."""
+    if os.path.isdir(runs_dir) and resume(runs_dir):
+        return {"ok": True, "resumed": True}
+    bootunit.remove(runs_dir)
+    return {"ok": True, "resumed": False}
 
 
 def start_queued(runs_dir: str, run_id: str, *, check_argv: list | None, check_input: str | None,
@@ -196,6 +211,8 @@ def queue_answer(runs_dir: str) -> QueueAnswer:
                                 queued_at=entry.queued_at, sweep_id=run.get("sweep_id")))
     total = view.total
     ours = (list(total or ()) if view.ours_all else sorted(view.ours))
-    return QueueAnswer(ok=True, gpus_total=None if total is None else len(total), gpus_free=tuple(view.free),
+    at_boot = bootunit.installed(runs_dir) if queued else bootunit.available()
+    return QueueAnswer(ok=True, resumes_at_boot=at_boot, gpus_total=None if total is None else len(total),
+                       gpus_free=tuple(view.free),
                        gpus_ours=tuple(ours), gpus_foreign=tuple(sorted(view.foreign)), gpu_error=view.error,
                        queued=tuple(queued))

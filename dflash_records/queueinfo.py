@@ -34,7 +34,9 @@ class QueuedRun(WireRecord):
 class QueueAnswer(WireRecord):
     """queue: the container's GPUs (how many; which are free now; which a live run of ours holds; which a process
     no run owns holds) and its queued runs in order. `gpus_total` is None where nvidia-smi could not be read
-    (`gpu_error` says why): such a container takes no run that needs GPUs."""
+    (`gpu_error` says why): such a container takes no run that needs GPUs. `resumes_at_boot`: a reboot of the
+    container resumes the queue by itself (systemd booted it and the agent's boot unit is in place, or can be put
+    there when a run is queued); False: it resumes at the next agent call (and from an agent before the field)."""
 
     SKIP_NONE = FAILURE + ("gpu_error",)
 
@@ -45,6 +47,7 @@ class QueueAnswer(WireRecord):
     gpus_foreign: tuple = each()
     gpu_error: str | None = None
     queued: tuple = each(QueuedRun)
+    resumes_at_boot: bool = False
     error: str | None = None
     code: str | None = None
     extra: dict = extra_keys()

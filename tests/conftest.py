@@ -16,6 +16,9 @@ from pathlib import Path
 # worker's in-process fixtures (the tiny target answering prompts) 4x slower under that load.
 for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_name, "1")
+# The agent's boot unit (dflash_agent/bootunit.py) goes into /etc/systemd/system where systemd booted the machine:
+# an agent a test runs here looks under a root that does not exist instead (a test that wants one passes its own).
+os.environ.setdefault("DFLASH_SYSTEMD_ROOT", os.path.join(tempfile.gettempdir(), "dflashctl-tests-no-systemd"))
 
 import pytest
 

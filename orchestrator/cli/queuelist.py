@@ -50,7 +50,8 @@ def _json(answer: QueueAnswer | None, error: BaseException | None) -> dict:
 def _print_queue(name: str, answer: QueueAnswer, now: datetime.datetime) -> None:
     out = stdout()
     waiting = len(answer.queued)
-    say(out, f"{name}: {gpu_summary(answer)}; " + (f"{waiting} queued" if waiting else "nothing queued"))
+    say(out, f"{name}: {gpu_summary(answer)}; " + (f"{waiting} queued; {after_reboot(answer)}" if waiting
+                                                    else "nothing queued"))
     if not waiting:
         return
     table = Table(box=None, header_style="bold", padding=(0, 2, 0, 0))
@@ -59,6 +60,12 @@ def _print_queue(name: str, answer: QueueAnswer, now: datetime.datetime) -> None
     for run in answer.queued:
         table.add_row(*queue_row(run, now))
     out.print(Padding(table, (0, 0, 0, 2), expand=False))
+
+
+def after_reboot(answer: QueueAnswer) -> str:
+    """What a reboot of the container does to its queue: resumed at boot (the agent's systemd unit), or not before
+    the next agent call (any dflashctl command that reaches it)."""
+    return "resumed at boot" if answer.resumes_at_boot else "after a reboot, resumed at the next dflashctl call"
 
 
 def gpu_summary(answer: QueueAnswer) -> str:

@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+from tests.dflash_agent import pidns
 from tests.dflash_agent.pidns import launch, record, wait_for, wait_state
 
 
@@ -144,3 +145,51 @@ def test_queue_survives_the_keeper_and_a_supervisors_death_and_resumes_at_the_ne
     # the holder's workload outlived its supervisor: kill ends it
     status, out = container.agent("kill", "--runs-dir", runs_dir, "--run-id", "holder", "--grace", "1", env=env)
     assert status == 0 and out["runs"][0]["survivors"] == [], out
+
+
+def systemd_root(tmp_path, *, booted: bool) -> str:
+    """A root with a writable etc/systemd/system, and run/systemd/system (systemd booted it) when `booted`."""
+    root = tmp_path / "root"
+    (root / "etc" / "systemd" / "system").mkdir(parents=True)
+    if booted:
+        (root / "run" / "systemd" / "system").mkdir(parents=True)
+    return str(root)
+
+
+def queue_behind_a_holder(container, runs_dir, env, gate_dir) -> None:
+    assert queue(container, runs_dir, "holder", gated(gate_dir), env, "--gpus", "0,1")[1]["run"]["state"] == "running"
+    assert queue(container, runs_dir, "waiter", ["true"], env, "--gpu-count", "1")[1]["run"]["state"] == "queued"
+
+
+def test_without_run_systemd_system_no_boot_unit_is_installed(container, runs_dir, smi, tmp_path):
+    root = systemd_root(tmp_path, booted=False)
+    env = dict(smi[0], DFLASH_SYSTEMD_ROOT=root)
+    queue_behind_a_holder(container, runs_dir, env, tmp_path)
+    try:
+        status, answer = container.agent("queue", "--runs-dir", runs_dir, env=env)
+        assert status == 0 and len(answer["queued"]) == 1 and answer["resumes_at_boot"] is False
+        assert os.listdir(os.path.join(root, "etc", "systemd", "system")) == []
+    finally:
+        container.agent("kill", "--runs-dir", runs_dir, "--run-id", "waiter", "--run-id", "holder", env=env)
+
+
+def test_a_systemd_booted_container_gets_an_enabled_boot_unit_removed_once_its_queue_is_empty(container, runs_dir,
+                                                                                               smi, tmp_path):
+    root = systemd_root(tmp_path, booted=True)
+    env = dict(smi[0], DFLASH_SYSTEMD_ROOT=root)
+    units = os.path.join(root, "etc", "systemd", "system")
+    queue_behind_a_holder(container, runs_dir, env, tmp_path)
+    try:
+        [name] = [n for n in os.listdir(units) if n.endswith(".service")]
+        link = os.path.join(units, "multi-user.target.wants", name)
+        assert os.path.realpath(link) == os.path.join(units, name)  # enabled as `systemctl enable` does it
+        text = open(os.path.join(units, name)).read()
+        assert "ExecStart={} {} resume --runs-dir {}\n".format(pidns.AGENT_PYTHON, container.pyz, runs_dir) in text
+        assert "Type=oneshot\n" in text and "WantedBy=multi-user.target\n" in text
+        assert container.agent("queue", "--runs-dir", runs_dir, env=env)[1]["resumes_at_boot"] is True
+    finally:
+        container.agent("kill", "--runs-dir", runs_dir, "--run-id", "waiter", "--run-id", "holder", env=env)
+    # the boot's resume with nothing queued: the unit goes, and comes back with the next queued run
+    status, answer = container.agent("resume", "--runs-dir", runs_dir, env=env)
+    assert status == 0 and answer["resumed"] is False
+    assert not os.path.exists(os.path.join(units, name)) and not os.path.lexists(link)

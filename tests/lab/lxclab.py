@@ -13,6 +13,7 @@ HERE = Path(__file__).resolve().parent
 LXC_TOOLS = ("lxc-start", "lxc-stop", "lxc-attach", "lxc-info")
 ID_RANGE = "100000:65536"  # the container ids 0..65535 on the host, as Proxmox maps them
 REAPING_INIT = "lxc.init.cmd: /opt/lab/bin/reaping-init"
+SYSTEMD_INIT = "lxc.init.cmd: /opt/lab/bin/systemd-init"  # systemd as PID 1, as far as the agent can tell
 OOM_MEMORY_MIB = 192
 
 
@@ -54,10 +55,13 @@ def install_pct(host_dir: Path, pct: Path, attach_env: str) -> None:
 
 
 def install_reaping_init(lab_dir: Path) -> None:
-    target = lab_dir / "bin" / "reaping-init"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copy(HERE / "reaping_init.py", target)
-    target.chmod(0o755)
+    """The inits a container's config may name: reaping-init (reaps, nothing else) and systemd-init (systemd_init.py:
+    boots the units enabled in /etc/systemd/system, then reaps)."""
+    for name, source in (("reaping-init", "reaping_init.py"), ("systemd-init", "systemd_init.py")):
+        target = lab_dir / "bin" / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(HERE / source, target)
+        target.chmod(0o755)
 
 
 def stop_containers(host_dir: Path, pct: str, netns: str, ctids: list[int]) -> None:

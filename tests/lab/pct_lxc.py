@@ -9,7 +9,9 @@ its Proxmox config <lab>/hosts/<host>/lxc/<id>.conf as Proxmox builds /var/lib/l
     /etc/subuid and /etc/subgid must give root that range);
   - `memory: MiB` is the memory cgroup's limit (a real OOM kill past it), `cores: N` a cpuset of N CPUs;
   - `lxc.*` lines are passed on (`lxc.cgroup2.*` become `lxc.cgroup.*` on a host whose controllers are cgroup
-    v1); `lxc.init.cmd: CMD` sets PID 1, by default `sleep infinity`, which never reaps;
+    v1); `lxc.init.cmd: CMD` sets PID 1, by default `sleep infinity`, which never reaps; a CMD naming the lab's
+    systemd-init (systemd_init.py) boots it as systemd would: a tmpfs on /run, and the container's own writable
+    <ct>/systemd bound over /etc/systemd/system (kept across reboots, as a container's /etc is);
   - /dev/shm is a fresh tmpfs (gone on stop and reboot) unless the config mounts its own.
 The root file system is a directory of empty mount points: the host's /usr and /etc and every path listed in
 <lab>/hosts/<host>/lxc-binds (the lab's Python) bound read-only, the container's persistent directory on
@@ -43,6 +45,7 @@ LEGACY_CGROUPS = any("memory" in h.split(",") for h in HIERARCHIES)  # a cgroup 
 MS_REC, MS_PRIVATE = 16384, 1 << 18
 ROOT_DIRS = ("usr", "etc", "proc", "sys/fs/cgroup", "dev", "tmp", "root", "run", "var/tmp", "workspace", "opt/lab")
 DEFAULT_INIT = "/usr/bin/sleep infinity"
+SYSTEMD_INIT = "systemd-init"  # the lab's stand-in for systemd as PID 1 (tests/lab/systemd_init.py)
 
 
 def host_dir() -> Path:
@@ -56,6 +59,10 @@ def lxc(tool: str, ctid: int, *args: str) -> list[str]:
 
 def unprivileged(container: standin.Container) -> bool:
     return container.config().get("unprivileged", "0").strip() == "1"
+
+
+def systemd_like(container: standin.Container) -> bool:
+    return SYSTEMD_INIT in container.config().get("lxc.init.cmd", "")
 
 
 def read_binds() -> list[str]:
@@ -91,6 +98,8 @@ def lxc_config(container: standin.Container, rootfs: Path) -> str:
         lines.append(f"lxc.mount.entry = {driver} proc/driver none bind,optional 0 0")
     if not any(k == "lxc.mount.entry" and v.split()[1:2] in (["dev/shm"], ["/dev/shm"]) for k, v in entries):
         lines.append("lxc.mount.entry = tmpfs dev/shm tmpfs rw,nosuid,nodev,mode=1777,create=dir 0 0")
+    if systemd_like(container):
+        lines.append("lxc.mount.entry = tmpfs run tmpfs rw,nosuid,nodev,mode=755 0 0")
     memory = config.get("memory", "")
     if memory.isdigit():
         lines.append(f"lxc.cgroup.memory.limit_in_bytes = {memory}M" if LEGACY_CGROUPS
@@ -142,6 +151,8 @@ def mount_and_start(ctid_text: str) -> None:
             bind(f"/{top}", rootfs / top, read_only=True)
     for path in read_binds():
         bind(path, rootfs / path.lstrip("/"), read_only=True)
+    if systemd_like(container):
+        bind(str(container.dir / "systemd"), rootfs / "etc" / "systemd" / "system", read_only=False)
     bind(str(container.dir / "lab"), rootfs / "opt" / "lab", read_only=False)
     wrappers = container.dir / "sbin"  # nvidia-smi where both env modes' PATH finds it (it lives in /usr/bin)
     wrappers.mkdir(exist_ok=True)
@@ -198,8 +209,11 @@ def cmd_start(args: list[str]) -> int:
     workspace = container.dir / "workspace"
     workspace.mkdir(parents=True, exist_ok=True)
     (container.dir / "lab").mkdir(parents=True, exist_ok=True)
-    if unprivileged(container) and workspace.stat().st_uid == 0:
-        os.chown(workspace, ID_BASE, ID_BASE)  # the container's root owns its /workspace
+    owned = [workspace] + ([container.dir / "systemd"] if systemd_like(container) else [])
+    for path in owned:
+        path.mkdir(exist_ok=True)
+        if unprivileged(container) and path.stat().st_uid == 0:
+            os.chown(path, ID_BASE, ID_BASE)  # the container's root owns its /workspace (and its units)
     container.init_file.unlink(missing_ok=True)
     with open(container.dir / "start.log", "w+") as log:  # lxc-start's monitor stays: no pipe of ours
         started = subprocess.run(["unshare", "--mount", "--propagation", "private", "--", sys.executable, "-S",

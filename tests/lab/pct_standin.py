@@ -241,6 +241,8 @@ def container_init(ctid_text: str) -> None:
     libc_mount(str(container.dir / "lab"), "/opt/lab", None, MS_BIND | MS_REC)
     mount_devices(container)
     libc_mount("tmpfs", "/dev/shm", "tmpfs", 0, "mode=1777" + shm_size(container))
+    if os.path.isdir("/run/systemd"):  # the host's systemd is not the container's PID 1: the agent must not see it
+        libc_mount("tmpfs", "/run/systemd", "tmpfs", 0, "mode=755")  # (nor write its boot unit into the host's /etc)
     mount_nvidia_libraries(container)
     limit_cpus(container)
     tmp = container.init_file.with_suffix(".tmp")

@@ -133,6 +133,13 @@ def test_environment_is_cleared_and_command_runs_in_the_container(lab: Lab) -> N
     assert environ == CONTAINER_ENV and cwd == "/" and hostname == "ct300"
 
 
+@pytest.mark.skipif(not Path("/run/systemd").is_dir(), reason="no /run/systemd on this machine to hide")
+def test_a_container_sees_a_run_systemd_of_its_own_not_the_hosts(lab: Lab) -> None:
+    # the host's systemd did not boot the container: its agent must not write a boot unit into the host's /etc
+    result = lab.ct_run("pve1", 200, ["ls", "-A", "/run/systemd"], text=True)
+    assert result.returncode == 0 and result.stdout == "", result
+
+
 def test_command_stays_in_pcts_process_group_and_session(lab: Lab) -> None:
     """As lxc-attach leaves it: both lie outside the container's pid namespace, which numbers them 0."""
     result = ssh_pct(lab, "pve2", 300, "python3", "-c", "import os; print(os.getpid(), os.getpgrp(), os.getsid(0))")

@@ -2,7 +2,8 @@
 same bodies as test_lab_lifecycle.py (launch + ps + logs + kill, a family that fights back, cleanup under a PID 1
 that never reaps, reboot), test_watch_live.py (the live source) and test_lab.py (pct exec's habits), and what only
 a real container shows: a supervisor OOM-killed by the memory cgroup, /dev/shm gone after a reboot, doctor on a
-real cgroup, pct exec's two environment modes, a reaping PID 1 beside one that never reaps."""
+real cgroup, pct exec's two environment modes, a reaping PID 1 beside one that never reaps, and a container booted
+as systemd boots one (tests/lab/systemd_init.py) whose GPU queue resumes at boot with no dflashctl call."""
 from __future__ import annotations
 
 import subprocess
@@ -12,13 +13,16 @@ from pathlib import Path
 import pytest
 
 from tests.lab import test_lab as stand_in
-from tests.lab.lxclab import OOM_MEMORY_MIB
+from tests.lab.lab import ContainerSpec, ct_config
+from tests.lab.lxclab import OOM_MEMORY_MIB, SYSTEMD_INIT
 from tests.lab.workloads import run_cli as cli
 from tests.on_lab import test_lab_lifecycle as lifecycle
 from tests.on_lab import test_watch_live as watch_live
+from tests.on_lab.test_lab_queue import GATED, agent, queue_args, state
 # their fixtures, here on the LXC lab
 from tests.on_lab.test_lab_lifecycle import inv  # noqa: F401
 from tests.on_lab.test_watch_live import inventory, launched, source  # noqa: F401
+from orchestrator.runs.spec import runs_dir
 from tests.polling import wait_for
 
 pytestmark = pytest.mark.lab
@@ -147,3 +151,39 @@ test_plain_background_child_survives_the_command_on_lxc = \
 test_background_child_holding_stdout_keeps_the_session_open_on_lxc = \
     stand_in.test_background_child_holding_stdout_keeps_the_session_open
 test_hangup_or_term_to_pct_ends_pct_alone_on_lxc = stand_in.test_hangup_or_term_to_pct_ends_pct_alone
+
+
+SYSTEMD_BOX = ("pve1", 203)
+
+
+@pytest.fixture(scope="module")
+def systemd_inv(lab, tmp_path_factory):
+    """pve1's CT 203: one GPU, PID 1 the lab's systemd-init (a writable /etc/systemd/system, /run/systemd/system)."""
+    lab.add_container(SYSTEMD_BOX[0], ContainerSpec(SYSTEMD_BOX[1], gpus=1,
+                                                    config=ct_config(SYSTEMD_BOX[1], 1, extra=(SYSTEMD_INIT,))))
+    try:
+        yield str(lab.write_inventory(tmp_path_factory.mktemp("inv") / "inventory.yaml"))
+    finally:
+        lab.remove_container(*SYSTEMD_BOX)
+
+
+def test_a_reboot_of_a_systemd_container_resumes_its_queue_at_boot_with_no_dflashctl_call(lab, systemd_inv):
+    box = SYSTEMD_BOX
+    holder = agent(systemd_inv, box, lambda t: queue_args(t, "boot-hold", GATED))["run"]
+    waiting = [agent(systemd_inv, box, lambda t, i=i: queue_args(t, f"boot-wait-{i}", "echo up; sleep 0.3"))["run"]
+               for i in range(3)]
+    assert holder["state"] == "running" and [w["queue_position"] for w in waiting] == [1, 2, 3]
+    units = lab.hosts[box[0]].containers[box[1]].dir / "systemd"  # the container's /etc/systemd/system
+    assert [p.name for p in (units / "multi-user.target.wants").iterdir()] == [
+        p.name for p in units.glob("dflash-queue-*.service")], sorted(units.rglob("*"))
+    answer = agent(systemd_inv, box, lambda t: ["queue", "--runs-dir", runs_dir(t)])
+    assert answer["resumes_at_boot"] is True
+    assert agent(systemd_inv, ("pve1", 200), lambda t: ["queue", "--runs-dir", runs_dir(t)])["resumes_at_boot"] is False
+    lab.pct(box[0], "reboot", str(box[1]), check=True)
+    # from here on, only the container's files as the host sees them: no agent call, no pct exec
+    init = lab.hosts[box[0]].containers[box[1]].init_pid()
+    journal = Path(f"/proc/{init}/root/run/lab-units.log")
+    assert wait_for(lambda: all(state(lab, box, w["run_id"]).get("state") == "succeeded" for w in waiting), 30), (
+        [state(lab, box, w["run_id"]) for w in waiting], journal.read_text() if journal.exists() else "no journal")
+    assert "exit 0" in journal.read_text()
+    assert state(lab, box, "boot-hold")["state"] != "succeeded"  # it ran at the reboot: nothing restarted it

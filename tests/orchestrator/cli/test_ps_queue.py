@@ -17,7 +17,7 @@ from .queue_agent import agent_for, queued_run  # noqa: F401  (agent_for: a fixt
 
 INVENTORY = ("hosts:\n  pve1:\n    address: 192.0.2.1\n    containers:\n      200: {gpus: 4}\n"
              "      201: {gpus: 4}\n")
-QUEUE = {"ok": True, "gpus_total": 4, "gpus_free": [], "gpus_ours": [0, 1, 2], "gpus_foreign": [3],
+QUEUE = {"ok": True, "resumes_at_boot": True, "gpus_total": 4, "gpus_free": [], "gpus_ours": [0, 1, 2], "gpus_foreign": [3],
          "queued": [{"run_id": "lr1-260501-120000-aaaa", "position": 1, "name": "lr1", "gpu_count": 2,
                      "queued_at": "2026-05-01T12:00:00.000Z"},
                     {"run_id": "lr3-260501-120001-bbbb", "position": 2, "name": "lr3", "gpus": [1],
@@ -51,12 +51,21 @@ def test_ps_queue_lists_each_targets_queue_in_order(inventory, capsys, agent_for
     out = capsys.readouterr().out
     assert sorted(agent.subcommands()) == ["queue", "queue"]  # one call per target
     head, *rest = out.splitlines()
-    assert head == "pve1/200: 4 GPUs: free none; our runs hold 0-2; another process holds 3; 2 queued"
+    assert head == ("pve1/200: 4 GPUs: free none; our runs hold 0-2; another process holds 3; 2 queued; "
+                    "resumed at boot")
     rows = [line.split() for line in rest if "-2605" in line]
     assert [row[:3] for row in rows] == [["1st", "lr1-260501-120000-aaaa", "lr1"],
                                          ["2nd", "lr3-260501-120001-bbbb", "lr3"]]
     assert "2 GPUs" in " ".join(rows[0]) and "GPU 1" in " ".join(rows[1])
     assert "pve1/201: 4 GPUs: free 0-3; nothing queued" in out
+
+
+def test_ps_queue_says_a_queue_waits_for_the_next_call_after_a_reboot_where_nothing_resumes_it_at_boot(
+        inventory, capsys, agent_for):
+    agent_for(queue=lambda args, target: dict(QUEUE, resumes_at_boot=False))
+    assert main(["--inventory", str(inventory), "ps", "--queue", "pve1/200"]) == 0
+    assert capsys.readouterr().out.splitlines()[0].endswith(
+        "; 2 queued; after a reboot, resumed at the next dflashctl call")
 
 
 def test_ps_queue_json_gives_every_targets_answer_and_says_which_were_not_read(inventory, capsys, agent_for):
