@@ -60,8 +60,8 @@ Errors: {"ok": false, "error": MESSAGE, "code": CODE, ...details}. Answers (keys
              "size", "sha256", "growing", "manifest" (+ "prefix_size", "prefix_sha256" for a --have)}],
              "skipped": [{"path", "dest", "points_to", "reason"}] (symbolic links: never followed)}; no such
              checkpoint: code bad_usage
-    kill     {"runs": [{"run_id", "ok", "state", "signal", "exit_code", "already_ended", "survivors":
-             [{"pid", "cmdline", "state"}], "actions": [str], "refused": [{"pid", "role", "reason", "process"}]
+    kill     {"runs": [{"run_id", "ok", "state", "signal", "exit_code", "already_ended", "was_queued" (taken out
+             of its queue: nothing started), "survivors": [{"pid", "cmdline", "state"}], "actions": [str], "refused": [{"pid", "role", "reason", "process"}]
              (a pid state.json names that is not the run's: never signalled), "run": RECORD (+ "state_error":
              why the end is not in state.json, when even the run's reserve could not make room)}]}
     cleanup  {"dry_run", "actions": [{"action", "done", "ok", "description", ...}], "findings": [{"kind",

@@ -140,15 +140,23 @@ def settle_or_keep(paths: RunPaths, state: dict, notes: list) -> dict:
         return state
 
 
-def kill_one(paths: RunPaths, grace: float | None) -> KilledRun:
+def dequeue(paths: RunPaths) -> bool:
+    """A run still queued leaves its queue `killed` (nothing of it starts); whether it was queued."""
+    return read_state(paths).get("state") == QUEUED and kill_queued(paths)
+
+
+def kill_one(paths: RunPaths, grace: float | None, *, dequeued: bool = False) -> KilledRun:
+    """`dequeued`: the caller already took it out of its queue (kill_runs does, before it ends any live run)."""
     actions, notes, refused = [], [], []
     run = read_run(paths)
     grace = float(run.get("grace_s", DEFAULT_GRACE_S)) if grace is None else grace
-    if read_state(paths).get("state") == QUEUED and kill_queued(paths):
+    was_queued = dequeued or dequeue(paths)
+    if was_queued:
         actions.append("removed from the queue: nothing was started")
     state = wait_for_supervisor(paths, notes)
     refuse_stranger(paths, state, refused, actions)
-    already_ended = state.get("state") in TERMINAL_STATES and not supervisor_alive(paths, state)
+    already_ended = (not was_queued and state.get("state") in TERMINAL_STATES
+                     and not supervisor_alive(paths, state))
     supervisor_did_it = False
     if not already_ended and supervisor_alive(paths, state):
         state = ask_supervisor(paths, state, grace, actions)
@@ -170,7 +178,7 @@ def kill_one(paths: RunPaths, grace: float | None) -> KilledRun:
         record.update({key: state.get(key) for key in ("state", "signal", "signal_name", "ended_at", "error")})
     run = RunRecord.from_dict(record)
     return KilledRun(run_id=paths.run_id, ok=not survivors, state=run.state, signal=run.signal,
-                     exit_code=run.exit_code, already_ended=already_ended and not left,
+                     exit_code=run.exit_code, already_ended=already_ended and not left, was_queued=was_queued,
                      survivors=tuple(map(ProcessInfo.from_dict, survivors)), actions=tuple(actions),
                      refused=tuple(map(Refusal.from_dict, refused)), run=run,
                      state_error="; ".join(notes) if notes else None)
@@ -179,5 +187,7 @@ def kill_one(paths: RunPaths, grace: float | None) -> KilledRun:
 def kill_runs(runs_dir: str, run_ids: list, *, grace: float | None) -> KillAnswer:
     # Check every id before touching anything: a typo must not leave half of a batch killed.
     targets = [existing_run(runs_dir, run_id) for run_id in run_ids]
-    results = tuple(kill_one(paths, grace) for paths in targets)
+    # the queued ones first: a live run's end starts the next queued run, which may be one asked to end too
+    dequeued = {paths.run_id for paths in targets if dequeue(paths)}
+    results = tuple(kill_one(paths, grace, dequeued=paths.run_id in dequeued) for paths in targets)
     return KillAnswer(ok=all(r.ok for r in results), runs=results)

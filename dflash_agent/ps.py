@@ -2,10 +2,9 @@
 from __future__ import annotations
 
 from dflash_records.answers import PsAnswer, SkippedRunDir
-from dflash_records.protocol import QUEUED
 from dflash_records.run import RunRecord
 
-from .queuelaunch import queued_positions
+from .queuelaunch import QueuePlaces
 from .rundir import RunPaths, existing_run, list_run_ids, tail_bytes, unfollowed_run_dirs
 from .runstate import load_record, settle_or_note
 
@@ -24,16 +23,13 @@ def list_runs(runs_dir: str, run_ids: list, *, tail: int = 0) -> PsAnswer:
     else:
         targets = [RunPaths(runs_dir, run_id) for run_id in list_run_ids(runs_dir)]
     records, tails, metrics = [], [], []
-    positions = None
+    places = QueuePlaces(runs_dir)
     for paths in targets:
         note = settle_or_note(paths)
         record = load_record(paths)
         if note:
             record["error"] = record.get("error") or note
-        if record.get("state") == QUEUED:
-            positions = queued_positions(runs_dir) if positions is None else positions
-            record["queue_position"] = positions.get(paths.run_id)
-        records.append(RunRecord.from_dict(record))
+        records.append(RunRecord.from_dict(places.add_to(paths.run_id, record)))
         tails.append(tail_bytes(paths.log, tail) if tail > 0 else None)
         metrics.append(tail_bytes(paths.metrics, min(tail, METRICS_TAIL_BYTES)) if tail > 0 else None)
     skipped = () if run_ids else tuple(map(SkippedRunDir.from_dict, unfollowed_run_dirs(runs_dir)))

@@ -108,6 +108,22 @@ def queued_positions(runs_dir: str) -> dict:
     return {entry.run_id: place for place, entry in enumerate(queued_entries(runs_dir), 1)}
 
 
+class QueuePlaces:
+    """A queued run's record gets its place in the queue (`queue_position`), as ps and watch send it; the queue is
+    read once, when the first queued run asks."""
+
+    def __init__(self, runs_dir: str) -> None:
+        self.runs_dir = runs_dir
+        self.places: dict | None = None
+
+    def add_to(self, run_id: str, record: dict) -> dict:
+        if record.get("state") == QUEUED:
+            if self.places is None:
+                self.places = queued_positions(self.runs_dir)
+            record["queue_position"] = self.places.get(run_id)
+        return record
+
+
 def start_keeper(runs_dir: str, *, idle_exit: float | None = None) -> None:
     entry, pythonpath = agent_entry()
     keeper.ensure_keeper(runs_dir, entry=entry, env=entry_env(os.environ, pythonpath), idle_exit=idle_exit)

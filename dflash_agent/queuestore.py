@@ -40,6 +40,11 @@ def db_path(runs_dir: str) -> str:
     return os.path.join(queue_dir(runs_dir), "queue.db")
 
 
+def files(runs_dir: str) -> tuple:
+    """The files a write to the queue changes (the database, its write-ahead log): what a watcher stamps."""
+    return (db_path(runs_dir), db_path(runs_dir) + "-wal")
+
+
 class Entry:
     """One queued run as its row keeps it: gpus None (every GPU, or any gpu_count of them), [] (none), or
     the indices it names."""

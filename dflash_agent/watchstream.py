@@ -11,7 +11,8 @@ stdin (one JSON object a line, from the controller):
                                      metrics.jsonl ends (-1: its tail, as the log's)
     {"unfollow": [RUN_ID, ...]}      {"ping": 1}
 stdout (one JSON object a line, flushed; each kind a dataclass of dflash_records/watchwire.py, its codec beside it):
-    {"t": "runs", "runs": [RECORD...]}          at start and whenever a state.json or the set of runs changes
+    {"t": "runs", "runs": [RECORD...]}          at start and whenever a state.json, the set of runs or the queue
+                                                changes (a queued run's record has its `queue_position`, as ps)
     {"t": "log", "run": ID, "offset": N, "ino": I, "data": BASE64}   new bytes of train.log from byte N
     {"t": "reset", "run": ID, "size": N, "why": truncated|replaced|rewritten}   restart its parser: the bytes
                                                 before the offset are no longer what was sent (fp), so the new
@@ -40,9 +41,11 @@ from dflash_records.protocol import FINGERPRINT_BYTES, TERMINAL_STATES, is_run_i
 from dflash_records.run import RunRecord
 from dflash_records.watchwire import DiskMessage, Heartbeat, LogMessage, ResetMessage, RunsMessage, SyncedMessage
 
+from . import queuestore
 from .gpusampler import GpuSampler
 from .metricsfollow import TAIL_BYTES as METRICS_TAIL_BYTES
 from .metricsfollow import FollowedMetrics
+from .queuelaunch import QueuePlaces
 from .rundir import RunPaths, list_run_ids
 from .runstate import load_record, settle_or_note
 
@@ -184,7 +187,7 @@ class LogPump:
 
 
 class RunsWatcher:
-    """Sends every run's record when a state.json or the set of runs changes; settles dead supervisors; sends
+    """Sends every run's record when a state.json, the set of runs or the queue changes; settles dead supervisors; sends
     the free space where they are written."""
 
     def __init__(self, runs_dir: str, out: Output) -> None:
@@ -208,17 +211,20 @@ class RunsWatcher:
                     settle_or_note(RunPaths(self.runs_dir, run_id))
         if self._signature(run_ids) == self.signature:
             return
-        records = []
+        records, places = [], QueuePlaces(self.runs_dir)
         for run_id in run_ids:
             paths = RunPaths(self.runs_dir, run_id)
             note = settle_or_note(paths)
-            records.append(RunRecord.from_dict(dict(load_record(paths), **({"error": note} if note else {}))))
+            record = dict(load_record(paths), **({"error": note} if note else {}))
+            records.append(RunRecord.from_dict(places.add_to(run_id, record)))
         self.signature = self._signature(run_ids)  # after settling, which may have rewritten a state.json
         self.live = [r.run_id for r in records if r.state not in TERMINAL_STATES]
         self.out.send(RunsMessage(tuple(records)))
 
     def _signature(self, run_ids: list) -> tuple:
-        return tuple((run_id, _stamp(RunPaths(self.runs_dir, run_id).state_json)) for run_id in run_ids)
+        # the queue's files too: a run leaving the queue changes the place of every run behind it
+        return (tuple((run_id, _stamp(RunPaths(self.runs_dir, run_id).state_json)) for run_id in run_ids),
+                tuple(map(_stamp, queuestore.files(self.runs_dir))))
 
 
 class DiskWatcher:

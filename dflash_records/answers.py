@@ -148,7 +148,9 @@ class Refusal(WireRecord):
 @dataclass(frozen=True)
 class KilledRun(WireRecord):
     """What a kill did to one run: how it ended (`run`, its record after the kill), what it did, what survived
-    (`ok` false then), and `state_error` when the end could not be written to state.json."""
+    (`ok` false then), and `state_error` when the end could not be written to state.json. `was_queued`: it was
+    still queued, and the kill took it out of its queue (nothing of it had started); `already_ended`: it had
+    ended before the kill."""
 
     SKIP_NONE = ("state_error",)
 
@@ -158,6 +160,7 @@ class KilledRun(WireRecord):
     signal: int | None = None
     exit_code: int | None = None
     already_ended: bool = False
+    was_queued: bool = False
     survivors: tuple = each(ProcessInfo)
     actions: tuple = each()
     refused: tuple = each(Refusal)

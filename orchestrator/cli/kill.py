@@ -81,8 +81,8 @@ def _by_target(matches: list[Match]) -> tuple[dict[str, Target], dict[str, list[
 
 
 def _print(answers: dict[str, KillAnswer], *, queued: set[str]) -> None:
-    """One line per run: how it ended and what survived; a run that was `queued` when it was looked up and has
-    no process now was taken out of its queue (the agent may call it ended already: it ended it first)."""
+    """One line per run: how it ended and what survived; a run the agent took out of its queue (`was_queued`;
+    an agent before it: one `queued` when it was looked up, killed, with no process) never started."""
     out = stdout()
     for target, answer in answers.items():
         if answer.error and not answer.runs:
@@ -90,7 +90,7 @@ def _print(answers: dict[str, KillAnswer], *, queued: set[str]) -> None:
         for entry in answer.runs:
             record = entry.record()
             ended = record.ended_text()
-            if entry.run_id in queued and record.state == KILLED and record.pid is None:
+            if entry.was_queued or (entry.run_id in queued and record.state == KILLED and record.pid is None):
                 ended = "killed while queued; nothing of it had started, and it never will"
             elif entry.already_ended:
                 ended = f"had already ended: {ended}; nothing to stop"

@@ -79,6 +79,8 @@ def test_kill_of_a_queued_run_ends_it_and_starts_nothing(container, runs_dir, sm
     assert queue(container, runs_dir, "after", ["true"], env, "--gpus", "1")[1]["run"]["queue_position"] == 2
     status, out = container.agent("kill", "--runs-dir", runs_dir, "--run-id", "waiter", env=env)
     assert status == 0 and out["runs"][0]["state"] == "killed" and out["runs"][0]["survivors"] == []
+    # it was queued, not ended: the answer says which
+    assert out["runs"][0]["was_queued"] is True and out["runs"][0]["already_ended"] is False, out
     assert record(container, runs_dir, "after")["queue_position"] == 1
     (tmp_path / "holder").touch()
     # the run behind it took the turn it would have had
@@ -87,6 +89,25 @@ def test_kill_of_a_queued_run_ends_it_and_starts_nothing(container, runs_dir, sm
     assert run["state"] == "killed" and run["pid"] is None and run["supervisor_pid"] is None
     assert not os.path.exists(run["log_path"])
     assert container.agent("queue", "--runs-dir", runs_dir, env=env)[1]["queued"] == []
+
+
+def test_a_kill_of_a_running_run_and_the_one_queued_behind_it_never_starts_the_queued_one(container, runs_dir,
+                                                                                         smi, tmp_path):
+    """`kill holder waiter`: the queued run leaves the queue before the holder ends, so the holder's end
+    cannot hand it its turn (to be killed then as a running run)."""
+    env, _ = smi
+    assert queue(container, runs_dir, "holder", ["sleep", "60"], env, "--gpus", "0")[0] == 0
+    assert queue(container, runs_dir, "waiter", ["sh", "-c", "echo started"], env, "--gpus", "0")[0] == 0
+    status, out = container.agent("kill", "--runs-dir", runs_dir, "--run-id", "holder", "waiter", "--grace", "1",
+                                  env=env)
+    assert status == 0, out
+    ended = {entry["run_id"]: entry for entry in out["runs"]}
+    assert [entry["run_id"] for entry in out["runs"]] == ["holder", "waiter"]  # in the order asked
+    assert ended["holder"]["state"] == "killed" and ended["holder"]["was_queued"] is False
+    assert ended["waiter"]["state"] == "killed" and ended["waiter"]["was_queued"] is True
+    waiter = record(container, runs_dir, "waiter")
+    assert waiter["error"] == "killed while queued" and waiter["supervisor_pid"] is None, waiter
+    assert not os.path.exists(waiter["log_path"])
 
 
 def test_a_foreign_process_holding_gpu_memory_keeps_its_gpu_out(container, runs_dir, smi, tmp_path):

@@ -11,10 +11,12 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from dflash_agent import lineindex, watchstream
+from dflash_agent import lineindex, queuestore, watchstream
+from dflash_records.watchwire import RunsMessage
 from tests.polling import wait_for
 
 REPO = Path(__file__).resolve().parents[3]
@@ -180,6 +182,29 @@ def test_runs_records_follow_state_changes(runs: Path, tmp_path: Path) -> None:
         assert {r["run_id"]: r["state"] for r in both["runs"]} == {"r1": "succeeded", "r2": "lost"}
     finally:
         agent.close()
+
+
+def test_queued_runs_carry_their_place_and_a_change_of_the_queue_alone_resends_them(runs: Path) -> None:
+    """A queued run's record has its place (1: next), as ps gives it; a row leaving the queue changes every place
+    behind it, and the stream resends the records though no state.json changed (the poll, run in-process: a
+    watch process would start a keeper for the queue)."""
+    for run_id in ("q1", "q2", "q3"):
+        make_run(runs, run_id, state={"state": "queued", "queued_at": "2026-05-01T12:00:00.000Z"})
+        queuestore.enqueue(str(runs), run_id, queued_at="2026-05-01T12:00:00.000Z", gpus=None, gpu_count=1)
+    sent: list = []
+    watcher = watchstream.RunsWatcher(str(runs), SimpleNamespace(send=sent.append))
+
+    def places() -> dict:
+        newest = [message for message in sent if isinstance(message, RunsMessage)][-1]
+        return {record.run_id: record.queue_position for record in newest.runs}
+    watcher.poll(0.0)
+    assert places() == {"q1": 1, "q2": 2, "q3": 3}
+    queuestore.remove(str(runs), "q2")
+    watcher.poll(1.0)
+    assert places() == {"q1": 1, "q2": None, "q3": 2}
+    count = len(sent)
+    watcher.poll(2.0)
+    assert len(sent) == count  # nothing changed: nothing resent
 
 
 def fake_smi_env(tmp_path: Path) -> tuple[dict, Path]:

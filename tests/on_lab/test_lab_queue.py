@@ -182,3 +182,58 @@ def test_twenty_concurrent_enqueues_into_one_container_get_one_order(lab, inv):
                                         *["cc-{}".format(i) for i in range(20)]])
     assert killed["ok"] and {r["state"] for r in killed["runs"]} == {"killed"}
     release(lab, box, "cc-hold")
+
+
+def test_the_queue_through_the_cli_ps_watch_kill_and_a_failed_start(lab, inv, capsys):
+    """dflashctl end to end: launch --queue/--gpu-count, ps (`queued (2nd)` and what it waits for), ps --queue,
+    watch --once --json (the place, from the agent's watch stream), kill of a queued run (nothing starts), and a
+    queued run whose start fails: `failed` with the reason, and the run behind it starts."""
+    box = BOXES[2]
+    name = "{}/{}".format(*box)
+
+    def launch(run_name: str, shell: str, *gpus: str) -> dict:
+        code, out, err = run_cli(inv, "launch", name, "--name", run_name, *gpus, "--json", "--", "sh", "-c", shell,
+                                 capsys=capsys)
+        assert code == 0 and isinstance(out, dict), err
+        return out
+
+    holder = launch("cli-hold", GATED, "--gpu-count", "2")
+    assert holder["state"] == "running" and sorted(holder["gpus"]) == [0, 1]
+    first = launch("cli-first", GATED, "--gpu-count", "1")
+    doomed = launch("cli-doomed", "echo never", "--queue", "--gpus", "1")
+    crash = launch("cli-crash", "echo boom-line >&2; exit 3", "--gpu-count", "1")
+    after = launch("cli-after", GATED, "--gpu-count", "1")
+    assert [(r["state"], r["queue_position"]) for r in (first, doomed, crash, after)] == \
+        [("queued", 1), ("queued", 2), ("queued", 3), ("queued", 4)]
+    code, table, err = run_cli(inv, "ps", name, capsys=capsys)
+    lines = {line.split()[0]: line for line in table.splitlines()[1:] if line.strip()}
+    assert code == 0 and "queued (1st) for 1 GPU" in lines[first["run_id"]], table
+    assert "queued (2nd) for GPU 1" in lines[doomed["run_id"]], table
+    code, listing, err = run_cli(inv, "ps", "--queue", name, capsys=capsys)
+    head, *rows = listing.splitlines()
+    assert code == 0 and head == "{}: 2 GPUs: free none; our runs hold 0-1; 4 queued".format(name), listing
+    assert [row.split()[:2] for row in rows if "cli-" in row] == [
+        ["1st", first["run_id"]], ["2nd", doomed["run_id"]], ["3rd", crash["run_id"]], ["4th", after["run_id"]]]
+    code, snapshot, err = run_cli(inv, "watch", name, "--once", "--json", capsys=capsys)
+    watched = {run["run_id"]: run for run in snapshot["runs"]}
+    assert code == 0 and [watched[r["run_id"]]["queue_position"] for r in (first, doomed, crash, after)] == \
+        [1, 2, 3, 4], err
+    assert watched[doomed["run_id"]]["state"] == "queued"
+    code, said, err = run_cli(inv, "kill", doomed["run_id"], capsys=capsys)
+    assert code == 0 and "killed while queued; nothing of it had started" in said, (said, err)
+    release(lab, box, holder["run_id"])
+    # first takes GPU 0, the crash GPU 1 and fails; the run behind it takes the GPU the crash gave back
+    assert wait_for(lambda: state(lab, box, after["run_id"]).get("state") == "running", 30), \
+        [state(lab, box, r["run_id"]) for r in (first, crash, after)]
+    code, listed, err = run_cli(inv, "ps", name, "--json", capsys=capsys)
+    runs = {run["run_id"]: run for run in listed["runs"]}
+    assert runs[crash["run_id"]]["state"] == "failed" and "boom-line" in runs[crash["run_id"]]["error"], runs
+    assert runs[first["run_id"]]["state"] == "running" and runs[doomed["run_id"]]["state"] == "killed"
+    assert not (run_dir(lab, box, doomed["run_id"]) / "train.log").exists()  # it never started
+    code, table, err = run_cli(inv, "ps", name, capsys=capsys)
+    lines = {line.split()[0]: line for line in table.splitlines()[1:] if line.strip()}
+    assert "failed" in lines[crash["run_id"]] and "killed" in lines[doomed["run_id"]], table
+    for run in (first, after):
+        release(lab, box, run["run_id"])
+    assert wait_for(lambda: all(state(lab, box, r["run_id"]).get("state") == "succeeded" for r in (first, after)),
+                    20)

@@ -100,9 +100,9 @@ def test_kill_of_a_queued_run_takes_it_out_of_the_queue_and_says_nothing_started
         assert args[args.index("--run-id") + 1:] == [waiting["run_id"]] and target == "pve1/200"
         ended = {**waiting, "state": "killed", "queue_position": None, "ended_at": "2026-05-01T12:05:00.000Z",
                  "error": "killed while queued"}  # the agent's words (dflash_agent/queuelaunch.py)
-        # the agent ends it before its kill looks, so it may say it had already ended (what its branch answers)
+        # what the agent answers (dflash_agent/kill.py): it was queued, not ended
         return {"ok": True, "runs": [{"run_id": waiting["run_id"], "ok": True, "state": "killed", "run": ended,
-                                      "already_ended": True}]}
+                                      "was_queued": True, "already_ended": False}]}
 
     agent = agent_for(ps=lambda args, target: {"ok": True, "runs": [older, waiting] if target == "pve1/200" else []},
                       kill=kill)
