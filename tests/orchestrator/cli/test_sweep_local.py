@@ -33,7 +33,7 @@ def _config(tmp_path: Path) -> Path:
      "the grid has 272 runs (17 x 16), more than 256: nothing was started; --yes starts them all"),
     (["--set", "lr=3e-4,-1"], "base.yaml with lr=-1: lr: Input should be greater than 0"),
     (["--set", "lr=1e-4", "--hosts", "pve*"], "--hosts chooses among the fleet for --anywhere"),
-    (["--set", "lr=1e-4", "--anywhere", "--hosts", "pve*"], "--hosts 'pve*' matches no target"),
+    (["--set", "lr=1e-4", "--anywhere", "--gpu-count", "1", "--hosts", "pve*"], "--hosts: no target matches 'pve*'"),
 ])
 def test_a_mistake_is_one_line_and_exit_2_before_anything_is_deployed(tmp_path, capsys, args, said):
     where = [] if "--anywhere" in args else ["local"]
