@@ -57,6 +57,11 @@ app = typer.Typer(name="sweep", cls=SweepGroup, no_args_is_help=True, rich_marku
                        "by τ (`sweep report ID`).")
 
 
+GPU_COUNT_OPTION = typer.Option(
+    None, "--gpu-count", metavar="N", help="GPUs of each run: any N free ones of its target, chosen when it starts "
+    "(--anywhere needs it). Default: as launch, each run holds every GPU of its TARGET.")
+
+
 @app.command("launch", cls=Command)
 def launch(
     ctx: typer.Context,
@@ -73,9 +78,7 @@ def launch(
     name: Optional[str] = typer.Option(None, "--name", "-n", metavar="NAME",
                                        help="The sweep's name (default: the config's file name)."),
     gpus: Optional[str] = typer.Option(None, "--gpus", metavar="0,1|0-7|none", help="GPUs of each run, as launch."),
-    gpu_count: Optional[int] = typer.Option(
-        None, "--gpu-count", metavar="N", help="GPUs of each run: any N free ones of its target, chosen when it starts "
-        "(--anywhere needs it). Default: as launch, each run holds every GPU of its TARGET."),
+    gpu_count: Optional[int] = GPU_COUNT_OPTION,
     env: Optional[List[str]] = typer.Option(None, "--env", "-e", metavar="K=V", help="Extra environment (repeat)."),
     grace: float = typer.Option(DEFAULT_GRACE_S, "--grace", callback=number_in(0), metavar="S",
                                 help="Seconds a later `kill` waits after TERM."),
@@ -107,15 +110,11 @@ def launch(
     for point in points:
         _check_locally(config, point)
     options = dict(gpus=gpu_list, env=parse_env(env), force=False, grace=grace, **waiting)
-    placements: dict[int, Placement] = {}
     client = None
     try:
         with Connections() as conns:
             client = RunClient(state.inventory(), conns)
-            if anywhere:
-                placements, where = _place(client, chosen, points, gpu_count)
-            else:
-                where = {p.index: chosen[(p.index - 1) % len(chosen)] for p in points}  # the TARGETs in turn
+            placements, where = _place(client, chosen, points, gpu_count) if anywhere else _in_turn(chosen, points)
             specs = {p.index: _spec(config, p, names, where[p.index], options) for p in points}
             _say_where(names.sweep_id, points, specs, placements)
             _check_on_targets(client, config, points, specs)
@@ -144,6 +143,11 @@ def _targets(state: AppState, names: list[str], *, anywhere: bool, hosts: str | 
         raise UsageError("--anywhere needs --gpu-count N: the GPUs each run needs, to find targets with N free "
                          "(--gpus names GPUs of TARGETs named)")
     return candidates(inventory, hosts)
+
+
+def _in_turn(targets: list[Target], points: list[SweepPoint]) -> tuple[dict[int, Placement], dict[int, Target]]:
+    """The TARGETs named, in turn: run 1 on the first, run 2 on the second, ..."""
+    return {}, {p.index: targets[(p.index - 1) % len(targets)] for p in points}
 
 
 def _place(client: RunClient, targets: list[Target], points: list[SweepPoint],
