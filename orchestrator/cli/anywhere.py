@@ -15,7 +15,7 @@ from typing import Callable
 from ..errors import EXIT_UNREACHABLE, DflashError, Unreachable, UsageError, shorten
 from ..inventory.model import Inventory, Target
 from ..runs.client import RunClient
-from ..runs.placement import Placement, place
+from ..runs.placement import Asked, Placement, place
 from ..runs.spec import LaunchSpec
 from ..transports.fanout import per_target
 from ..transports.pool import Connections
@@ -53,14 +53,25 @@ def candidates(inventory: Inventory, hosts: str | None) -> list[Target]:
 def decide(client: RunClient, targets: list[Target], gpu_count: int) -> tuple[Placement, Target]:
     """Ask every target for its queue at once (one session each) and place the run from the answers: the
     decision, and its target with the GPU count its agent reported (so the launch need not ask nvidia-smi)."""
-    answers = {o.target.name: o.value if o.ok else _not_asked(o.target, o.error)
-               for o in per_target(targets, client.queue)}
+    answers = ask(client, targets)
     decision = place(answers, gpu_count)
+    return decision, chosen_target(decision, targets, answers)
+
+
+def ask(client: RunClient, targets: list[Target]) -> dict[str, Asked]:
+    """Every target's queue answer (or why it could not be asked), asked at once, one session each."""
+    return {o.target.name: o.value if o.ok else _not_asked(o.target, o.error)
+            for o in per_target(targets, client.queue)}
+
+
+def chosen_target(decision: Placement, targets: list[Target], answers: dict[str, Asked]) -> Target:
+    """The decision's target, with the GPU count its agent reported where the inventory gives none (so the launch
+    need not ask nvidia-smi); a decision of no target is the error that says why (nothing is launched)."""
     if decision.target is None:
         error = Unreachable if any(s.unreachable for s in decision.skipped) else UsageError
         raise error(f"--anywhere: {decision.reason}")
     chosen = {t.name: t for t in targets}[decision.target]
-    return decision, chosen if chosen.gpus else replace(chosen, gpus=answers[decision.target].gpus_total)
+    return chosen if chosen.gpus else replace(chosen, gpus=answers[decision.target].gpus_total)
 
 
 def launch_anywhere(inventory: Inventory, *, hosts: str | None, gpu_count: int,

@@ -3,11 +3,17 @@
 A sweep is checked whole before anything starts: every `--set` (a key of the trainer's config, values given),
 the grid's size, each point's config against the trainer's config model here, then each by the trainer's own
 check on the target it goes to. One refusal: exit 2 naming the point and the problem, nothing started. Then
-every run is launched queued, under one sweep id, each with its own output directory.
+every run is launched queued, under one sweep id, each with its own output directory: a grid of more runs than
+free GPUs waits in the containers' queues, and each queued run's config is checked again when its turn comes.
+
+Where the runs go: the TARGETs named, in turn; or (`--anywhere`) placed by runs/placement.py from every
+candidate's queue answer, asked once, the grid's runs one after the other, each taking its GPUs or a queue place
+in the answers the next is placed by (placement.place_each): deterministic given the answers, packed as single
+launches would be. Each run's GPUs: `--gpu-count N` (any N free ones; --anywhere needs it), `--gpus` (named), else
+as `launch` without them: the run holds every GPU of its target.
 """
 from __future__ import annotations
 
-import fnmatch
 from pathlib import Path
 from typing import List, Optional
 
@@ -19,13 +25,17 @@ from ..errors import EXIT_OK, DflashError, UsageError, shorten, worst_exit_code
 from ..inventory.model import Target
 from ..runs.client import LaunchFailed, RunClient
 from ..runs.command import CONFIG_INPUT
+from ..runs.gpucheck import check_gpus
+from ..runs.placement import Placement, place_each
 from ..runs.spec import LaunchSpec, SweepPlace
 from ..runs.sweep import SweepNames, SweepPoint, check_size, config_text, grid, parse_sets
 from ..runs.trainerconfig import ConfigRejected, config_file, config_problems, unknown_key
 from ..transports.fanout import fanout_exit_code, per_target
 from ..transports.pool import Connections
+from .anywhere import ask, candidates, chosen_target
 from .args import number_in, parse_env, parse_gpus
 from .launch import launch_spec
+from .launchqueue import queue_options
 from .launchreport import interrupted, report_failure
 from .output import about, print_json, say, stderr, stdout
 from .state import AppState
@@ -47,6 +57,11 @@ app = typer.Typer(name="sweep", cls=SweepGroup, no_args_is_help=True, rich_marku
                        "by τ (`sweep report ID`).")
 
 
+GPU_COUNT_OPTION = typer.Option(
+    None, "--gpu-count", metavar="N", help="GPUs of each run: any N free ones of its target, chosen when it starts "
+    "(--anywhere needs it). Default: as launch, each run holds every GPU of its TARGET.")
+
+
 @app.command("launch", cls=Command)
 def launch(
     ctx: typer.Context,
@@ -63,6 +78,7 @@ def launch(
     name: Optional[str] = typer.Option(None, "--name", "-n", metavar="NAME",
                                        help="The sweep's name (default: the config's file name)."),
     gpus: Optional[str] = typer.Option(None, "--gpus", metavar="0,1|0-7|none", help="GPUs of each run, as launch."),
+    gpu_count: Optional[int] = GPU_COUNT_OPTION,
     env: Optional[List[str]] = typer.Option(None, "--env", "-e", metavar="K=V", help="Extra environment (repeat)."),
     grace: float = typer.Option(DEFAULT_GRACE_S, "--grace", callback=number_in(0), metavar="S",
                                 help="Seconds a later `kill` waits after TERM."),
@@ -73,42 +89,47 @@ def launch(
 
     Every --set KEY=V1,V2 is checked against the trainer's config model, every config of the grid by the
     trainer's own check on its target; one refusal and nothing starts (exit 2). Then every run is launched
-    queued, under one sweep id, each writing to {output_dir}/{its run name}; the sweep id is printed.
+    queued, under one sweep id, each writing to {output_dir}/{its run name}; the sweep id is printed. Runs
+    beyond the free GPUs wait in their containers' queues; each is checked again when its turn comes.
 
     Examples:
 
         dflashctl sweep qwen36.yaml --set lr=1e-4,3e-4 --set loss=ce,cap pve1/200 pve2/300
-        dflashctl sweep qwen36.yaml --set block_size=8,16 --anywhere --hosts 'pve*' --name bs
+        dflashctl sweep qwen36.yaml --set block_size=8,16 --anywhere --hosts 'pve*' --gpu-count 1 --name bs
         dflashctl sweep report sweep-bs-3f2a1c
     """
     state: AppState = ctx.obj
     axes = parse_sets(list(sets or []), unknown_key)
     check_size(axes, yes=yes)
-    chosen = _targets(state, list(targets or []), anywhere=anywhere, hosts=hosts)
-    text, base = config_file(config)
+    gpu_list = parse_gpus(gpus)
+    waiting = queue_options(gpus=gpu_list, gpu_count=gpu_count, queue=True, force=False, job=False)
+    chosen = _targets(state, list(targets or []), anywhere=anywhere, hosts=hosts, gpu_count=gpu_count)
+    _, base = config_file(config)
     names = SweepNames.new(name, config.stem)
     points = grid(base, axes, run_name=names.run_name)
     for point in points:
         _check_locally(config, point)
-    options = dict(gpus=parse_gpus(gpus), env=parse_env(env), force=False, grace=grace)
-    specs = {point.index: _spec(config, point, names, place(point, chosen), options) for point in points}
-    err = stderr()
-    err.print(f"sweep {names.sweep_id}: {len(points)} run(s) on {', '.join(t.name for t in chosen)}", markup=False)
+    options = dict(gpus=gpu_list, env=parse_env(env), force=False, grace=grace, **waiting)
     client = None
     try:
         with Connections() as conns:
             client = RunClient(state.inventory(), conns)
+            placements, where = _place(client, chosen, points, gpu_count) if anywhere else _in_turn(chosen, points)
+            specs = {p.index: _spec(config, p, names, where[p.index], options) for p in points}
+            _say_where(names.sweep_id, points, specs, placements)
             _check_on_targets(client, config, points, specs)
             results = _launch_all(client, specs)
     except KeyboardInterrupt:
         interrupted(client)
-    return _report(names.sweep_id, points, specs, results, as_json=as_json)
+    return _report(names.sweep_id, points, specs, results, placements, as_json=as_json)
 
 
 app.command("report", cls=Command)(report)
 
 
-def _targets(state: AppState, names: list[str], *, anywhere: bool, hosts: str | None) -> list[Target]:
+def _targets(state: AppState, names: list[str], *, anywhere: bool, hosts: str | None,
+             gpu_count: int | None) -> list[Target]:
+    """The TARGETs named, or --anywhere's candidates (every target, or those --hosts matches)."""
     inventory = state.inventory()
     if hosts is not None and not anywhere:
         raise UsageError("--hosts chooses among the fleet for --anywhere; give --anywhere too, or name TARGETs")
@@ -118,17 +139,36 @@ def _targets(state: AppState, names: list[str], *, anywhere: bool, hosts: str | 
         if not names:
             raise UsageError("where should the runs go? name TARGETs, or --anywhere for the whole fleet")
         return inventory.targets(names)
-    found = [t for t in inventory.all_targets()
-             if hosts is None or fnmatch.fnmatch(t.name, hosts) or fnmatch.fnmatch(t.host.name, hosts)]
-    if not found:
-        raise UsageError(f"--hosts {shorten(hosts or '', 60)!r} matches no target of the inventory")
-    return found
+    if gpu_count is None:
+        raise UsageError("--anywhere needs --gpu-count N: the GPUs each run needs, to find targets with N free "
+                         "(--gpus names GPUs of TARGETs named)")
+    return candidates(inventory, hosts)
 
 
-def place(point: SweepPoint, targets: list[Target]) -> Target:
-    """Where a point's run goes: the targets in turn. (`--anywhere` asks the fleet's placement instead once it
-    is there; every run is queued either way, so a busy target only makes it wait.)"""
-    return targets[(point.index - 1) % len(targets)]
+def _in_turn(targets: list[Target], points: list[SweepPoint]) -> tuple[dict[int, Placement], dict[int, Target]]:
+    """The TARGETs named, in turn: run 1 on the first, run 2 on the second, ..."""
+    return {}, {p.index: targets[(p.index - 1) % len(targets)] for p in points}
+
+
+def _place(client: RunClient, targets: list[Target], points: list[SweepPoint],
+           gpu_count: int) -> tuple[dict[int, Placement], dict[int, Target]]:
+    """--anywhere: every candidate's queue asked once, then the grid's runs placed one after the other, each
+    taking its GPUs or a queue place in the answers the next is placed by; a run no target can take stops the
+    sweep before anything starts."""
+    answers = ask(client, targets)
+    decisions = place_each(answers, [gpu_count] * len(points))
+    where = {p.index: chosen_target(d, targets, answers) for p, d in zip(points, decisions)}
+    return {p.index: d for p, d in zip(points, decisions)}, where
+
+
+def _say_where(sweep_id: str, points: list[SweepPoint], specs: dict, placements: dict[int, Placement]) -> None:
+    """The sweep's targets, and where each placed run goes and why, one line each."""
+    err = stderr()
+    shown = list(dict.fromkeys(spec.target.name for spec in specs.values()))
+    err.print(f"sweep {sweep_id}: {len(points)} run(s) on {', '.join(shown)}", markup=False)
+    for point in points:
+        if point.index in placements:
+            err.print(f"  {point.label()}: placing on {placements[point.index].reason}", markup=False)
 
 
 def _check_locally(config: Path, point: SweepPoint) -> None:
@@ -143,8 +183,6 @@ def _spec(config: Path, point: SweepPoint, names: SweepNames, target: Target, op
     spec = launch_spec(target, [], name=names.run_name(point.index), config=config, **options)
     spec.inputs[CONFIG_INPUT] = config_text(point.config)
     spec.sweep = SweepPlace(names.sweep_id, point.values)
-    if hasattr(spec, "queue"):  # `launch --queue`'s field: a sweep's run waits for its GPUs, never refused
-        spec.queue = True
     return spec
 
 
@@ -156,6 +194,8 @@ def _check_on_targets(client: RunClient, config: Path, points: list[SweepPoint],
         by_target.setdefault(specs[point.index].target.name, []).append(point)
 
     def check(target: Target) -> None:
+        first = specs[by_target[target.name][0].index]  # every run of the sweep asks for the same GPUs
+        check_gpus(lambda: client.conns.for_target(target), target, gpus=first.gpus, gpu_count=first.gpu_count)
         for point in by_target[target.name]:
             spec = specs[point.index]
             try:
@@ -198,13 +238,16 @@ def _launch_all(client: RunClient, specs: dict[int, LaunchSpec]) -> dict[int, ob
     return results
 
 
-def _report(sweep_id: str, points: list[SweepPoint], specs: dict, results: dict, *, as_json: bool) -> int:
+def _report(sweep_id: str, points: list[SweepPoint], specs: dict, results: dict, placements: dict, *,
+            as_json: bool) -> int:
     """The sweep id on stdout (with --json the object); each run, or its error, on stderr."""
     err = stderr()
     runs, codes = [], []
     for point in points:
         result, target = results.get(point.index), specs[point.index].target.name
         entry = {"index": point.index, "values": point.values, "target": target}
+        if point.index in placements:
+            entry["placement"] = placements[point.index].to_dict()
         if isinstance(result, Exception):
             codes.append(getattr(result, "exit_code", 1))
             entry["error"] = str(result)
@@ -222,4 +265,4 @@ def _report(sweep_id: str, points: list[SweepPoint], specs: dict, results: dict,
     return worst_exit_code(codes) if codes else EXIT_OK
 
 
-__all__ = ["app", "place"]
+__all__ = ["app"]

@@ -14,10 +14,10 @@ Same answers in the same order give the same decision; nothing here does IO or r
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Mapping, Union
+from dataclasses import dataclass, replace
+from typing import Mapping, Sequence, Union
 
-from dflash_records.queueinfo import QueueAnswer
+from dflash_records.queueinfo import QueueAnswer, QueuedRun
 
 from ..errors import shorten
 
@@ -79,6 +79,29 @@ def place(answers: Mapping[str, Asked], gpu_count: int) -> Placement:
         reason = _queue_reason(best, [s for s in seats if s is not best], gpu_count)
     return Placement(best.name, reason + _skipped_text(skipped), starts_now=bool(ready), waiting=best.waiting,
                      skipped=skipped)
+
+
+def place_each(answers: Mapping[str, Asked], gpu_counts: Sequence[int]) -> list[Placement]:
+    """Runs placed one after the other (a sweep's grid), as single launches in this order would be: each run
+    placed takes its GPUs (where it starts now: the lowest free ones, as the agent picks them) or a place at the
+    end of the queue (where it waits) in the answers the next run is placed by. A run no target can take is
+    placed nowhere (target None) and takes nothing."""
+    held = dict(answers)
+    decisions = []
+    for count in gpu_counts:
+        decision = place(held, count)
+        decisions.append(decision)
+        if decision.target is not None:
+            held[decision.target] = _taken(held[decision.target], count, starts_now=decision.starts_now)
+    return decisions
+
+
+def _taken(answer: QueueAnswer, count: int, *, starts_now: bool) -> QueueAnswer:
+    """The answer once a run of `count` GPUs placed there started (or joined its queue)."""
+    if starts_now:
+        free = tuple(sorted(answer.gpus_free))
+        return replace(answer, gpus_free=free[count:], gpus_ours=tuple(sorted((*answer.gpus_ours, *free[:count]))))
+    return replace(answer, queued=(*answer.queued, QueuedRun(position=len(answer.queued) + 1, gpu_count=count)))
 
 
 def _fit(seat: _Seat) -> tuple:
@@ -170,4 +193,4 @@ def _gpus(count: int) -> str:
     return f"{count} GPU{'' if count == 1 else 's'}"
 
 
-__all__ = ["Asked", "Placement", "Skipped", "place"]
+__all__ = ["Asked", "Placement", "Skipped", "place", "place_each"]

@@ -163,3 +163,32 @@ def test_the_decision_follows_the_rules(fleet) -> None:
     assert _rank(answers[decision.target], need, bool(ready)) == best
     first = next(n for n, a in pool.items() if _rank(a, need, bool(ready)) == best)
     assert decision.target == first  # a tie goes to the first in the inventory's order
+
+
+def test_a_grid_placed_one_after_the_other_packs_and_queues_as_single_launches_would() -> None:
+    """A sweep's placement: each run placed takes its GPUs or a queue slot in the answers the next is placed by;
+    the same answers give the same grid, and each decision is the one a single launch would get at that point."""
+    from orchestrator.runs.placement import place_each
+
+    answers = {"a": box(2, 1), "b": box(2, 2), "c": box(4, 4)}
+    decisions = place_each(answers, [1, 1, 2, 1, 2, 1, 1, 1, 1, 1])
+    assert [(d.target, d.starts_now, d.waiting) for d in decisions] == [
+        ("a", True, 0), ("b", True, 0), ("c", True, 0), ("b", True, 0), ("c", True, 0),
+        ("a", False, 0), ("b", False, 0), ("c", False, 0), ("a", False, 1), ("b", False, 1)]
+    assert [d.reason for d in decisions] == [d.reason for d in place_each(answers, [1, 1, 2, 1, 2, 1, 1, 1, 1, 1])]
+    assert decisions[5].reason.startswith("a: no target has 1 GPU free; its queue is shortest (0 waiting)")
+    assert answers["a"] == box(2, 1)  # the answers given are not changed
+    held = dict(answers)
+    for decision, count in zip(decisions, [1, 1, 2, 1, 2]):  # as single launches, the answers updated by hand
+        assert place(held, count).target == decision.target
+        free = held[decision.target].gpus_free
+        held[decision.target] = QueueAnswer(ok=True, gpus_total=held[decision.target].gpus_total,
+                                            gpus_free=free[count:])
+
+
+def test_a_grid_run_no_target_can_take_is_placed_nowhere_and_takes_nothing() -> None:
+    from orchestrator.runs.placement import place_each
+
+    decisions = place_each({"a": box(2, 2), "b": "unreachable: timed out"}, [4, 1])
+    assert decisions[0].target is None and "a (has 2 GPUs)" in decisions[0].reason
+    assert decisions[1].target == "a" and decisions[1].starts_now

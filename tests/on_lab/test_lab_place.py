@@ -1,0 +1,82 @@
+"""Placement across the fleet on the lab, through the real CLI: three containers of two GPUs each (the fake
+nvidia-smi), the real agent's queue in each; a 2-GPU run waits while 1-GPU runs pack around it."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.lab.lab import ContainerSpec
+from tests.lab.workloads import run_cli
+from tests.polling import wait_for
+
+pytestmark = pytest.mark.lab
+BOXES = (("pve1", 420), ("pve1", 421), ("pve2", 422))   # A, B, C in the inventory's order
+A, B, C = (f"{host}/{ctid}" for host, ctid in BOXES)
+FLEET = "*/42?"   # --hosts: these three alone (the lab's other containers have GPUs too)
+GATED = "echo up; while [ ! -e /workspace/gate/$DFLASH_RUN_ID ]; do sleep 0.05; done"
+
+
+@pytest.fixture(scope="module")
+def inv(lab, tmp_path_factory) -> str:
+    for host, ctid in BOXES:
+        lab.add_container(host, ContainerSpec(ctid, gpus=2))
+        (lab.hosts[host].containers[ctid].workspace / "gate").mkdir()
+    try:
+        yield str(lab.write_inventory(tmp_path_factory.mktemp("inv") / "inventory.yaml"))
+    finally:
+        for host, ctid in BOXES:
+            lab.remove_container(host, ctid)
+
+
+def box_of(target: str) -> tuple[str, int]:
+    host, ctid = target.split("/")
+    return host, int(ctid)
+
+
+def release(lab, target: str, run_id: str) -> None:
+    host, ctid = box_of(target)
+    (lab.hosts[host].containers[ctid].workspace / "gate" / run_id).touch()
+
+
+def on_disk(lab, target: str, run_id: str, name: str) -> dict:
+    host, ctid = box_of(target)
+    try:
+        return json.loads((lab.hosts[host].containers[ctid].workspace / ".dflash" / "runs" / run_id / name)
+                          .read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def launch(inv: str, capsys, *where: str, gpu_count: int) -> dict:
+    code, report, err = run_cli(inv, "launch", *where, "--gpu-count", str(gpu_count), "--json", "--", "sh", "-c",
+                                GATED, capsys=capsys)
+    assert code == 0, err
+    return report
+
+
+def test_a_two_gpu_run_waits_while_one_gpu_runs_pack_around_it(lab, inv, capsys):
+    held = {target: launch(inv, capsys, target, gpu_count=1) for target in (A, B, C)}  # one GPU of each in use
+    assert [r["state"] for r in held.values()] == ["running"] * 3, held
+    wide = launch(inv, capsys, "--anywhere", "--hosts", FLEET, gpu_count=2)
+    assert (wide["placement"]["target"], wide["run"]["state"]) == (A, "queued"), wide
+    assert wide["placement"]["reason"].startswith(f"{A}: no target has 2 GPUs free; its queue is shortest")
+    narrow = [launch(inv, capsys, "--anywhere", "--hosts", FLEET, gpu_count=1) for _ in range(2)]
+    # A's free GPU is behind the wide run in its queue: the narrow runs go to B, then C, and start there
+    assert [(n["placement"]["target"], n["run"]["state"]) for n in narrow] == [(B, "running"), (C, "running")]
+    assert "packed onto a partly used container" in narrow[0]["placement"]["reason"], narrow
+    code, queues, err = run_cli(inv, "ps", "--queue", A, "--json", capsys=capsys)
+    assert code == 0, err
+    answer = queues["targets"][A]
+    assert answer["gpus_free"] == [1] and [q["run_id"] for q in answer["queued"]] == [wide["run_id"]], queues
+    assert on_disk(lab, A, wide["run_id"], "state.json")["state"] == "queued"
+
+    release(lab, A, held[A]["run_id"])  # A's run ends: the wide run starts there, on both GPUs
+    assert wait_for(lambda: on_disk(lab, A, wide["run_id"], "state.json").get("state") == "running", 30), \
+        on_disk(lab, A, wide["run_id"], "state.json")
+    assert on_disk(lab, A, wide["run_id"], "run.json")["gpus"] == [0, 1]
+    for target, run_id in [(A, wide["run_id"]), (B, held[B]["run_id"]), (C, held[C]["run_id"]),
+                           (B, narrow[0]["run_id"]), (C, narrow[1]["run_id"])]:
+        release(lab, target, run_id)
+    assert wait_for(lambda: on_disk(lab, A, wide["run_id"], "state.json").get("state") == "succeeded", 30)
