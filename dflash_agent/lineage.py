@@ -82,12 +82,17 @@ class _Once:
         return self._value.items()
 
 
+# what the keeper starts for a run of its own: a supervisor, and the starter of a queued run whose turn came; an
+# ended run's leftovers are never these, however soon after its supervisor's death they started
+OWN_TREES = frozenset({"supervise", "start-queued"})
+
+
 def _direct_child_run(stat, table: dict, states: _Once, keeper_cmdline: str) -> str | None:
     """The run of a process the keeper started or inherited and has not recorded yet."""
     cmdline = procfs.read_cmdline(stat.pid)
     words = cmdline.split()
-    if (cmdline and cmdline == keeper_cmdline) or ("supervise" in words and "--run-id" in words):
-        return None  # a supervisor (or the keeper's fork about to become one): its tree is its own to end
+    if (cmdline and cmdline == keeper_cmdline) or (OWN_TREES & set(words) and "--run-id" in words):
+        return None  # a supervisor or a queued run's starter (or the keeper's fork about to become one): its own
     for run_id, state in states.items():
         workload = state.get("pid")
         if workload and (stat.pid, stat.start_time) == (workload, state.get("pid_start_time")):

@@ -42,3 +42,17 @@ def test_nothing_is_guessed_for_a_run_whose_supervisor_still_lives() -> None:
     states = {"a": {"supervisor_pid": alive.pid, "supervisor_start_time": 100, "pid": None}}
     loose = proc(5, KEEPER, 150)
     assert attribute({alive.pid: alive, loose.pid: loose}, KEEPER, states, {}) == {}
+
+
+def test_the_starter_of_a_queued_run_is_never_taken_for_an_ended_runs_leftover(monkeypatch) -> None:
+    """The keeper starts a queued run's starter right after the run ahead of it ended: a kill of that run must
+    not end the starter as one of its orphans (the queued run was then left `starting`, and later `lost`)."""
+    from dflash_agent import lineage
+
+    states = {"a": {"supervisor_pid": BASE + 90, "supervisor_start_time": 100, "pid": None}}
+    starter = proc(5, KEEPER, 150)   # started after a's supervisor died: the guess would give it to a
+    leftover = proc(6, KEEPER, 160)  # a process with no command line of ours: a's
+    cmdlines = {starter.pid: "python3 /w/.dflash/agent/agent.pyz start-queued --runs-dir /w/runs --run-id q"}
+    monkeypatch.setattr(lineage.procfs, "read_cmdline", lambda pid: cmdlines.get(pid, ""))
+    found = attribute({starter.pid: starter, leftover.pid: leftover}, KEEPER, states, {})
+    assert found == {(BASE + 6, 160): "a"}
