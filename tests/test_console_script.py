@@ -83,6 +83,30 @@ def test_launch_each_refuses_a_bad_fleet_in_one_line(tmp_path, args, words):
     assert words in done.stderr and "Traceback" not in done.stderr
 
 
+SWEEP_GRID = ["--set", "lr=" + ",".join(map(str, range(1, 18))), "--set", "seed=" + ",".join(map(str, range(16)))]
+
+
+@pytest.mark.parametrize("args, words", [
+    (["launch", "local", "--gpu-count", "0", "--", "true"], "--gpu-count 0: give a number of GPUs from 1"),
+    (["launch", "local", "--gpus", "0", "--gpu-count", "1", "--", "true"], "give either --gpus"),
+    (["launch", "--anywhere", "--", "true"], "--anywhere needs --gpu-count N"),
+    (["launch", "--hosts", "pve*", "--", "true"], "--hosts chooses among the targets of --anywhere"),
+    (["sweep", "c.yaml", "--set", "lr=", "local"], "bad --set 'lr=': give lr one or more values"),
+    (["sweep", "c.yaml", "--set", "nosuchkey=1,2", "local"], "unknown config key 'nosuchkey'"),
+    (["sweep", "c.yaml", *SWEEP_GRID, "local"], "the grid has 272 runs (17 x 16), more than 256"),
+    (["ps", "--queue", "nosuch"], "unknown host 'nosuch'"),
+], ids=["gpu-count-0", "gpus-and-gpu-count", "anywhere-without-count", "hosts-without-anywhere", "set-no-values",
+        "set-unknown-key", "grid-past-256", "ps-queue-unknown-host"])
+def test_the_queue_placement_and_sweep_mistakes_are_one_line_and_exit_2(tmp_path, args, words):
+    """The installed script refuses each before anything is contacted or queued: exit 2, one line."""
+    (tmp_path / "c.yaml").write_text("target_path: t\ndata_path: d\noutput_dir: o\n")
+    done = dflashctl(tmp_path, *args)
+    assert done.returncode == 2 and done.stdout == "", done.stderr
+    assert done.stderr.splitlines() == [done.stderr.strip()] and done.stderr.startswith("dflashctl: error: ")
+    assert words in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "data").exists() or not list((tmp_path / "data").rglob("runs/*"))  # nothing queued
+
+
 @pytest.mark.parametrize("case", sorted(MISTAKES))
 def test_each_usage_mistake_is_exit_2_with_a_message_and_the_usage(tmp_path, case):
     args, words = MISTAKES[case]
@@ -155,10 +179,11 @@ def test_bare_dflashctl_shows_the_help_and_exits_2(tmp_path):
     assert done.stderr.strip() == "dflashctl: error: no command given (one of the commands above)"
 
 
-COMMANDS = ["doctor", "launch", "ps", "logs", "kill", "cleanup", "watch", "demo", "version"]
+COMMANDS = ["doctor", "launch", "ps", "logs", "kill", "cleanup", "watch", "demo", "version", "sweep"]
 
 
-@pytest.mark.parametrize("command", [[], *([name] for name in COMMANDS)], ids=["root", *COMMANDS])
+@pytest.mark.parametrize("command", [[], *([name] for name in COMMANDS), ["sweep", "report"]],
+                         ids=["root", *COMMANDS, "sweep-report"])
 def test_help_shows_the_names_given_not_the_parsers_type_names(tmp_path, command):
     """Whatever typer the install resolved: no `<str>`, `<bool>`, `<list[str]>`, `<float range> [x>=0]` beside
     the options, no `{TARGET}` in the usage line."""
