@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Dict, Optional
 
-from .step import RECORD_FIELDS, StepRecord
+from .step import RECORD_FIELDS, StepRecord, read_step_json
 
 
 def with_exact(line: StepRecord, exact: Optional[StepRecord]) -> StepRecord:
@@ -26,3 +26,14 @@ def latest_step(line: Optional[StepRecord], exact: Dict[int, StepRecord]) -> Opt
     if line is None:
         return exact[max(exact)] if exact else None
     return with_exact(line, exact.get(line.step))
+
+
+def exact_records(metrics_tail: Optional[str], cls=StepRecord) -> Dict[int, StepRecord]:
+    """{step: its record as `cls`} of the step records in the end of a metrics.jsonl (None: no file came); a torn
+    or foreign line is skipped."""
+    exact: Dict[int, StepRecord] = {}
+    for text in (metrics_tail or "").splitlines():
+        record = read_step_json(text, cls)
+        if record is not None and record.step is not None:
+            exact[record.step] = record
+    return exact

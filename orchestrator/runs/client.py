@@ -21,12 +21,11 @@ from dflash_records.protocol import (CHECK_FAILED, DEFAULT_GRACE_S, NO_GPUS, NOT
                                      TERMINAL_STATES)
 from dflash_records.queueinfo import QueueAnswer
 from dflash_records.run import RunRecord
-from dflash_records.step import read_step_json
-from dflash_records.stepfigures import latest_step
+from dflash_records.stepfigures import exact_records, latest_step
 
 from ..errors import EXIT_UNREACHABLE, DflashError, OperationFailed, TransportError
 from ..inventory.model import Inventory, Target
-from ..trainlog.parser import LogParser, StepEvent
+from ..trainlog.parser import step_events
 from ..transports.base import RemoteProcess, Transport
 from ..transports.fanout import Outcome, per_target
 from ..transports.pool import Connections
@@ -351,16 +350,9 @@ def with_metrics(record: RunRecord, tail: str | None = None, metrics: str | None
     """The record with last_step and tok_per_s from the log and metrics.jsonl tails the agent sent along (ps
     --tail-bytes): the last step line's, with its metrics.jsonl figures where they came (stepfigures.latest_step,
     the rule every view reads a step's figures by). An agent of the last version sends no metrics tail."""
-    line = None
-    if tail:
-        parser = LogParser()
-        events = parser.feed(tail.encode("utf-8", "replace")) + parser.flush()
-        line = next((e for e in reversed(events) if isinstance(e, StepEvent) and e.step is not None), None)
-    exact = {}
-    for text in metrics.splitlines() if metrics else ():
-        step = read_step_json(text)
-        if step is not None and step.step is not None:
-            exact[step.step] = step
+    lines = step_events(tail)
+    exact = exact_records(metrics)
+    line = lines[-1] if lines else None
     latest = latest_step(line, exact)
     if latest is not None:
         return record.with_figures(latest.step, latest.tok_per_s)

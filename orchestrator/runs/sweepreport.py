@@ -11,10 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from dflash_records.run import RunRecord
-from dflash_records.step import read_step_json
-from dflash_records.stepfigures import with_exact
+from dflash_records.stepfigures import exact_records, with_exact
 
-from ..trainlog.parser import LogParser, StepEvent
+from ..trainlog.parser import StepEvent, step_events
 from .sweep import rank_key, value_text
 
 REPORT_TAIL_BYTES = 64 * 1024   # of each run's log: enough step lines to hold the newest evaluation's
@@ -45,17 +44,8 @@ class SweepRow:
 
 def sweep_row(record: RunRecord, log_tail: str | None, metrics_tail: str | None) -> SweepRow:
     """A run's row from its record and the ends of its log and metrics.jsonl."""
-    exact: dict[int, StepEvent] = {}
-    for text in (metrics_tail or "").splitlines():
-        step = read_step_json(text, StepEvent)
-        if step is not None and step.step is not None:
-            exact[step.step] = step
-    steps: list[StepEvent] = []
-    if log_tail:
-        parser = LogParser()
-        events = parser.feed(log_tail.encode("utf-8", "replace")) + parser.flush()
-        steps = [with_exact(e, exact.get(e.step)) for e in events
-                 if isinstance(e, StepEvent) and e.step is not None and e.total is None]
+    exact = exact_records(metrics_tail, StepEvent)
+    steps = [with_exact(event, exact.get(event.step)) for event in step_events(log_tail) if event.total is None]
     if not steps:  # no step line read: the records alone
         steps = [exact[step] for step in sorted(exact)]
     figures: dict[str, Any] = {}

@@ -257,3 +257,12 @@ def parse_lines(lines: Iterable[str]) -> list[Event]:
     parser = LogParser()
     events = [event for line in lines for event in parser.feed((line + "\n").encode("utf-8", "replace"))]
     return events + parser.flush()
+
+
+def step_events(log_tail: str | None) -> list[StepEvent]:
+    """The step lines (training's and generate's progress) of the end of a log, oldest first."""
+    if not log_tail:
+        return []
+    parser = LogParser()
+    events = parser.feed(log_tail.encode("utf-8", "replace")) + parser.flush()
+    return [event for event in events if isinstance(event, StepEvent) and event.step is not None]
