@@ -12,6 +12,7 @@ and namespaces, and is safe to call twice. Needs root, `ip`, `unshare`, `nsenter
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import re
@@ -290,6 +291,21 @@ class Lab:
         if spec.running:
             self.pct(host, "start", str(spec.ctid), check=True)
         return container
+
+    @contextlib.contextmanager
+    def more_containers(self, boxes: tuple[tuple[str, int], ...], inventory: Path, *, gpus: int,
+                        folders: tuple[str, ...] = ()):
+        """Containers (host, ctid) added for a while, each with `gpus` fake GPUs and these folders in its
+        workspace; yields an inventory written at `inventory` that names them, and removes them at the end."""
+        for host, ctid in boxes:
+            self.add_container(host, ContainerSpec(ctid, gpus=gpus))
+            for folder in folders:
+                (self.hosts[host].containers[ctid].workspace / folder).mkdir()
+        try:
+            yield self.write_inventory(inventory)
+        finally:
+            for host, ctid in boxes:
+                self.remove_container(host, ctid)
 
     def remove_container(self, host: str, ctid: int) -> None:
         target = self.hosts[host]

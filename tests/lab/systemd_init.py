@@ -2,8 +2,8 @@
 """PID 1 that boots a lab container as systemd boots a Proxmox one, as far as dflashctl can tell
 (`lxc.init.cmd: /opt/lab/bin/systemd-init`): it says it is systemd (/run/systemd/system, on the tmpfs pct_lxc.py
 mounts on /run for it), starts the units enabled in /etc/systemd/system/multi-user.target.wants/ (a writable
-directory of the container's own, bound over the host's) one after another, and then reaps every child, its own
-and the orphans it inherits, until SIGTERM, SIGINT or SIGPWR.
+directory of the container's own, bound over the host's) one after another, and then becomes reaping-init
+(reaping_init.py), which reaps every child, its own and the orphans it inherits, until SIGTERM, SIGINT or SIGPWR.
 
 Of a unit it reads ExecStart (a leading `-` ignored, arguments quoted and escaped as systemd reads them), Type
 (oneshot and forking are waited for, simple is not) and Environment; each runs with systemd's environment for
@@ -14,7 +14,6 @@ import os
 import shlex
 import signal
 import sys
-import time
 
 UNITS = "/etc/systemd/system"
 WANTS = UNITS + "/multi-user.target.wants"
@@ -104,11 +103,9 @@ def main() -> None:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGPWR):
         signal.signal(sig, lambda *_: sys.exit(0))
     boot()
-    while True:
-        try:
-            os.wait()
-        except ChildProcessError:
-            time.sleep(0.1)
+    # then reap as the plain init does, as PID 1 still: it inherits the units' processes
+    reaper = os.path.join(os.path.dirname(os.path.abspath(__file__)), "reaping-init")
+    os.execv(reaper, [reaper])
 
 
 if __name__ == "__main__":

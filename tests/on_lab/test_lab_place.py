@@ -3,11 +3,9 @@ nvidia-smi), the real agent's queue in each; a 2-GPU run waits while 1-GPU runs 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
-from tests.lab.lab import ContainerSpec
 from tests.lab.workloads import run_cli
 from tests.polling import wait_for
 
@@ -20,14 +18,9 @@ GATED = "echo up; while [ ! -e /workspace/gate/$DFLASH_RUN_ID ]; do sleep 0.05; 
 
 @pytest.fixture(scope="module")
 def inv(lab, tmp_path_factory) -> str:
-    for host, ctid in BOXES:
-        lab.add_container(host, ContainerSpec(ctid, gpus=2))
-        (lab.hosts[host].containers[ctid].workspace / "gate").mkdir()
-    try:
-        yield str(lab.write_inventory(tmp_path_factory.mktemp("inv") / "inventory.yaml"))
-    finally:
-        for host, ctid in BOXES:
-            lab.remove_container(host, ctid)
+    with lab.more_containers(BOXES, tmp_path_factory.mktemp("inv") / "inventory.yaml", gpus=2,
+                             folders=("gate",)) as inventory:
+        yield str(inventory)
 
 
 def box_of(target: str) -> tuple[str, int]:

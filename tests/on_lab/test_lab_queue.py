@@ -17,7 +17,6 @@ from orchestrator.runs.client import RunClient
 from orchestrator.runs.deploy import agent_path_in
 from orchestrator.runs.spec import runs_dir
 from orchestrator.transports.pool import Connections
-from tests.lab.lab import ContainerSpec
 from tests.lab.workloads import run_cli
 from tests.polling import wait_for
 
@@ -28,14 +27,9 @@ GATED = "echo up; while [ ! -e /workspace/qgate/$DFLASH_RUN_ID ]; do sleep 0.05;
 
 @pytest.fixture(scope="module")
 def inv(lab, tmp_path_factory) -> str:
-    for host, ctid in BOXES:
-        lab.add_container(host, ContainerSpec(ctid, gpus=2))
-        (lab.hosts[host].containers[ctid].workspace / "qgate").mkdir()
-    try:
-        yield str(lab.write_inventory(tmp_path_factory.mktemp("inv") / "inventory.yaml"))
-    finally:
-        for host, ctid in BOXES:
-            lab.remove_container(host, ctid)
+    with lab.more_containers(BOXES, tmp_path_factory.mktemp("inv") / "inventory.yaml", gpus=2,
+                             folders=("qgate",)) as inventory:
+        yield str(inventory)
 
 
 def run_dir(lab, box: tuple, run_id: str) -> Path:

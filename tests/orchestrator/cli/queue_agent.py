@@ -4,11 +4,13 @@ set, and every call's arguments are kept. nvidia-smi answers with the GPUs it is
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable
 
 import pytest
 
 from dflash_records.protocol import PROTOCOL_VERSION, QUEUED
+from dflash_records.queueinfo import QueueAnswer
 from orchestrator.transports.base import CommandResult
 from orchestrator.transports.mock import MockTransport
 from orchestrator.transports.pool import Connections
@@ -72,3 +74,47 @@ def agent_for(monkeypatch: pytest.MonkeyPatch, tmp_path):
         return agent
 
     return install
+
+
+CHECKED = {"exit_code": 0, "stdout": json.dumps({"ok": True, "problems": []}), "stderr": ""}
+
+
+class Fleet:
+    """Every target's agent one level up, as RunClient.agent (the one call every agent subcommand goes through):
+    each target's queue answer (or an exception to raise), a check that passes, and a launch that takes its
+    --gpu-count of the target's free GPUs (all of them without one) or queues when too few are free; every call
+    is kept, by target."""
+
+    def __init__(self, answers: dict) -> None:
+        self.answers = answers
+        self.free = {name: list(a.gpus_free) for name, a in answers.items() if isinstance(a, QueueAnswer)}
+        self.calls: list[tuple[str, list[str]]] = []
+        self.lock = threading.Lock()
+
+    def agent(self, client, target, args, **_):
+        with self.lock:
+            self.calls.append((target.name, list(args)))
+        if args[0] == "queue":
+            answer = self.answers[target.name]
+            if isinstance(answer, Exception):
+                raise answer
+            return {"version": PROTOCOL_VERSION, **answer.to_dict()}
+        if args[0] == "check":
+            return {"version": PROTOCOL_VERSION, "ok": True, "check": CHECKED}
+        assert args[0] == "launch"
+        head = args[:args.index("--")] if "--" in args else args
+        with self.lock:
+            free = self.free.get(target.name, [])
+            count = int(head[head.index("--gpu-count") + 1]) if "--gpu-count" in head else len(free)
+            taken, self.free[target.name] = (free[:count], free[count:]) if free and len(free) >= count \
+                else (None, free)
+        run = {"run_id": head[head.index("--run-id") + 1], "target": target.name, "name": "sw",
+               "state": "running" if taken is not None else QUEUED, "gpus": taken}
+        return {"version": PROTOCOL_VERSION, "ok": True, "run": run}
+
+    def asked(self, command: str) -> list[str]:
+        """The targets asked this subcommand, sorted."""
+        return sorted(name for name, args in self.calls if args[0] == command)
+
+    def launches(self) -> list[tuple[str, list[str]]]:
+        return [(name, args) for name, args in self.calls if args[0] == "launch"]

@@ -6,16 +6,15 @@ asks each candidate once, launches queued on the chosen one with --gpu-count, an
 """
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import pytest
 
-from dflash_records.protocol import PROTOCOL_VERSION
 from dflash_records.queueinfo import QueueAnswer, QueuedRun
 from orchestrator.errors import Unreachable
 from orchestrator.runs.client import RunClient
 from tests.lab.workloads import run_cli
+from tests.orchestrator.cli.queue_agent import Fleet
 
 # addresses of TEST-NET-1: never reached (every agent call is answered by the stand-in)
 INVENTORY = """hosts:
@@ -33,32 +32,6 @@ INVENTORY = """hosts:
     containers:
       400: {gpus: 2}
 """
-
-
-class Fleet:
-    """Each target's queue answer (or Unreachable), and every agent call made, by target."""
-
-    def __init__(self, answers: dict) -> None:
-        self.answers = answers
-        self.calls: list[tuple[str, list[str]]] = []
-        self.lock = threading.Lock()
-
-    def agent(self, client, target, args, **_):
-        with self.lock:
-            self.calls.append((target.name, list(args)))
-        if args[0] == "queue":
-            answer = self.answers[target.name]
-            if isinstance(answer, Exception):
-                raise answer
-            return {"version": PROTOCOL_VERSION, **answer.to_dict()}
-        assert args[0] == "launch"
-        run_id = args[args.index("--run-id") + 1]
-        state = "queued" if not self.answers[target.name].gpus_free else "running"
-        return {"version": PROTOCOL_VERSION, "ok": True,
-                "run": {"run_id": run_id, "target": target.name, "name": "true", "state": state}}
-
-    def asked(self, command: str) -> list[str]:
-        return sorted(name for name, args in self.calls if args[0] == command)
 
 
 def box(total: int, free: int, waiting: int = 0) -> QueueAnswer:

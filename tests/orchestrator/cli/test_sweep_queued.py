@@ -5,17 +5,16 @@ through); the placement rules are tested on their own (tests/orchestrator/runs/t
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 
 import pytest
 import yaml
 
-from dflash_records.protocol import PROTOCOL_VERSION
 from dflash_records.queueinfo import QueueAnswer
 from orchestrator.errors import Unreachable
 from orchestrator.runs.client import RunClient
 from tests.lab.workloads import run_cli
+from tests.orchestrator.cli.queue_agent import Fleet
 
 # addresses of TEST-NET-1: never reached (every agent call is answered by the stand-in)
 INVENTORY = """hosts:
@@ -29,40 +28,6 @@ INVENTORY = """hosts:
     containers:
       300: {gpus: 4}
 """
-CHECKED = {"exit_code": 0, "stdout": json.dumps({"ok": True, "problems": []}), "stderr": ""}
-
-
-class Fleet:
-    """Each target's queue answer (or an exception), the GPUs a launch there takes in turn, and every call."""
-
-    def __init__(self, answers: dict) -> None:
-        self.answers = answers
-        self.free = {name: list(a.gpus_free) for name, a in answers.items() if isinstance(a, QueueAnswer)}
-        self.calls: list[tuple[str, list[str]]] = []
-        self.lock = threading.Lock()
-
-    def agent(self, client, target, args, **_):
-        with self.lock:
-            self.calls.append((target.name, list(args)))
-        if args[0] == "queue":
-            answer = self.answers[target.name]
-            if isinstance(answer, Exception):
-                raise answer
-            return {"version": PROTOCOL_VERSION, **answer.to_dict()}
-        if args[0] == "check":
-            return {"version": PROTOCOL_VERSION, "ok": True, "check": CHECKED}
-        assert args[0] == "launch"
-        head = args[:args.index("--")]
-        count = int(head[head.index("--gpu-count") + 1]) if "--gpu-count" in head else 0
-        with self.lock:
-            free = self.free.get(target.name, [])
-            taken, self.free[target.name] = (free[:count], free[count:]) if len(free) >= count else (None, [])
-        run = {"run_id": head[head.index("--run-id") + 1], "target": target.name, "name": "sw",
-               "state": "running" if taken is not None else "queued", "gpus": taken}
-        return {"version": PROTOCOL_VERSION, "ok": True, "run": run}
-
-    def launches(self) -> list[tuple[str, list[str]]]:
-        return [(name, args) for name, args in self.calls if args[0] == "launch"]
 
 
 def box(total: int, free: int) -> QueueAnswer:
