@@ -1,5 +1,6 @@
 """The chunked loss of each training objective alone (forward and the hidden states' gradient, as a step runs it),
-against `ce` (the plain CE's own path) and against the distribution objectives' previous chunk loop (a second
+against `ce` (the plain CE's own path), each chunked objective with its [rows, vocab] work eager beside compiled
+(training/chunk_math.py), and against the distribution objectives' previous chunk loop (a second
 product and log-softmax for the target's rows, autograd through the whole [rows, vocab] graph), in one process on
 the same data. The target's rows are near the drafter's, so p and q overlap as in training.
 
@@ -16,8 +17,10 @@ from devicetime import timings
 
 from trainer.training.losses import (ROW_VOCAB_PER_CHUNK, Normalisers, Objective, RowStats, acceptance_rate,
                                      chunk_terms, chunked_objective, forward_kl, needs)
+from trainer.training.chunk_math import ChunkMath
 from trainer.training.objective import chunked_weighted_ce
 
+EAGER = ChunkMath(compiled=False)
 OBJECTIVES = {"ce": ({"ce": 1.0}, "decay"), "ce+dpace": ({"ce": 1.0}, "dpace"), "kl": ({"kl": 1.0}, "dpace"),
               "lk_hybrid": ({"lk_hybrid": 1.0}, "dpace")}
 
@@ -70,16 +73,18 @@ def main(argv=None) -> int:
     for name, (weights, slot_weights) in OBJECTIVES.items():
         objective = Objective(weights, slot_weights)
 
-        def ours():
+        def ours(math=None):
             if objective.is_plain_ce:
                 return chunked_weighted_ce(hidden, head, labels, decay * supervised).loss
             return chunked_objective(hidden, head, labels, supervised, decay, objective, slots=args.slots,
-                                     target_hidden=target).loss
+                                     target_hidden=target, math=math).loss
 
-        def step():
-            ours().backward()
+        def step(math=None):
+            ours(math).backward()
             hidden.grad = None
         row = {"ms": 1000 * min(timings(step, device, args.repeat))}
+        if not objective.is_plain_ce:   # the chunks' [rows, vocab] work eager, as before it was compiled
+            row["eager_ms"] = 1000 * min(timings(lambda: step(EAGER), device, args.repeat))
         if objective.needs_target_distribution:
             loss = ours()
             (grad,) = torch.autograd.grad(loss, hidden)
@@ -92,8 +97,9 @@ def main(argv=None) -> int:
         figures[name] = row
     for row in figures.values():
         row["over_ce"] = row["ms"] / figures["ce"]["ms"]
-        if "previous_ms" in row:
-            row["previous_over_ce"] = row["previous_ms"] / figures["ce"]["ms"]
+        for before in ("previous", "eager"):
+            if f"{before}_ms" in row:
+                row[f"{before}_over_ce"] = row[f"{before}_ms"] / figures["ce"]["ms"]
     print(json.dumps({"device": str(device), "device_name": torch.cuda.get_device_name(device)
                       if device.type == "cuda" else "cpu", "rows": rows, "vocab": args.vocab, "hidden": args.hidden,
                       "objectives": figures}))

@@ -67,6 +67,8 @@ VARIANTS = {
     # it compiled one static graph per bucket shape, which "auto" does)
     "auto+eager-conv": dict(pack="auto", kernels="auto", target_kernels="auto", legacy=False, conv="eager"),
     "auto+dynamic-conv": dict(pack="auto", kernels="auto", target_kernels="auto", legacy=False, conv="dynamic"),
+    # the loss chunks' [rows, vocab] work eager (as before) where "auto" runs it compiled (training/chunk_math.py)
+    "auto+eager-loss": dict(pack="auto", kernels="auto", target_kernels="auto", legacy=False, loss="eager"),
 }
 
 
@@ -542,9 +544,11 @@ def bind_block_convs(parts: SimpleNamespace, args, ctx, way: str) -> None:
 def variant(name: str, parts: SimpleNamespace, args, ctx):
     """The target's packing and the drafter's kernels (and the legacy code) of one variant, restored after."""
     from trainer.model import kernels
+    from trainer.training import chunk_math
 
     spec = VARIANTS[name]
     parts.target.packing = spec["pack"]
+    chunk_math.DEFAULT.compiled = spec.get("loss") != "eager"
     kernels.install(parts.drafter, kernels.resolve(spec["kernels"], ctx.device))
     kernels.install_target(parts.target.hf_model, kernels.resolve(spec["target_kernels"], ctx.device))
     bind_block_convs(parts, args, ctx, spec.get("conv", "per-shape"))
@@ -553,6 +557,7 @@ def variant(name: str, parts: SimpleNamespace, args, ctx):
             yield
     finally:
         parts.target.packing = "auto"
+        chunk_math.DEFAULT.compiled = True
         kernels.install(parts.drafter, "torch")
         kernels.install_target(parts.target.hf_model, "torch")
         kernels.compile_block_convs(parts.drafter, ctx.device, on=False)

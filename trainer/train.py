@@ -29,7 +29,8 @@ from trainer.training import optim
 from trainer.training.checkpoint_space import DiskFull
 from trainer.training.checkpoints import (agree_on_resume, check_resumable, choose_resume_dir, gather_to_main,
                                           restore_rng, resume_state, rng_state, save_checkpoint)
-from trainer.training.compile_warmup import compile_attention, compile_block_conv_shapes, conv_shapes
+from trainer.training.compile_warmup import (compile_attention, compile_block_conv_shapes, compile_loss_chunks,
+                                             conv_shapes)
 from trainer.training.drafter_setup import build_drafter
 from trainer.training.metrics import MetricsLog, PhaseMeter, Throughput, compiled_graphs, log_step
 from trainer.training.reporting import open_reporters, run_name
@@ -254,6 +255,7 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
         compile_attention(drafter, feature_dtype=dtype, autocast=autocast, say=log.say,
                           single_sequence_batches=min_size == 1)
         compile_block_conv_shapes(drafter, shapes, feature_dtype=dtype, autocast=autocast, say=log.say)
+        compile_loss_chunks(drafter, objective, say=log.say)
     from trainer.training.tau_monitor import TauMonitor
 
     monitor = TauMonitor(cfg, ctx, target, drafter, autocast=autocast,

@@ -91,3 +91,30 @@ def compile_block_conv_shapes(drafter, shapes, *, feature_dtype, autocast, say) 
     drafter.zero_grad(set_to_none=True)
     say(f"  compiled {len(shapes)} shapes in {time.perf_counter() - began:.1f}s")
     return len(shapes)
+
+
+def compile_loss_chunks(drafter, objective, *, say) -> bool:
+    """The loss's [rows, vocab] work of a whole chunk (training/chunk_math.py) compiled before the first step, on
+    one synthetic whole chunk with the target's rows where the objective reads p; False where nothing compiles
+    (the plain CE's own path, or off a GPU). Leaves no gradient behind."""
+    import torch
+
+    from trainer.training.losses import chunked_objective, whole_chunk_blocks
+
+    head = drafter.lm_head.weight
+    if objective.is_plain_ce or head.device.type != "cuda":
+        return False
+    slots = drafter.config.block_size - 1
+    rows = whole_chunk_blocks(head.shape[0], slots) * slots
+    say(stage_line(f"compiling the loss's chunk ({objective.describe()})"))
+    began = time.perf_counter()
+    hidden = torch.zeros(rows, head.shape[1], device=head.device, dtype=head.dtype, requires_grad=True)
+    target = hidden.detach() if objective.needs_target_distribution else None
+    labels = torch.zeros(rows, dtype=torch.long, device=head.device)
+    ones = torch.ones(rows, device=head.device)
+    out = chunked_objective(hidden, head.detach(), labels, ones.bool(), ones, objective, slots=slots,
+                            target_hidden=target)
+    out.loss.backward()
+    torch.cuda.synchronize(head.device)
+    say(f"  compiled in {time.perf_counter() - began:.1f}s")
+    return True

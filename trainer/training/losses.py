@@ -18,8 +18,9 @@ Chunks hold whole blocks, so every term, the D-PACE weights and cap's per-block 
 chunk: the [blocks * (B-1), vocab] logits never exist whole. Every term reads three numbers per row (log q(y),
 KL, alpha: RowStats), so a chunk passes over its [rows, vocab] tensors a few times without autograd (p comes
 from the same product and log-softmax as q, the target's rows stacked under the drafter's), runs autograd over
-[rows] tensors only, composes the logits' gradient in closed form and keeps only the gradient with respect to the
-drafter's hidden states. No fused kernel fits here:
+[rows] tensors only, composes the logits' gradient in closed form (chunk_math.py, compiled into fused passes over
+the bf16 logits on a GPU) and keeps only the gradient with respect to the drafter's hidden states. No library's
+fused kernel fits here:
 liger-kernel's and cut-cross-entropy's fused linear cross-entropy take no per-row weights, and none computes TV,
 the acceptance prefix or D-PACE; the default `ce` keeps its own fused-by-hand path (objective.py).
 """
@@ -32,6 +33,7 @@ import torch
 
 from trainer.objectives import (DEFAULT_DPACE_ALPHA, DEFAULT_LOSS, DEFAULT_SLOT_WEIGHTS, DISTRIBUTION_OBJECTIVES,
                                 objective_text)
+from trainer.training import chunk_math
 from trainer.training.selector_objective import chunk_candidates
 
 # fp32 [rows, vocab] tensors one chunk holds at once (its autograd graph keeps several): 256 MiB each. Not
@@ -215,36 +217,38 @@ class ChunkedObjective(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, head, target_hidden, labels, supervised, decay, objective: Objective, slots: int,
-                norms: Normalisers, chunk_rows: int, top_k: int):
+                norms: Normalisers, chunk_rows: int, top_k: int, math: chunk_math.ChunkMath):
         need_grad = ctx.needs_input_grad[0]
         names = list(objective.weights)
+        need_kl, need_alpha = needs(objective) if target_hidden is not None else (False, False)
         values = torch.zeros(len(names), dtype=torch.float32, device=hidden.device)
         correct = torch.empty(hidden.shape[0], dtype=torch.bool, device=hidden.device)
         unary, ids = no_candidates(hidden.shape[0], top_k, hidden.device)
         grad_hidden = torch.zeros_like(hidden) if need_grad else None
         for start in range(0, hidden.shape[0], chunk_rows):
             rows = slice(start, start + chunk_rows)
-            piece = hidden[rows]
+            piece, label = hidden[rows], labels[rows]
             stacked = piece if target_hidden is None else torch.cat([piece, target_hidden[rows].to(piece.dtype)])
             logits = stacked.to(head.dtype) @ head.t()
-            log_probs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
-            drafted = logits[:piece.shape[0]]
-            correct[rows] = drafted.argmax(dim=-1) == labels[rows]
             if top_k:
-                unary[rows], ids[rows] = chunk_candidates(drafted, labels[rows], top_k)
-            stats, probs, shared = chunk_statistics(log_probs, piece.shape[0], labels[rows], objective)
-            del logits, drafted
+                unary[rows], ids[rows] = chunk_candidates(logits[:piece.shape[0]], label, top_k)
+            found = math.figures(logits, label, need_kl, need_alpha, whole_rows=chunk_rows)
+            correct[rows] = found.argmax == label
+            stats = RowStats(found.log_q_y, found.kl, found.alpha)
             leaves = RowStats(*(None if t is None else t.detach().requires_grad_(need_grad) for t in stats))
             with torch.enable_grad():
                 terms = chunk_terms(leaves, supervised[rows], decay[rows], objective, slots, norms)
                 total = sum(objective.weights[name] * terms[name] for name in names)
                 if need_grad:
                     present = [t for t in leaves if t is not None]
-                    found = iter(torch.autograd.grad(total, present, allow_unused=True))
-                    coefficients = RowStats(*(None if t is None else next(found) for t in leaves))
+                    grads = iter(torch.autograd.grad(total, present, allow_unused=True))
+                    y_coef, k_coef, a_coef = (None if t is None else next(grads) for t in leaves)
             if need_grad:
-                grad_logits = chunk_logit_gradient(probs, shared, coefficients, labels[rows])
-                grad_hidden[rows] = (grad_logits.to(head.dtype) @ head).to(hidden.dtype)
+                grad_logits = math.logit_gradient(
+                    logits, found.lse, label, torch.zeros_like(found.log_q_y) if y_coef is None else y_coef,
+                    k_coef, a_coef, found.shared_sum, whole_rows=chunk_rows)
+                grad_hidden[rows] = (grad_logits @ head).to(hidden.dtype)
+            del logits
             values += torch.stack([terms[name].detach() for name in names])
         ctx.save_for_backward(grad_hidden)
         ctx.mark_non_differentiable(values, correct, unary, ids)
@@ -255,61 +259,28 @@ class ChunkedObjective(torch.autograd.Function):
     def backward(ctx, grad_total, grad_values, grad_correct, grad_unary, grad_ids):
         (grad_hidden,) = ctx.saved_tensors
         return (grad_hidden * grad_total.to(grad_hidden.dtype), None, None, None, None, None, None, None, None,
-                None, None)
+                None, None, None)
 
 
-def chunk_statistics(log_probs: torch.Tensor, rows: int, labels: torch.Tensor, objective: Objective):
-    """(RowStats, probs, shared) of one chunk: log_probs [rows (+ rows of the target), vocab] fp32, the drafter's
-    rows first; probs = exp(log_probs) (q, then p), which the gradient needs; where alpha is asked, shared
-    [rows, vocab] = q where q < p, else 0: d alpha / d log q = shared (a tie, which two different products'
-    fp32 log-probabilities almost never give, counts as q >= p where autograd through torch.minimum gave half).
-    The same values as row_stats, in fewer passes over [rows, vocab]."""
-    log_q = log_probs[:rows]
-    log_q_y = log_q.gather(1, labels[:, None]).squeeze(1)
-    need_kl, need_alpha = needs(objective) if log_probs.shape[0] > rows else (False, False)
-    probs = log_probs.exp()
-    kl = alpha = shared = None
-    if need_kl:
-        kl = (log_probs[rows:] - log_q).mul_(probs[rows:]).sum(-1)
-    if need_alpha:
-        p, q = probs[rows:], probs[:rows]
-        alpha = torch.minimum(p, q).sum(-1)
-        shared = torch.where(log_q < log_probs[rows:], q, 0.0)
-    return RowStats(log_q_y, kl, alpha), probs, shared
-
-
-def chunk_logit_gradient(probs: torch.Tensor, shared: torch.Tensor | None, coefficients: RowStats,
-                         labels: torch.Tensor) -> torch.Tensor:
-    """dL/dz [rows, vocab] for z the drafter's logits, from dL/d(each row statistic) (Y for log q(y), K for KL,
-    A for alpha): with G = dL/d log q = Y onehot(y) - K p + A shared, dz = G - q sum(G), and sum(G) =
-    Y - K + A sum(shared)."""
-    rows = labels.shape[0]
-    q = probs[:rows]
-    zero = torch.zeros(rows, dtype=torch.float32, device=probs.device)
-    y_coef, k_coef, a_coef = (zero if c is None else c.float() for c in coefficients)
-    shift = k_coef - y_coef
-    if shared is not None:
-        shift = shift - a_coef * shared.sum(-1)
-    grad = q * shift[:, None]
-    if shared is not None:
-        grad.addcmul_(shared, a_coef[:, None])
-    if coefficients.kl is not None:
-        grad.addcmul_(probs[rows:], k_coef[:, None], value=-1)
-    return grad.scatter_add_(1, labels[:, None], y_coef[:, None])
+def whole_chunk_blocks(vocab: int, slots: int) -> int:
+    """The blocks of a whole chunk: as many as keep its [rows, vocab] tensors at ROW_VOCAB_PER_CHUNK elements."""
+    return max(1, ROW_VOCAB_PER_CHUNK // (vocab * slots))
 
 
 def chunked_objective(hidden: torch.Tensor, head: torch.Tensor, labels: torch.Tensor, supervised: torch.Tensor,
                       decay: torch.Tensor, objective: Objective, *, slots: int,
                       target_hidden: torch.Tensor | None = None, chunk_blocks: int | None = None,
-                      top_k: int = 0, count_share: CountShare = local_count) -> ChunkedLoss:
+                      top_k: int = 0, count_share: CountShare = local_count,
+                      math: chunk_math.ChunkMath | None = None) -> ChunkedLoss:
     """The loss, correct[rows] and {term: value} for hidden [rows, H] in block order (rows = blocks * slots), the
     LM head weight [V, H], labels (any valid id where unsupervised), supervised (bool), decay [rows]; with
     top_k > 0 also each row's top-k candidates (selector_objective.chunk_candidates) from the same logits.
-    `count_share` turns this rank's normalising counts into its share of the global ones (distributed.rank_share)."""
+    `count_share` turns this rank's normalising counts into its share of the global ones (distributed.rank_share);
+    `math`: how a chunk's [rows, vocab] work runs (chunk_math.DEFAULT: compiled on a GPU)."""
     if objective.needs_target_distribution and target_hidden is None:
         raise ValueError(f"objective {objective.describe()} needs the target's hidden states")
     if chunk_blocks is None:
-        chunk_blocks = max(1, ROW_VOCAB_PER_CHUNK // (head.shape[0] * slots))
+        chunk_blocks = whole_chunk_blocks(head.shape[0], slots)
     tiny = torch.finfo(torch.float32).tiny
     if objective.slot_weights == "dpace":
         slot_norm = count_share(supervised.sum().float()).clamp(min=1)
@@ -320,6 +291,7 @@ def chunked_objective(hidden: torch.Tensor, head: torch.Tensor, labels: torch.Te
     target = None if target_hidden is None or not objective.needs_target_distribution else target_hidden
     loss, values, correct, unary, ids = ChunkedObjective.apply(hidden, head, target, labels, supervised,
                                                                decay.float(), objective, slots, norms,
-                                                               chunk_blocks * slots, top_k)
+                                                               chunk_blocks * slots, top_k,
+                                                               math or chunk_math.DEFAULT)
     return ChunkedLoss(loss, correct, dict(zip(objective.weights, values.unbind())),
                        (unary, ids) if top_k else None)

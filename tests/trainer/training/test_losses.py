@@ -224,3 +224,86 @@ def test_the_memory_plan_assumes_the_chunks_the_losses_take() -> None:
 
     assert memory_plan.ROW_VOCAB_PER_CHUNK == losses.ROW_VOCAB_PER_CHUNK
     assert memory_plan.LOGITS_PER_CHUNK == objective.LOGITS_PER_CHUNK
+
+
+def test_a_chunks_math_eager_off_the_whole_chunk_shape_and_its_functions_compose_the_gradient() -> None:
+    """chunk_math on the CPU: eager whatever is asked; its figures and gradient are the log-softmax's, by autograd
+    through a whole [rows, vocab] reference (the compiled path on a GPU is held to this eager one below)."""
+    from trainer.training import chunk_math
+
+    g = torch.Generator().manual_seed(11)
+    rows, vocab = 6, 50
+    z = torch.randn(2 * rows, vocab, generator=g)
+    labels = torch.randint(0, vocab, (rows,), generator=g)
+    assert chunk_math.DEFAULT._choose(chunk_math.figures, z, rows) is chunk_math.figures
+    found = chunk_math.DEFAULT.figures(z, labels, True, True, whole_rows=rows)
+    leaf = z[:rows].clone().requires_grad_()
+    log_q, log_p = torch.log_softmax(leaf, -1), torch.log_softmax(z[rows:], -1)
+    y, k, a = torch.rand(3, rows, generator=g)
+    reference = (y * log_q.gather(1, labels[:, None]).squeeze(1) + k * forward_kl(log_p, log_q)
+                 + a * acceptance_rate(log_p, log_q)).sum()
+    reference.backward()
+    torch.testing.assert_close(found.kl, forward_kl(log_p, log_q).detach())
+    torch.testing.assert_close(found.alpha, acceptance_rate(log_p, log_q).detach())
+    assert torch.equal(found.argmax, z[:rows].argmax(-1))
+    grad = chunk_math.logit_gradient(z, found.lse, labels, y, k, a, found.shared_sum)
+    torch.testing.assert_close(grad, leaf.grad, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("weights, slot_weights", [({"ce": 1.0}, "dpace"), ({"kl": 1.0}, "dpace"),
+                                                   ({"lk_hybrid": 1.0}, "dpace"), ({"ce": 0.5, "tv": 0.5}, "decay")])
+def test_the_compiled_chunks_give_the_eager_ones_loss_and_gradient_on_the_gpu(weights, slot_weights) -> None:
+    """Whole chunks compiled, the last one eager, against every chunk eager, in bf16 as a step runs them."""
+    from trainer.training.chunk_math import ChunkMath
+
+    slots, blocks, vocab = 7, 40, 32000
+    g = torch.Generator(device="cuda").manual_seed(5)
+    hidden = torch.randn(blocks * slots, 256, device="cuda", generator=g).bfloat16()
+    target = (0.8 * hidden.float() + 0.6 * torch.randn_like(hidden.float())).bfloat16()
+    head = (torch.randn(vocab, 256, device="cuda", generator=g) * 0.05).bfloat16()
+    labels = torch.randint(0, vocab, (blocks * slots,), device="cuda", generator=g)
+    supervised = torch.rand(blocks * slots, device="cuda", generator=g) > 0.1
+    decay = torch.exp(-torch.arange(slots, device="cuda", dtype=torch.float32) / 7).repeat(blocks)
+    objective = Objective(weights, slot_weights)
+    results = []
+    for math in (ChunkMath(compiled=True), ChunkMath(compiled=False)):
+        leaf = hidden.clone().requires_grad_()
+        out = chunked_objective(leaf, head, labels, supervised, decay, objective, slots=slots,
+                                target_hidden=target, chunk_blocks=16, math=math)   # chunks of 16, 16, 8 blocks
+        out.loss.backward()
+        results.append((out.loss.float(), leaf.grad.float(), out.correct))
+    (loss, grad, correct), (eager_loss, eager_grad, eager_correct) = results
+    torch.testing.assert_close(loss, eager_loss, rtol=1e-4, atol=1e-5)
+    assert float((grad - eager_grad).norm() / eager_grad.norm()) < 1e-2
+    assert float((correct != eager_correct).float().mean()) < 0.01   # bf16 ties may break either way
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("weights", [{"ce": 1.0}, {"lk_hybrid": 1.0}])
+def test_the_start_up_compiles_every_whole_chunk_a_step_runs(weights) -> None:
+    """compile_loss_chunks at start-up: a step of several whole chunks and a last partial one compiles nothing."""
+    from types import SimpleNamespace
+
+    from trainer.training.compile_warmup import compile_loss_chunks
+    from trainer.training.losses import whole_chunk_blocks
+    from trainer.training.metrics import compiled_graphs
+
+    slots, vocab, hidden_size = 7, 151936, 256
+    head = (torch.randn(vocab, hidden_size, device="cuda") * 0.05).bfloat16()
+    objective = Objective(weights, "dpace")
+    drafter = SimpleNamespace(lm_head=SimpleNamespace(weight=head), config=SimpleNamespace(block_size=slots + 1))
+    lines: list[str] = []
+    assert compile_loss_chunks(drafter, objective, say=lines.append) and len(lines) == 2
+    before = compiled_graphs()
+    rows = int(2.5 * whole_chunk_blocks(vocab, slots)) * slots
+    hidden = torch.randn(rows, hidden_size, device="cuda").bfloat16().requires_grad_()
+    labels = torch.randint(0, vocab, (rows,), device="cuda")
+    ones = torch.ones(rows, device="cuda")
+    out = chunked_objective(hidden, head, labels, ones.bool(), ones, objective, slots=slots,
+                            target_hidden=hidden.detach() * 0.9)
+    out.loss.backward()
+    torch.cuda.synchronize()
+    assert compiled_graphs() == before, lines
