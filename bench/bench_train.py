@@ -69,6 +69,8 @@ VARIANTS = {
     "auto+dynamic-conv": dict(pack="auto", kernels="auto", target_kernels="auto", legacy=False, conv="dynamic"),
     # the loss chunks' [rows, vocab] work eager (as before) where "auto" runs it compiled (training/chunk_math.py)
     "auto+eager-loss": dict(pack="auto", kernels="auto", target_kernels="auto", legacy=False, loss="eager"),
+    # the target's rotary embedding as transformers' torch code, where "auto" binds liger's (kernels.bind_rope)
+    "auto+torch-rope": dict(pack="auto", kernels="auto", target_kernels="auto", legacy=False, rope=False),
 }
 
 
@@ -551,6 +553,8 @@ def variant(name: str, parts: SimpleNamespace, args, ctx):
     chunk_math.DEFAULT.compiled = spec.get("loss") != "eager"
     kernels.install(parts.drafter, kernels.resolve(spec["kernels"], ctx.device))
     kernels.install_target(parts.target.hf_model, kernels.resolve(spec["target_kernels"], ctx.device))
+    if spec.get("rope") is False:
+        kernels.bind_rope(parts.target.hf_model, False)
     bind_block_convs(parts, args, ctx, spec.get("conv", "per-shape"))
     try:
         with legacy_elementwise() if spec["legacy"] else contextlib.nullcontext():

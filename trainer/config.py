@@ -138,7 +138,8 @@ class TrainConfig(BaseModel):
                                 "<|MASK|>, else the family's (248070 for the Qwen3.5/3.6 tokenizer), else the first "
                                 "id past the tokenizer (151669 for Qwen3).")
     kernels: Literal["auto", "torch", "liger"] = Field(
-        "auto", description="The RMSNorm and SwiGLU kernels of the drafter and the frozen target: liger "
+        "auto", description="The RMSNorm and SwiGLU kernels of the drafter and the frozen target (and the "
+                            "target's rotary embedding): liger "
                             "(liger-kernel's fused Triton kernels; pip install 'dflashctl[fast]'), torch, or auto = "
                             "liger where it runs (a CUDA device with liger-kernel installed), torch elsewhere.")
     pack_target: bool | Literal["auto"] = Field(

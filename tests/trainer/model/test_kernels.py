@@ -105,7 +105,7 @@ def test_target_kernels_give_the_target_s_own_features(tmp_path, family, dtype, 
     mask = mask.cpu()
     own = target.features(input_ids, mask)
     line = kernels.install_target(target.hf_model, "liger")
-    assert line.startswith("target RMSNorm and SwiGLU: liger-kernel")
+    assert line.startswith("target RMSNorm, SwiGLU and RoPE: liger-kernel")
     swapped = [m for m in target.hf_model.modules() if "forward" in m.__dict__]
     assert len(swapped) >= 2 * target.num_layers   # two norms and an MLP (or a shared expert) per layer at least
     fused = target.features(input_ids, mask)
@@ -178,3 +178,22 @@ def test_block_convolution_compiles_only_the_declared_bucket_shapes_and_runs_the
     # off a GPU nothing is bound: the modules run their own code
     assert kernels.compile_block_convs(conv, torch.device("cpu"), shapes=shapes) is None
     assert "forward" not in conv.__dict__
+
+
+def test_the_targets_rope_binding_wraps_its_familys_function_once_and_torch_puts_it_back(tiny_target):
+    """bind_rope wraps the modeling module's apply_rotary_pos_emb (CUDA tensors take liger's kernel; these CPU
+    ones the function itself, so the features are unchanged), never wraps it twice, and "torch" restores the
+    very function transformers defined."""
+    import sys
+
+    family = sys.modules[type(tiny_target.hf_model).__module__]
+    own = family.apply_rotary_pos_emb
+    input_ids = random_ids(tiny_target, (2, 40), seed=1)
+    before = tiny_target.features(input_ids)
+    try:
+        assert kernels.bind_rope(tiny_target.hf_model, True) and kernels.bind_rope(tiny_target.hf_model, True)
+        assert family.apply_rotary_pos_emb is not own and family.apply_rotary_pos_emb._dflash_own is own
+        torch.testing.assert_close(tiny_target.features(input_ids), before, rtol=0, atol=0)
+    finally:
+        assert not kernels.bind_rope(tiny_target.hf_model, False)
+    assert family.apply_rotary_pos_emb is own
