@@ -85,17 +85,18 @@ class ChunkMath:
     def __init__(self, compiled: bool = True) -> None:
         self.compiled = compiled
 
-    def _choose(self, fn, logits: torch.Tensor, whole_rows: int):
-        if self.compiled and logits.device.type == "cuda" and logits.shape[0] in (whole_rows, 2 * whole_rows):
+    def _choose(self, fn, labels: torch.Tensor, whole_rows: int):
+        """The compiled fn for a whole chunk (its drafter's rows, `labels`, number `whole_rows`) on a GPU."""
+        if self.compiled and labels.device.type == "cuda" and labels.shape[0] == whole_rows:
             return _compiled(fn)
         return fn
 
     def figures(self, logits, labels, need_kl: bool, need_alpha: bool, *, whole_rows: int) -> ChunkFigures:
-        return self._choose(figures, logits, whole_rows)(logits, labels, need_kl, need_alpha)
+        return self._choose(figures, labels, whole_rows)(logits, labels, need_kl, need_alpha)
 
     def logit_gradient(self, logits, lse, labels, y_coef, k_coef, a_coef, shared_sum, *,
                        whole_rows: int) -> torch.Tensor:
-        return self._choose(logit_gradient, logits, whole_rows)(logits, lse, labels, y_coef, k_coef, a_coef,
+        return self._choose(logit_gradient, labels, whole_rows)(logits, lse, labels, y_coef, k_coef, a_coef,
                                                                 shared_sum)
 
 

@@ -235,7 +235,7 @@ def test_a_chunks_math_eager_off_the_whole_chunk_shape_and_its_functions_compose
     rows, vocab = 6, 50
     z = torch.randn(2 * rows, vocab, generator=g)
     labels = torch.randint(0, vocab, (rows,), generator=g)
-    assert chunk_math.DEFAULT._choose(chunk_math.figures, z, rows) is chunk_math.figures
+    assert chunk_math.DEFAULT._choose(chunk_math.figures, labels, rows) is chunk_math.figures
     found = chunk_math.DEFAULT.figures(z, labels, True, True, whole_rows=rows)
     leaf = z[:rows].clone().requires_grad_()
     log_q, log_p = torch.log_softmax(leaf, -1), torch.log_softmax(z[rows:], -1)
