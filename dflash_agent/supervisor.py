@@ -172,12 +172,19 @@ class Supervisor(AttemptWatch):
     def signal_all(self, sig: int) -> None:
         # Once the workload is reaped its pgid may be reused by a stranger; its group's members are our
         # descendants anyway (we are their subreaper), so the walk below still reaches them.
+        grouped = False
         if self.workload_pgid and self.workload_status is None:
             try:
                 os.killpg(self.workload_pgid, sig)
+                grouped = True
             except OSError:
                 pass
         for pid, start in self.run_processes():
+            stat = procfs.read_stat(pid)
+            if grouped and stat is not None and stat.pgid == self.workload_pgid:
+                # the group's signal reached it: a second SIGTERM landing while it exits on the first kills it
+                # (a workload that exits 0 on SIGTERM was recorded with no exit code)
+                continue
             if procfs.is_alive(pid, start):
                 try:
                     os.kill(pid, sig)

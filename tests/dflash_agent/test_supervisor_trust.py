@@ -118,6 +118,20 @@ def test_a_hung_run_that_exits_0_on_sigterm_is_failed_hung(container, runs_dir, 
     assert run["attempts"][0]["reason"] == "hung"
 
 
+def test_a_killed_workload_that_exits_0_on_sigterm_gets_one_sigterm_and_keeps_its_exit_code(runs_dir, tmp_path):
+    """The supervisor signalled the workload's group and then each of the run's processes, the workload among
+    them: a second SIGTERM landed while it was exiting on the first and killed it, so a run that exits 0 on
+    SIGTERM was recorded with no exit code (as CI once saw for a hung one)."""
+    (tmp_path / "hang.py").write_text(HANGS_THEN_EXITS_0)
+    supervisor = supervisor_with("", runs_dir, "twice", [sys.executable, str(tmp_path / "hang.py")])
+    log = Path(runs_dir, "twice", "train.log")
+    assert wait_for(lambda: log.exists() and "step=3" in log.read_text(errors="replace"), 30)
+    os.kill(supervisor.pid, signal.SIGTERM)
+    supervisor.wait(timeout=30)
+    run = state_of(runs_dir, "twice")
+    assert (run["state"], run["exit_code"], run["attempts"][0]["signal"]) == ("killed", 0, None), run
+
+
 def test_a_restart_backoff_out_of_range_is_refused(container, runs_dir):
     for value in ("1e308", "301", "-1", "nan", "inf"):
         status, out = launch(container, runs_dir, "far", ["true"], "--restart", "on-failure", "--restart-backoff", value)
