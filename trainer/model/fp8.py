@@ -9,6 +9,8 @@ precision beside a row of large ones. Off a GPU (tests) the same quantized opera
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import nn
 
@@ -46,10 +48,27 @@ def scaled_matmul(q: torch.Tensor, scale: torch.Tensor, weight: torch.Tensor, we
                             scale_b=weight_scale[None, :].contiguous(), out_dtype=out_dtype)
 
 
+class QuantizeOnce:
+    """`quantize` for every Fp8Linear of one target, which remembers its last input: a layer's q, k and v
+    projections (and its MLP's gate and up) read the same activations, quantized once for them, not three (two)
+    times. The input is known by identity and version (an in-place change makes it new) and held only weakly."""
+
+    def __init__(self, quantize) -> None:
+        self.quantize = quantize
+        self.last = None   # (weakref to the input, its version, (q, scale))
+
+    def __call__(self, x: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.last is not None and self.last[0]() is x and self.last[1] == x._version:
+            return self.last[2]
+        found = self.quantize(rows)
+        self.last = (weakref.ref(x), x._version, found)
+        return found
+
+
 class Fp8Linear(nn.Module):
     """An nn.Linear of the frozen target with its weight in E4M3 (buffers: nothing here is trained)."""
 
-    def __init__(self, linear: nn.Linear, *, quantize=quantize_rows, matmul=scaled_matmul):
+    def __init__(self, linear: nn.Linear, *, quantize: QuantizeOnce | None = None, matmul=scaled_matmul):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight, weight_scale = quantize_rows(linear.weight.detach())
@@ -58,13 +77,13 @@ class Fp8Linear(nn.Module):
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().clone())
         self.out_dtype = linear.weight.dtype if linear.weight.dtype in (torch.bfloat16, torch.float16) \
             else torch.bfloat16
-        self.quantize, self.matmul = quantize, matmul
+        self.quantize, self.matmul = quantize or QuantizeOnce(quantize_rows), matmul
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
         if rows.shape[0] == 0:
             return x.new_zeros(*x.shape[:-1], self.out_features)
-        q, scale = self.quantize(rows)
+        q, scale = self.quantize(x, rows)
         out = self.matmul(q, scale, self.weight, self.weight_scale, self.out_dtype)
         if self.bias is not None:
             out = out + self.bias.to(out.dtype)
@@ -87,6 +106,7 @@ def quantize_linears(layers: nn.Module, *, emulate: bool = False) -> tuple[int, 
         # the per-token quantization is elementwise work over every activation: compiled it is one pass that
         # reads the activations twice (amax, then scale and cast) without an fp32 copy; token counts vary
         quantize = torch.compile(quantize_rows, dynamic=True)
+    quantize = QuantizeOnce(quantize)   # one for the whole target: consecutive layers that share an input
     matmul = emulated_matmul if emulate else scaled_matmul
     swapped = left = 0
     for parent in list(layers.modules()):

@@ -132,3 +132,36 @@ def test_an_fp8_targets_features_on_the_gpu_against_bf16(tiny_target_dir):
         with torch.no_grad():
             error = relative_error(target.features(input_ids), reference.features(input_ids))
         assert 0 < error < 0.3, error
+
+
+def test_activations_shared_by_projections_are_quantized_once_and_a_changed_input_again(tiny_target_dir):
+    """q, k and v read one input, gate and up another: four quantizations a layer, not seven, and the features
+    are those of quantizing every time. An input changed in place, or another tensor, is quantized anew."""
+    from trainer.model.target import TargetModel
+
+    calls = []
+
+    def counted(rows):
+        calls.append(rows.shape)
+        return fp8.quantize_rows(rows)
+
+    once = fp8.QuantizeOnce(counted)
+    x = torch.randn(5, 32)
+    first = once(x, x)
+    assert once(x, x) is first and len(calls) == 1
+    x.add_(1.0)
+    assert once(x, x) is not first and len(calls) == 2
+    assert once(x.clone(), x) is not None and len(calls) == 3
+
+    target = TargetModel.load(tiny_target_dir, layer_ids=None, num_taps=3, dtype=torch.float32)
+    target.to_fp8(emulate=True)
+    input_ids = random_ids(target, (2, 40), seed=3)
+    layers = [m for m in target.hf_model.modules() if isinstance(m, fp8.Fp8Linear)]
+    shared = layers[0].quantize
+    assert all(layer.quantize is shared for layer in layers)
+    shared.quantize, calls[:] = counted, []
+    features = target.features(input_ids, final=True)[0]
+    assert len(calls) == 4 * target.spec.num_layers
+    for layer in layers:   # every projection quantizing its own input, as before
+        layer.quantize = fp8.QuantizeOnce(fp8.quantize_rows)
+    torch.testing.assert_close(target.features(input_ids, final=True)[0], features, rtol=0, atol=0)
