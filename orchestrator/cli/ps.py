@@ -12,6 +12,7 @@ from rich.text import Text
 from dflash_records.job import JobSummary
 from dflash_records.protocol import LIVE_STATES, QUEUED
 from dflash_records.run import RunRecord
+from dflash_records.terminaltext import without_escapes
 
 from ..display import (age, fit_columns, format_rate, parse_stamp, record_state_text, state_style,
                        waiting_for, widest_cells)
@@ -118,8 +119,8 @@ def _print_table(runs: list[RunRecord], jobs: list[JobSummary], now: datetime.da
 
 def _rows(runs: list[RunRecord], jobs: list[JobSummary], now: datetime.datetime) -> tuple[list[list[str]], list[str]]:
     """The table's rows (a job's row with its nodes below it, where its first node sorts), and the notes printed
-    under it: why each failed job failed first, and which run or job a relaunch started in place of an ended
-    one."""
+    under it: why each failed job failed first, how a run that ended with an error ended (`failed, exit code 127:
+    command not found: x`), and which run or job a relaunch started in place of an ended one."""
     rows: list[list[str]] = []
     notes: list[str] = []
     jobs_by_id = {job.job_id: job for job in jobs}
@@ -128,6 +129,8 @@ def _rows(runs: list[RunRecord], jobs: list[JobSummary], now: datetime.datetime)
             rows.append(_row(record, now))
             if record.relaunched_as:
                 notes.append(f"{record.run_id}: {record.state}; relaunched as {record.relaunched_as}")
+            elif record.error and record.state not in LIVE_STATES:   # what EXIT cannot say: a start that failed
+                notes.append(f"{record.run_id}: {without_escapes(record.ended_text())}")
         elif record.job_id in jobs_by_id:
             job = jobs_by_id.pop(record.job_id)
             rows += _job_rows(job, now)

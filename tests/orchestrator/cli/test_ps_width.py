@@ -98,3 +98,15 @@ def test_fit_columns_leaves_whole_columns_out_in_the_order_given():
     assert fit_columns(widths, width=49, gap=2, drop=[("name",), ("pid",)]) == ("run", "pid", "step")
     assert fit_columns(widths, width=30, gap=2, drop=[("name",), ("pid",)]) == ("run", "step")
     assert fit_columns(widths, width=29, gap=2, drop=[("name",), ("pid",)]) is None
+
+
+def test_ps_says_under_the_table_why_a_run_failed_to_start(inv, capsys, monkeypatch):
+    """EXIT says 127; the note under the table says what the agent said of it."""
+    monkeypatch.setenv("COLUMNS", "120")
+    code, _, err = run_cli(inv, "launch", "local", "--gpus", "none", "--name", "typo", "--", "no-such-command-xyz",
+                           capsys=capsys)
+    assert code == 1 and "command not found" in err, err
+    code, out, err = run_cli(inv, "ps", capsys=capsys)
+    assert code == 0, err
+    [note] = [line for line in out.splitlines() if line.startswith("typo-") and "command not found" in line]
+    assert note.endswith(": failed, exit code 127: command not found: no-such-command-xyz"), out
