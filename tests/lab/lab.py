@@ -50,6 +50,8 @@ __all__ = ["Lab", "LabHost", "LabContainer", "ProcInfo", "ContainerSpec", "HostS
 # the majors the lab hosts' NVIDIA drivers have in their /proc/devices (nvidia-uvm's is dynamic on a real host)
 NVIDIA_MAJORS = {"nvidia-frontend": 195, "nvidia-uvm": 508, "nvidia-caps": 509}
 
+GATE = "gate"   # the workspace folder workloads.GATED waits in (Lab.more_containers makes it)
+
 
 def lab_unavailable_reason() -> str | None:
     """Why the lab cannot run here, or None when it can."""
@@ -293,19 +295,22 @@ class Lab:
         return container
 
     @contextlib.contextmanager
-    def more_containers(self, boxes: tuple[tuple[str, int], ...], inventory: Path, *, gpus: int,
-                        folders: tuple[str, ...] = ()):
-        """Containers (host, ctid) added for a while, each with `gpus` fake GPUs and these folders in its
-        workspace; yields an inventory written at `inventory` that names them, and removes them at the end."""
+    def more_containers(self, boxes: tuple[tuple[str, int], ...], inventory: Path, *, gpus: int):
+        """Containers (host, ctid) added for a while, each with `gpus` fake GPUs and a gate for workloads.GATED
+        runs in its workspace; yields an inventory written at `inventory` that names them, and removes them at
+        the end."""
         for host, ctid in boxes:
             self.add_container(host, ContainerSpec(ctid, gpus=gpus))
-            for folder in folders:
-                (self.hosts[host].containers[ctid].workspace / folder).mkdir()
+            (self.hosts[host].containers[ctid].workspace / GATE).mkdir()
         try:
             yield self.write_inventory(inventory)
         finally:
             for host, ctid in boxes:
                 self.remove_container(host, ctid)
+
+    def open_gate(self, host: str, ctid: int, run_id: str) -> None:
+        """Let that container's workloads.GATED run `run_id` end."""
+        (self.hosts[host].containers[ctid].workspace / GATE / run_id).touch()
 
     def remove_container(self, host: str, ctid: int) -> None:
         target = self.hosts[host]

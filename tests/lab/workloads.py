@@ -17,6 +17,8 @@ from tests.polling import wait_for
 
 STEP = ("[{i}s] step={i} loss=2.5 acc=0.1 streak=0.5 lr=1e-4 noise=0.0 | tgt=1.0b/s dft=1.0b/s (11.7Ktok/s) | "
         "q_pre=[5] q_hs=[2] | epoch~0.01 ETA=1h")
+# a run that says `up` and ends when its gate is opened (Lab.open_gate): a GPU holder a test ends when it likes
+GATED = "echo up; while [ ! -e /workspace/gate/$DFLASH_RUN_ID ]; do sleep 0.05; done"
 QUIET = "import time; print('Loading dataset from /data...', flush=True); time.sleep(3600)"
 TRACEBACK = ('Traceback (most recent call last):\n  File "train.py", line 3, in <module>\n    step()\n'
              'RuntimeError: {message}\n')

@@ -18,7 +18,8 @@ from tests.lab.lxclab import OOM_MEMORY_MIB, SYSTEMD_INIT
 from tests.lab.workloads import run_cli as cli
 from tests.on_lab import test_lab_lifecycle as lifecycle
 from tests.on_lab import test_watch_live as watch_live
-from tests.on_lab.test_lab_queue import GATED, agent, queue_args, state
+from tests.lab.workloads import GATED
+from tests.on_lab.test_lab_queue import agent, queue_args, state
 # their fixtures, here on the LXC lab
 from tests.on_lab.test_lab_lifecycle import inv  # noqa: F401
 from tests.on_lab.test_watch_live import inventory, launched, source  # noqa: F401

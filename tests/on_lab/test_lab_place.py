@@ -6,31 +6,24 @@ import json
 
 import pytest
 
-from tests.lab.workloads import run_cli
+from tests.lab.workloads import GATED, run_cli
 from tests.polling import wait_for
 
 pytestmark = pytest.mark.lab
 BOXES = (("pve1", 420), ("pve1", 421), ("pve2", 422))   # A, B, C in the inventory's order
 A, B, C = (f"{host}/{ctid}" for host, ctid in BOXES)
 FLEET = "*/42?"   # --hosts: these three alone (the lab's other containers have GPUs too)
-GATED = "echo up; while [ ! -e /workspace/gate/$DFLASH_RUN_ID ]; do sleep 0.05; done"
 
 
 @pytest.fixture(scope="module")
 def inv(lab, tmp_path_factory) -> str:
-    with lab.more_containers(BOXES, tmp_path_factory.mktemp("inv") / "inventory.yaml", gpus=2,
-                             folders=("gate",)) as inventory:
+    with lab.more_containers(BOXES, tmp_path_factory.mktemp("inv") / "inventory.yaml", gpus=2) as inventory:
         yield str(inventory)
 
 
 def box_of(target: str) -> tuple[str, int]:
     host, ctid = target.split("/")
     return host, int(ctid)
-
-
-def release(lab, target: str, run_id: str) -> None:
-    host, ctid = box_of(target)
-    (lab.hosts[host].containers[ctid].workspace / "gate" / run_id).touch()
 
 
 def on_disk(lab, target: str, run_id: str, name: str) -> dict:
@@ -65,11 +58,11 @@ def test_a_two_gpu_run_waits_while_one_gpu_runs_pack_around_it(lab, inv, capsys)
     assert answer["gpus_free"] == [1] and [q["run_id"] for q in answer["queued"]] == [wide["run_id"]], queues
     assert on_disk(lab, A, wide["run_id"], "state.json")["state"] == "queued"
 
-    release(lab, A, held[A]["run_id"])  # A's run ends: the wide run starts there, on both GPUs
+    lab.open_gate(*box_of(A), held[A]["run_id"])  # A's run ends: the wide run starts there, on both GPUs
     assert wait_for(lambda: on_disk(lab, A, wide["run_id"], "state.json").get("state") == "running", 30), \
         on_disk(lab, A, wide["run_id"], "state.json")
     assert on_disk(lab, A, wide["run_id"], "run.json")["gpus"] == [0, 1]
     for target, run_id in [(A, wide["run_id"]), (B, held[B]["run_id"]), (C, held[C]["run_id"]),
                            (B, narrow[0]["run_id"]), (C, narrow[1]["run_id"])]:
-        release(lab, target, run_id)
+        lab.open_gate(*box_of(target), run_id)
     assert wait_for(lambda: on_disk(lab, A, wide["run_id"], "state.json").get("state") == "succeeded", 30)

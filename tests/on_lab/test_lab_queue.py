@@ -17,18 +17,16 @@ from orchestrator.runs.client import RunClient
 from orchestrator.runs.deploy import agent_path_in
 from orchestrator.runs.spec import runs_dir
 from orchestrator.transports.pool import Connections
-from tests.lab.workloads import run_cli
+from tests.lab.workloads import GATED, run_cli
 from tests.polling import wait_for
 
 pytestmark = pytest.mark.lab
 BOXES = (("pve1", 210), ("pve1", 211), ("pve2", 310))
-GATED = "echo up; while [ ! -e /workspace/qgate/$DFLASH_RUN_ID ]; do sleep 0.05; done"
 
 
 @pytest.fixture(scope="module")
 def inv(lab, tmp_path_factory) -> str:
-    with lab.more_containers(BOXES, tmp_path_factory.mktemp("inv") / "inventory.yaml", gpus=2,
-                             folders=("qgate",)) as inventory:
+    with lab.more_containers(BOXES, tmp_path_factory.mktemp("inv") / "inventory.yaml", gpus=2) as inventory:
         yield str(inventory)
 
 
@@ -41,10 +39,6 @@ def state(lab, box: tuple, run_id: str) -> dict:
         return json.loads((run_dir(lab, box, run_id) / "state.json").read_text())
     except (OSError, ValueError):
         return {}
-
-
-def release(lab, box: tuple, run_id: str) -> None:
-    (lab.hosts[box[0]].containers[box[1]].workspace / "qgate" / run_id).touch()
 
 
 def queue_args(target, run_id: str, shell: str, *extra: str) -> list:
@@ -68,7 +62,8 @@ from orchestrator.inventory.model import load_inventory
 from orchestrator.runs.client import RunClient
 from orchestrator.runs.spec import runs_dir
 from orchestrator.transports.pool import Connections
-from tests.on_lab.test_lab_queue import BOXES, GATED, queue_args
+from tests.lab.workloads import GATED
+from tests.on_lab.test_lab_queue import BOXES, queue_args
 with Connections() as conns:
     client = RunClient(load_inventory(Path(sys.argv[1])), conns)
     targets = [client.inventory.target("{}/{}".format(*box)) for box in BOXES]
@@ -98,7 +93,7 @@ def test_twelve_runs_on_three_boxes_run_through_their_queues_with_the_controller
     for first, waiting in zip(runs[:6], runs[6:]):  # nothing of the controller runs from here on
         box = boxes[first["run_id"]]
         assert state(lab, box, waiting["run_id"])["state"] == "queued"
-        release(lab, box, first["run_id"])
+        lab.open_gate(*box, first["run_id"])
         assert wait_for(lambda: state(lab, box, waiting["run_id"]).get("state") == "running", 20), \
             state(lab, box, waiting["run_id"])
         log = run_dir(lab, box, waiting["run_id"]) / "train.log"
@@ -109,7 +104,7 @@ def test_twelve_runs_on_three_boxes_run_through_their_queues_with_the_controller
         taken = json.loads((run_dir(lab, box, waiting["run_id"]) / "run.json").read_text())["gpus"]
         assert taken == first["gpus"]  # the GPU that end freed
     for run in runs[6:]:
-        release(lab, boxes[run["run_id"]], run["run_id"])
+        lab.open_gate(*boxes[run["run_id"]], run["run_id"])
     assert wait_for(lambda: all(state(lab, boxes[r["run_id"]], r["run_id"]).get("state") == "succeeded"
                                 for r in runs), 20)
     print("end -> next queued run's first line: median {:.2f} s, max {:.2f} s".format(statistics.median(gaps),
@@ -147,7 +142,7 @@ def test_a_foreign_gpu_holder_and_kill_of_a_queued_run(lab, inv, capsys):
         assert (answer["gpus_foreign"], answer["gpus_ours"], answer["gpus_free"]) == ([1], [0], [])
         code, killed, err = run_cli(inv, "kill", "fg-doomed", "--json", capsys=capsys)
         assert code == 0, err
-        release(lab, box, "fg-first")
+        lab.open_gate(*box, "fg-first")
         assert wait_for(lambda: state(lab, box, "fg-second").get("state") == "succeeded", 20)
         assert json.loads((run_dir(lab, box, "fg-second") / "run.json").read_text())["gpus"] == [0]
         assert state(lab, box, "fg-doomed")["state"] == "killed"
@@ -175,7 +170,7 @@ def test_twenty_concurrent_enqueues_into_one_container_get_one_order(lab, inv):
     killed = agent(inv, box, lambda t: ["kill", "--runs-dir", runs_dir(t), "--run-id",
                                         *["cc-{}".format(i) for i in range(20)]])
     assert killed["ok"] and {r["state"] for r in killed["runs"]} == {"killed"}
-    release(lab, box, "cc-hold")
+    lab.open_gate(*box, "cc-hold")
 
 
 def test_the_queue_through_the_cli_ps_watch_kill_and_a_failed_start(lab, inv, capsys):
@@ -217,7 +212,7 @@ def test_the_queue_through_the_cli_ps_watch_kill_and_a_failed_start(lab, inv, ca
     assert watched[doomed["run_id"]]["state"] == "queued"
     code, said, err = run_cli(inv, "kill", doomed["run_id"], capsys=capsys)
     assert code == 0 and "killed while queued; nothing of it had started" in said, (said, err)
-    release(lab, box, holder["run_id"])
+    lab.open_gate(*box, holder["run_id"])
     # first takes GPU 0, the crash GPU 1 and fails; the run behind it takes the GPU the crash gave back
     assert wait_for(lambda: state(lab, box, after["run_id"]).get("state") == "running", 30), \
         [state(lab, box, r["run_id"]) for r in (first, crash, after)]
@@ -230,6 +225,6 @@ def test_the_queue_through_the_cli_ps_watch_kill_and_a_failed_start(lab, inv, ca
     lines = {line.split()[0]: line for line in table.splitlines()[1:] if line.strip()}
     assert "failed" in lines[crash["run_id"]] and "killed" in lines[doomed["run_id"]], table
     for run in (first, after):
-        release(lab, box, run["run_id"])
+        lab.open_gate(*box, run["run_id"])
     assert wait_for(lambda: all(state(lab, box, r["run_id"]).get("state") == "succeeded" for r in (first, after)),
                     20)
