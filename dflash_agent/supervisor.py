@@ -164,10 +164,14 @@ class Supervisor(AttemptWatch):
     def run_processes(self) -> list:
         """Live processes of this run: our descendants (we are their subreaper, so none leaves our tree). Not
         whatever carries our DFLASH_RUN_ID: anyone can set that."""
+        return [(stat.pid, stat.start_time) for stat in self.run_stats()]
+
+    def run_stats(self) -> list:
+        """run_processes' /proc entries (ProcStat), pid order."""
         table = procfs.snapshot()
         pids = {p for p in procfs.descendants(table, self.pid) if not table[p].is_zombie}
         pids.discard(self.pid)
-        return [(pid, table[pid].start_time) for pid in sorted(pids) if pid in table]
+        return [table[pid] for pid in sorted(pids) if pid in table]
 
     def signal_all(self, sig: int) -> None:
         # Once the workload is reaped its pgid may be reused by a stranger; its group's members are our
@@ -179,15 +183,14 @@ class Supervisor(AttemptWatch):
                 grouped = True
             except OSError:
                 pass
-        for pid, start in self.run_processes():
-            stat = procfs.read_stat(pid)
-            if grouped and stat is not None and stat.pgid == self.workload_pgid:
+        for stat in self.run_stats():
+            if grouped and stat.pgid == self.workload_pgid:
                 # the group's signal reached it: a second SIGTERM landing while it exits on the first kills it
                 # (a workload that exits 0 on SIGTERM was recorded with no exit code)
                 continue
-            if procfs.is_alive(pid, start):
+            if procfs.is_alive(stat.pid, stat.start_time):
                 try:
-                    os.kill(pid, sig)
+                    os.kill(stat.pid, sig)
                 except OSError:
                     pass
 
