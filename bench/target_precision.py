@@ -1,13 +1,16 @@
 """bench_train --target-precision bf16,fp8: the target's feature pass (the step's target phase) timed in each
 precision on the same batches in one process, and the tapped hidden states' relative error against the first
-precision's. fp8 converts the target in place (trainer/model/fp8.py), so bf16 is measured first."""
+precision's. fp8 converts the target in place (trainer/model/fp8.py), so bf16 is measured first.
+
+`+compiled` (bf16+compiled, fp8+compiled): the same precision with the decoder layers torch.compile'd
+(TargetModel.compile_layers) and the target's own torch modules inside them, against liger's kernels without."""
 from __future__ import annotations
 
 import time
 
 import torch
 
-PRECISIONS = ("bf16", "fp8")
+PRECISIONS = ("bf16", "bf16+compiled", "fp8", "fp8+compiled")
 
 
 def parse_precisions(text: str) -> list[str]:
@@ -15,7 +18,8 @@ def parse_precisions(text: str) -> list[str]:
     names = [name for name in text.split(",") if name]
     if not names or any(name not in PRECISIONS for name in names) or len(set(names)) != len(names):
         raise ValueError(f"--target-precision: a list of distinct {', '.join(PRECISIONS)}, got {text!r}")
-    if names == ["fp8", "bf16"]:
+    bases = [name.split("+")[0] for name in names]
+    if "fp8" in bases and "bf16" in bases[bases.index("fp8"):]:
         raise ValueError("--target-precision: bf16 comes before fp8 (fp8 converts the target in place)")
     return names
 
@@ -43,16 +47,21 @@ def compare(target, stream, args, device, autocast, precisions: list[str], say) 
         batches.append((batch.input_ids.to(device), batch.attention_mask))
         tokens += int(batch.attention_mask.sum())
     hidden = target.config.hidden_size
+    from trainer.model import kernels
+
     rows, reference = [], None
     for precision in precisions:
-        if precision == "fp8":   # off a GPU the products are emulated in fp32: a smoke run of this script only
-            target.to_fp8(emulate=device.type != "cuda")
+        base, compiled = precision.split("+")[0], precision.endswith("+compiled")
+        if base == "fp8" and target.precision == "bf16":   # off a GPU the products are emulated in fp32: a smoke
+            target.to_fp8(emulate=device.type != "cuda")   # run of this script only
+        kernels.install_target(target.hf_model, "torch" if compiled else kernels.resolve("auto", device))
+        target.compile_layers(compiled)
         say(f"target phase in {precision}: {target.describe()}")
         _features_pass(target, batches, autocast, device)
         seconds = min(_features_pass(target, batches, autocast, device) for _ in range(2))
         with torch.no_grad(), autocast:
             first = target.features(*batches[0]).float()
-        row = {"precision": precision + (" (emulated)" if precision == "fp8" and device.type != "cuda" else ""),
+        row = {"precision": precision + (" (emulated)" if base == "fp8" and device.type != "cuda" else ""),
                "target_ms_per_batch": 1000 * seconds / len(batches),
                "tok_per_s": tokens / seconds, "batches": len(batches), "tokens": tokens}
         if reference is None:

@@ -58,6 +58,8 @@ class QuantizeOnce:
         self.last = None   # (weakref to the input, its version, (q, scale))
 
     def __call__(self, x: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if torch.compiler.is_compiling():   # a compiled layer (TargetModel.compile_layers): the graph fuses the
+            return self.quantize(rows)      # quantization into the op before it and needs no memory of inputs
         if self.last is not None and self.last[0]() is x and self.last[1] == x._version:
             return self.last[2]
         found = self.quantize(rows)

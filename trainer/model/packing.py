@@ -133,6 +133,7 @@ def document_mask(plan_: PackPlan, window: int | None) -> torch.Tensor:
     return mask[None, None]
 
 
+@torch.compiler.disable   # a compiled decoder layer (TargetModel.compile_layers) calls it as it is, plan and all
 def packed_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0,
                              scaling: float | None = None, sliding_window: int | None = None, **kwargs):
     """The attention function the target's layers call during a packed pass (transformers' interface: returns

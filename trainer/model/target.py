@@ -97,6 +97,14 @@ def refuse_fp8(device: torch.device) -> None:
         raise TrainerError(refusal)
 
 
+def run_layer(layer: nn.Module, hidden: torch.Tensor, mask: torch.Tensor | None, position_ids: torch.Tensor,
+              position_embeddings, attention: dict) -> torch.Tensor:
+    """One decoder layer of the feature pass."""
+    hidden = layer(hidden, attention_mask=mask, position_ids=position_ids, position_embeddings=position_embeddings,
+                   **attention)
+    return hidden[0] if isinstance(hidden, tuple) else hidden   # older transformers return (hidden,)
+
+
 class TargetModel:
     """A frozen HF causal LM. `features` runs only the embedding and the layers up to the last tap."""
 
@@ -117,6 +125,7 @@ class TargetModel:
         self.lm_head: nn.Linear = hf_model.get_output_embeddings()
         self.packing = packing   # "auto": pack where flash attention's varlen kernel runs; True/False: always/never
         self.precision = "bf16"  # or what to_fp8 says of the linear layers it swapped
+        self.run_layer = run_layer   # or its torch.compile'd self (compile_layers)
 
     @classmethod
     def load(cls, path: str | Path, *, layer_ids: list[int] | None, num_taps: int,
@@ -163,6 +172,15 @@ class TargetModel:
         swapped, left = fp8.quantize_linears(self.decoder.layers, emulate=emulate)
         self.precision = f"fp8 linear layers ({swapped}" + (f"; {left} left in {self.config.dtype}" if left else "") \
             + ")"
+
+    def compile_layers(self, on: bool = True) -> None:
+        """Run each decoder layer through one torch.compile'd function (dynamic token counts; the layers share its
+        graph, their weights being its inputs), so the elementwise work between the products is fused by Inductor:
+        the residual adds into the next norm, the q/k norms into the rotary embedding, an FP8 target's activation
+        quantization into the norm or SwiGLU that makes the activations. Attention stays outside the graph
+        (`packed_attention_forward` is not compiled: its plan changes every batch). The modules should run their
+        own torch forwards (kernels `torch`): liger's Triton kernels would be opaque to the compiler."""
+        self.run_layer = torch.compile(run_layer, dynamic=True) if on else run_layer
 
     def kernels(self) -> dict[str, str]:
         """The kernel each layer type runs on."""
@@ -294,11 +312,8 @@ class TargetModel:
         tapped, wanted = [], set(self.layer_ids)
         # layers past the last tap run only for the target's own distribution: otherwise they would be thrown away
         for i in range(self.num_layers if final else self.layer_ids[-1] + 1):
-            hidden = self.decoder.layers[i](
-                hidden, attention_mask=masks[layer_types[i]], position_ids=position_ids,
-                position_embeddings=position_embeddings, **attention)
-            if isinstance(hidden, tuple):  # older transformers return (hidden,)
-                hidden = hidden[0]
+            hidden = self.run_layer(self.decoder.layers[i], hidden, masks[layer_types[i]], position_ids,
+                                    position_embeddings, attention)
             if i in wanted:
                 tapped.append(hidden)
         if final:

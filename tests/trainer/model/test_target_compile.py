@@ -1,0 +1,66 @@
+"""The target's decoder layers through one torch.compile'd function (TargetModel.compile_layers): the same features
+as the eager layers, padded and packed, bf16 products or FP8 ones, and no new graph for a new batch shape."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.trainer.tiny_models import device, tiny_target, tiny_target_dir  # noqa: F401  (fixtures)
+from trainer.model.target import TargetModel, run_layer
+
+
+def _batches(vocab_size: int, shapes, seed: int = 0):
+    """Right-padded batches of the given (rows, columns), the first row of each full."""
+    generator = torch.Generator().manual_seed(seed)
+    batches = []
+    for rows, columns in shapes:
+        ids = torch.randint(0, vocab_size, (rows, columns), generator=generator)
+        lengths = torch.randint(columns // 2, columns + 1, (rows,), generator=generator)
+        lengths[0] = columns
+        batches.append((ids, (torch.arange(columns)[None] < lengths[:, None]).long()))
+    return batches
+
+
+def _graphs() -> int:
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
+
+
+def _real(features: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return features[mask.to(features.device).bool()]
+
+
+@pytest.mark.parametrize("packing", [False, True])
+def test_compiled_layers_give_the_eager_features_and_compile_once(tiny_target_dir, device, packing):
+    target = TargetModel.load(tiny_target_dir, layer_ids=None, num_taps=3, device=device, dtype=torch.float32,
+                              packing=packing)
+    batches = _batches(target.config.vocab_size, [(3, 40), (2, 64), (4, 33), (3, 50), (5, 21)])
+    expected = [target.features(ids, mask) for ids, mask in batches]
+    target.compile_layers()
+    graphs = []
+    for (ids, mask), want in zip(batches, expected):
+        got = target.features(ids, mask)
+        torch.testing.assert_close(_real(got, mask), _real(want, mask), rtol=1e-4, atol=1e-4)
+        graphs.append(_graphs())
+    # the first batches compile (a static graph, then a dynamic one); later shapes reuse them: the plan of a packed
+    # batch (new every batch) never reaches the graph
+    assert graphs[0] > 0 and graphs[-1] == graphs[1]
+    target.compile_layers(False)
+    assert target.run_layer is run_layer
+
+
+def test_a_compiled_fp8_target_equals_its_eager_self(tiny_target_dir):
+    """FP8 products (emulated: the CPU has no FP8 matrix cores) inside the compiled layers: the quantization the
+    graph fuses gives what the eager layers' quantize-once gives."""
+    target = TargetModel.load(tiny_target_dir, layer_ids=None, num_taps=3, device="cpu", dtype=torch.float32)
+    target.to_fp8(emulate=True)
+    batches = _batches(target.config.vocab_size, [(2, 24), (3, 31)], seed=1)
+    expected = [target.features(ids, mask) for ids, mask in batches]
+    target.compile_layers()
+    # the products' bf16 outputs (FP8's out_dtype) rounded as the eager layers round them: Inductor drops a cast
+    # to bf16 and back by default, and a random tiny target amplifies that rounding layer after layer
+    with torch._inductor.config.patch(emulate_precision_casts=True):
+        for (ids, mask), want in zip(batches, expected):
+            got = target.features(ids, mask)
+            torch.testing.assert_close(_real(got, mask), _real(want, mask), rtol=1e-4, atol=1e-4)
