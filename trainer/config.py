@@ -148,6 +148,10 @@ class TrainConfig(BaseModel):
                             "delta-rule state restarted per sequence). auto = where flash attention's varlen kernel "
                             "runs (a GPU), for a hybrid only with flash-linear-attention's kernels; true = also "
                             "elsewhere (the CPU: a dense document mask); false = never.")
+    compile_target: bool = Field(False, description="torch.compile the frozen target's decoder layers (one graph "
+        "for every layer, any token count; attention outside it): Inductor fuses the norms, rotary embedding, "
+        "residual adds and an fp8 target's activation quantization, in place of liger's kernels in the target. "
+        "Compiled once at start-up.")
     target_precision: Literal["bf16", "fp8"] = Field("bf16", description="The frozen target's linear layers: bf16, "
         "or fp8 (E4M3 weights scaled per output channel, activations per token, torch._scaled_mm; the rest bf16); "
         "fp8 needs a GPU of compute capability 8.9 or above (Ada, Hopper).")

@@ -30,7 +30,7 @@ from trainer.training.checkpoint_space import DiskFull
 from trainer.training.checkpoints import (agree_on_resume, check_resumable, choose_resume_dir, gather_to_main,
                                           restore_rng, resume_state, rng_state, save_checkpoint)
 from trainer.training.compile_warmup import (compile_attention, compile_block_conv_shapes, compile_loss_chunks,
-                                             conv_shapes)
+                                             compile_target_layers, conv_shapes)
 from trainer.training.drafter_setup import build_drafter
 from trainer.training.metrics import MetricsLog, PhaseMeter, Throughput, compiled_graphs, log_step
 from trainer.training.reporting import open_reporters, run_name
@@ -235,7 +235,11 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
     drafter = build_drafter(cfg, ctx, log, target, resume_dir if local_resume else None)
     shapes = conv_shapes(layout.batch_sizes, functools.partial(anchors_per_sequence, cfg), cfg.block_size)
     conv = kernel_lib.compile_block_convs(drafter, ctx.device, shapes=shapes)   # DFlash2: per bucket shape
-    log.say(f"Kernels: {target.packing_line()}; {kernel_lib.install_target(target.hf_model, kernels)}; "
+    target_kernels = kernel_lib.install_target(target.hf_model, "torch" if cfg.compile_target else kernels)
+    if cfg.compile_target:   # the target's own torch modules inside the graph: liger's kernels are opaque to it
+        target.compile_layers()
+        target_kernels = "target layers: torch.compile"
+    log.say(f"Kernels: {target.packing_line()}; {target_kernels}; "
             f"{kernel_lib.install(drafter, kernels)}; {conv + '; ' if conv else ''}loss: {objective_line(objective)}")
     model = DraftDDP(drafter, device_ids=[ctx.device] if on_gpu else None) if ctx.is_distributed else drafter
     phases = PhaseMeter(ctx.device, ddp=model if ctx.is_distributed else None)
@@ -256,6 +260,8 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
                           single_sequence_batches=min_size == 1)
         compile_block_conv_shapes(drafter, shapes, feature_dtype=dtype, autocast=autocast, say=log.say)
         compile_loss_chunks(drafter, objective, say=log.say)
+    if cfg.compile_target:
+        compile_target_layers(target, autocast=autocast, say=log.say)
     from trainer.training.tau_monitor import TauMonitor
 
     monitor = TauMonitor(cfg, ctx, target, drafter, autocast=autocast,

@@ -180,6 +180,21 @@ def test_steps_that_compile_say_so(base_config, tmp_path):
     assert compiled and compiled[0].startswith("  step 1 compiled"), result.stdout[-3000:]
 
 
+def test_a_compiled_target_is_compiled_at_start_up_and_nothing_after(base_config, tmp_path):
+    """compile_target: the target's layers compile before the first step (a stage line), batches of every shape
+    reuse that graph (no step says it compiled), and the Kernels line says the target runs compiled."""
+    config = {**base_config, "max_steps": 4, "log_every": 1, "compile_target": True, "pack_target": True}
+    result = run_trainer("train", "--config", write_config(tmp_path / "compiled.yaml", **config), timeout=600)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    lines = result.stdout.splitlines()
+    stages = [re.fullmatch(r"Start-up \[[\d.]+s\]: (.+)", line) for line in lines]
+    assert [m[1] for m in stages if m] == ["loading target", "building drafter", "compiling the target's layers",
+                                           "first step"]
+    assert any(line.startswith("Kernels: ") and "; target layers: torch.compile; " in line for line in lines)
+    assert len([line for line in lines if re.search(r"\] step=\d+ ", line)]) == 4
+    assert not [line for line in lines if " compiled " in line and "graph(s)" in line], result.stdout[-3000:]
+
+
 def test_start_up_stages_come_in_order_with_their_seconds_and_step_1_is_logged(base_config, tmp_path):
     """Loading, building and the first step are announced with the seconds since start, and the first step
     line comes right after step 1 (not after log_every steps): a long start-up never looks like a hang."""

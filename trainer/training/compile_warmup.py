@@ -118,3 +118,24 @@ def compile_loss_chunks(drafter, objective, *, say) -> bool:
     torch.cuda.synchronize(head.device)
     say(f"  compiled in {time.perf_counter() - began:.1f}s")
     return True
+
+
+def compile_target_layers(target, *, autocast, say) -> None:
+    """The target's compiled decoder layers (TargetModel.compile_layers) run once before the first step on small
+    synthetic batches: one of two right-padded rows (packed where the target packs) and one of a single row (never
+    packed), the two graphs the feature pass can take; the graph's token count is dynamic, so real batches compile
+    nothing more."""
+    import torch
+
+    say(stage_line("compiling the target's layers"))
+    began = time.perf_counter()
+    generator = torch.Generator().manual_seed(0)
+    for rows, columns in ((2, 96), (1, 80)):
+        input_ids = torch.randint(0, target.config.vocab_size, (rows, columns), generator=generator)
+        mask = torch.ones(rows, columns, dtype=torch.long)
+        mask[1:, columns // 2:] = 0
+        with autocast:
+            target.features(input_ids, mask)
+    if target.device.type == "cuda":
+        torch.cuda.synchronize(target.device)
+    say(f"  compiled in {time.perf_counter() - began:.1f}s")

@@ -64,3 +64,24 @@ def test_a_compiled_fp8_target_equals_its_eager_self(tiny_target_dir):
         for (ids, mask), want in zip(batches, expected):
             got = target.features(ids, mask)
             torch.testing.assert_close(_real(got, mask), _real(want, mask), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("precision", ["bf16", "fp8"])
+def test_compiled_bf16_and_fp8_layers_on_a_gpu_pack_through_varlen_flash(tiny_target_dir, precision):
+    """The trainer's GPU path: bf16 (or FP8 products), batches packed through torch's varlen flash attention,
+    which stays outside the graph; each batch's features as the eager layers give them, no graph for a new plan."""
+    target = TargetModel.load(tiny_target_dir, layer_ids=None, num_taps=3, device="cuda", dtype=torch.bfloat16,
+                              precision=precision)
+    assert target.can_pack()
+    batches = _batches(target.config.vocab_size, [(3, 40), (2, 64), (4, 33), (3, 50)], seed=2)
+    expected = [target.features(ids, mask) for ids, mask in batches]
+    target.compile_layers()
+    graphs = []
+    with torch._inductor.config.patch(emulate_precision_casts=True):
+        for (ids, mask), want in zip(batches, expected):
+            got, want = _real(target.features(ids, mask), mask).float(), _real(want, mask).float()
+            assert float((got - want).norm() / want.norm()) < 2e-2
+            graphs.append(_graphs())
+    assert graphs[-1] == graphs[1]
