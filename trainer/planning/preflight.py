@@ -22,7 +22,7 @@ from trainer.config import ConfigError, Problem, TrainConfig, read_config_data, 
 from trainer.errors import TrainerError
 from trainer.planning.dflash2 import Dflash2Sizes
 from trainer.planning.taps import default_target_layer_ids, validate_layer_ids
-from trainer.planning.target_families import read_target_spec
+from trainer.planning.target_families import LINEAR, read_target_spec
 
 REQUIRED_COLUMNS = ("input_ids", "loss_mask")
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
@@ -229,6 +229,10 @@ def _check_target(config: TrainConfig, unusable: frozenset[str], resolve: _Resol
     if not any((path / name).exists() for name in WEIGHT_FILES):
         found.problems.append(Problem("target_path", f"target_path: {path} has a config.json but no model weights "
                                                      f"({', '.join(WEIGHT_FILES)})"))
+    if config.compile_target and LINEAR in read_target_spec(path).layer_types:
+        found.problems.append(Problem("compile_target", "compile_target: a hybrid target's Gated DeltaNet layers "
+                                                        "run flash-linear-attention's kernels, which are not "
+                                                        "compiled with the layers; use compile_target: false"))
     if config.architecture == "dflash2" and not unusable & {"conv_group_size", "selector_top_k"}:
         spec = read_target_spec(path)
         vocab = int(spec.text.get("vocab_size") or 0)

@@ -141,3 +141,15 @@ def test_dflash2_sizes_the_target_cannot_take_are_named_before_loading(tmp_path,
     assert any("selector_top_k=100000 must be between 1 and the vocabulary size" in line for line in lines), lines
     fine = {**base_config, "architecture": "dflash2", "selector_rank": 8}
     assert run_trainer("check", "--config", write_config(tmp_path / "ok.yaml", **fine)).returncode == 0
+
+
+def test_a_compiled_hybrid_target_is_refused_before_loading(tmp_path, base_config):
+    """compile_target compiles dense layers; a Qwen3.5 hybrid's Gated DeltaNet layers are named as the reason."""
+    from trainer.model.tiny_target import write_tiny_target
+
+    hybrid = write_tiny_target(tmp_path / "hybrid", family="qwen3.5")
+    config = {**base_config, "compile_target": True, "target_layer_ids": [1, 3]}
+    found = check_config_file(write_config(tmp_path / "run.yaml", **{**config, "target_path": str(hybrid)}))
+    assert [p.key for p in found.problems] == ["compile_target"]
+    assert "Gated DeltaNet" in found.problems[0].message
+    assert not check_config_file(write_config(tmp_path / "dense.yaml", **config)).problems
