@@ -132,6 +132,20 @@ def test_the_target_phase_is_timed_in_each_precision_on_the_same_batches():
     assert len(rows[1]["per_tap_relative_error"]) == 5
 
 
+def test_the_target_phase_is_timed_with_its_layers_compiled_too():
+    """`+compiled`: the same precision with the decoder layers compiled (the features those layers give equal the
+    eager ones in fp32); bf16 rows come before fp8 ones, which convert the target in place."""
+    from bench.target_precision import parse_precisions
+
+    rows = run_bench("--tiny", "--device", "cpu", "--steps", "2",
+                     "--target-precision", "bf16,bf16+compiled")["target_precision"]
+    assert [row["precision"] for row in rows] == ["bf16", "bf16+compiled"]
+    assert rows[1]["speedup_vs_first"] > 0 and rows[1]["features_relative_error"] < 1e-4
+    assert parse_precisions("bf16,fp8+compiled,fp8") == ["bf16", "fp8+compiled", "fp8"]
+    with pytest.raises(ValueError, match="bf16 comes before fp8"):
+        parse_precisions("fp8,bf16+compiled")
+
+
 def test_dflash2_is_measured_against_dflash_on_the_same_batches():
     result = run_bench("--tiny", "--device", "cpu", "--steps", "1", "--warmup", "0", "--skip-baselines",
                        "--block-size", "8", "--architecture", "dflash,dflash2", "--json")
