@@ -14,7 +14,8 @@ DDTree node budget (the trainer's default eval_tree_budgets) the replayed `tau_t
 
     python bench/bench_tau.py --device cuda        # one H200: about 6 minutes
     python bench/bench_tau.py --tiny               # a CPU smoke run of every stage (about a minute)
-    python bench/bench_tau.py --device cuda --target-precision fp8   # also a drafter on FP8 target features
+    python bench/bench_tau.py --device cuda --target-precision fp8   # also a drafter on FP8 target features, and
+                                                                     # their relative error on held-out samples
 """
 from __future__ import annotations
 
@@ -255,7 +256,10 @@ def run(work: Path, args) -> dict:
                      "fp8": {"eval_tau": round(fp8_report.tau, 4), "tau_heldout": fp8_training["tau_heldout"],
                              "identical_to_greedy": fp8_report.identical_to_greedy, "steps": fp8_training["steps"],
                              "seconds": fp8_training["seconds"]},
-                     "eval_tau_fp8_over_bf16": round(fp8_report.tau / eval_tau, 4) if eval_tau else None}
+                     "eval_tau_fp8_over_bf16": round(fp8_report.tau / eval_tau, 4) if eval_tau else None,
+                     "features": fp8_feature_error(work / "target", heldout_sequences(work / "dataset", 32),
+                                                   num_taps=args.drafter_layers, device=args.device)}
+        say(f"FP8 target features against bf16 on held-out samples: {precision['features']}")
     return {
         "device": args.device, "size": args.size, "target": target, "data": data, "drafter": training,
         "eval": {"prompts": count, "tau": round(eval_tau, 4), "rounds": report.rounds,
@@ -273,6 +277,44 @@ def run(work: Path, args) -> dict:
         **({"target_precision": precision} if precision else {}),
         "seconds": round(time.perf_counter() - began, 1),
     }
+
+
+def heldout_sequences(dataset: Path, count: int) -> list[list[int]]:
+    """The first `count` token sequences of a prepared dataset's held-out split."""
+    from trainer.data.batches import open_dataset
+
+    heldout = open_dataset(dataset / "heldout")
+    ids, _ = heldout.rows(list(range(min(count, len(heldout)))))
+    return [row.tolist() for row in ids]
+
+
+def fp8_feature_error(target_dir: Path, sequences: list[list[int]], *, num_taps: int, device: str) -> dict:
+    """The tapped features (the trainer's default taps for `num_taps`) of the target with FP8 linear layers against
+    its bf16 self on `sequences`, at their real positions: the relative error of all taps together and of each.
+    Off a GPU the FP8 products are emulated in fp32 (tests)."""
+    import torch
+
+    from trainer.model.target import TargetModel
+
+    on_gpu = device == "cuda"
+    target = TargetModel.load(target_dir, layer_ids=None, num_taps=num_taps, device=device,
+                              dtype=torch.bfloat16 if on_gpu else torch.float32)
+    longest = max(len(ids) for ids in sequences)
+    input_ids = torch.zeros(len(sequences), longest, dtype=torch.long)
+    mask = torch.zeros_like(input_ids)
+    for row, ids in enumerate(sequences):
+        input_ids[row, :len(ids)], mask[row, :len(ids)] = torch.tensor(ids), 1
+    real = mask.bool().to(target.device)
+    reference = target.features(input_ids, mask)[real].float()
+    target.to_fp8(emulate=not on_gpu)
+    got = target.features(input_ids, mask)[real].float()
+    hidden = target.hidden_size
+
+    def error(tap: slice) -> float:
+        return round(float((got[:, tap] - reference[:, tap]).norm() / reference[:, tap].norm()), 4)
+
+    return {"taps": target.layer_ids, "tokens": int(real.sum()), "relative_error": error(slice(None)),
+            "per_tap_relative_error": [error(slice(i * hidden, (i + 1) * hidden)) for i in range(num_taps)]}
 
 
 def train_and_decode(work: Path, args, name: str = "drafter", precision: str = "bf16"):

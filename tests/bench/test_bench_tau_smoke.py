@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from tests.trainer.conftest import REPO_ROOT, trainer_env
+from tests.trainer.tiny_models import tiny_target_dir  # noqa: F401  (fixture)
 
 
 @pytest.mark.slow
@@ -37,3 +38,16 @@ def test_tau_benchmark_runs_every_stage_on_the_cpu(tmp_path):
                                                          abs=1e-3)
     # the run's own files stay in the work directory for a look afterwards
     assert (tmp_path / "drafter" / "metrics.jsonl").is_file() and (tmp_path / "dataset" / "heldout").is_dir()
+
+
+def test_the_fp8_features_error_is_measured_at_real_positions_per_tap(tiny_target_dir, monkeypatch):
+    """bench_tau's FP8 figure beside τ: the tapped features of the FP8 target against its bf16 self (FP8 products
+    emulated on the CPU), over all taps and per tap, padding left out."""
+    monkeypatch.syspath_prepend(str(REPO_ROOT / "bench"))
+    import bench_tau
+
+    sequences = [[(7 * i + j) % 300 for j in range(n)] for i, n in enumerate((40, 23, 31))]
+    found = bench_tau.fp8_feature_error(tiny_target_dir, sequences, num_taps=3, device="cpu")
+    assert found["tokens"] == 40 + 23 + 31 and len(found["per_tap_relative_error"]) == len(found["taps"]) == 3
+    assert 0 < min(found["per_tap_relative_error"]) and found["relative_error"] < 0.25
+    assert min(found["per_tap_relative_error"]) <= found["relative_error"] <= max(found["per_tap_relative_error"])
