@@ -14,13 +14,17 @@ from pathlib import Path
 # One CPU thread for torch in every test process and every process a test starts, before anything imports torch:
 # the suite runs two workers on two cores, and torch's default (a thread per core in each process) made a
 # worker's in-process fixtures (the tiny target answering prompts) 4x slower under that load.
-# Inductor's compiles too: by default it compiles a graph's kernels in a pool of one process per core, so a worker
-# compiling (a compiled target, loss or drafter on the CPU) took both cores from the lab's timed tests beside it.
-for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TORCHINDUCTOR_COMPILE_THREADS"):
+for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_name, "1")
 # The agent's boot unit (dflash_agent/bootunit.py) goes into /etc/systemd/system where systemd booted the machine:
 # an agent a test runs here looks under a root that does not exist instead (a test that wants one passes its own).
 os.environ.setdefault("DFLASH_SYSTEMD_ROOT", os.path.join(tempfile.gettempdir(), "dflashctl-tests-no-systemd"))
+
+# SIGINT and SIGHUP as a terminal session has them, whatever started the suite: an ignored signal is inherited
+# across exec, and a suite started by nohup or as a background job (`&` without job control) handed that to every
+# CLI, pct and workload a test starts, so the tests that send those signals failed there and nowhere else.
+signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 import pytest
 
