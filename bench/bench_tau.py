@@ -257,7 +257,7 @@ def run(work: Path, args) -> dict:
                              "identical_to_greedy": fp8_report.identical_to_greedy, "steps": fp8_training["steps"],
                              "seconds": fp8_training["seconds"]},
                      "eval_tau_fp8_over_bf16": round(fp8_report.tau / eval_tau, 4) if eval_tau else None,
-                     "features": fp8_feature_error(work / "target", heldout_sequences(work / "dataset", 32),
+                     "features": fp8_feature_error(work / "target", *heldout_batch(work / "dataset", 32),
                                                    num_taps=args.drafter_layers, device=args.device)}
         say(f"FP8 target features against bf16 on held-out samples: {precision['features']}")
     return {
@@ -279,42 +279,39 @@ def run(work: Path, args) -> dict:
     }
 
 
-def heldout_sequences(dataset: Path, count: int) -> list[list[int]]:
-    """The first `count` token sequences of a prepared dataset's held-out split."""
-    from trainer.data.batches import open_dataset
+def heldout_batch(dataset: Path, count: int):
+    """The first `count` samples of a prepared dataset's held-out split as one right-padded batch (input_ids,
+    attention mask), as the trainer collates them."""
+    import numpy as np
+
+    from trainer.data.batches import collate, open_dataset
 
     heldout = open_dataset(dataset / "heldout")
-    ids, _ = heldout.rows(list(range(min(count, len(heldout)))))
-    return [row.tolist() for row in ids]
+    rows = np.arange(min(count, len(heldout)))
+    (input_ids, _, attention_mask), _ = collate(heldout, rows, max_length=int(heldout.lengths[rows].max()),
+                                                pad_to=None, pad_token_id=0, pin_memory=False)
+    return input_ids, attention_mask
 
 
-def fp8_feature_error(target_dir: Path, sequences: list[list[int]], *, num_taps: int, device: str) -> dict:
+def fp8_feature_error(target_dir: Path, input_ids, attention_mask, *, num_taps: int, device: str) -> dict:
     """The tapped features (the trainer's default taps for `num_taps`) of the target with FP8 linear layers against
-    its bf16 self on `sequences`, at their real positions: the relative error of all taps together and of each.
-    Off a GPU the FP8 products are emulated in fp32 (tests)."""
+    its bf16 self on a right-padded batch, at its real positions: the relative error of all taps together and of
+    each. Off a GPU the FP8 products are emulated in fp32 (tests)."""
     import torch
+    from target_precision import tap_errors
 
     from trainer.model.target import TargetModel
 
     on_gpu = device == "cuda"
     target = TargetModel.load(target_dir, layer_ids=None, num_taps=num_taps, device=device,
                               dtype=torch.bfloat16 if on_gpu else torch.float32)
-    longest = max(len(ids) for ids in sequences)
-    input_ids = torch.zeros(len(sequences), longest, dtype=torch.long)
-    mask = torch.zeros_like(input_ids)
-    for row, ids in enumerate(sequences):
-        input_ids[row, :len(ids)], mask[row, :len(ids)] = torch.tensor(ids), 1
-    real = mask.bool().to(target.device)
-    reference = target.features(input_ids, mask)[real].float()
+    real = attention_mask.bool().to(target.device)
+    reference = target.features(input_ids, attention_mask)[real].float()
     target.to_fp8(emulate=not on_gpu)
-    got = target.features(input_ids, mask)[real].float()
-    hidden = target.hidden_size
-
-    def error(tap: slice) -> float:
-        return round(float((got[:, tap] - reference[:, tap]).norm() / reference[:, tap].norm()), 4)
-
-    return {"taps": target.layer_ids, "tokens": int(real.sum()), "relative_error": error(slice(None)),
-            "per_tap_relative_error": [error(slice(i * hidden, (i + 1) * hidden)) for i in range(num_taps)]}
+    together, per_tap = tap_errors(target.features(input_ids, attention_mask)[real].float(), reference,
+                                   target.hidden_size)
+    return {"taps": target.layer_ids, "tokens": int(real.sum()), "relative_error": round(together, 4),
+            "per_tap_relative_error": [round(e, 4) for e in per_tap]}
 
 
 def train_and_decode(work: Path, args, name: str = "drafter", precision: str = "bf16"):

@@ -72,7 +72,7 @@ VARIANTS = {
     # the target's rotary embedding as transformers' torch code, where "auto" binds liger's (kernels.bind_rope)
     "auto+torch-rope": dict(pack="auto", kernels="auto", target_kernels="auto", legacy=False, rope=False),
     # the target's decoder layers torch.compile'd around its own torch modules (TargetModel.compile_layers)
-    "auto+compiled-target": dict(pack="auto", kernels="auto", target_kernels="torch", legacy=False,
+    "auto+compiled-target": dict(pack="auto", kernels="auto", target_kernels="auto", legacy=False,
                                  compiled_target=True),
 }
 

@@ -37,6 +37,16 @@ def _features_pass(target, batches, autocast, device) -> float:
     return time.perf_counter() - began
 
 
+def tap_errors(got, reference, hidden: int) -> tuple[float, list[float]]:
+    """Relative error of tapped features [..., taps * hidden] against a reference: all taps together, each tap."""
+    def error(a, b) -> float:
+        return float((a - b).norm() / b.norm())
+
+    taps = reference.shape[-1] // hidden
+    return error(got, reference), [error(got[..., i * hidden:(i + 1) * hidden],
+                                         reference[..., i * hidden:(i + 1) * hidden]) for i in range(taps)]
+
+
 def compare(target, stream, args, device, autocast, precisions: list[str], say) -> list[dict]:
     """One row per precision: ms per batch of the feature pass (after an untimed pass over the same batches: Triton
     kernels and the fp8 quantizer compile per shape on first sight), tok/s, speed-up against the first row, and
@@ -54,8 +64,8 @@ def compare(target, stream, args, device, autocast, precisions: list[str], say) 
         base, compiled = precision.split("+")[0], precision.endswith("+compiled")
         if base == "fp8" and target.precision == "bf16":   # off a GPU the products are emulated in fp32: a smoke
             target.to_fp8(emulate=device.type != "cuda")   # run of this script only
-        kernels.install_target(target.hf_model, "torch" if compiled else kernels.resolve("auto", device))
-        target.compile_layers(compiled)
+        kernels.install_target(target.hf_model, kernels.resolve("auto", device))
+        target.compile_layers(compiled)   # compiled: around the target's own torch modules
         say(f"target phase in {precision}: {target.describe()}")
         _features_pass(target, batches, autocast, device)
         seconds = min(_features_pass(target, batches, autocast, device) for _ in range(2))
@@ -68,10 +78,7 @@ def compare(target, stream, args, device, autocast, precisions: list[str], say) 
             reference = first
         else:
             row["speedup_vs_first"] = rows[0]["target_ms_per_batch"] / row["target_ms_per_batch"]
-            row["features_relative_error"] = float((first - reference).norm() / reference.norm())
-            row["per_tap_relative_error"] = [
-                float((first[..., i * hidden:(i + 1) * hidden] - reference[..., i * hidden:(i + 1) * hidden]).norm()
-                      / reference[..., i * hidden:(i + 1) * hidden].norm()) for i in range(len(target.layer_ids))]
+            row["features_relative_error"], row["per_tap_relative_error"] = tap_errors(first, reference, hidden)
         del first
         rows.append(row)
     return rows

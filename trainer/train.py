@@ -235,8 +235,8 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
     drafter = build_drafter(cfg, ctx, log, target, resume_dir if local_resume else None)
     shapes = conv_shapes(layout.batch_sizes, functools.partial(anchors_per_sequence, cfg), cfg.block_size)
     conv = kernel_lib.compile_block_convs(drafter, ctx.device, shapes=shapes)   # DFlash2: per bucket shape
-    target_kernels = kernel_lib.install_target(target.hf_model, "torch" if cfg.compile_target else kernels)
-    if cfg.compile_target:   # the target's own torch modules inside the graph: liger's kernels are opaque to it
+    target_kernels = kernel_lib.install_target(target.hf_model, kernels)
+    if cfg.compile_target:
         target.compile_layers()
         target_kernels = "target layers: torch.compile"
     log.say(f"Kernels: {target.packing_line()}; {target_kernels}; "

@@ -14,7 +14,7 @@ from tests.trainer.tiny_models import tiny_target_dir  # noqa: F401  (fixture)
 
 
 @pytest.mark.slow
-def test_tau_benchmark_runs_every_stage_on_the_cpu(tmp_path):
+def test_tau_benchmark_runs_every_stage_on_the_cpu(tmp_path, monkeypatch):
     done = subprocess.run([sys.executable, "bench/bench_tau.py", "--tiny", "--workdir", str(tmp_path)],
                           capture_output=True, text=True, timeout=600, env=trainer_env(), cwd=REPO_ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -38,6 +38,13 @@ def test_tau_benchmark_runs_every_stage_on_the_cpu(tmp_path):
                                                          abs=1e-3)
     # the run's own files stay in the work directory for a look afterwards
     assert (tmp_path / "drafter" / "metrics.jsonl").is_file() and (tmp_path / "dataset" / "heldout").is_dir()
+    # the held-out batch the FP8 features' error is measured on (a GPU run's): every held-out sample, right-padded
+    monkeypatch.syspath_prepend(str(REPO_ROOT / "bench"))
+    import bench_tau
+
+    input_ids, attention_mask = bench_tau.heldout_batch(tmp_path / "dataset", 32)
+    assert len(input_ids) == min(32, data["heldout_samples"]) and input_ids.shape == attention_mask.shape
+    assert attention_mask[:, 0].all() and (attention_mask[:, 1:] <= attention_mask[:, :-1]).all()
 
 
 def test_the_fp8_features_error_is_measured_at_real_positions_per_tap(tiny_target_dir, monkeypatch):
@@ -46,8 +53,12 @@ def test_the_fp8_features_error_is_measured_at_real_positions_per_tap(tiny_targe
     monkeypatch.syspath_prepend(str(REPO_ROOT / "bench"))
     import bench_tau
 
-    sequences = [[(7 * i + j) % 300 for j in range(n)] for i, n in enumerate((40, 23, 31))]
-    found = bench_tau.fp8_feature_error(tiny_target_dir, sequences, num_taps=3, device="cpu")
+    import torch
+
+    lengths = (40, 23, 31)
+    input_ids = torch.tensor([[(7 * i + j) % 300 for j in range(40)] for i in range(3)])
+    attention_mask = (torch.arange(40)[None] < torch.tensor(lengths)[:, None]).long()
+    found = bench_tau.fp8_feature_error(tiny_target_dir, input_ids, attention_mask, num_taps=3, device="cpu")
     assert found["tokens"] == 40 + 23 + 31 and len(found["per_tap_relative_error"]) == len(found["taps"]) == 3
     assert 0 < min(found["per_tap_relative_error"]) and found["relative_error"] < 0.25
     assert min(found["per_tap_relative_error"]) <= found["relative_error"] <= max(found["per_tap_relative_error"])

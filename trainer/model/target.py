@@ -178,8 +178,13 @@ class TargetModel:
         graph, their weights being its inputs), so the elementwise work between the products is fused by Inductor:
         the residual adds into the next norm, the q/k norms into the rotary embedding, an FP8 target's activation
         quantization into the norm or SwiGLU that makes the activations. Attention stays outside the graph
-        (`packed_attention_forward` is not compiled: its plan changes every batch). The modules should run their
-        own torch forwards (kernels `torch`): liger's Triton kernels would be opaque to the compiler."""
+        (`packed_attention_forward` is not compiled: its plan changes every batch). On, the target's modules get
+        their own torch forwards back (liger's Triton kernels would be opaque to the compiler); off leaves the
+        kernels as they are."""
+        if on:
+            from trainer.model import kernels
+
+            kernels.install_target(self.hf_model, "torch")
         self.run_layer = torch.compile(run_layer, dynamic=True) if on else run_layer
 
     def kernels(self) -> dict[str, str]:
