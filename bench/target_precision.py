@@ -3,14 +3,16 @@ precision on the same batches in one process, and the tapped hidden states' rela
 precision's. fp8 converts the target in place (trainer/model/fp8.py), so bf16 is measured first.
 
 `+compiled` (bf16+compiled, fp8+compiled): the same precision with the decoder layers torch.compile'd
-(TargetModel.compile_layers) and the target's own torch modules inside them, against liger's kernels without."""
+(TargetModel.compile_layers) and the target's own torch modules inside them, against liger's kernels without;
+`+compiled+separate`: compiled, each of q, k, v (gate, up) its own product again, as before they were merged
+(trainer/model/siblings.py). With --profile, the last precision's pass is profiled: its top operators on stderr."""
 from __future__ import annotations
 
 import time
 
 import torch
 
-PRECISIONS = ("bf16", "bf16+compiled", "fp8", "fp8+compiled")
+PRECISIONS = ("bf16", "bf16+compiled", "bf16+compiled+separate", "fp8", "fp8+compiled", "fp8+compiled+separate")
 
 
 def parse_precisions(text: str) -> list[str]:
@@ -57,15 +59,18 @@ def compare(target, stream, args, device, autocast, precisions: list[str], say) 
         batches.append((batch.input_ids.to(device), batch.attention_mask))
         tokens += int(batch.attention_mask.sum())
     hidden = target.config.hidden_size
-    from trainer.model import kernels
+    from trainer.model import kernels, siblings
 
     rows, reference = [], None
     for precision in precisions:
-        base, compiled = precision.split("+")[0], precision.endswith("+compiled")
+        base, compiled = precision.split("+")[0], "+compiled" in precision
         if base == "fp8" and target.precision == "bf16":   # off a GPU the products are emulated in fp32: a smoke
             target.to_fp8(emulate=device.type != "cuda")   # run of this script only
+        target.compile_layers(False)   # the projections of a compiled row split again before liger is bound
         kernels.install_target(target.hf_model, kernels.resolve("auto", device))
         target.compile_layers(compiled)   # compiled: around the target's own torch modules
+        if precision.endswith("+separate"):
+            siblings.split_siblings(target.decoder.layers)
         say(f"target phase in {precision}: {target.describe()}")
         _features_pass(target, batches, autocast, device)
         seconds = min(_features_pass(target, batches, autocast, device) for _ in range(2))
@@ -81,4 +86,17 @@ def compare(target, stream, args, device, autocast, precisions: list[str], say) 
             row["features_relative_error"], row["per_tap_relative_error"] = tap_errors(first, reference, hidden)
         del first
         rows.append(row)
+    if getattr(args, "profile", None):
+        say(profile_table(target, batches[:2], autocast, device))
     return rows
+
+
+def profile_table(target, batches, autocast, device) -> str:
+    """The top operators of a feature pass over `batches`, by their own device time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    on_gpu = device.type == "cuda"
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])) as prof:
+        _features_pass(target, batches, autocast, device)
+    sort_by = "self_cuda_time_total" if on_gpu else "self_cpu_time_total"
+    return "the target's feature pass, last precision\n" + prof.key_averages().table(sort_by=sort_by, row_limit=30)

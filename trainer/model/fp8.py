@@ -70,16 +70,25 @@ class QuantizeOnce:
 class Fp8Linear(nn.Module):
     """An nn.Linear of the frozen target with its weight in E4M3 (buffers: nothing here is trained)."""
 
-    def __init__(self, linear: nn.Linear, *, quantize: QuantizeOnce | None = None, matmul=scaled_matmul):
+    def __init__(self, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None,
+                 out_dtype: torch.dtype, *, quantize: QuantizeOnce | None = None, matmul=scaled_matmul):
+        """weight [out, in] E4M3 with weight_scale [out] (quantize_rows of the float weight); out_dtype: the
+        products' (the float layer's dtype)."""
         super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        weight, weight_scale = quantize_rows(linear.weight.detach())
+        self.out_features, self.in_features = weight.shape
         self.register_buffer("weight", weight)
         self.register_buffer("weight_scale", weight_scale)
-        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().clone())
-        self.out_dtype = linear.weight.dtype if linear.weight.dtype in (torch.bfloat16, torch.float16) \
-            else torch.bfloat16
+        self.register_buffer("bias", bias)
+        self.out_dtype = out_dtype
         self.quantize, self.matmul = quantize or QuantizeOnce(quantize_rows), matmul
+
+    @classmethod
+    def of(cls, linear: nn.Linear, *, quantize: QuantizeOnce | None = None, matmul=scaled_matmul) -> "Fp8Linear":
+        """The FP8 form of a float layer."""
+        weight, weight_scale = quantize_rows(linear.weight.detach())
+        bias = None if linear.bias is None else linear.bias.detach().clone()
+        out_dtype = linear.weight.dtype if linear.weight.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
+        return cls(weight, weight_scale, bias, out_dtype, quantize=quantize, matmul=matmul)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
@@ -114,7 +123,7 @@ def quantize_linears(layers: nn.Module, *, emulate: bool = False) -> tuple[int, 
     for parent in list(layers.modules()):
         for name, child in list(parent.named_children()):
             if convertible(child):
-                setattr(parent, name, Fp8Linear(child, quantize=quantize, matmul=matmul))
+                setattr(parent, name, Fp8Linear.of(child, quantize=quantize, matmul=matmul))
                 swapped += 1
             elif isinstance(child, nn.Linear):
                 left += 1

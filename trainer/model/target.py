@@ -177,14 +177,20 @@ class TargetModel:
         """Run each decoder layer through one torch.compile'd function (dynamic token counts; the layers share its
         graph, their weights being its inputs), so the elementwise work between the products is fused by Inductor:
         the residual adds into the next norm, the q/k norms into the rotary embedding, an FP8 target's activation
-        quantization into the norm or SwiGLU that makes the activations. Attention stays outside the graph
+        quantization into the norm or SwiGLU that makes the activations. Sibling projections (q, k, v; gate, up)
+        run as one product each (trainer/model/siblings.py). Attention stays outside the graph
         (`packed_attention_forward` is not compiled: its plan changes every batch). On, the target's modules get
-        their own torch forwards back (liger's Triton kernels would be opaque to the compiler); off leaves the
-        kernels as they are."""
+        their own torch forwards back (liger's Triton kernels would be opaque to the compiler, and read the
+        merged products' slices wrongly); off splits the projections again and leaves the kernels as they are."""
+        from trainer.model import siblings
+
         if on:
             from trainer.model import kernels
 
             kernels.install_target(self.hf_model, "torch")
+            siblings.merge_siblings(self.decoder.layers)
+        else:
+            siblings.split_siblings(self.decoder.layers)
         self.run_layer = torch.compile(run_layer, dynamic=True) if on else run_layer
 
     def kernels(self) -> dict[str, str]:

@@ -52,7 +52,7 @@ def test_a_linear_layer_in_fp8_against_the_float_product():
     x = torch.randn(3, 5, 128, generator=g)
     x[1] *= 1e-3
     reference = linear(x)
-    layer = fp8.Fp8Linear(linear, matmul=fp8.emulated_matmul)
+    layer = fp8.Fp8Linear.of(linear, matmul=fp8.emulated_matmul)
     assert layer.weight.dtype == torch.float8_e4m3fn and layer.weight_scale.shape == (48,)
     out = layer(x)
     assert out.shape == reference.shape and out.dtype == x.dtype
@@ -108,8 +108,8 @@ def test_scaled_mm_gives_the_emulated_product_and_bf16s_within_fp8s_rounding(row
         linear.weight.copy_(torch.randn(2048, 1024, device="cuda", generator=g) * 0.02)
     x = torch.randn(rows, 1024, device="cuda", generator=g).to(torch.bfloat16)
     x[: rows // 3] *= 30                      # tokens of very different sizes in one batch
-    real = fp8.Fp8Linear(linear)              # torch._scaled_mm, the quantizer compiled as the trainer runs it
-    emulated = fp8.Fp8Linear(linear, matmul=fp8.emulated_matmul)
+    real = fp8.Fp8Linear.of(linear)              # torch._scaled_mm, the quantizer compiled as the trainer runs it
+    emulated = fp8.Fp8Linear.of(linear, matmul=fp8.emulated_matmul)
     with torch.no_grad():
         out, emulated_out, reference = real(x), emulated(x), linear(x)
     assert out.dtype == torch.bfloat16 and out.shape == (rows, 2048)

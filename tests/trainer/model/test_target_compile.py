@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from tests.trainer.tiny_models import device, tiny_target, tiny_target_dir  # noqa: F401  (fixtures)
+from trainer.model.siblings import SiblingPart
 from trainer.model.target import TargetModel, run_layer
 
 
@@ -38,6 +39,7 @@ def test_compiled_layers_give_the_eager_features_and_compile_once(tiny_target_di
     batches = _batches(target.config.vocab_size, [(3, 40), (2, 64), (4, 33), (3, 50), (5, 21)])
     expected = [target.features(ids, mask) for ids, mask in batches]
     target.compile_layers()
+    assert isinstance(target.decoder.layers[0].mlp.up_proj, SiblingPart)   # q, k, v (gate, up): one product each
     graphs = []
     for (ids, mask), want in zip(batches, expected):
         got = target.features(ids, mask)
@@ -47,7 +49,7 @@ def test_compiled_layers_give_the_eager_features_and_compile_once(tiny_target_di
     # batch (new every batch) never reaches the graph
     assert graphs[0] > 0 and graphs[-1] == graphs[1]
     target.compile_layers(False)
-    assert target.run_layer is run_layer
+    assert target.run_layer is run_layer and isinstance(target.decoder.layers[0].mlp.up_proj, torch.nn.Linear)
 
 
 def test_a_compiled_fp8_target_equals_its_eager_self(tiny_target_dir):
