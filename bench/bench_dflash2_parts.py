@@ -1,5 +1,5 @@
 """What DFlash2 adds to a step, part by part, at a real shape: the selector's top-K over one loss chunk's logits
-and one block convolution forward and backward (eager, compiled with dynamic shapes as the trainer did, compiled
+(torch.topk, and blockwise as the trainer takes it now) and one block convolution forward and backward (eager, compiled with dynamic shapes as the trainer did, compiled
 per bucket shape as it does now). Each figure is the median of `--repeat` timings after a warm-up. Random logits: a real step's top-K took 3.5 times as long on the
 same card (bench/RESULTS.md), so the top-K row is a floor.
 
@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from trainer.model.kernels import compile_block_convs  # noqa: E402
 from trainer.model.modeling_dflash import BlockConv  # noqa: E402
+from trainer.training.selector_objective import blockwise_topk  # noqa: E402
 
 
 def timed_ms(fn, device: torch.device, repeat: int) -> float:
@@ -30,8 +31,11 @@ def timed_ms(fn, device: torch.device, repeat: int) -> float:
 
 def topk_rows(args, device: torch.device) -> list[dict]:
     logits = torch.randn(args.rows, args.vocab, device=device, dtype=torch.bfloat16)
-    return [{"part": f"top {args.k} of [{args.rows}, {args.vocab}]", "how": "topk",
-             "ms": timed_ms(lambda: logits.topk(args.k, dim=-1), device, args.repeat)}]
+    part = f"top {args.k} of [{args.rows}, {args.vocab}]"
+    return [{"part": part, "how": "torch.topk (before)",
+             "ms": timed_ms(lambda: logits.topk(args.k, dim=-1), device, args.repeat)},
+            {"part": part, "how": "blockwise (now)",
+             "ms": timed_ms(lambda: blockwise_topk(logits, args.k), device, args.repeat)}]
 
 
 def conv_rows(args, device: torch.device) -> list[dict]:

@@ -71,6 +71,9 @@ VARIANTS = {
     "auto+eager-loss": dict(pack="auto", kernels="auto", target_kernels="auto", legacy=False, loss="eager"),
     # the target's rotary embedding as transformers' torch code, where "auto" binds liger's (kernels.bind_rope)
     "auto+torch-rope": dict(pack="auto", kernels="auto", target_kernels="auto", legacy=False, rope=False),
+    # DFlash2's selector candidates by torch.topk over the whole vocabulary, where "auto" takes them blockwise
+    # (training/selector_objective.py)
+    "auto+torch-topk": dict(pack="auto", kernels="auto", target_kernels="auto", legacy=False, topk="torch"),
     # the target's decoder layers torch.compile'd around its own torch modules (TargetModel.compile_layers)
     "auto+compiled-target": dict(pack="auto", kernels="auto", target_kernels="auto", legacy=False,
                                  compiled_target=True),
@@ -549,11 +552,12 @@ def bind_block_convs(parts: SimpleNamespace, args, ctx, way: str) -> None:
 def variant(name: str, parts: SimpleNamespace, args, ctx):
     """The target's packing and the drafter's kernels (and the legacy code) of one variant, restored after."""
     from trainer.model import kernels
-    from trainer.training import chunk_math
+    from trainer.training import chunk_math, selector_objective
 
     spec = VARIANTS[name]
     parts.target.packing = spec["pack"]
     chunk_math.DEFAULT.compiled = spec.get("loss") != "eager"
+    selector_objective.BLOCKWISE = spec.get("topk") != "torch"
     kernels.install(parts.drafter, kernels.resolve(spec["kernels"], ctx.device))
     kernels.install_target(parts.target.hf_model, kernels.resolve(spec["target_kernels"], ctx.device))
     if spec.get("rope") is False:
@@ -567,6 +571,7 @@ def variant(name: str, parts: SimpleNamespace, args, ctx):
         parts.target.packing = "auto"
         parts.target.compile_layers(False)
         chunk_math.DEFAULT.compiled = True
+        selector_objective.BLOCKWISE = True
         kernels.install(parts.drafter, "torch")
         kernels.install_target(parts.target.hf_model, "torch")
         kernels.compile_block_convs(parts.drafter, ctx.device, on=False)

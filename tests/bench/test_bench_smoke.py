@@ -317,5 +317,5 @@ def test_dflash2_parts_benchmark_times_each_part_on_the_cpu():
                             capture_output=True, text=True, timeout=240, env=trainer_env(), cwd=REPO_ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [json.loads(line) for line in result.stdout.splitlines()]
-    assert [row["how"] for row in rows] == ["topk", "eager"]
+    assert [row["how"] for row in rows] == ["torch.topk (before)", "blockwise (now)", "eager"]
     assert all(row["ms"] > 0 for row in rows)

@@ -14,12 +14,36 @@ import torch.nn.functional as F
 from trainer.planning.dflash2 import SELECTOR_LOSS_WEIGHT
 
 
+TOPK_BLOCK = 128      # vocabulary columns per block of blockwise_topk
+BLOCKWISE = True      # False: torch.topk over the whole row (bench_train's `auto+torch-topk`, the way before)
+
+
+def blockwise_topk(logits: torch.Tensor, k: int, block: int = TOPK_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch.topk(logits, k) of rows [rows, V] (the same values, best first; among equal values the ids may differ)
+    in two short passes: each block of `block` columns' maximum, then the top k of the k blocks with the largest
+    maxima (every one of the row's k best lies in one of them: a block outside them has k larger values before
+    its best). A radix top-k over 152K columns took 0.56 ms a 21K-row chunk on an H100, ten times its bytes' time."""
+    rows, vocab = logits.shape
+    whole = vocab // block
+    if whole <= k:
+        return logits.topk(k, dim=-1)
+    maxima = logits[:, :whole * block].reshape(rows, whole, block).amax(dim=-1)
+    if vocab > whole * block:   # the last, shorter block
+        maxima = torch.cat([maxima, logits[:, whole * block:].amax(dim=-1, keepdim=True)], dim=1)
+    blocks = maxima.topk(k, dim=-1).indices
+    columns = (blocks[..., None] * block + torch.arange(block, device=logits.device)).flatten(1)
+    values = logits.gather(1, columns.clamp(max=vocab - 1))
+    values = values.masked_fill(columns >= vocab, float("-inf"))   # past the end of the shorter block
+    top_values, at = values.topk(k, dim=-1)
+    return top_values, columns.gather(1, at)
+
+
 @torch.no_grad()
 def chunk_candidates(logits: torch.Tensor, labels: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(unary logits in fp32, token ids) [rows, K] of one chunk of LM-head logits [rows, V]: each row's top K, with
     the row's label in the last place where it is not among them. The training losses call it on the logits of
     each chunk they compute anyway, before they turn them into probabilities: no second pass over the head."""
-    top_values, top_ids = logits.topk(top_k, dim=-1)
+    top_values, top_ids = blockwise_topk(logits, top_k) if BLOCKWISE else logits.topk(top_k, dim=-1)
     label = labels[:, None]
     absent = ~(top_ids == label).any(dim=-1)
     # torch.where, not a boolean-mask assignment: a mask index is a nonzero(), which waits for the GPU, and once a

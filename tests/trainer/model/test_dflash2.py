@@ -134,6 +134,24 @@ def test_training_candidates_put_a_missing_label_in_the_weakest_place():
     assert unary.tolist() == [[5.0, 4.0, 3.0], [5.0, 4.0, 1.0]]
 
 
+@pytest.mark.parametrize("vocab", [151936, 4096 + 77, 1000, 40])
+def test_the_blockwise_top_k_gives_torch_topks_values(vocab):
+    """Rows whose best values crowd into one block, sit in the shorter last block, or tie: the same values, best
+    first, and ids that point at them (a vocabulary of fewer than k + 1 blocks takes torch.topk itself)."""
+    from trainer.training.selector_objective import blockwise_topk
+
+    g = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(9, vocab, generator=g).to(torch.bfloat16)
+    logits[0, :20] = 10.0 + torch.arange(20)        # the 16 best all in the first block
+    logits[1, -5:] = 20.0 + torch.arange(5)         # some of the best in the last, short block
+    logits[2] = 1.0                                  # every value tied
+    logits[3, ::7] = 30.0
+    values, ids = blockwise_topk(logits, 16)
+    want = logits.topk(16, dim=-1).values
+    assert torch.equal(values, want) and torch.equal(logits.gather(1, ids), values)
+    assert (ids.sort(dim=-1).values.diff(dim=-1) > 0).all()   # 16 distinct columns per row
+
+
 @pytest.mark.parametrize("objective", [{"ce": 1.0}, {"ce": 0.5, "cap": 0.5}])
 def test_the_losses_give_the_selectors_candidates_from_their_own_chunks(objective):
     """Both chunked losses (the plain CE's and the general one) hand back each row's top-K of the logits they

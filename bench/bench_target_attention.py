@@ -1,0 +1,92 @@
+"""The packed target's attention alone, each kernel that takes a packed row of sequences (its sequences' bounds):
+torch's varlen flash attention (what trainer/model/packing.py runs) against cuDNN's ragged attention, on the 8B
+shape (32 query heads, 8 key/value heads, head size 128), causal, forward only (the target is frozen).
+
+    python bench/bench_target_attention.py [--tokens 36864] [--repeat 20]
+
+Prints one line per kernel (ms per call, TFLOP/s of causal pairs) and each kernel's largest difference from the
+first's output. A kernel that does not run here says why in its line.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+
+
+def sequence_lengths(tokens: int, seed: int) -> list[int]:
+    """Lengths like an 8B batch's sequences (the seed's buckets run from 770 to 8,192 tokens) until `tokens`."""
+    generator, lengths = torch.Generator().manual_seed(seed), []
+    while sum(lengths) < tokens:
+        lengths.append(int(torch.randint(300, 3300, (1,), generator=generator)))
+    lengths[-1] -= sum(lengths) - tokens
+    return [n for n in lengths if n > 0]
+
+
+def flash_varlen(q, k, v, bounds, longest, scale):
+    from torch.nn.attention.varlen import varlen_attn
+
+    return varlen_attn(q, k, v, bounds, bounds, longest, longest, is_causal=True, scale=scale)
+
+
+def cudnn_ragged(q, k, v, bounds, longest, scale):
+    return torch.ops.aten._cudnn_attention_forward(q, k, v, None, bounds, bounds, longest, longest, False, 0.0,
+                                                   True, False, scale=scale)[0]
+
+
+def cudnn_ragged_expanded(q, k, v, bounds, longest, scale):
+    """cuDNN with key/value heads repeated to the query's count (where its kernel takes no grouped heads)."""
+    groups = q.shape[1] // k.shape[1]
+    return cudnn_ragged(q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), bounds, longest, scale)
+
+
+KERNELS = {"flash varlen (now)": flash_varlen, "cudnn ragged": cudnn_ragged,
+           "cudnn ragged, kv heads repeated": cudnn_ragged_expanded}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=36864, help="packed tokens per call (an 8B batch's real tokens)")
+    parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_target_attention: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    lengths = sequence_lengths(args.tokens, args.seed)
+    bounds = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32, device="cuda")
+    longest, heads, kv_heads, size = max(lengths), 32, 8, 128
+    g = torch.Generator(device="cuda").manual_seed(args.seed)
+    q, k, v = (torch.randn(args.tokens, h, size, device="cuda", generator=g, dtype=torch.bfloat16)
+               for h in (heads, kv_heads, kv_heads))
+    pairs = sum(n * (n + 1) // 2 for n in lengths)
+    flops = 4 * pairs * heads * size
+    rows, reference = [], None
+    for name, kernel in KERNELS.items():
+        try:
+            out = kernel(q, k, v, bounds, longest, size ** -0.5)
+            torch.cuda.synchronize()
+            began = time.perf_counter()
+            for _ in range(args.repeat):
+                kernel(q, k, v, bounds, longest, size ** -0.5)
+            torch.cuda.synchronize()
+        except (RuntimeError, TypeError, ImportError) as exc:
+            rows.append({"kernel": name, "error": (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]})
+            print(f"{name:34s} does not run: {rows[-1]['error']}", file=sys.stderr)
+            continue
+        ms = 1000 * (time.perf_counter() - began) / args.repeat
+        reference = out if reference is None else reference
+        difference = float((out.float() - reference.float()).abs().max())
+        rows.append({"kernel": name, "ms": ms, "tflops": flops / ms / 1e9, "max_abs_difference": difference})
+        print(f"{name:34s} {ms:8.3f} ms  {flops / ms / 1e9:7.1f} TFLOP/s  max |diff| {difference:.2e}",
+              file=sys.stderr)
+    print(json.dumps({"device_name": torch.cuda.get_device_name(), "tokens": args.tokens,
+                      "sequences": len(lengths), "longest": longest, "kernels": rows}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
