@@ -13,8 +13,15 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
+
+from types import SimpleNamespace
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from trainer.model import packing  # noqa: E402
 
 
 def sequence_lengths(tokens: int, seed: int) -> list[int]:
@@ -27,9 +34,10 @@ def sequence_lengths(tokens: int, seed: int) -> list[int]:
 
 
 def flash_varlen(q, k, v, bounds, longest, scale):
-    from torch.nn.attention.varlen import varlen_attn
-
-    return varlen_attn(q, k, v, bounds, bounds, longest, longest, is_causal=True, scale=scale)
+    """The trainer's own call (packing._varlen_attention): [1, heads, T, D] in, [1, T, heads, D] out."""
+    plan = SimpleNamespace(cu_seqlens=bounds, max_length=longest)
+    return packing._varlen_attention(*(t.transpose(0, 1)[None] for t in (q, k, v)), plan, scale=scale,
+                                     window=None)[0]
 
 
 def cudnn_ragged(q, k, v, bounds, longest, scale):

@@ -67,6 +67,10 @@ def compare(target, stream, args, device, autocast, precisions: list[str], say) 
         if base == "fp8" and target.precision == "bf16":   # off a GPU the products are emulated in fp32: a smoke
             target.to_fp8(emulate=device.type != "cuda")   # run of this script only
         target.compile_layers(False)   # the projections of a compiled row split again before liger is bound
+        if compiled:
+            # each compiled row compiles afresh: the rows' module types (Linear, Fp8Linear, the merged parts)
+            # would otherwise pile up as recompiles of the same frames, and past dynamo's limit a frame runs eager
+            torch._dynamo.reset()
         kernels.install_target(target.hf_model, kernels.resolve("auto", device))
         target.compile_layers(compiled)   # compiled: around the target's own torch modules
         if precision.endswith("+separate"):

@@ -310,6 +310,23 @@ def test_startup_benchmark_reports_stages_and_step_times_on_the_cpu(tmp_path):
     assert sorted(map(int, report["step_s"])) == [2, 3, 4, 5] and report["median_step_s"] > 0
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is the CPU's")
+def test_the_target_attention_benchmark_says_in_one_line_that_it_needs_a_gpu():
+    result = subprocess.run([sys.executable, "bench/bench_target_attention.py"], capture_output=True, text=True,
+                            timeout=120, env=trainer_env(), cwd=REPO_ROOT)
+    assert result.returncode == 2 and result.stderr.strip() == "bench_target_attention: needs a CUDA GPU"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_target_attention_benchmark_times_flash_on_a_gpu():
+    result = subprocess.run([sys.executable, "bench/bench_target_attention.py", "--tokens", "4096", "--repeat", "2"],
+                            capture_output=True, text=True, timeout=240, env=trainer_env(), cwd=REPO_ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    flash = json.loads(result.stdout)["kernels"][0]
+    assert flash["kernel"] == "flash varlen (now)" and flash["ms"] > 0 and flash["max_abs_difference"] == 0
+
+
 def test_dflash2_parts_benchmark_times_each_part_on_the_cpu():
     """bench_dflash2_parts.py's smoke mode as a real process: one JSON row per part and way, each a positive time
     (on a CPU only the eager convolution: the compiled ways are a GPU's)."""
