@@ -13,6 +13,7 @@ elsewhere (CPU tests, small batches).
 """
 from __future__ import annotations
 
+import contextvars
 import functools
 import importlib
 import itertools
@@ -23,7 +24,10 @@ from dataclasses import dataclass
 import torch
 
 IMPLEMENTATION = "dflash_packed"   # the name the target's attention layers look up while a packed pass runs
-PACKING_KWARG = "dflash_packing"   # how the plan reaches the attention function through the decoder layers
+# the plan of the packed pass under way, which the attention function reads: never an argument of the decoder
+# layers, so a compiled layer's graph never sees a plan (a frozen dataclass of per-batch lengths, which dynamo
+# may guard field by field and recompile for every batch)
+CURRENT_PLAN: contextvars.ContextVar = contextvars.ContextVar("packing_plan")
 # what transformers' Gated DeltaNet hands its delta rule besides q, k, v, g and beta that the rule itself reads
 RULE_OPTIONS = ("scale", "initial_state", "output_final_state", "use_qk_l2norm_in_kernel")
 
@@ -133,12 +137,12 @@ def document_mask(plan_: PackPlan, window: int | None) -> torch.Tensor:
     return mask[None, None]
 
 
-@torch.compiler.disable   # a compiled decoder layer (TargetModel.compile_layers) calls it as it is, plan and all
+@torch.compiler.disable   # a compiled decoder layer (TargetModel.compile_layers) calls it as it is
 def packed_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0,
                              scaling: float | None = None, sliding_window: int | None = None, **kwargs):
     """The attention function the target's layers call during a packed pass (transformers' interface: returns
-    (output [1, T, Hq, D], no weights))."""
-    plan_: PackPlan = kwargs[PACKING_KWARG]
+    (output [1, T, Hq, D], no weights)); the pass's plan is packed_attention's."""
+    plan_: PackPlan = CURRENT_PLAN.get()
     if varlen_available(query.device) and query.dtype in (torch.bfloat16, torch.float16):  # flash: half types
         return _varlen_attention(query, key, value, plan_, scale=scaling, window=sliding_window), None
     groups = query.shape[1] // key.shape[1]
@@ -156,15 +160,17 @@ def _register() -> None:
 
 
 @contextmanager
-def packed_attention(config):
-    """The target's attention layers call `packed_attention_forward` inside this block (they read the config's
-    implementation on every call), and their own implementation again after it."""
+def packed_attention(config, plan_: PackPlan):
+    """The target's attention layers call `packed_attention_forward` with this plan inside this block (they read
+    the config's implementation on every call), and their own implementation again after it."""
     _register()
     previous = config._attn_implementation
     config._attn_implementation = IMPLEMENTATION
+    token = CURRENT_PLAN.set(plan_)
     try:
         yield
     finally:
+        CURRENT_PLAN.reset(token)
         config._attn_implementation = previous
 
 

@@ -98,10 +98,9 @@ def refuse_fp8(device: torch.device) -> None:
 
 
 def run_layer(layer: nn.Module, hidden: torch.Tensor, mask: torch.Tensor | None, position_ids: torch.Tensor,
-              position_embeddings, attention: dict) -> torch.Tensor:
+              position_embeddings) -> torch.Tensor:
     """One decoder layer of the feature pass."""
-    hidden = layer(hidden, attention_mask=mask, position_ids=position_ids, position_embeddings=position_embeddings,
-                   **attention)
+    hidden = layer(hidden, attention_mask=mask, position_ids=position_ids, position_embeddings=position_embeddings)
     return hidden[0] if isinstance(hidden, tuple) else hidden   # older transformers return (hidden,)
 
 
@@ -301,15 +300,14 @@ class TargetModel:
         if LINEAR in self._layer_types():
             linear = packing_lib.packed_linear_attention(self.spec.model_type, plan,
                                                          kernel=linear_attention_kernel(self.spec))
-        with packing_lib.packed_attention(self.config), linear:
-            packed = self._tapped(packing_lib.pack(input_ids, plan), plan.position_ids, masks, final=final,
-                                  **{packing_lib.PACKING_KWARG: plan})
+        with packing_lib.packed_attention(self.config, plan), linear:
+            packed = self._tapped(packing_lib.pack(input_ids, plan), plan.position_ids, masks, final=final)
         if final:
             return packing_lib.unpack(packed[0], plan), packing_lib.unpack(packed[1], plan)
         return packing_lib.unpack(packed, plan)
 
-    def _tapped(self, input_ids: torch.Tensor, position_ids: torch.Tensor, masks: dict, *, final: bool = False,
-                **attention) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    def _tapped(self, input_ids: torch.Tensor, position_ids: torch.Tensor, masks: dict, *,
+                final: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """The embedding and the layers up to the last tap (with `final`: every layer and the final norm); the
         tapped outputs concatenated."""
         hidden = self.embed_tokens(input_ids)
@@ -324,7 +322,7 @@ class TargetModel:
         # layers past the last tap run only for the target's own distribution: otherwise they would be thrown away
         for i in range(self.num_layers if final else self.layer_ids[-1] + 1):
             hidden = self.run_layer(self.decoder.layers[i], hidden, masks[layer_types[i]], position_ids,
-                                    position_embeddings, attention)
+                                    position_embeddings)
             if i in wanted:
                 tapped.append(hidden)
         if final:
