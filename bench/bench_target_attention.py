@@ -15,8 +15,6 @@ import sys
 import time
 from pathlib import Path
 
-from types import SimpleNamespace
-
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -35,8 +33,7 @@ def sequence_lengths(tokens: int, seed: int) -> list[int]:
 
 def flash_varlen(q, k, v, bounds, longest, scale):
     """The trainer's own call (packing._varlen_attention): [1, heads, T, D] in, [1, T, heads, D] out."""
-    plan = SimpleNamespace(cu_seqlens=bounds, max_length=longest)
-    return packing._varlen_attention(*(t.transpose(0, 1)[None] for t in (q, k, v)), plan, scale=scale,
+    return packing._varlen_attention(*(t.transpose(0, 1)[None] for t in (q, k, v)), bounds, longest, scale=scale,
                                      window=None)[0]
 
 

@@ -369,8 +369,9 @@ def plain_packed_forward(target):
         if LINEAR in target.spec.layer_types:
             linear = packing.packed_linear_attention(target.spec.model_type, plan,
                                                      kernel=linear_attention_kernel(target.spec))
-        with packing.packed_attention(target.config, plan), linear, tapped_layers_only(target):
-            target.decoder(input_ids=packing.pack(input_ids, plan), position_ids=plan.position_ids, use_cache=False)
+        with packing.packed_attention(target.config), linear, tapped_layers_only(target):
+            target.decoder(input_ids=packing.pack(input_ids, plan), position_ids=plan.position_ids, use_cache=False,
+                           **packing.attention_kwargs(plan))
     return forward
 
 

@@ -13,7 +13,6 @@ elsewhere (CPU tests, small batches).
 """
 from __future__ import annotations
 
-import contextvars
 import functools
 import importlib
 import itertools
@@ -24,10 +23,9 @@ from dataclasses import dataclass
 import torch
 
 IMPLEMENTATION = "dflash_packed"   # the name the target's attention layers look up while a packed pass runs
-# the plan of the packed pass under way, which the attention function reads: never an argument of the decoder
-# layers, so a compiled layer's graph never sees a plan (a frozen dataclass of per-batch lengths, which dynamo
-# may guard field by field and recompile for every batch)
-CURRENT_PLAN: contextvars.ContextVar = contextvars.ContextVar("packing_plan")
+# how a packed pass's sequences reach the attention function through the decoder layers: keywords of tensors
+# only (a compiled layer takes them as graph inputs of any size; a plan object would be guarded field by field)
+CU_SEQLENS, LENGTHS = "dflash_cu_seqlens", "dflash_lengths"
 # what transformers' Gated DeltaNet hands its delta rule besides q, k, v, g and beta that the rule itself reads
 RULE_OPTIONS = ("scale", "initial_state", "output_final_state", "use_qk_l2norm_in_kernel")
 
@@ -39,6 +37,7 @@ class PackPlan:
     index: torch.Tensor        # [T] int64, on the device: flat position (row * S + column) of each packed token
     position_ids: torch.Tensor  # [1, T] int64, on the device: the column, i.e. the position inside its sequence
     cu_seqlens: torch.Tensor   # [N + 1] int32, on the device: where each sequence starts in the packed row
+    sequence_lengths: torch.Tensor  # [N] int64, on the host: the lengths of the rows that are not empty
     lengths: tuple[int, ...]   # per row of the batch (rows of length 0 are left out of cu_seqlens)
     shape: tuple[int, int]     # (B, S)
 
@@ -72,7 +71,13 @@ def plan(attention_mask: torch.Tensor, device: torch.device) -> PackPlan:
         return tensor.to(device, non_blocking=True)
 
     return PackPlan(index=put(rows * seq_len + columns), position_ids=put(columns[None]), cu_seqlens=put(cu),
-                    lengths=tuple(lengths), shape=(batch, seq_len))
+                    sequence_lengths=torch.tensor([n for n in lengths if n]), lengths=tuple(lengths),
+                    shape=(batch, seq_len))
+
+
+def attention_kwargs(plan_: PackPlan) -> dict[str, torch.Tensor]:
+    """What the decoder layers hand on to `packed_attention_forward` during a packed pass."""
+    return {CU_SEQLENS: plan_.cu_seqlens, LENGTHS: plan_.sequence_lengths}
 
 
 def pack(tokens: torch.Tensor, plan_: PackPlan) -> torch.Tensor:
@@ -108,7 +113,8 @@ def supports_window() -> bool:
     return found is not None and "window_size" in found[1]
 
 
-def _varlen_attention(query, key, value, plan_: PackPlan, *, scale: float | None, window: int | None):
+def _varlen_attention(query, key, value, cu_seqlens: torch.Tensor, longest: int, *, scale: float,
+                      window: int | None):
     """query [1, Hq, T, D], key/value [1, Hkv, T, D] -> [1, T, Hq, D] through flash attention's varlen kernel."""
     varlen_attn, params = _varlen()
     q, k, v = (t[0].transpose(0, 1).contiguous() for t in (query, key, value))   # [T, heads, D]
@@ -122,34 +128,49 @@ def _varlen_attention(query, key, value, plan_: PackPlan, *, scale: float | None
         options["window_size"] = (window - 1 if window else -1, 0)
     else:
         options["is_causal"] = True
-    n = plan_.max_length
-    out = varlen_attn(q, k, v, plan_.cu_seqlens, plan_.cu_seqlens, n, n, **options)
+    out = varlen_attn(q, k, v, cu_seqlens, cu_seqlens, longest, longest, **options)
     return out[None]
 
 
-def document_mask(plan_: PackPlan, window: int | None) -> torch.Tensor:
-    """[1, 1, T, T] boolean: a token sees the earlier tokens of its own sequence (within the window, if any)."""
-    document = document_ids(plan_)
-    position = plan_.position_ids[0]
+def document_mask(lengths: torch.Tensor, window: int | None, device: torch.device) -> torch.Tensor:
+    """[1, 1, T, T] boolean for sequences of these lengths packed in a row: a token sees the earlier tokens of its
+    own sequence (within the window, if any)."""
+    document = torch.repeat_interleave(torch.arange(len(lengths)), lengths).to(device)
+    position = torch.cat([torch.arange(int(n)) for n in lengths]).to(device)
     mask = (document[:, None] == document[None, :]) & (position[None, :] <= position[:, None])
     if window:
         mask &= position[:, None] - position[None, :] < window
     return mask[None, None]
 
 
-@torch.compiler.disable   # a compiled decoder layer (TargetModel.compile_layers) calls it as it is
-def packed_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0,
-                             scaling: float | None = None, sliding_window: int | None = None, **kwargs):
-    """The attention function the target's layers call during a packed pass (transformers' interface: returns
-    (output [1, T, Hq, D], no weights)); the pass's plan is packed_attention's."""
-    plan_: PackPlan = CURRENT_PLAN.get()
+@torch.library.custom_op("dflash::packed_attention", mutates_args=())
+def packed_attention_op(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu_seqlens: torch.Tensor,
+                        lengths: torch.Tensor, scale: float, window: int) -> torch.Tensor:
+    """Attention inside each packed sequence: query [1, Hq, T, D], key/value [1, Hkv, T, D] -> [1, T, Hq, D];
+    `lengths` [N] on the host, `window` 0 for none. One operator to a compiled layer: its graph runs through it
+    (no break, so the whole layer is one graph), whatever the batch's sequences."""
     if varlen_available(query.device) and query.dtype in (torch.bfloat16, torch.float16):  # flash: half types
-        return _varlen_attention(query, key, value, plan_, scale=scaling, window=sliding_window), None
+        return _varlen_attention(query, key, value, cu_seqlens, int(lengths.max()), scale=scale,
+                                 window=window or None)
     groups = query.shape[1] // key.shape[1]
     key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     out = torch.nn.functional.scaled_dot_product_attention(
-        query, key, value, attn_mask=document_mask(plan_, sliding_window), scale=scaling)
-    return out.transpose(1, 2).contiguous(), None
+        query, key, value, attn_mask=document_mask(lengths, window, query.device), scale=scale)
+    return out.transpose(1, 2).contiguous()
+
+
+@packed_attention_op.register_fake
+def _packed_attention_shape(query, key, value, cu_seqlens, lengths, scale, window):
+    return query.new_empty(query.shape[0], query.shape[2], query.shape[1], query.shape[3])
+
+
+def packed_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0,
+                             scaling: float | None = None, sliding_window: int | None = None, **kwargs):
+    """The attention function the target's layers call during a packed pass (transformers' interface: returns
+    (output [1, T, Hq, D], no weights)); the sequences come as attention_kwargs' keywords."""
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    return packed_attention_op(query, key, value, kwargs[CU_SEQLENS], kwargs[LENGTHS], scale,
+                               sliding_window or 0), None
 
 
 @functools.lru_cache(maxsize=1)
@@ -160,17 +181,15 @@ def _register() -> None:
 
 
 @contextmanager
-def packed_attention(config, plan_: PackPlan):
-    """The target's attention layers call `packed_attention_forward` with this plan inside this block (they read
-    the config's implementation on every call), and their own implementation again after it."""
+def packed_attention(config):
+    """The target's attention layers call `packed_attention_forward` inside this block (they read the config's
+    implementation on every call), and their own implementation again after it."""
     _register()
     previous = config._attn_implementation
     config._attn_implementation = IMPLEMENTATION
-    token = CURRENT_PLAN.set(plan_)
     try:
         yield
     finally:
-        CURRENT_PLAN.reset(token)
         config._attn_implementation = previous
 
 

@@ -98,9 +98,11 @@ def refuse_fp8(device: torch.device) -> None:
 
 
 def run_layer(layer: nn.Module, hidden: torch.Tensor, mask: torch.Tensor | None, position_ids: torch.Tensor,
-              position_embeddings) -> torch.Tensor:
-    """One decoder layer of the feature pass."""
-    hidden = layer(hidden, attention_mask=mask, position_ids=position_ids, position_embeddings=position_embeddings)
+              position_embeddings, attention: dict) -> torch.Tensor:
+    """One decoder layer of the feature pass; `attention`: keywords for the attention function (a packed pass's
+    sequences, packing.attention_kwargs)."""
+    hidden = layer(hidden, attention_mask=mask, position_ids=position_ids, position_embeddings=position_embeddings,
+                   **attention)
     return hidden[0] if isinstance(hidden, tuple) else hidden   # older transformers return (hidden,)
 
 
@@ -177,8 +179,8 @@ class TargetModel:
         graph, their weights being its inputs), so the elementwise work between the products is fused by Inductor:
         the residual adds into the next norm, the q/k norms into the rotary embedding, an FP8 target's activation
         quantization into the norm or SwiGLU that makes the activations. Sibling projections (q, k, v; gate, up)
-        run as one product each (trainer/model/siblings.py). Attention stays outside the graph
-        (`packed_attention_forward` is not compiled: its plan changes every batch). On, the target's modules get
+        run as one product each (trainer/model/siblings.py). A packed pass's attention is one opaque operator in
+        the graph (packing.packed_attention_op), so each layer is one graph for any batch. On, the target's modules get
         their own torch forwards back (liger's Triton kernels would be opaque to the compiler, and read the
         merged products' slices wrongly); off splits the projections again and leaves the kernels as they are."""
         from trainer.model import siblings
@@ -300,14 +302,15 @@ class TargetModel:
         if LINEAR in self._layer_types():
             linear = packing_lib.packed_linear_attention(self.spec.model_type, plan,
                                                          kernel=linear_attention_kernel(self.spec))
-        with packing_lib.packed_attention(self.config, plan), linear:
-            packed = self._tapped(packing_lib.pack(input_ids, plan), plan.position_ids, masks, final=final)
+        with packing_lib.packed_attention(self.config), linear:
+            packed = self._tapped(packing_lib.pack(input_ids, plan), plan.position_ids, masks, final=final,
+                                  **packing_lib.attention_kwargs(plan))
         if final:
             return packing_lib.unpack(packed[0], plan), packing_lib.unpack(packed[1], plan)
         return packing_lib.unpack(packed, plan)
 
-    def _tapped(self, input_ids: torch.Tensor, position_ids: torch.Tensor, masks: dict, *,
-                final: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    def _tapped(self, input_ids: torch.Tensor, position_ids: torch.Tensor, masks: dict, *, final: bool = False,
+                **attention) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """The embedding and the layers up to the last tap (with `final`: every layer and the final norm); the
         tapped outputs concatenated."""
         hidden = self.embed_tokens(input_ids)
@@ -322,7 +325,7 @@ class TargetModel:
         # layers past the last tap run only for the target's own distribution: otherwise they would be thrown away
         for i in range(self.num_layers if final else self.layer_ids[-1] + 1):
             hidden = self.run_layer(self.decoder.layers[i], hidden, masks[layer_types[i]], position_ids,
-                                    position_embeddings)
+                                    position_embeddings, attention)
             if i in wanted:
                 tapped.append(hidden)
         if final:
