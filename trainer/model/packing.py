@@ -135,7 +135,7 @@ def _varlen_attention(query, key, value, cu_seqlens: torch.Tensor, longest: int,
 def document_mask(lengths: torch.Tensor, window: int | None, device: torch.device) -> torch.Tensor:
     """[1, 1, T, T] boolean for sequences of these lengths packed in a row: a token sees the earlier tokens of its
     own sequence (within the window, if any)."""
-    document = torch.repeat_interleave(torch.arange(len(lengths)), lengths).to(device)
+    document = _documents(lengths).to(device)
     position = torch.cat([torch.arange(int(n)) for n in lengths]).to(device)
     mask = (document[:, None] == document[None, :]) & (position[None, :] <= position[:, None])
     if window:
@@ -193,11 +193,14 @@ def packed_attention(config):
         config._attn_implementation = previous
 
 
+def _documents(lengths: torch.Tensor) -> torch.Tensor:
+    """[T] on the host: the index of the sequence each packed token belongs to, for sequences of these lengths."""
+    return torch.repeat_interleave(torch.arange(len(lengths)), lengths)
+
+
 def document_ids(plan_: PackPlan) -> torch.Tensor:
     """[T]: the index of the sequence each packed token belongs to (built on the host: no wait for the GPU)."""
-    lengths = torch.tensor([n for n in plan_.lengths if n])
-    ids = torch.repeat_interleave(torch.arange(len(lengths)), lengths)
-    return ids.to(plan_.index.device, non_blocking=True)
+    return _documents(plan_.sequence_lengths).to(plan_.index.device, non_blocking=True)
 
 
 def _conv_per_sequence(conv, plan_: PackPlan, documents: torch.Tensor, hidden_states, weight, bias=None,
