@@ -1,7 +1,8 @@
 """What DFlash2 adds to a step, part by part, at a real shape: the selector's top-K over one loss chunk's logits
-(torch.topk, and blockwise as the trainer takes it now) and one block convolution forward and backward (eager, compiled with dynamic shapes as the trainer did, compiled
-per bucket shape as it does now). Each figure is the median of `--repeat` timings after a warm-up. Random logits: a real step's top-K took 3.5 times as long on the
-same card (bench/RESULTS.md), so the top-K row is a floor.
+(torch.topk, and blockwise as the trainer takes it now) and one block convolution forward and backward (eager,
+compiled with dynamic shapes as the trainer did, compiled per bucket shape as it does now). Each figure is the
+median of `--repeat` timings after a warm-up. Random logits: a real step's top-K took 3.5 times as long on the
+same card (bench/RESULTS.md), so the top-K rows are a floor.
 
     python3 bench/bench_dflash2_parts.py                    # the 8B shapes on a GPU
     python3 bench/bench_dflash2_parts.py --tiny --device cpu  # a smoke run (figures mean nothing)

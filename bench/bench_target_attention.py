@@ -23,7 +23,7 @@ from trainer.model import packing  # noqa: E402
 
 
 def sequence_lengths(tokens: int, seed: int) -> list[int]:
-    """Lengths like an 8B batch's sequences (the seed's buckets run from 770 to 8,192 tokens) until `tokens`."""
+    """Random sequence lengths of 300 to 3,300 tokens (most of an 8B batch's buckets) until `tokens`."""
     generator, lengths = torch.Generator().manual_seed(seed), []
     while sum(lengths) < tokens:
         lengths.append(int(torch.randint(300, 3300, (1,), generator=generator)))

@@ -71,10 +71,11 @@ def compare(target, stream, args, device, autocast, precisions: list[str], say) 
             # each compiled row compiles afresh: the rows' module types (Linear, Fp8Linear, the merged parts)
             # would otherwise pile up as recompiles of the same frames, and past dynamo's limit a frame runs eager
             torch._dynamo.reset()
-        kernels.install_target(target.hf_model, kernels.resolve("auto", device))
-        target.compile_layers(compiled)   # compiled: around the target's own torch modules
-        if precision.endswith("+separate"):
-            siblings.split_siblings(target.decoder.layers)
+            target.compile_layers()   # around the target's own torch modules
+            if precision.endswith("+separate"):
+                siblings.split_siblings(target.decoder.layers)
+        else:
+            kernels.install_target(target.hf_model, kernels.resolve("auto", device))
         say(f"target phase in {precision}: {target.describe()}")
         _features_pass(target, batches, autocast, device)
         seconds = min(_features_pass(target, batches, autocast, device) for _ in range(2))

@@ -235,10 +235,11 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
     drafter = build_drafter(cfg, ctx, log, target, resume_dir if local_resume else None)
     shapes = conv_shapes(layout.batch_sizes, functools.partial(anchors_per_sequence, cfg), cfg.block_size)
     conv = kernel_lib.compile_block_convs(drafter, ctx.device, shapes=shapes)   # DFlash2: per bucket shape
-    target_kernels = kernel_lib.install_target(target.hf_model, kernels)
-    if cfg.compile_target:
+    if cfg.compile_target:   # around the target's own torch modules, not liger's kernels
         target.compile_layers()
         target_kernels = "target layers: torch.compile"
+    else:
+        target_kernels = kernel_lib.install_target(target.hf_model, kernels)
     log.say(f"Kernels: {target.packing_line()}; {target_kernels}; "
             f"{kernel_lib.install(drafter, kernels)}; {conv + '; ' if conv else ''}loss: {objective_line(objective)}")
     model = DraftDDP(drafter, device_ids=[ctx.device] if on_gpu else None) if ctx.is_distributed else drafter

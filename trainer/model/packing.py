@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import itertools
 import inspect
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -37,7 +36,6 @@ class PackPlan:
     index: torch.Tensor        # [T] int64, on the device: flat position (row * S + column) of each packed token
     position_ids: torch.Tensor  # [1, T] int64, on the device: the column, i.e. the position inside its sequence
     cu_seqlens: torch.Tensor   # [N + 1] int32, on the device: where each sequence starts in the packed row
-    sequence_lengths: torch.Tensor  # [N] int64, on the host: the lengths of the rows that are not empty
     lengths: tuple[int, ...]   # per row of the batch (rows of length 0 are left out of cu_seqlens)
     shape: tuple[int, int]     # (B, S)
 
@@ -46,8 +44,9 @@ class PackPlan:
         return sum(self.lengths)
 
     @property
-    def max_length(self) -> int:
-        return max(self.lengths)
+    def sequence_lengths(self) -> torch.Tensor:
+        """[N] int64 on the host: the lengths of the rows that are not empty (the sequences of cu_seqlens)."""
+        return torch.tensor([n for n in self.lengths if n])
 
     @property
     def padding_share(self) -> float:
@@ -71,8 +70,7 @@ def plan(attention_mask: torch.Tensor, device: torch.device) -> PackPlan:
         return tensor.to(device, non_blocking=True)
 
     return PackPlan(index=put(rows * seq_len + columns), position_ids=put(columns[None]), cu_seqlens=put(cu),
-                    sequence_lengths=torch.tensor([n for n in lengths if n]), lengths=tuple(lengths),
-                    shape=(batch, seq_len))
+                    lengths=tuple(lengths), shape=(batch, seq_len))
 
 
 def attention_kwargs(plan_: PackPlan) -> dict[str, torch.Tensor]:
@@ -251,7 +249,7 @@ class SequenceBounds:
 
     @classmethod
     def of(cls, plan_: PackPlan) -> "SequenceBounds":
-        host = torch.tensor([0, *itertools.accumulate(n for n in plan_.lengths if n)], dtype=torch.int64)
+        host = torch.cat([torch.zeros(1, dtype=torch.int64), plan_.sequence_lengths.cumsum(0)])
         return cls(device=plan_.cu_seqlens.long(), host=host)
 
 

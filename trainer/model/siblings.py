@@ -87,7 +87,7 @@ def _linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
 
 
 def _mergeable(children: list[nn.Module | None]) -> bool:
-    kinds = {_kind(child) if child is not None else None for child in children}
+    kinds = {_kind(child) for child in children}
     if len(kinds) != 1 or None in kinds:
         return False
     return len({(c.in_features, c.weight.dtype, c.bias is None) for c in children}) == 1

@@ -100,7 +100,7 @@ def test_plan_reads_the_mask_on_the_host():
     assert plan.index.tolist() == [0, 1, 2, 3, 4, 8, 9, 10]
     assert plan.position_ids.tolist() == [[0, 1, 2, 3, 0, 0, 1, 2]]
     assert plan.cu_seqlens.tolist() == [0, 4, 5, 8] and plan.cu_seqlens.dtype == torch.int32
-    assert plan.max_length == 4 and plan.padding_share == pytest.approx(1 - 8 / 12)
+    assert plan.sequence_lengths.tolist() == [4, 1, 3] and plan.padding_share == pytest.approx(1 - 8 / 12)
 
 
 def test_auto_packs_only_where_flash_varlen_runs(tiny_target):
