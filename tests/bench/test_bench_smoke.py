@@ -274,7 +274,7 @@ def test_objective_pieces_never_wait_for_the_gpu():
 def test_loss_benchmark_compares_with_the_previous_loss_and_its_floor():
     result = subprocess.run([sys.executable, "bench/bench_loss.py", "--rows", "600", "--hidden", "32", "--vocab",
                              "3000", "--device", "cpu", "--repeat", "2"],
-                            capture_output=True, text=True, timeout=240, env=trainer_env(), cwd=REPO_ROOT)
+                            capture_output=True, text=True, timeout=240, env=trainer_env(gpu=True), cwd=REPO_ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     figures = json.loads(result.stdout)
     assert figures["loss_ms"] > 0 and figures["floor_ms"] > 0 and figures["previous_ms"] > 0
@@ -321,7 +321,7 @@ def test_the_target_attention_benchmark_says_in_one_line_that_it_needs_a_gpu():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_the_target_attention_benchmark_times_flash_on_a_gpu():
     result = subprocess.run([sys.executable, "bench/bench_target_attention.py", "--tokens", "4096", "--repeat", "2"],
-                            capture_output=True, text=True, timeout=240, env=trainer_env(), cwd=REPO_ROOT)
+                            capture_output=True, text=True, timeout=240, env=trainer_env(gpu=True), cwd=REPO_ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     flash = json.loads(result.stdout)["kernels"][0]
     assert flash["kernel"] == "flash varlen (now)" and flash["ms"] > 0 and flash["max_abs_difference"] == 0
