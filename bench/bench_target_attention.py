@@ -1,11 +1,15 @@
 """The packed target's attention alone, each kernel that takes a packed row of sequences (its sequences' bounds):
-torch's varlen flash attention (what trainer/model/packing.py runs) against cuDNN's ragged attention, on the 8B
-shape (32 query heads, 8 key/value heads, head size 128), causal, forward only (the target is frozen).
+torch's varlen flash attention (what trainer/model/packing.py runs: q, k and v as the views of one merged product
+that a compiled layer hands over, key/value heads not repeated) against the same kernel on contiguous copies with
+the key/value heads repeated (the trainer's call before, and still where a torch's varlen_attn refuses views or
+grouped heads), and cuDNN's ragged attention, on the 8B shape (32 query heads, 8 key/value heads, head size 128),
+causal, forward only (the target is frozen).
 
     python bench/bench_target_attention.py [--tokens 36864] [--repeat 20]
 
 Prints one line per kernel (ms per call, TFLOP/s of causal pairs) and each kernel's largest difference from the
-first's output. A kernel that does not run here says why in its line.
+first's output. A kernel that does not run here says why in its line. `lean_inputs` in the JSON: whether this
+torch's varlen_attn took the views (false: the trainer copies, and the first two rows time the same work).
 """
 from __future__ import annotations
 
@@ -37,7 +41,15 @@ def flash_varlen(q, k, v, bounds, longest, scale):
                                      window=None)[0]
 
 
+def flash_varlen_copied(q, k, v, bounds, longest, scale):
+    """The same kernel on contiguous inputs with every query head's key/value head repeated for it."""
+    groups = q.shape[1] // k.shape[1]
+    k, v = (t.repeat_interleave(groups, dim=1) for t in (k, v))
+    return packing._varlen_call(q.contiguous(), k, v, bounds, longest, scale=scale, window=None)[0]
+
+
 def cudnn_ragged(q, k, v, bounds, longest, scale):
+    q, k, v = (t.contiguous() for t in (q, k, v))
     return torch.ops.aten._cudnn_attention_forward(q, k, v, None, bounds, bounds, longest, longest, False, 0.0,
                                                    True, False, scale=scale)[0]
 
@@ -48,7 +60,8 @@ def cudnn_ragged_expanded(q, k, v, bounds, longest, scale):
     return cudnn_ragged(q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), bounds, longest, scale)
 
 
-KERNELS = {"flash varlen (now)": flash_varlen, "cudnn ragged": cudnn_ragged,
+KERNELS = {"flash varlen (now)": flash_varlen, "flash varlen, copied, heads repeated (before)": flash_varlen_copied,
+           "cudnn ragged": cudnn_ragged,
            "cudnn ragged, kv heads repeated": cudnn_ragged_expanded}
 
 
@@ -65,8 +78,8 @@ def main(argv=None) -> int:
     bounds = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32, device="cuda")
     longest, heads, kv_heads, size = max(lengths), 32, 8, 128
     g = torch.Generator(device="cuda").manual_seed(args.seed)
-    q, k, v = (torch.randn(args.tokens, h, size, device="cuda", generator=g, dtype=torch.bfloat16)
-               for h in (heads, kv_heads, kv_heads))
+    merged = torch.randn(args.tokens, heads + 2 * kv_heads, size, device="cuda", generator=g, dtype=torch.bfloat16)
+    q, k, v = merged.split([heads, kv_heads, kv_heads], dim=1)   # [T, heads, D] views, as a compiled layer has them
     pairs = sum(n * (n + 1) // 2 for n in lengths)
     flops = 4 * pairs * heads * size
     rows, reference = [], None
@@ -80,16 +93,17 @@ def main(argv=None) -> int:
             torch.cuda.synchronize()
         except (RuntimeError, TypeError, ImportError) as exc:
             rows.append({"kernel": name, "error": (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]})
-            print(f"{name:34s} does not run: {rows[-1]['error']}", file=sys.stderr)
+            print(f"{name:46s} does not run: {rows[-1]['error']}", file=sys.stderr)
             continue
         ms = 1000 * (time.perf_counter() - began) / args.repeat
         reference = out if reference is None else reference
         difference = float((out.float() - reference.float()).abs().max())
         rows.append({"kernel": name, "ms": ms, "tflops": flops / ms / 1e9, "max_abs_difference": difference})
-        print(f"{name:34s} {ms:8.3f} ms  {flops / ms / 1e9:7.1f} TFLOP/s  max |diff| {difference:.2e}",
+        print(f"{name:46s} {ms:8.3f} ms  {flops / ms / 1e9:7.1f} TFLOP/s  max |diff| {difference:.2e}",
               file=sys.stderr)
     print(json.dumps({"device_name": torch.cuda.get_device_name(), "tokens": args.tokens,
-                      "sequences": len(lengths), "longest": longest, "kernels": rows}))
+                      "sequences": len(lengths), "longest": longest, "lean_inputs": packing._lean_inputs,
+                      "kernels": rows}))
     return 0
 
 

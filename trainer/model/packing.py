@@ -111,23 +111,44 @@ def supports_window() -> bool:
     return found is not None and "window_size" in found[1]
 
 
+_lean_inputs = True   # False once this torch's varlen kernel has refused strided views or grouped key/value heads
+
+
 def _varlen_attention(query, key, value, cu_seqlens: torch.Tensor, longest: int, *, scale: float,
                       window: int | None):
-    """query [1, Hq, T, D], key/value [1, Hkv, T, D] -> [1, T, Hq, D] through flash attention's varlen kernel."""
+    """query [1, Hq, T, D], key/value [1, Hkv, T, D] -> [1, T, Hq, D] through flash attention's varlen kernel.
+
+    Flash reads each token's row through its stride and serves a group of query heads from one key/value head, so
+    the [T, heads, D] views go in as they come: no copy of q, k or v (v is a slice of the merged q/k/v product in
+    a compiled layer) and no repeated key/value heads (4 x their size at 8B). A torch whose varlen_attn refuses
+    that gets the inputs it wants (contiguous, heads repeated where it takes no GQA flag) from then on."""
+    global _lean_inputs
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))   # [T, heads, D] views
+    if _lean_inputs:
+        try:
+            return _varlen_call(q, k, v, cu_seqlens, longest, scale=scale, window=window)
+        except torch.OutOfMemoryError:
+            raise
+        except (RuntimeError, ValueError):
+            _lean_inputs = False
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    if "enable_gqa" not in _varlen()[1] and q.shape[1] != k.shape[1]:
+        groups = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    return _varlen_call(q, k, v, cu_seqlens, longest, scale=scale, window=window)
+
+
+def _varlen_call(q, k, v, cu_seqlens: torch.Tensor, longest: int, *, scale: float, window: int | None):
+    """varlen_attn on [T, heads, D] inputs with the keywords this release takes -> [1, T, Hq, D]."""
     varlen_attn, params = _varlen()
-    q, k, v = (t[0].transpose(0, 1).contiguous() for t in (query, key, value))   # [T, heads, D]
     options = {"scale": scale}
     if "enable_gqa" in params:
         options["enable_gqa"] = q.shape[1] != k.shape[1]
-    elif q.shape[1] != k.shape[1]:   # a release that takes no GQA flag: give every query head its keys
-        groups = q.shape[1] // k.shape[1]
-        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     if "window_size" in params:
         options["window_size"] = (window - 1 if window else -1, 0)
     else:
         options["is_causal"] = True
-    out = varlen_attn(q, k, v, cu_seqlens, cu_seqlens, longest, longest, **options)
-    return out[None]
+    return varlen_attn(q, k, v, cu_seqlens, cu_seqlens, longest, longest, **options)[None]
 
 
 def document_mask(lengths: torch.Tensor, window: int | None, device: torch.device) -> torch.Tensor:

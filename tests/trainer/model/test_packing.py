@@ -103,6 +103,58 @@ def test_plan_reads_the_mask_on_the_host():
     assert plan.sequence_lengths.tolist() == [4, 1, 3] and plan.padding_share == pytest.approx(1 - 8 / 12)
 
 
+class _StandInVarlen:
+    """torch's varlen_attn as a release without a GQA flag behaves (attention inside each sequence, grouped heads
+    served natively), optionally refusing what a stricter release refuses: strided views, unequal head counts."""
+
+    PARAMS = frozenset({"query", "key", "value", "cu_seq_q", "cu_seq_k", "max_q", "max_k", "scale", "window_size"})
+
+    def __init__(self, strict: bool):
+        self.strict, self.calls = strict, []
+
+    def __call__(self, q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, *, scale, window_size):
+        self.calls.append((q, k, v))
+        if self.strict and (not all(t.is_contiguous() for t in (q, k, v)) or q.shape[1] != k.shape[1]):
+            raise RuntimeError("varlen_attn: contiguous inputs of equal head counts only")
+        assert window_size == (-1, 0) and int(cu_seq_q[-1]) == q.shape[0] and max_q == max_k
+        groups = q.shape[1] // k.shape[1]
+        k, v = (t.repeat_interleave(groups, dim=1).transpose(0, 1)[None] for t in (k, v))
+        mask = packing.document_mask(cu_seq_q.diff(), None, q.device)
+        return torch.nn.functional.scaled_dot_product_attention(q.transpose(0, 1)[None], k, v, attn_mask=mask,
+                                                                scale=scale)[0].transpose(0, 1)
+
+
+def _merged_qkv(lengths: list[int], heads: int = 4, kv_heads: int = 2, size: int = 8):
+    """q [1, Hq, T, D] and k, v [1, Hkv, T, D] as a compiled layer hands them over: views of one merged product."""
+    tokens = sum(lengths)
+    merged = torch.randn(tokens, heads + 2 * kv_heads, size, generator=torch.Generator().manual_seed(3))
+    q, k, v = merged.split([heads, kv_heads, kv_heads], dim=1)
+    return merged, *(t.transpose(0, 1)[None] for t in (q, k, v))
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_varlen_attention_hands_flash_its_views_and_copies_only_for_a_release_that_refuses(monkeypatch, strict):
+    lengths = [5, 3, 7]
+    cu_seqlens = torch.tensor([0, 5, 8, 15], dtype=torch.int32)
+    merged, query, key, value = _merged_qkv(lengths)
+    stand_in = _StandInVarlen(strict)
+    monkeypatch.setattr(packing, "_varlen", lambda: (stand_in, _StandInVarlen.PARAMS))
+    monkeypatch.setattr(packing, "_lean_inputs", True)
+    expected = packing.packed_attention_op(query, key, value, cu_seqlens, torch.tensor(lengths), 0.5, 0)
+    for _ in range(2):
+        got = packing._varlen_attention(query, key, value, cu_seqlens, max(lengths), scale=0.5, window=None)
+        torch.testing.assert_close(got, expected)
+    first_q, first_k, _ = stand_in.calls[0]
+    # the first try: the merged product's own memory, the key/value heads as they are
+    assert first_q.data_ptr() == merged.data_ptr() and first_k.shape[1] == 2
+    if strict:
+        # refused once, then copies with repeated heads straight away: three calls for two attentions
+        assert len(stand_in.calls) == 3 and packing._lean_inputs is False
+        assert all(t.is_contiguous() and t.shape[1] == 4 for t in stand_in.calls[-1])
+    else:
+        assert len(stand_in.calls) == 2 and packing._lean_inputs is True
+
+
 def test_auto_packs_only_where_flash_varlen_runs(tiny_target):
     assert tiny_target.packing == "auto"
     assert tiny_target.can_pack() == packing.varlen_available(tiny_target.device)
