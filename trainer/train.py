@@ -235,7 +235,8 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
     drafter = build_drafter(cfg, ctx, log, target, resume_dir if local_resume else None)
     shapes = conv_shapes(layout.batch_sizes, functools.partial(anchors_per_sequence, cfg), cfg.block_size)
     conv = kernel_lib.compile_block_convs(drafter, ctx.device, shapes=shapes)   # DFlash2: per bucket shape
-    if cfg.compile_target:   # around the target's own torch modules, not liger's kernels
+    compile_target = target.compiles_layers(cfg.compile_target)
+    if compile_target:   # around the target's own torch modules, not liger's kernels
         target.compile_layers()
         target_kernels = "target layers: torch.compile"
     else:
@@ -261,7 +262,7 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
                           single_sequence_batches=min_size == 1)
         compile_block_conv_shapes(drafter, shapes, feature_dtype=dtype, autocast=autocast, say=log.say)
         compile_loss_chunks(drafter, objective, say=log.say)
-    if cfg.compile_target:
+    if compile_target:
         compile_target_layers(target, autocast=autocast, say=log.say)
     from trainer.training.tau_monitor import TauMonitor
 

@@ -229,7 +229,7 @@ def _check_target(config: TrainConfig, unusable: frozenset[str], resolve: _Resol
     if not any((path / name).exists() for name in WEIGHT_FILES):
         found.problems.append(Problem("target_path", f"target_path: {path} has a config.json but no model weights "
                                                      f"({', '.join(WEIGHT_FILES)})"))
-    if config.compile_target and LINEAR in read_target_spec(path).layer_types:
+    if config.compile_target is True and LINEAR in read_target_spec(path).layer_types:
         found.problems.append(Problem("compile_target", "compile_target: a hybrid target's Gated DeltaNet layers "
                                                         "run flash-linear-attention's kernels, which are not "
                                                         "compiled with the layers; use compile_target: false"))

@@ -74,6 +74,27 @@ def test_a_compiled_fp8_target_equals_its_eager_self(tiny_target_dir):
             torch.testing.assert_close(_real(got, mask), _real(want, mask), rtol=1e-4, atol=1e-4)
 
 
+def test_compile_target_auto_compiles_an_fp8_dense_target_only(tiny_target_dir):
+    """compile_target: auto (the default) compiles where it was measured to pay: an FP8 target's layers, not a bf16
+    target's (liger's kernels were as fast); a hybrid's never (next test: fla's kernels are not compiled with it)."""
+    from trainer.config import TrainConfig
+
+    assert TrainConfig.model_fields["compile_target"].default == "auto"
+    dense = TargetModel.load(tiny_target_dir, layer_ids=None, num_taps=3, device="cpu", dtype=torch.float32)
+    assert [dense.compiles_layers(s) for s in ("auto", True, False)] == [False, True, False]
+    dense.to_fp8(emulate=True)
+    assert [dense.compiles_layers(s) for s in ("auto", True, False)] == [True, True, False]
+
+
+def test_compile_target_auto_leaves_an_fp8_hybrid_eager(tmp_path):
+    from trainer.model.tiny_target import write_tiny_target
+
+    hybrid = TargetModel.load(write_tiny_target(tmp_path / "hybrid", family="qwen3.5"), layer_ids=None, num_taps=3,
+                              device="cpu", dtype=torch.float32)
+    hybrid.to_fp8(emulate=True)
+    assert hybrid.precision.startswith("fp8") and not hybrid.compiles_layers("auto")
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("precision", ["bf16", "fp8"])

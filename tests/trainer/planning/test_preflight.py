@@ -152,4 +152,6 @@ def test_a_compiled_hybrid_target_is_refused_before_loading(tmp_path, base_confi
     found = check_config_file(write_config(tmp_path / "run.yaml", **{**config, "target_path": str(hybrid)}))
     assert [p.key for p in found.problems] == ["compile_target"]
     assert "Gated DeltaNet" in found.problems[0].message
+    auto = {**config, "compile_target": "auto", "target_path": str(hybrid)}   # the default: leaves a hybrid eager
+    assert not check_config_file(write_config(tmp_path / "auto.yaml", **auto)).problems
     assert not check_config_file(write_config(tmp_path / "dense.yaml", **config)).problems
