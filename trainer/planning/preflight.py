@@ -232,7 +232,7 @@ def _check_target(config: TrainConfig, unusable: frozenset[str], resolve: _Resol
     if config.compile_target is True and LINEAR in read_target_spec(path).layer_types:
         found.problems.append(Problem("compile_target", "compile_target: a hybrid target's Gated DeltaNet layers "
                                                         "run flash-linear-attention's kernels, which are not "
-                                                        "compiled with the layers; use compile_target: false"))
+                                                        "compiled with the layers; use compile_target: auto or false"))
     if config.architecture == "dflash2" and not unusable & {"conv_group_size", "selector_top_k"}:
         spec = read_target_spec(path)
         vocab = int(spec.text.get("vocab_size") or 0)
