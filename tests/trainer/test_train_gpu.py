@@ -46,6 +46,22 @@ def test_gpu_training_and_eval(base_config, tiny_target, self_generated, tmp_pat
             assert all(note["margin"] <= note["tolerance"] for note in found["precision_notes"])
 
 
+def test_an_fp8_target_trains_with_its_layers_compiled_by_default(base_config, tmp_path):
+    """target_precision: fp8 with compile_target left at auto: the target's FP8 layers compile at start-up, every
+    batch shape reuses that graph, and the drafter learns."""
+    config = {**base_config, "device": "cuda", "drafter_layers": 2, "max_steps": 40, "log_every": 10,
+              "target_precision": "fp8"}
+    result = run_trainer("train", "--config", write_config(tmp_path / "fp8.yaml", **config), gpu=True, timeout=900)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    lines = result.stdout.splitlines()
+    assert any(line.startswith("Target: ") and "fp8 linear layers" in line for line in lines), result.stdout[-3000:]
+    assert any(line.startswith("Kernels: ") and "; target layers: torch.compile; " in line for line in lines)
+    assert any(line.endswith("compiling the target's layers") for line in lines)
+    assert not [line for line in lines if " compiled " in line and "graph(s)" in line], result.stdout[-3000:]
+    records = step_records(Path(config["output_dir"]))
+    assert records[-1]["loss"] < records[0]["loss"]
+
+
 @pytest.mark.slow
 def test_real_shape_target_logs_step_lines(tmp_path):
     target = write_random_target(tmp_path / "qwen3-8b-random", "qwen3-8b")
