@@ -71,6 +71,9 @@ VARIANTS = {
     "auto+eager-loss": dict(pack="auto", kernels="auto", target_kernels="auto", legacy=False, loss="eager"),
     # the target's rotary embedding as transformers' torch code, where "auto" binds liger's (kernels.bind_rope)
     "auto+torch-rope": dict(pack="auto", kernels="auto", target_kernels="auto", legacy=False, rope=False),
+    # the drafter's rotary embedding as its eager torch code, where "auto" runs it compiled (kernels.bind_drafter_rope)
+    "auto+eager-drafter-rope": dict(pack="auto", kernels="auto", target_kernels="auto", legacy=False,
+                                    drafter_rope=False),
     # DFlash2's selector candidates by torch.topk over the whole vocabulary, where "auto" takes them blockwise
     # (training/selector_objective.py)
     "auto+torch-topk": dict(pack="auto", kernels="auto", target_kernels="auto", legacy=False, topk="torch"),
@@ -566,7 +569,9 @@ def variant(name: str, parts: SimpleNamespace, args, ctx):
     parts.target.packing = spec["pack"]
     chunk_math.DEFAULT.compiled = spec.get("loss") != "eager"
     selector_objective.BLOCKWISE = spec.get("topk") != "torch"
-    kernels.install(parts.drafter, kernels.resolve(spec["kernels"], ctx.device))
+    kernels.install_drafter(parts.drafter, kernels.resolve(spec["kernels"], ctx.device))
+    if spec.get("drafter_rope") is False:
+        kernels.bind_drafter_rope(False)
     kernels.install_target(parts.target.hf_model, kernels.resolve(spec["target_kernels"], ctx.device))
     if spec.get("rope") is False:
         kernels.bind_rope(parts.target.hf_model, False)
@@ -580,7 +585,7 @@ def variant(name: str, parts: SimpleNamespace, args, ctx):
         parts.target.compile_layers(False)
         chunk_math.DEFAULT.compiled = True
         selector_objective.BLOCKWISE = True
-        kernels.install(parts.drafter, "torch")
+        kernels.install_drafter(parts.drafter, "torch")
         kernels.install_target(parts.target.hf_model, "torch")
         kernels.compile_block_convs(parts.drafter, ctx.device, on=False)
 

@@ -241,8 +241,9 @@ def train(cfg: TrainConfig, ctx, dataset, layout, resume_dir: Path | None) -> in
         target_kernels = "target layers: torch.compile"
     else:
         target_kernels = kernel_lib.install_target(target.hf_model, kernels)
-    log.say(f"Kernels: {target.packing_line()}; {target_kernels}; "
-            f"{kernel_lib.install(drafter, kernels)}; {conv + '; ' if conv else ''}loss: {objective_line(objective)}")
+    drafter_kernels = kernel_lib.install_drafter(drafter, kernels)
+    log.say(f"Kernels: {target.packing_line()}; {target_kernels}; {drafter_kernels}; "
+            f"{conv + '; ' if conv else ''}loss: {objective_line(objective)}")
     model = DraftDDP(drafter, device_ids=[ctx.device] if on_gpu else None) if ctx.is_distributed else drafter
     phases = PhaseMeter(ctx.device, ddp=model if ctx.is_distributed else None)
     if cfg.compile:

@@ -133,6 +133,49 @@ def install(model: nn.Module, kernels: str, *, what: str = "drafter", silu: bool
     return f"{what} RMSNorm and SwiGLU: liger-kernel {liger_version()}" + (" (gated RMSNorm: fla)" if gated else "")
 
 
+def install_drafter(drafter: nn.Module, kernels: str) -> str:
+    """`install` for the drafter, and with liger's kernels (a GPU) its rotary embedding compiled too
+    (bind_drafter_rope); the start-up line's words for both."""
+    line = install(drafter, kernels)
+    if bind_drafter_rope(kernels == "liger"):
+        line += "; drafter RoPE: torch.compile"
+    return line
+
+
+def bind_drafter_rope(on: bool, *, devices: tuple[str, ...] = ("cuda",), compile_fn: Callable | None = None) -> bool:
+    """The drafter's rotary embedding (modeling_dflash.apply_rope, which its attention layers call for q and for
+    k) as one torch.compile'd function with dynamic shapes while training on `devices`, or (on=False) its own torch
+    code again; returns `on`. Eager it is five elementwise passes each way over q [blocks' tokens, 32 heads] and
+    k [context and blocks' tokens, 8 heads] per layer (a rotated copy, its concatenation, two products, a sum, and
+    their backward), where liger's fused kernel, which the target uses, needs q and k of one length. Without
+    autograd (evaluation, decoding) it stays eager: no graph is compiled mid-run for another grad mode.
+    `compile_fn` (tests) stands in for torch.compile(fn, dynamic=True)."""
+    from trainer.model import modeling_dflash
+
+    own = getattr(modeling_dflash.apply_rope, "_dflash_own", modeling_dflash.apply_rope)
+    modeling_dflash.apply_rope = _compiled_rope(own, devices, compile_fn) if on else own
+    return on
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled_rope(own: Callable, devices: tuple[str, ...], compile_fn: Callable | None) -> Callable:
+    """One wrapper (and one compiled function) for each way of binding: binding again reuses its graph."""
+    compiled = None
+
+    def apply_rope(x, cos, sin):
+        nonlocal compiled
+        import torch
+
+        if x.device.type not in devices or not torch.is_grad_enabled():
+            return own(x, cos, sin)
+        if compiled is None:
+            compiled = (compile_fn or functools.partial(torch.compile, dynamic=True))(own)
+        return compiled(x, cos, sin)
+
+    apply_rope._dflash_own = own
+    return apply_rope
+
+
 def compile_block_convs(model: nn.Module, device: torch.device, *, on: bool = True,
                         shapes: Iterable[tuple[int, int]] | None = None) -> str | None:
     """On a GPU, bind every DFlash2 BlockConv of `model` to a torch.compile'd convolution: eager it is a dozen

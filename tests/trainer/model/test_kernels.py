@@ -57,6 +57,61 @@ def test_installing_torch_restores_the_modules_own_forward(tiny_target):
     assert other.forward is theirs
 
 
+def _drafter_pass(drafter, target, *, grad: bool = True):
+    from trainer.training.objective import dflash_step
+
+    input_ids = random_ids(target, (2, 40), seed=5)
+    with torch.set_grad_enabled(grad):
+        out = dflash_step(drafter, target.features(input_ids), input_ids, torch.ones_like(input_ids), num_anchors=4,
+                          block_size=8, gamma=4.0, noise=0.0, generator=torch.Generator().manual_seed(0))
+    if grad:
+        out.loss.backward()
+    return out.loss.detach(), [p.grad for p in drafter.parameters() if p.grad is not None]
+
+
+def test_the_drafter_rope_compiled_gives_the_eager_loss_and_gradients(tiny_target):
+    """bind_drafter_rope: the drafter's attention layers call the compiled rotary embedding while training (the
+    CPU standing in for the GPU here), the same loss and gradients as the torch code, and the torch code again
+    once unbound."""
+    from trainer.model import modeling_dflash
+
+    own = modeling_dflash.apply_rope
+    eager = _drafter_pass(make_drafter(tiny_target, seed=2), tiny_target)
+    calls = []
+
+    def compile_fn(fn):
+        compiled = torch.compile(fn, dynamic=True)
+        return lambda *args: calls.append(args[0].shape) or compiled(*args)
+
+    try:
+        kernels.bind_drafter_rope(True, devices=(tiny_target.device.type,), compile_fn=compile_fn)
+        compiled = _drafter_pass(make_drafter(tiny_target, seed=2), tiny_target)
+        trained_calls = len(calls)
+        _drafter_pass(make_drafter(tiny_target, seed=2), tiny_target, grad=False)   # evaluation: eager
+        assert len(calls) == trained_calls
+    finally:
+        assert kernels.bind_drafter_rope(False) is False
+    assert modeling_dflash.apply_rope is own
+    # q and k of every layer, each through the compiled function
+    assert trained_calls == 2 * make_drafter(tiny_target).config.num_hidden_layers
+    torch.testing.assert_close(compiled[0], eager[0], rtol=1e-5, atol=1e-5)
+    for got, want in zip(compiled[1], eager[1], strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_the_drafter_rope_is_compiled_only_with_liger_s_kernels(tiny_target):
+    from trainer.model import modeling_dflash
+
+    own, drafter = modeling_dflash.apply_rope, make_drafter(tiny_target)
+    try:
+        assert kernels.install_drafter(drafter, "liger").endswith("; drafter RoPE: torch.compile")
+        assert modeling_dflash.apply_rope._dflash_own is own
+        assert kernels.install_drafter(drafter, "torch") == "drafter RMSNorm and SwiGLU: torch"
+        assert modeling_dflash.apply_rope is own
+    finally:
+        kernels.bind_drafter_rope(False)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or kernels.liger_version() is None,
                     reason="needs a CUDA GPU and liger-kernel")
@@ -68,15 +123,18 @@ def test_liger_kernels_match_the_torch_code_in_bf16(tiny_target_dir):
     input_ids = random_ids(target, (2, 96), seed=3)
     loss_mask = torch.ones_like(input_ids)
     results = []
-    for choice in ("torch", "liger"):
-        drafter = make_drafter(target, seed=1).float().train()
-        kernels.install(drafter, choice)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            features = target.features(input_ids)
-            out = dflash_step(drafter, features, input_ids, loss_mask, num_anchors=8, block_size=8, gamma=4.0,
-                              noise=0.0, generator=torch.Generator().manual_seed(0))
-        out.loss.backward()
-        results.append((out.loss.detach().float(), [p.grad.float() for p in drafter.parameters()]))
+    try:
+        for choice in ("torch", "liger"):   # liger's: its RMSNorm and SwiGLU, and the drafter's RoPE compiled
+            drafter = make_drafter(target, seed=1).float().train()
+            kernels.install_drafter(drafter, choice)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                features = target.features(input_ids)
+                out = dflash_step(drafter, features, input_ids, loss_mask, num_anchors=8, block_size=8, gamma=4.0,
+                                  noise=0.0, generator=torch.Generator().manual_seed(0))
+            out.loss.backward()
+            results.append((out.loss.detach().float(), [p.grad.float() for p in drafter.parameters()]))
+    finally:
+        kernels.bind_drafter_rope(False)
     (loss_t, grads_t), (loss_l, grads_l) = results
     torch.testing.assert_close(loss_l, loss_t, rtol=1e-2, atol=1e-2)
     for g_l, g_t in zip(grads_l, grads_t):
