@@ -5,7 +5,8 @@ The drafter (trainer/model/modeling_dflash.py) and the target's HF modules stay 
 shipped and read as it is and the target can be run plain; `install` swaps the forward of their RMSNorm and
 SwiGLU MLP modules in place for liger's fused Triton kernels (RMSNorm in one pass, SiLU(gate) * up in one pass),
 each computing in fp32 and returning the input's dtype as the torch code does. On a hybrid target the Gated
-DeltaNet's gated RMSNorm goes to flash-linear-attention's fused kernel when fla is installed.
+DeltaNet's gated RMSNorm goes to flash-linear-attention's fused kernel when fla is installed. Rotary embeddings:
+liger's fused kernel in the target (bind_rope), the drafter's own code torch.compile'd (bind_drafter_rope).
 """
 from __future__ import annotations
 
