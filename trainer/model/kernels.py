@@ -161,12 +161,12 @@ def bind_drafter_rope(on: bool, *, devices: tuple[str, ...] = ("cuda",), compile
 @functools.lru_cache(maxsize=None)
 def _compiled_rope(own: Callable, devices: tuple[str, ...], compile_fn: Callable | None) -> Callable:
     """One wrapper (and one compiled function) for each way of binding: binding again reuses its graph."""
+    import torch
+
     compiled = None
 
     def apply_rope(x, cos, sin):
         nonlocal compiled
-        import torch
-
         if x.device.type not in devices or not torch.is_grad_enabled():
             return own(x, cos, sin)
         if compiled is None:
